@@ -1,0 +1,53 @@
+//! The crate's one error type.
+
+use crate::layout::Generation;
+use crate::opcode::Opcode;
+
+/// Everything in `rpc-core` that can fail says so with one of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Lane size other than 1, 32 or 64.
+    #[error("lane size {0} is not 1, 32 or 64")]
+    BadLaneSize(u32),
+    /// Port count outside `1..=MAX_PORT_COUNT` of the generation.
+    #[error("port count {ports} is outside 1..={max} for layout {generation}")]
+    BadPortCount { ports: u32, max: u32, generation: Generation },
+    /// A client object size that is neither 552 (v1) nor 2096 (v2).
+    #[error("client object size {0} is neither 552 (v1) nor 2096 (v2)")]
+    BadClientObjectSize(usize),
+    /// Mailbox memory that is not 64-byte aligned or has the wrong size.
+    #[error("mailbox memory at {addr:#x} ({len} bytes) is not a 64-byte-aligned region of {need} bytes")]
+    BadRegion { addr: usize, len: usize, need: usize },
+    /// An unknown layout generation name.
+    #[error("unknown layout generation {0:?} (expected v1 or v2)")]
+    BadGeneration(&'static str),
+    /// A header lane mask that is empty or has bits at or above the lane size.
+    #[error("lane mask {mask:#x} is empty or has bits at or above the lane size {lanes}")]
+    BadMask { mask: u64, lanes: u32 },
+    /// A lane claimed a stream longer than the bound.
+    #[error("lane {lane} sent a length of {len} bytes, above the bound of {bound}")]
+    TooLong { lane: u32, len: u64, bound: u64 },
+    /// Fixed-size data whose length differs between lanes or from the expected size.
+    #[error("lane {lane} has {len} bytes where {expected} were expected")]
+    BadLength { lane: u32, len: usize, expected: usize },
+    /// The other side stopped answering and the wait was abandoned.
+    #[error("wait abandoned on port {port}: {reason}")]
+    Abandoned { port: u32, reason: &'static str },
+    /// No handler accepted the opcode.
+    #[error("no handler for opcode {0}")]
+    UnknownOpcode(Opcode),
+    /// A request the server refused (bad handle, policy, ...).
+    #[error("request refused: {0}")]
+    Refused(RefusalText),
+}
+
+/// The text of a refusal. A `String` with `std`, a static text without.
+#[cfg(feature = "std")]
+pub type RefusalText = std::string::String;
+/// The text of a refusal. A `String` with `std`, a static text without.
+#[cfg(not(feature = "std"))]
+pub type RefusalText = &'static str;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = core::result::Result<T, E>;

@@ -1,0 +1,32 @@
+//! `rpc-core`: the host side of LLVM libc's GPU RPC protocol.
+//!
+//! - [`layout`]: mailbox layouts of both generations and the device client object;
+//! - [`opcode`]: the opcode table;
+//! - [`mailbox`], [`port`], [`client`], [`server`]: the port protocol for both sides over memory
+//!   handed in from outside.
+//!
+//! Without the `std` feature only the layout, the opcode table and the client remain (plus
+//! `alloc` for `recv_n`), so the client builds for `no_std` targets.
+#![cfg_attr(not(feature = "std"), no_std)]
+
+pub mod client;
+pub mod error;
+pub mod layout;
+pub mod mailbox;
+pub mod opcode;
+pub mod port;
+mod scan;
+#[cfg(feature = "std")]
+pub mod server;
+pub mod sync;
+
+pub use client::Client;
+pub use error::{Error, Result};
+pub use layout::{Buffer, Generation, Header, Layout};
+#[cfg(feature = "std")]
+pub use mailbox::{LockTable, MailboxMemory};
+pub use mailbox::Mailbox;
+pub use opcode::Opcode;
+pub use port::{ClientPort, Packet, ServerPort, Wait};
+#[cfg(feature = "std")]
+pub use server::Server;

@@ -1,0 +1,441 @@
+//! An open port and its state machine, the same for both sides (PROTOCOL sections 3-5).
+//!
+//! # Memory ordering
+//! Ownership of a port's header and packets moves by flipping one's own word:
+//! - before a flip, `fence(Release)` then a `Relaxed` store ([`Port::hand_over`]): every header
+//!   and packet write before it is visible to whoever sees the flip;
+//! - waiting for the other side's flip uses `Relaxed` loads, then `fence(Acquire)`
+//!   ([`Port::take_buffer`]), which pairs with that side's release fence, so its writes are
+//!   visible before we read or overwrite the buffers.
+//!
+//! Packet and header words themselves are `Relaxed`: the fences order them.
+//!
+//! | field | who touches it |
+//! |---|---|
+//! | own word (`outbox`) | only this side, only while holding the port's lock |
+//! | other word (`inbox`) | read only |
+//! | header, packets | only while `owns` (or, for the client, between open and its first send) |
+
+use crate::error::{Error, Result};
+use crate::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
+use crate::mailbox::unlock;
+use crate::opcode::Opcode;
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+
+#[cfg(feature = "std")]
+use std::vec::Vec;
+#[cfg(not(feature = "std"))]
+extern crate alloc;
+#[cfg(not(feature = "std"))]
+use alloc::vec::Vec;
+
+/// How a side waits for the other: called after each poll that found the buffer not yet ours.
+pub trait Wait: Sync {
+    /// Pause before the next poll of `port` (`attempt` counts from 0), or give up with an error
+    /// (usually [`Error::Abandoned`]).
+    fn pause(&self, port: u32, attempt: u32) -> Result<()>;
+}
+
+/// Spins forever; the only wait available without `std`.
+pub struct Spin;
+
+impl Wait for Spin {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<()> {
+        crate::sync::spin_hint();
+        Ok(())
+    }
+}
+
+/// Spins briefly, then yields, then sleeps in short naps; never gives up. On a 2-core machine a
+/// waiter that only spins can starve the very thread it waits for, hence the yield and naps.
+#[cfg(feature = "std")]
+pub struct Backoff;
+
+/// Polls spent spinning before [`Backoff`] starts yielding.
+#[cfg(feature = "std")]
+pub const SPIN_POLLS: u32 = 64;
+/// Polls (counted from the start) after which [`Backoff`] naps instead of yielding.
+#[cfg(feature = "std")]
+pub const YIELD_POLLS: u32 = SPIN_POLLS + 512;
+
+#[cfg(feature = "std")]
+impl Backoff {
+    /// One back-off step for poll `attempt`: spin, yield or nap.
+    pub fn step(attempt: u32) {
+        #[cfg(loom)]
+        {
+            let _ = attempt;
+            crate::sync::spin_hint();
+        }
+        #[cfg(not(loom))]
+        if attempt < SPIN_POLLS {
+            crate::sync::spin_hint();
+        } else if attempt < YIELD_POLLS {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl Wait for Backoff {
+    fn pause(&self, _port: u32, attempt: u32) -> Result<()> {
+        Backoff::step(attempt);
+        Ok(())
+    }
+}
+
+/// The default wait of a side: [`Backoff`] with `std`, [`Spin`] without.
+#[cfg(feature = "std")]
+pub static DEFAULT_WAIT: Backoff = Backoff;
+/// The default wait of a side: [`Backoff`] with `std`, [`Spin`] without.
+#[cfg(not(feature = "std"))]
+pub static DEFAULT_WAIT: Spin = Spin;
+
+/// A mailbox word as the protocol reads it: any non-zero value counts as 1 (robustness: a peer
+/// that writes garbage cannot push us outside the two states).
+#[inline]
+pub(crate) fn normalize(word: u32) -> u32 {
+    (word != 0) as u32
+}
+
+/// The lanes whose bits are set in `mask`, lowest first.
+pub fn lanes(mut mask: u64) -> impl Iterator<Item = u32> {
+    core::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let lane = mask.trailing_zeros();
+        mask &= mask - 1;
+        Some(lane)
+    })
+}
+
+/// One lane's 64-byte packet in shared memory.
+#[derive(Clone, Copy)]
+pub struct Packet<'a> {
+    words: &'a [AtomicU64],
+}
+
+impl<'a> Packet<'a> {
+    /// Word `i` (0..8), little-endian on the wire.
+    #[inline]
+    pub fn word(&self, i: usize) -> u64 {
+        u64::from_le(self.words[i].load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    pub fn set_word(&self, i: usize, value: u64) {
+        self.words[i].store(value.to_le(), Ordering::Relaxed)
+    }
+
+    pub fn read(&self) -> Buffer {
+        Buffer { data: core::array::from_fn(|i| self.word(i)) }
+    }
+
+    pub fn write(&self, buffer: &Buffer) {
+        for (i, &word) in buffer.data.iter().enumerate() {
+            self.set_word(i, word);
+        }
+    }
+
+    /// Copies `out.len()` bytes starting at byte `offset` out of the packet.
+    /// Panics if the range leaves the packet (a bug of this crate, never input-driven).
+    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) {
+        assert!(offset + out.len() <= BUFFER_SIZE, "byte range outside the packet");
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done;
+            let bytes = self.word(at / 8).to_le_bytes();
+            let take = (8 - at % 8).min(out.len() - done);
+            out[done..done + take].copy_from_slice(&bytes[at % 8..at % 8 + take]);
+            done += take;
+        }
+    }
+
+    /// Copies `data` into the packet starting at byte `offset`; the other bytes keep their values.
+    /// Panics if the range leaves the packet (a bug of this crate, never input-driven).
+    pub fn write_bytes(&self, offset: usize, data: &[u8]) {
+        assert!(offset + data.len() <= BUFFER_SIZE, "byte range outside the packet");
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done;
+            let take = (8 - at % 8).min(data.len() - done);
+            let mut bytes = if take == 8 { [0; 8] } else { self.word(at / 8).to_le_bytes() };
+            bytes[at % 8..at % 8 + take].copy_from_slice(&data[done..done + take]);
+            self.set_word(at / 8, u64::from_le_bytes(bytes));
+            done += take;
+        }
+    }
+}
+
+/// An open port. `SERVER` picks the side: it decides who owns the buffer for a pair of words and
+/// whether `close` hands the buffer back. Dropping a port closes it.
+pub struct Port<'a, const SERVER: bool> {
+    pub(crate) index: u32,
+    /// The other side's word.
+    pub(crate) inbox: &'a AtomicU32,
+    /// This side's word.
+    pub(crate) outbox: &'a AtomicU32,
+    pub(crate) packets: &'a [AtomicU64],
+    pub(crate) locks: &'a [AtomicU32],
+    /// Active lanes: the header mask restricted to real lanes.
+    pub(crate) mask: u64,
+    /// The mask as found in (or written to) the header.
+    pub(crate) header_mask: u64,
+    pub(crate) lanes: u32,
+    pub(crate) opcode: Opcode,
+    /// The value of our own word.
+    pub(crate) out: u32,
+    pub(crate) owns: bool,
+    pub(crate) receive: bool,
+    pub(crate) wait: &'a dyn Wait,
+    /// v2 doorbell counter, decremented once when a server port closes.
+    pub(crate) doorbell: Option<&'a AtomicU64>,
+}
+
+/// A port opened by a client warp.
+pub type ClientPort<'a> = Port<'a, false>;
+/// A port opened by the server.
+pub type ServerPort<'a> = Port<'a, true>;
+
+impl<'a, const SERVER: bool> Port<'a, SERVER> {
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+    pub fn opcode(&self) -> Opcode {
+        self.opcode
+    }
+    /// The active lanes (header mask bits below `L`).
+    pub fn mask(&self) -> u64 {
+        self.mask
+    }
+    /// The lane size `L`.
+    pub fn lane_size(&self) -> u32 {
+        self.lanes
+    }
+    /// The first active lane (0 when the mask is empty).
+    pub fn first_lane(&self) -> u32 {
+        self.mask.trailing_zeros().min(self.lanes.saturating_sub(1))
+    }
+
+    #[inline]
+    fn owned(&self, inbox: u32) -> bool {
+        // Client owns iff the words are equal; server owns iff they differ.
+        (inbox != self.out) == SERVER
+    }
+
+    #[inline]
+    fn packet(&self, lane: u32) -> Packet<'a> {
+        Packet { words: &self.packets[8 * lane as usize..][..8] }
+    }
+
+    /// Waits until this side owns the buffer (see the module's memory-ordering note).
+    fn take_buffer(&mut self) -> Result<()> {
+        if self.owns {
+            return Ok(());
+        }
+        let mut attempt = 0;
+        while !self.owned(normalize(self.inbox.load(Ordering::Relaxed))) {
+            self.wait.pause(self.index, attempt)?;
+            attempt = attempt.saturating_add(1);
+        }
+        // Pairs with the other side's release fence before its flip.
+        fence(Ordering::Acquire);
+        self.owns = true;
+        Ok(())
+    }
+
+    /// Hands the buffer to the other side by flipping our own word.
+    fn hand_over(&mut self) {
+        // Everything written to the header and packets becomes visible before the flip.
+        fence(Ordering::Release);
+        self.out ^= 1;
+        self.outbox.store(self.out, Ordering::Relaxed);
+        self.owns = false;
+    }
+
+    /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
+    pub fn send(&mut self, mut fill: impl FnMut(u32, Packet<'a>)) -> Result<()> {
+        self.take_buffer()?;
+        for lane in lanes(self.mask) {
+            fill(lane, self.packet(lane));
+        }
+        self.hand_over();
+        self.receive = false;
+        Ok(())
+    }
+
+    /// Waits for the other side's packet and lets `use_` read each active lane's. A recv right
+    /// after a recv first hands the buffer back as an empty acknowledgement.
+    pub fn recv(&mut self, mut use_: impl FnMut(u32, Packet<'a>)) -> Result<()> {
+        if self.receive {
+            self.hand_over();
+        }
+        self.take_buffer()?;
+        for lane in lanes(self.mask) {
+            use_(lane, self.packet(lane));
+        }
+        self.receive = true;
+        Ok(())
+    }
+
+    /// `send(fill)` then `recv(use_)`.
+    pub fn send_and_recv(
+        &mut self,
+        fill: impl FnMut(u32, Packet<'a>),
+        use_: impl FnMut(u32, Packet<'a>),
+    ) -> Result<()> {
+        self.send(fill)?;
+        self.recv(use_)
+    }
+
+    /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
+    pub fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'a>)) -> Result<()> {
+        self.recv(|_, _| {})?;
+        self.send(work)
+    }
+
+    /// Sends a byte string per lane (`data[lane]`; lanes past `data.len()` send 0 bytes):
+    /// first packet `buf[0] = n` and up to 56 bytes, then 64-byte packets (PROTOCOL section 5).
+    pub fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
+        let lane_data = |lane: u32| data.get(lane as usize).copied().unwrap_or(&[]);
+        self.send(|lane, packet| {
+            let bytes = lane_data(lane);
+            packet.set_word(0, bytes.len() as u64);
+            packet.write_bytes(8, &bytes[..bytes.len().min(FIRST_PACKET_BYTES)]);
+        })?;
+        let longest = lanes(self.mask).map(|lane| lane_data(lane).len()).max().unwrap_or(0);
+        let mut offset = FIRST_PACKET_BYTES;
+        while offset < longest {
+            self.send(|lane, packet| {
+                let bytes = lane_data(lane);
+                if offset < bytes.len() {
+                    packet.write_bytes(0, &bytes[offset..bytes.len().min(offset + BUFFER_SIZE)]);
+                }
+            })?;
+            offset += BUFFER_SIZE;
+        }
+        Ok(())
+    }
+
+    /// Receives a byte string per lane (index = lane; inactive lanes get empty vectors).
+    /// A lane claiming more than `bound` bytes ends the exchange with [`Error::TooLong`]; memory
+    /// grows with the bytes actually received, never with the claimed length.
+    pub fn recv_n(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
+        let mut lengths = [0usize; 64];
+        let mut too_long = None;
+        self.recv(|lane, packet| {
+            let len = packet.word(0);
+            if len > bound {
+                too_long.get_or_insert(Error::TooLong { lane, len, bound });
+                return;
+            }
+            let len = len as usize; // `bound` fits in usize on every host we build for.
+            lengths[lane as usize] = len;
+            let first = len.min(FIRST_PACKET_BYTES);
+            let bytes = &mut out[lane as usize];
+            bytes.reserve(len.min(1 << 16));
+            bytes.resize(first, 0);
+            packet.read_bytes(8, bytes);
+        })?;
+        if let Some(error) = too_long {
+            return Err(error);
+        }
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let mut offset = FIRST_PACKET_BYTES;
+        while offset < longest {
+            self.recv(|lane, packet| {
+                let len = lengths[lane as usize];
+                if offset < len {
+                    let take = (len - offset).min(BUFFER_SIZE);
+                    let bytes = &mut out[lane as usize];
+                    bytes.resize(offset + take, 0);
+                    packet.read_bytes(0, &mut bytes[offset..]);
+                }
+            })?;
+            offset += BUFFER_SIZE;
+        }
+        Ok(out)
+    }
+
+    /// Sends `size` bytes per active lane in `ceil(size / 64)` packets, without a length word
+    /// (the fixed-size object variant). Every active lane's slice must have `size` bytes.
+    pub fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+        for lane in lanes(self.mask) {
+            let len = data.get(lane as usize).map_or(0, |d| d.len());
+            if len != size {
+                return Err(Error::BadLength { lane, len, expected: size });
+            }
+        }
+        for offset in (0..size).step_by(BUFFER_SIZE) {
+            let end = size.min(offset + BUFFER_SIZE);
+            self.send(|lane, packet| packet.write_bytes(0, &data[lane as usize][offset..end]))?;
+        }
+        Ok(())
+    }
+
+    /// Receives `size` bytes per active lane sent by [`Port::send_fixed`].
+    pub fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
+        for lane in lanes(self.mask) {
+            out[lane as usize] = alloc_vec(size);
+        }
+        for offset in (0..size).step_by(BUFFER_SIZE) {
+            let end = size.min(offset + BUFFER_SIZE);
+            self.recv(|lane, packet| packet.read_bytes(0, &mut out[lane as usize][offset..end]))?;
+        }
+        Ok(out)
+    }
+
+    /// Closes the port (the same as dropping it).
+    pub fn close(self) {}
+}
+
+fn alloc_vec(size: usize) -> Vec<u8> {
+    let mut v = Vec::new();
+    v.resize(size, 0);
+    v
+}
+
+impl<'a> Port<'a, true> {
+    /// The header's lane mask as the client wrote it.
+    pub fn header_mask(&self) -> u64 {
+        self.header_mask
+    }
+
+    /// Checks the header mask: non-empty, no bits at or above `L`.
+    pub fn check_mask(&self) -> Result<()> {
+        if self.header_mask == 0 || self.header_mask != self.mask {
+            return Err(Error::BadMask { mask: self.header_mask, lanes: self.lanes });
+        }
+        Ok(())
+    }
+
+    /// Abandons the exchange: sets our word equal to the client's (the client-owns state of a
+    /// finished exchange) and releases the port, whatever step the script was at.
+    pub fn reset(mut self) {
+        self.out = normalize(self.inbox.load(Ordering::Relaxed));
+        // Publishes nothing new; release keeps any earlier packet writes ordered before it.
+        fence(Ordering::Release);
+        self.outbox.store(self.out, Ordering::Relaxed);
+        self.owns = false;
+    }
+}
+
+impl<const SERVER: bool> Drop for Port<'_, SERVER> {
+    fn drop(&mut self) {
+        // Only the server returns a buffer it still owns; the client just unlocks.
+        if SERVER && self.owns {
+            self.hand_over();
+        }
+        if let Some(counter) = self.doorbell {
+            // RMW: one open request fewer (PROTOCOL section 9). Saturating, because the device
+            // may have written anything there; Relaxed, as the counter orders no other data.
+            let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        }
+        unlock(self.locks, self.index);
+    }
+}

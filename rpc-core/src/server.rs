@@ -1,0 +1,102 @@
+//! The server side of the port protocol over one mailbox: finding pending ports and opening
+//! them. The thread that drives it is [`crate::thread`]; handlers run the port scripts.
+
+use crate::error::{Error, Result};
+use crate::mailbox::{lock_words, try_lock, unlock, Mailbox};
+use crate::opcode::Opcode;
+use crate::port::{normalize, Port, ServerPort, Wait};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
+/// or two threads can open one port.
+#[derive(Clone, Copy)]
+pub struct Server<'a> {
+    mailbox: Mailbox<'a>,
+    locks: &'a [AtomicU32],
+    doorbell: Option<&'a AtomicU64>,
+}
+
+impl<'a> Server<'a> {
+    /// A server over `mailbox` using `locks` (at least `ceil(N / 32)` words).
+    pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self> {
+        let need = lock_words(mailbox.layout().ports());
+        if locks.len() < need {
+            return Err(Error::BadRegion { addr: 0, len: locks.len() * 4, need: need * 4 });
+        }
+        Ok(Server { mailbox, locks, doorbell: None })
+    }
+
+    /// Decrements `counter` (the host view of the v2 doorbell's `value`) once per served port.
+    pub fn with_doorbell(mut self, counter: &'a AtomicU64) -> Self {
+        self.doorbell = Some(counter);
+        self
+    }
+
+    pub fn mailbox(&self) -> &Mailbox<'a> {
+        &self.mailbox
+    }
+
+    /// True if the client has handed port `index` to the server (`C != S`). A hint only: read
+    /// without the lock, it is re-checked when the port is opened.
+    #[inline]
+    pub fn is_pending(&self, index: u32) -> bool {
+        let i = index as usize;
+        // Relaxed: a hint; `try_open` re-reads under the lock and fences.
+        normalize(self.mailbox.secondary[i].load(Ordering::Relaxed))
+            != normalize(self.mailbox.primary[i].load(Ordering::Relaxed))
+    }
+
+    /// The first pending port at or after `from`.
+    pub fn next_pending(&self, from: u32) -> Option<u32> {
+        crate::scan::next_pending(self.mailbox.primary, self.mailbox.secondary, from)
+    }
+
+    /// Opens port `index` if it is pending and no other server thread holds it.
+    pub fn try_open<'w>(&'w self, index: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
+        let i = index as usize;
+        if index >= self.mailbox.layout().ports() || !try_lock(self.locks, index) {
+            return None;
+        }
+        // Relaxed: the lock's acquire orders our own word (another server thread may have
+        // flipped it before unlocking); the client's word is ordered by the fence below.
+        let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
+        let inbox = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
+        if inbox == out {
+            unlock(self.locks, index);
+            return None;
+        }
+        // Pairs with the client's release fence before its flip: header and packets are visible.
+        fence(Ordering::Acquire);
+        let header = &self.mailbox.header[2 * i..2 * i + 2];
+        let header_mask = u64::from_le(header[0].load(Ordering::Relaxed));
+        let opcode = Opcode(u64::from_le(header[1].load(Ordering::Relaxed)) as u32);
+        let layout = self.mailbox.layout();
+        Some(Port {
+            index,
+            inbox: &self.mailbox.secondary[i],
+            outbox: &self.mailbox.primary[i],
+            packets: self.mailbox.packets(index),
+            locks: self.locks,
+            mask: header_mask & layout.lane_mask(),
+            header_mask,
+            lanes: layout.lanes(),
+            opcode,
+            out,
+            owns: true,
+            receive: false,
+            wait,
+            doorbell: self.doorbell,
+        })
+    }
+
+    /// Opens the first pending port at or after `from` that no other server thread holds.
+    pub fn open_next<'w>(&'w self, mut from: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
+        while let Some(index) = self.next_pending(from) {
+            if let Some(port) = self.try_open(index, wait) {
+                return Some(port);
+            }
+            from = index + 1;
+        }
+        None
+    }
+}
