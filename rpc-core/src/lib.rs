@@ -14,7 +14,10 @@ pub mod error;
 pub mod layout;
 pub mod mailbox;
 pub mod opcode;
+#[cfg(feature = "std")]
+pub mod plugin;
 pub mod port;
+#[cfg(feature = "std")]
 mod scan;
 #[cfg(feature = "std")]
 pub mod server;

@@ -1,0 +1,125 @@
+//! The interface a vendor plugin implements (STYLE 3: the generic glue in [`crate::runtime`]
+//! does the bookkeeping, these hooks do the vendor work).
+//!
+//! A plugin is found, initialised (enumerating its devices), used, and deinitialised. Each
+//! device loads images, allocates memory the device sees, copies to device addresses and
+//! launches kernels. Whether an image uses RPC, the mailbox, the client object and the user
+//! guards of launches are handled by the glue, identically for every vendor.
+
+use std::boxed::Box;
+use std::string::String;
+use std::sync::Arc;
+
+use crate::layout::Generation;
+
+/// A vendor error, kept whole as the source of the glue's errors.
+pub type VendorError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
+/// 64-byte aligned when allocated; freed when dropped.
+pub trait SharedRegion: Send + Sync {
+    /// The host address.
+    fn host_ptr(&self) -> *mut u8;
+    /// The same memory as the device addresses it.
+    fn device_addr(&self) -> u64;
+    /// Bytes in the region.
+    fn len(&self) -> usize;
+}
+
+/// Device-accessible memory for the MALLOC/FREE services.
+pub trait DeviceAllocator: Send + Sync {
+    /// `size` bytes aligned to `align` (a power of two); returns the device address.
+    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError>;
+    /// Frees an address `allocate` returned (the server only passes such addresses).
+    fn deallocate(&self, addr: u64) -> Result<(), VendorError>;
+}
+
+/// A global variable of a loaded image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    /// Device address.
+    pub addr: u64,
+    /// Size in bytes.
+    pub size: usize,
+}
+
+/// Launch dimensions: blocks (work-groups) and threads per block, as CUDA and HSA count them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grid {
+    pub blocks: [u32; 3],
+    pub threads: [u32; 3],
+}
+
+impl Grid {
+    /// A one-dimensional grid.
+    pub const fn linear(blocks: u32, threads: u32) -> Self {
+        Grid { blocks: [blocks, 1, 1], threads: [threads, 1, 1] }
+    }
+    pub fn total_blocks(&self) -> u64 {
+        self.blocks.iter().map(|&b| u64::from(b)).product()
+    }
+    pub fn threads_per_block(&self) -> u64 {
+        self.threads.iter().map(|&t| u64::from(t)).product()
+    }
+}
+
+/// Called exactly once when a launched kernel has completed (successfully or not). The glue
+/// uses it to release the launch's user guard.
+pub type Completion = Box<dyn FnOnce() + Send + 'static>;
+
+/// One device of a plugin.
+pub trait Device: Send + Sync {
+    /// A loaded image (module / executable).
+    type Image: Send + Sync;
+
+    /// A human-readable name ("NVIDIA H200", "cpu0", ...).
+    fn name(&self) -> String;
+    /// `L`: the warp / wavefront width.
+    fn lane_size(&self) -> u32;
+    /// `N` for a mailbox of `generation`: min(hardware parallelism, MAX_PORT_COUNT).
+    fn port_count(&self, generation: Generation) -> u32;
+
+    /// Zeroed, 64-byte-aligned host memory the device sees coherently.
+    fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError>;
+    /// The allocator behind MALLOC/FREE for kernels of this device.
+    fn allocator(&self) -> Arc<dyn DeviceAllocator>;
+
+    /// Loads an image from its bytes (PTX, cubin, code object, ...).
+    fn load_image(&self, bytes: &[u8]) -> Result<Self::Image, VendorError>;
+    /// A global variable of `image`, if it has one of that name.
+    fn find_symbol(&self, image: &Self::Image, name: &str) -> Option<Symbol>;
+    /// Copies `bytes` to device address `dst`.
+    fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError>;
+    /// Copies from device address `src` into `out`.
+    fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError>;
+
+    /// Launches kernel `kernel` of `image` with the packed argument block `args`; calls `done`
+    /// once the kernel has completed (also if it failed). On an error return, `done` has been
+    /// called or dropped.
+    fn launch(
+        &self,
+        image: &Self::Image,
+        kernel: &str,
+        args: &[u8],
+        grid: Grid,
+        done: Completion,
+    ) -> Result<(), VendorError>;
+    /// Waits for every launch on this device to complete; reports a kernel's failure.
+    fn synchronize(&self) -> Result<(), VendorError>;
+}
+
+/// A vendor plugin: one per vendor per process (per runtime instance).
+pub trait Plugin: Send + Sync {
+    type Device: Device;
+
+    /// `host`, `cuda` or `amdgpu`.
+    fn name(&self) -> &'static str;
+    /// Finds the devices. No driver is not an error: it is zero devices and [`Plugin::reason`].
+    fn init(&mut self) -> Result<(), VendorError>;
+    /// The devices found by `init`.
+    fn devices(&self) -> &[Self::Device];
+    /// Why there are no devices, when there are none.
+    fn reason(&self) -> Option<String>;
+    /// Releases the devices. The glue has detached every mailbox before calling this.
+    fn deinit(&mut self) -> Result<(), VendorError>;
+}
