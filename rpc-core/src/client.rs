@@ -21,9 +21,17 @@ impl<'a> Client<'a> {
     pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self> {
         let need = lock_words(mailbox.layout().ports());
         if locks.len() < need {
-            return Err(Error::BadRegion { addr: 0, len: locks.len() * 4, need: need * 4 });
+            return Err(Error::BadRegion {
+                addr: 0,
+                len: locks.len() * 4,
+                need: need * 4,
+            });
         }
-        Ok(Client { mailbox, locks, wait: &DEFAULT_WAIT })
+        Ok(Client {
+            mailbox,
+            locks,
+            wait: &DEFAULT_WAIT,
+        })
     }
 
     /// Waits with `wait` instead of the default back-off (e.g. to give up after a timeout).
@@ -39,7 +47,10 @@ impl<'a> Client<'a> {
     fn check_mask(&self, mask: u64) -> Result<()> {
         let layout = self.mailbox.layout();
         if mask == 0 || mask & !layout.lane_mask() != 0 {
-            return Err(Error::BadMask { mask, lanes: layout.lanes() });
+            return Err(Error::BadMask {
+                mask,
+                lanes: layout.lanes(),
+            });
         }
         Ok(())
     }
@@ -61,7 +72,12 @@ impl<'a> Client<'a> {
     }
 
     /// Opens port `index` if it is free and the client owns its buffer.
-    pub fn try_open_at(&self, index: u32, opcode: Opcode, mask: u64) -> Result<Option<ClientPort<'a>>> {
+    pub fn try_open_at(
+        &self,
+        index: u32,
+        opcode: Opcode,
+        mask: u64,
+    ) -> Result<Option<ClientPort<'a>>> {
         self.check_mask(mask)?;
         if index >= self.mailbox.layout().ports() {
             return Err(Error::BadPortCount {

@@ -12,13 +12,23 @@ pub enum Error {
     BadLaneSize(u32),
     /// Port count outside `1..=MAX_PORT_COUNT` of the generation.
     #[error("port count {ports} is outside 1..={max} for layout {generation}")]
-    BadPortCount { ports: u32, max: u32, generation: Generation },
+    BadPortCount {
+        ports: u32,
+        max: u32,
+        generation: Generation,
+    },
     /// A client object size that is neither 552 (v1) nor 2096 (v2).
     #[error("client object size {0} is neither 552 (v1) nor 2096 (v2)")]
     BadClientObjectSize(usize),
     /// Mailbox memory that is not 64-byte aligned or has the wrong size.
-    #[error("mailbox memory at {addr:#x} ({len} bytes) is not a 64-byte-aligned region of {need} bytes")]
-    BadRegion { addr: usize, len: usize, need: usize },
+    #[error(
+        "mailbox memory at {addr:#x} ({len} bytes) is not a 64-byte-aligned region of {need} bytes"
+    )]
+    BadRegion {
+        addr: usize,
+        len: usize,
+        need: usize,
+    },
     /// An unknown layout generation name.
     #[error("unknown layout generation {0:?} (expected v1 or v2)")]
     BadGeneration(&'static str),
@@ -30,7 +40,11 @@ pub enum Error {
     TooLong { lane: u32, len: u64, bound: u64 },
     /// Fixed-size data whose length differs between lanes or from the expected size.
     #[error("lane {lane} has {len} bytes where {expected} were expected")]
-    BadLength { lane: u32, len: usize, expected: usize },
+    BadLength {
+        lane: u32,
+        len: usize,
+        expected: usize,
+    },
     /// The other side stopped answering and the wait was abandoned.
     #[error("wait abandoned on port {port}: {reason}")]
     Abandoned { port: u32, reason: &'static str },

@@ -141,9 +141,17 @@ impl Layout {
         }
         let max = generation.max_port_count();
         if ports == 0 || ports > max {
-            return Err(Error::BadPortCount { ports, max, generation });
+            return Err(Error::BadPortCount {
+                ports,
+                max,
+                generation,
+            });
         }
-        Ok(Layout { generation, ports, lanes })
+        Ok(Layout {
+            generation,
+            ports,
+            lanes,
+        })
     }
 
     pub const fn generation(&self) -> Generation {
@@ -180,7 +188,10 @@ impl Layout {
     }
     /// Offset of the packets.
     pub const fn packet(&self) -> usize {
-        align_up(self.header() + size_of::<Header>() * self.ports as usize, BUFFER_SIZE)
+        align_up(
+            self.header() + size_of::<Header>() * self.ports as usize,
+            BUFFER_SIZE,
+        )
     }
     /// Total bytes of the region.
     pub const fn total_size(&self) -> usize {
@@ -205,7 +216,12 @@ impl Layout {
             pointers[count] = device_base; // The doorbell record sits at offset 0.
             count += 1;
         }
-        for offset in [self.primary(), self.secondary(), self.header(), self.packet()] {
+        for offset in [
+            self.primary(),
+            self.secondary(),
+            self.header(),
+            self.packet(),
+        ] {
             pointers[count] = device_base + offset as u64;
             count += 1;
         }
@@ -244,7 +260,16 @@ mod tests {
             (Generation::V1, 4096, 64, 0, 16384, 32768, 98304, 16875520),
             (Generation::V1, 4096, 32, 0, 16384, 32768, 98304, 8486912),
             (Generation::V2, 64, 32, 64, 320, 576, 1600, 132672),
-            (Generation::V2, 16384, 64, 64, 65600, 131136, 393280, 67502144),
+            (
+                Generation::V2,
+                16384,
+                64,
+                64,
+                65600,
+                131136,
+                393280,
+                67502144,
+            ),
         ];
         for (generation, n, l, primary, secondary, header, packet, total) in vectors {
             let layout = Layout::new(generation, n, l).unwrap();
@@ -264,14 +289,21 @@ mod tests {
         assert_eq!(Generation::V1.client_object_size(), 552);
         assert_eq!(Generation::V2.client_object_size(), 2096);
         assert_eq!(Generation::from_client_object_size(552), Ok(Generation::V1));
-        assert_eq!(Generation::from_client_object_size(2096), Ok(Generation::V2));
-        assert_eq!(Generation::from_client_object_size(8), Err(Error::BadClientObjectSize(8)));
+        assert_eq!(
+            Generation::from_client_object_size(2096),
+            Ok(Generation::V2)
+        );
+        assert_eq!(
+            Generation::from_client_object_size(8),
+            Err(Error::BadClientObjectSize(8))
+        );
     }
 
     #[test]
     fn client_object_bytes() {
         let base = 0x7f00_0000_1000u64;
-        let word = |bytes: &[u8], at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        let word =
+            |bytes: &[u8], at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
         let v1 = Layout::new(Generation::V1, 64, 32).unwrap();
         let bytes = v1.client_object(base);
         assert_eq!(bytes.len(), 552);
@@ -296,11 +328,23 @@ mod tests {
 
     #[test]
     fn invalid_parameters_are_errors() {
-        assert_eq!(Layout::new(Generation::V1, 1, 16), Err(Error::BadLaneSize(16)));
-        assert!(matches!(Layout::new(Generation::V1, 0, 1), Err(Error::BadPortCount { .. })));
-        assert!(matches!(Layout::new(Generation::V1, 4097, 1), Err(Error::BadPortCount { .. })));
+        assert_eq!(
+            Layout::new(Generation::V1, 1, 16),
+            Err(Error::BadLaneSize(16))
+        );
+        assert!(matches!(
+            Layout::new(Generation::V1, 0, 1),
+            Err(Error::BadPortCount { .. })
+        ));
+        assert!(matches!(
+            Layout::new(Generation::V1, 4097, 1),
+            Err(Error::BadPortCount { .. })
+        ));
         assert!(Layout::new(Generation::V2, 16384, 64).is_ok());
-        assert!(matches!(Layout::new(Generation::V2, 16385, 64), Err(Error::BadPortCount { .. })));
+        assert!(matches!(
+            Layout::new(Generation::V2, 16385, 64),
+            Err(Error::BadPortCount { .. })
+        ));
         let layout = Layout::new(Generation::V1, 1, 1).unwrap();
         assert!(layout.write_client_object(0, &mut [0u8; 10]).is_err());
         assert!("v3".parse::<Generation>().is_err());

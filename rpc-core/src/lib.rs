@@ -23,12 +23,15 @@ mod scan;
 pub mod server;
 pub mod sync;
 
+#[cfg(all(test, loom))]
+mod loom_protocol;
+
 pub use client::Client;
 pub use error::{Error, Result};
 pub use layout::{Buffer, Generation, Header, Layout};
+pub use mailbox::Mailbox;
 #[cfg(feature = "std")]
 pub use mailbox::{LockTable, MailboxMemory};
-pub use mailbox::Mailbox;
 pub use opcode::Opcode;
 pub use port::{ClientPort, Packet, ServerPort, Wait};
 #[cfg(feature = "std")]

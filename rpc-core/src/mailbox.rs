@@ -39,9 +39,19 @@ impl<'a> Mailbox<'a> {
             && header.len() == 2 * n
             && packet.len() == 8 * layout.lanes() as usize * n;
         if !lengths_ok {
-            return Err(Error::BadRegion { addr: 0, len: 0, need: layout.total_size() });
+            return Err(Error::BadRegion {
+                addr: 0,
+                len: 0,
+                need: layout.total_size(),
+            });
         }
-        Ok(Mailbox { layout, primary, secondary, header, packet })
+        Ok(Mailbox {
+            layout,
+            primary,
+            secondary,
+            header,
+            packet,
+        })
     }
 
     /// A view over raw memory laid out as `layout`.
@@ -56,7 +66,11 @@ impl<'a> Mailbox<'a> {
     pub unsafe fn from_raw(base: *mut u8, len: usize, layout: Layout) -> Result<Self> {
         let need = layout.total_size();
         if base.is_null() || base as usize % 64 != 0 || len < need {
-            return Err(Error::BadRegion { addr: base as usize, len, need });
+            return Err(Error::BadRegion {
+                addr: base as usize,
+                len,
+                need,
+            });
         }
         let n = layout.ports() as usize;
         // SAFETY: each array lies inside the region (the offsets and sizes come from `layout`,
@@ -119,7 +133,9 @@ pub struct LockTable {
 #[cfg(feature = "std")]
 impl LockTable {
     pub fn new(ports: u32) -> Self {
-        LockTable { words: (0..lock_words(ports)).map(|_| AtomicU32::new(0)).collect() }
+        LockTable {
+            words: (0..lock_words(ports)).map(|_| AtomicU32::new(0)).collect(),
+        }
     }
     pub fn words(&self) -> &[AtomicU32] {
         &self.words
@@ -147,7 +163,10 @@ impl MailboxMemory {
     pub fn new(layout: Layout) -> Self {
         #[cfg(not(loom))]
         {
-            MailboxMemory { layout, region: RawRegion::zeroed(layout.total_size()) }
+            MailboxMemory {
+                layout,
+                region: RawRegion::zeroed(layout.total_size()),
+            }
         }
         #[cfg(loom)]
         {
@@ -156,7 +175,12 @@ impl MailboxMemory {
             let u64s = |k: usize| (0..k).map(|_| AtomicU64::new(0)).collect();
             MailboxMemory {
                 layout,
-                arrays: (u32s(n), u32s(n), u64s(2 * n), u64s(8 * layout.lanes() as usize * n)),
+                arrays: (
+                    u32s(n),
+                    u32s(n),
+                    u64s(2 * n),
+                    u64s(8 * layout.lanes() as usize * n),
+                ),
             }
         }
     }

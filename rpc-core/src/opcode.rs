@@ -104,9 +104,20 @@ impl fmt::Display for Opcode {
             None => {
                 let class = self.class();
                 if class.is_ascii_graphic() {
-                    write!(f, "{:#010x} (class '{}', n={})", self.0, class as char, self.number())
+                    write!(
+                        f,
+                        "{:#010x} (class '{}', n={})",
+                        self.0,
+                        class as char,
+                        self.number()
+                    )
                 } else {
-                    write!(f, "{:#010x} (class {class:#04x}, n={})", self.0, self.number())
+                    write!(
+                        f,
+                        "{:#010x} (class {class:#04x}, n={})",
+                        self.0,
+                        self.number()
+                    )
                 }
             }
         }
@@ -132,7 +143,10 @@ mod tests {
 
     #[test]
     fn libc_opcodes_are_class_c_and_numbered_in_order() {
-        let libc: std::vec::Vec<_> = Opcode::ALL.iter().filter(|o| o.class() == LIBC_CLASS).collect();
+        let libc: std::vec::Vec<_> = Opcode::ALL
+            .iter()
+            .filter(|o| o.class() == LIBC_CLASS)
+            .collect();
         for (n, op) in libc.iter().take(30).enumerate() {
             assert_eq!(op.number(), n as u32, "{op}");
         }
@@ -147,9 +161,15 @@ mod tests {
     #[test]
     fn names_and_display() {
         assert_eq!(Opcode::EXIT.name(), Some("EXIT"));
-        assert_eq!(Opcode::WRITE_TO_STDOUT.to_string(), "WRITE_TO_STDOUT (0x63000002)");
+        assert_eq!(
+            Opcode::WRITE_TO_STDOUT.to_string(),
+            "WRITE_TO_STDOUT (0x63000002)"
+        );
         assert_eq!(Opcode::user(7).to_string(), "0x75000007 (class 'u', n=7)");
-        assert_eq!(Opcode(0x0100_0002).to_string(), "0x01000002 (class 0x01, n=2)");
+        assert_eq!(
+            Opcode(0x0100_0002).to_string(),
+            "0x01000002 (class 0x01, n=2)"
+        );
     }
 
     #[test]
@@ -158,6 +178,10 @@ mod tests {
         assert!(!Opcode::NOOP.is_user());
         assert!(!Opcode::OFFLOAD_HOST_CALL.is_user());
         assert!(!Opcode::LAST.is_user());
-        assert_eq!(Opcode::user(0x0100_0001).number(), 1, "n keeps its low 24 bits");
+        assert_eq!(
+            Opcode::user(0x0100_0001).number(),
+            1,
+            "n keeps its low 24 bits"
+        );
     }
 }

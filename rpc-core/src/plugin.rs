@@ -24,6 +24,9 @@ pub trait SharedRegion: Send + Sync {
     fn device_addr(&self) -> u64;
     /// Bytes in the region.
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Device-accessible memory for the MALLOC/FREE services.
@@ -53,7 +56,10 @@ pub struct Grid {
 impl Grid {
     /// A one-dimensional grid.
     pub const fn linear(blocks: u32, threads: u32) -> Self {
-        Grid { blocks: [blocks, 1, 1], threads: [threads, 1, 1] }
+        Grid {
+            blocks: [blocks, 1, 1],
+            threads: [threads, 1, 1],
+        }
     }
     pub fn total_blocks(&self) -> u64 {
         self.blocks.iter().map(|&b| u64::from(b)).product()

@@ -131,7 +131,9 @@ impl<'a> Packet<'a> {
     }
 
     pub fn read(&self) -> Buffer {
-        Buffer { data: core::array::from_fn(|i| self.word(i)) }
+        Buffer {
+            data: core::array::from_fn(|i| self.word(i)),
+        }
     }
 
     pub fn write(&self, buffer: &Buffer) {
@@ -143,7 +145,10 @@ impl<'a> Packet<'a> {
     /// Copies `out.len()` bytes starting at byte `offset` out of the packet.
     /// Panics if the range leaves the packet (a bug of this crate, never input-driven).
     pub fn read_bytes(&self, offset: usize, out: &mut [u8]) {
-        assert!(offset + out.len() <= BUFFER_SIZE, "byte range outside the packet");
+        assert!(
+            offset + out.len() <= BUFFER_SIZE,
+            "byte range outside the packet"
+        );
         let mut done = 0;
         while done < out.len() {
             let at = offset + done;
@@ -157,12 +162,19 @@ impl<'a> Packet<'a> {
     /// Copies `data` into the packet starting at byte `offset`; the other bytes keep their values.
     /// Panics if the range leaves the packet (a bug of this crate, never input-driven).
     pub fn write_bytes(&self, offset: usize, data: &[u8]) {
-        assert!(offset + data.len() <= BUFFER_SIZE, "byte range outside the packet");
+        assert!(
+            offset + data.len() <= BUFFER_SIZE,
+            "byte range outside the packet"
+        );
         let mut done = 0;
         while done < data.len() {
             let at = offset + done;
             let take = (8 - at % 8).min(data.len() - done);
-            let mut bytes = if take == 8 { [0; 8] } else { self.word(at / 8).to_le_bytes() };
+            let mut bytes = if take == 8 {
+                [0; 8]
+            } else {
+                self.word(at / 8).to_le_bytes()
+            };
             bytes[at % 8..at % 8 + take].copy_from_slice(&data[done..done + take]);
             self.set_word(at / 8, u64::from_le_bytes(bytes));
             done += take;
@@ -228,7 +240,9 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
     #[inline]
     fn packet(&self, lane: u32) -> Packet<'a> {
-        Packet { words: &self.packets[8 * lane as usize..][..8] }
+        Packet {
+            words: &self.packets[8 * lane as usize..][..8],
+        }
     }
 
     /// Waits until this side owns the buffer (see the module's memory-ordering note).
@@ -306,7 +320,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             packet.set_word(0, bytes.len() as u64);
             packet.write_bytes(8, &bytes[..bytes.len().min(FIRST_PACKET_BYTES)]);
         })?;
-        let longest = lanes(self.mask).map(|lane| lane_data(lane).len()).max().unwrap_or(0);
+        let longest = lanes(self.mask)
+            .map(|lane| lane_data(lane).len())
+            .max()
+            .unwrap_or(0);
         let mut offset = FIRST_PACKET_BYTES;
         while offset < longest {
             self.send(|lane, packet| {
@@ -367,7 +384,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         for lane in lanes(self.mask) {
             let len = data.get(lane as usize).map_or(0, |d| d.len());
             if len != size {
-                return Err(Error::BadLength { lane, len, expected: size });
+                return Err(Error::BadLength {
+                    lane,
+                    len,
+                    expected: size,
+                });
             }
         }
         for offset in (0..size).step_by(BUFFER_SIZE) {
@@ -395,9 +416,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 }
 
 fn alloc_vec(size: usize) -> Vec<u8> {
-    let mut v = Vec::new();
-    v.resize(size, 0);
-    v
+    core::iter::repeat_n(0, size).collect()
 }
 
 impl<'a> Port<'a, true> {
@@ -409,7 +428,10 @@ impl<'a> Port<'a, true> {
     /// Checks the header mask: non-empty, no bits at or above `L`.
     pub fn check_mask(&self) -> Result<()> {
         if self.header_mask == 0 || self.header_mask != self.mask {
-            return Err(Error::BadMask { mask: self.header_mask, lanes: self.lanes });
+            return Err(Error::BadMask {
+                mask: self.header_mask,
+                lanes: self.lanes,
+            });
         }
         Ok(())
     }
@@ -434,7 +456,8 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
         if let Some(counter) = self.doorbell {
             // RMW: one open request fewer (PROTOCOL section 9). Saturating, because the device
             // may have written anything there; Relaxed, as the counter orders no other data.
-            let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+            let _ =
+                counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
         }
         unlock(self.locks, self.index);
     }

@@ -12,6 +12,8 @@ pub fn next_pending(primary: &[AtomicU32], secondary: &[AtomicU32], from: u32) -
     primary
         .iter()
         .zip(secondary)
-        .position(|(s, c)| normalize(s.load(Ordering::Relaxed)) != normalize(c.load(Ordering::Relaxed)))
+        .position(|(s, c)| {
+            normalize(s.load(Ordering::Relaxed)) != normalize(c.load(Ordering::Relaxed))
+        })
         .map(|k| (from + k) as u32)
 }

@@ -21,9 +21,17 @@ impl<'a> Server<'a> {
     pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self> {
         let need = lock_words(mailbox.layout().ports());
         if locks.len() < need {
-            return Err(Error::BadRegion { addr: 0, len: locks.len() * 4, need: need * 4 });
+            return Err(Error::BadRegion {
+                addr: 0,
+                len: locks.len() * 4,
+                need: need * 4,
+            });
         }
-        Ok(Server { mailbox, locks, doorbell: None })
+        Ok(Server {
+            mailbox,
+            locks,
+            doorbell: None,
+        })
     }
 
     /// Decrements `counter` (the host view of the v2 doorbell's `value`) once per served port.

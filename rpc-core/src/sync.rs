@@ -32,5 +32,7 @@ pub fn spin_hint() {
 /// consistent before anything that can panic, so a poisoned lock holds valid data.
 #[cfg(feature = "std")]
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
