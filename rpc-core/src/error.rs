@@ -51,6 +51,15 @@ pub enum Error {
     /// No handler accepted the opcode.
     #[error("no handler for opcode {0}")]
     UnknownOpcode(Opcode),
+    /// `shutdown` found kernels still holding user guards and the policy refused.
+    #[error("{0} user guard(s) still live: kernels are running")]
+    LiveUsers(usize),
+    /// No attached mailbox has this id.
+    #[error("no mailbox {0} is attached")]
+    NoSuchMailbox(u64),
+    /// The worker thread could not be spawned.
+    #[error("could not spawn the server thread: {0}")]
+    Spawn(RefusalText),
     /// A request the server refused (bad handle, policy, ...).
     #[error("request refused: {0}")]
     Refused(RefusalText),

@@ -18,9 +18,21 @@ pub mod opcode;
 pub mod plugin;
 pub mod port;
 #[cfg(feature = "std")]
+pub mod printf;
+#[cfg(feature = "std")]
+pub mod registry;
+#[cfg(feature = "std")]
+pub mod rpc_server;
+#[cfg(feature = "std")]
 mod scan;
 #[cfg(feature = "std")]
 pub mod server;
+#[cfg(feature = "std")]
+pub mod server_thread;
+#[cfg(feature = "std")]
+pub mod services;
+#[cfg(feature = "std")]
+pub mod stats;
 pub mod sync;
 
 #[cfg(all(test, loom))]
@@ -35,4 +47,12 @@ pub use mailbox::{LockTable, MailboxMemory};
 pub use opcode::Opcode;
 pub use port::{ClientPort, Packet, ServerPort, Wait};
 #[cfg(feature = "std")]
+pub use registry::Request;
+#[cfg(feature = "std")]
+pub use rpc_server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy, UserGuard};
+#[cfg(feature = "std")]
 pub use server::Server;
+#[cfg(feature = "std")]
+pub use server_thread::{Started, Stopped};
+#[cfg(feature = "std")]
+pub use stats::StatsSnapshot;

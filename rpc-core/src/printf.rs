@@ -20,10 +20,12 @@
 //! written or passed through `*`, are clamped to [`MAX_FIELD`] so one conversion prints at most a
 //! few KiB. A null `%s` prints as glibc does: `(null)` if the precision is absent or at least 6,
 //! else the empty string (then padded to the width); a non-null `%s` whose string was not fetched
-//! (`strings` returned `None`) prints the same way, as if it were null.
+//! (`strings` returned `None`) prints the same way, as if it were null. A length modifier on `c s
+//! p n` or a float is accepted and ignored: `%lc`/`%ls` print as `%c`/`%s`, `%Lf` as `%f`.
 
 use std::ffi::{c_char, c_double, c_int, c_longlong, c_uint, c_ulonglong, c_void, CStr};
 use std::fmt;
+use std::io::Write as _;
 use std::vec::Vec;
 
 /// The largest width or precision honoured; larger ones (written or through `*`) are clamped.
@@ -40,18 +42,13 @@ pub enum Piece<'f> {
     Spec(Spec),
 }
 
-/// The flags of a specification.
+/// The flags of a specification: `-` (left), `+` (plus), ` ` (space), `#` (alt), `0` (zero).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Flags {
-    /// `-`
     pub left: bool,
-    /// `+`
     pub plus: bool,
-    /// ` `
     pub space: bool,
-    /// `#`
     pub alt: bool,
-    /// `0`
     pub zero: bool,
 }
 
@@ -220,10 +217,21 @@ fn parse_spec(s: &[u8], at: usize) -> Result<Spec, FormatError> {
     i += len;
     let conversion = byte(i)?;
     if !b"diouxXbBcspnfFeEgGaA".contains(&conversion) {
-        return Err(FormatError::UnknownConversion { at: at + i, conversion });
+        return Err(FormatError::UnknownConversion {
+            at: at + i,
+            conversion,
+        });
     }
     let raw = s.get(..=i).unwrap_or_default().to_vec();
-    Ok(Spec { flags, width, precision, length, conversion, at, raw })
+    Ok(Spec {
+        flags,
+        width,
+        precision,
+        length,
+        conversion,
+        at,
+        raw,
+    })
 }
 
 /// Parses `*` or decimal digits at `s[*i..]` (clamped to [`MAX_FIELD`]), advancing `i`.
@@ -234,7 +242,10 @@ fn parse_count(s: &[u8], i: &mut usize) -> Count {
     }
     let mut value: Option<usize> = None;
     while let Some(digit @ b'0'..=b'9') = s.get(*i).copied() {
-        let v = value.unwrap_or(0).saturating_mul(10).saturating_add(usize::from(digit - b'0'));
+        let v = value
+            .unwrap_or(0)
+            .saturating_mul(10)
+            .saturating_add(usize::from(digit - b'0'));
         value = Some(v.min(MAX_FIELD));
         *i += 1;
     }
@@ -252,19 +263,25 @@ fn place(offset: usize, size: usize, packed: bool) -> (usize, usize) {
 }
 
 /// The sizes of the arguments a piece takes, in order (`*` width, `*` precision, value).
-fn arg_sizes(piece: &Piece) -> impl Iterator<Item = usize> {
+fn arg_sizes<'p>(piece: &'p Piece) -> impl Iterator<Item = usize> + 'p {
     let spec = match piece {
         Piece::Spec(spec) => Some(spec),
         _ => None,
     };
     let star = |count: Count| (count == Count::Star).then_some(4);
-    let stars = spec.into_iter().flat_map(move |s| [star(s.width), star(s.precision)]).flatten();
+    let stars = spec
+        .into_iter()
+        .flat_map(move |s| [star(s.width), star(s.precision)])
+        .flatten();
     stars.chain(spec.map(Spec::value_size))
 }
 
 /// Size in bytes of the argument buffer the format needs (`packed`: no alignment padding).
 pub fn args_size(pieces: &[Piece], packed: bool) -> usize {
-    pieces.iter().flat_map(arg_sizes).fold(0, |offset, size| place(offset, size, packed).1)
+    pieces
+        .iter()
+        .flat_map(arg_sizes)
+        .fold(0, |offset, size| place(offset, size, packed).1)
 }
 
 /// One specification with its arguments read and its `*`s resolved.
@@ -287,10 +304,12 @@ fn walk<'s>(
     let mut offset = 0;
     let mut take = |size: usize| -> Result<u64, FormatError> {
         let (start, end) = place(offset, size, packed);
-        let Some(bytes) = args.get(start..end) else {
-            let needed = args_size(pieces, packed);
-            return Err(FormatError::MissingArguments { needed, available: args.len() });
+        let needed = || args_size(pieces, packed);
+        let missing = || FormatError::MissingArguments {
+            needed: needed(),
+            available: args.len(),
         };
+        let bytes = args.get(start..end).ok_or_else(missing)?;
         offset = end;
         let mut word = [0u8; 8];
         word.iter_mut().zip(bytes).for_each(|(w, b)| *w = *b);
@@ -315,16 +334,30 @@ fn walk<'s>(
             Count::None => None,
             Count::Fixed(n) => Some(n),
             // A negative precision is taken as if it were absent.
-            Count::Star => usize::try_from(take(4)? as u32 as i32).ok().map(|p| p.min(MAX_FIELD)),
+            Count::Star => usize::try_from(take(4)? as u32 as i32).ok(),
         };
+        let precision = precision.map(|p| p.min(MAX_FIELD));
         let value = take(spec.value_size())?;
-        visit(Some(Resolved { spec, flags, width, precision, value }), piece);
+        visit(
+            Some(Resolved {
+                spec,
+                flags,
+                width,
+                precision,
+                value,
+            }),
+            piece,
+        );
     }
     Ok(())
 }
 
 /// The non-null `%s` pointers, in format order, read from `args`.
-pub fn string_pointers(pieces: &[Piece], args: &[u8], packed: bool) -> Result<Vec<u64>, FormatError> {
+pub fn string_pointers(
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+) -> Result<Vec<u64>, FormatError> {
     let mut pointers = Vec::new();
     walk(pieces, args, packed, |arg, _| {
         if let Some(arg) = arg.filter(|a| a.spec.conversion == b's' && a.value != 0) {
@@ -371,7 +404,11 @@ fn convert(out: &mut Vec<u8>, a: &Resolved, strings: &dyn Fn(u64) -> Option<Vec<
                 c_format(out, a, CValue::Str(text));
             }
         }
-        b'p' => c_format(out, a, CValue::Ptr(std::ptr::without_provenance(v as usize))),
+        b'p' => c_format(
+            out,
+            a,
+            CValue::Ptr(std::ptr::without_provenance(v as usize)),
+        ),
         b'f' | b'F' | b'e' | b'E' | b'g' | b'G' | b'a' | b'A' => {
             c_format(out, a, CValue::Double(f64::from_bits(v)))
         }
@@ -420,14 +457,18 @@ fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
     let mut spec = Vec::with_capacity(24);
     spec.push(b'%');
     let f = a.flags;
-    let flags = [(f.left, b'-'), (f.plus, b'+'), (f.space, b' '), (f.alt, b'#'), (f.zero, b'0')];
-    spec.extend(flags.iter().filter(|(on, _)| *on).map(|(_, c)| *c));
+    let on = [f.left, f.plus, f.space, f.alt, f.zero];
+    spec.extend(
+        b"-+ #0"
+            .iter()
+            .zip(on)
+            .filter_map(|(&c, on)| on.then_some(c)),
+    );
     if let Some(width) = a.width.filter(|&w| w > 0) {
-        push_decimal(&mut spec, width);
+        let _ = write!(spec, "{width}"); // Writing to a Vec cannot fail.
     }
     if let Some(precision) = a.precision {
-        spec.push(b'.');
-        push_decimal(&mut spec, precision);
+        let _ = write!(spec, ".{precision}");
     }
     spec.extend_from_slice(length);
     spec.extend_from_slice(&[conversion, 0]);
@@ -459,8 +500,9 @@ fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
     } else {
         let start = out.len();
         out.resize(start + n + 1, 0);
-        let written = out.get_mut(start..).map_or(-1, |buf| call(buf.as_mut_ptr().cast(), n + 1));
-        out.truncate(if written == n as c_int { start + n } else { start });
+        let buf = out.get_mut(start..).unwrap_or_default();
+        let complete = call(buf.as_mut_ptr().cast(), buf.len()) == n as c_int;
+        out.truncate(start + if complete { n } else { 0 });
     }
 }
 
@@ -473,8 +515,9 @@ fn binary(out: &mut Vec<u8>, a: &Resolved) {
         length if length.wide() => a.value,
         _ => a.value & 0xffff_ffff,
     };
-    let bits = if value == 0 && a.precision == Some(0) { 0 } else { 64 - value.leading_zeros() };
-    let digits = (0..bits.max(u32::from(a.precision != Some(0)))).rev().map(|b| b'0' + ((value >> b) & 1) as u8);
+    // No digit at all for a zero value with precision 0, as for %x.
+    let bits = (64 - value.leading_zeros()).max(u32::from(a.precision != Some(0)));
+    let digits = (0..bits).rev().map(|b| b'0' + ((value >> b) & 1) as u8);
     let digit_count = digits.len();
     let zeros = a.precision.unwrap_or(0).saturating_sub(digit_count);
     let prefix: &[u8] = match (a.flags.alt && value != 0, a.spec.conversion) {
@@ -482,7 +525,8 @@ fn binary(out: &mut Vec<u8>, a: &Resolved) {
         (true, b'B') => b"0B",
         (true, _) => b"0b",
     };
-    let pad = a.width.unwrap_or(0).saturating_sub(prefix.len() + zeros + digit_count);
+    let width = a.width.unwrap_or(0);
+    let pad = width.saturating_sub(prefix.len() + zeros + digit_count);
     let zero_pad = a.flags.zero && !a.flags.left && a.precision.is_none();
     if !a.flags.left && !zero_pad {
         out.resize(out.len() + pad, b' ');
@@ -496,20 +540,332 @@ fn binary(out: &mut Vec<u8>, a: &Resolved) {
     }
 }
 
-/// Appends `n` in decimal.
-fn push_decimal(out: &mut Vec<u8>, n: usize) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        if let Some(d) = digits.get_mut(i) {
-            *d = b'0' + (n % 10) as u8;
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::boxed::Box;
+    use std::cell::Cell;
+    use std::collections::HashMap;
+    use std::string::String;
+    use std::vec;
+
+    /// How a test argument goes into the device's buffer.
+    enum Enc {
+        Four(u32),
+        Eight(u64),
+        Str(&'static CStr),
+    }
+
+    /// A test argument: its encoding, and the C value the reference `snprintf` call receives.
+    trait TestArg {
+        type C;
+        fn c(&self) -> Self::C;
+        fn enc(&self) -> Enc;
+    }
+
+    macro_rules! test_args {
+        ($($name:ident($rust:ty) => $c:ty, |$v:ident| $conv:expr, $enc:expr;)*) => {$(
+            struct $name($rust);
+            impl TestArg for $name {
+                type C = $c;
+                fn c(&self) -> $c {
+                    let $v = self.0;
+                    $conv
+                }
+                fn enc(&self) -> Enc {
+                    let $v = self.0;
+                    $enc
+                }
+            }
+        )*};
+    }
+
+    test_args! {
+        I(i32) => c_int, |v| v, Enc::Four(v as u32);
+        U(u32) => c_uint, |v| v, Enc::Four(v);
+        L(i64) => c_longlong, |v| v, Enc::Eight(v as u64);
+        Ul(u64) => c_ulonglong, |v| v, Enc::Eight(v);
+        D(f64) => c_double, |v| v, Enc::Eight(v.to_bits());
+        P(u64) => *const c_void, |v| std::ptr::without_provenance(v as usize), Enc::Eight(v);
+        S(&'static CStr) => *const c_char, |v| v.as_ptr(), Enc::Str(v);
+        NullS(()) => *const c_char, |_v| std::ptr::null(), Enc::Eight(0);
+        N(()) => *mut c_int, |_v| SINK.with(Cell::as_ptr), Enc::Eight(0xdead_beef);
+    }
+
+    std::thread_local! {
+        /// Where the reference `snprintf` writes its `%n` counts.
+        static SINK: Cell<c_int> = const { Cell::new(0) };
+    }
+
+    type Reference = Box<dyn Fn(*mut c_char, usize) -> c_int>;
+
+    struct Row {
+        format: &'static CStr,
+        args: Vec<Enc>,
+        reference: Reference,
+    }
+
+    /// `row!(format [=> reference format]; args...)`: the reference is `snprintf` called directly.
+    macro_rules! row {
+        ($fmt:expr $(=> $reference:expr)?; $($arg:expr),* $(,)?) => {{
+            let reference: &'static CStr = row!(@pick $fmt $(, $reference)?);
+            Row {
+                format: $fmt,
+                args: vec![$(TestArg::enc(&$arg)),*],
+                reference: Box::new(move |buf: *mut c_char, len: usize| {
+                    // SAFETY: each row's C values have the types its reference format names, a
+                    // `%n` pointer is the live thread-local SINK, strings are 'static C strings
+                    // (or null, which glibc prints as "(null)"), and `buf` holds `len` bytes.
+                    unsafe { libc::snprintf(buf, len, reference.as_ptr() $(, TestArg::c(&$arg))*) }
+                }),
+            }
+        }};
+        (@pick $fmt:expr) => { $fmt };
+        (@pick $fmt:expr, $reference:expr) => { $reference };
+    }
+
+    const LONG: &CStr =
+        c"The quick brown fox jumps over the lazy dog; pack my box with five dozen jugs!";
+    const AB: &CStr = c"abcdef";
+
+    fn rows() -> Vec<Row> {
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        vec![
+            row!(c"hello, world\n";),
+            row!(c"";),
+            row!(c"%d"; I(42)),
+            row!(c"%i|%d"; I(i32::MIN), I(i32::MAX)),
+            row!(c"%5d|%-5d|%05d|"; I(42), I(-42), I(-42)),
+            row!(c"%+d|% d|%+ d|% 05d"; I(7), I(7), I(-7), I(7)),
+            row!(c"%.3d|%.0d|%5.0d|%-+8.4d|"; I(7), I(0), I(0), I(-7)),
+            row!(c"%5.3d|%-5.3d|%05.3d|"; I(-7), I(-7), I(-7)),
+            row!(c"%u|%u"; U(u32::MAX), U(0)),
+            row!(c"%o|%#o|%#.0o|%#o"; U(8), U(8), U(0), U(0)),
+            row!(c"%x|%X|%#x|%#X|%#010x|%-#10X|"; U(0xbeef), U(0xbeef), U(0xbeef), U(0xbeef),
+                 U(0xbeef), U(0xbeef)),
+            row!(c"%#.0x|%#x|%.0x|%#5.0x|"; U(0), U(0), U(0), U(0)),
+            row!(c"%hd|%hhd|%hu|%hhu"; I(70000), I(300), I(-1), I(-1)),
+            row!(c"%hx|%hhX|%hho|%#hhx|%05hd"; I(0x12345), I(0x1ff), I(0x1ff), I(0x180), I(-3)),
+            row!(c"%ld|%lld|%li"; L(i64::MIN), L(i64::MAX), L(-1)),
+            row!(c"%lu|%llx|%#llo|%lX"; Ul(u64::MAX), Ul(0xdead_beef_cafe), Ul(511), Ul(1 << 63)),
+            row!(c"%jd|%zd|%td|%zu|%ju|%zx"; L(-5), L(6), L(-7), Ul(8), Ul(9), Ul(255)),
+            row!(c"%qd|%Ld|%qu|%Lx"; L(-1 << 40), L(1 << 50), Ul(3), Ul(0xabc)),
+            row!(c"%c%c%c"; I(b'a'.into()), I(b'b'.into()), I(b'c'.into())),
+            row!(c"[%5c][%-5c][%c]"; I(b'x'.into()), I(b'y'.into()), I(0x141)),
+            row!(c"a%cb"; I(0)),
+            row!(c"%c%ld"; I(b'z'.into()), L(1_234_567_890_123)),
+            row!(c"%d%lld%d%lld%hhd%f"; I(1), L(2), I(3), L(4), I(5), D(6.5)),
+            row!(c"%s"; S(c"hi")),
+            row!(c"%s|%s|%s"; S(c"a"), S(c"bb"), S(c"ccc")),
+            row!(c"%10s|%-10s|%.2s|%10.3s|%.0s|"; S(AB), S(AB), S(AB), S(AB), S(AB)),
+            row!(c"%s"; NullS(())),
+            row!(c"[%10s][%-10s][%.5s][%.6s][%3.2s][%.0s][%.7s]"; NullS(()), NullS(()), NullS(()),
+                 NullS(()), NullS(()), NullS(()), NullS(())),
+            row!(c"%s and %s, %s"; NullS(()), S(c"x"), S(c"")),
+            row!(c"%s"; S(LONG)),
+            row!(c"%.70s|%100s|%-90s|%s"; S(LONG), S(LONG), S(LONG), S(AB)),
+            row!(c"100%%";),
+            row!(c"%%d %d %%%%"; I(5)),
+            row!(c"ab%ncd"; N(())),
+            row!(c"%d%n%s%hn|%lln"; I(1), N(()), S(c"z"), N(()), N(())),
+            row!(c"%p"; P(0x1234_5678)),
+            row!(c"%p|%20p|%-20p|%+p"; P(0), P(0xdead), P(0xbeef), P(0x10)),
+            row!(c"%f|%F"; D(1.23456), D(-2.0)),
+            row!(c"%.2f|%10.3f|%-10.1f|%+f|% f|%#.0f"; D(2.345), D(2.345), D(2.345), D(2.345),
+                 D(2.345), D(2.0)),
+            row!(c"%e|%E|%.0e|%#.0e|%12.3e"; D(12345.678), D(12345.678), D(12345.678),
+                 D(12345.678), D(-1e-300)),
+            row!(c"%g|%G|%#g|%g|%.3g"; D(0.0001), D(1e20), D(1.5), D(100000.0), D(1234567.0)),
+            row!(c"%a|%A|%.2a|%20a|%#a"; D(1.0), D(-0.5), D(1.2345), D(1e-310), D(2.0)),
+            row!(c"%f|%f|%f|%f|%5.1f|%-6f|"; D(inf), D(-inf), D(nan), D(-nan), D(nan), D(inf)),
+            row!(c"%F|%E|%G|%A|%010f"; D(inf), D(nan), D(-inf), D(-nan), D(-inf)),
+            row!(c"%f|%e|%g|%a|%+.0f"; D(-0.0), D(-0.0), D(-0.0), D(-0.0), D(0.0)),
+            row!(c"%010.2f|%-010.2f|%+010.2f|% 010.2f"; D(-3.5), D(-3.5), D(3.5), D(3.5)),
+            row!(c"%lf|%lf|%le"; D(1.25), D(2.5), D(1e-5)),
+            row!(c"%Lf|%Le|%Lg|%La" => c"%f|%e|%g|%a"; D(1.5), D(1.5), D(1.5), D(1.5)),
+            row!(c"%.300f"; D(1.0 / 3.0)),
+            row!(c"%f|%g"; D(1e300), D(f64::MIN_POSITIVE)),
+            row!(c"%*d|"; I(8), I(42)),
+            row!(c"%-*d|"; I(8), I(42)),
+            row!(c"%*d|%*d|"; I(-8), I(42), I(0), I(1)),
+            row!(c"%.*f|%.*f"; I(3), D(1.23456), I(-1), D(1.23456)),
+            row!(c"%*.*s|%.*s|"; I(12), I(3), S(AB), I(-2), S(AB)),
+            row!(c"%*.*ld|"; I(-15), I(10), L(-42)),
+            row!(c"%c%*ld|%c%.*f"; I(b'q'.into()), I(5), L(7), I(b'r'.into()), I(2), D(0.125)),
+            row!(c"%0*d|%-0*x|"; I(6), I(-5), I(6), U(0xf)),
+            row!(c"%b|%B|%#b|%#B"; U(5), U(5), U(5), U(5)),
+            row!(c"%#010b|%-#10b|%.8b|%08.3b|%#12.8B|"; U(5), U(5), U(5), U(5), U(5)),
+            row!(c"%#.0b|%#b|%.0b|%5b|%#5.0b|"; U(0), U(0), U(0), U(0), U(0)),
+            row!(c"%hhb|%hb|%lb|%llB|%#jb"; I(0x1ff), I(0x1ffff), Ul(u64::MAX), Ul(1 << 63), Ul(6)),
+            row!(c"%+b|% b|%#B|%b"; U(3), U(3), U(0), U(u32::MAX)),
+            row!(c"%*b|%-*b|%.*b"; I(10), U(9), I(-10), U(9), I(6), U(9)),
+            row!(c"%1000d"; I(1)),
+            row!(c"%-1000s|%.1000d"; S(c"w"), I(-3)),
+            row!(c"%d %s %c %p %f %x %ld %s %% %u"; I(-1), S(c"str"), I(b'C'.into()), P(0xff),
+                 D(0.5), U(0xabc), L(1 << 40), NullS(()), U(7)),
+        ]
+    }
+
+    /// Encodes `args` as the device would: the buffer, the strings by pointer, the pointers.
+    fn encode(args: &[Enc], packed: bool) -> (Vec<u8>, HashMap<u64, Vec<u8>>, Vec<u64>) {
+        let (mut buf, mut strings, mut pointers) = (Vec::new(), HashMap::new(), Vec::new());
+        for arg in args {
+            let bytes = match *arg {
+                Enc::Four(v) => v.to_le_bytes().to_vec(),
+                Enc::Eight(v) => v.to_le_bytes().to_vec(),
+                Enc::Str(s) => {
+                    let pointer = 0x7f00_0000_0000 + 0x1000 * (strings.len() as u64 + 1);
+                    strings.insert(pointer, s.to_bytes().to_vec());
+                    pointers.push(pointer);
+                    pointer.to_le_bytes().to_vec()
+                }
+            };
+            while !packed && buf.len() % bytes.len() != 0 {
+                buf.push(0xee);
+            }
+            buf.extend(bytes);
         }
-        n /= 10;
-        if n == 0 || i == 0 {
-            break;
+        (buf, strings, pointers)
+    }
+
+    fn reference(row: &Row) -> Vec<u8> {
+        let n = (row.reference)(std::ptr::null_mut(), 0);
+        let mut buf = vec![0u8; usize::try_from(n).expect("reference snprintf failed") + 1];
+        assert_eq!((row.reference)(buf.as_mut_ptr().cast(), buf.len()), n);
+        buf.truncate(buf.len() - 1);
+        buf
+    }
+
+    fn missing(needed: usize, available: usize) -> Result<Vec<u8>, FormatError> {
+        Err(FormatError::MissingArguments { needed, available })
+    }
+
+    #[test]
+    fn every_row_matches_the_host_snprintf_packed_and_unpacked() {
+        let rows = rows();
+        assert!(rows.len() >= 60, "{} rows", rows.len());
+        for row in &rows {
+            let expected = reference(row);
+            let pieces = parse(row.format.to_bytes()).expect("row parses");
+            for packed in [false, true] {
+                let (args, strings, pointers) = encode(&row.args, packed);
+                let what = std::format!("{:?} packed={packed}", row.format);
+                assert_eq!(args_size(&pieces, packed), args.len(), "{what}");
+                let got = string_pointers(&pieces, &args, packed);
+                assert_eq!(got, Ok(pointers), "{what}");
+                let got = format(&pieces, &args, packed, &|p| strings.get(&p).cloned()).unwrap();
+                let lossy = String::from_utf8_lossy;
+                assert_eq!(lossy(&got), lossy(&expected), "{what}");
+                assert_eq!(got, expected, "{what}");
+                // One byte short is an error, not a panic or a read past the end.
+                if let Some(short) = args.len().checked_sub(1).and_then(|n| args.get(..n)) {
+                    let err = missing(args.len(), short.len());
+                    assert_eq!(format(&pieces, short, packed, &|_| None), err, "{what}");
+                    let got = string_pointers(&pieces, short, packed).map(|_| Vec::new());
+                    assert_eq!(got, err, "{what}");
+                }
+            }
         }
     }
-    out.extend_from_slice(digits.get(i..).unwrap_or_default());
+
+    #[test]
+    fn args_size_aligns_unpacked_and_not_packed() {
+        let size = |f: &str, packed| args_size(&parse(f.as_bytes()).unwrap(), packed);
+        for (f, unpacked, packed) in [
+            ("", 0, 0),
+            ("%%no args%%", 0, 0),
+            ("%c%d%ld", 16, 16),
+            ("%c%ld", 16, 12),
+            ("%hhd%hd%c", 12, 12),
+            ("%d%s", 16, 12),
+            ("%*.*f", 16, 16),
+            ("%c%*.*f", 24, 20),
+            ("%n%p%Lf%jd", 32, 32),
+            ("%c%zu%c%lc", 24, 20),
+        ] {
+            assert_eq!(size(f, false), unpacked, "{f}");
+            assert_eq!(size(f, true), packed, "{f}");
+        }
+    }
+
+    #[test]
+    fn malformed_formats_are_errors() {
+        use FormatError::*;
+        let unknown = |at, conversion| Err(UnknownConversion { at, conversion });
+        assert_eq!(parse(b"%"), Err(Unterminated { at: 0 }));
+        assert_eq!(parse(b"ab%5"), Err(Unterminated { at: 2 }));
+        assert_eq!(parse(b"%d%l"), Err(Unterminated { at: 2 }));
+        assert_eq!(parse(b"%-+ #0*.*hh"), Err(Unterminated { at: 0 }));
+        assert_eq!(parse(b"%.").map(|_| ()), Err(Unterminated { at: 0 }));
+        assert_eq!(parse(b"x%y"), unknown(2, b'y'));
+        assert_eq!(parse(b"%1$d"), unknown(2, b'$'));
+        assert_eq!(parse(b"%lld%llld"), unknown(7, b'l'));
+        assert_eq!(parse(b"%5%"), unknown(2, b'%'));
+        assert_eq!(parse(b"%'d"), unknown(1, b'\''));
+        assert!(parse(b"%m").is_err() && parse(b"%C").is_err() && parse(b"%S").is_err());
+        // The format ends at its first NUL: nothing after it is parsed.
+        assert_eq!(parse(b"%d\0%y").unwrap().len(), 1);
+        let text = std::string::ToString::to_string(&Unterminated { at: 3 });
+        assert_eq!(text, "unterminated printf conversion starting at byte 3");
+    }
+
+    #[test]
+    fn short_argument_buffers_are_missing_arguments() {
+        let pieces = parse(b"%d%ld").unwrap();
+        assert_eq!(format(&pieces, &[0; 8], false, &|_| None), missing(16, 8));
+        let pointers = string_pointers(&pieces, &[1; 8], false).map(|_| Vec::new());
+        assert_eq!(pointers, missing(16, 8));
+        assert_eq!(format(&pieces, &[0; 11], true, &|_| None), missing(12, 11));
+        let pieces = parse(b"%s").unwrap();
+        assert_eq!(
+            string_pointers(&pieces, &[], true).map(|_| Vec::new()),
+            missing(8, 0)
+        );
+    }
+
+    #[test]
+    fn huge_widths_and_precisions_are_clamped() {
+        let pieces = parse(b"%99999999999999999999999d|%.99999999999f").unwrap();
+        assert!(matches!(&pieces[0], Piece::Spec(s) if s.width == Count::Fixed(MAX_FIELD)));
+        let args = [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f]; // 1, 1.0
+        let out = format(&pieces, &args, false, &|_| None).unwrap();
+        assert_eq!(out.len(), MAX_FIELD + 1 + 2 + MAX_FIELD);
+        // `*` width i32::MIN: left-justified, clamped; `*` precision i32::MAX on a long string.
+        let pieces = parse(b"%*d|%.*s").unwrap();
+        let words = [i32::MIN as u32 as u64, i32::MAX as u64, 1]; // Unpacked: star, 0, star, ptr.
+        let args: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let out = format(&pieces, &args, false, &|_| Some(vec![b'x'; 10_000])).unwrap();
+        assert_eq!((out.len(), out[0]), (MAX_FIELD + 1 + MAX_FIELD, b'0'));
+    }
+
+    #[test]
+    fn unfetched_and_nul_containing_strings() {
+        let pieces = parse(b"[%s][%.3s][%s]").unwrap();
+        let args: Vec<u8> = [1u64, 2, 3].iter().flat_map(|p| p.to_le_bytes()).collect();
+        let strings = |p| (p == 3).then(|| b"ab\0cd".to_vec());
+        let out = format(&pieces, &args, true, &strings).unwrap();
+        assert_eq!(out, b"[(null)][][ab]");
+    }
+
+    #[test]
+    fn random_formats_never_panic() {
+        const ALPHABET: &[u8] = b"%%%%-+ #0123456789*.hlLjztqdiouxXbBcspnfFeEgGaA$y\0";
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) as usize
+        };
+        for _ in 0..3000 {
+            let fmt: Vec<u8> = (0..next() % 24)
+                .map(|_| ALPHABET[next() % ALPHABET.len()])
+                .collect();
+            let args: Vec<u8> = (0..next() % 80).map(|_| next() as u8).collect();
+            let Ok(pieces) = parse(&fmt) else { continue };
+            for packed in [false, true] {
+                let _ = string_pointers(&pieces, &args, packed);
+                let strings = |p: u64| (p & 1 == 0).then(|| p.to_le_bytes().to_vec());
+                let _ = format(&pieces, &args, packed, &strings);
+            }
+        }
+    }
 }

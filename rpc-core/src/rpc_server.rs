@@ -1,0 +1,642 @@
+//! The RPC server of one plugin instance: attached mailboxes, handlers, statistics, users and
+//! the one [`ServerThread`](crate::server_thread) that serves them.
+//!
+//! ```text
+//! RpcServer ──Arc──> Inner { context: ServerContext, thread: ServerThread }
+//!                        ^                ^
+//!           UserGuard ───┘                └── the worker thread (while Running)
+//! ```
+//! Attaching and detaching work at any time, also while the worker runs: the worker reads the
+//! set through a versioned snapshot it refreshes each pass and drops before it sleeps, and
+//! `detach` returns only once the worker no longer holds the mailbox.
+
+use std::boxed::Box;
+use std::string::{String, ToString};
+use std::time::{Duration, Instant};
+use std::vec::Vec;
+
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::mailbox::{LockTable, Mailbox, MailboxMemory};
+use crate::opcode::Opcode;
+use crate::port::{Backoff, Wait, SPIN_POLLS};
+use crate::registry::{entry, Entry, MailboxInfo, Matcher, Registry, Request};
+use crate::server::Server;
+use crate::server_thread::{Control, ServerThread, Started, Stopped};
+use crate::stats::{bump, Stats, StatsSnapshot};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+
+/// What to do when `shutdown` finds kernels still holding user guards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShutdownPolicy {
+    /// Return [`Error::LiveUsers`] and keep serving.
+    Refuse,
+    /// Wait up to this long for the guards to go, then refuse as above.
+    Wait(Duration),
+    /// Stop anyway, logging an error: the kernels lose their server.
+    Force,
+}
+
+/// A server's settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Name used for the worker thread and in logs (`host`, `cuda`, ...).
+    pub name: String,
+    /// The most bytes a lane may send in one `send_n` (PROTOCOL section 5). Default 64 MiB.
+    pub stream_bound: u64,
+    /// Give up a wait for a client's next packet after this long even though kernels still run
+    /// (None: only when no kernel that could answer is running).
+    pub wait_timeout: Option<Duration>,
+    /// What `shutdown` does with live user guards.
+    pub shutdown_policy: ShutdownPolicy,
+    /// How long the worker parks between polls while kernels run but send nothing.
+    pub park: Duration,
+    /// Log the statistics (at `info`) when the worker stops.
+    pub log_stats_on_shutdown: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            name: "rpc".into(),
+            stream_bound: 64 << 20,
+            wait_timeout: None,
+            shutdown_policy: ShutdownPolicy::Refuse,
+            park: Duration::from_micros(20),
+            log_stats_on_shutdown: false,
+        }
+    }
+}
+
+/// Names an attached mailbox within its server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MailboxId(pub u64);
+
+/// Memory holding one mailbox, as the server reads it.
+pub trait MailboxSource: Send + Sync {
+    fn view(&self) -> Mailbox<'_>;
+}
+
+impl MailboxSource for MailboxMemory {
+    fn view(&self) -> Mailbox<'_> {
+        MailboxMemory::view(self)
+    }
+}
+
+/// A plugin's shared region holding a mailbox of `layout`.
+#[cfg(not(loom))]
+struct RegionMailbox {
+    region: Box<dyn crate::plugin::SharedRegion>,
+    layout: Layout,
+}
+
+#[cfg(not(loom))]
+impl MailboxSource for RegionMailbox {
+    fn view(&self) -> Mailbox<'_> {
+        // SAFETY: the region is owned by `self` (so it lives as long as the view), and this
+        // process only accesses mailbox memory through atomic views; `attach_region` checked
+        // alignment and size once, and the region never changes.
+        unsafe { Mailbox::from_raw(self.region.host_ptr(), self.region.len(), self.layout) }
+            .expect("checked when attached")
+    }
+}
+
+/// One attached mailbox.
+pub(crate) struct Attached {
+    pub(crate) id: MailboxId,
+    pub(crate) layout: Layout,
+    source: Box<dyn MailboxSource>,
+    locks: LockTable,
+    doorbell: Option<Arc<AtomicU64>>,
+    /// Set by `detach`: the worker stops touching the mailbox and abandons waits on it.
+    detached: AtomicBool,
+    /// User guards covering this mailbox.
+    users: Arc<AtomicUsize>,
+}
+
+impl Attached {
+    fn server(&self) -> Server<'_> {
+        let server = Server::new(self.source.view(), self.locks.words())
+            .expect("lock table sized for the layout");
+        match &self.doorbell {
+            Some(counter) => server.with_doorbell(counter),
+            None => server,
+        }
+    }
+}
+
+/// A versioned, copy-on-write list the worker reads without locking on every pass.
+struct Snapshot<T> {
+    current: Mutex<Arc<T>>,
+    /// Bumped (Release) after each change; the worker compares (Acquire) to know to refresh.
+    version: AtomicU64,
+}
+
+impl<T: Clone> Snapshot<T> {
+    fn new(value: T) -> Self {
+        Snapshot {
+            current: Mutex::new(Arc::new(value)),
+            version: AtomicU64::new(0),
+        }
+    }
+    fn get(&self) -> Arc<T> {
+        lock(&self.current).clone()
+    }
+    fn update<R>(&self, change: impl FnOnce(&mut T) -> R) -> R {
+        let mut current = lock(&self.current);
+        let mut next = T::clone(&current);
+        let result = change(&mut next);
+        *current = Arc::new(next);
+        // RMW: version v -> v + 1; Release so a reader seeing the new version finds the new list.
+        self.version.fetch_add(1, Ordering::Release);
+        result
+    }
+    fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+}
+
+/// State the handlers share: settings, statistics, the services' tables.
+pub struct ServerContext {
+    pub(crate) config: ServerConfig,
+    pub(crate) stats: Stats,
+    mailboxes: Snapshot<Vec<Arc<Attached>>>,
+    registry: Snapshot<Registry>,
+    next_id: AtomicU64,
+    /// Guards that cover every mailbox.
+    any_users: Arc<AtomicUsize>,
+    /// Set while a shutdown is in progress: waits on clients give up.
+    pub(crate) stopping: AtomicBool,
+    pub(crate) services: crate::services::Services,
+}
+
+impl ServerContext {
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+    pub fn services(&self) -> &crate::services::Services {
+        &self.services
+    }
+}
+
+pub(crate) struct Inner {
+    pub(crate) context: ServerContext,
+    pub(crate) thread: ServerThread,
+}
+
+/// The RPC server of one plugin instance. Dropping it shuts the worker down
+/// ([`ShutdownPolicy::Force`] semantics, logged if kernels were still running).
+pub struct RpcServer {
+    inner: Arc<Inner>,
+}
+
+impl RpcServer {
+    /// A stopped server with the standard handlers registered.
+    pub fn new(config: ServerConfig) -> Self {
+        let services = crate::services::Services::new(&config);
+        let mut registry = Registry::default();
+        crate::services::register_standard(&mut registry);
+        let inner = Arc::new(Inner {
+            context: ServerContext {
+                config,
+                stats: Stats::default(),
+                mailboxes: Snapshot::new(Vec::new()),
+                registry: Snapshot::new(registry),
+                next_id: AtomicU64::new(1),
+                any_users: Arc::new(AtomicUsize::new(0)),
+                stopping: AtomicBool::new(false),
+                services,
+            },
+            thread: ServerThread::new(),
+        });
+        RpcServer { inner }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.context.config.name
+    }
+    pub fn context(&self) -> &ServerContext {
+        &self.inner.context
+    }
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.context.stats.snapshot()
+    }
+
+    /// Attaches a mailbox held in `source`; the worker serves it from its next pass on.
+    pub fn attach(&self, source: Box<dyn MailboxSource>) -> MailboxId {
+        self.attach_inner(source, None)
+    }
+
+    /// Attaches a plugin's shared region holding a mailbox of `layout`.
+    #[cfg(not(loom))]
+    pub fn attach_region(
+        &self,
+        region: Box<dyn crate::plugin::SharedRegion>,
+        layout: Layout,
+    ) -> Result<MailboxId> {
+        // Checks alignment and size once; `RegionMailbox::view` relies on it.
+        // SAFETY: a view is only built here to validate; the region outlives this statement.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(self.attach(Box::new(RegionMailbox { region, layout })))
+    }
+
+    /// Attaches a v2 mailbox whose doorbell counter (PROTOCOL section 9) the host sees at
+    /// `counter`: the server decrements it once per served port.
+    pub fn attach_with_doorbell(
+        &self,
+        source: Box<dyn MailboxSource>,
+        counter: Arc<AtomicU64>,
+    ) -> MailboxId {
+        self.attach_inner(source, Some(counter))
+    }
+
+    fn attach_inner(
+        &self,
+        source: Box<dyn MailboxSource>,
+        doorbell: Option<Arc<AtomicU64>>,
+    ) -> MailboxId {
+        let context = &self.inner.context;
+        // RMW: hands out each id once.
+        let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
+        let layout = source.view().layout();
+        let attached = Arc::new(Attached {
+            id,
+            layout,
+            source,
+            locks: LockTable::new(layout.ports()),
+            doorbell,
+            detached: AtomicBool::new(false),
+            users: Arc::new(AtomicUsize::new(0)),
+        });
+        context.mailboxes.update(|list| list.push(attached));
+        log::debug!(
+            "{}: attached mailbox {} ({layout})",
+            context.config.name,
+            id.0
+        );
+        id
+    }
+
+    /// Detaches a mailbox and frees it once the worker no longer holds it (a wait on one of
+    /// its ports is abandoned). Errors if no such mailbox is attached.
+    pub fn detach(&self, id: MailboxId) -> Result<()> {
+        let context = &self.inner.context;
+        let attached = context.mailboxes.update(|list| {
+            let at = list.iter().position(|m| m.id == id)?;
+            Some(list.remove(at))
+        });
+        let attached = attached.ok_or(Error::NoSuchMailbox(id.0))?;
+        // Release: pairs with the worker's Acquire load before it touches the mailbox again.
+        attached.detached.store(true, Ordering::Release);
+        self.inner.thread.notify();
+        // The worker drops its snapshot at the end of the pass (or before it sleeps).
+        let mut attempt = 0;
+        while Arc::strong_count(&attached) > 1 {
+            Backoff::step(attempt);
+            attempt = attempt.saturating_add(1);
+        }
+        log::debug!("{}: detached mailbox {}", context.config.name, id.0);
+        Ok(())
+    }
+
+    /// The ids of the attached mailboxes.
+    pub fn mailboxes(&self) -> Vec<MailboxId> {
+        self.inner
+            .context
+            .mailboxes
+            .get()
+            .iter()
+            .map(|m| m.id)
+            .collect()
+    }
+
+    /// Registers a handler for one opcode, ahead of the standard ones and of handlers
+    /// registered later.
+    pub fn register(
+        &self,
+        opcode: Opcode,
+        handler: impl Fn(&mut Request<'_, '_>) -> Result<()> + Send + Sync + 'static,
+    ) {
+        self.register_entry(entry(opcode.to_string(), Matcher::Opcode(opcode), handler));
+    }
+
+    /// Registers a handler for every opcode `accepts` says yes to.
+    pub fn register_matching(
+        &self,
+        name: &str,
+        accepts: impl Fn(Opcode) -> bool + Send + Sync + 'static,
+        handler: impl Fn(&mut Request<'_, '_>) -> Result<()> + Send + Sync + 'static,
+    ) {
+        self.register_entry(entry(name, Matcher::Predicate(Arc::new(accepts)), handler));
+    }
+
+    fn register_entry(&self, entry: Entry) {
+        self.inner.context.registry.update(|r| r.push_user(entry));
+    }
+
+    /// The handlers' names in lookup order.
+    pub fn handler_names(&self) -> Vec<String> {
+        self.inner
+            .context
+            .registry
+            .get()
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
+    /// Starts the worker unless it runs already.
+    pub fn start(&self) -> Result<Started> {
+        ServerThread::start(&self.inner)
+    }
+
+    /// Stops the worker (per the configured [`ShutdownPolicy`]) and joins it.
+    pub fn shutdown(&self) -> Result<Stopped> {
+        self.shutdown_with(self.inner.context.config.shutdown_policy)
+    }
+
+    /// Stops the worker with an explicit policy.
+    pub fn shutdown_with(&self, policy: ShutdownPolicy) -> Result<Stopped> {
+        ServerThread::shutdown(&self.inner, policy)
+    }
+
+    /// True while a worker runs (state Running).
+    pub fn is_running(&self) -> bool {
+        self.inner.thread.is_running()
+    }
+
+    /// Live worker threads of this server (0 or 1; exposed for the stress tests).
+    pub fn live_workers(&self) -> usize {
+        self.inner.thread.live_workers()
+    }
+
+    /// Most worker threads ever alive at once.
+    pub fn max_live_workers(&self) -> usize {
+        self.inner.thread.max_live_workers()
+    }
+
+    /// The worker's kernel thread id, while one runs (to read its CPU time).
+    pub fn worker_tid(&self) -> Option<i32> {
+        self.inner.thread.worker_tid()
+    }
+
+    /// A user covering every mailbox (e.g. a client that is not a kernel launch).
+    pub fn user(&self) -> UserGuard {
+        UserGuard::new(&self.inner, self.inner.context.any_users.clone())
+    }
+
+    /// A user covering one mailbox: a launch of a kernel of the image that mailbox serves.
+    pub fn user_for(&self, id: MailboxId) -> UserGuard {
+        let covered = self
+            .inner
+            .context
+            .mailboxes
+            .get()
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.users.clone());
+        UserGuard::new(
+            &self.inner,
+            covered.unwrap_or_else(|| Arc::new(AtomicUsize::new(0))),
+        )
+    }
+
+    /// Live user guards.
+    pub fn users(&self) -> usize {
+        lock(&self.inner.thread.control).users
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        if let Err(error) = self.shutdown_with(ShutdownPolicy::Force) {
+            log::error!("{}: shutdown on drop failed: {error}", self.name());
+        }
+    }
+}
+
+/// A kernel (or other client) that may send requests: while any guard lives the worker stays
+/// awake. Dropping it ends the use.
+#[must_use = "the worker sleeps again once the guard is dropped"]
+pub struct UserGuard {
+    inner: Arc<Inner>,
+    covered: Arc<AtomicUsize>,
+}
+
+impl UserGuard {
+    fn new(inner: &Arc<Inner>, covered: Arc<AtomicUsize>) -> Self {
+        let mut control = lock(&inner.thread.control);
+        control.users += 1;
+        // RMW: one more user of these mailboxes; under the control lock like `users`.
+        covered.fetch_add(1, Ordering::Relaxed);
+        if control.users == 1 {
+            inner.thread.cv.notify_all();
+        }
+        UserGuard {
+            inner: inner.clone(),
+            covered,
+        }
+    }
+}
+
+impl Drop for UserGuard {
+    fn drop(&mut self) {
+        let mut control: crate::sync::MutexGuard<'_, Control> = lock(&self.inner.thread.control);
+        control.users -= 1;
+        // RMW: one user fewer.
+        self.covered.fetch_sub(1, Ordering::Relaxed);
+        if control.users == 0 {
+            // Wakes a shutdown waiting for the users to go (the worker notices by itself).
+            self.inner.thread.cv.notify_all();
+        }
+    }
+}
+
+/// How the worker waits for a client's next packet: back off, and give up once no running
+/// kernel can answer (the users covering the mailbox are gone), the mailbox is detached, the
+/// server is stopping, or the configured per-wait timeout passed.
+struct ServerWait<'s> {
+    context: &'s ServerContext,
+    mailbox: &'s Attached,
+    /// When the current wait began, in ns since `epoch` (0: not yet).
+    started_ns: AtomicU64,
+    epoch: Instant,
+}
+
+impl Wait for ServerWait<'_> {
+    fn pause(&self, port: u32, attempt: u32) -> Result<()> {
+        if attempt >= SPIN_POLLS {
+            let abandon = |reason| Err(Error::Abandoned { port, reason });
+            if self.mailbox.detached.load(Ordering::Acquire) {
+                return abandon("mailbox detached");
+            }
+            if self.mailbox.users.load(Ordering::Relaxed)
+                + self.context.any_users.load(Ordering::Relaxed)
+                == 0
+            {
+                return abandon("no running kernel can answer");
+            }
+            if self.context.stopping.load(Ordering::Relaxed) {
+                return abandon("server shutting down");
+            }
+            if let Some(timeout) = self.context.config.wait_timeout {
+                let now = self.epoch.elapsed().as_nanos() as u64 + 1;
+                let started = self.started_ns.load(Ordering::Relaxed);
+                if attempt == SPIN_POLLS || started == 0 {
+                    self.started_ns.store(now, Ordering::Relaxed);
+                } else if Duration::from_nanos(now - started) > timeout {
+                    return abandon("timed out");
+                }
+            }
+        }
+        Backoff::step(attempt);
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// One pass over every attached mailbox, serving every pending port. Returns how many.
+    pub(crate) fn serve_pass(&self, cache: &mut PassCache) -> usize {
+        let context = &self.context;
+        cache.refresh(context);
+        let (Some(mailboxes), Some(registry)) = (&cache.mailboxes, &cache.registry) else {
+            return 0;
+        };
+        let mut served = 0;
+        for mailbox in mailboxes.iter() {
+            let wait = ServerWait {
+                context,
+                mailbox,
+                started_ns: AtomicU64::new(0),
+                epoch: cache.epoch,
+            };
+            let server = mailbox.server();
+            let mut from = 0;
+            while !mailbox.detached.load(Ordering::Acquire) {
+                let Some(port) = server.open_next(from, &wait) else {
+                    break;
+                };
+                from = port.index() + 1;
+                self.dispatch(port, mailbox, registry);
+                served += 1;
+            }
+        }
+        // Only the worker writes this counter: a plain load and store, no RMW needed.
+        let passes = &context.stats.passes;
+        passes.store(passes.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        served
+    }
+
+    fn dispatch(&self, mut port: crate::ServerPort<'_>, mailbox: &Attached, registry: &Registry) {
+        let context = &self.context;
+        let name = &context.config.name;
+        let (opcode, index) = (port.opcode(), port.index());
+        if let Err(error) = port.check_mask() {
+            log::warn!(
+                "{name}: mailbox {} port {index}: {opcode}: {error}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.bad_headers);
+            return; // Dropping the port closes it: the client reads its own request back.
+        }
+        let Some(entry) = registry.find(opcode) else {
+            log::warn!(
+                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.unknown);
+            return;
+        };
+        log::debug!(
+            "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
+            mailbox.id.0,
+            port.mask()
+        );
+        let info = MailboxInfo {
+            id: mailbox.id,
+            layout: mailbox.layout,
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (entry.handler)(&mut Request {
+                port: &mut port,
+                mailbox: info,
+                context,
+            })
+        }));
+        match result {
+            Ok(Ok(())) => context.stats.served(opcode),
+            Ok(Err(Error::Refused(why))) => {
+                log::warn!(
+                    "{name}: mailbox {} port {index}: {opcode} refused: {why}",
+                    mailbox.id.0
+                );
+                bump(&context.stats.refused);
+                context.stats.served(opcode);
+            }
+            Ok(Err(error @ Error::Abandoned { .. })) => {
+                log::warn!(
+                    "{name}: mailbox {} port {index}: {opcode}: {error}; port reset",
+                    mailbox.id.0
+                );
+                bump(&context.stats.abandoned);
+                port.reset();
+            }
+            Ok(Err(error)) => {
+                log::error!(
+                    "{name}: mailbox {} port {index}: {opcode} failed: {error}",
+                    mailbox.id.0
+                );
+                bump(&context.stats.errors);
+            }
+            Err(panic) => {
+                let text = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".into());
+                log::error!(
+                    "{name}: mailbox {} port {index}: handler for {opcode} panicked: {text}",
+                    mailbox.id.0
+                );
+                bump(&context.stats.panics);
+            }
+        }
+    }
+}
+
+/// The worker's copies of the mailbox list and the registry, refreshed when they change.
+pub(crate) struct PassCache {
+    mailboxes: Option<Arc<Vec<Arc<Attached>>>>,
+    registry: Option<Arc<Registry>>,
+    versions: (u64, u64),
+    epoch: Instant,
+}
+
+impl PassCache {
+    pub(crate) fn new() -> Self {
+        PassCache {
+            mailboxes: None,
+            registry: None,
+            versions: (u64::MAX, u64::MAX),
+            epoch: Instant::now(),
+        }
+    }
+
+    fn refresh(&mut self, context: &ServerContext) {
+        let versions = (context.mailboxes.version(), context.registry.version());
+        if self.mailboxes.is_none() || versions != self.versions {
+            self.mailboxes = Some(context.mailboxes.get());
+            self.registry = Some(context.registry.get());
+            self.versions = versions;
+        }
+    }
+
+    /// Lets go of every mailbox (before sleeping, so `detach` never waits on a sleeper).
+    pub(crate) fn clear(&mut self) {
+        self.mailboxes = None;
+    }
+}

@@ -1,0 +1,320 @@
+//! `ServerThread`: the state machine of a server's one worker thread.
+//!
+//! ```text
+//!            start (spawns)                shutdown (notifies, joins)
+//!  Stopped ─────────────────> Running ─────────────────> Stopping ──(joined)──> Stopped
+//!     ^  start: AlreadyRunning ─┘ ^                          │ start/shutdown wait
+//!     └───────────────────────────┴──────────────────────────┘ for Stopped here
+//! ```
+//! Every transition happens inside one critical section of `control`, so:
+//! - exactly one worker exists while Running (only the Stopped -> Running transition spawns);
+//! - a `start` that meets Stopping waits until the previous worker is joined, so no worker is
+//!   ever assigned while another is being joined;
+//! - a `shutdown` that meets Stopping waits for the joining one to finish and then reports
+//!   `AlreadyStopped`, so every `shutdown` returns only after the worker exited.
+//!
+//! | field | written by | when |
+//! |---|---|---|
+//! | `state`, `handle` | start / shutdown | under `control` |
+//! | `users` | `UserGuard` new / drop | under `control` |
+//! | `tid` | the worker | under `control`, at start and exit |
+//!
+//! # Sleep and wake (why no wake-up is lost)
+//! The worker sleeps on `cv` only after checking, under `control`, that the state is Running
+//! and `users == 0`. A new user increments `users` under the same lock and then notifies; a
+//! shutdown sets Stopping under the lock and then notifies. So either the worker's check sees
+//! the change, or the worker is already waiting on `cv` (it released the lock atomically with
+//! starting to wait) when the notification comes. Spurious wake-ups just re-check.
+//!
+//! While users exist the worker serves passes. After passes that find nothing it backs off:
+//! a few passes back to back, then passes separated by `yield_now`, then timed parks on `cv`
+//! of `ServerConfig::park` (the poll goes on, so a request never waits longer than one park plus
+//! one pass; device clients cannot notify us). Before each park it re-checks, under `control`,
+//! whether the users are gone (then it does one last pass, for requests that need no answer
+//! such as FREE, and sleeps) or the state left Running (then it does the same last pass and
+//! exits).
+
+use std::string::String;
+
+use crate::error::{Error, Result};
+use crate::rpc_server::{Inner, PassCache, ShutdownPolicy};
+use crate::stats::bump;
+use crate::sync::{lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+
+/// The worker's states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    Stopped,
+    Running,
+    Stopping,
+}
+
+/// What `start` did.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Started {
+    /// This call spawned the worker.
+    Started,
+    /// A worker was running already; nothing changed.
+    AlreadyRunning,
+}
+
+/// What `shutdown` did.
+#[must_use]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// This call stopped and joined the worker.
+    Stopped,
+    /// No worker was running (or another call stopped it while this one waited).
+    AlreadyStopped,
+}
+
+pub(crate) struct Control {
+    pub(crate) state: State,
+    pub(crate) users: usize,
+    handle: Option<thread::JoinHandle<()>>,
+    tid: Option<i32>,
+    worker: Option<thread::ThreadId>,
+}
+
+/// A server's worker thread: its state, the condition variable it sleeps on, its users.
+pub(crate) struct ServerThread {
+    pub(crate) control: Mutex<Control>,
+    /// Signalled on: a first user, the last user gone, a state change, a detach.
+    pub(crate) cv: Condvar,
+    alive: AtomicUsize,
+    max_alive: AtomicUsize,
+}
+
+/// Back-to-back passes before the worker starts yielding, and passes before it parks.
+/// Under loom it parks at once: loom's timed waits never time out, which bounds the model.
+#[cfg(not(loom))]
+const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
+#[cfg(loom)]
+const BACKOFF_PASSES: (u32, u32) = (0, 0);
+
+impl ServerThread {
+    pub(crate) fn new() -> Self {
+        ServerThread {
+            control: Mutex::new(Control {
+                state: State::Stopped,
+                users: 0,
+                handle: None,
+                tid: None,
+                worker: None,
+            }),
+            cv: Condvar::new(),
+            alive: AtomicUsize::new(0),
+            max_alive: AtomicUsize::new(0),
+        }
+    }
+
+    pub(crate) fn notify(&self) {
+        let _control = lock(&self.control);
+        self.cv.notify_all();
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        lock(&self.control).state == State::Running
+    }
+    pub(crate) fn live_workers(&self) -> usize {
+        self.alive.load(Ordering::SeqCst)
+    }
+    pub(crate) fn max_live_workers(&self) -> usize {
+        self.max_alive.load(Ordering::SeqCst)
+    }
+    pub(crate) fn worker_tid(&self) -> Option<i32> {
+        lock(&self.control).tid
+    }
+
+    /// Waits while another caller is stopping the worker.
+    fn settle<'a>(&'a self, mut control: MutexGuard<'a, Control>) -> MutexGuard<'a, Control> {
+        while control.state == State::Stopping {
+            control = self.cv.wait(control).unwrap_or_else(|e| e.into_inner());
+        }
+        control
+    }
+
+    pub(crate) fn start(inner: &Arc<Inner>) -> Result<Started> {
+        let this = &inner.thread;
+        let mut control = this.settle(lock(&this.control));
+        if control.state == State::Running {
+            return Ok(Started::AlreadyRunning);
+        }
+        let worker_inner = inner.clone();
+        let name: String = std::format!("rpc-{}", inner.context.config.name);
+        let handle =
+            spawn(name, move || worker(worker_inner)).map_err(|e| Error::Spawn(e.to_string()))?;
+        control.worker = Some(handle.thread().id());
+        control.handle = Some(handle);
+        control.state = State::Running;
+        bump(&inner.context.stats.workers_started);
+        Ok(Started::Started)
+    }
+
+    pub(crate) fn shutdown(inner: &Arc<Inner>, policy: ShutdownPolicy) -> Result<Stopped> {
+        let this = &inner.thread;
+        let name = &inner.context.config.name;
+        let mut control = lock(&this.control);
+        loop {
+            control = this.settle(control);
+            if control.state == State::Stopped {
+                return Ok(Stopped::AlreadyStopped);
+            }
+            if control.worker == Some(thread::current().id()) {
+                return Err(Error::Refused(
+                    "shutdown called from the server's own worker".into(),
+                ));
+            }
+            if control.users == 0 {
+                break;
+            }
+            match policy {
+                ShutdownPolicy::Refuse => return Err(Error::LiveUsers(control.users)),
+                ShutdownPolicy::Force => {
+                    log::error!(
+                        "{name}: shutting down with {} kernel(s) still running",
+                        control.users
+                    );
+                    break;
+                }
+                ShutdownPolicy::Wait(timeout) => {
+                    let (next, timed_out) = this
+                        .cv
+                        .wait_timeout(control, timeout)
+                        .unwrap_or_else(|e| e.into_inner());
+                    control = next;
+                    if timed_out.timed_out() && control.users > 0 && control.state == State::Running
+                    {
+                        return Err(Error::LiveUsers(control.users));
+                    }
+                    // Re-check everything: another caller may have stopped it meanwhile.
+                }
+            }
+        }
+        control.state = State::Stopping;
+        inner.context.stopping.store(true, Ordering::Relaxed);
+        let handle = control.handle.take();
+        this.cv.notify_all();
+        drop(control);
+        if let Some(handle) = handle {
+            if handle.join().is_err() {
+                log::error!("{name}: the worker thread panicked");
+            }
+        }
+        let mut control = lock(&this.control);
+        control.state = State::Stopped;
+        control.worker = None;
+        inner.context.stopping.store(false, Ordering::Relaxed);
+        this.cv.notify_all();
+        if inner.context.config.log_stats_on_shutdown {
+            log::info!(
+                "{name}: server statistics: {}",
+                inner.context.stats.snapshot()
+            );
+        }
+        Ok(Stopped::Stopped)
+    }
+}
+
+#[cfg(not(loom))]
+fn spawn(
+    name: String,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<thread::JoinHandle<()>> {
+    thread::Builder::new().name(name).spawn(body)
+}
+
+#[cfg(loom)]
+fn spawn(
+    _name: String,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<thread::JoinHandle<()>> {
+    Ok(thread::spawn(body))
+}
+
+/// The kernel's id for the calling thread (Linux), to read its CPU time from /proc.
+fn current_tid() -> Option<i32> {
+    #[cfg(all(target_os = "linux", not(loom)))]
+    {
+        // SAFETY: gettid has no preconditions.
+        Some(unsafe { libc::gettid() })
+    }
+    #[cfg(not(all(target_os = "linux", not(loom))))]
+    None
+}
+
+/// Timed parks should last about what they ask for, not the default 50 µs timer slack more.
+fn tighten_timer_slack() {
+    #[cfg(all(target_os = "linux", not(loom)))]
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
+    }
+}
+
+fn worker(inner: Arc<Inner>) {
+    let this = &inner.thread;
+    // RMW: one more live worker; SeqCst keeps the stress test's max honest.
+    let alive = this.alive.fetch_add(1, Ordering::SeqCst) + 1;
+    this.max_alive.fetch_max(alive, Ordering::SeqCst);
+    tighten_timer_slack();
+    let mut cache = PassCache::new();
+    let park = inner.context.config.park;
+    let mut control = lock(&this.control);
+    control.tid = current_tid();
+    loop {
+        // Asleep while nobody could send a request (see the module docs).
+        while control.state == State::Running && control.users == 0 {
+            control = this.cv.wait(control).unwrap_or_else(|e| e.into_inner());
+            if control.users > 0 {
+                bump(&inner.context.stats.wakeups);
+            }
+        }
+        let running = control.state == State::Running;
+        drop(control);
+        if running {
+            serve_while_used(&inner, &mut cache, park);
+        }
+        // One last pass: requests left by kernels that finished (FREE needs no answer) or
+        // pending at shutdown.
+        inner.serve_pass(&mut cache);
+        cache.clear();
+        control = lock(&this.control);
+        if control.state != State::Running {
+            break;
+        }
+    }
+    control.tid = None;
+    drop(control);
+    // RMW: this worker is gone.
+    this.alive.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Serves passes with back-off until the users are gone or the state leaves Running.
+fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Duration) {
+    let this = &inner.thread;
+    let (spin, yield_) = BACKOFF_PASSES;
+    let mut idle: u32 = 0;
+    loop {
+        if inner.serve_pass(cache) > 0 {
+            idle = 0;
+            continue;
+        }
+        idle = idle.saturating_add(1);
+        if idle <= spin {
+            crate::sync::spin_hint();
+        } else if idle <= yield_ {
+            thread::yield_now();
+        } else {
+            let control = lock(&this.control);
+            if control.state != State::Running || control.users == 0 {
+                return;
+            }
+            let _ = this
+                .cv
+                .wait_timeout(control, park)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
