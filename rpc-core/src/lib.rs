@@ -37,6 +37,8 @@ pub mod sync;
 
 #[cfg(all(test, loom))]
 mod loom_protocol;
+#[cfg(all(test, loom))]
+mod loom_server_thread;
 
 pub use client::Client;
 pub use error::{Error, Result};

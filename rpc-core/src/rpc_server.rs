@@ -83,6 +83,13 @@ impl MailboxSource for MailboxMemory {
     }
 }
 
+/// A mailbox the server shares with whoever else holds the `Arc` (host-side clients).
+impl MailboxSource for Arc<MailboxMemory> {
+    fn view(&self) -> Mailbox<'_> {
+        MailboxMemory::view(self)
+    }
+}
+
 /// A plugin's shared region holding a mailbox of `layout`.
 #[cfg(not(loom))]
 struct RegionMailbox {
@@ -330,7 +337,11 @@ impl RpcServer {
         accepts: impl Fn(Opcode) -> bool + Send + Sync + 'static,
         handler: impl Fn(&mut Request<'_, '_>) -> Result<()> + Send + Sync + 'static,
     ) {
-        self.register_entry(entry(name, Matcher::Predicate(Arc::new(accepts)), handler));
+        self.register_entry(entry(
+            name,
+            Matcher::Predicate(std::sync::Arc::new(accepts)),
+            handler,
+        ));
     }
 
     fn register_entry(&self, entry: Entry) {
@@ -431,6 +442,7 @@ impl UserGuard {
     fn new(inner: &Arc<Inner>, covered: Arc<AtomicUsize>) -> Self {
         let mut control = lock(&inner.thread.control);
         control.users += 1;
+        control.epoch += 1;
         // RMW: one more user of these mailboxes; under the control lock like `users`.
         covered.fetch_add(1, Ordering::Relaxed);
         if control.users == 1 {

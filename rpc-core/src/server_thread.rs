@@ -20,9 +20,11 @@
 //! | `tid` | the worker | under `control`, at start and exit |
 //!
 //! # Sleep and wake (why no wake-up is lost)
-//! The worker sleeps on `cv` only after checking, under `control`, that the state is Running
-//! and `users == 0`. A new user increments `users` under the same lock and then notifies; a
-//! shutdown sets Stopping under the lock and then notifies. So either the worker's check sees
+//! The worker sleeps on `cv` only after checking, under `control`, that the state is Running,
+//! `users == 0` and no user arrived since its last look (`epoch` unchanged). A new user
+//! increments `users` and `epoch` under the same lock and then notifies; a shutdown sets
+//! Stopping under the lock and then notifies. (`epoch` matters for a user that comes and goes
+//! before the worker looks: its requests, e.g. a FREE, still get a pass.) So either the worker's check sees
 //! the change, or the worker is already waiting on `cv` (it released the lock atomically with
 //! starting to wait) when the notification comes. Spurious wake-ups just re-check.
 //!
@@ -72,6 +74,9 @@ pub enum Stopped {
 pub(crate) struct Control {
     pub(crate) state: State,
     pub(crate) users: usize,
+    /// Bumped by every new user, so a user that came and went while the worker was not looking
+    /// (its requests may still be pending) still gets a pass.
+    pub(crate) epoch: u64,
     handle: Option<thread::JoinHandle<()>>,
     tid: Option<i32>,
     worker: Option<thread::ThreadId>,
@@ -99,6 +104,7 @@ impl ServerThread {
             control: Mutex::new(Control {
                 state: State::Stopped,
                 users: 0,
+                epoch: 0,
                 handle: None,
                 tid: None,
                 worker: None,
@@ -145,6 +151,9 @@ impl ServerThread {
         let name: String = std::format!("rpc-{}", inner.context.config.name);
         let handle =
             spawn(name, move || worker(worker_inner)).map_err(|e| Error::Spawn(e.to_string()))?;
+        // RMW: one more live worker, counted from its spawn (the worker counts itself out).
+        let alive = this.alive.fetch_add(1, Ordering::SeqCst) + 1;
+        this.max_alive.fetch_max(alive, Ordering::SeqCst);
         control.worker = Some(handle.thread().id());
         control.handle = Some(handle);
         control.state = State::Running;
@@ -255,22 +264,21 @@ fn tighten_timer_slack() {
 
 fn worker(inner: Arc<Inner>) {
     let this = &inner.thread;
-    // RMW: one more live worker; SeqCst keeps the stress test's max honest.
-    let alive = this.alive.fetch_add(1, Ordering::SeqCst) + 1;
-    this.max_alive.fetch_max(alive, Ordering::SeqCst);
     tighten_timer_slack();
     let mut cache = PassCache::new();
     let park = inner.context.config.park;
     let mut control = lock(&this.control);
     control.tid = current_tid();
+    let mut seen_epoch = 0;
     loop {
         // Asleep while nobody could send a request (see the module docs).
-        while control.state == State::Running && control.users == 0 {
+        while control.state == State::Running && control.users == 0 && control.epoch == seen_epoch {
             control = this.cv.wait(control).unwrap_or_else(|e| e.into_inner());
-            if control.users > 0 {
+            if control.epoch != seen_epoch {
                 bump(&inner.context.stats.wakeups);
             }
         }
+        seen_epoch = control.epoch;
         let running = control.state == State::Running;
         drop(control);
         if running {
@@ -311,10 +319,24 @@ fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Durat
             if control.state != State::Running || control.users == 0 {
                 return;
             }
-            let _ = this
-                .cv
-                .wait_timeout(control, park)
-                .unwrap_or_else(|e| e.into_inner());
+            park_for(this, control, park);
         }
     }
+}
+
+/// A timed park on `cv`: a new user, a shutdown or a detach cuts it short.
+#[cfg(not(loom))]
+fn park_for(this: &ServerThread, control: MutexGuard<'_, Control>, park: std::time::Duration) {
+    let _ = this
+        .cv
+        .wait_timeout(control, park)
+        .unwrap_or_else(|e| e.into_inner());
+}
+
+/// loom's timed waits never time out (a request arriving during one would never be seen), so
+/// the model yields instead: the same poll, without the timer.
+#[cfg(loom)]
+fn park_for(_: &ServerThread, control: MutexGuard<'_, Control>, _: std::time::Duration) {
+    drop(control);
+    thread::yield_now();
 }
