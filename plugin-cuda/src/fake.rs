@@ -47,6 +47,8 @@ pub struct Launch {
     pub args: Vec<u8>,
 }
 
+type FakeModule = (Vec<String>, HashMap<String, (u64, usize)>);
+
 #[derive(Default)]
 struct State {
     gpus: Vec<FakeGpu>,
@@ -61,7 +63,8 @@ struct State {
     device_allocs: HashMap<u64, usize>,
     next_device_addr: u64,
     async_allocs: usize,
-    modules: HashMap<usize, (Vec<String>, HashMap<String, (u64, usize)>)>,
+    /// Module -> its kernels and its globals (name -> address, size).
+    modules: HashMap<usize, FakeModule>,
     functions: HashMap<usize, String>,
     streams: HashMap<usize, Vec<(HostFn, usize)>>,
     next_handle: usize,

@@ -3,7 +3,7 @@
 //!
 //! `cuModuleLoadData` takes a bare pointer and reads as far as the image says: PTX up to its
 //! NUL, a cubin as far as its ELF tables and sections reach, a fatbin as far as its header's
-//! size. [`prepare`] checks that each of those ends inside the bytes we were given (appending
+//! size. `prepare` checks that each of those ends inside the bytes we were given (appending
 //! the NUL to PTX), which is what makes the load call sound.
 
 use std::borrow::Cow;

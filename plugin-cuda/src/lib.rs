@@ -44,6 +44,8 @@ pub mod memory;
 
 #[cfg(test)]
 mod fake;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 
