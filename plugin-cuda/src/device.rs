@@ -13,6 +13,10 @@
 //!   case after waiting for the already-queued kernel);
 //! - `synchronize` or the device's release, when the stream reports a failure: the context is
 //!   then unusable, no kernel of it runs any more and no host function of it will be called.
+//!
+//! `done` usually runs on the driver's callback thread, where CUDA calls are not allowed and
+//! the stream waits for it: it should be short and make no CUDA call (the glue's releases a
+//! user guard). A panic in it is caught and logged.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -280,11 +284,12 @@ impl CudaDevice {
             }
         };
         let driver = self.core.driver();
-        let _adjacent = self.launch_lock.lock().unwrap();
+        let adjacent = self.launch_lock.lock().unwrap();
         // SAFETY: the caller of `launch` chose the kernel and packed its arguments; the glue
         // passes the block as the image's kernel expects it. What the kernel does with them is
         // the same trust a kernel launch always needs.
         if let Err(code) = unsafe { driver.launch_kernel(function, grid, self.stream, args) } {
+            drop(adjacent);
             run(done);
             return Err(self.core.fail("cuLaunchKernel", code));
         }
@@ -298,6 +303,7 @@ impl CudaDevice {
                 ticket as usize as *mut c_void,
             )
         };
+        drop(adjacent);
         if let Err(code) = queued {
             // The kernel is queued but nobody will report its end: wait for it, then report.
             if let Err(sync) = driver.stream_synchronize(self.stream) {
