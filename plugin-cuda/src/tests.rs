@@ -1,0 +1,495 @@
+//! The plugin through a fake driver table (no GPU, no libcuda), and without any driver.
+
+use std::sync::Arc;
+
+use rpc_core::layout::Generation;
+use rpc_core::plugin::{Completion, Device, Grid, Plugin};
+use rpc_core::sync::{AtomicUsize, Ordering};
+
+use crate::fake::{FakeDriver, FakeGpu};
+use crate::memory::DEVICE_ALIGN;
+use crate::{describe, describe_plugin, CudaError, CudaPlugin};
+
+const IMAGE: &str = ".entry main\n.entry other\n.global __llvm_rpc_client 552\n.global data 16\n";
+
+fn plugin_with(gpus: Vec<FakeGpu>) -> (Arc<FakeDriver>, CudaPlugin) {
+    let driver = Arc::new(FakeDriver::new(gpus));
+    let mut plugin = CudaPlugin::with_driver(driver.clone());
+    plugin.init().unwrap();
+    (driver, plugin)
+}
+
+fn one_gpu() -> (Arc<FakeDriver>, CudaPlugin) {
+    plugin_with(vec![FakeGpu::h200()])
+}
+
+/// A completion that counts its calls.
+fn counted() -> (Arc<AtomicUsize>, Completion) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = calls.clone();
+    (
+        calls,
+        Box::new(move || {
+            inner.fetch_add(1, Ordering::SeqCst);
+        }),
+    )
+}
+
+fn cuda_error(error: &rpc_core::plugin::VendorError) -> &CudaError {
+    error.downcast_ref::<CudaError>().expect("a CudaError")
+}
+
+// --- No driver --------------------------------------------------------------------------------
+
+#[test]
+fn no_driver_library_is_zero_devices_and_a_reason() {
+    let mut plugin = CudaPlugin::with_library_names(&["libcuda-not-installed.so.1"]);
+    plugin.init().unwrap();
+    assert!(plugin.devices().is_empty());
+    assert_eq!(
+        plugin.reason().as_deref(),
+        Some("libcuda-not-installed.so.1 not found")
+    );
+    assert_eq!(
+        describe_plugin(&plugin),
+        "cuda: 0 devices (libcuda-not-installed.so.1 not found)"
+    );
+    plugin.deinit().unwrap();
+}
+
+#[test]
+fn the_system_driver_never_panics_and_always_explains_zero_devices() {
+    let mut plugin = CudaPlugin::new();
+    plugin.init().unwrap();
+    assert_eq!(plugin.devices().is_empty(), plugin.reason().is_some());
+    plugin.deinit().unwrap();
+    // Here (no libcuda) `cuda: 0 devices (libcuda.so.1 not found)`; on a GPU machine the list.
+    let line = describe();
+    assert!(line.starts_with("cuda: ") && line.ends_with(')'), "{line}");
+    println!("{line}");
+}
+
+#[test]
+fn a_driver_that_finds_no_gpu_is_zero_devices_and_names_the_code() {
+    let driver = Arc::new(FakeDriver::new(vec![FakeGpu::h200()]));
+    driver.fail_init(100);
+    let mut plugin = CudaPlugin::with_driver(driver);
+    plugin.init().unwrap();
+    assert!(plugin.devices().is_empty());
+    assert_eq!(
+        plugin.reason().as_deref(),
+        Some("cuInit failed: CUDA_ERROR_NO_DEVICE (100)")
+    );
+}
+
+// --- Devices ----------------------------------------------------------------------------------
+
+#[test]
+fn devices_are_enumerated_with_name_lane_width_and_ports() {
+    let small = FakeGpu {
+        name: "Fake Small",
+        multiprocessors: 2,
+        max_threads_per_multiprocessor: 1024,
+        compute_capability: (7, 5),
+        memory_pools: false,
+    };
+    let (_driver, plugin) = plugin_with(vec![FakeGpu::h200(), small]);
+    assert_eq!(plugin.name(), "cuda");
+    assert_eq!(plugin.reason(), None);
+    assert_eq!(plugin.devices().len(), 2);
+    assert_eq!(plugin.devices()[0].lane_size(), 32);
+    assert_eq!(
+        describe_plugin(&plugin),
+        "cuda: 2 devices (Fake H200: sm_90, L=32, ports v1=4096 v2=8448; \
+         Fake Small: sm_75, L=32, ports v1=64 v2=64)"
+    );
+}
+
+#[test]
+fn port_count_is_resident_warps_capped_by_the_generation() {
+    use crate::device::port_count_for;
+    // H200: 132 SMs x 64 warps = 8448.
+    assert_eq!(port_count_for(132, 2048, Generation::V1), 4096);
+    assert_eq!(port_count_for(132, 2048, Generation::V2), 8448);
+    // A big part past both caps.
+    assert_eq!(port_count_for(1000, 2048, Generation::V2), 16384);
+    assert_eq!(port_count_for(2, 1024, Generation::V1), 64);
+    // Nonsense attributes still give a usable mailbox, and never overflow.
+    assert_eq!(port_count_for(0, 2048, Generation::V1), 1);
+    assert_eq!(port_count_for(u32::MAX, u32::MAX, Generation::V1), 4096);
+}
+
+#[test]
+fn deinit_releases_every_context_and_stream() {
+    let (driver, mut plugin) = plugin_with(vec![FakeGpu::h200(), FakeGpu::h200()]);
+    assert_eq!(driver.retained_contexts(), 2);
+    assert_eq!(driver.live_streams(), 4); // launch + allocation stream each
+    plugin.deinit().unwrap();
+    assert!(plugin.devices().is_empty());
+    assert_eq!(driver.retained_contexts(), 0);
+    assert_eq!(driver.live_streams(), 0);
+    plugin.deinit().unwrap(); // idempotent
+}
+
+#[test]
+fn a_device_that_fails_to_open_fails_init_and_leaks_nothing() {
+    let driver = Arc::new(FakeDriver::new(vec![FakeGpu::h200()]));
+    driver.fail("cuStreamCreate", 2);
+    let mut plugin = CudaPlugin::with_driver(driver.clone());
+    let error = plugin.init().unwrap_err();
+    assert_eq!(cuda_error(&error).code(), Some(2));
+    assert_eq!(driver.retained_contexts(), 0);
+}
+
+// --- Errors -----------------------------------------------------------------------------------
+
+#[test]
+fn driver_errors_carry_the_call_the_code_and_its_name() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+
+    // A code the driver cannot name: the built-in table names it.
+    driver.fail("cuMemHostAlloc", 2);
+    let error = device.alloc_shared(64).err().unwrap();
+    match cuda_error(&error) {
+        CudaError::Driver { call, code, name } => {
+            assert_eq!(
+                (*call, *code, name.as_str()),
+                ("cuMemHostAlloc", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A code the driver names (cuGetErrorName).
+    driver.fail("cuLaunchKernel", 700);
+    let error = device
+        .launch(&image, "main", &[], Grid::linear(1, 32), Box::new(|| ()))
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "cuLaunchKernel failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)"
+    );
+    // Neither knows it.
+    driver.fail("cuModuleLoadData", 4242);
+    let error = device.load_image(IMAGE.as_bytes()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "cuModuleLoadData failed: CUDA_ERROR_4242 (4242)"
+    );
+}
+
+// --- Images -----------------------------------------------------------------------------------
+
+#[test]
+fn the_client_symbol_size_names_the_generation() {
+    let (_driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let cases = [
+        (552, Some(Generation::V1)),
+        (2096, Some(Generation::V2)),
+        (100, None),
+    ];
+    for (size, generation) in cases {
+        let image = format!(".global __llvm_rpc_client {size}\n");
+        let image = device.load_image(image.as_bytes()).unwrap();
+        let symbol = device.find_symbol(&image, "__llvm_rpc_client").unwrap();
+        assert_eq!(symbol.size, size);
+        assert_eq!(
+            Generation::from_client_object_size(symbol.size).ok(),
+            generation
+        );
+    }
+    let image = device.load_image(b".entry main\n").unwrap();
+    assert_eq!(device.find_symbol(&image, "__llvm_rpc_client"), None);
+    assert_eq!(device.find_symbol(&image, "bad\0name"), None);
+}
+
+#[test]
+fn images_load_as_nul_terminated_ptx_copy_and_unload() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    // The fake, like the driver, reads PTX up to a NUL: the plugin must add it.
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    assert_eq!(driver.live_modules(), 1);
+    let data = device.find_symbol(&image, "data").unwrap();
+    device.copy_to_device(data.addr, &[7; 16]).unwrap();
+    assert_eq!(driver.memory_at(data.addr), Some(vec![7; 16]));
+    let mut back = [0u8; 16];
+    device.copy_from_device(data.addr, &mut back).unwrap();
+    assert_eq!(back, [7; 16]);
+    drop(image);
+    assert_eq!(driver.live_modules(), 0);
+}
+
+// --- Launches and completions -----------------------------------------------------------------
+
+#[test]
+fn launch_passes_the_packed_argument_block_and_the_grid() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let args: Vec<u8> = (0..24).collect();
+    let grid = Grid {
+        blocks: [4, 2, 1],
+        threads: [128, 1, 1],
+    };
+    device
+        .launch(&image, "other", &args, grid, Box::new(|| ()))
+        .unwrap();
+    device.synchronize().unwrap();
+    let launches = driver.launches();
+    assert_eq!(launches.len(), 1);
+    assert_eq!(
+        (launches[0].kernel.as_str(), launches[0].grid),
+        ("other", grid)
+    );
+    assert_eq!(launches[0].args, args);
+}
+
+#[test]
+fn done_runs_once_after_the_kernel_completes() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (calls, done) = counted();
+    device
+        .launch(&image, "main", &[], Grid::linear(1, 32), done)
+        .unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        0,
+        "done before the kernel completed"
+    );
+    driver.complete_kernels();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    device.synchronize().unwrap();
+    driver.complete_kernels();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn done_runs_once_at_synchronize() {
+    let (_driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let counters: Vec<_> = (0..3)
+        .map(|_| {
+            let (calls, done) = counted();
+            device
+                .launch(&image, "main", &[], Grid::linear(1, 32), done)
+                .unwrap();
+            calls
+        })
+        .collect();
+    device.synchronize().unwrap();
+    device.synchronize().unwrap();
+    assert!(counters.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+}
+
+#[test]
+fn done_runs_once_when_the_launch_fails() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    driver.fail("cuLaunchKernel", 701);
+    let (calls, done) = counted();
+    let error = device
+        .launch(&image, "main", &[], Grid::linear(1, 32), done)
+        .unwrap_err();
+    assert_eq!(cuda_error(&error).code(), Some(701));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    device.synchronize().unwrap();
+    driver.complete_kernels();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(driver.host_funcs_run(), 0);
+}
+
+#[test]
+fn done_runs_once_when_the_kernel_is_unknown_or_the_grid_empty() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (calls, done) = counted();
+    let error = device
+        .launch(&image, "missing", &[], Grid::linear(1, 32), done)
+        .unwrap_err();
+    assert_eq!(cuda_error(&error).code(), Some(500));
+    let (empty, done) = counted();
+    assert!(device
+        .launch(&image, "main", &[], Grid::linear(0, 32), done)
+        .is_err());
+    assert_eq!(
+        (calls.load(Ordering::SeqCst), empty.load(Ordering::SeqCst)),
+        (1, 1)
+    );
+    assert!(driver.launches().is_empty());
+}
+
+#[test]
+fn done_runs_once_after_the_kernel_when_queueing_the_callback_fails() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    driver.fail("cuLaunchHostFunc", 999);
+    let (calls, done) = counted();
+    let error = device
+        .launch(&image, "main", &[], Grid::linear(1, 32), done)
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "cuLaunchHostFunc failed: CUDA_ERROR_UNKNOWN (999)"
+    );
+    // The kernel was launched, waited for, and then reported.
+    assert_eq!(driver.launches().len(), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    device.synchronize().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn done_runs_once_when_a_kernel_faults_the_context() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (calls, done) = counted();
+    device
+        .launch(&image, "main", &[], Grid::linear(1, 32), done)
+        .unwrap();
+    driver.fault(700);
+    // The driver drops the host function of a failed context; synchronize reports it instead.
+    let error = device.synchronize().unwrap_err();
+    assert_eq!(cuda_error(&error).code(), Some(700));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(device.synchronize().is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(driver.host_funcs_run(), 0);
+}
+
+#[test]
+fn deinit_waits_for_launches_and_reports_their_completion() {
+    let (driver, mut plugin) = one_gpu();
+    let image = plugin.devices()[0].load_image(IMAGE.as_bytes()).unwrap();
+    let (calls, done) = counted();
+    plugin.devices()[0]
+        .launch(&image, "main", &[], Grid::linear(1, 32), done)
+        .unwrap();
+    plugin.deinit().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(driver.host_funcs_run(), 1);
+    drop(image); // after release: the context took the module with it
+}
+
+#[test]
+fn a_panicking_completion_is_contained() {
+    let (_driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    device
+        .launch(
+            &image,
+            "main",
+            &[],
+            Grid::linear(1, 32),
+            Box::new(|| panic!("boom")),
+        )
+        .unwrap();
+    device.synchronize().unwrap();
+    let (calls, done) = counted();
+    device
+        .launch(&image, "main", &[], Grid::linear(1, 32), done)
+        .unwrap();
+    device.synchronize().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+// --- Memory -----------------------------------------------------------------------------------
+
+#[test]
+fn shared_regions_are_zeroed_aligned_mapped_and_freed_on_drop() {
+    let (driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let region = device.alloc_shared(132608).unwrap();
+    assert_eq!(region.len(), 132608);
+    assert_eq!(region.host_ptr() as usize % 64, 0);
+    assert_eq!(region.device_addr() % 64, 0);
+    assert_eq!(region.device_addr(), region.host_ptr() as u64); // the fake's unified addressing
+                                                                // SAFETY: the region owns `len` bytes at `host_ptr` and nothing else uses them.
+    let bytes = unsafe { std::slice::from_raw_parts(region.host_ptr(), region.len()) };
+    assert!(bytes.iter().all(|&b| b == 0));
+    drop(region);
+    assert_eq!(driver.live_host_allocations(), 0);
+    assert!(device.alloc_shared(0).is_err());
+}
+
+#[test]
+fn a_misaligned_shared_region_is_refused_and_freed() {
+    let (driver, plugin) = one_gpu();
+    driver.misalign_host_memory();
+    let error = plugin.devices()[0].alloc_shared(4096).err().unwrap();
+    assert!(matches!(
+        cuda_error(&error),
+        CudaError::Misaligned { align: 64, .. }
+    ));
+    assert_eq!(driver.live_host_allocations(), 0);
+}
+
+#[test]
+fn device_allocations_are_2mib_aligned_disjoint_and_freed_by_base() {
+    let (driver, plugin) = one_gpu();
+    let allocator = plugin.devices()[0].allocator();
+    let mut blocks = Vec::new();
+    for (size, align) in [(1, 8), (100, 64), (3 << 20, 16), (0, 1), (10, 4 << 20)] {
+        let addr = allocator.allocate(size, align).unwrap();
+        assert_eq!(addr % DEVICE_ALIGN.max(align), 0, "{addr:#x}");
+        blocks.push((addr, size.max(1)));
+    }
+    blocks.sort();
+    assert!(
+        blocks.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
+        "{blocks:x?}"
+    );
+    assert_eq!(driver.live_device_allocations(), 5);
+    assert!(driver.async_allocations() > 0, "an H200 has memory pools");
+    for (addr, _) in &blocks {
+        allocator.deallocate(*addr).unwrap();
+    }
+    assert_eq!(driver.live_device_allocations(), 0);
+    let error = allocator.deallocate(blocks[0].0).unwrap_err();
+    assert!(matches!(
+        cuda_error(&error),
+        CudaError::UnknownAllocation(_)
+    ));
+    assert!(allocator.allocate(8, 3).is_err());
+}
+
+#[test]
+fn device_memory_the_kernels_forgot_is_freed_at_deinit() {
+    let (driver, mut plugin) = one_gpu();
+    let allocator = plugin.devices()[0].allocator();
+    allocator.allocate(1000, 8).unwrap();
+    allocator.allocate(1 << 21, 8).unwrap();
+    assert_eq!(driver.live_device_allocations(), 2);
+    plugin.deinit().unwrap();
+    assert_eq!(driver.live_device_allocations(), 0);
+    // The glue may still hold the allocator: it refuses, it does not touch a dead context.
+    let error = allocator.allocate(8, 8).unwrap_err();
+    assert!(matches!(cuda_error(&error), CudaError::Released));
+}
+
+#[test]
+fn without_memory_pools_the_allocator_uses_plain_cumemalloc() {
+    let gpu = FakeGpu {
+        memory_pools: false,
+        ..FakeGpu::h200()
+    };
+    let (driver, plugin) = plugin_with(vec![gpu]);
+    let device = &plugin.devices()[0];
+    let addr = device.allocator().allocate(64, 8).unwrap();
+    assert_eq!(addr % DEVICE_ALIGN, 0);
+    assert_eq!(driver.async_allocations(), 0);
+    assert_eq!(device.cuda_allocator().live_count(), 1);
+    driver.fail("cuMemAlloc_v2", 2);
+    let error = device.allocator().allocate(64, 8).unwrap_err();
+    assert_eq!(cuda_error(&error).code(), Some(2));
+}
