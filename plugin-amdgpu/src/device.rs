@@ -1,0 +1,654 @@
+//! GPU agents as [`Device`]s: discovery, memory, images, AQL launches and their completions.
+//!
+//! # Completions: one waiter thread per device
+//! Every dispatch carries the barrier bit, so a device's queue runs kernels one after another
+//! and their completion signals drop in submission order. The device's waiter thread takes the
+//! oldest launch, blocks in `hsa_signal_wait_scacquire(signal < 1)` (an interrupt signal, so
+//! the thread sleeps), then frees the kernarg block, destroys the signal and calls `done`
+//! exactly once. It waits in slices of [`WAIT_SLICE`] so that a queue error (reported by the
+//! runtime's queue callback: memory fault, illegal instruction) also completes the launches
+//! still pending, marked failed, instead of leaving their `done` uncalled forever.
+//!
+//! Who touches what: `launch` (any thread) pushes onto `Tracker::state.pending` and counts
+//! `in_flight` under the mutex; the waiter pops and decrements under the same mutex and
+//! notifies the condvar `synchronize` sleeps on. The queue callback writes only `queue_error`.
+
+use core::ffi::{c_char, c_void, CStr};
+use core::time::Duration;
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use rpc_core::plugin::{
+    Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
+};
+use rpc_core::sync::{AtomicU32, Ordering};
+use rpc_core::Generation;
+
+use crate::aql::{kernarg_bytes, kernarg_layout, KernelDispatchPacket, PACKET_SIZE};
+use crate::doorbell::Doorbell;
+use crate::error::{status_name, HsaError};
+use crate::image::AmdGpuImage;
+use crate::loader::*;
+use crate::memory::{pool_allocate, pool_free, FineRegion, PoolAllocator};
+
+/// How long the waiter blocks on a completion signal before re-checking for a queue error.
+pub const WAIT_SLICE: Duration = Duration::from_millis(100);
+/// The most packets a device's queue holds (capped by the agent's maximum).
+pub const QUEUE_PACKETS: u32 = 4096;
+
+/// `N` for a GPU with `compute_units` CUs of `waves_per_cu` waves: one port per resident
+/// wave (PROTOCOL section 1, PR #79200), at most the generation's maximum, at least 1.
+pub fn port_count(compute_units: u32, waves_per_cu: u32, generation: Generation) -> u32 {
+    compute_units
+        .saturating_mul(waves_per_cu)
+        .clamp(1, generation.max_port_count())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The host side every GPU of the system shares: the CPU agent's fine-grained pool (mailboxes,
+/// doorbells) and its kernarg pool.
+#[derive(Clone, Copy, Debug)]
+struct HostPools {
+    fine: MemoryPool,
+    kernarg: MemoryPool,
+}
+
+unsafe extern "C" fn push_agent(agent: Agent, data: *mut c_void) -> Status {
+    // SAFETY: `data` is the `&mut Vec<Agent>` `agents` passed, alive for the iteration.
+    let list = unsafe { &mut *data.cast::<Vec<Agent>>() };
+    list.push(agent);
+    STATUS_SUCCESS
+}
+
+unsafe extern "C" fn push_pool(pool: MemoryPool, data: *mut c_void) -> Status {
+    // SAFETY: `data` is the `&mut Vec<MemoryPool>` `pools` passed, alive for the iteration.
+    let list = unsafe { &mut *data.cast::<Vec<MemoryPool>>() };
+    list.push(pool);
+    STATUS_SUCCESS
+}
+
+fn agents(hsa: &Hsa) -> Result<Vec<Agent>, HsaError> {
+    let mut list: Vec<Agent> = Vec::new();
+    // SAFETY: the callback matches the prototype and casts `data` back to this Vec, which
+    // outlives the call (iteration is synchronous).
+    let rc = unsafe { (hsa.hsa_iterate_agents)(push_agent, (&raw mut list).cast()) };
+    hsa.check("hsa_iterate_agents", rc)?;
+    Ok(list)
+}
+
+fn pools(hsa: &Hsa, agent: Agent) -> Result<Vec<MemoryPool>, HsaError> {
+    let mut list: Vec<MemoryPool> = Vec::new();
+    // SAFETY: as in `agents`.
+    let rc = unsafe {
+        (hsa.hsa_amd_agent_iterate_memory_pools)(agent, push_pool, (&raw mut list).cast())
+    };
+    hsa.check("hsa_amd_agent_iterate_memory_pools", rc)?;
+    Ok(list)
+}
+
+/// A `u32` (or enum) agent attribute.
+fn agent_u32(hsa: &Hsa, agent: Agent, attribute: u32) -> Result<u32, HsaError> {
+    let mut value = 0u32;
+    // SAFETY: callers pass only attributes hsa.h types as u32 or an enum; valid out-pointer.
+    let rc = unsafe { (hsa.hsa_agent_get_info)(agent, attribute, (&raw mut value).cast()) };
+    hsa.check("hsa_agent_get_info", rc)?;
+    Ok(value)
+}
+
+/// A `char[64]` agent attribute (NAME, PRODUCT_NAME).
+fn agent_name(hsa: &Hsa, agent: Agent, attribute: u32) -> Result<String, HsaError> {
+    let mut buf = [0u8; 65];
+    // SAFETY: the attribute is a char[64]; `buf` has 65 bytes, the last stays NUL.
+    let rc = unsafe { (hsa.hsa_agent_get_info)(agent, attribute, buf.as_mut_ptr().cast()) };
+    hsa.check("hsa_agent_get_info", rc)?;
+    // SAFETY: `buf` ends in at least one NUL.
+    let text = unsafe { CStr::from_ptr(buf.as_ptr().cast::<c_char>()) };
+    Ok(text.to_string_lossy().trim().to_owned())
+}
+
+/// Global-segment pools of `agent` the runtime may allocate from, with their flags.
+fn global_pools(hsa: &Hsa, agent: Agent) -> Result<Vec<(MemoryPool, u32)>, HsaError> {
+    let mut out = Vec::new();
+    for pool in pools(hsa, agent)? {
+        let (mut segment, mut flags, mut allowed) = (0u32, 0u32, false);
+        // SAFETY: SEGMENT is an enum (u32), GLOBAL_FLAGS a u32, RUNTIME_ALLOC_ALLOWED a bool;
+        // each out-pointer has that type.
+        unsafe {
+            hsa.check(
+                "hsa_amd_memory_pool_get_info",
+                (hsa.hsa_amd_memory_pool_get_info)(
+                    pool,
+                    POOL_INFO_SEGMENT,
+                    (&raw mut segment).cast(),
+                ),
+            )?;
+            hsa.check(
+                "hsa_amd_memory_pool_get_info",
+                (hsa.hsa_amd_memory_pool_get_info)(
+                    pool,
+                    POOL_INFO_GLOBAL_FLAGS,
+                    (&raw mut flags).cast(),
+                ),
+            )?;
+            hsa.check(
+                "hsa_amd_memory_pool_get_info",
+                (hsa.hsa_amd_memory_pool_get_info)(
+                    pool,
+                    POOL_INFO_RUNTIME_ALLOC_ALLOWED,
+                    (&raw mut allowed).cast(),
+                ),
+            )?;
+        }
+        if segment == SEGMENT_GLOBAL && allowed {
+            out.push((pool, flags));
+        }
+    }
+    Ok(out)
+}
+
+fn find_pool(pools: &[(MemoryPool, u32)], flag: u32) -> Option<MemoryPool> {
+    pools.iter().find(|(_, f)| f & flag != 0).map(|(p, _)| *p)
+}
+
+/// Finds every GPU agent of an initialised runtime and makes it a device.
+pub(crate) fn discover(hsa: &'static Hsa) -> Result<Vec<AmdGpuDevice>, HsaError> {
+    let all = agents(hsa)?;
+    let mut cpus = Vec::new();
+    let mut gpus = Vec::new();
+    for agent in all {
+        match agent_u32(hsa, agent, AGENT_INFO_DEVICE)? {
+            DEVICE_TYPE_CPU => cpus.push(agent),
+            DEVICE_TYPE_GPU => gpus.push(agent),
+            _ => {}
+        }
+    }
+    if gpus.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut host = None;
+    for &cpu in &cpus {
+        let pools = global_pools(hsa, cpu)?;
+        if let (Some(fine), Some(kernarg)) = (
+            find_pool(&pools, POOL_FLAG_FINE_GRAINED),
+            find_pool(&pools, POOL_FLAG_KERNARG_INIT),
+        ) {
+            host = Some(HostPools { fine, kernarg });
+            break;
+        }
+    }
+    let host = host.ok_or(HsaError::NoPool {
+        agent: "CPU".into(),
+        what: "fine-grained and kernarg",
+    })?;
+    gpus.into_iter()
+        .map(|gpu| AmdGpuDevice::new(hsa, gpu, host))
+        .collect()
+}
+
+/// A launch waiting for its completion signal.
+struct Pending {
+    signal: Signal,
+    kernarg: *mut u8,
+    done: Completion,
+}
+
+#[derive(Default)]
+struct TrackerState {
+    pending: VecDeque<Pending>,
+    in_flight: usize,
+    failure: Option<String>,
+    stop: bool,
+}
+
+/// What `launch`, the waiter and `synchronize` share (see the module docs).
+struct Tracker {
+    state: Mutex<TrackerState>,
+    changed: Condvar,
+    /// A status the queue callback reported (0 = none).
+    queue_error: AtomicU32,
+}
+
+// SAFETY: `Pending::kernarg` is a pool allocation owned by the pending launch; it is moved,
+// never shared, and freed by the one waiter that pops it.
+unsafe impl Send for Tracker {}
+// SAFETY: all fields are behind the mutex or atomic.
+unsafe impl Sync for Tracker {}
+
+unsafe extern "C" fn queue_error(status: Status, _queue: *mut Queue, data: *mut c_void) {
+    // SAFETY: `data` is `Arc::as_ptr` of the device's tracker, which outlives the queue (the
+    // queue is destroyed first in `Launcher::drop`).
+    let tracker = unsafe { &*data.cast::<Tracker>() };
+    // Relaxed: the waiter only needs to see it eventually (it polls every WAIT_SLICE).
+    tracker.queue_error.store(status, Ordering::Relaxed);
+    tracker.changed.notify_all();
+}
+
+/// The queue and waiter thread, created by the first launch.
+struct Launcher {
+    hsa: &'static Hsa,
+    queue: *mut Queue,
+    tracker: Arc<Tracker>,
+    waiter: Option<JoinHandle<()>>,
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        lock(&self.tracker.state).stop = true;
+        self.tracker.changed.notify_all();
+        if let Some(waiter) = self.waiter.take() {
+            let _ = waiter.join();
+        }
+        // SAFETY: created by `hsa_queue_create`, destroyed once; the waiter has retired every
+        // launch, so nothing is executing from it.
+        let rc = unsafe { (self.hsa.hsa_queue_destroy)(self.queue) };
+        if let Err(e) = self.hsa.check("hsa_queue_destroy", rc) {
+            log::warn!("amdgpu: {e}");
+        }
+    }
+}
+
+/// One GPU agent.
+pub struct AmdGpuDevice {
+    hsa: &'static Hsa,
+    agent: Agent,
+    name: String,
+    lanes: u32,
+    compute_units: u32,
+    waves_per_cu: u32,
+    queue_max: u32,
+    host: HostPools,
+    allocator: Arc<PoolAllocator>,
+    tracker: Arc<Tracker>,
+    launcher: Mutex<Option<Launcher>>,
+}
+
+// SAFETY: handles are plain numbers usable from any thread; the queue pointer lives in the
+// mutex-guarded launcher and the queue's indices are accessed through the runtime's atomics.
+unsafe impl Send for AmdGpuDevice {}
+// SAFETY: as above.
+unsafe impl Sync for AmdGpuDevice {}
+
+impl AmdGpuDevice {
+    fn new(hsa: &'static Hsa, agent: Agent, host: HostPools) -> Result<Self, HsaError> {
+        let arch = agent_name(hsa, agent, AGENT_INFO_NAME)?;
+        let product = agent_name(hsa, agent, AMD_AGENT_INFO_PRODUCT_NAME).unwrap_or_default();
+        let name = if product.is_empty() {
+            arch
+        } else {
+            format!("{product} ({arch})")
+        };
+        let pools = global_pools(hsa, agent)?;
+        let coarse =
+            find_pool(&pools, POOL_FLAG_COARSE_GRAINED).ok_or_else(|| HsaError::NoPool {
+                agent: name.clone(),
+                what: "coarse-grained",
+            })?;
+        Ok(AmdGpuDevice {
+            hsa,
+            agent,
+            lanes: agent_u32(hsa, agent, AGENT_INFO_WAVEFRONT_SIZE)?,
+            compute_units: agent_u32(hsa, agent, AMD_AGENT_INFO_COMPUTE_UNIT_COUNT)?,
+            waves_per_cu: agent_u32(hsa, agent, AMD_AGENT_INFO_MAX_WAVES_PER_CU)?,
+            queue_max: agent_u32(hsa, agent, AGENT_INFO_QUEUE_MAX_SIZE)?,
+            host,
+            allocator: Arc::new(PoolAllocator::new(hsa, coarse, vec![agent])),
+            tracker: Arc::new(Tracker {
+                state: Mutex::new(TrackerState::default()),
+                changed: Condvar::new(),
+                queue_error: AtomicU32::new(0),
+            }),
+            launcher: Mutex::new(None),
+            name,
+        })
+    }
+
+    /// The HSA agent.
+    pub fn agent(&self) -> Agent {
+        self.agent
+    }
+
+    /// The MALLOC allocator, typed (the plugin frees forgotten blocks at deinit).
+    pub fn pool_allocator(&self) -> &Arc<PoolAllocator> {
+        &self.allocator
+    }
+
+    /// A doorbell for a mailbox of `generation`: `None` for v1 (no doorbell record) and where
+    /// the runtime delivers no interrupts (the server polls; the record stays zero).
+    pub fn doorbell(&self, generation: Generation) -> Result<Option<Doorbell>, HsaError> {
+        if generation == Generation::V1 {
+            return Ok(None);
+        }
+        match Doorbell::new(self.hsa) {
+            Ok(bell) => Ok(Some(bell)),
+            Err(HsaError::NoInterrupts) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn start_launcher(&self) -> Result<Launcher, HsaError> {
+        let hsa = self.hsa;
+        // Both are powers of two (hsa.h: QUEUE_MAX_SIZE is), so the smaller one is too.
+        let size = self.queue_max.clamp(1, QUEUE_PACKETS);
+        let mut queue: *mut Queue = core::ptr::null_mut();
+        // SAFETY: live agent; the callback matches the prototype and `data` is the tracker,
+        // which outlives the queue (see `queue_error`); u32::MAX segment sizes mean "no hint"
+        // (hsa.h); valid out-pointer.
+        let rc = unsafe {
+            (hsa.hsa_queue_create)(
+                self.agent,
+                size,
+                QUEUE_TYPE_MULTI,
+                Some(queue_error),
+                Arc::as_ptr(&self.tracker).cast_mut().cast(),
+                u32::MAX,
+                u32::MAX,
+                &mut queue,
+            )
+        };
+        hsa.check("hsa_queue_create", rc)?;
+        let tracker = Arc::clone(&self.tracker);
+        let device = self.name.clone();
+        let waiter = std::thread::Builder::new()
+            .name(format!("amdgpu-waiter {}", self.name))
+            .spawn(move || wait_loop(hsa, &tracker, &device));
+        let tracker = Arc::clone(&self.tracker);
+        match waiter {
+            Ok(waiter) => Ok(Launcher {
+                hsa,
+                queue,
+                tracker,
+                waiter: Some(waiter),
+            }),
+            Err(_) => {
+                // Drop destroys the queue.
+                drop(Launcher {
+                    hsa,
+                    queue,
+                    tracker,
+                    waiter: None,
+                });
+                Err(HsaError::Invalid(
+                    "cannot spawn the completion waiter thread",
+                ))
+            }
+        }
+    }
+}
+
+/// The waiter thread's body (see the module docs).
+fn wait_loop(hsa: &'static Hsa, tracker: &Tracker, device: &str) {
+    let ticks_per_second = {
+        let mut f = 0u64;
+        // SAFETY: TIMESTAMP_FREQUENCY is a u64; valid out-pointer.
+        let rc = unsafe {
+            (hsa.hsa_system_get_info)(SYSTEM_INFO_TIMESTAMP_FREQUENCY, (&raw mut f).cast())
+        };
+        if rc == STATUS_SUCCESS {
+            f.max(1)
+        } else {
+            1_000_000_000
+        }
+    };
+    let slice = (WAIT_SLICE.as_nanos() * u128::from(ticks_per_second) / 1_000_000_000) as u64;
+    loop {
+        let next = {
+            let mut state = lock(&tracker.state);
+            loop {
+                if let Some(p) = state.pending.pop_front() {
+                    break p;
+                }
+                if state.stop {
+                    return;
+                }
+                state = tracker
+                    .changed
+                    .wait(state)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let failure = loop {
+            // SAFETY: the signal is live until this thread destroys it below.
+            let value = unsafe {
+                (hsa.hsa_signal_wait_scacquire)(
+                    next.signal,
+                    SIGNAL_CONDITION_LT,
+                    1,
+                    slice,
+                    WAIT_STATE_BLOCKED,
+                )
+            };
+            if value < 1 {
+                break None;
+            }
+            let status = tracker.queue_error.load(Ordering::Relaxed);
+            if status != 0 {
+                break Some(format!(
+                    "queue error {} (0x{status:x})",
+                    status_name(status)
+                ));
+            }
+        };
+        // SAFETY: the kernel completed (or the queue is dead and will not run it), so nothing
+        // reads the kernarg block or signals the signal any more; each is released once.
+        unsafe {
+            if let Err(e) = pool_free(hsa, next.kernarg) {
+                log::warn!("amdgpu: {e}");
+            }
+            (hsa.hsa_signal_destroy)(next.signal);
+        }
+        (next.done)();
+        let mut state = lock(&tracker.state);
+        state.in_flight -= 1;
+        if let Some(reason) = failure {
+            log::error!("amdgpu: kernel on {device} failed: {reason}");
+            state.failure.get_or_insert(reason);
+        }
+        drop(state);
+        tracker.changed.notify_all();
+    }
+}
+
+impl Device for AmdGpuDevice {
+    type Image = AmdGpuImage;
+
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn lane_size(&self) -> u32 {
+        self.lanes
+    }
+
+    fn port_count(&self, generation: Generation) -> u32 {
+        port_count(self.compute_units, self.waves_per_cu, generation)
+    }
+
+    fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {
+        Ok(Box::new(FineRegion::new(
+            self.hsa,
+            self.host.fine,
+            self.agent,
+            len,
+        )?))
+    }
+
+    fn allocator(&self) -> Arc<dyn DeviceAllocator> {
+        self.allocator.clone()
+    }
+
+    fn load_image(&self, bytes: &[u8]) -> Result<AmdGpuImage, VendorError> {
+        Ok(AmdGpuImage::load(self.hsa, self.agent, bytes)?)
+    }
+
+    fn find_symbol(&self, image: &AmdGpuImage, name: &str) -> Option<Symbol> {
+        image.variable(name)
+    }
+
+    fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError> {
+        // SAFETY: `dst` is a device address the caller got from this device (a symbol or an
+        // allocation) with room for `bytes.len()` bytes; `bytes` is a live host buffer.
+        let rc = unsafe {
+            (self.hsa.hsa_memory_copy)(dst as *mut c_void, bytes.as_ptr().cast(), bytes.len())
+        };
+        Ok(self.hsa.check("hsa_memory_copy", rc)?)
+    }
+
+    fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError> {
+        // SAFETY: as in `copy_to_device`, with `out` the live destination.
+        let rc = unsafe {
+            (self.hsa.hsa_memory_copy)(out.as_mut_ptr().cast(), src as *const c_void, out.len())
+        };
+        Ok(self.hsa.check("hsa_memory_copy", rc)?)
+    }
+
+    fn launch(
+        &self,
+        image: &AmdGpuImage,
+        kernel: &str,
+        args: &[u8],
+        grid: Grid,
+        done: Completion,
+    ) -> Result<(), VendorError> {
+        let hsa = self.hsa;
+        let info = image.kernel(kernel)?;
+        if args.len() > info.kernarg_segment_size as usize {
+            return Err(HsaError::BadArguments {
+                kernel: kernel.to_owned(),
+                expected: info.kernarg_segment_size,
+                given: args.len(),
+            }
+            .into());
+        }
+        let layout = kernarg_layout(
+            args.len(),
+            info.kernarg_segment_size,
+            info.kernarg_segment_align,
+        );
+        let block = kernarg_bytes(args, &grid, &layout);
+        // Kernarg pool blocks are page aligned, which covers `layout.align` (at most a page).
+        let kernarg = pool_allocate(hsa, self.host.kernarg, layout.size, &[self.agent])?;
+        // SAFETY: `kernarg` is fresh host-accessible memory of `layout.size` bytes.
+        unsafe { core::ptr::copy_nonoverlapping(block.as_ptr(), kernarg, block.len()) };
+        let mut signal = Signal::default();
+        // SAFETY: no consumers (an interrupt signal, so the waiter sleeps); valid out-pointer.
+        let rc = unsafe { (hsa.hsa_signal_create)(1, 0, core::ptr::null(), &mut signal) };
+        let release = |signal: Option<Signal>| {
+            // SAFETY: `kernarg` (and `signal`) were created above and never handed to the GPU.
+            unsafe {
+                let _ = pool_free(hsa, kernarg);
+                if let Some(s) = signal {
+                    (hsa.hsa_signal_destroy)(s);
+                }
+            }
+        };
+        if let Err(e) = hsa.check("hsa_signal_create", rc) {
+            release(None);
+            return Err(e.into());
+        }
+        let packet = match KernelDispatchPacket::new(&info, &grid, kernarg as u64, signal.handle) {
+            Ok(p) => p,
+            Err(e) => {
+                release(Some(signal));
+                return Err(e.into());
+            }
+        };
+        let mut launcher = lock(&self.launcher);
+        if launcher.is_none() {
+            match self.start_launcher() {
+                Ok(l) => *launcher = Some(l),
+                Err(e) => {
+                    release(Some(signal));
+                    return Err(e.into());
+                }
+            }
+        }
+        let queue = launcher
+            .as_ref()
+            .map(|l| l.queue)
+            .unwrap_or(core::ptr::null_mut());
+        {
+            let mut state = lock(&self.tracker.state);
+            state.in_flight += 1;
+            state.pending.push_back(Pending {
+                signal,
+                kernarg,
+                done,
+            });
+        }
+        self.tracker.changed.notify_all();
+        // SAFETY: `queue` is live while the launcher (held locked) exists. The queue fields
+        // read are immutable after creation.
+        unsafe {
+            let q = &*queue;
+            let index = (hsa.hsa_queue_add_write_index_scacq_screl)(queue, 1);
+            // Wait for the slot: the packet processor must have consumed the packet `size`
+            // places back (the read index passes it).
+            while index - (hsa.hsa_queue_load_read_index_scacquire)(queue) >= u64::from(q.size) {
+                std::thread::yield_now();
+            }
+            let slot = q
+                .base_address
+                .cast::<u8>()
+                .add((index % u64::from(q.size)) as usize * PACKET_SIZE);
+            // SAFETY (publish): the slot is this thread's (index from the write index, consumed
+            // by the packet processor per the loop above), 64-byte aligned in the ring.
+            packet.publish(slot);
+            // Ring: a release store of the index, after the header's release store.
+            (hsa.hsa_signal_store_screlease)(q.doorbell_signal, index as i64);
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), VendorError> {
+        let mut state = lock(&self.tracker.state);
+        while state.in_flight > 0 {
+            state = self
+                .tracker
+                .changed
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        match state.failure.take() {
+            Some(reason) => Err(HsaError::KernelFailed {
+                device: self.name.clone(),
+                reason,
+            }
+            .into()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for AmdGpuDevice {
+    fn drop(&mut self) {
+        if let Err(e) = self.synchronize() {
+            log::warn!("amdgpu: {e}");
+        }
+        // Stops the waiter and destroys the queue.
+        lock(&self.launcher).take();
+        self.allocator.release_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_count_is_waves_capped_by_the_generation() {
+        // MI300X: 304 CUs x 32 waves = 9728.
+        assert_eq!(port_count(304, 32, Generation::V1), 4096);
+        assert_eq!(port_count(304, 32, Generation::V2), 9728);
+        // MI250X GCD: 110 x 32 = 3520 fits both.
+        assert_eq!(port_count(110, 32, Generation::V1), 3520);
+        // A large part saturates v2 too.
+        assert_eq!(port_count(1024, 64, Generation::V2), 16384);
+        // Nonsense from a driver still gives a usable mailbox.
+        assert_eq!(port_count(0, 0, Generation::V2), 1);
+        assert_eq!(port_count(u32::MAX, u32::MAX, Generation::V1), 4096);
+    }
+}
