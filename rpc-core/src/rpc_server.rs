@@ -11,6 +11,7 @@
 //! `detach` returns only once the worker no longer holds the mailbox.
 
 use std::boxed::Box;
+use std::collections::BTreeSet;
 use std::string::{String, ToString};
 use std::time::{Duration, Instant};
 use std::vec::Vec;
@@ -24,7 +25,7 @@ use crate::registry::{entry, Entry, MailboxInfo, Matcher, Registry, Request};
 use crate::server::Server;
 use crate::server_thread::{Control, ServerThread, Started, Stopped};
 use crate::stats::{bump, Stats, StatsSnapshot};
-use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// What to do when `shutdown` finds kernels still holding user guards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +119,7 @@ pub(crate) struct Attached {
     /// Set by `detach`: the worker stops touching the mailbox and abandons waits on it.
     detached: AtomicBool,
     /// User guards covering this mailbox.
-    users: Arc<AtomicUsize>,
+    users: Arc<Coverage>,
 }
 
 impl Attached {
@@ -171,7 +172,7 @@ pub struct ServerContext {
     registry: Snapshot<Registry>,
     next_id: AtomicU64,
     /// Guards that cover every mailbox.
-    any_users: Arc<AtomicUsize>,
+    any_users: Arc<Coverage>,
     /// Set while a shutdown is in progress: waits on clients give up.
     pub(crate) stopping: AtomicBool,
     pub(crate) services: crate::services::Services,
@@ -213,7 +214,7 @@ impl RpcServer {
                 mailboxes: Snapshot::new(Vec::new()),
                 registry: Snapshot::new(registry),
                 next_id: AtomicU64::new(1),
-                any_users: Arc::new(AtomicUsize::new(0)),
+                any_users: Arc::new(Coverage::default()),
                 stopping: AtomicBool::new(false),
                 services,
             },
@@ -276,7 +277,7 @@ impl RpcServer {
             locks: LockTable::new(layout.ports()),
             doorbell,
             detached: AtomicBool::new(false),
-            users: Arc::new(AtomicUsize::new(0)),
+            users: Arc::new(Coverage::default()),
         });
         context.mailboxes.update(|list| list.push(attached));
         log::debug!(
@@ -410,10 +411,7 @@ impl RpcServer {
             .iter()
             .find(|m| m.id == id)
             .map(|m| m.users.clone());
-        UserGuard::new(
-            &self.inner,
-            covered.unwrap_or_else(|| Arc::new(AtomicUsize::new(0))),
-        )
+        UserGuard::new(&self.inner, covered.unwrap_or_default())
     }
 
     /// Live user guards.
@@ -435,22 +433,72 @@ impl Drop for RpcServer {
 #[must_use = "the worker sleeps again once the guard is dropped"]
 pub struct UserGuard {
     inner: Arc<Inner>,
-    covered: Arc<AtomicUsize>,
+    covered: Arc<Coverage>,
+    ticket: u64,
+}
+
+/// The users covering some mailboxes (one mailbox, or all of them). Each user gets a ticket in
+/// arrival order; a port opened when `arrivals` was A belongs to a kernel holding a ticket
+/// below A, so once the oldest live ticket is A or more, no kernel that could own the port runs.
+///
+/// Changed only under the server thread's `control` lock; the worker reads the atomics without
+/// it (Relaxed: a stale value only delays abandoning a wait by one poll).
+pub(crate) struct Coverage {
+    live: Mutex<BTreeSet<u64>>,
+    arrivals: AtomicU64,
+    /// The smallest live ticket, or `u64::MAX` when there is none.
+    oldest_live: AtomicU64,
+}
+
+impl Default for Coverage {
+    fn default() -> Self {
+        Coverage {
+            live: Mutex::new(BTreeSet::new()),
+            arrivals: AtomicU64::new(0),
+            oldest_live: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl Coverage {
+    fn arrive(&self) -> u64 {
+        // RMW: hands out each ticket once.
+        let ticket = self.arrivals.fetch_add(1, Ordering::Relaxed);
+        let mut live = lock(&self.live);
+        live.insert(ticket);
+        self.oldest_live
+            .store(*live.first().expect("just inserted"), Ordering::Relaxed);
+        ticket
+    }
+    fn leave(&self, ticket: u64) {
+        let mut live = lock(&self.live);
+        live.remove(&ticket);
+        self.oldest_live
+            .store(live.first().copied().unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+    /// The mark to test a port opened now against.
+    fn mark(&self) -> u64 {
+        self.arrivals.load(Ordering::Relaxed)
+    }
+    /// True if every user that had arrived at `mark` has left.
+    fn gone_since(&self, mark: u64) -> bool {
+        self.oldest_live.load(Ordering::Relaxed) >= mark
+    }
 }
 
 impl UserGuard {
-    fn new(inner: &Arc<Inner>, covered: Arc<AtomicUsize>) -> Self {
+    fn new(inner: &Arc<Inner>, covered: Arc<Coverage>) -> Self {
         let mut control = lock(&inner.thread.control);
         control.users += 1;
         control.epoch += 1;
-        // RMW: one more user of these mailboxes; under the control lock like `users`.
-        covered.fetch_add(1, Ordering::Relaxed);
+        let ticket = covered.arrive();
         if control.users == 1 {
             inner.thread.cv.notify_all();
         }
         UserGuard {
             inner: inner.clone(),
             covered,
+            ticket,
         }
     }
 }
@@ -459,8 +507,7 @@ impl Drop for UserGuard {
     fn drop(&mut self) {
         let mut control: crate::sync::MutexGuard<'_, Control> = lock(&self.inner.thread.control);
         control.users -= 1;
-        // RMW: one user fewer.
-        self.covered.fetch_sub(1, Ordering::Relaxed);
+        self.covered.leave(self.ticket);
         if control.users == 0 {
             // Wakes a shutdown waiting for the users to go (the worker notices by itself).
             self.inner.thread.cv.notify_all();
@@ -468,12 +515,15 @@ impl Drop for UserGuard {
     }
 }
 
-/// How the worker waits for a client's next packet: back off, and give up once no running
-/// kernel can answer (the users covering the mailbox are gone), the mailbox is detached, the
-/// server is stopping, or the configured per-wait timeout passed.
+/// How the worker waits for a client's next packet: back off, and give up once no kernel that
+/// could own the port is running (every user covering the mailbox when the port was opened has
+/// gone since), the mailbox is detached, the server is stopping, or the configured per-wait
+/// timeout passed.
 struct ServerWait<'s> {
     context: &'s ServerContext,
     mailbox: &'s Attached,
+    /// The arrival marks of the mailbox's and the all-mailbox coverage when the port was opened.
+    opened_marks: (u64, u64),
     /// When the current wait began, in ns since `epoch` (0: not yet).
     started_ns: AtomicU64,
     epoch: Instant,
@@ -486,9 +536,9 @@ impl Wait for ServerWait<'_> {
             if self.mailbox.detached.load(Ordering::Acquire) {
                 return abandon("mailbox detached");
             }
-            if self.mailbox.users.load(Ordering::Relaxed)
-                + self.context.any_users.load(Ordering::Relaxed)
-                == 0
+            let (mailbox_mark, any_mark) = self.opened_marks;
+            if self.mailbox.users.gone_since(mailbox_mark)
+                && self.context.any_users.gone_since(any_mark)
             {
                 return abandon("no running kernel can answer");
             }
@@ -520,15 +570,17 @@ impl Inner {
         };
         let mut served = 0;
         for mailbox in mailboxes.iter() {
-            let wait = ServerWait {
-                context,
-                mailbox,
-                started_ns: AtomicU64::new(0),
-                epoch: cache.epoch,
-            };
             let server = mailbox.server();
             let mut from = 0;
             while !mailbox.detached.load(Ordering::Acquire) {
+                // Read just before the port opens: the kernel owning it is among these users.
+                let wait = ServerWait {
+                    context,
+                    mailbox,
+                    opened_marks: (mailbox.users.mark(), context.any_users.mark()),
+                    started_ns: AtomicU64::new(0),
+                    epoch: cache.epoch,
+                };
                 let Some(port) = server.open_next(from, &wait) else {
                     break;
                 };

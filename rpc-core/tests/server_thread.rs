@@ -337,3 +337,24 @@ fn backoff_is_a_valid_wait() {
         Backoff::step(attempt);
     }
 }
+
+#[test]
+fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
+    let server = RpcServer::new(config("relaunch"));
+    let mailbox = Mailbox::attach(&server, 2, 1);
+    let _ = server.start().unwrap();
+    let client = mailbox.client();
+    let first = server.user_for(mailbox.id);
+    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
+    port.send(|_, p| p.set_word(0, 1000)).unwrap();
+    // Give the worker time to open the port and wait for the rest (if it is slower, the
+    // stream is abandoned the same way once it gets there).
+    thread::sleep(Duration::from_millis(50));
+    std::mem::forget(port);
+    // The next launch starts before the first one's end is noticed.
+    let second = server.user_for(mailbox.id);
+    drop(first);
+    assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 3), 4);
+    assert_eq!(server.stats().abandoned, 1);
+    drop(second);
+}
