@@ -28,7 +28,7 @@
 //! | FTELL | C send buf\[0\] = tagged; S send buf\[0\] = offset (i64) or -1 | bad handle (-1) |
 //! | FFLUSH | C send buf\[0\] = tagged (0: every stream); S send buf\[0\] = 0 or EOF | bad handle (EOF) |
 //! | UNGETC | C send {c, tagged}; S send buf\[0\] = c or EOF | bad handle (EOF) |
-//! | PRINTF_TO_* (21-26) | PROTOCOL section 7, see [`print`] | bad handle, bad format, missing arguments, too long (-1) |
+//! | PRINTF_TO_* (21-26) | PROTOCOL section 7, see [`print`](mod@print) | bad handle, bad format, missing arguments, too long (-1) |
 //! | MALLOC | C send buf\[0\] = size; S send buf\[0\] = address or 0 | no allocator (0) |
 //! | FREE | C send buf\[0\] = address; S recv (no reply) | not a live allocation (nothing freed) |
 //! | HOST_CALL, OFFLOAD_HOST_CALL | C send_n(args); C send buf\[0\] = function; S send buf\[0\] = result | unregistered function, panic, too long ([`HOST_CALL_REFUSED`]) |
