@@ -858,6 +858,8 @@ fn exit_child() {
     let fx = Fx::with("exit-child", 1, 1, |c| {
         c.services = ServicesConfig::default()
     });
+    // The process ends before `fx` drops: remove its directory now.
+    std::fs::remove_dir_all(&fx.dir).unwrap();
     let mut port = fx.open(if how == "abort" {
         Opcode::ABORT
     } else {

@@ -411,10 +411,12 @@ impl Refusals {
         }
     }
     pub(crate) fn too_long(&mut self, lane: u32, len: u64, bound: u64) {
-        self.lane(
-            lane,
-            Error::TooLong { lane, len, bound }.to_string() + " (received and dropped)",
-        );
+        let why = Error::TooLong { lane, len, bound }.to_string() + " (received and dropped)";
+        if self.first.is_none() {
+            self.first = Some(why);
+        } else {
+            self.more += 1;
+        }
     }
     /// `Ok` if nothing was refused, else the refusal (the script must be complete by now).
     pub(crate) fn finish(self) -> Result<()> {
