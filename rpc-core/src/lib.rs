@@ -57,4 +57,6 @@ pub use server::Server;
 #[cfg(feature = "std")]
 pub use server_thread::{Started, Stopped};
 #[cfg(feature = "std")]
+pub use services::{ExitPolicy, FilePolicy, HostAllocator, KernelExit, Services, ServicesConfig};
+#[cfg(feature = "std")]
 pub use stats::StatsSnapshot;

@@ -54,6 +54,8 @@ pub struct ServerConfig {
     pub park: Duration,
     /// Log the statistics (at `info`) when the worker stops.
     pub log_stats_on_shutdown: bool,
+    /// Policies of the standard services (exit, files, SYSTEM).
+    pub services: crate::services::ServicesConfig,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +67,7 @@ impl Default for ServerConfig {
             shutdown_policy: ShutdownPolicy::Refuse,
             park: Duration::from_micros(20),
             log_stats_on_shutdown: false,
+            services: Default::default(),
         }
     }
 }

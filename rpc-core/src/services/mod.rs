@@ -1,18 +1,263 @@
 //! The standard services: the handlers every server registers after the user's (PROTOCOL
-//! section 6), and the host-side state they share.
+//! section 6), and the host-side state they share ([`Services`], one per server).
+//!
+//! The host trusts nothing the device sends (DESIGN, "Safety and policy"). Every handler runs
+//! its opcode's whole script, whatever the input, so the client never hangs; a lane whose input
+//! is refused gets the error value the C function would return, and the request ends in
+//! [`Error::Refused`] (logged at `warn`, counted in `stats().refused`).
+//!
+//! Streams of bytes from the device (`send_n`) are bounded by [`ServerConfig::stream_bound`]: a
+//! lane claiming more is refused, and its packets are still received (and dropped) so the script
+//! completes.
+//!
+//! | opcode | script (C = client, S = server) | refused (reply) |
+//! |---|---|---|
+//! | NOOP | C send; S recv | — |
+//! | EXIT | C send; S recv; S send; C recv; C send buf\[0\] = status; S recv; then [`ExitPolicy`] | — |
+//! | ABORT | handshake as EXIT; C send; S recv; then [`ExitPolicy`] | — |
+//! | WRITE_TO_STDOUT, _STDERR | C send_n(bytes); S send buf\[0\] = written | too long (0) |
+//! | WRITE_TO_STDOUT_NEWLINE | as WRITE_TO_STDOUT, plus `\n` if complete, counted | too long (0) |
+//! | WRITE_TO_STREAM | C send buf\[0\] = raw handle; C send_n(bytes); S send buf\[0\] = written | bad handle, too long (0) |
+//! | READ_FROM_STREAM | C send {max, tagged}; S send_n(data); S send buf\[0\] = read | bad handle (0 bytes, 0) |
+//! | READ_FGETS | C send {count, tagged}; S send_n(line incl. NUL, or nothing) | bad handle (nothing) |
+//! | OPEN_FILE | C send_n(path); C send(mode); S send buf\[0\] = handle or 0 | policy, bad mode, too many files, too long (0) |
+//! | CLOSE_FILE | C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF | std stream, bad handle (EOF) |
+//! | FEOF, FERROR | C send buf\[0\] = tagged; S send buf\[0\] = result | bad handle (1: "at end", "in error") |
+//! | CLEARERR | C send buf\[0\] = tagged; S sends the buffer back | bad handle (buffer back) |
+//! | FSEEK | C send {tagged, offset, whence}; S send buf\[0\] = 0 or -1 | bad handle, bad whence (-1) |
+//! | FTELL | C send buf\[0\] = tagged; S send buf\[0\] = offset (i64) or -1 | bad handle (-1) |
+//! | FFLUSH | C send buf\[0\] = tagged (0: every stream); S send buf\[0\] = 0 or EOF | bad handle (EOF) |
+//! | UNGETC | C send {c, tagged}; S send buf\[0\] = c or EOF | bad handle (EOF) |
+//! | PRINTF_TO_* (21-26) | PROTOCOL section 7, see [`print`](mod@print) | bad handle, bad format, missing arguments, too long (-1) |
+//! | MALLOC | C send buf\[0\] = size; S send buf\[0\] = address or 0 | no allocator (0) |
+//! | FREE | C send buf\[0\] = address; S recv (no reply) | not a live allocation (nothing freed) |
+//! | HOST_CALL, OFFLOAD_HOST_CALL | C send_n(args); C send buf\[0\] = function; S send buf\[0\] = result | unregistered function, panic, too long ([`HOST_CALL_REFUSED`]) |
+//! | REMOVE | C send_n(path); S send buf\[0\] = 0 or -1 | policy, too long (-1) |
+//! | RENAME | C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1 | policy, too long (-1) |
+//! | SYSTEM | C send_n(command); S send buf\[0\] = status | not allowed, too long (-1) |
+//! | TEST_INCREMENT, TEST_INTERFACE, TEST_STREAM | PROTOCOL section 6 | too long (error) |
+//!
+//! Results that are C `int`s or `i64`s are sent sign-extended into the u64 word (EOF and -1 read
+//! as `u64::MAX`).
+//!
+//! Stream handles: see [`streams`] for the table and the handle encoding.
 
+use std::boxed::Box;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::string::{String, ToString};
+use std::sync::Arc;
+use std::vec::Vec;
+
+use crate::error::Error;
+use crate::layout::{BUFFER_SIZE, FIRST_PACKET_BYTES};
+use crate::plugin::DeviceAllocator;
+use crate::port::lanes;
 use crate::registry::{entry, Matcher, Registry, Request};
-use crate::rpc_server::ServerConfig;
+use crate::rpc_server::{MailboxId, ServerConfig, ServerContext};
+use crate::sync::{lock, Mutex};
 use crate::{Opcode, Result};
 
+mod memory;
+pub mod print;
+mod process;
+mod stdio;
+pub mod streams;
 mod test_ops;
 
-/// Host-side state of the standard services of one server.
-pub struct Services {}
+pub use memory::{Allocation, HostAllocator, MALLOC_ALIGN};
+pub use process::HOST_CALL_REFUSED;
+
+use streams::{FileTable, Input, Output};
+
+/// What EXIT and ABORT do once their script is complete.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExitPolicy {
+    /// LLVM's behaviour: flush the standard streams, then end the host process
+    /// (`std::process::exit(status)` or `std::process::abort()`).
+    #[default]
+    Process,
+    /// Record the exit per mailbox, for the launcher to collect with [`Services::take_exit`].
+    Record,
+}
+
+/// How a kernel ended itself, as recorded under [`ExitPolicy::Record`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelExit {
+    /// EXIT with this status.
+    Exit(i32),
+    /// ABORT.
+    Abort,
+}
+
+/// Which paths OPEN_FILE, REMOVE and RENAME may touch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FilePolicy {
+    /// Any path the host process may use.
+    #[default]
+    Allowed,
+    /// None: OPEN_FILE answers 0, REMOVE and RENAME -1.
+    Denied,
+    /// Only paths inside this directory, after resolving symbolic links and `..` (checked at
+    /// each request; a race with another process changing the tree is not defended against).
+    Under(PathBuf),
+}
+
+/// The policies of the standard services; part of [`ServerConfig`], changeable later through
+/// [`Services`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicesConfig {
+    /// EXIT and ABORT. Default: end the process, as LLVM does.
+    pub exit: ExitPolicy,
+    /// OPEN_FILE, REMOVE, RENAME. Default: allowed.
+    pub files: FilePolicy,
+    /// Whether SYSTEM runs commands. Default: no (it answers -1).
+    pub allow_system: bool,
+    /// Most files open at once through OPEN_FILE (per server). Default 256.
+    pub max_open_files: usize,
+}
+
+impl Default for ServicesConfig {
+    fn default() -> Self {
+        ServicesConfig {
+            exit: ExitPolicy::Process,
+            files: FilePolicy::Allowed,
+            allow_system: false,
+            max_open_files: 256,
+        }
+    }
+}
+
+/// A host function HOST_CALL may call: it gets the lane's argument block, returns the reply.
+pub type HostFunction = Arc<dyn Fn(&[u8]) -> u64 + Send + Sync>;
+
+/// Host-side state of the standard services of one server. Every method takes `&self`: the
+/// runtime changes streams and policies while the worker serves.
+pub struct Services {
+    policy: Mutex<ServicesConfig>,
+    stdin: Mutex<Input>,
+    stdout: Mutex<Output>,
+    stderr: Mutex<Output>,
+    files: Mutex<FileTable>,
+    allocator: Mutex<Option<Arc<dyn DeviceAllocator>>>,
+    allocations: Mutex<BTreeMap<u64, memory::Live>>,
+    exits: Mutex<HashMap<MailboxId, KernelExit>>,
+    host_functions: Mutex<HashMap<u64, HostFunction>>,
+}
 
 impl Services {
-    pub(crate) fn new(_config: &ServerConfig) -> Self {
-        Services {}
+    pub(crate) fn new(config: &ServerConfig) -> Self {
+        Services {
+            policy: Mutex::new(config.services.clone()),
+            stdin: Mutex::new(Input::process()),
+            stdout: Mutex::new(Output::new(Box::new(std::io::stdout()))),
+            stderr: Mutex::new(Output::new(Box::new(std::io::stderr()))),
+            files: Mutex::new(FileTable::default()),
+            allocator: Mutex::new(None),
+            allocations: Mutex::new(BTreeMap::new()),
+            exits: Mutex::new(HashMap::new()),
+            host_functions: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The current policies.
+    pub fn config(&self) -> ServicesConfig {
+        lock(&self.policy).clone()
+    }
+    pub fn set_exit_policy(&self, exit: ExitPolicy) {
+        lock(&self.policy).exit = exit;
+    }
+    pub fn set_file_policy(&self, files: FilePolicy) {
+        lock(&self.policy).files = files;
+    }
+    pub fn set_system_allowed(&self, allowed: bool) {
+        lock(&self.policy).allow_system = allowed;
+    }
+    pub fn set_max_open_files(&self, max: usize) {
+        lock(&self.policy).max_open_files = max;
+    }
+
+    /// Sends the device's stdout (WRITE_TO_STDOUT, PRINTF_TO_STDOUT, handle 2) to `writer`
+    /// instead of the process's stdout. Each request's output is one `write_all` + `flush`.
+    pub fn set_stdout(&self, writer: Box<dyn Write + Send>) {
+        *lock(&self.stdout) = Output::new(writer);
+    }
+    /// The same for stderr.
+    pub fn set_stderr(&self, writer: Box<dyn Write + Send>) {
+        *lock(&self.stderr) = Output::new(writer);
+    }
+    /// Reads the device's stdin (handle 1) from `reader` instead of the process's stdin.
+    pub fn set_stdin(&self, reader: Box<dyn Read + Send>) {
+        *lock(&self.stdin) = Input::custom(reader);
+    }
+
+    /// The allocator behind MALLOC/FREE (without one MALLOC answers 0). Live allocations keep
+    /// the allocator that made them and are freed through it.
+    pub fn set_allocator(&self, allocator: Arc<dyn DeviceAllocator>) {
+        *lock(&self.allocator) = Some(allocator);
+    }
+    /// Removes the allocator: MALLOC answers 0 from now on (FREE still frees live allocations).
+    pub fn clear_allocator(&self) {
+        *lock(&self.allocator) = None;
+    }
+    /// Allocations MALLOC handed out and FREE has not freed, lowest address first.
+    pub fn live_allocations(&self) -> Vec<Allocation> {
+        lock(&self.allocations)
+            .iter()
+            .map(|(&addr, live)| Allocation {
+                addr,
+                size: live.size,
+            })
+            .collect()
+    }
+
+    /// Lets HOST_CALL call `function` when the device names `addr`.
+    pub fn register_host_function(&self, addr: u64, function: HostFunction) {
+        lock(&self.host_functions).insert(addr, function);
+    }
+    /// Forgets the function at `addr`; true if there was one.
+    pub fn unregister_host_function(&self, addr: u64) -> bool {
+        lock(&self.host_functions).remove(&addr).is_some()
+    }
+
+    /// The last EXIT/ABORT recorded for a mailbox under [`ExitPolicy::Record`], removing it.
+    pub fn take_exit(&self, mailbox: MailboxId) -> Option<KernelExit> {
+        lock(&self.exits).remove(&mailbox)
+    }
+
+    /// Files opened through OPEN_FILE and not yet closed.
+    pub fn open_files(&self) -> usize {
+        lock(&self.files).len()
+    }
+
+    /// Flushes the device's stdout and stderr.
+    pub fn flush_std(&self) {
+        for output in [&self.stdout, &self.stderr] {
+            lock(output).flush();
+        }
+    }
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        let live = lock(&self.allocations).len();
+        if live > 0 {
+            // The plugin owns the device memory and frees it with the device.
+            log::warn!("{live} device allocation(s) from MALLOC were never freed");
+        }
+        self.flush_std();
+    }
+}
+
+impl fmt::Debug for Services {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Services")
+            .field("config", &self.config())
+            .field("open_files", &self.open_files())
+            .field("live_allocations", &lock(&self.allocations).len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -29,4 +274,164 @@ pub(crate) fn register_standard(registry: &mut Registry) {
     add(Opcode::TEST_INCREMENT, test_ops::increment);
     add(Opcode::TEST_INTERFACE, test_ops::interface);
     add(Opcode::TEST_STREAM, test_ops::stream);
+
+    add(Opcode::EXIT, process::exit);
+    add(Opcode::ABORT, process::abort);
+    add(Opcode::HOST_CALL, process::host_call);
+    add(Opcode::OFFLOAD_HOST_CALL, process::host_call);
+    add(Opcode::SYSTEM, process::system);
+
+    add(Opcode::MALLOC, memory::malloc);
+    add(Opcode::FREE, memory::free);
+
+    add(Opcode::WRITE_TO_STDOUT, stdio::write_to_stdout);
+    add(Opcode::WRITE_TO_STDERR, stdio::write_to_stderr);
+    add(Opcode::WRITE_TO_STREAM, stdio::write_to_stream);
+    add(
+        Opcode::WRITE_TO_STDOUT_NEWLINE,
+        stdio::write_to_stdout_newline,
+    );
+    add(Opcode::READ_FROM_STREAM, stdio::read_from_stream);
+    add(Opcode::READ_FGETS, stdio::read_fgets);
+    add(Opcode::OPEN_FILE, stdio::open_file);
+    add(Opcode::CLOSE_FILE, stdio::close_file);
+    add(Opcode::FEOF, stdio::feof);
+    add(Opcode::FERROR, stdio::ferror);
+    add(Opcode::CLEARERR, stdio::clearerr);
+    add(Opcode::FSEEK, stdio::fseek);
+    add(Opcode::FTELL, stdio::ftell);
+    add(Opcode::FFLUSH, stdio::fflush);
+    add(Opcode::UNGETC, stdio::ungetc);
+    add(Opcode::REMOVE, stdio::remove);
+    add(Opcode::RENAME, stdio::rename);
+
+    for op in [
+        Opcode::PRINTF_TO_STDOUT,
+        Opcode::PRINTF_TO_STDERR,
+        Opcode::PRINTF_TO_STREAM,
+        Opcode::PRINTF_TO_STDOUT_PACKED,
+        Opcode::PRINTF_TO_STDERR_PACKED,
+        Opcode::PRINTF_TO_STREAM_PACKED,
+    ] {
+        add(op, print::printf);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers shared by the handlers.
+
+/// The server context of a request, for as long as the request lives (not only while `req` is
+/// borrowed), so handlers can keep it across the port's `&mut` calls.
+pub(crate) fn context<'r>(req: &Request<'r, '_>) -> &'r ServerContext {
+    req.context
+}
+
+/// Words per lane, indexed by lane (inactive lanes hold zeros).
+pub(crate) type LaneWords = [[u64; 8]; 64];
+
+/// A C `int` or `i64` result as the reply word: sign-extended.
+pub(crate) fn c_result(value: i64) -> u64 {
+    value as u64
+}
+
+/// C's `EOF`, as a reply word.
+pub(crate) const EOF_WORD: u64 = u64::MAX;
+
+/// `recv`, keeping every active lane's eight words.
+pub(crate) fn recv_words(req: &mut Request<'_, '_>) -> Result<LaneWords> {
+    let mut words = [[0u64; 8]; 64];
+    req.recv(|lane, p| words[lane as usize] = p.read().data)?;
+    Ok(words)
+}
+
+/// `send` of one reply word (buf\[0\]) per lane.
+pub(crate) fn send_word0(req: &mut Request<'_, '_>, replies: &[u64; 64]) -> Result<()> {
+    req.send(|lane, p| p.set_word(0, replies[lane as usize]))
+}
+
+/// One lane's `send_n` stream: its bytes, or the length it claimed above the bound.
+pub(crate) type LaneStream = core::result::Result<Vec<u8>, u64>;
+
+/// `recv_n` that never ends the script early: a lane claiming more than the stream bound gets
+/// `Err(claimed length)` and its packets are received and dropped, so the client, which sends
+/// them whatever we think, reaches its next step. Memory grows with the bytes kept only.
+pub(crate) fn recv_streams(req: &mut Request<'_, '_>) -> Result<Vec<LaneStream>> {
+    let bound = req.context.config.stream_bound;
+    let mut out: Vec<LaneStream> = (0..64).map(|_| Ok(Vec::new())).collect();
+    let mut lengths = [0u64; 64];
+    req.recv(|lane, p| {
+        let len = p.word(0);
+        lengths[lane as usize] = len;
+        if len > bound {
+            out[lane as usize] = Err(len);
+            return;
+        }
+        let first = (len as usize).min(FIRST_PACKET_BYTES);
+        let mut bytes = std::vec![0; first];
+        p.read_bytes(8, &mut bytes);
+        out[lane as usize] = Ok(bytes);
+    })?;
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let mut offset = FIRST_PACKET_BYTES as u64;
+    while offset < longest {
+        req.recv(|lane, p| {
+            let len = lengths[lane as usize];
+            if let Ok(bytes) = &mut out[lane as usize] {
+                if offset < len {
+                    let take = (len - offset).min(BUFFER_SIZE as u64) as usize;
+                    let start = bytes.len();
+                    bytes.resize(start + take, 0);
+                    p.read_bytes(0, &mut bytes[start..]);
+                }
+            }
+        })?;
+        offset += BUFFER_SIZE as u64;
+    }
+    Ok(out)
+}
+
+/// The bytes of a C string up to (without) its first NUL.
+pub(crate) fn until_nul(bytes: &[u8]) -> &[u8] {
+    bytes.split(|&b| b == 0).next().unwrap_or_default()
+}
+
+/// The refusals of one request, per lane; the request ends with [`Error::Refused`] if any.
+#[derive(Default)]
+pub(crate) struct Refusals {
+    first: Option<String>,
+    more: usize,
+}
+
+impl Refusals {
+    pub(crate) fn lane(&mut self, lane: u32, why: impl fmt::Display) {
+        if self.first.is_none() {
+            self.first = Some(std::format!("lane {lane}: {why}"));
+        } else {
+            self.more += 1;
+        }
+    }
+    pub(crate) fn too_long(&mut self, lane: u32, len: u64, bound: u64) {
+        let why = Error::TooLong { lane, len, bound }.to_string() + " (received and dropped)";
+        if self.first.is_none() {
+            self.first = Some(why);
+        } else {
+            self.more += 1;
+        }
+    }
+    /// `Ok` if nothing was refused, else the refusal (the script must be complete by now).
+    pub(crate) fn finish(self) -> Result<()> {
+        match self.first {
+            None => Ok(()),
+            Some(first) if self.more == 0 => Err(Error::Refused(first)),
+            Some(first) => Err(Error::Refused(std::format!(
+                "{first} (and {} more lane(s))",
+                self.more
+            ))),
+        }
+    }
+}
+
+/// The active lanes of a request.
+pub(crate) fn active(req: &Request<'_, '_>) -> impl Iterator<Item = u32> {
+    lanes(req.mask())
 }

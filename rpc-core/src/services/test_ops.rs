@@ -15,11 +15,23 @@ pub(crate) fn increment(req: &mut Request<'_, '_>) -> Result<()> {
     req.recv_and_send(|_, p| p.set_word(0, p.word(0).wrapping_add(1)))
 }
 
-/// TEST_STREAM: C send_n(data); S recv_n then send_n the same bytes back.
+/// TEST_STREAM: C send_n(data); S recv_n then send_n the same bytes back. A lane above the
+/// stream bound is drained and refused, and gets 0 bytes back.
 pub(crate) fn stream(req: &mut Request<'_, '_>) -> Result<()> {
-    let data = req.recv_n()?;
-    let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-    req.send_n(&slices)
+    let data = super::recv_streams(req)?;
+    let bound = super::context(req).config.stream_bound;
+    let mut refusals = super::Refusals::default();
+    for lane in super::active(req) {
+        if let Err(len) = data[lane as usize] {
+            refusals.too_long(lane, len, bound);
+        }
+    }
+    let slices: Vec<&[u8]> = data
+        .iter()
+        .map(|d| d.as_deref().unwrap_or_default())
+        .collect();
+    req.send_n(&slices)?;
+    refusals.finish()
 }
 
 /// TEST_INTERFACE: C send buf[0] = end_with_recv; C send buf[0] = cnt; then S: send(cnt+1),

@@ -1,0 +1,1445 @@
+//! The standard services of PROTOCOL section 6, driven through a running `RpcServer` by
+//! rpc-core's client (one test thread = one warp), for L = 1 and for L = 32 with a partial mask:
+//! the reply words, the host-side effects (captured output, files, tables), and the refusals.
+#![cfg(not(loom))]
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_long, c_ulong, c_void, CStr, CString};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rpc_core::port::{Backoff, Wait};
+use rpc_core::rpc_server::MailboxSource;
+use rpc_core::services::{
+    ExitPolicy, FilePolicy, HostAllocator, KernelExit, ServicesConfig, HOST_CALL_REFUSED,
+    MALLOC_ALIGN,
+};
+use rpc_core::{
+    Client, ClientPort, Error, Generation, Layout, LockTable, Mailbox, MailboxId, MailboxMemory,
+    Opcode, RpcServer, ServerConfig, UserGuard,
+};
+
+/// The stream bound the fixtures configure.
+const BOUND: u64 = 4096;
+/// (L, mask) pairs every test runs with.
+const CONFIGS: [(u32, u64); 2] = [(1, 1), (32, 0x8000_1235)];
+/// The C values of `EOF` and -1 as reply words.
+const EOF: u64 = u64::MAX;
+const MINUS_ONE: u64 = u64::MAX;
+
+struct Shared(Arc<MailboxMemory>);
+
+impl MailboxSource for Shared {
+    fn view(&self) -> Mailbox<'_> {
+        self.0.view()
+    }
+}
+
+/// A writer into a buffer the test reads.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    fn take(&self) -> Vec<u8> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+/// Gives up a client wait after about 20 s, so a broken server fails the test, not hangs it.
+struct Deadline;
+
+impl Wait for Deadline {
+    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+        if attempt > 300_000 {
+            return Err(Error::Abandoned {
+                port,
+                reason: "test deadline",
+            });
+        }
+        Backoff::step(attempt);
+        Ok(())
+    }
+}
+
+/// A running server with one mailbox, captured stdout/stderr, a temp dir, and a live user.
+struct Fx {
+    lanes: u32,
+    mask: u64,
+    memory: Arc<MailboxMemory>,
+    locks: LockTable,
+    id: MailboxId,
+    out: Capture,
+    err: Capture,
+    dir: PathBuf,
+    _user: UserGuard,
+    server: RpcServer,
+}
+
+impl Fx {
+    fn new(name: &str, lanes: u32, mask: u64) -> Fx {
+        Fx::with(name, lanes, mask, |_| {})
+    }
+
+    fn with(name: &str, lanes: u32, mask: u64, configure: impl FnOnce(&mut ServerConfig)) -> Fx {
+        let _ = env_logger::builder().is_test(true).try_init();
+        let mut config = ServerConfig {
+            name: format!("{name}-L{lanes}"),
+            stream_bound: BOUND,
+            services: ServicesConfig {
+                exit: ExitPolicy::Record,
+                ..ServicesConfig::default()
+            },
+            ..ServerConfig::default()
+        };
+        configure(&mut config);
+        let server = RpcServer::new(config);
+        let layout = Layout::new(Generation::V1, 4, lanes).unwrap();
+        let memory = Arc::new(MailboxMemory::new(layout));
+        let id = server.attach(Box::new(Shared(memory.clone())));
+        let (out, err) = (Capture::default(), Capture::default());
+        let services = server.context().services();
+        services.set_stdout(Box::new(out.clone()));
+        services.set_stderr(Box::new(err.clone()));
+        let _ = server.start().unwrap();
+        let dir = std::env::temp_dir().join(format!(
+            "rpc-services-{}-{name}-{lanes}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Fx {
+            lanes,
+            mask,
+            memory,
+            locks: LockTable::new(4),
+            id,
+            out,
+            err,
+            dir,
+            _user: server.user(),
+            server,
+        }
+    }
+
+    fn client(&self) -> Client<'_> {
+        Client::new(self.memory.view(), self.locks.words())
+            .unwrap()
+            .with_wait(&Deadline)
+    }
+
+    fn open(&self, opcode: Opcode) -> ClientPort<'_> {
+        self.client().open(opcode, self.mask).unwrap()
+    }
+
+    fn lanes(&self) -> Vec<u32> {
+        (0..self.lanes)
+            .filter(|l| self.mask >> l & 1 == 1)
+            .collect()
+    }
+
+    fn services(&self) -> &rpc_core::services::Services {
+        self.server.context().services()
+    }
+
+    /// Waits until the server's counters say `refused` refusals and `errors` errors.
+    fn expect_counts(&self, refused: u64, errors: u64) {
+        let start = Instant::now();
+        loop {
+            let stats = self.server.stats();
+            if stats.refused == refused && stats.errors == errors {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "expected refused={refused} errors={errors}, have {stats}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Waits until the server has served `n` requests of `opcode`.
+    fn wait_served(&self, opcode: Opcode, n: u64) {
+        let start = Instant::now();
+        while self.server.stats().served_of(opcode) < n {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{opcode} not served"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    // ---- The device side of each script, as LLVM's libc runs it. Arrays are indexed by lane.
+
+    /// C send buf[0..] = words; C recv buf[0].
+    fn words(&self, opcode: Opcode, words: impl Fn(u32) -> Vec<u64>) -> [u64; 64] {
+        let mut port = self.open(opcode);
+        let mut out = [0u64; 64];
+        port.send_and_recv(
+            |l, p| {
+                for (i, w) in words(l).into_iter().enumerate() {
+                    p.set_word(i, w);
+                }
+            },
+            |l, p| out[l as usize] = p.word(0),
+        )
+        .unwrap();
+        out
+    }
+
+    /// C send_n(data); C recv buf[0] (WRITE_TO_STDOUT, REMOVE, SYSTEM, ...).
+    fn stream_then_word(&self, opcode: Opcode, data: &[Vec<u8>]) -> [u64; 64] {
+        let mut port = self.open(opcode);
+        port.send_n(&slices(data)).unwrap();
+        let mut out = [0u64; 64];
+        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
+        out
+    }
+
+    fn write_to_stream(&self, handles: &[u64; 64], data: &[Vec<u8>]) -> [u64; 64] {
+        let mut port = self.open(Opcode::WRITE_TO_STREAM);
+        port.send(|l, p| p.set_word(0, handles[l as usize]))
+            .unwrap();
+        port.send_n(&slices(data)).unwrap();
+        let mut out = [0u64; 64];
+        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
+        out
+    }
+
+    fn fopen(&self, paths: &[Vec<u8>], mode: &str) -> [u64; 64] {
+        let mut port = self.open(Opcode::OPEN_FILE);
+        port.send_n(&slices(paths)).unwrap();
+        let mut mode = mode.as_bytes().to_vec();
+        mode.push(0);
+        let mut out = [0u64; 64];
+        port.send_and_recv(
+            |_, p| p.write_bytes(0, &mode),
+            |l, p| out[l as usize] = p.word(0),
+        )
+        .unwrap();
+        out
+    }
+
+    fn fread(&self, max: u64, handles: &[u64; 64]) -> (Vec<Vec<u8>>, [u64; 64]) {
+        let mut port = self.open(Opcode::READ_FROM_STREAM);
+        port.send(|l, p| {
+            p.set_word(0, max);
+            p.set_word(1, handles[l as usize]);
+        })
+        .unwrap();
+        let data = port.recv_n(u64::MAX).unwrap();
+        let mut out = [0u64; 64];
+        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
+        (data, out)
+    }
+
+    fn fgets(&self, count: u64, handles: &[u64; 64]) -> Vec<Vec<u8>> {
+        let mut port = self.open(Opcode::READ_FGETS);
+        port.send(|l, p| {
+            p.set_word(0, count);
+            p.set_word(1, handles[l as usize]);
+        })
+        .unwrap();
+        let lines = port.recv_n(u64::MAX).unwrap();
+        for (lane, line) in lines.iter().enumerate() {
+            assert!(line.len() as u64 <= count, "lane {lane}: more than count");
+        }
+        lines
+    }
+
+    fn on_handles(&self, opcode: Opcode, handles: &[u64; 64]) -> [u64; 64] {
+        self.words(opcode, |l| vec![handles[l as usize]])
+    }
+
+    fn rename(&self, old: &[Vec<u8>], new: &[Vec<u8>]) -> [u64; 64] {
+        let mut port = self.open(Opcode::RENAME);
+        port.send_n(&slices(old)).unwrap();
+        port.send_n(&slices(new)).unwrap();
+        let mut out = [0u64; 64];
+        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
+        out
+    }
+
+    /// C send_n(args); C send buf[0] = function; C recv.
+    fn host_call(&self, opcode: Opcode, args: &[Vec<u8>], function: u64) -> [u64; 64] {
+        let mut port = self.open(opcode);
+        port.send_n(&slices(args)).unwrap();
+        let mut out = [0u64; 64];
+        port.send_and_recv(
+            |_, p| p.set_word(0, function),
+            |l, p| out[l as usize] = p.word(0),
+        )
+        .unwrap();
+        out
+    }
+
+    /// The printf exchange of PROTOCOL section 7 as LLVM's client runs it. `memory` holds the
+    /// device strings by address. Returns the results and, per lane, the pointers the server
+    /// asked for, in the order it asked.
+    fn printf(
+        &self,
+        opcode: Opcode,
+        handles: Option<&[u64; 64]>,
+        formats: &[Vec<u8>],
+        args: &[Vec<u8>],
+        memory: &HashMap<u64, Vec<u8>>,
+    ) -> ([i64; 64], Vec<Vec<u64>>, [u64; 64]) {
+        let mut port = self.open(opcode);
+        if let Some(handles) = handles {
+            port.send(|l, p| p.set_word(0, handles[l as usize]))
+                .unwrap();
+        }
+        port.send_n(&slices(formats)).unwrap();
+        let mut sizes = [0u64; 64];
+        port.recv(|l, p| sizes[l as usize] = p.word(0)).unwrap();
+        port.send_n(&slices(args)).unwrap();
+        let mut asked = vec![Vec::new(); 64];
+        let mut results = [0i64; 64];
+        loop {
+            let mut pointers = [0u64; 64];
+            port.recv(|l, p| {
+                results[l as usize] = p.word(0) as i64;
+                pointers[l as usize] = p.word(1);
+            })
+            .unwrap();
+            if pointers.iter().all(|&p| p == 0) {
+                break;
+            }
+            let strings: Vec<Vec<u8>> = (0..64)
+                .map(|l| match pointers[l] {
+                    0 => Vec::new(),
+                    p => {
+                        asked[l].push(p);
+                        let mut s = memory[&p].clone();
+                        s.push(0);
+                        s
+                    }
+                })
+                .collect();
+            port.send_n(&slices(&strings)).unwrap();
+        }
+        (results, asked, sizes)
+    }
+}
+
+impl Drop for Fx {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn slices(data: &[Vec<u8>]) -> Vec<&[u8]> {
+    data.iter().map(Vec::as_slice).collect()
+}
+
+/// 64 entries, `f(lane)` for each.
+fn per_lane<T>(f: impl FnMut(u32) -> T) -> Vec<T> {
+    (0..64).map(f).collect()
+}
+
+fn cpath(path: &Path) -> Vec<u8> {
+    let mut bytes = path.as_os_str().as_encoded_bytes().to_vec();
+    bytes.push(0);
+    bytes
+}
+
+fn cstr(text: &str) -> Vec<u8> {
+    let mut bytes = text.as_bytes().to_vec();
+    bytes.push(0);
+    bytes
+}
+
+fn lane_text(lane: u32) -> Vec<u8> {
+    // Lanes write different lengths, some past the first packet's 56 bytes.
+    format!("lane {lane}: {}|\n", "x".repeat(lane as usize * 3)).into_bytes()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn noop_and_test_opcodes() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("test-ops", lanes, mask);
+        fx.open(Opcode::NOOP).send(|_, p| p.set_word(0, 9)).unwrap();
+        let out = fx.words(Opcode::TEST_INCREMENT, |l| vec![100 + u64::from(l)]);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 101 + u64::from(l));
+        }
+        let data = per_lane(lane_text);
+        let mut port = fx.open(Opcode::TEST_STREAM);
+        port.send_n(&slices(&data)).unwrap();
+        let back = port.recv_n(u64::MAX).unwrap();
+        drop(port);
+        for l in fx.lanes() {
+            assert_eq!(back[l as usize], data[l as usize]);
+        }
+        fx.expect_counts(0, 0);
+        let stats = fx.server.stats();
+        assert_eq!(stats.served_of(Opcode::NOOP), 1);
+    }
+}
+
+#[test]
+fn writes_reach_the_captured_streams_whole() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("write", lanes, mask);
+        let data = per_lane(lane_text);
+        let expect: Vec<u8> = fx.lanes().iter().flat_map(|&l| lane_text(l)).collect();
+
+        let out = fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &data);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], data[l as usize].len() as u64);
+        }
+        assert_eq!(fx.out.take(), expect);
+
+        let out = fx.stream_then_word(Opcode::WRITE_TO_STDERR, &data);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], data[l as usize].len() as u64);
+        }
+        assert_eq!(fx.err.take(), expect);
+
+        let words = per_lane(|l| format!("puts {l}").into_bytes());
+        let out = fx.stream_then_word(Opcode::WRITE_TO_STDOUT_NEWLINE, &words);
+        let mut expect = Vec::new();
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], words[l as usize].len() as u64 + 1);
+            expect.extend(format!("puts {l}\n").bytes());
+        }
+        assert_eq!(fx.out.take(), expect);
+
+        // WRITE_TO_STREAM with the raw standard handles.
+        let handles: [u64; 64] = std::array::from_fn(|l| if l % 2 == 0 { 2 } else { 3 });
+        let out = fx.write_to_stream(&handles, &data);
+        let (mut to_out, mut to_err) = (Vec::new(), Vec::new());
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], data[l as usize].len() as u64);
+            if l % 2 == 0 { &mut to_out } else { &mut to_err }.extend(lane_text(l));
+        }
+        assert_eq!(fx.out.take(), to_out);
+        assert_eq!(fx.err.take(), to_err);
+        fx.expect_counts(0, 0);
+    }
+}
+
+#[test]
+fn files_open_write_seek_read_tell_unget_and_close() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("files", lanes, mask);
+        let names = per_lane(|l| fx.path(&format!("lane{l}.txt")));
+        let paths = per_lane(|l| cpath(&names[l as usize]));
+        let handles = fx.fopen(&paths, "w+");
+        let mut seen = std::collections::HashSet::new();
+        for l in fx.lanes() {
+            let h = handles[l as usize];
+            assert!(h != 0 && h & 3 == 0, "lane {l}: handle {h:#x}");
+            assert!(seen.insert(h), "handles are distinct");
+        }
+        assert_eq!(fx.services().open_files(), fx.lanes().len());
+
+        let text = per_lane(|l| format!("first {l}\nsecond line\nthird").into_bytes());
+        let out = fx.write_to_stream(&handles, &text);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], text[l as usize].len() as u64);
+        }
+        let out = fx.on_handles(Opcode::FFLUSH, &handles);
+        let out_tell = fx.on_handles(Opcode::FTELL, &handles);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 0);
+            assert_eq!(out_tell[l as usize], text[l as usize].len() as u64);
+            let on_disk = std::fs::read(&names[l as usize]).unwrap();
+            assert_eq!(on_disk, text[l as usize], "lane {l}");
+        }
+
+        // fseek(f, 0, SEEK_SET), then fread everything.
+        let out = fx.words(Opcode::FSEEK, |l| vec![handles[l as usize], 0, 0]);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 0);
+        }
+        let (data, count) = fx.fread(1000, &handles);
+        let feof = fx.on_handles(Opcode::FEOF, &handles);
+        for l in fx.lanes() {
+            assert_eq!(data[l as usize], text[l as usize]);
+            assert_eq!(count[l as usize], text[l as usize].len() as u64);
+            assert_eq!(feof[l as usize], 1, "short fread sets EOF");
+        }
+
+        // fseek(f, -5, SEEK_END) (a negative offset as an i64 in the word).
+        let out = fx.words(Opcode::FSEEK, |l| {
+            vec![handles[l as usize], -5i64 as u64, 2]
+        });
+        let tell = fx.on_handles(Opcode::FTELL, &handles);
+        let feof = fx.on_handles(Opcode::FEOF, &handles);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 0);
+            assert_eq!(tell[l as usize], text[l as usize].len() as u64 - 5);
+            assert_eq!(feof[l as usize], 0, "fseek clears EOF");
+        }
+        let (data, _) = fx.fread(1000, &handles);
+        for l in fx.lanes() {
+            assert_eq!(data[l as usize], b"third");
+        }
+
+        // Back to the start; fgets line by line; ungetc; ferror; clearerr.
+        fx.words(Opcode::FSEEK, |l| vec![handles[l as usize], 0, 0]);
+        let lines = fx.fgets(100, &handles);
+        for l in fx.lanes() {
+            assert_eq!(lines[l as usize], format!("first {l}\n\0").into_bytes());
+        }
+        let lines = fx.fgets(4, &handles);
+        for l in fx.lanes() {
+            assert_eq!(lines[l as usize], b"sec\0");
+        }
+        let out = fx.words(Opcode::UNGETC, |l| {
+            vec![u64::from(b'A' + l as u8), handles[l as usize]]
+        });
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], u64::from(b'A' + l as u8));
+        }
+        let lines = fx.fgets(100, &handles);
+        for l in fx.lanes() {
+            let expect = format!("{}ond line\n\0", char::from(b'A' + l as u8));
+            assert_eq!(lines[l as usize], expect.into_bytes());
+        }
+        let lines = fx.fgets(100, &handles);
+        let at_end = fx.fgets(100, &handles);
+        let ferror = fx.on_handles(Opcode::FERROR, &handles);
+        let feof = fx.on_handles(Opcode::FEOF, &handles);
+        for l in fx.lanes() {
+            assert_eq!(lines[l as usize], b"third\0");
+            assert!(at_end[l as usize].is_empty(), "fgets at EOF sends 0 bytes");
+            assert_eq!(ferror[l as usize], 0);
+            assert_eq!(feof[l as usize], 1);
+        }
+        let mut port = fx.open(Opcode::CLEARERR);
+        let mut echoed = [0u64; 64];
+        port.send_and_recv(
+            |l, p| {
+                p.set_word(0, handles[l as usize]);
+                p.set_word(5, 55);
+            },
+            |l, p| echoed[l as usize] = p.word(0) ^ p.word(5),
+        )
+        .unwrap();
+        drop(port);
+        let feof = fx.on_handles(Opcode::FEOF, &handles);
+        for l in fx.lanes() {
+            assert_eq!(
+                echoed[l as usize],
+                handles[l as usize] ^ 55,
+                "sent back unchanged"
+            );
+            assert_eq!(feof[l as usize], 0, "clearerr clears EOF");
+        }
+        // fflush(NULL) flushes everything.
+        let out = fx.on_handles(Opcode::FFLUSH, &[0; 64]);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 0);
+        }
+
+        let out = fx.on_handles(Opcode::CLOSE_FILE, &handles);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 0);
+        }
+        assert_eq!(fx.services().open_files(), 0);
+
+        // Reopen for reading: "r" works, a missing file gives 0 without a refusal.
+        let handles = fx.fopen(&paths, "r");
+        let missing = fx.fopen(&per_lane(|_| cpath(&fx.path("missing"))), "r");
+        for l in fx.lanes() {
+            assert_ne!(handles[l as usize], 0);
+            assert_eq!(missing[l as usize], 0);
+        }
+        let (data, _) = fx.fread(3, &handles);
+        for l in fx.lanes() {
+            assert_eq!(data[l as usize], b"fir");
+        }
+        fx.on_handles(Opcode::CLOSE_FILE, &handles);
+        fx.expect_counts(0, 0);
+    }
+}
+
+#[test]
+fn stdin_reads_in_lane_order() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("stdin", lanes, mask);
+        let n = fx.lanes().len();
+        let mut input = String::new();
+        for i in 0..n {
+            input.push_str(&format!("line {i}\n"));
+        }
+        input.push_str("tail");
+        fx.services()
+            .set_stdin(Box::new(std::io::Cursor::new(input.into_bytes())));
+        let stdin = [1u64; 64];
+        let lines = fx.fgets(100, &stdin);
+        for (i, l) in fx.lanes().into_iter().enumerate() {
+            assert_eq!(lines[l as usize], format!("line {i}\n\0").into_bytes());
+        }
+        let first = fx.lanes()[0] as usize;
+        let out = fx.words(Opcode::UNGETC, |l| vec![u64::from(b'0' + l as u8), 1]);
+        assert_eq!(out[first], u64::from(b'0' + first as u8));
+        let (data, count) = fx.fread(2, &stdin);
+        // Pushback is read last-in first-out, before "tail".
+        let mut all: Vec<u8> = Vec::new();
+        for l in fx.lanes() {
+            assert_eq!(count[l as usize], data[l as usize].len() as u64);
+            all.extend(&data[l as usize]);
+        }
+        let expect: Vec<u8> = fx
+            .lanes()
+            .iter()
+            .rev()
+            .map(|&l| b'0' + l as u8)
+            .chain(*b"tail")
+            .take(2 * n)
+            .collect();
+        assert_eq!(all, expect);
+        let (_, _) = fx.fread(100, &stdin);
+        let feof = fx.on_handles(Opcode::FEOF, &stdin);
+        let ftell = fx.on_handles(Opcode::FTELL, &stdin);
+        let fseek = fx.words(Opcode::FSEEK, |_| vec![1, 0, 0]);
+        for l in fx.lanes() {
+            assert_eq!(feof[l as usize], 1);
+            assert_eq!(ftell[l as usize], MINUS_ONE, "stdin does not tell");
+            assert_eq!(fseek[l as usize], MINUS_ONE, "stdin does not seek");
+        }
+        fx.expect_counts(0, 0);
+    }
+}
+
+#[test]
+fn remove_and_rename() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("remove", lanes, mask);
+        for l in fx.lanes() {
+            std::fs::write(fx.path(&format!("a{l}")), format!("{l}")).unwrap();
+        }
+        let old = per_lane(|l| cpath(&fx.path(&format!("a{l}"))));
+        let new = per_lane(|l| cpath(&fx.path(&format!("b{l}"))));
+        let out = fx.rename(&old, &new);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 0);
+            assert!(!fx.path(&format!("a{l}")).exists());
+            assert_eq!(
+                std::fs::read_to_string(fx.path(&format!("b{l}"))).unwrap(),
+                format!("{l}")
+            );
+        }
+        let out = fx.stream_then_word(Opcode::REMOVE, &new);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 0);
+            assert!(!fx.path(&format!("b{l}")).exists());
+        }
+        // As C: removing a missing file is -1, not a refusal.
+        let out = fx.stream_then_word(Opcode::REMOVE, &new);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], MINUS_ONE);
+        }
+        fx.expect_counts(0, 0);
+    }
+}
+
+#[test]
+fn file_policy_confines_paths_to_a_directory() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("policy", lanes, mask);
+        let jail = fx.path("jail");
+        std::fs::create_dir_all(&jail).unwrap();
+        std::fs::write(fx.path("outside.txt"), "secret").unwrap();
+        std::fs::write(jail.join("inside.txt"), "ok").unwrap();
+        fx.services()
+            .set_file_policy(FilePolicy::Under(jail.clone()));
+
+        let outside = per_lane(|_| cpath(&jail.join("../outside.txt")));
+        let inside = per_lane(|_| cpath(&jail.join("inside.txt")));
+        let out = fx.fopen(&outside, "r");
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
+        fx.expect_counts(1, 0);
+        let out = fx.stream_then_word(Opcode::REMOVE, &outside);
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == MINUS_ONE));
+        fx.expect_counts(2, 0);
+        let out = fx.rename(&inside, &outside);
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == MINUS_ONE));
+        fx.expect_counts(3, 0);
+        assert_eq!(
+            std::fs::read_to_string(fx.path("outside.txt")).unwrap(),
+            "secret"
+        );
+
+        let handles = fx.fopen(&inside, "r");
+        let (data, _) = fx.fread(10, &handles);
+        for l in fx.lanes() {
+            assert_eq!(data[l as usize], b"ok");
+        }
+        fx.on_handles(Opcode::CLOSE_FILE, &handles);
+
+        fx.services().set_file_policy(FilePolicy::Denied);
+        let out = fx.fopen(&inside, "r");
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
+        fx.expect_counts(4, 0);
+        // A bad mode is refused whatever the policy.
+        fx.services().set_file_policy(FilePolicy::Allowed);
+        let out = fx.fopen(&inside, "r,ccs=UTF-8");
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
+        fx.expect_counts(5, 0);
+    }
+}
+
+#[test]
+fn malloc_and_free_through_the_plugin_allocator() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("malloc", lanes, mask);
+        // No allocator: 0 and a refusal.
+        let out = fx.words(Opcode::MALLOC, |_| vec![64]);
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
+        fx.expect_counts(1, 0);
+
+        let allocator = Arc::new(HostAllocator::new());
+        fx.services().set_allocator(allocator.clone());
+        let out = fx.words(Opcode::MALLOC, |l| vec![100 + u64::from(l)]);
+        let mut live = Vec::new();
+        for l in fx.lanes() {
+            let addr = out[l as usize];
+            assert!(addr != 0 && addr % MALLOC_ALIGN == 0, "lane {l}: {addr:#x}");
+            // It is real memory (the "device" is the host here).
+            // SAFETY: the allocator handed out at least 100 bytes at `addr`.
+            unsafe { std::ptr::write_bytes(addr as *mut u8, 0xab, 100) };
+            live.push((addr, 100 + u64::from(l)));
+        }
+        live.sort();
+        let reported: Vec<_> = fx
+            .services()
+            .live_allocations()
+            .iter()
+            .map(|a| (a.addr, a.size))
+            .collect();
+        assert_eq!(reported, live);
+        assert_eq!(allocator.live(), live.len());
+
+        let mut port = fx.open(Opcode::FREE);
+        port.send(|l, p| p.set_word(0, out[l as usize])).unwrap();
+        drop(port);
+        let start = Instant::now();
+        while !fx.services().live_allocations().is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(allocator.live(), 0);
+        // malloc(0) is 0, free(NULL) is nothing.
+        let zero = fx.words(Opcode::MALLOC, |_| vec![0]);
+        assert!(fx.lanes().iter().all(|&l| zero[l as usize] == 0));
+        fx.open(Opcode::FREE).send(|_, p| p.set_word(0, 0)).unwrap();
+        fx.expect_counts(1, 0);
+        let served = fx.server.stats().served_of(Opcode::FREE);
+        assert!(served >= 1);
+    }
+}
+
+#[test]
+fn host_calls_run_only_registered_functions() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("host-call", lanes, mask);
+        let sum = |args: &[u8]| args.iter().map(|&b| u64::from(b)).sum::<u64>() + 1_000_000;
+        fx.services().register_host_function(0x4000, Arc::new(sum));
+        let args = per_lane(|l| (0..(l as u8 * 3)).collect::<Vec<u8>>());
+        for opcode in [Opcode::HOST_CALL, Opcode::OFFLOAD_HOST_CALL] {
+            let out = fx.host_call(opcode, &args, 0x4000);
+            for l in fx.lanes() {
+                assert_eq!(out[l as usize], sum(&args[l as usize]), "{opcode} lane {l}");
+            }
+        }
+        fx.expect_counts(0, 0);
+        let out = fx.host_call(Opcode::HOST_CALL, &args, 0x4001);
+        assert!(fx
+            .lanes()
+            .iter()
+            .all(|&l| out[l as usize] == HOST_CALL_REFUSED));
+        fx.expect_counts(1, 0);
+        fx.services()
+            .register_host_function(0x5000, Arc::new(|_: &[u8]| panic!("host function bug")));
+        let out = fx.host_call(Opcode::HOST_CALL, &args, 0x5000);
+        assert!(fx
+            .lanes()
+            .iter()
+            .all(|&l| out[l as usize] == HOST_CALL_REFUSED));
+        fx.expect_counts(2, 0);
+        assert!(fx.services().unregister_host_function(0x4000));
+        let out = fx.host_call(Opcode::OFFLOAD_HOST_CALL, &args, 0x4000);
+        assert!(fx
+            .lanes()
+            .iter()
+            .all(|&l| out[l as usize] == HOST_CALL_REFUSED));
+        fx.expect_counts(3, 0);
+    }
+}
+
+#[test]
+fn system_only_when_allowed() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("system", lanes, mask);
+        let marker = fx.path("ran");
+        let commands = per_lane(|_| cstr(&format!("touch '{}'; exit 3", marker.display())));
+        let out = fx.stream_then_word(Opcode::SYSTEM, &commands);
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == MINUS_ONE));
+        assert!(!marker.exists(), "a denied command does not run");
+        fx.expect_counts(1, 0);
+        fx.services().set_system_allowed(true);
+        let out = fx.stream_then_word(Opcode::SYSTEM, &commands);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 3 << 8, "the wait status of exit 3");
+        }
+        assert!(marker.exists());
+        fx.expect_counts(1, 0);
+    }
+}
+
+#[test]
+fn exit_and_abort_are_recorded_per_mailbox() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("exit", lanes, mask);
+        let mut port = fx.open(Opcode::EXIT);
+        port.send_and_recv(|_, _| {}, |_, _| {}).unwrap();
+        port.send(|l, p| p.set_word(0, 0xdead_0000_0000 | (7 + u64::from(l))))
+            .unwrap();
+        drop(port);
+        let first = fx.lanes()[0];
+        let start = Instant::now();
+        let exit = loop {
+            if let Some(exit) = fx.services().take_exit(fx.id) {
+                break exit;
+            }
+            assert!(start.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(exit, KernelExit::Exit(7 + first as i32));
+        assert_eq!(fx.services().take_exit(fx.id), None);
+
+        let mut port = fx.open(Opcode::ABORT);
+        port.send_and_recv(|_, _| {}, |_, _| {}).unwrap();
+        port.send(|_, _| {}).unwrap();
+        drop(port);
+        let start = Instant::now();
+        while fx.server.stats().served_of(Opcode::ABORT) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(fx.services().take_exit(fx.id), Some(KernelExit::Abort));
+        // The server keeps serving.
+        let out = fx.words(Opcode::TEST_INCREMENT, |_| vec![1]);
+        assert_eq!(out[first as usize], 2);
+    }
+}
+
+const CHILD: &str = "RPC_SERVICES_EXIT_CHILD";
+
+/// Run as a child process by `the_default_exit_policy_ends_the_process`: a server with the
+/// default policy, whose device exits (or aborts). Does nothing in a normal test run.
+#[test]
+fn exit_child() {
+    let Ok(how) = std::env::var(CHILD) else {
+        return;
+    };
+    let fx = Fx::with("exit-child", 1, 1, |c| {
+        c.services = ServicesConfig::default()
+    });
+    // The process ends before `fx` drops: remove its directory now.
+    std::fs::remove_dir_all(&fx.dir).unwrap();
+    let mut port = fx.open(if how == "abort" {
+        Opcode::ABORT
+    } else {
+        Opcode::EXIT
+    });
+    port.send_and_recv(|_, _| {}, |_, _| {}).unwrap();
+    port.send(|_, p| p.set_word(0, 42)).unwrap();
+    drop(port);
+    std::thread::sleep(Duration::from_secs(20));
+    panic!("the process should have ended");
+}
+
+#[test]
+fn the_default_exit_policy_ends_the_process() {
+    use std::os::unix::process::ExitStatusExt;
+    let run = |how: &str| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "exit_child", "--nocapture", "--test-threads=1"])
+            .env(CHILD, how)
+            .output()
+            .unwrap()
+            .status
+    };
+    assert_eq!(run("exit").code(), Some(42));
+    assert_eq!(run("abort").signal(), Some(libc::SIGABRT));
+}
+
+// ---- Refusals: each gets the C error value and a log line, and the server keeps serving.
+
+#[test]
+fn bad_stream_handles_get_error_results() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("bad-handles", lanes, mask);
+        let paths = per_lane(|l| cpath(&fx.path(&format!("f{l}"))));
+        let live = fx.fopen(&paths, "w+");
+        let stale = live;
+        fx.on_handles(Opcode::CLOSE_FILE, &stale);
+        let newer = fx.fopen(&paths, "w+");
+        // Stale handles, garbage, and a "pointer" with the file tag.
+        for (round, bad) in [stale, [0x1234_5670; 64], [0xdead_beef_0000; 64]]
+            .into_iter()
+            .enumerate()
+        {
+            let refused = std::cell::Cell::new(fx.server.stats().refused);
+            let expect = |out: [u64; 64], value: u64, what: &str| {
+                for l in fx.lanes() {
+                    assert_eq!(out[l as usize], value, "round {round} {what} lane {l}");
+                }
+                refused.set(refused.get() + 1);
+                fx.expect_counts(refused.get(), 0);
+            };
+            let data = per_lane(|_| b"never".to_vec());
+            expect(fx.write_to_stream(&bad, &data), 0, "WRITE_TO_STREAM");
+            let (read, count) = fx.fread(100, &bad);
+            assert!(read.iter().all(Vec::is_empty));
+            expect(count, 0, "READ_FROM_STREAM");
+            let lines = fx.fgets(100, &bad);
+            assert!(lines.iter().all(Vec::is_empty));
+            refused.set(refused.get() + 1);
+            fx.expect_counts(refused.get(), 0);
+            expect(fx.on_handles(Opcode::FEOF, &bad), 1, "FEOF");
+            expect(fx.on_handles(Opcode::FERROR, &bad), 1, "FERROR");
+            let echoed = fx.on_handles(Opcode::CLEARERR, &bad);
+            let first = fx.lanes()[0] as usize;
+            assert!(fx
+                .lanes()
+                .iter()
+                .all(|&l| echoed[l as usize] == bad[l as usize]));
+            expect(echoed.map(|_| echoed[first]), bad[first], "CLEARERR");
+            expect(
+                fx.words(Opcode::FSEEK, |l| vec![bad[l as usize], 0, 0]),
+                MINUS_ONE,
+                "FSEEK",
+            );
+            expect(fx.on_handles(Opcode::FTELL, &bad), MINUS_ONE, "FTELL");
+            expect(fx.on_handles(Opcode::FFLUSH, &bad), EOF, "FFLUSH");
+            expect(
+                fx.words(Opcode::UNGETC, |l| vec![u64::from(b'x'), bad[l as usize]]),
+                EOF,
+                "UNGETC",
+            );
+            expect(fx.on_handles(Opcode::CLOSE_FILE, &bad), EOF, "CLOSE_FILE");
+            let formats = per_lane(|_| cstr("never %d\n"));
+            let args = per_lane(|_| 5u32.to_le_bytes().to_vec());
+            let (results, asked, sizes) = fx.printf(
+                Opcode::PRINTF_TO_STREAM,
+                Some(&bad),
+                &formats,
+                &args,
+                &HashMap::new(),
+            );
+            assert!(asked.iter().all(Vec::is_empty));
+            for l in fx.lanes() {
+                assert_eq!(sizes[l as usize], 0);
+            }
+            expect(results.map(|r| r as u64), MINUS_ONE, "PRINTF_TO_STREAM");
+        }
+        // The standard streams cannot be closed.
+        let refused = fx.server.stats().refused;
+        let out = fx.on_handles(Opcode::CLOSE_FILE, &[2; 64]);
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == EOF));
+        fx.expect_counts(refused + 1, 0);
+
+        // The newer files, in the slots the stale handles named, are untouched and work.
+        let data = per_lane(lane_text);
+        let out = fx.write_to_stream(&newer, &data);
+        fx.on_handles(Opcode::CLOSE_FILE, &newer);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], data[l as usize].len() as u64);
+            assert_eq!(
+                std::fs::read(fx.path(&format!("f{l}"))).unwrap(),
+                data[l as usize]
+            );
+        }
+        assert!(fx.out.take().is_empty() && fx.err.take().is_empty());
+        fx.expect_counts(refused + 1, 0);
+    }
+}
+
+#[test]
+fn free_of_foreign_or_freed_pointers_is_refused() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("bad-free", lanes, mask);
+        let allocator = Arc::new(HostAllocator::new());
+        fx.services().set_allocator(allocator.clone());
+        let out = fx.words(Opcode::MALLOC, |_| vec![10]);
+        let frees = std::cell::Cell::new(0);
+        let free = |addr: &dyn Fn(u32) -> u64| {
+            let mut port = fx.open(Opcode::FREE);
+            port.send(|l, p| p.set_word(0, addr(l))).unwrap();
+            drop(port);
+            // FREE has no reply: wait until the server has served it.
+            frees.set(frees.get() + 1);
+            fx.wait_served(Opcode::FREE, frees.get());
+        };
+        free(&|_| 0x1000);
+        fx.expect_counts(1, 0);
+        free(&|l| out[l as usize] + 64);
+        fx.expect_counts(2, 0);
+        assert_eq!(allocator.live(), fx.lanes().len(), "nothing was freed");
+        free(&|l| out[l as usize]);
+        fx.expect_counts(2, 0);
+        assert_eq!(allocator.live(), 0);
+        free(&|l| out[l as usize]);
+        fx.expect_counts(3, 0);
+        let out = fx.words(Opcode::TEST_INCREMENT, |_| vec![41]);
+        assert!(fx.lanes().iter().all(|&l| out[l as usize] == 42));
+    }
+}
+
+#[test]
+fn streams_above_the_bound_are_drained_and_refused() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("too-long", lanes, mask);
+        let first = fx.lanes()[0];
+        // The first active lane sends one byte more than the bound; the others are normal.
+        let data = per_lane(|l| {
+            if l == first {
+                vec![b'z'; BOUND as usize + 1]
+            } else {
+                lane_text(l)
+            }
+        });
+        let out = fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &data);
+        let mut expect = Vec::new();
+        for l in fx.lanes() {
+            if l == first {
+                assert_eq!(out[l as usize], 0);
+            } else {
+                assert_eq!(out[l as usize], data[l as usize].len() as u64);
+                expect.extend(lane_text(l));
+            }
+        }
+        assert_eq!(fx.out.take(), expect);
+        fx.expect_counts(1, 0);
+
+        let out = fx.fopen(&data, "w");
+        assert_eq!(out[first as usize], 0);
+        fx.expect_counts(2, 0);
+        let out = fx.stream_then_word(Opcode::SYSTEM, &data);
+        assert_eq!(out[first as usize], MINUS_ONE);
+        fx.expect_counts(3, 0);
+
+        let mut port = fx.open(Opcode::TEST_STREAM);
+        port.send_n(&slices(&data)).unwrap();
+        let back = port.recv_n(u64::MAX).unwrap();
+        drop(port);
+        assert!(back[first as usize].is_empty());
+        for l in fx.lanes().into_iter().filter(|&l| l != first) {
+            assert_eq!(back[l as usize], data[l as usize]);
+        }
+        fx.expect_counts(4, 0);
+
+        // The port is back in step: a normal request is served correctly.
+        let out = fx.words(Opcode::TEST_INCREMENT, |l| vec![u64::from(l)]);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], u64::from(l) + 1);
+        }
+        let out = fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &per_lane(lane_text));
+        assert_eq!(out[first as usize], lane_text(first).len() as u64);
+        fx.expect_counts(4, 0);
+    }
+}
+
+// ---- printf
+
+/// How a test argument goes into the device's argument buffer.
+enum Enc {
+    Four(u32),
+    Eight(u64),
+    /// A `%s` pointer: the string, or null.
+    Str(Option<Vec<u8>>),
+}
+
+/// A printf test argument: its C value for the reference `snprintf`, and its encoding.
+trait TestArg {
+    type C;
+    fn c(&self) -> Self::C;
+    fn enc(&self) -> Enc;
+}
+
+struct I(i32);
+struct U(u32);
+struct L(i64);
+struct UL(u64);
+struct D(f64);
+struct Ch(u8);
+struct P(u64);
+struct S(Option<CString>);
+
+fn s(text: &str) -> S {
+    S(Some(CString::new(text).unwrap()))
+}
+
+const NULL: S = S(None);
+
+impl TestArg for I {
+    type C = c_int;
+    fn c(&self) -> c_int {
+        self.0
+    }
+    fn enc(&self) -> Enc {
+        Enc::Four(self.0 as u32)
+    }
+}
+impl TestArg for U {
+    type C = u32;
+    fn c(&self) -> u32 {
+        self.0
+    }
+    fn enc(&self) -> Enc {
+        Enc::Four(self.0)
+    }
+}
+impl TestArg for L {
+    type C = c_long;
+    fn c(&self) -> c_long {
+        self.0 as c_long
+    }
+    fn enc(&self) -> Enc {
+        Enc::Eight(self.0 as u64)
+    }
+}
+impl TestArg for UL {
+    type C = c_ulong;
+    fn c(&self) -> c_ulong {
+        self.0 as c_ulong
+    }
+    fn enc(&self) -> Enc {
+        Enc::Eight(self.0)
+    }
+}
+impl TestArg for D {
+    type C = f64;
+    fn c(&self) -> f64 {
+        self.0
+    }
+    fn enc(&self) -> Enc {
+        Enc::Eight(self.0.to_bits())
+    }
+}
+impl TestArg for Ch {
+    type C = c_int;
+    fn c(&self) -> c_int {
+        c_int::from(self.0)
+    }
+    fn enc(&self) -> Enc {
+        Enc::Four(u32::from(self.0))
+    }
+}
+impl TestArg for P {
+    type C = *const c_void;
+    fn c(&self) -> *const c_void {
+        self.0 as *const c_void
+    }
+    fn enc(&self) -> Enc {
+        Enc::Eight(self.0)
+    }
+}
+impl TestArg for S {
+    type C = *const c_char;
+    fn c(&self) -> *const c_char {
+        self.0.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())
+    }
+    fn enc(&self) -> Enc {
+        Enc::Str(self.0.as_ref().map(|s| s.as_bytes().to_vec()))
+    }
+}
+
+/// One row: a format, its arguments, and the host's `snprintf` of them.
+struct Row {
+    format: &'static CStr,
+    args: Vec<Enc>,
+    reference: Vec<u8>,
+}
+
+/// `snprintf` into a buffer of the right size.
+fn snprintf_with(call: impl Fn(*mut c_char, usize) -> c_int) -> Vec<u8> {
+    let n = call(std::ptr::null_mut(), 0);
+    let mut buf = vec![0u8; usize::try_from(n).unwrap() + 1];
+    assert_eq!(call(buf.as_mut_ptr().cast(), buf.len()), n);
+    buf.truncate(n as usize);
+    buf
+}
+
+/// A row: the format, then the arguments; the reference is the host's `snprintf` with each
+/// argument passed with its C type.
+macro_rules! row {
+    ($format:expr; $($arg:expr),* $(,)?) => {{
+        let format: &'static CStr = $format;
+        let reference = snprintf_with(|buf, len| {
+            // SAFETY: the format is NUL-terminated; each argument has the C type its
+            // conversion expects (the rows are written so); strings are live or null.
+            unsafe { libc::snprintf(buf, len, format.as_ptr() $(, TestArg::c(&$arg))*) }
+        });
+        Row { format, args: vec![$(TestArg::enc(&$arg)),*], reference }
+    }};
+}
+
+/// The table, with strings that differ per lane.
+fn rows(lane: u32) -> Vec<Row> {
+    let ls = |text: &str| s(&format!("{text}{lane}"));
+    let long = "0123456789abcdef".repeat(12) + &lane.to_string();
+    vec![
+        row!(c"hello, world\n";),
+        row!(c"%d %i %u|\n"; I(-42), I(lane as i32), U(4_000_000_000)),
+        row!(c"%s and %s\n"; ls("alpha"), ls("beta")),
+        row!(c"%s|%s|%s|\n"; NULL, ls("x"), NULL),
+        row!(c"[%-10s|%10s]\n"; ls("left"), ls("right")),
+        row!(c"%.3s|%.10s|\n"; ls("truncate"), ls("sh")),
+        row!(c"%5.2f %e %g\n"; D(3.25159), D(12345.678), D(0.0001 * f64::from(lane + 1))),
+        row!(c"%x %X %o %#x %#o\n"; U(255), U(0xABCDEF), U(8), U(255 + lane), U(8)),
+        row!(c"%ld %lu %lld\n"; L(-1 << 40), UL(u64::MAX), L(i64::MIN)),
+        row!(c"%c%c%c\n"; Ch(b'a'), Ch(b'b' + lane as u8 % 20), Ch(b'c')),
+        row!(c"%p %p\n"; P(0xdead_beef), P(0x7f00_0000_1000 + u64::from(lane))),
+        row!(c"[%*d|%-*d]\n"; I(6), I(42), I(6), I(lane as i32)),
+        row!(c"%.*f|%*.*s|\n"; I(2), D(2.5189), I(8), I(3), ls("precise")),
+        row!(c"100%% %s %%\n"; ls("pct")),
+        row!(c"%hd %hhu %hx\n"; I(70_000), I(300), I(-1)),
+        row!(c"%s=%d, %s=%lu, %s\n"; ls("a"), I(1), ls("b"), UL(2), NULL),
+        row!(c"%+d % d %05d %-5d|\n"; I(5), I(5), I(-5), I(-5)),
+        row!(c"%a %A\n"; D(1.5), D(-0.125)),
+        row!(c"[%10.4s]\n"; ls("abcdefgh")),
+        row!(c"%s%s%s%s%s\n"; s("1"), s("22"), s(""), ls("333"), s("55555")),
+        row!(c"%zu %jd %td\n"; UL(12), L(-12), L(34)),
+        row!(c"mixed %c %s %d %f %s\n"; Ch(b'Z'), ls("str"), I(9), D(-0.5), NULL),
+        row!(c"[%.2s|%.0s|%8s]\n"; NULL, ls("x"), NULL),
+        row!(c"long: %s\n"; s(&long)),
+        row!(c"%s %d %s %ld %s %f %s\n"; ls("s1"), I(1), ls("s2"), L(2), ls("s3"), D(3.0), ls("s4")),
+    ]
+}
+
+/// A lane's argument buffer (`packed`: no alignment padding), its strings by pointer, and the
+/// pointers in format order. Pointers are distinct per lane.
+fn encode(lane: u32, args: &[Enc], packed: bool) -> (Vec<u8>, HashMap<u64, Vec<u8>>, Vec<u64>) {
+    let (mut buf, mut strings, mut pointers) = (Vec::new(), HashMap::new(), Vec::new());
+    for arg in args {
+        let bytes = match arg {
+            Enc::Four(v) => v.to_le_bytes().to_vec(),
+            Enc::Eight(v) => v.to_le_bytes().to_vec(),
+            Enc::Str(None) => 0u64.to_le_bytes().to_vec(),
+            Enc::Str(Some(text)) => {
+                let pointer =
+                    0x7e00_0000_0000 + (u64::from(lane) << 20) + 0x100 * (strings.len() as u64 + 1);
+                strings.insert(pointer, text.clone());
+                pointers.push(pointer);
+                pointer.to_le_bytes().to_vec()
+            }
+        };
+        while !packed && buf.len() % bytes.len() != 0 {
+            buf.push(0xee);
+        }
+        buf.extend(bytes);
+    }
+    (buf, strings, pointers)
+}
+
+#[test]
+fn printf_matches_the_host_snprintf_packed_and_unpacked() {
+    let mut checked = 0;
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("printf", lanes, mask);
+        let table: Vec<Vec<Row>> = (0..64).map(rows).collect();
+        assert!(table[0].len() >= 20);
+        let files = per_lane(|l| cpath(&fx.path(&format!("printf{l}"))));
+        let handles = fx.fopen(&files, "w");
+        let mut in_files: Vec<Vec<u8>> = vec![Vec::new(); 64];
+        for (r, row) in table[0].iter().enumerate() {
+            for (packed, opcodes) in [
+                (
+                    false,
+                    [
+                        Opcode::PRINTF_TO_STDOUT,
+                        Opcode::PRINTF_TO_STDERR,
+                        Opcode::PRINTF_TO_STREAM,
+                    ],
+                ),
+                (
+                    true,
+                    [
+                        Opcode::PRINTF_TO_STDOUT_PACKED,
+                        Opcode::PRINTF_TO_STDERR_PACKED,
+                        Opcode::PRINTF_TO_STREAM_PACKED,
+                    ],
+                ),
+            ] {
+                let formats = per_lane(|_| row.format.to_bytes_with_nul().to_vec());
+                let mut memory = HashMap::new();
+                let mut args = vec![Vec::new(); 64];
+                let mut pointers = vec![Vec::new(); 64];
+                for l in fx.lanes() {
+                    let (buf, strings, ptrs) = encode(l, &table[l as usize][r].args, packed);
+                    args[l as usize] = buf;
+                    memory.extend(strings);
+                    pointers[l as usize] = ptrs;
+                }
+                let opcode = opcodes[r % 3];
+                let stream = (opcode == opcodes[2]).then_some(&handles);
+                let (results, asked, sizes) = fx.printf(opcode, stream, &formats, &args, &memory);
+                let what = format!("L={lanes} {opcode} {:?}", row.format);
+                let mut expect = Vec::new();
+                for l in fx.lanes() {
+                    let i = l as usize;
+                    let reference = &table[i][r].reference;
+                    assert_eq!(sizes[i], args[i].len() as u64, "{what} lane {l}: args size");
+                    let mut last_first = pointers[i].clone();
+                    last_first.reverse();
+                    assert_eq!(asked[i], last_first, "{what} lane {l}: fetch order");
+                    assert_eq!(results[i], reference.len() as i64, "{what} lane {l}");
+                    if stream.is_some() {
+                        in_files[i].extend(reference);
+                    } else {
+                        expect.extend(reference);
+                    }
+                }
+                let got = match r % 3 {
+                    0 => fx.out.take(),
+                    1 => fx.err.take(),
+                    _ => Vec::new(),
+                };
+                let lossy = String::from_utf8_lossy;
+                assert_eq!(lossy(&got), lossy(&expect), "{what}");
+                assert_eq!(got, expect, "{what}");
+                checked += 1;
+            }
+        }
+        let out = fx.on_handles(Opcode::CLOSE_FILE, &handles);
+        for l in fx.lanes() {
+            assert_eq!(out[l as usize], 0);
+            let on_disk = std::fs::read(fx.path(&format!("printf{l}"))).unwrap();
+            assert_eq!(
+                on_disk, in_files[l as usize],
+                "lane {l}: PRINTF_TO_STREAM output"
+            );
+        }
+        fx.expect_counts(0, 0);
+    }
+    assert!(checked >= 2 * 2 * 20);
+}
+
+#[test]
+fn printf_of_bad_formats_and_short_arguments_answers_minus_one() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("printf-bad", lanes, mask);
+        let first = fx.lanes()[0];
+        let mut refused = 0;
+        let mut check = |format: &str, args: Vec<u8>, want_size: Option<u64>| {
+            // The first lane gets the bad case; the others print "ok <lane>".
+            let formats = per_lane(|l| {
+                if l == first {
+                    cstr(format)
+                } else {
+                    cstr("ok %d\n")
+                }
+            });
+            let all_args = per_lane(|l| {
+                if l == first {
+                    args.clone()
+                } else {
+                    (l as i32).to_le_bytes().to_vec()
+                }
+            });
+            let (results, asked, sizes) = fx.printf(
+                Opcode::PRINTF_TO_STDOUT,
+                None,
+                &formats,
+                &all_args,
+                &HashMap::new(),
+            );
+            assert_eq!(results[first as usize], -1, "{format:?}");
+            assert!(asked[first as usize].is_empty());
+            if let Some(size) = want_size {
+                assert_eq!(sizes[first as usize], size, "{format:?}");
+            }
+            let mut expect = Vec::new();
+            for l in fx.lanes().into_iter().filter(|&l| l != first) {
+                let text = format!("ok {l}\n");
+                assert_eq!(results[l as usize], text.len() as i64);
+                expect.extend(text.into_bytes());
+            }
+            assert_eq!(
+                fx.out.take(),
+                expect,
+                "{format:?}: only the good lanes print"
+            );
+            refused += 1;
+            fx.expect_counts(refused, 0);
+        };
+        check("unterminated %", Vec::new(), Some(0));
+        check("width then nothing %-08", Vec::new(), Some(0));
+        check("unknown %k conversion", Vec::new(), Some(0));
+        check("length without conversion %ll", Vec::new(), Some(0));
+        // More arguments than the device sent (a client that sends fewer bytes than asked).
+        check("%d %d %d\n", 7u32.to_le_bytes().to_vec(), Some(12));
+        check("%s\n", vec![1, 2, 3], Some(8));
+        check("%*d\n", Vec::new(), Some(8));
+        // A format above the stream bound.
+        check(&"%d".repeat(BOUND as usize), Vec::new(), Some(0));
+
+        // A %s string above the bound: that lane -1, the exchange completes.
+        let formats = per_lane(|_| cstr("[%s]\n"));
+        let mut memory = HashMap::new();
+        let args = per_lane(|l| {
+            let pointer = 0x9000_0000 + u64::from(l) * 0x1000;
+            let text = if l == first {
+                vec![b'y'; BOUND as usize]
+            } else {
+                b"fine".to_vec()
+            };
+            memory.insert(pointer, text);
+            pointer.to_le_bytes().to_vec()
+        });
+        let (results, _, _) = fx.printf(Opcode::PRINTF_TO_STDOUT, None, &formats, &args, &memory);
+        assert_eq!(results[first as usize], -1);
+        let mut expect = Vec::new();
+        for l in fx.lanes().into_iter().filter(|&l| l != first) {
+            assert_eq!(results[l as usize], 7);
+            expect.extend(b"[fine]\n");
+        }
+        assert_eq!(fx.out.take(), expect);
+        refused += 1;
+        fx.expect_counts(refused, 0);
+
+        // Served normally afterwards.
+        let formats = per_lane(|_| cstr("%s %d\n"));
+        let mut memory = HashMap::new();
+        let args = per_lane(|l| {
+            memory.insert(0x5000 + u64::from(l), b"again".to_vec());
+            let mut a = (0x5000 + u64::from(l)).to_le_bytes().to_vec();
+            a.extend((l as i32).to_le_bytes());
+            a
+        });
+        let (results, _, _) = fx.printf(Opcode::PRINTF_TO_STDOUT, None, &formats, &args, &memory);
+        let mut expect = Vec::new();
+        for l in fx.lanes() {
+            let text = format!("again {l}\n");
+            assert_eq!(results[l as usize], text.len() as i64);
+            expect.extend(text.into_bytes());
+        }
+        assert_eq!(fx.out.take(), expect);
+        fx.expect_counts(refused, 0);
+    }
+}
