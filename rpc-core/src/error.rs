@@ -60,6 +60,19 @@ pub enum Error {
     /// The worker thread could not be spawned.
     #[error("could not spawn the server thread: {0}")]
     Spawn(RefusalText),
+    /// A vendor plugin's hook failed (the vendor error's text, with its code and name).
+    #[error("{plugin}: {what}: {message}")]
+    Vendor {
+        plugin: &'static str,
+        what: &'static str,
+        message: RefusalText,
+    },
+    /// A device index, image or kernel that does not exist.
+    #[error("{0}")]
+    NotFound(RefusalText),
+    /// A kernel ended through EXIT or ABORT under the record policy.
+    #[error("a kernel ended the program: {0}")]
+    KernelExited(RefusalText),
     /// A request the server refused (bad handle, policy, ...).
     #[error("request refused: {0}")]
     Refused(RefusalText),

@@ -23,6 +23,8 @@ pub mod printf;
 pub mod registry;
 #[cfg(feature = "std")]
 pub mod rpc_server;
+#[cfg(all(feature = "std", not(loom)))]
+pub mod runtime;
 #[cfg(feature = "std")]
 mod scan;
 #[cfg(feature = "std")]

@@ -313,6 +313,35 @@ impl RpcServer {
         Ok(())
     }
 
+    /// Ports of mailbox `id` whose request the server has not finished (`C != S`), or None if
+    /// no such mailbox is attached.
+    pub fn pending(&self, id: MailboxId) -> Option<usize> {
+        let mailboxes = self.inner.context.mailboxes.get();
+        let attached = mailboxes.iter().find(|m| m.id == id)?;
+        let server = attached.server();
+        Some(
+            (0..attached.layout.ports())
+                .filter(|&i| server.is_pending(i))
+                .count(),
+        )
+    }
+
+    /// Waits (backing off) until mailbox `id` has no pending request or `timeout` passes;
+    /// true if it drained. A launcher calls it after a kernel completed, so that requests the
+    /// kernel sent last without waiting for an answer (FREE, EXIT's status) are served.
+    pub fn wait_drained(&self, id: MailboxId, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut attempt = 0;
+        while self.pending(id).unwrap_or(0) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            Backoff::step(attempt);
+            attempt = attempt.saturating_add(1);
+        }
+        true
+    }
+
     /// The ids of the attached mailboxes.
     pub fn mailboxes(&self) -> Vec<MailboxId> {
         self.inner

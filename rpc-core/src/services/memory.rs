@@ -34,7 +34,7 @@ pub(crate) struct Live {
 pub(crate) fn malloc(req: &mut Request<'_, '_>) -> Result<()> {
     let words = recv_words(req)?;
     let services = &super::context(req).services;
-    let allocator = lock(&services.allocator).clone();
+    let allocator = services.allocator_for(req.mailbox().id);
     let mut refusals = Refusals::default();
     let mut replies = [0u64; 64];
     for lane in active(req) {

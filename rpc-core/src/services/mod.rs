@@ -142,6 +142,8 @@ pub struct Services {
     stderr: Mutex<Output>,
     files: Mutex<FileTable>,
     allocator: Mutex<Option<Arc<dyn DeviceAllocator>>>,
+    /// Allocators for one mailbox's kernels (a plugin with several devices sets each device's).
+    mailbox_allocators: Mutex<HashMap<MailboxId, Arc<dyn DeviceAllocator>>>,
     allocations: Mutex<BTreeMap<u64, memory::Live>>,
     exits: Mutex<HashMap<MailboxId, KernelExit>>,
     host_functions: Mutex<HashMap<u64, HostFunction>>,
@@ -156,6 +158,7 @@ impl Services {
             stderr: Mutex::new(Output::new(Box::new(std::io::stderr()))),
             files: Mutex::new(FileTable::default()),
             allocator: Mutex::new(None),
+            mailbox_allocators: Mutex::new(HashMap::new()),
             allocations: Mutex::new(BTreeMap::new()),
             exits: Mutex::new(HashMap::new()),
             host_functions: Mutex::new(HashMap::new()),
@@ -199,6 +202,18 @@ impl Services {
         *lock(&self.allocator) = Some(allocator);
     }
     /// Removes the allocator: MALLOC answers 0 from now on (FREE still frees live allocations).
+    /// Sets the allocator MALLOC uses for requests from one mailbox (its device's memory),
+    /// ahead of the server-wide one.
+    pub fn set_mailbox_allocator(&self, mailbox: MailboxId, allocator: Arc<dyn DeviceAllocator>) {
+        lock(&self.mailbox_allocators).insert(mailbox, allocator);
+    }
+
+    /// The allocator for requests from `mailbox`.
+    pub(crate) fn allocator_for(&self, mailbox: MailboxId) -> Option<Arc<dyn DeviceAllocator>> {
+        let specific = lock(&self.mailbox_allocators).get(&mailbox).cloned();
+        specific.or_else(|| lock(&self.allocator).clone())
+    }
+
     pub fn clear_allocator(&self) {
         *lock(&self.allocator) = None;
     }

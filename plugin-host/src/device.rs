@@ -1,0 +1,314 @@
+//! A CPU "device": launches run a grid of warps on host threads, each warp one thread speaking
+//! the client protocol over the mailbox its image's client object names.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex};
+
+use rpc_core::plugin::{
+    Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
+};
+use rpc_core::runtime::CLIENT_SYMBOL;
+use rpc_core::sync::lock;
+use rpc_core::{Client, Generation, HostAllocator, Layout, Mailbox};
+
+use crate::error::HostError;
+use crate::image::LoadedImage;
+use crate::kernel::{KernelEnded, Warp};
+use crate::memory::{HostShared, MemoryMap, RawMemory};
+
+/// Most warps (threads) one launch may run.
+pub const MAX_WARPS_PER_LAUNCH: u64 = 1024;
+
+/// One CPU device.
+pub struct HostDevice {
+    index: usize,
+    lanes: u32,
+    ports: u32,
+    allocator: Arc<HostAllocator>,
+    memory: Arc<MemoryMap>,
+    launches: Arc<Launches>,
+}
+
+/// Launches in flight and the failures of finished ones, for `synchronize`.
+#[derive(Default)]
+struct Launches {
+    state: Mutex<(usize, Vec<String>)>,
+    done: Condvar,
+}
+
+impl HostDevice {
+    pub(crate) fn new(index: usize, lanes: u32, ports: u32) -> Self {
+        HostDevice {
+            index,
+            lanes,
+            ports,
+            allocator: Arc::new(HostAllocator::new()),
+            memory: Arc::default(),
+            launches: Arc::default(),
+        }
+    }
+
+    /// The mailbox named by a client object, checked against this device's memory.
+    fn mailbox_of(
+        &self,
+        object: &RawMemory,
+        generation: Generation,
+    ) -> Result<(Arc<RawMemory>, Layout), HostError> {
+        let mut bytes = vec![0u8; object.len()];
+        object.read(0, &mut bytes);
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let ports = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
+        let layout = Layout::new(generation, ports, self.lanes)
+            .map_err(|e| HostError::Config(e.to_string()))?;
+        // The inbox (primary) pointer follows the port count, and the doorbell on v2.
+        let primary = word(if generation == Generation::V2 { 16 } else { 8 });
+        let base = primary.wrapping_sub(layout.primary() as u64);
+        let (region, offset) =
+            self.memory
+                .find(base, layout.total_size())
+                .ok_or(HostError::BadAddress {
+                    addr: base,
+                    len: layout.total_size(),
+                })?;
+        if offset != 0 {
+            return Err(HostError::BadAddress {
+                addr: base,
+                len: layout.total_size(),
+            });
+        }
+        Ok((region, layout))
+    }
+}
+
+impl Device for HostDevice {
+    type Image = LoadedImage;
+
+    fn name(&self) -> String {
+        format!("cpu{}", self.index)
+    }
+    fn lane_size(&self) -> u32 {
+        self.lanes
+    }
+    fn port_count(&self, generation: Generation) -> u32 {
+        self.ports.clamp(1, generation.max_port_count())
+    }
+
+    fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {
+        let memory = RawMemory::zeroed(len);
+        self.memory.insert(&memory);
+        Ok(Box::new(HostShared(memory)))
+    }
+
+    fn allocator(&self) -> Arc<dyn DeviceAllocator> {
+        self.allocator.clone()
+    }
+
+    fn load_image(&self, bytes: &[u8]) -> Result<LoadedImage, VendorError> {
+        let image = crate::loader::resolve(bytes)?;
+        let client_symbol = image.rpc.map(|generation| {
+            let memory = RawMemory::zeroed(generation.client_object_size());
+            self.memory.insert(&memory);
+            memory
+        });
+        Ok(LoadedImage {
+            image,
+            client_symbol,
+        })
+    }
+
+    fn find_symbol(&self, image: &LoadedImage, name: &str) -> Option<Symbol> {
+        let memory = image
+            .client_symbol
+            .as_ref()
+            .filter(|_| name == CLIENT_SYMBOL)?;
+        Some(Symbol {
+            addr: memory.addr(),
+            size: memory.len(),
+        })
+    }
+
+    fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError> {
+        let (region, offset) = self
+            .memory
+            .find(dst, bytes.len())
+            .ok_or(HostError::BadAddress {
+                addr: dst,
+                len: bytes.len(),
+            })?;
+        region.write(offset, bytes);
+        Ok(())
+    }
+
+    fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError> {
+        let (region, offset) = self
+            .memory
+            .find(src, out.len())
+            .ok_or(HostError::BadAddress {
+                addr: src,
+                len: out.len(),
+            })?;
+        region.read(offset, out);
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        image: &LoadedImage,
+        kernel: &str,
+        args: &[u8],
+        grid: Grid,
+        done: Completion,
+    ) -> Result<(), VendorError> {
+        let body =
+            image
+                .image
+                .kernels
+                .get(kernel)
+                .cloned()
+                .ok_or_else(|| HostError::UnknownKernel {
+                    image: image.image.name.clone(),
+                    kernel: kernel.into(),
+                })?;
+        let threads = grid.threads_per_block();
+        let warps_per_block = threads.div_ceil(u64::from(self.lanes));
+        let warps = grid.total_blocks() * warps_per_block;
+        if threads == 0 || warps == 0 || warps > MAX_WARPS_PER_LAUNCH {
+            return Err(HostError::BadLaunch(format!(
+                "{} blocks x {threads} threads is {warps} warps (1..={MAX_WARPS_PER_LAUNCH})",
+                grid.total_blocks()
+            ))
+            .into());
+        }
+        let symbol = image.client_symbol.clone();
+        let mailbox = match (&symbol, image.image.rpc) {
+            (Some(object), Some(generation)) => Some(self.mailbox_of(object, generation)?),
+            _ => None,
+        };
+        let name = format!("{}::{kernel}", image.image.name);
+        let args = args.to_vec();
+        let lanes = self.lanes;
+        let launches = self.launches.clone();
+        lock(&launches.state).0 += 1;
+        let spawned = std::thread::Builder::new()
+            .name(format!("launch-{kernel}"))
+            .spawn(move || {
+                let failures = run_grid(
+                    &body,
+                    &name,
+                    grid,
+                    lanes,
+                    warps_per_block as u32,
+                    &args,
+                    symbol.as_deref(),
+                    mailbox,
+                );
+                // The kernel is complete: release the launch's user guard, then report.
+                done();
+                let mut state = lock(&launches.state);
+                state.0 -= 1;
+                state.1.extend(failures);
+                launches.done.notify_all();
+            });
+        if let Err(error) = spawned {
+            let mut state = lock(&self.launches.state);
+            state.0 -= 1;
+            return Err(HostError::Spawn(error).into());
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<(), VendorError> {
+        let mut state = lock(&self.launches.state);
+        while state.0 > 0 {
+            state = self
+                .launches
+                .done
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        let failures = std::mem::take(&mut state.1);
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(HostError::KernelFailed(failures.join("; ")).into())
+        }
+    }
+}
+
+/// Runs every warp of the grid on its own thread; returns the failures.
+#[allow(clippy::too_many_arguments)]
+fn run_grid(
+    body: &crate::image::Kernel,
+    name: &str,
+    grid: Grid,
+    lanes: u32,
+    warps_per_block: u32,
+    args: &[u8],
+    symbol: Option<&RawMemory>,
+    mailbox: Option<(Arc<RawMemory>, Layout)>,
+) -> Vec<String> {
+    let threads = grid.threads_per_block();
+    let blocks = grid.total_blocks() as u32;
+    let failures = Mutex::new(Vec::new());
+    // The client's lock bits are the client object's `lock` array, as on a GPU.
+    let lock_words = match (symbol, &mailbox) {
+        (Some(symbol), Some((_, layout))) => {
+            let generation = layout.generation();
+            let pointers = if generation == Generation::V2 { 5 } else { 4 };
+            Some(symbol.u32_words(8 + 8 * pointers, generation.max_port_count() as usize / 32))
+        }
+        _ => None,
+    };
+    let view = mailbox.as_ref().map(|(memory, layout)| {
+        // SAFETY: the region is one of this device's live allocations (checked by `mailbox_of`,
+        // and kept alive by the `Arc` for the whole grid), 64-aligned, of the layout's size, and
+        // this process touches it only through atomic views.
+        unsafe { Mailbox::from_raw(memory.as_ptr(), memory.len(), *layout) }
+    });
+    std::thread::scope(|scope| {
+        for block in 0..blocks {
+            for warp in 0..warps_per_block {
+                let first_thread = u64::from(warp) * u64::from(lanes);
+                let active = (threads - first_thread).min(u64::from(lanes));
+                let mask = if active == 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << active) - 1
+                };
+                let (failures, view, lock_words) = (&failures, &view, lock_words);
+                scope.spawn(move || {
+                    let result = catch_unwind(AssertUnwindSafe(|| {
+                        let client = match (view, lock_words) {
+                            (Some(Ok(view)), Some(words)) => Some(Client::new(*view, words)),
+                            (Some(Err(e)), _) => Some(Err(e.clone())),
+                            _ => None,
+                        };
+                        let client = client
+                            .transpose()
+                            .unwrap_or_else(|e| panic!("no RPC client: {e}"));
+                        body(&mut Warp::new(
+                            client,
+                            mask,
+                            lanes,
+                            (block, warp, warps_per_block),
+                            args,
+                        ))
+                    }));
+                    if let Err(payload) = result {
+                        if payload.downcast_ref::<KernelEnded>().is_none() {
+                            let text = payload
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| payload.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "(no message)".into());
+                            lock(failures).push(format!(
+                                "{name}: block {block} warp {warp} panicked: {text}"
+                            ));
+                        }
+                    }
+                });
+            }
+        }
+    });
+    failures.into_inner().unwrap_or_else(|e| e.into_inner())
+}

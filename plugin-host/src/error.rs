@@ -1,0 +1,27 @@
+//! The host plugin's one error type.
+
+/// What can go wrong in the host plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// A configuration the plugin cannot honour.
+    #[error("bad host plugin configuration: {0}")]
+    Config(String),
+    /// Image bytes that name no registered host image.
+    #[error("not a registered host image: {0}")]
+    UnknownImage(String),
+    /// A kernel name the image does not have.
+    #[error("image {image} has no kernel {kernel:?}")]
+    UnknownKernel { image: String, kernel: String },
+    /// A launch shape the plugin refuses (no threads, too many warps).
+    #[error("bad launch: {0}")]
+    BadLaunch(String),
+    /// An address range that is no memory of this device.
+    #[error("{len} bytes at {addr:#x} are not memory of this device")]
+    BadAddress { addr: u64, len: usize },
+    /// One or more warps of a kernel panicked.
+    #[error("kernel failed: {0}")]
+    KernelFailed(String),
+    /// A thread could not be spawned.
+    #[error("could not spawn a warp thread: {0}")]
+    Spawn(#[from] std::io::Error),
+}

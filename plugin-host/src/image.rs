@@ -1,0 +1,70 @@
+//! Host images: a set of named kernels written in Rust, and whether the image uses RPC (then it
+//! carries a `__llvm_rpc_client` global of the generation's size, as a GPU image would).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rpc_core::Generation;
+
+use crate::kernel::Warp;
+use crate::memory::RawMemory;
+
+/// A kernel: run once per warp.
+pub type Kernel = Arc<dyn Fn(&mut Warp<'_>) + Send + Sync>;
+
+/// An image before loading: its kernels and its RPC generation.
+#[derive(Clone)]
+pub struct HostImage {
+    pub(crate) name: String,
+    pub(crate) kernels: HashMap<String, Kernel>,
+    pub(crate) rpc: Option<Generation>,
+}
+
+impl HostImage {
+    /// An image that uses RPC with the current (v2) mailbox layout.
+    pub fn new(name: &str) -> Self {
+        HostImage {
+            name: name.into(),
+            kernels: HashMap::new(),
+            rpc: Some(Generation::V2),
+        }
+    }
+
+    /// Uses the mailbox layout of `generation` (v1: LLVM 22 and older).
+    pub fn generation(mut self, generation: Generation) -> Self {
+        self.rpc = Some(generation);
+        self
+    }
+
+    /// An image without the client symbol: loading it attaches no mailbox and starts no server.
+    pub fn without_rpc(mut self) -> Self {
+        self.rpc = None;
+        self
+    }
+
+    /// Adds a kernel.
+    pub fn kernel(
+        mut self,
+        name: &str,
+        kernel: impl Fn(&mut Warp<'_>) + Send + Sync + 'static,
+    ) -> Self {
+        self.kernels.insert(name.into(), Arc::new(kernel));
+        self
+    }
+
+    /// Registers the image with the loader and returns the bytes that load it.
+    pub fn into_bytes(self) -> Vec<u8> {
+        crate::loader::register(self)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// A loaded image: the image and its global memory (the client object lives there).
+pub struct LoadedImage {
+    pub(crate) image: Arc<HostImage>,
+    /// `__llvm_rpc_client`, if the image uses RPC.
+    pub(crate) client_symbol: Option<Arc<RawMemory>>,
+}

@@ -1,0 +1,405 @@
+//! What a kernel sees: its warp, and the calls GPU libc offers, each made through the real
+//! client protocol (open a port, send, receive) over the mailbox its image's client object
+//! names. Every call is per warp: per-lane values come from closures of the lane index, and
+//! results are per lane (index = lane).
+//!
+//! The same functions serve any client of a mailbox (see `tests/cross_process.rs`), since a
+//! [`Warp`] is only a [`Client`] plus a lane mask.
+
+use std::collections::HashMap;
+
+use rpc_core::opcode::Opcode;
+use rpc_core::port::lanes;
+use rpc_core::printf::{parse, Count, Piece};
+use rpc_core::{Client, ClientPort, Error, Result};
+
+/// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6).
+pub const STDIN: u64 = 1;
+pub const STDOUT: u64 = 2;
+pub const STDERR: u64 = 3;
+
+/// The most bytes a kernel accepts back from the server in one stream.
+const RECV_BOUND: u64 = 64 << 20;
+
+/// Where printf and write go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Stdout,
+    Stderr,
+    /// A handle from `fopen`.
+    File(u64),
+}
+
+/// A printf argument. The conversion decides how many bytes go on the wire.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg<'a> {
+    Int(i64),
+    UInt(u64),
+    Double(f64),
+    /// `%s`; `None` is a null pointer.
+    Str(Option<&'a str>),
+    /// `%p` (any pointer-sized value).
+    Ptr(u64),
+}
+
+/// A kernel that called `exit` or `abort` unwinds with this; the launcher knows it is no failure.
+pub(crate) struct KernelEnded;
+
+/// One warp of a running kernel.
+pub struct Warp<'a> {
+    /// None when the image does not use RPC: every call then fails.
+    client: Option<Client<'a>>,
+    mask: u64,
+    lanes: u32,
+    block: u32,
+    warp: u32,
+    warps_per_block: u32,
+    args: &'a [u8],
+}
+
+impl<'a> Warp<'a> {
+    /// A warp over `client` with the lanes of `mask` active. `block`/`warp` locate it in the grid.
+    pub fn new(
+        client: Option<Client<'a>>,
+        mask: u64,
+        lanes: u32,
+        (block, warp, warps_per_block): (u32, u32, u32),
+        args: &'a [u8],
+    ) -> Self {
+        Warp {
+            client,
+            mask,
+            lanes,
+            block,
+            warp,
+            warps_per_block,
+            args,
+        }
+    }
+
+    fn client(&self) -> Result<&Client<'a>> {
+        self.client
+            .as_ref()
+            .ok_or_else(|| Error::Refused("this image does not use RPC".into()))
+    }
+
+    pub fn mask(&self) -> u64 {
+        self.mask
+    }
+    /// `L`.
+    pub fn lane_size(&self) -> u32 {
+        self.lanes
+    }
+    pub fn block(&self) -> u32 {
+        self.block
+    }
+    /// The warp's index in its block.
+    pub fn warp(&self) -> u32 {
+        self.warp
+    }
+    /// The warp's index in the grid.
+    pub fn global_warp(&self) -> u32 {
+        self.block * self.warps_per_block + self.warp
+    }
+    /// The kernel's packed argument block.
+    pub fn args(&self) -> &'a [u8] {
+        self.args
+    }
+    /// The active lanes.
+    pub fn lanes(&self) -> impl Iterator<Item = u32> {
+        lanes(self.mask)
+    }
+
+    /// Opens a port for any opcode (custom payloads): send and receive on it yourself.
+    pub fn open(&self, opcode: Opcode) -> Result<ClientPort<'a>> {
+        self.client()?.open(opcode, self.mask)
+    }
+
+    /// Sends `buf[0] = value(lane)` for `opcode` and returns each lane's `buf[0]` reply.
+    pub fn call(&self, opcode: Opcode, value: impl Fn(u32) -> u64) -> Result<Vec<u64>> {
+        let mut port = self.open(opcode)?;
+        let mut out = vec![0; 64];
+        port.send_and_recv(
+            |l, p| p.set_word(0, value(l)),
+            |l, p| out[l as usize] = p.word(0),
+        )?;
+        Ok(out)
+    }
+
+    /// `printf` with C semantics, formatted on the host. Each lane passes its own arguments.
+    /// Returns each lane's result (bytes printed, or -1).
+    pub fn printf<'s>(&self, format: &str, args: impl Fn(u32) -> Vec<Arg<'s>>) -> Result<Vec<i64>> {
+        self.fprintf(Target::Stdout, format, args)
+    }
+
+    /// `fprintf` to a target.
+    pub fn fprintf<'s>(
+        &self,
+        target: Target,
+        format: &str,
+        args: impl Fn(u32) -> Vec<Arg<'s>>,
+    ) -> Result<Vec<i64>> {
+        let calls: Vec<PrintfCall> = (0..64)
+            .map(|lane| {
+                if self.mask >> lane & 1 == 1 {
+                    encode_printf(format, &args(lane), false)
+                } else {
+                    Ok(PrintfCall::default())
+                }
+            })
+            .collect::<Result<_>>()?;
+        printf(self.client()?, self.mask, target, false, &calls)
+    }
+
+    /// Writes each lane's bytes (`fwrite`/`fputs`); returns the bytes written per lane.
+    pub fn write(&self, target: Target, data: impl Fn(u32) -> Vec<u8>) -> Result<Vec<u64>> {
+        let (opcode, handle) = match target {
+            Target::Stdout => (Opcode::WRITE_TO_STDOUT, None),
+            Target::Stderr => (Opcode::WRITE_TO_STDERR, None),
+            Target::File(handle) => (Opcode::WRITE_TO_STREAM, Some(handle)),
+        };
+        let mut port = self.open(opcode)?;
+        if let Some(handle) = handle {
+            port.send(|_, p| p.set_word(0, handle))?;
+        }
+        send_per_lane(&mut port, self.mask, data)?;
+        recv_word0(&mut port)
+    }
+
+    /// `puts`: each lane's text and a newline on stdout; bytes written per lane.
+    pub fn puts(&self, text: impl Fn(u32) -> String) -> Result<Vec<u64>> {
+        let mut port = self.open(Opcode::WRITE_TO_STDOUT_NEWLINE)?;
+        send_per_lane(&mut port, self.mask, |l| text(l).into_bytes())?;
+        recv_word0(&mut port)
+    }
+
+    /// `fopen`; each lane's handle, 0 on failure.
+    pub fn fopen(&self, path: impl Fn(u32) -> String, mode: &str) -> Result<Vec<u64>> {
+        let mut port = self.open(Opcode::OPEN_FILE)?;
+        send_per_lane(&mut port, self.mask, |l| nul_terminated(&path(l)))?;
+        let mode = nul_terminated(mode);
+        if mode.len() > 64 {
+            return Err(Error::BadLength {
+                lane: 0,
+                len: mode.len(),
+                expected: 64,
+            });
+        }
+        port.send(|_, p| p.write_bytes(0, &mode))?;
+        recv_word0(&mut port)
+    }
+
+    /// `fclose`; each lane's result (0, or EOF as u64).
+    pub fn fclose(&self, handle: impl Fn(u32) -> u64) -> Result<Vec<u64>> {
+        self.call(Opcode::CLOSE_FILE, handle)
+    }
+
+    /// `fread` of up to `max` bytes from a (tagged) stream; each lane's bytes.
+    pub fn fread(&self, stream: impl Fn(u32) -> u64, max: u64) -> Result<Vec<Vec<u8>>> {
+        let mut port = self.open(Opcode::READ_FROM_STREAM)?;
+        port.send(|l, p| {
+            p.set_word(0, max);
+            p.set_word(1, stream(l));
+        })?;
+        let data = port.recv_n(RECV_BOUND)?;
+        let counts = recv_word0(&mut port)?;
+        Ok(data
+            .into_iter()
+            .zip(counts)
+            .map(|(mut d, n)| {
+                d.truncate(n as usize);
+                d
+            })
+            .collect())
+    }
+
+    /// `fgets` of at most `count - 1` bytes; each lane's line (without the NUL), None at EOF.
+    pub fn fgets(&self, stream: impl Fn(u32) -> u64, count: u64) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut port = self.open(Opcode::READ_FGETS)?;
+        port.send(|l, p| {
+            p.set_word(0, count);
+            p.set_word(1, stream(l));
+        })?;
+        let lines = port.recv_n(RECV_BOUND)?;
+        Ok(lines
+            .into_iter()
+            .map(|mut line| {
+                let end = line.iter().position(|&b| b == 0)?;
+                line.truncate(end);
+                Some(line)
+            })
+            .collect())
+    }
+
+    /// `malloc`: device-accessible memory, 2 MiB aligned; each lane's address, 0 on failure.
+    pub fn malloc(&self, size: impl Fn(u32) -> u64) -> Result<Vec<u64>> {
+        self.call(Opcode::MALLOC, size)
+    }
+
+    /// `free`. No reply comes back.
+    pub fn free(&self, addr: impl Fn(u32) -> u64) -> Result<()> {
+        self.open(Opcode::FREE)?.send(|l, p| p.set_word(0, addr(l)))
+    }
+
+    /// `exit(status)`: tells the host, then ends this warp (it does not return).
+    pub fn exit(&self, status: i32) -> ! {
+        let result = self.end(Opcode::EXIT, status);
+        if let Err(error) = result {
+            log::error!("exit request failed: {error}");
+        }
+        std::panic::resume_unwind(Box::new(KernelEnded))
+    }
+
+    /// `abort()`: tells the host, then ends this warp.
+    pub fn abort(&self) -> ! {
+        if let Err(error) = self.end(Opcode::ABORT, 0) {
+            log::error!("abort request failed: {error}");
+        }
+        std::panic::resume_unwind(Box::new(KernelEnded))
+    }
+
+    /// EXIT/ABORT: send; recv (handshake); send status.
+    fn end(&self, opcode: Opcode, status: i32) -> Result<()> {
+        let mut port = self.open(opcode)?;
+        port.send(|_, _| {})?;
+        port.recv(|_, _| {})?;
+        port.send(|_, p| p.set_word(0, status as u32 as u64))
+    }
+}
+
+fn nul_terminated(text: &str) -> Vec<u8> {
+    let mut bytes = text.as_bytes().to_vec();
+    bytes.push(0);
+    bytes
+}
+
+fn send_per_lane(
+    port: &mut ClientPort<'_>,
+    mask: u64,
+    data: impl Fn(u32) -> Vec<u8>,
+) -> Result<()> {
+    let owned: Vec<Vec<u8>> = (0..64)
+        .map(|l| {
+            if mask >> l & 1 == 1 {
+                data(l)
+            } else {
+                Vec::new()
+            }
+        })
+        .collect();
+    let slices: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+    port.send_n(&slices)
+}
+
+fn recv_word0(port: &mut ClientPort<'_>) -> Result<Vec<u64>> {
+    let mut out = vec![0; 64];
+    port.recv(|l, p| out[l as usize] = p.word(0))?;
+    Ok(out)
+}
+
+/// One lane's printf: the format with its NUL, the raw argument buffer, and the strings behind
+/// its `%s` pointers (with their NULs).
+#[derive(Clone, Debug, Default)]
+pub struct PrintfCall {
+    pub format: Vec<u8>,
+    pub args: Vec<u8>,
+    pub strings: HashMap<u64, Vec<u8>>,
+}
+
+/// Lays out `args` for `format` as a GPU compiler would: each value in the size its conversion
+/// takes, `*` widths/precisions as `i32` first, aligned to its size unless `packed`. A `%s`
+/// passes the string's address; the string itself goes when the server asks for it.
+pub fn encode_printf(format: &str, args: &[Arg<'_>], packed: bool) -> Result<PrintfCall> {
+    let pieces =
+        parse(format.as_bytes()).map_err(|e| Error::Refused(format!("bad format: {e}")))?;
+    let mut call = PrintfCall {
+        format: nul_terminated(format),
+        ..PrintfCall::default()
+    };
+    let mut next = args.iter();
+    let put = |call: &mut PrintfCall, size: usize, arg: Option<&Arg<'_>>| {
+        if !packed {
+            call.args.resize(call.args.len().next_multiple_of(size), 0);
+        }
+        let bits = match arg {
+            Some(Arg::Int(v)) => *v as u64,
+            Some(Arg::UInt(v)) | Some(Arg::Ptr(v)) => *v,
+            Some(Arg::Double(v)) => v.to_bits(),
+            Some(Arg::Str(Some(s))) => {
+                let addr = s.as_ptr() as u64;
+                call.strings.insert(addr, nul_terminated(s));
+                addr
+            }
+            Some(Arg::Str(None)) | None => 0,
+        };
+        call.args.extend_from_slice(&bits.to_le_bytes()[..size]);
+    };
+    for piece in &pieces {
+        let Piece::Spec(spec) = piece else { continue };
+        for count in [spec.width, spec.precision] {
+            if count == Count::Star {
+                put(&mut call, 4, next.next());
+            }
+        }
+        put(&mut call, spec.value_size(), next.next());
+    }
+    Ok(call)
+}
+
+/// The client's side of the printf exchange (PROTOCOL section 7) for the lanes of `mask`.
+pub fn printf(
+    client: &Client<'_>,
+    mask: u64,
+    target: Target,
+    packed: bool,
+    calls: &[PrintfCall],
+) -> Result<Vec<i64>> {
+    let opcode = match (target, packed) {
+        (Target::Stdout, false) => Opcode::PRINTF_TO_STDOUT,
+        (Target::Stderr, false) => Opcode::PRINTF_TO_STDERR,
+        (Target::File(_), false) => Opcode::PRINTF_TO_STREAM,
+        (Target::Stdout, true) => Opcode::PRINTF_TO_STDOUT_PACKED,
+        (Target::Stderr, true) => Opcode::PRINTF_TO_STDERR_PACKED,
+        (Target::File(_), true) => Opcode::PRINTF_TO_STREAM_PACKED,
+    };
+    let empty = PrintfCall::default();
+    let call = |lane: u32| calls.get(lane as usize).unwrap_or(&empty);
+    let mut port = client.open(opcode, mask)?;
+    if let Target::File(handle) = target {
+        port.send(|_, p| p.set_word(0, handle))?;
+    }
+    let formats: Vec<&[u8]> = (0..64).map(|l| call(l).format.as_slice()).collect();
+    port.send_n(&formats)?;
+    let mut sizes = [0usize; 64];
+    port.recv(|l, p| sizes[l as usize] = p.word(0) as usize)?;
+    // Send exactly what the server asked for, so the script stays in step even if we disagree.
+    let args: Vec<Vec<u8>> = (0..64)
+        .map(|l| {
+            let mut a = call(l).args.clone();
+            a.resize(sizes[l as usize].min(RECV_BOUND as usize), 0);
+            a
+        })
+        .collect();
+    let slices: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    port.send_n(&slices)?;
+    loop {
+        let mut pointers = [0u64; 64];
+        let mut results = [0i64; 64];
+        port.recv(|l, p| {
+            results[l as usize] = p.word(0) as i64;
+            pointers[l as usize] = p.word(1);
+        })?;
+        if lanes(mask).all(|l| pointers[l as usize] == 0) {
+            return Ok(results.to_vec());
+        }
+        let strings: Vec<&[u8]> = (0..64)
+            .map(|l| {
+                call(l)
+                    .strings
+                    .get(&pointers[l as usize])
+                    .map_or(&[][..], Vec::as_slice)
+            })
+            .collect();
+        port.send_n(&strings)?;
+    }
+}

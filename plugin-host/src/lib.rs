@@ -1,0 +1,152 @@
+//! `plugin-host`: a CPU device for the RPC runtime, so everything is testable with no GPU.
+//!
+//! # Internals
+//! - [`HostPlugin`] (lib.rs): a configurable number of devices, lane width (1, 32 or 64) and
+//!   port count.
+//! - [`device::HostDevice`]: memory is host memory (its address is its "device" address);
+//!   a launch runs a grid of warps, one host thread each, and calls the completion when every
+//!   warp has returned. A warp that panics fails the launch (reported by `synchronize`); the
+//!   server keeps serving: the warp's port lock is released as it unwinds, and the server
+//!   abandons the half-done exchange once no kernel that could own it runs.
+//! - [`image::HostImage`]: kernels are Rust closures; an image that uses RPC carries a
+//!   `__llvm_rpc_client` global of the generation's size, which the generic glue fills as on a
+//!   GPU, and each warp reads it to find the mailbox and its lock bits.
+//! - [`loader`]: image bytes name an image registered in this process.
+//! - [`kernel::Warp`]: what GPU libc offers a kernel (printf, puts, fwrite, fopen, fclose,
+//!   fread, fgets, malloc, free, exit, abort, any opcode), each through the real client protocol.
+//! - `rpc-serve` (src/bin): serves a mailbox in a shared-memory file for clients in other
+//!   processes.
+
+pub mod device;
+pub mod error;
+pub mod image;
+pub mod kernel;
+pub mod loader;
+pub mod memory;
+
+use rpc_core::plugin::{Plugin, VendorError};
+
+pub use device::HostDevice;
+pub use error::HostError;
+pub use image::HostImage;
+pub use kernel::{Arg, Target, Warp};
+
+/// The host plugin's settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostConfig {
+    pub devices: usize,
+    /// 1, 32 (like NVIDIA) or 64 (like AMD wave64).
+    pub lanes: u32,
+    /// Ports per mailbox (capped by the generation's maximum).
+    pub ports: u32,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            devices: 1,
+            lanes: 32,
+            ports: 64,
+        }
+    }
+}
+
+/// The CPU plugin.
+pub struct HostPlugin {
+    config: HostConfig,
+    devices: Vec<HostDevice>,
+}
+
+impl HostPlugin {
+    pub fn new(config: HostConfig) -> Self {
+        HostPlugin {
+            config,
+            devices: Vec::new(),
+        }
+    }
+}
+
+impl Plugin for HostPlugin {
+    type Device = HostDevice;
+
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn init(&mut self) -> Result<(), VendorError> {
+        let HostConfig {
+            devices,
+            lanes,
+            ports,
+        } = self.config;
+        if !rpc_core::layout::LANE_SIZES.contains(&lanes) || ports == 0 {
+            return Err(HostError::Config(format!(
+                "lanes {lanes} (1, 32 or 64) and ports {ports} (>= 1)"
+            ))
+            .into());
+        }
+        self.devices = (0..devices)
+            .map(|i| HostDevice::new(i, lanes, ports))
+            .collect();
+        Ok(())
+    }
+
+    fn devices(&self) -> &[HostDevice] {
+        &self.devices
+    }
+
+    fn reason(&self) -> Option<String> {
+        self.devices
+            .is_empty()
+            .then(|| "configured with 0 devices".into())
+    }
+
+    fn deinit(&mut self) -> Result<(), VendorError> {
+        let failures: Vec<String> = self
+            .devices
+            .iter()
+            .filter_map(|d| {
+                rpc_core::plugin::Device::synchronize(d)
+                    .err()
+                    .map(|e| e.to_string())
+            })
+            .collect();
+        self.devices.clear();
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(HostError::KernelFailed(failures.join("; ")).into())
+        }
+    }
+}
+
+/// `host: K devices (...)` for `cargo xtask devices`.
+pub fn describe(config: HostConfig) -> String {
+    use rpc_core::plugin::Device;
+    let mut plugin = HostPlugin::new(config);
+    match plugin.init() {
+        Err(error) => format!("host: 0 devices ({error})"),
+        Ok(()) => {
+            let list: Vec<String> = plugin
+                .devices()
+                .iter()
+                .map(|d| {
+                    format!(
+                        "{}, lanes {}, ports {}",
+                        d.name(),
+                        d.lane_size(),
+                        d.port_count(rpc_core::Generation::V2)
+                    )
+                })
+                .collect();
+            match list.len() {
+                0 => "host: 0 devices (configured with 0 devices)".into(),
+                n => format!(
+                    "host: {n} device{} ({})",
+                    if n == 1 { "" } else { "s" },
+                    list.join("; ")
+                ),
+            }
+        }
+    }
+}

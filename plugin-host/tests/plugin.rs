@@ -1,0 +1,307 @@
+//! plugin-host through the real plugin path: images, mailboxes, launches, user guards.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
+use rpc_core::plugin::Grid;
+use rpc_core::runtime::PluginRuntime;
+use rpc_core::{Error, ExitPolicy, Generation, Opcode, ServerConfig, ServicesConfig};
+
+/// A writer the test can read back.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+fn runtime(config: HostConfig) -> (PluginRuntime<HostPlugin>, Captured) {
+    let server = ServerConfig {
+        services: ServicesConfig {
+            exit: ExitPolicy::Record,
+            ..ServicesConfig::default()
+        },
+        ..ServerConfig::default()
+    };
+    let runtime = PluginRuntime::new(HostPlugin::new(config), server).unwrap();
+    let out = Captured::default();
+    runtime
+        .server()
+        .context()
+        .services()
+        .set_stdout(Box::new(out.clone()));
+    (runtime, out)
+}
+
+fn hello_image() -> Vec<u8> {
+    HostImage::new("hello")
+        .kernel("hello", |warp| {
+            let w = warp.global_warp();
+            warp.printf("warp %d lane %2d: %s\n", |lane| {
+                vec![
+                    Arg::Int(w.into()),
+                    Arg::Int(lane.into()),
+                    Arg::Str(Some("hello")),
+                ]
+            })
+            .unwrap();
+        })
+        .into_bytes()
+}
+
+#[test]
+fn four_devices_one_server_thread_and_deinit_twice() {
+    let (mut runtime, out) = runtime(HostConfig {
+        devices: 4,
+        lanes: 32,
+        ports: 16,
+    });
+    let bytes = hello_image();
+    let images: Vec<_> = (0..4)
+        .map(|d| runtime.load_image(d, &bytes).unwrap())
+        .collect();
+    assert!(images.iter().all(|&i| runtime.mailbox(i).is_some()));
+    assert_eq!(runtime.server().mailboxes().len(), 4);
+    assert_eq!(
+        runtime.server().stats().workers_started,
+        1,
+        "four attaches start one worker"
+    );
+    assert_eq!(runtime.server().live_workers(), 1);
+    for (d, &image) in images.iter().enumerate() {
+        runtime
+            .launch(image, "hello", &[], Grid::linear(1, 64))
+            .unwrap();
+        runtime.synchronize(d).unwrap();
+    }
+    let text = out.text();
+    assert_eq!(text.lines().count(), 4 * 64, "{text}");
+    assert!(text.contains("warp 1 lane 31: hello\n"));
+    runtime.deinit().unwrap();
+    assert_eq!(runtime.server().live_workers(), 0);
+    assert!(runtime.server().mailboxes().is_empty());
+    runtime.deinit().unwrap();
+}
+
+#[test]
+fn an_image_without_the_client_symbol_starts_no_server() {
+    let (runtime, _) = runtime(HostConfig::default());
+    let bytes = HostImage::new("plain")
+        .without_rpc()
+        .kernel("k", |_| {})
+        .into_bytes();
+    let image = runtime.load_image(0, &bytes).unwrap();
+    assert_eq!(runtime.mailbox(image), None);
+    runtime
+        .launch(image, "k", &[], Grid::linear(2, 32))
+        .unwrap();
+    runtime.synchronize(0).unwrap();
+    assert_eq!(runtime.server().stats().workers_started, 0);
+    assert!(!runtime.server().is_running());
+}
+
+#[test]
+fn v1_and_v2_images_and_every_lane_size() {
+    for lanes in [1, 32, 64] {
+        for generation in [Generation::V1, Generation::V2] {
+            let (runtime, out) = runtime(HostConfig {
+                devices: 1,
+                lanes,
+                ports: 8,
+            });
+            let bytes = HostImage::new("g")
+                .generation(generation)
+                .kernel("k", |warp| {
+                    let got = warp
+                        .call(Opcode::TEST_INCREMENT, |lane| u64::from(lane) * 10)
+                        .unwrap();
+                    for lane in warp.lanes() {
+                        assert_eq!(got[lane as usize], u64::from(lane) * 10 + 1);
+                    }
+                    warp.puts(|lane| format!("lane {lane}")).unwrap();
+                })
+                .into_bytes();
+            let image = runtime.load_image(0, &bytes).unwrap();
+            // 100 threads: the last warp is partial.
+            runtime
+                .launch(image, "k", &[], Grid::linear(2, 100))
+                .unwrap();
+            runtime.synchronize(0).unwrap();
+            assert_eq!(out.text().lines().count(), 200, "{generation} L={lanes}");
+        }
+    }
+}
+
+#[test]
+fn two_plugins_at_once_with_private_custom_opcodes() {
+    let (nvidia, nv_out) = runtime(HostConfig {
+        devices: 1,
+        lanes: 32,
+        ports: 32,
+    });
+    let (amd, amd_out) = runtime(HostConfig {
+        devices: 1,
+        lanes: 64,
+        ports: 32,
+    });
+    let custom = Opcode::user(7);
+    nvidia.server().register(custom, |req| {
+        req.recv_and_send(|_, p| p.set_word(0, 0x4E56))
+    });
+    amd.server().register(custom, |req| {
+        req.recv_and_send(|_, p| p.set_word(0, 0x414D))
+    });
+    let image = |tag: &'static str| {
+        HostImage::new(tag)
+            .kernel("k", move |warp| {
+                let mine = warp.call(custom, |_| 0).unwrap()[0];
+                warp.printf("%s %x\n", |_| vec![Arg::Str(Some(tag)), Arg::UInt(mine)])
+                    .unwrap();
+            })
+            .into_bytes()
+    };
+    let nv_image = nvidia.load_image(0, &image("nv")).unwrap();
+    let amd_image = amd.load_image(0, &image("amd")).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nvidia
+                .launch(nv_image, "k", &[], Grid::linear(4, 64))
+                .unwrap();
+            nvidia.synchronize(0).unwrap();
+        });
+        s.spawn(|| {
+            amd.launch(amd_image, "k", &[], Grid::linear(4, 128))
+                .unwrap();
+            amd.synchronize(0).unwrap();
+        });
+    });
+    assert_eq!(
+        nv_out.text().lines().filter(|l| *l == "nv 4e56").count(),
+        4 * 64
+    );
+    assert_eq!(
+        amd_out.text().lines().filter(|l| *l == "amd 414d").count(),
+        4 * 128
+    );
+    assert_ne!(nvidia.server().worker_tid(), amd.server().worker_tid());
+}
+
+#[test]
+fn a_kernel_that_panics_mid_request_fails_its_launch_and_the_next_one_works() {
+    let (runtime, _) = runtime(HostConfig {
+        devices: 1,
+        lanes: 32,
+        ports: 4,
+    });
+    let bytes = HostImage::new("crash")
+        .kernel("crash", |warp| {
+            let mut port = warp.open(Opcode::TEST_STREAM).unwrap();
+            // The first packet of a 1000-byte stream, then the kernel dies.
+            port.send(|_, p| p.set_word(0, 1000)).unwrap();
+            panic!("kernel bug in the middle of a stream");
+        })
+        .kernel("ok", |warp| {
+            let got = warp.call(Opcode::TEST_INCREMENT, |l| l.into()).unwrap();
+            assert_eq!(got[3], 4);
+        })
+        .into_bytes();
+    let image = runtime.load_image(0, &bytes).unwrap();
+    runtime
+        .launch(image, "crash", &[], Grid::linear(1, 32))
+        .unwrap();
+    let error = runtime.synchronize(0).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("kernel bug in the middle of a stream"),
+        "{error}"
+    );
+    runtime
+        .launch(image, "ok", &[], Grid::linear(2, 64))
+        .unwrap();
+    runtime.synchronize(0).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while runtime.server().stats().abandoned == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead exchange was abandoned"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn files_memory_exit_and_a_refused_request() {
+    let (runtime, out) = runtime(HostConfig {
+        devices: 1,
+        lanes: 32,
+        ports: 8,
+    });
+    let dir = std::env::temp_dir().join(format!("plugin-host-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("lanes.txt").to_string_lossy().into_owned();
+    let bytes = HostImage::new("io")
+        .kernel("io", move |warp| {
+            let handle = warp.fopen(|_| path.clone(), "w+").unwrap()[0];
+            assert_ne!(handle, 0);
+            warp.fprintf(Target::File(handle), "lane %d\n", |l| {
+                vec![Arg::Int(l.into())]
+            })
+            .unwrap();
+            let size = warp
+                .write(Target::File(handle), |_| b"end\n".to_vec())
+                .unwrap();
+            assert_eq!(size[0], 4);
+            warp.fclose(|_| handle).unwrap();
+            let handle = warp.fopen(|_| path.clone(), "r").unwrap()[0];
+            let line = warp.fgets(|_| handle, 100).unwrap();
+            assert_eq!(line[0].as_deref(), Some(&b"lane 0\n"[..]));
+            warp.fclose(|_| handle).unwrap();
+            let addr = warp.malloc(|_| 4096).unwrap();
+            assert!(addr[0] != 0 && addr[0] % (2 << 20) == 0);
+            warp.free(|l| addr[l as usize]).unwrap();
+            // Refused: a handle the host never handed out.
+            let bad = warp.fclose(|_| 0x1234_0000).unwrap();
+            assert_eq!(bad[0] as i32, -1);
+            warp.exit(3);
+        })
+        .into_bytes();
+    let image = runtime.load_image(0, &bytes).unwrap();
+    runtime
+        .launch(image, "io", &[], Grid::linear(1, 4))
+        .unwrap();
+    assert_eq!(
+        runtime.synchronize(0),
+        Err(Error::KernelExited("exit(3)".into()))
+    );
+    let contents = std::fs::read_to_string(dir.join("lanes.txt")).unwrap();
+    assert_eq!(
+        contents,
+        "lane 0\nlane 1\nlane 2\nlane 3\nend\nend\nend\nend\n"
+    );
+    let stats = runtime.server().stats();
+    assert!(stats.refused >= 1);
+    assert_eq!(stats.served_of(Opcode::FREE), 1);
+    assert!(runtime
+        .server()
+        .context()
+        .services()
+        .live_allocations()
+        .is_empty());
+    assert!(out.text().is_empty());
+    std::fs::remove_dir_all(dir).unwrap();
+}
