@@ -449,6 +449,13 @@ impl<'a> Port<'a, true> {
 
 impl<const SERVER: bool> Drop for Port<'_, SERVER> {
     fn drop(&mut self) {
+        // A client that dies mid-exchange keeps its lock, as a trapped GPU warp does (its lock
+        // bit is device memory nobody clears): the server may still be inside the exchange,
+        // and a new client on the port would have its packets read as the old script's.
+        #[cfg(feature = "std")]
+        if !SERVER && std::thread::panicking() {
+            return;
+        }
         // Only the server returns a buffer it still owns; the client just unlocks.
         if SERVER && self.owns {
             self.hand_over();

@@ -1,1 +1,182 @@
-fn main() {}
+//! `rpc-serve`: serves the standard opcodes over a mailbox living in a shared-memory file, so a
+//! client in another process (in any language) can use it.
+//!
+//! ```text
+//! rpc-serve --file PATH --gen v1|v2 --ports N --lanes L [--allow-system] [--stdout FILE]
+//!           [--client-timeout MS]
+//! ```
+//! Creates (or truncates) PATH to the layout's size, zeroed; prints `ready PATH BYTES` once it
+//! serves; serves until SIGINT or SIGTERM; prints its statistics and exits 0. Bad arguments: a
+//! message and exit code 2. A client's EXIT/ABORT is recorded and logged, never ends rpc-serve.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rpc_core::plugin::SharedRegion;
+use rpc_core::{ExitPolicy, Generation, Layout, RpcServer, ServerConfig, ServicesConfig};
+
+const USAGE: &str = "usage: rpc-serve --file PATH --gen v1|v2 --ports N --lanes L \
+                     [--allow-system] [--stdout FILE] [--client-timeout MS]";
+
+struct Args {
+    file: PathBuf,
+    layout: Layout,
+    allow_system: bool,
+    stdout: Option<PathBuf>,
+    client_timeout: Option<Duration>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_env();
+    let (mut file, mut generation, mut ports, mut lanes) = (None, None, None, None);
+    let (mut allow_system, mut stdout, mut client_timeout) = (false, None, None);
+    let text = |v: std::ffi::OsString| {
+        v.into_string()
+            .map_err(|_| "arguments must be UTF-8".to_string())
+    };
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("file") => file = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?)),
+            Long("gen") => {
+                let value = text(parser.value().map_err(|e| e.to_string())?)?;
+                generation = Some(value.parse::<Generation>().map_err(|e| e.to_string())?);
+            }
+            Long("ports") => {
+                ports = Some(
+                    parser
+                        .value()
+                        .map_err(|e| e.to_string())?
+                        .parse::<u32>()
+                        .map_err(|e| format!("--ports: {e}"))?,
+                )
+            }
+            Long("lanes") => {
+                lanes = Some(
+                    parser
+                        .value()
+                        .map_err(|e| e.to_string())?
+                        .parse::<u32>()
+                        .map_err(|e| format!("--lanes: {e}"))?,
+                )
+            }
+            Long("allow-system") => allow_system = true,
+            Long("stdout") => {
+                stdout = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
+            }
+            Long("client-timeout") => {
+                let ms: u64 = parser
+                    .value()
+                    .map_err(|e| e.to_string())?
+                    .parse()
+                    .map_err(|e| format!("--client-timeout: {e}"))?;
+                client_timeout = Some(Duration::from_millis(ms));
+            }
+            Long("help") | Short('h') => return Err(String::new()),
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    let missing = |name: &str| format!("missing --{name}");
+    let layout = Layout::new(
+        generation.ok_or_else(|| missing("gen"))?,
+        ports.ok_or_else(|| missing("ports"))?,
+        lanes.ok_or_else(|| missing("lanes"))?,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Args {
+        file: file.ok_or_else(|| missing("file"))?,
+        layout,
+        allow_system,
+        stdout,
+        client_timeout,
+    })
+}
+
+/// The mapped file as the mailbox's memory.
+struct MappedFile(memmap2::MmapMut);
+
+impl SharedRegion for MappedFile {
+    fn host_ptr(&self) -> *mut u8 {
+        self.0.as_ptr() as *mut u8
+    }
+    fn device_addr(&self) -> u64 {
+        self.0.as_ptr() as u64
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+fn serve(args: Args) -> Result<(), String> {
+    let size = args.layout.total_size();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&args.file)
+        .map_err(|e| format!("{}: {e}", args.file.display()))?;
+    file.set_len(size as u64)
+        .map_err(|e| format!("{}: {e}", args.file.display()))?;
+    // SAFETY: the file is ours (just created or truncated); other processes may write it, which
+    // the server tolerates: it only ever reads the mapping through atomics.
+    let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(|e| format!("mmap: {e}"))?;
+    let config = ServerConfig {
+        name: "rpc-serve".into(),
+        wait_timeout: args.client_timeout,
+        services: ServicesConfig {
+            exit: ExitPolicy::Record,
+            allow_system: args.allow_system,
+            ..ServicesConfig::default()
+        },
+        ..ServerConfig::default()
+    };
+    let server = RpcServer::new(config);
+    if let Some(path) = &args.stdout {
+        let out = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        server.context().services().set_stdout(Box::new(out));
+    }
+    let mailbox = server
+        .attach_region(Box::new(MappedFile(map)), args.layout)
+        .map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone())
+            .map_err(|e| format!("signal handler: {e}"))?;
+    }
+    let _ = server.start().map_err(|e| e.to_string())?;
+    // Clients in other processes are no kernel launches we can see: one user for our whole life.
+    let user = server.user();
+    println!("ready {} {size}", args.file.display());
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(10));
+        if let Some(exit) = server.context().services().take_exit(mailbox) {
+            log::warn!("a client ended its program: {exit:?}");
+        }
+    }
+    drop(user);
+    let _ = server.shutdown().map_err(|e| e.to_string())?;
+    server.context().services().flush_std();
+    println!("stopped: {}", server.stats());
+    Ok(())
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            if !message.is_empty() {
+                eprintln!("rpc-serve: {message}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(message) = serve(args) {
+        eprintln!("rpc-serve: {message}");
+        std::process::exit(1);
+    }
+}
