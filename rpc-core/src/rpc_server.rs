@@ -519,7 +519,7 @@ impl Inner {
             return 0;
         };
         let mut served = 0;
-        for mailbox in mailboxes.iter() {
+        for (mailbox, hot) in mailboxes.iter().zip(cache.hot.iter_mut()) {
             let wait = ServerWait {
                 context,
                 mailbox,
@@ -527,12 +527,18 @@ impl Inner {
                 epoch: cache.epoch,
             };
             let server = mailbox.server();
-            let mut from = 0;
+            // Every pending port in index order, plus the recently served ones re-checked on
+            // the way (see `scan`), so a busy client on a large mailbox waits for a stride of
+            // the scan, not a whole pass.
+            let mut sweep = server.sweep(hot);
             while !mailbox.detached.load(Ordering::Acquire) {
-                let Some(port) = server.open_next(from, &wait) else {
+                let Some(index) = sweep.next_pending() else {
                     break;
                 };
-                from = port.index() + 1;
+                let Some(port) = server.try_open(index, &wait) else {
+                    continue;
+                };
+                sweep.served(index);
                 self.dispatch(port, mailbox, registry);
                 served += 1;
             }
@@ -624,6 +630,8 @@ impl Inner {
 pub(crate) struct PassCache {
     mailboxes: Option<Arc<Vec<Arc<Attached>>>>,
     registry: Option<Arc<Registry>>,
+    /// The recently served ports of each mailbox of `mailboxes`, in the same order.
+    hot: Vec<crate::scan::HotPorts>,
     versions: (u64, u64),
     epoch: Instant,
 }
@@ -633,6 +641,7 @@ impl PassCache {
         PassCache {
             mailboxes: None,
             registry: None,
+            hot: Vec::new(),
             versions: (u64::MAX, u64::MAX),
             epoch: Instant::now(),
         }
@@ -641,7 +650,9 @@ impl PassCache {
     fn refresh(&mut self, context: &ServerContext) {
         let versions = (context.mailboxes.version(), context.registry.version());
         if self.mailboxes.is_none() || versions != self.versions {
-            self.mailboxes = Some(context.mailboxes.get());
+            let mailboxes = context.mailboxes.get();
+            self.hot = std::vec![Default::default(); mailboxes.len()];
+            self.mailboxes = Some(mailboxes);
             self.registry = Some(context.registry.get());
             self.versions = versions;
         }

@@ -59,6 +59,14 @@ impl<'a> Server<'a> {
         crate::scan::next_pending(self.mailbox.primary, self.mailbox.secondary, from)
     }
 
+    /// One pass's walk over the ports, re-checking `hot` (the recently served ports) on the way.
+    pub(crate) fn sweep<'h>(&self, hot: &'h mut crate::scan::HotPorts) -> crate::scan::Sweep<'h>
+    where
+        'a: 'h,
+    {
+        crate::scan::Sweep::new(self.mailbox.primary, self.mailbox.secondary, hot)
+    }
+
     /// Opens port `index` if it is pending and no other server thread holds it.
     pub fn try_open<'w>(&'w self, index: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
         let i = index as usize;
