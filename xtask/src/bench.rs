@@ -39,13 +39,15 @@ use rpc_core::{
 pub fn run(args: &[String]) -> Result<(), String> {
     let mut quick = false;
     let mut pin = false;
+    let mut latency_only = false;
     for arg in args {
         match arg.as_str() {
             "--quick" => quick = true,
             "--pin" => pin = true,
+            "--latency-only" => latency_only = true,
             other => {
                 return Err(format!(
-                    "bench: unknown argument {other:?} (usage: bench [--quick] [--pin])"
+                    "bench: unknown argument {other:?} (usage: bench [--quick] [--pin] [--latency-only])"
                 ))
             }
         }
@@ -75,11 +77,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if pin {
         PIN.store(true, Ordering::Relaxed);
     }
-    run_release(if quick {
+    let settings = if quick {
         Settings::QUICK
     } else {
         Settings::FULL
-    })
+    };
+    run_release(settings, latency_only)
 }
 
 fn project_root() -> PathBuf {
@@ -555,7 +558,9 @@ const IDLE_NO_USERS: &str = "idle CPU, no users";
 const IDLE_GUARD: &str = "idle CPU, silent guard held";
 const WAKE: &str = "wake after 10 ms silence";
 
-fn run_release(settings: Settings) -> Result<(), String> {
+/// Runs every benchmark, or with `latency_only` (a diagnostic for quick A/B comparisons of
+/// hot-path changes) only the interleaved latency rows.
+fn run_release(settings: Settings, latency_only: bool) -> Result<(), String> {
     let started = Instant::now();
     pin_client();
     eprintln!(
@@ -599,6 +604,18 @@ fn run_release(settings: Settings) -> Result<(), String> {
     }
     rows.extend(latency);
     drop(scans);
+    if latency_only {
+        for row in &rows {
+            println!("{}: median {} min {}", row.name, fmt(row.median()), fmt(row.min()));
+        }
+        let median = |k: usize| rows[k].median();
+        println!(
+            "roundtrip_ratio={:.2} scan_ratio={:.2}",
+            median(1) / median(0),
+            median(4) / median(2)
+        );
+        return Ok(());
+    }
 
     // Streams.
     let stream_setup = Setup::new(Generation::V1, 64, 1)?;
