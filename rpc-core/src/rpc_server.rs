@@ -49,7 +49,10 @@ pub struct ServerConfig {
     pub wait_timeout: Option<Duration>,
     /// What `shutdown` does with live user guards.
     pub shutdown_policy: ShutdownPolicy,
-    /// How long the worker parks between polls while kernels run but send nothing.
+    /// How long the worker parks between polls while kernels run but send nothing, once they
+    /// have been silent for a while (the parks of a silent stretch start shorter and double up
+    /// to this). About twice the wake-up latency of a silent kernel's first request; a longer
+    /// park costs less CPU (`docs/performance.md`).
     pub park: Duration,
     /// Log the statistics (at `info`) when the worker stops.
     pub log_stats_on_shutdown: bool,
@@ -62,7 +65,7 @@ impl Default for ServerConfig {
             stream_bound: 64 << 20,
             wait_timeout: None,
             shutdown_policy: ShutdownPolicy::Refuse,
-            park: Duration::from_micros(20),
+            park: Duration::from_micros(50),
             log_stats_on_shutdown: false,
         }
     }

@@ -24,7 +24,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -40,14 +40,23 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut quick = false;
     let mut pin = false;
     let mut latency_only = false;
-    for arg in args {
+    let mut args_left = args.iter();
+    while let Some(arg) = args_left.next() {
         match arg.as_str() {
             "--quick" => quick = true,
             "--pin" => pin = true,
             "--latency-only" => latency_only = true,
+            "--park-us" => {
+                let us: u64 = args_left
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("bench: --park-us needs a number of microseconds")?;
+                PARK_US.store(us, Ordering::Relaxed);
+            }
             other => {
                 return Err(format!(
-                    "bench: unknown argument {other:?} (usage: bench [--quick] [--pin] [--latency-only])"
+                    "bench: unknown argument {other:?} \
+                     (usage: bench [--quick] [--pin] [--latency-only] [--park-us N])"
                 ))
             }
         }
@@ -197,6 +206,10 @@ fn spin_then_yield(attempt: u32) {
 /// off by default.
 static PIN: AtomicBool = AtomicBool::new(false);
 
+/// `--park-us N`: the benchmark servers' `ServerConfig::park` (0: the default), to measure the
+/// idle CPU / wake-up latency trade-off.
+static PARK_US: AtomicU64 = AtomicU64::new(0);
+
 /// The CPUs the client threads and the server threads run on with `--pin`: the first two this
 /// process may use. `None` without `--pin` or where fewer than two CPUs are allowed.
 fn cpu_pair() -> Option<(usize, usize)> {
@@ -253,6 +266,10 @@ impl Setup {
         let layout = Layout::new(generation, ports, lanes).map_err(|e| e.to_string())?;
         let server = RpcServer::new(ServerConfig {
             name: format!("bench-{ports}x{lanes}"),
+            park: match PARK_US.load(Ordering::Relaxed) {
+                0 => ServerConfig::default().park,
+                us => Duration::from_micros(us),
+            },
             ..ServerConfig::default()
         });
         let memory = Arc::new(MailboxMemory::new(layout));
@@ -399,6 +416,43 @@ fn roundtrip(setup: &Setup, index: u32, mask: u64, window: Duration) -> Result<f
     let _user = setup.server.user();
     let client = setup.client();
     time_per_op(window, |x| increment(&client, index, mask, x))
+}
+
+/// One repetition of TEST_INCREMENT round trips against a bare `rpc_core::Server` loop (a
+/// thread that only opens pending ports and answers them: no `RpcServer`, registry, statistics
+/// or back-off): ns per round trip. The gap to `roundtrip` is the cost of the real server's
+/// per-pass and per-request work; the gap to `pingpong` that of the protocol itself.
+fn bare_roundtrip(window: Duration) -> Result<f64, String> {
+    let layout = Layout::new(Generation::V1, 64, 1).map_err(|e| e.to_string())?;
+    let memory = MailboxMemory::new(layout);
+    let (client_locks, server_locks) = (LockTable::new(64), LockTable::new(64));
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            pin_server(0);
+            let server = rpc_core::Server::new(memory.view(), server_locks.words())
+                .expect("lock table sized for the mailbox");
+            let mut idle = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match server.open_next(0, &SpinThenYield) {
+                    Some(mut port) => {
+                        let _ = port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1));
+                        idle = 0;
+                    }
+                    None => {
+                        spin_then_yield(idle);
+                        idle += 1;
+                    }
+                }
+            }
+        });
+        let client = Client::new(memory.view(), client_locks.words())
+            .expect("lock table sized for the mailbox")
+            .with_wait(&SpinThenYield);
+        let result = time_per_op(window, |x| increment(&client, 0, 1, x));
+        stop.store(true, Ordering::Relaxed);
+        result
+    })
 }
 
 /// One TEST_STREAM exchange of `STREAM_BYTES` per active lane: MB/s of payload carried (both
@@ -550,6 +604,7 @@ const ROUNDTRIP: &str = "roundtrip (TEST_INCREMENT, L=1, N=64, port 0)";
 const SCAN_64: &str = "scan N=64 (v1, port 63)";
 const SCAN_1024: &str = "scan N=1024 (v1, port 1023)";
 const SCAN_16384: &str = "scan N=16384 (v2, port 16383)";
+const BARE: &str = "roundtrip, bare Server loop (no RpcServer)";
 const LANES_FULL: &str = "lanes L=32 full mask";
 const LANES_HALF: &str = "lanes L=32 half mask";
 const STREAM_L1: &str = "stream 1 MiB, L=1";
@@ -580,7 +635,7 @@ fn run_release(settings: Settings, latency_only: bool) -> Result<(), String> {
     ];
     let lanes_setup = Setup::new(Generation::V1, 64, 32)?;
     let mut latency: Vec<Row> = [
-        PINGPONG, ROUNDTRIP, SCAN_64, SCAN_1024, SCAN_16384, LANES_FULL, LANES_HALF,
+        PINGPONG, ROUNDTRIP, SCAN_64, SCAN_1024, SCAN_16384, LANES_FULL, LANES_HALF, BARE,
     ]
     .into_iter()
     .map(|name| Row::new(name, "ns/round trip"))
@@ -588,6 +643,7 @@ fn run_release(settings: Settings, latency_only: bool) -> Result<(), String> {
     for _ in 0..settings.rounds {
         let w = settings.window;
         latency[0].values.push(pingpong(w)?);
+        latency[7].values.push(bare_roundtrip(w)?);
         latency[1]
             .values
             .push(roundtrip(&roundtrip_setup, 0, 1, w)?);
@@ -606,7 +662,12 @@ fn run_release(settings: Settings, latency_only: bool) -> Result<(), String> {
     drop(scans);
     if latency_only {
         for row in &rows {
-            println!("{}: median {} min {}", row.name, fmt(row.median()), fmt(row.min()));
+            println!(
+                "{}: median {} min {}",
+                row.name,
+                fmt(row.median()),
+                fmt(row.min())
+            );
         }
         let median = |k: usize| rows[k].median();
         println!(
@@ -653,8 +714,21 @@ fn run_release(settings: Settings, latency_only: bool) -> Result<(), String> {
         rows.push(silent);
         let client = roundtrip_setup.client();
         let mut samples = Vec::with_capacity(settings.wake_samples);
+        let mut seed = 0x2545_F491_4F6C_DD1D_u64;
         for x in 0..settings.wake_samples as u64 {
-            thread::sleep(SILENCE);
+            // The request must come at a moment unrelated to the worker's timed parks: a plain
+            // sleep ends on a timer interrupt, often the very one that ends the worker's park
+            // (the kernel coalesces timers within their slack), which would flatter the
+            // figure. So sleep most of the silence, then spin to a pseudo-random instant.
+            let quiet = Instant::now();
+            thread::sleep(SILENCE - Duration::from_millis(1));
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let until = SILENCE + Duration::from_nanos(seed % 500_000);
+            while quiet.elapsed() < until {
+                std::hint::spin_loop();
+            }
             let start = Instant::now();
             increment(&client, 0, 1, x)?;
             samples.push(start.elapsed().as_nanos() as f64 / 1e3);
