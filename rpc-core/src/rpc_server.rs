@@ -635,6 +635,8 @@ pub(crate) struct PassCache {
     registry: Option<Arc<Registry>>,
     /// The recently served ports of each mailbox of `mailboxes`, in the same order.
     hot: Vec<crate::scan::HotPorts>,
+    /// The ports of all of `mailboxes` together (what one pass scans).
+    ports: usize,
     versions: (u64, u64),
     epoch: Instant,
 }
@@ -645,6 +647,7 @@ impl PassCache {
             mailboxes: None,
             registry: None,
             hot: Vec::new(),
+            ports: 0,
             versions: (u64::MAX, u64::MAX),
             epoch: Instant::now(),
         }
@@ -655,10 +658,16 @@ impl PassCache {
         if self.mailboxes.is_none() || versions != self.versions {
             let mailboxes = context.mailboxes.get();
             self.hot = std::vec![Default::default(); mailboxes.len()];
+            self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
             self.mailboxes = Some(mailboxes);
             self.registry = Some(context.registry.get());
             self.versions = versions;
         }
+    }
+
+    /// The ports one pass scans (as of the last pass).
+    pub(crate) fn ports(&self) -> usize {
+        self.ports
     }
 
     /// Lets go of every mailbox (before sleeping, so `detach` never waits on a sleeper).

@@ -92,7 +92,8 @@ pub(crate) struct ServerThread {
     max_alive: AtomicUsize,
 }
 
-/// Back-to-back passes before the worker starts yielding, and passes before it parks.
+/// Back-to-back passes before the worker starts yielding, and passes before it parks (passes
+/// over up to 256 ports; a pass over more counts as several).
 /// Under loom it parks at once: loom's timed waits never time out, which bounds the model.
 #[cfg(not(loom))]
 const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
@@ -310,12 +311,17 @@ fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Durat
     let this = &inner.thread;
     let (spin, yield_) = BACKOFF_PASSES;
     let mut idle: u32 = 0;
+    let mut parks: u32 = 0;
     loop {
         if inner.serve_pass(cache) > 0 {
             idle = 0;
+            parks = 0;
             continue;
         }
-        idle = idle.saturating_add(1);
+        // Back-off in units of a pass over up to 256 ports, so that it lasts about as long (in
+        // time) however many ports there are: 96 back-to-back passes over 16384 ports would
+        // hold the CPU for some 240 µs, which a client sharing that CPU would wait through.
+        idle = idle.saturating_add((cache.ports() / 256).max(1) as u32);
         if idle <= HOT_PASSES {
             // Right after serving, the next request of a client in a loop is a cross-core
             // transfer away: poll back to back (a PAUSE here would add half its length to the
@@ -329,7 +335,8 @@ fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Durat
             if control.state != State::Running || control.users == 0 {
                 return;
             }
-            park_for(this, control, park_length(idle - yield_, park));
+            parks = parks.saturating_add(1);
+            park_for(this, control, park_length(parks, park));
         }
     }
 }
