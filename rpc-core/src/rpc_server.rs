@@ -50,7 +50,10 @@ pub struct ServerConfig {
     pub wait_timeout: Option<Duration>,
     /// What `shutdown` does with live user guards.
     pub shutdown_policy: ShutdownPolicy,
-    /// How long the worker parks between polls while kernels run but send nothing.
+    /// How long the worker parks between polls while kernels run but send nothing, once they
+    /// have been silent for a while (the parks of a silent stretch start shorter and double up
+    /// to this). About twice the wake-up latency of a silent kernel's first request; a longer
+    /// park costs less CPU (`docs/performance.md`).
     pub park: Duration,
     /// Log the statistics (at `info`) when the worker stops.
     pub log_stats_on_shutdown: bool,
@@ -65,7 +68,7 @@ impl Default for ServerConfig {
             stream_bound: 64 << 20,
             wait_timeout: None,
             shutdown_policy: ShutdownPolicy::Refuse,
-            park: Duration::from_micros(20),
+            park: Duration::from_micros(50),
             log_stats_on_shutdown: false,
             services: Default::default(),
         }
@@ -601,10 +604,16 @@ impl Inner {
             return 0;
         };
         let mut served = 0;
-        for mailbox in mailboxes.iter() {
+        for (mailbox, hot) in mailboxes.iter().zip(cache.hot.iter_mut()) {
             let server = mailbox.server();
-            let mut from = 0;
+            // Every pending port in index order, plus the recently served ones re-checked on
+            // the way (see `scan`), so a busy client on a large mailbox waits for a stride of
+            // the scan, not a whole pass.
+            let mut sweep = server.sweep(hot);
             while !mailbox.detached.load(Ordering::Acquire) {
+                let Some(index) = sweep.next_pending() else {
+                    break;
+                };
                 // Read just before the port opens: the kernel owning it is among these users.
                 let wait = ServerWait {
                     context,
@@ -613,10 +622,10 @@ impl Inner {
                     started_ns: AtomicU64::new(0),
                     epoch: cache.epoch,
                 };
-                let Some(port) = server.open_next(from, &wait) else {
-                    break;
+                let Some(port) = server.try_open(index, &wait) else {
+                    continue;
                 };
-                from = port.index() + 1;
+                sweep.served(index);
                 self.dispatch(port, mailbox, registry);
                 served += 1;
             }
@@ -708,6 +717,10 @@ impl Inner {
 pub(crate) struct PassCache {
     mailboxes: Option<Arc<Vec<Arc<Attached>>>>,
     registry: Option<Arc<Registry>>,
+    /// The recently served ports of each mailbox of `mailboxes`, in the same order.
+    hot: Vec<crate::scan::HotPorts>,
+    /// The ports of all of `mailboxes` together (what one pass scans).
+    ports: usize,
     versions: (u64, u64),
     epoch: Instant,
 }
@@ -717,6 +730,8 @@ impl PassCache {
         PassCache {
             mailboxes: None,
             registry: None,
+            hot: Vec::new(),
+            ports: 0,
             versions: (u64::MAX, u64::MAX),
             epoch: Instant::now(),
         }
@@ -725,10 +740,18 @@ impl PassCache {
     fn refresh(&mut self, context: &ServerContext) {
         let versions = (context.mailboxes.version(), context.registry.version());
         if self.mailboxes.is_none() || versions != self.versions {
-            self.mailboxes = Some(context.mailboxes.get());
+            let mailboxes = context.mailboxes.get();
+            self.hot = std::vec![Default::default(); mailboxes.len()];
+            self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
+            self.mailboxes = Some(mailboxes);
             self.registry = Some(context.registry.get());
             self.versions = versions;
         }
+    }
+
+    /// The ports one pass scans (as of the last pass).
+    pub(crate) fn ports(&self) -> usize {
+        self.ports
     }
 
     /// Lets go of every mailbox (before sleeping, so `detach` never waits on a sleeper).

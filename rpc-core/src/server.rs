@@ -59,10 +59,26 @@ impl<'a> Server<'a> {
         crate::scan::next_pending(self.mailbox.primary, self.mailbox.secondary, from)
     }
 
+    /// One pass's walk over the ports, re-checking `hot` (the recently served ports) on the way.
+    pub(crate) fn sweep<'h>(&self, hot: &'h mut crate::scan::HotPorts) -> crate::scan::Sweep<'h>
+    where
+        'a: 'h,
+    {
+        crate::scan::Sweep::new(self.mailbox.primary, self.mailbox.secondary, hot)
+    }
+
     /// Opens port `index` if it is pending and no other server thread holds it.
     pub fn try_open<'w>(&'w self, index: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
         let i = index as usize;
-        if index >= self.mailbox.layout().ports() || !try_lock(self.locks, index) {
+        if index >= self.mailbox.layout().ports() {
+            return None;
+        }
+        // The client wrote the header and (usually) lane 0's packet just before its flip: start
+        // fetching both lines now, in parallel with each other and with the lock, instead of
+        // one after the other when the header and then the handler read them.
+        prefetch(&self.mailbox.header[2 * i]);
+        prefetch(&self.mailbox.packets(index)[0]);
+        if !try_lock(self.locks, index) {
             return None;
         }
         // Relaxed: the lock's acquire orders our own word (another server thread may have
@@ -107,4 +123,21 @@ impl<'a> Server<'a> {
         }
         None
     }
+}
+
+/// Hints the CPU to fetch the cache line holding `word` (no-op where we have no such hint).
+/// A prefetch reads nothing the program sees and cannot fault, so it neither races nor needs an
+/// ordering: the fences of the protocol still order the loads that use the data.
+#[inline(always)]
+fn prefetch(word: &AtomicU64) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: PREFETCHT0 is part of SSE, which every x86-64 CPU has; it only takes an address,
+    // which is valid anyway (it comes from a reference).
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+            word.as_ptr().cast::<i8>().cast_const(),
+        );
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = word;
 }

@@ -29,8 +29,9 @@
 //! starting to wait) when the notification comes. Spurious wake-ups just re-check.
 //!
 //! While users exist the worker serves passes. After passes that find nothing it backs off:
-//! a few passes back to back, then passes separated by `yield_now`, then timed parks on `cv`
-//! of `ServerConfig::park` (the poll goes on, so a request never waits longer than one park plus
+//! passes back to back (first without, then with a spin hint), then passes separated by
+//! `yield_now`, then timed parks on `cv` that start at a few µs and double up to
+//! `ServerConfig::park` (the poll goes on, so a request never waits longer than one park plus
 //! one pass; device clients cannot notify us). Before each park it re-checks, under `control`,
 //! whether the users are gone (then it does one last pass, for requests that need no answer
 //! such as FREE, and sleeps) or the state left Running (then it does the same last pass and
@@ -91,12 +92,18 @@ pub(crate) struct ServerThread {
     max_alive: AtomicUsize,
 }
 
-/// Back-to-back passes before the worker starts yielding, and passes before it parks.
+/// Back-to-back passes before the worker starts yielding, and passes before it parks (passes
+/// over up to 256 ports; a pass over more counts as several).
 /// Under loom it parks at once: loom's timed waits never time out, which bounds the model.
 #[cfg(not(loom))]
 const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
 #[cfg(loom)]
 const BACKOFF_PASSES: (u32, u32) = (0, 0);
+/// Idle passes right after a served one that poll again at once, without a spin hint.
+#[cfg(not(loom))]
+const HOT_PASSES: u32 = 32;
+#[cfg(loom)]
+const HOT_PASSES: u32 = 0;
 
 impl ServerThread {
     pub(crate) fn new() -> Self {
@@ -304,13 +311,22 @@ fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Durat
     let this = &inner.thread;
     let (spin, yield_) = BACKOFF_PASSES;
     let mut idle: u32 = 0;
+    let mut parks: u32 = 0;
     loop {
         if inner.serve_pass(cache) > 0 {
             idle = 0;
+            parks = 0;
             continue;
         }
-        idle = idle.saturating_add(1);
-        if idle <= spin {
+        // Back-off in units of a pass over up to 256 ports, so that it lasts about as long (in
+        // time) however many ports there are: 96 back-to-back passes over 16384 ports would
+        // hold the CPU for some 240 µs, which a client sharing that CPU would wait through.
+        idle = idle.saturating_add((cache.ports() / 256).max(1) as u32);
+        if idle <= HOT_PASSES {
+            // Right after serving, the next request of a client in a loop is a cross-core
+            // transfer away: poll back to back (a PAUSE here would add half its length to the
+            // average detection delay of every round trip).
+        } else if idle <= spin {
             crate::sync::spin_hint();
         } else if idle <= yield_ {
             thread::yield_now();
@@ -319,9 +335,32 @@ fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Durat
             if control.state != State::Running || control.users == 0 {
                 return;
             }
-            park_for(this, control, park);
+            parks = parks.saturating_add(1);
+            park_for(this, control, park_length(parks, park));
         }
     }
+}
+
+/// The first timed park after the spin and yield passes; each later one doubles, up to `park`.
+#[cfg(not(loom))]
+const FIRST_PARK: std::time::Duration = std::time::Duration::from_micros(5);
+
+/// The length of the `parks`-th timed park (from 1) of a silent stretch: [`FIRST_PARK`], then
+/// doubling up to `park` (`ServerConfig::park`). Short parks first, because a kernel that went
+/// quiet for a moment often speaks again soon; long ones in a long silence, because each wake-up
+/// costs the worker several µs of CPU (in a VM: a timer interrupt, a futex syscall and a context
+/// switch each way), so the CPU share is about that cost over the park length. The steady-state
+/// wake-up latency is about half a park plus that cost (`docs/performance.md`).
+#[cfg(not(loom))]
+fn park_length(parks: u32, park: std::time::Duration) -> std::time::Duration {
+    FIRST_PARK
+        .saturating_mul(1 << (parks.saturating_sub(1)).min(16))
+        .min(park)
+}
+
+#[cfg(loom)]
+fn park_length(_: u32, park: std::time::Duration) -> std::time::Duration {
+    park
 }
 
 /// A timed park on `cv`: a new user, a shutdown or a detach cuts it short.
