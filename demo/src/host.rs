@@ -1,0 +1,133 @@
+//! The demo program on the host plugin: CPU warps speaking the real protocol.
+
+use std::sync::Arc;
+
+use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
+use rpc_core::plugin::Grid;
+use rpc_core::runtime::PluginRuntime;
+use rpc_core::{FilePolicy, Opcode};
+
+/// The demo's own opcode: the server answers `buf[0]` squared.
+const SQUARE: Opcode = Opcode::user(1);
+
+pub fn run() -> Result<(), String> {
+    let config = HostConfig {
+        devices: 1,
+        lanes: 32,
+        ports: 64,
+    };
+    let mut runtime = PluginRuntime::new(HostPlugin::new(config), super::server_config())
+        .map_err(|e| e.to_string())?;
+    println!("{}", plugin_host::describe(config));
+    let server = runtime.server();
+    server.register(SQUARE, |req| {
+        req.recv_and_send(|_, p| p.set_word(0, p.word(0).wrapping_mul(p.word(0))))
+    });
+    // Kernels may only touch files in the demo's own directory.
+    let dir = std::env::temp_dir().join(format!("rpc-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    server
+        .context()
+        .services()
+        .set_file_policy(FilePolicy::Under(dir.clone()));
+    let path = Arc::new(dir.join("greeting.txt").to_string_lossy().into_owned());
+
+    let image = HostImage::new("demo")
+        .kernel("hello", |warp| {
+            let block = warp.block();
+            let squares = warp
+                .call(SQUARE, |lane| u64::from(block * 8 + lane))
+                .unwrap();
+            warp.printf(
+                "block %d lane %d: hello from a CPU warp, %2d squared is %3d (custom opcode)\n",
+                |lane| {
+                    let id = block * 8 + lane;
+                    vec![
+                        Arg::Int(block.into()),
+                        Arg::Int(lane.into()),
+                        Arg::Int(id.into()),
+                        Arg::UInt(squares[lane as usize]),
+                    ]
+                },
+            )
+            .unwrap();
+        })
+        .kernel("files", move |warp| {
+            let path = path.clone();
+            let file = warp.fopen(|_| path.to_string(), "w").unwrap()[0];
+            warp.fprintf(Target::File(file), "%s, %d!\n", |_| {
+                vec![Arg::Str(Some("written by a kernel")), Arg::Int(42)]
+            })
+            .unwrap();
+            warp.fclose(|_| file).unwrap();
+            let file = warp.fopen(|_| path.to_string(), "r").unwrap()[0];
+            let line = warp
+                .fgets(|_| file, 128)
+                .unwrap()
+                .remove(0)
+                .unwrap_or_default();
+            warp.fclose(|_| file).unwrap();
+            let line = String::from_utf8_lossy(&line).into_owned();
+            warp.printf("file: read back %s", |_| vec![Arg::Str(Some(&line))])
+                .unwrap();
+        })
+        .kernel("memory", |warp| {
+            let addrs = warp.malloc(|lane| 1024 * (u64::from(lane) + 1)).unwrap();
+            warp.printf("memory: lane %d got %#llx (2 MiB aligned: %s)\n", |lane| {
+                let addr = addrs[lane as usize];
+                vec![
+                    Arg::Int(lane.into()),
+                    Arg::UInt(addr),
+                    Arg::Str(Some(if addr % (2 << 20) == 0 { "yes" } else { "no" })),
+                ]
+            })
+            .unwrap();
+            warp.free(|lane| addrs[lane as usize]).unwrap();
+        })
+        .kernel("refused", |warp| {
+            // A pointer the server never handed out: refused, logged, and the server goes on.
+            warp.free(|_| 0xdead_0000).unwrap();
+            let outside = warp.fopen(|_| "/etc/passwd".into(), "r").unwrap()[0];
+            warp.printf(
+                "refused: fopen outside the demo directory returned %llu\n",
+                |_| vec![Arg::UInt(outside)],
+            )
+            .unwrap();
+        })
+        .into_bytes();
+
+    let image = runtime.load_image(0, &image).map_err(|e| e.to_string())?;
+    for (kernel, grid) in [
+        ("hello", Grid::linear(2, 8)),
+        ("files", Grid::linear(1, 1)),
+        ("memory", Grid::linear(1, 4)),
+        ("refused", Grid::linear(1, 1)),
+    ] {
+        println!(
+            "-- launch {kernel}: {} block(s) x {} thread(s)",
+            grid.blocks[0], grid.threads[0]
+        );
+        runtime
+            .launch(image, kernel, &[], grid)
+            .map_err(|e| e.to_string())?;
+        runtime.synchronize(0).map_err(|e| e.to_string())?;
+    }
+    let stats = runtime.server().stats();
+    let live = runtime
+        .server()
+        .context()
+        .services()
+        .live_allocations()
+        .len();
+    runtime.deinit().map_err(|e| e.to_string())?;
+    std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    println!("-- server statistics: {stats}");
+    println!(
+        "-- live allocations after the program: {live}; refused requests: {}",
+        stats.refused
+    );
+    if stats.refused != 2 || live != 0 || stats.panics != 0 {
+        return Err("the demo did not behave as expected".into());
+    }
+    Ok(())
+}

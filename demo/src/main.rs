@@ -1,0 +1,121 @@
+//! `rpc-demo`: a small offload program whose kernels print, write and read a file, allocate,
+//! call a custom opcode and make one refused request, all served by the plugin's own RPC server.
+//!
+//! `rpc-demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]`: the host plugin (CPU
+//! warps) runs the built-in program; a GPU plugin lists its devices and runs a device image
+//! given with `--image`, or says clearly why it cannot (no driver, no device, no image).
+
+use std::process::ExitCode;
+
+use rpc_core::plugin::{Device, Grid, Plugin};
+use rpc_core::runtime::PluginRuntime;
+use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
+
+#[cfg(feature = "host")]
+mod host;
+
+const USAGE: &str = "usage: rpc-demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]";
+
+struct Args {
+    plugin: String,
+    image: Option<String>,
+    kernel: String,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        plugin: "host".into(),
+        image: None,
+        kernel: "main".into(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--plugin" => args.plugin = value()?,
+            "--image" => args.image = Some(value()?),
+            "--kernel" => args.kernel = value()?,
+            _ => return Err(format!("unknown argument {flag:?}")),
+        }
+    }
+    Ok(args)
+}
+
+/// The server settings of the demo: EXIT is reported to the launcher, not the end of us.
+fn server_config() -> ServerConfig {
+    ServerConfig {
+        services: ServicesConfig {
+            exit: ExitPolicy::Record,
+            ..ServicesConfig::default()
+        },
+        ..ServerConfig::default()
+    }
+}
+
+/// Runs a device image on a GPU plugin's first device, or explains why not.
+#[allow(dead_code)] // Unused when built with the host plugin only.
+fn run_gpu<P: Plugin>(plugin: P, args: &Args) -> Result<(), String> {
+    let name = plugin.name();
+    let mut runtime = PluginRuntime::new(plugin, server_config()).map_err(|e| e.to_string())?;
+    let devices = runtime.devices();
+    if devices.is_empty() {
+        let reason = runtime.reason().unwrap_or_else(|| "no reason given".into());
+        return Err(format!("no {name} device: {reason}"));
+    }
+    for (i, d) in devices.iter().enumerate() {
+        println!(
+            "{name} device {i}: {} (lanes {}, ports {})",
+            d.name(),
+            d.lane_size(),
+            d.port_count(rpc_core::Generation::V2)
+        );
+    }
+    let Some(path) = &args.image else {
+        return Err(format!("the {name} demo runs a device image built for this GPU: pass --image FILE --kernel NAME"));
+    };
+    let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
+    let image = runtime.load_image(0, &bytes).map_err(|e| e.to_string())?;
+    runtime
+        .launch(image, &args.kernel, &[], Grid::linear(1, 64))
+        .map_err(|e| e.to_string())?;
+    let result = runtime.synchronize(0);
+    println!("server statistics: {}", runtime.server().stats());
+    runtime.deinit().map_err(|e| e.to_string())?;
+    result.map_err(|e| e.to_string())
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    match args.plugin.as_str() {
+        #[cfg(feature = "host")]
+        "host" => host::run(),
+        #[cfg(feature = "cuda")]
+        "cuda" => run_gpu(plugin_cuda::CudaPlugin::new(), args),
+        #[cfg(feature = "amdgpu")]
+        "amdgpu" => run_gpu(plugin_amdgpu::AmdGpuPlugin::new(), args),
+        // Reachable when a plugin feature is off.
+        #[allow(unreachable_patterns)]
+        "host" | "cuda" | "amdgpu" => Err(format!(
+            "this rpc-demo was built without the {} plugin",
+            args.plugin
+        )),
+        other => Err(format!("unknown plugin {other:?} (host, cuda or amdgpu)")),
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("rpc-demo: {message}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("rpc-demo: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
