@@ -1,0 +1,80 @@
+//! The demo binary as a user runs it.
+
+use std::process::Command;
+
+fn demo(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rpc-demo"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_host_demo_runs_every_service_and_reports_statistics() {
+    let (code, stdout, stderr) = demo(&[]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.contains("hello from a CPU warp"))
+            .count(),
+        16,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("block 1 lane 7: hello from a CPU warp, 15 squared is 225"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("file: read back written by a kernel, 42!"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.contains("(2 MiB aligned: yes)"))
+            .count(),
+        4,
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("refused: fopen outside the demo directory returned 0"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("refused=2"), "{stdout}");
+    assert!(
+        stdout.contains("live allocations after the program: 0"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn gpu_plugins_without_a_device_say_why_and_fail() {
+    for plugin in ["cuda", "amdgpu"] {
+        let (code, stdout, stderr) = demo(&["--plugin", plugin]);
+        assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+        // Either no device (with the reason), or a device but no image to run.
+        assert!(
+            stderr.contains(&format!("no {plugin} device: "))
+                || stderr.contains("pass --image FILE"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn bad_arguments_exit_with_code_2() {
+    let (code, _, stderr) = demo(&["--plugin"]);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("usage: rpc-demo"), "{stderr}");
+    let (code, _, stderr) = demo(&["--plugin", "tpu"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("unknown plugin \"tpu\""), "{stderr}");
+}
