@@ -476,6 +476,14 @@ impl Device for AmdGpuDevice {
         )?))
     }
 
+    fn create_doorbell(
+        &self,
+        generation: Generation,
+    ) -> Result<Option<Box<dyn rpc_core::plugin::Doorbell>>, VendorError> {
+        let bell = AmdGpuDevice::doorbell(self, generation)?;
+        Ok(bell.map(|b| Box::new(b) as Box<dyn rpc_core::plugin::Doorbell>))
+    }
+
     fn allocator(&self) -> Arc<dyn DeviceAllocator> {
         self.allocator.clone()
     }

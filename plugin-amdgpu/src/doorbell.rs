@@ -150,6 +150,20 @@ impl Drop for Doorbell {
     }
 }
 
+/// The generic glue's view: it writes `record` at the start of the mailbox, the server
+/// decrements `counter` at each close, and the worker sleeps in `wait` while no request is open.
+impl rpc_core::plugin::Doorbell for Doorbell {
+    fn record(&self) -> [u8; 64] {
+        Doorbell::record(self)
+    }
+    fn counter(&self) -> &AtomicU64 {
+        Doorbell::counter(self)
+    }
+    fn wait(&self, timeout: Duration) -> bool {
+        Doorbell::wait(self, timeout) != 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

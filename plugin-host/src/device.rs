@@ -5,16 +5,17 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rpc_core::plugin::{
-    Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
+    Completion, Device, DeviceAllocator, Doorbell, Grid, SharedRegion, Symbol, VendorError,
 };
 use rpc_core::runtime::CLIENT_SYMBOL;
 use rpc_core::sync::lock;
+use rpc_core::ClientDoorbell;
 use rpc_core::{Client, Generation, HostAllocator, Layout, Mailbox};
 
 use crate::error::HostError;
 use crate::image::LoadedImage;
 use crate::kernel::{KernelEnded, Warp};
-use crate::memory::{HostShared, MemoryMap, RawMemory};
+use crate::memory::{HostDoorbell, HostShared, MemoryMap, RawMemory, Signal};
 
 /// Most warps (threads) one launch may run.
 pub const MAX_WARPS_PER_LAUNCH: u64 = 1024;
@@ -27,7 +28,13 @@ pub struct HostDevice {
     allocator: Arc<HostAllocator>,
     memory: Arc<MemoryMap>,
     launches: Arc<Launches>,
+    /// The interrupt of each doorbell, by the address of its counter.
+    signals: Mutex<Vec<(u64, Arc<Signal>)>>,
 }
+
+/// What a kernel needs to ring its mailbox's doorbell: the counter and mailbox words, the
+/// interrupt, the event id.
+type BellParts = (Arc<RawMemory>, Arc<Signal>, u32);
 
 /// Launches in flight and the failures of finished ones, for `synchronize`.
 #[derive(Default)]
@@ -45,7 +52,28 @@ impl HostDevice {
             allocator: Arc::new(HostAllocator::new()),
             memory: Arc::default(),
             launches: Arc::default(),
+            signals: Mutex::default(),
         }
+    }
+
+    /// The doorbell a v2 mailbox's record names, if it is one of ours (as a kernel reads it).
+    fn doorbell_of(&self, mailbox: &RawMemory, layout: Layout) -> Option<BellParts> {
+        if layout.generation() != Generation::V2 {
+            return None;
+        }
+        let mut record = [0u8; 20];
+        mailbox.read(0, &mut record);
+        let value = u64::from_le_bytes(record[..8].try_into().expect("8 bytes"));
+        let event_id = u32::from_le_bytes(record[16..20].try_into().expect("4 bytes"));
+        let (words, 0) = self.memory.find(value, 16)? else {
+            return None;
+        };
+        let signal = lock(&self.signals)
+            .iter()
+            .find(|(addr, _)| *addr == value)?
+            .1
+            .clone();
+        Some((words, signal, event_id))
     }
 
     /// The mailbox named by a client object, checked against this device's memory.
@@ -97,6 +125,27 @@ impl Device for HostDevice {
         let memory = RawMemory::zeroed(len);
         self.memory.insert(&memory);
         Ok(Box::new(HostShared(memory)))
+    }
+
+    /// Host devices can always "interrupt": v2 mailboxes get a doorbell.
+    fn create_doorbell(
+        &self,
+        generation: Generation,
+    ) -> Result<Option<Box<dyn Doorbell>>, VendorError> {
+        if generation != Generation::V2 {
+            return Ok(None);
+        }
+        let words = RawMemory::zeroed(16);
+        self.memory.insert(&words);
+        let signal = Arc::new(Signal::default());
+        let mut signals = lock(&self.signals);
+        signals.push((words.addr(), signal.clone()));
+        let event_id = signals.len() as u32;
+        Ok(Some(Box::new(HostDoorbell {
+            words,
+            signal,
+            event_id,
+        })))
     }
 
     fn allocator(&self) -> Arc<dyn DeviceAllocator> {
@@ -184,6 +233,9 @@ impl Device for HostDevice {
             (Some(object), Some(generation)) => Some(self.mailbox_of(object, generation)?),
             _ => None,
         };
+        let bell = mailbox
+            .as_ref()
+            .and_then(|(memory, layout)| self.doorbell_of(memory, *layout));
         let name = format!("{}::{kernel}", image.image.name);
         let args = args.to_vec();
         let lanes = self.lanes;
@@ -192,16 +244,18 @@ impl Device for HostDevice {
         let spawned = std::thread::Builder::new()
             .name(format!("launch-{kernel}"))
             .spawn(move || {
-                let failures = run_grid(
-                    &body,
-                    &name,
+                let failures = Job {
+                    body,
+                    name,
                     grid,
                     lanes,
-                    warps_per_block as u32,
-                    &args,
-                    symbol.as_deref(),
+                    warps_per_block: warps_per_block as u32,
+                    args,
+                    symbol,
                     mailbox,
-                );
+                    bell,
+                }
+                .run();
                 // The kernel is complete: release the launch's user guard, then report.
                 done();
                 let mut state = lock(&launches.state);
@@ -235,80 +289,116 @@ impl Device for HostDevice {
     }
 }
 
-/// Runs every warp of the grid on its own thread; returns the failures.
-#[allow(clippy::too_many_arguments)]
-fn run_grid(
-    body: &crate::image::Kernel,
-    name: &str,
+/// One launch: the kernel, its grid and what its warps need to reach the server.
+struct Job {
+    body: crate::image::Kernel,
+    name: String,
     grid: Grid,
     lanes: u32,
     warps_per_block: u32,
-    args: &[u8],
-    symbol: Option<&RawMemory>,
+    args: Vec<u8>,
+    /// The image's client object (its lock array is the clients' lock bits, as on a GPU).
+    symbol: Option<Arc<RawMemory>>,
     mailbox: Option<(Arc<RawMemory>, Layout)>,
-) -> Vec<String> {
-    let threads = grid.threads_per_block();
-    let blocks = grid.total_blocks() as u32;
-    let failures = Mutex::new(Vec::new());
-    // The client's lock bits are the client object's `lock` array, as on a GPU.
-    let lock_words = match (symbol, &mailbox) {
-        (Some(symbol), Some((_, layout))) => {
-            let generation = layout.generation();
-            let pointers = if generation == Generation::V2 { 5 } else { 4 };
-            Some(symbol.u32_words(8 + 8 * pointers, generation.max_port_count() as usize / 32))
-        }
-        _ => None,
-    };
-    let view = mailbox.as_ref().map(|(memory, layout)| {
-        // SAFETY: the region is one of this device's live allocations (checked by `mailbox_of`,
-        // and kept alive by the `Arc` for the whole grid), 64-aligned, of the layout's size, and
-        // this process touches it only through atomic views.
-        unsafe { Mailbox::from_raw(memory.as_ptr(), memory.len(), *layout) }
-    });
-    std::thread::scope(|scope| {
-        for block in 0..blocks {
-            for warp in 0..warps_per_block {
-                let first_thread = u64::from(warp) * u64::from(lanes);
-                let active = (threads - first_thread).min(u64::from(lanes));
-                let mask = if active == 64 {
-                    u64::MAX
-                } else {
-                    (1u64 << active) - 1
-                };
-                let (failures, view, lock_words) = (&failures, &view, lock_words);
-                scope.spawn(move || {
-                    let result = catch_unwind(AssertUnwindSafe(|| {
-                        let client = match (view, lock_words) {
-                            (Some(Ok(view)), Some(words)) => Some(Client::new(*view, words)),
-                            (Some(Err(e)), _) => Some(Err(e.clone())),
-                            _ => None,
-                        };
-                        let client = client
-                            .transpose()
-                            .unwrap_or_else(|e| panic!("no RPC client: {e}"));
-                        body(&mut Warp::new(
-                            client,
-                            mask,
-                            lanes,
-                            (block, warp, warps_per_block),
-                            args,
-                        ))
-                    }));
-                    if let Err(payload) = result {
-                        if payload.downcast_ref::<KernelEnded>().is_none() {
-                            let text = payload
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| payload.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "(no message)".into());
-                            lock(failures).push(format!(
-                                "{name}: block {block} warp {warp} panicked: {text}"
-                            ));
-                        }
-                    }
-                });
+    bell: Option<BellParts>,
+}
+
+impl Job {
+    /// Runs every warp of the grid on its own thread; returns the failures.
+    fn run(self) -> Vec<String> {
+        let Job {
+            body,
+            name,
+            grid,
+            lanes,
+            warps_per_block,
+            args,
+            symbol,
+            mailbox,
+            bell,
+        } = self;
+        let threads = grid.threads_per_block();
+        let failures = Mutex::new(Vec::new());
+        let lock_words = match (&symbol, &mailbox) {
+            (Some(symbol), Some((_, layout))) => {
+                let generation = layout.generation();
+                let pointers = if generation == Generation::V2 { 5 } else { 4 };
+                Some(symbol.u32_words(8 + 8 * pointers, generation.max_port_count() as usize / 32))
             }
-        }
-    });
-    failures.into_inner().unwrap_or_else(|e| e.into_inner())
+            _ => None,
+        };
+        let view = mailbox.as_ref().map(|(memory, layout)| {
+            // SAFETY: the region is one of this device's live allocations (checked by
+            // `mailbox_of`, and kept alive by the `Arc` for the whole grid), 64-aligned, of the
+            // layout's size, and this process touches it only through atomic views.
+            unsafe { Mailbox::from_raw(memory.as_ptr(), memory.len(), *layout) }
+        });
+        let client_bell = bell.as_ref().map(|(words, signal, event_id)| {
+            (
+                words.u64_word(0),
+                words.u64_word(8),
+                *event_id,
+                signal.as_ref(),
+            )
+        });
+        std::thread::scope(|scope| {
+            for block in 0..grid.total_blocks() as u32 {
+                for warp in 0..warps_per_block {
+                    let first_thread = u64::from(warp) * u64::from(lanes);
+                    let active = (threads - first_thread).min(u64::from(lanes));
+                    let mask = if active == 64 {
+                        u64::MAX
+                    } else {
+                        (1u64 << active) - 1
+                    };
+                    let (failures, view, body, name, args) =
+                        (&failures, &view, &body, &name, &args);
+                    let client_bell = &client_bell;
+                    scope.spawn(move || {
+                        let result = catch_unwind(AssertUnwindSafe(|| {
+                            let client = match (view, lock_words) {
+                                (Some(Ok(view)), Some(words)) => Some(Client::new(*view, words)),
+                                (Some(Err(e)), _) => Some(Err(e.clone())),
+                                _ => None,
+                            };
+                            let mut client = client
+                                .transpose()
+                                .unwrap_or_else(|e| panic!("no RPC client: {e}"));
+                            let raise = client_bell.map(|(_, _, _, signal)| move || signal.raise());
+                            if let (Some(c), Some((value, mailbox, event_id, _)), Some(raise)) =
+                                (client.as_mut(), client_bell, raise.as_ref())
+                            {
+                                *c = c.with_doorbell(ClientDoorbell {
+                                    value,
+                                    mailbox,
+                                    event_id: *event_id,
+                                    raise,
+                                });
+                            }
+                            body(&mut Warp::new(
+                                client,
+                                mask,
+                                lanes,
+                                (block, warp, warps_per_block),
+                                args,
+                            ))
+                        }));
+                        if let Err(payload) = result {
+                            if payload.downcast_ref::<KernelEnded>().is_none() {
+                                let text = payload
+                                    .downcast_ref::<&str>()
+                                    .map(|s| s.to_string())
+                                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                                    .unwrap_or_else(|| "(no message)".into());
+                                lock(failures).push(format!(
+                                    "{name}: block {block} warp {warp} panicked: {text}"
+                                ));
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        failures.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
 }

@@ -69,6 +69,17 @@ impl RawMemory {
         }
     }
 
+    /// The `u64` word at `offset`, as an atomic.
+    pub fn u64_word(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
+        assert!(
+            offset % 8 == 0 && offset + 8 <= self.len,
+            "word inside the region"
+        );
+        // SAFETY: in bounds and 8-aligned (64-aligned base, offset checked), alive with `self`,
+        // and AtomicU64 has the size and validity of u64.
+        unsafe { &*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU64) }
+    }
+
     /// The `u32` words from `offset` on, as atomics.
     pub fn u32_words(&self, offset: usize, count: usize) -> &[std::sync::atomic::AtomicU32] {
         assert!(
@@ -123,5 +134,64 @@ impl MemoryMap {
             let offset = addr.checked_sub(r.addr())? as usize;
             (offset.checked_add(len)? <= r.len()).then_some((r.clone(), offset))
         })
+    }
+}
+
+/// The "interrupt" of a host doorbell: a condition variable the client notifies.
+#[derive(Default)]
+pub struct Signal {
+    lock: Mutex<()>,
+    rung: std::sync::Condvar,
+}
+
+impl Signal {
+    /// Raises the interrupt. Taking the lock orders it after the waiter's check of the counter.
+    pub fn raise(&self) {
+        let _guard = lock(&self.lock);
+        self.rung.notify_all();
+    }
+}
+
+/// A v2 doorbell of a host mailbox (PROTOCOL section 9): the `value` counter and the `mailbox`
+/// word live in device memory (a region of the device's map, so a kernel finds them by the
+/// addresses in the record), the interrupt is a [`Signal`].
+pub struct HostDoorbell {
+    pub(crate) words: Arc<RawMemory>,
+    pub(crate) signal: Arc<Signal>,
+    pub(crate) event_id: u32,
+}
+
+impl rpc_core::plugin::Doorbell for HostDoorbell {
+    fn record(&self) -> [u8; 64] {
+        let mut record = [0u8; 64];
+        record[..8].copy_from_slice(&self.words.addr().to_le_bytes());
+        record[8..16].copy_from_slice(&(self.words.addr() + 8).to_le_bytes());
+        record[16..20].copy_from_slice(&self.event_id.to_le_bytes());
+        record
+    }
+
+    fn counter(&self) -> &std::sync::atomic::AtomicU64 {
+        self.words.u64_word(0)
+    }
+
+    fn wait(&self, timeout: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut guard = lock(&self.signal.lock);
+        loop {
+            // Relaxed: the counter only decides whether to keep sleeping.
+            if self.counter().load(std::sync::atomic::Ordering::Relaxed) != 0 {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            guard = self
+                .signal
+                .rung
+                .wait_timeout(guard, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 }

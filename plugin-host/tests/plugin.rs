@@ -305,3 +305,38 @@ fn files_memory_exit_and_a_refused_request() {
     assert!(out.text().is_empty());
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_v2_mailbox_rings_its_doorbell_and_the_worker_sleeps_on_it() {
+    for generation in [Generation::V1, Generation::V2] {
+        let (runtime, _) = runtime(HostConfig {
+            devices: 1,
+            lanes: 32,
+            ports: 8,
+        });
+        let bytes = HostImage::new("bell")
+            .generation(generation)
+            .kernel("k", |warp| {
+                for round in 0..3u64 {
+                    // Silence: no request open, so a worker with a doorbell sleeps on it.
+                    std::thread::sleep(Duration::from_millis(30));
+                    let got = warp.call(Opcode::TEST_INCREMENT, |_| round).unwrap();
+                    assert_eq!(got[0], round + 1);
+                }
+            })
+            .into_bytes();
+        let image = runtime.load_image(0, &bytes).unwrap();
+        runtime
+            .launch(image, "k", &[], Grid::linear(1, 32))
+            .unwrap();
+        runtime.synchronize(0).unwrap();
+        let stats = runtime.server().stats();
+        if generation == Generation::V2 {
+            assert!(stats.doorbell_sleeps > 0, "{stats}");
+            assert!(stats.doorbell_rings >= 1, "{stats}");
+        } else {
+            assert_eq!(stats.doorbell_sleeps, 0, "v1 has no doorbell: {stats}");
+        }
+        assert_eq!(stats.served_of(Opcode::TEST_INCREMENT), 3);
+    }
+}

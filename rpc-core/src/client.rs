@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::opcode::Opcode;
 use crate::port::{normalize, ClientPort, Port, Wait, DEFAULT_WAIT};
-use crate::sync::{fence, AtomicU32, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// A client of one mailbox. Every client thread of the mailbox must share one lock table (the
 /// device-private lock bits of a GPU client); share the `Client` itself or its `locks`.
@@ -14,6 +14,17 @@ pub struct Client<'a> {
     mailbox: Mailbox<'a>,
     locks: &'a [AtomicU32],
     wait: &'a dyn Wait,
+    doorbell: Option<ClientDoorbell<'a>>,
+}
+
+/// The client's part of a v2 doorbell (PROTOCOL section 9): after each open, count the request
+/// in `value`; on the 0 -> 1 transition store `event_id` into `mailbox` and raise the interrupt.
+#[derive(Clone, Copy)]
+pub struct ClientDoorbell<'a> {
+    pub value: &'a AtomicU64,
+    pub mailbox: &'a AtomicU64,
+    pub event_id: u32,
+    pub raise: &'a (dyn Fn() + Sync),
 }
 
 impl<'a> Client<'a> {
@@ -31,12 +42,19 @@ impl<'a> Client<'a> {
             mailbox,
             locks,
             wait: &DEFAULT_WAIT,
+            doorbell: None,
         })
     }
 
     /// Waits with `wait` instead of the default back-off (e.g. to give up after a timeout).
     pub fn with_wait(mut self, wait: &'a dyn Wait) -> Self {
         self.wait = wait;
+        self
+    }
+
+    /// Rings `doorbell` after each open.
+    pub fn with_doorbell(mut self, doorbell: ClientDoorbell<'a>) -> Self {
+        self.doorbell = Some(doorbell);
         self
     }
 
@@ -109,6 +127,15 @@ impl<'a> Client<'a> {
         let header = &self.mailbox.header[2 * i..2 * i + 2];
         header[0].store(mask.to_le(), Ordering::Relaxed);
         header[1].store(u64::from(opcode.0).to_le(), Ordering::Relaxed);
+        if let Some(bell) = &self.doorbell {
+            // RMW: one more open request (n -> n + 1). Relaxed: the counter only decides whether
+            // the server sleeps; the request itself is ordered by the flip of our word.
+            if bell.value.fetch_add(1, Ordering::Relaxed) == 0 {
+                bell.mailbox
+                    .store(u64::from(bell.event_id), Ordering::Relaxed);
+                (bell.raise)();
+            }
+        }
         let layout = self.mailbox.layout();
         Some(Port {
             index,

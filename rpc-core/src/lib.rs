@@ -42,7 +42,7 @@ mod loom_protocol;
 #[cfg(all(test, loom))]
 mod loom_server_thread;
 
-pub use client::Client;
+pub use client::{Client, ClientDoorbell};
 pub use error::{Error, Result};
 pub use layout::{Buffer, Generation, Header, Layout};
 pub use mailbox::Mailbox;

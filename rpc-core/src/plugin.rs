@@ -29,6 +29,20 @@ pub trait SharedRegion: Send + Sync {
     }
 }
 
+/// The v2 doorbell of a mailbox (PROTOCOL section 9): a counter of open requests the device
+/// increments after each open (ringing an interrupt on 0 -> 1) and the server decrements at each
+/// close, so the worker can sleep while it is 0 and wake when the device rings. The worker still
+/// polls on a timeout: interrupt-only wake-ups lose requests.
+pub trait Doorbell: Send + Sync {
+    /// The 64-byte record written at the start of the mailbox: `value` pointer at 0, `mailbox`
+    /// pointer at 8, `event_id` at 16, in device addresses.
+    fn record(&self) -> [u8; 64];
+    /// The host's view of `*value`.
+    fn counter(&self) -> &std::sync::atomic::AtomicU64;
+    /// Blocks until the counter is non-zero (true) or `timeout` passes (false).
+    fn wait(&self, timeout: std::time::Duration) -> bool;
+}
+
 /// Device-accessible memory for the MALLOC/FREE services.
 pub trait DeviceAllocator: Send + Sync {
     /// `size` bytes aligned to `align` (a power of two); returns the device address.
@@ -98,6 +112,16 @@ pub trait Device: Send + Sync {
     fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError>;
     /// Copies from device address `src` into `out`.
     fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError>;
+
+    /// A doorbell for a new mailbox of `generation` (only v2 has one), if the device can raise
+    /// interrupts; `None` means pure polling, which is always correct.
+    fn create_doorbell(
+        &self,
+        generation: Generation,
+    ) -> Result<Option<Box<dyn Doorbell>>, VendorError> {
+        let _ = generation;
+        Ok(None)
+    }
 
     /// Launches kernel `kernel` of `image` with the packed argument block `args`; calls `done`
     /// once the kernel has completed (also if it failed). On an error return, `done` has been

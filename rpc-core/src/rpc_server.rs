@@ -55,6 +55,9 @@ pub struct ServerConfig {
     /// to this). About twice the wake-up latency of a silent kernel's first request; a longer
     /// park costs less CPU (`docs/performance.md`).
     pub park: Duration,
+    /// With doorbells (v2, a device that raises interrupts): the longest the worker sleeps on
+    /// one while no request is open before it polls anyway (a lost interrupt costs this much).
+    pub doorbell_sleep: Duration,
     /// Log the statistics (at `info`) when the worker stops.
     pub log_stats_on_shutdown: bool,
     /// Policies of the standard services (exit, files, SYSTEM).
@@ -69,6 +72,7 @@ impl Default for ServerConfig {
             wait_timeout: None,
             shutdown_policy: ShutdownPolicy::Refuse,
             park: Duration::from_micros(50),
+            doorbell_sleep: Duration::from_millis(1),
             log_stats_on_shutdown: false,
             services: Default::default(),
         }
@@ -121,7 +125,8 @@ pub(crate) struct Attached {
     pub(crate) layout: Layout,
     source: Box<dyn MailboxSource>,
     locks: LockTable,
-    doorbell: Option<Arc<AtomicU64>>,
+    #[cfg(not(loom))]
+    doorbell: Option<Box<dyn crate::plugin::Doorbell>>,
     /// Set by `detach`: the worker stops touching the mailbox and abandons waits on it.
     detached: AtomicBool,
     /// User guards covering this mailbox.
@@ -132,10 +137,11 @@ impl Attached {
     fn server(&self) -> Server<'_> {
         let server = Server::new(self.source.view(), self.locks.words())
             .expect("lock table sized for the layout");
-        match &self.doorbell {
-            Some(counter) => server.with_doorbell(counter),
-            None => server,
+        #[cfg(not(loom))]
+        if let Some(bell) = &self.doorbell {
+            return server.with_doorbell(bell.counter());
         }
+        server
     }
 }
 
@@ -241,7 +247,11 @@ impl RpcServer {
 
     /// Attaches a mailbox held in `source`; the worker serves it from its next pass on.
     pub fn attach(&self, source: Box<dyn MailboxSource>) -> MailboxId {
-        self.attach_inner(source, None)
+        self.attach_inner(
+            source,
+            #[cfg(not(loom))]
+            None,
+        )
     }
 
     /// Attaches a plugin's shared region holding a mailbox of `layout`.
@@ -257,20 +267,35 @@ impl RpcServer {
         Ok(self.attach(Box::new(RegionMailbox { region, layout })))
     }
 
-    /// Attaches a v2 mailbox whose doorbell counter (PROTOCOL section 9) the host sees at
-    /// `counter`: the server decrements it once per served port.
+    /// Attaches a v2 mailbox (in `source`) whose doorbell (PROTOCOL section 9) is `bell`: the
+    /// server decrements its counter once per served port, and the worker sleeps on it while no
+    /// request is open (every attached mailbox having a doorbell), polling on a timeout too.
+    #[cfg(not(loom))]
     pub fn attach_with_doorbell(
         &self,
         source: Box<dyn MailboxSource>,
-        counter: Arc<AtomicU64>,
+        bell: Box<dyn crate::plugin::Doorbell>,
     ) -> MailboxId {
-        self.attach_inner(source, Some(counter))
+        self.attach_inner(source, Some(bell))
+    }
+
+    /// [`RpcServer::attach_region`] with a doorbell.
+    #[cfg(not(loom))]
+    pub fn attach_region_with_doorbell(
+        &self,
+        region: Box<dyn crate::plugin::SharedRegion>,
+        layout: Layout,
+        bell: Box<dyn crate::plugin::Doorbell>,
+    ) -> Result<MailboxId> {
+        // SAFETY: as in `attach_region`: a validating view only.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(self.attach_with_doorbell(Box::new(RegionMailbox { region, layout }), bell))
     }
 
     fn attach_inner(
         &self,
         source: Box<dyn MailboxSource>,
-        doorbell: Option<Arc<AtomicU64>>,
+        #[cfg(not(loom))] doorbell: Option<Box<dyn crate::plugin::Doorbell>>,
     ) -> MailboxId {
         let context = &self.inner.context;
         // RMW: hands out each id once.
@@ -281,6 +306,7 @@ impl RpcServer {
             layout,
             source,
             locks: LockTable::new(layout.ports()),
+            #[cfg(not(loom))]
             doorbell,
             detached: AtomicBool::new(false),
             users: Arc::new(Coverage::default()),
@@ -755,6 +781,25 @@ impl PassCache {
     }
 
     /// Lets go of every mailbox (before sleeping, so `detach` never waits on a sleeper).
+    /// A doorbell to sleep on: only when every attached mailbox has one and no request is open
+    /// in any (each counter 0). Then an open request rings one of them (waiting on the first,
+    /// the others are seen at the next poll, at most `doorbell_sleep` later).
+    #[cfg(not(loom))]
+    pub(crate) fn quiet_doorbell(&self) -> Option<&dyn crate::plugin::Doorbell> {
+        let mailboxes = self.mailboxes.as_ref()?;
+        let mut bells = mailboxes.iter().map(|m| m.doorbell.as_deref());
+        let first = bells.next()??;
+        let all_quiet = std::iter::once(Some(first))
+            .chain(bells)
+            .all(|bell| bell.is_some_and(|b| b.counter().load(Ordering::Relaxed) == 0));
+        all_quiet.then_some(first)
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn quiet_doorbell(&self) -> Option<&'static dyn crate::plugin::Doorbell> {
+        None
+    }
+
     pub(crate) fn clear(&mut self) {
         self.mailboxes = None;
     }

@@ -151,10 +151,26 @@ impl<P: Plugin> PluginRuntime<P> {
         let region = dev
             .alloc_shared(layout.total_size())
             .map_err(vendor(name, "allocate mailbox"))?;
+        let bell = dev
+            .create_doorbell(generation)
+            .map_err(vendor(name, "create doorbell"))?;
+        if let Some(bell) = &bell {
+            let record = bell.record();
+            // SAFETY: the region is ours, at least 64 bytes (a v2 layout starts with the
+            // record), and nobody else knows it yet: the client object is written below.
+            unsafe {
+                std::ptr::copy_nonoverlapping(record.as_ptr(), region.host_ptr(), record.len())
+            };
+        }
         let object = layout.client_object(region.device_addr());
         dev.copy_to_device(object_addr, &object)
             .map_err(vendor(name, "write client object"))?;
-        let id = self.server.attach_region(region, layout)?;
+        let id = match bell {
+            Some(bell) => self
+                .server
+                .attach_region_with_doorbell(region, layout, bell)?,
+            None => self.server.attach_region(region, layout)?,
+        };
         self.server
             .context()
             .services()

@@ -322,6 +322,7 @@ fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Durat
         // time) however many ports there are: 96 back-to-back passes over 16384 ports would
         // hold the CPU for some 240 µs, which a client sharing that CPU would wait through.
         idle = idle.saturating_add((cache.ports() / 256).max(1) as u32);
+        #[allow(clippy::absurd_extreme_comparisons)] // HOT_PASSES is 0 under loom.
         if idle <= HOT_PASSES {
             // Right after serving, the next request of a client in a loop is a cross-core
             // transfer away: poll back to back (a PAUSE here would add half its length to the
@@ -334,6 +335,17 @@ fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Durat
             let control = lock(&this.control);
             if control.state != State::Running || control.users == 0 {
                 return;
+            }
+            if let Some(bell) = cache.quiet_doorbell() {
+                // No request is open anywhere: sleep until the device rings, polling anyway
+                // after `doorbell_sleep`. A new user or a shutdown waits at most that long.
+                drop(control);
+                let stats = &inner.context.stats;
+                bump(&stats.doorbell_sleeps);
+                if bell.wait(inner.context.config.doorbell_sleep) {
+                    bump(&stats.doorbell_rings);
+                }
+                continue;
             }
             parks = parks.saturating_add(1);
             park_for(this, control, park_length(parks, park));

@@ -24,6 +24,8 @@ pub struct Stats {
     pub(crate) abandoned: AtomicU64,
     pub(crate) passes: AtomicU64,
     pub(crate) wakeups: AtomicU64,
+    pub(crate) doorbell_sleeps: AtomicU64,
+    pub(crate) doorbell_rings: AtomicU64,
     pub(crate) workers_started: AtomicU64,
 }
 
@@ -40,6 +42,8 @@ impl Default for Stats {
             abandoned: AtomicU64::new(0),
             passes: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
+            doorbell_sleeps: AtomicU64::new(0),
+            doorbell_rings: AtomicU64::new(0),
             workers_started: AtomicU64::new(0),
         }
     }
@@ -79,6 +83,8 @@ impl Stats {
             abandoned: get(&self.abandoned),
             passes: get(&self.passes),
             wakeups: get(&self.wakeups),
+            doorbell_sleeps: get(&self.doorbell_sleeps),
+            doorbell_rings: get(&self.doorbell_rings),
             workers_started: get(&self.workers_started),
         }
     }
@@ -105,6 +111,10 @@ pub struct StatsSnapshot {
     pub passes: u64,
     /// Times the worker woke from sleeping with no users.
     pub wakeups: u64,
+    /// Times the worker slept on a doorbell (no request open).
+    pub doorbell_sleeps: u64,
+    /// Doorbell sleeps ended by the device ringing (not by the timeout).
+    pub doorbell_rings: u64,
     /// Worker threads started over the server's life.
     pub workers_started: u64,
 }
@@ -125,7 +135,7 @@ impl fmt::Display for StatsSnapshot {
         write!(
             f,
             "served={} errors={} refused={} unknown={} bad_headers={} panics={} abandoned={} \
-             passes={} wakeups={} workers_started={}",
+             passes={} wakeups={} doorbell_sleeps={} doorbell_rings={} workers_started={}",
             self.total_served(),
             self.errors,
             self.refused,
@@ -135,6 +145,8 @@ impl fmt::Display for StatsSnapshot {
             self.abandoned,
             self.passes,
             self.wakeups,
+            self.doorbell_sleeps,
+            self.doorbell_rings,
             self.workers_started
         )?;
         for (op, n) in &self.served {
