@@ -35,7 +35,8 @@
 //! one pass; device clients cannot notify us). Before each park it re-checks, under `control`,
 //! whether the users are gone (then it does one last pass, for requests that need no answer
 //! such as FREE, and sleeps) or the state left Running (then it does the same last pass and
-//! exits).
+//! exits). A shutdown also sets `stopping`, which the worker reads before every pass, so it
+//! leaves even while every pass finds work (steady traffic never lets it go idle).
 
 use std::string::String;
 
@@ -313,6 +314,12 @@ fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Durat
     let mut idle: u32 = 0;
     let mut parks: u32 = 0;
     loop {
+        // A shutdown must not wait for a quiet moment: under steady traffic every pass finds
+        // work and the idle check below never comes. Relaxed: `stopping` only asks us to leave
+        // sooner; the state, read under `control` before the worker exits, decides.
+        if inner.context.stopping.load(Ordering::Relaxed) {
+            return;
+        }
         if inner.serve_pass(cache) > 0 {
             idle = 0;
             parks = 0;

@@ -358,3 +358,60 @@ fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
     assert_eq!(server.stats().abandoned, 1);
     drop(second);
 }
+
+#[test]
+fn shutdown_returns_promptly_under_steady_traffic() {
+    // Regression: the worker looked at the state only after a run of idle passes, so clients
+    // that kept it busy kept a shutdown waiting (here up to ~1 s each; minutes in the stress).
+    // Now it leaves after the pass in progress: microseconds. The bound is for a loaded CI.
+    const CYCLES: u32 = 8;
+    let server = RpcServer::new(config("busy"));
+    let mailbox = Mailbox::attach(&server, 2, 1);
+    let _user = server.user();
+    let stop = AtomicBool::new(false);
+    let mut spent = Duration::ZERO;
+    thread::scope(|s| {
+        // Two clients, so some request is nearly always pending when a pass looks.
+        for _ in 0..2 {
+            s.spawn(|| {
+                let client = mailbox.client();
+                let mut x = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    assert_eq!(increment(&client, Opcode::TEST_INCREMENT, x), x + 1);
+                    x += 1;
+                }
+            });
+        }
+        // A watchdog: should a shutdown wait for the traffic to end, end it (the test then
+        // fails on the time spent instead of hanging).
+        s.spawn(|| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                thread::sleep(Duration::from_millis(10));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        for _ in 0..CYCLES {
+            let _ = server.start().unwrap();
+            let served = server.stats().served_of(Opcode::TEST_INCREMENT);
+            eventually("traffic flows", || {
+                server.stats().served_of(Opcode::TEST_INCREMENT) > served + 50
+            });
+            let began = Instant::now();
+            assert_eq!(
+                server.shutdown_with(ShutdownPolicy::Force),
+                Ok(Stopped::Stopped)
+            );
+            spent += began.elapsed();
+        }
+        stop.store(true, Ordering::Relaxed);
+        // Serve the clients' last requests.
+        let _ = server.start().unwrap();
+    });
+    let _ = server.shutdown_with(ShutdownPolicy::Force).unwrap();
+    println!("{CYCLES} shutdowns under traffic took {spent:?}");
+    assert!(
+        spent < Duration::from_secs(2),
+        "{CYCLES} shutdowns under traffic took {spent:?}"
+    );
+}
