@@ -1,1 +1,5 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests, and workloads that `cargo xtask` runs too.
+//!
+//! - [`stress`]: the bounded server life-cycle stress (`tests/stress.rs`, `cargo xtask stress`).
+
+pub mod stress;

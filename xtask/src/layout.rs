@@ -1,0 +1,103 @@
+//! `cargo xtask layout --gen v1|v2 --ports N --lanes L`: one line with the mailbox's offsets and
+//! sizes in bytes, from [`rpc_core::Layout`] (PROTOCOL section 2).
+
+use rpc_core::{Generation, Layout};
+
+use crate::flags::Flags;
+use crate::{Failure, Result};
+
+pub fn run(args: &[String]) -> Result {
+    println!("{}", line(&parse(args)?));
+    Ok(())
+}
+
+/// The layout the flags name, or a usage error for anything `Layout::new` or the parser rejects.
+fn parse(args: &[String]) -> Result<Layout> {
+    let flags = Flags::parse("layout", args, &["gen", "ports", "lanes"])?;
+    let generation = match flags.required("gen")? {
+        "v1" => Generation::V1,
+        "v2" => Generation::V2,
+        other => {
+            return Err(Failure::Usage(format!(
+                "layout: --gen wants v1 or v2, not `{other}`"
+            )))
+        }
+    };
+    let ports = flags.number("ports", None)?;
+    let lanes = flags.number("lanes", None)?;
+    Layout::new(generation, ports, lanes).map_err(|e| Failure::Usage(format!("layout: {e}")))
+}
+
+/// `primary=.. secondary=.. header=.. packet=.. total=.. client_object=..`
+fn line(layout: &Layout) -> String {
+    format!(
+        "primary={} secondary={} header={} packet={} total={} client_object={}",
+        layout.primary(),
+        layout.secondary(),
+        layout.header(),
+        layout.packet(),
+        layout.total_size(),
+        layout.client_object_size()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout_line(args: &str) -> Result<String> {
+        let args: Vec<String> = args.split_whitespace().map(String::from).collect();
+        parse(&args).map(|l| line(&l))
+    }
+
+    #[test]
+    fn prints_the_protocol_test_vectors() {
+        // PROTOCOL section 2, plus each generation's client object size (section 8).
+        let vectors = [
+            ("v1", 1, 1, "primary=0 secondary=4 header=8 packet=64 total=128 client_object=552"),
+            ("v1", 64, 32, "primary=0 secondary=256 header=512 packet=1536 total=132608 client_object=552"),
+            ("v1", 4096, 64, "primary=0 secondary=16384 header=32768 packet=98304 total=16875520 client_object=552"),
+            ("v1", 4096, 32, "primary=0 secondary=16384 header=32768 packet=98304 total=8486912 client_object=552"),
+            ("v2", 64, 32, "primary=64 secondary=320 header=576 packet=1600 total=132672 client_object=2096"),
+            ("v2", 16384, 64, "primary=64 secondary=65600 header=131136 packet=393280 total=67502144 client_object=2096"),
+        ];
+        for (generation, ports, lanes, want) in vectors {
+            let args = format!("--gen {generation} --ports {ports} --lanes {lanes}");
+            assert_eq!(layout_line(&args).unwrap(), want, "{args}");
+        }
+    }
+
+    #[test]
+    fn flags_in_any_order_and_with_equals() {
+        assert_eq!(
+            layout_line("--lanes=32 --ports 64 --gen=v1").unwrap(),
+            layout_line("--gen v1 --ports 64 --lanes 32").unwrap()
+        );
+    }
+
+    #[test]
+    fn invalid_input_is_a_usage_error() {
+        for bad in [
+            "",
+            "--gen v1 --ports 64",
+            "--gen v3 --ports 64 --lanes 32",
+            "--gen v1 --ports sixty --lanes 32",
+            "--gen v1 --ports -1 --lanes 32",
+            "--gen v1 --ports 0 --lanes 32",
+            "--gen v1 --ports 4097 --lanes 32",
+            "--gen v2 --ports 16385 --lanes 32",
+            "--gen v1 --ports 64 --lanes 16",
+            "--gen v1 --ports 64 --lanes 32 --extra 1",
+            "--gen v1 --ports 64 --lanes 32 stray",
+        ] {
+            assert!(
+                matches!(layout_line(bad), Err(Failure::Usage(_))),
+                "accepted: {bad:?}"
+            );
+        }
+        let Err(Failure::Usage(why)) = layout_line("--gen v1 --ports 5000 --lanes 32") else {
+            panic!("accepted 5000 ports");
+        };
+        assert!(why.contains("5000"), "{why}");
+    }
+}
