@@ -31,7 +31,7 @@ pub enum Error {
     },
     /// An unknown layout generation name.
     #[error("unknown layout generation {0:?} (expected v1 or v2)")]
-    BadGeneration(&'static str),
+    BadGeneration(RefusalText),
     /// A header lane mask that is empty or has bits at or above the lane size.
     #[error("lane mask {mask:#x} is empty or has bits at or above the lane size {lanes}")]
     BadMask { mask: u64, lanes: u32 },

@@ -115,7 +115,10 @@ impl FromStr for Generation {
         match s {
             "v1" => Ok(Generation::V1),
             "v2" => Ok(Generation::V2),
-            _ => Err(Error::BadGeneration("expected v1 or v2")),
+            #[cfg(feature = "std")]
+            _ => Err(Error::BadGeneration(s.into())),
+            #[cfg(not(feature = "std"))]
+            _ => Err(Error::BadGeneration("(not v1 or v2)")),
         }
     }
 }

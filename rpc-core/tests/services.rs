@@ -1036,9 +1036,20 @@ fn streams_above_the_bound_are_drained_and_refused() {
         assert_eq!(fx.out.take(), expect);
         fx.expect_counts(1, 0);
 
-        let out = fx.fopen(&data, "w");
+        // Paths: the first lane's is too long; the others name files in the fixture's directory.
+        let paths = per_lane(|l| {
+            if l == first {
+                data[l as usize].clone()
+            } else {
+                cpath(&fx.path(&format!("long-{l}")))
+            }
+        });
+        let out = fx.fopen(&paths, "w");
         assert_eq!(out[first as usize], 0);
         fx.expect_counts(2, 0);
+        for l in fx.lanes().into_iter().filter(|&l| l != first) {
+            assert_ne!(out[l as usize], 0, "lane {l} opened its file");
+        }
         let out = fx.stream_then_word(Opcode::SYSTEM, &data);
         assert_eq!(out[first as usize], MINUS_ONE);
         fx.expect_counts(3, 0);
