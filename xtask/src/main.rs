@@ -6,6 +6,7 @@
 mod bench;
 mod flags;
 mod layout;
+mod plugins;
 mod stress;
 mod test;
 
@@ -17,7 +18,12 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [flags]
 
 commands:
+  demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]
+                                         the main job: a small offload program (host plugin)
   test                                   fmt, clippy, the tests, the loom models, the no_std build
+  devices                                one line per plugin: its devices or why there are none
+  build --plugin host|cuda|amdgpu|all [--release]
+                                         build the binaries embedding those plugins
   layout --gen v1|v2 --ports N --lanes L print a mailbox layout's offsets and sizes in bytes
   stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
   bench [--quick] [--pin] [--latency-only] [--park-us N]
@@ -69,6 +75,9 @@ fn run(args: &[String]) -> Result {
         return Err(Failure::Usage("no command given".into()));
     };
     match command.as_str() {
+        "demo" => plugins::demo(rest),
+        "devices" => plugins::devices(rest),
+        "build" => plugins::build(rest),
         "test" => test::run(rest),
         "layout" => layout::run(rest),
         "stress" => stress::run(rest),
