@@ -79,6 +79,18 @@ impl Opcode {
     pub const fn new(class: u8, n: u32) -> Opcode {
         Opcode((class as u32) << 24 | (n & 0x00FF_FFFF))
     }
+    /// The opcode's position in [`Opcode::ALL`], in constant time (the server's hot path counts
+    /// and dispatches by it).
+    pub const fn table_index(self) -> Option<usize> {
+        match self.0 {
+            0x6300_0000..=0x6300_001D => Some((self.0 & 0xFF) as usize),
+            0x6300_8000..=0x6300_8002 => Some(30 + (self.0 - 0x6300_8000) as usize),
+            0x6F00_0000 => Some(33),
+            0xFFFF_FFFF => Some(34),
+            _ => None,
+        }
+    }
+
     /// A user opcode in class `'u'`.
     pub const fn user(n: u32) -> Opcode {
         Opcode::new(USER_CLASS, n)
@@ -156,6 +168,23 @@ mod tests {
         assert_eq!(Opcode::PRINTF_TO_STREAM_PACKED.0, 0x6300_001A);
         assert_eq!(Opcode::SYSTEM.0, 0x6300_001D);
         assert_eq!(Opcode::ALL.len(), 35);
+    }
+
+    #[test]
+    fn table_index_is_the_position_in_all() {
+        for (i, op) in Opcode::ALL.iter().enumerate() {
+            assert_eq!(op.table_index(), Some(i), "{op}");
+        }
+        for op in [
+            0x6300_001E,
+            0x6300_7FFF,
+            0x6300_8003,
+            0x6F00_0001,
+            0x7500_0000,
+            0,
+        ] {
+            assert_eq!(Opcode(op).table_index(), None, "{op:#x}");
+        }
     }
 
     #[test]

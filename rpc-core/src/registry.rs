@@ -46,6 +46,11 @@ pub struct Entry {
 pub struct Registry {
     user: Vec<Entry>,
     standard: Vec<Entry>,
+    /// For each opcode of the table (by [`Opcode::table_index`]), the first standard entry
+    /// registered for exactly that opcode: the lookup of a standard opcode is one index.
+    standard_by_table: Vec<Option<usize>>,
+    /// Whether any standard entry matches by predicate (then the order must be searched).
+    standard_predicates: bool,
 }
 
 impl Registry {
@@ -53,15 +58,35 @@ impl Registry {
         self.user.push(entry);
     }
     pub(crate) fn push_standard(&mut self, entry: Entry) {
+        match entry.matcher {
+            Matcher::Opcode(op) => {
+                if let Some(i) = op.table_index() {
+                    self.standard_by_table.resize(Opcode::ALL.len(), None);
+                    self.standard_by_table[i].get_or_insert(self.standard.len());
+                }
+            }
+            Matcher::Predicate(_) => self.standard_predicates = true,
+        }
         self.standard.push(entry);
     }
     /// The first handler accepting `opcode`: user handlers in registration order, then the
     /// standard ones.
     pub(crate) fn find(&self, opcode: Opcode) -> Option<&Entry> {
-        self.user
+        if let Some(entry) = self.user.iter().find(|e| e.matcher.accepts(opcode)) {
+            return Some(entry);
+        }
+        let indexed = opcode
+            .table_index()
+            .and_then(|i| *self.standard_by_table.get(i)?);
+        if !self.standard_predicates {
+            return indexed.map(|i| &self.standard[i]);
+        }
+        // In registration order, an entry before the indexed one may accept it first.
+        let before = indexed.unwrap_or(self.standard.len());
+        let earlier = self.standard[..before]
             .iter()
-            .chain(&self.standard)
-            .find(|e| e.matcher.accepts(opcode))
+            .find(|e| e.matcher.accepts(opcode));
+        earlier.or_else(|| indexed.map(|i| &self.standard[i]))
     }
     /// Names of the handlers, in lookup order.
     pub fn names(&self) -> Vec<&str> {
@@ -130,3 +155,44 @@ impl core::ops::DerefMut for Request<'_, '_> {
 
 /// A boxed handler, for APIs that take one.
 pub type BoxedHandler = Box<HandlerFn>;
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn named(name: &str, matcher: Matcher) -> Entry {
+        entry(name, matcher, |_| Ok(()))
+    }
+
+    #[test]
+    fn user_handlers_come_first_then_standard_in_order() {
+        let mut registry = Registry::default();
+        crate::services::register_standard(&mut registry);
+        let found = |r: &Registry, op| r.find(op).map(|e| e.name.clone());
+        assert_eq!(
+            found(&registry, Opcode::TEST_INCREMENT).as_deref(),
+            Some("TEST_INCREMENT")
+        );
+        assert_eq!(found(&registry, Opcode::user(1)), None);
+        // A user handler overrides a standard opcode; a predicate catches a whole class.
+        registry.push_user(named("mine", Matcher::Opcode(Opcode::TEST_INCREMENT)));
+        registry.push_user(named(
+            "class u",
+            Matcher::Predicate(Arc::new(|op: Opcode| op.class() == b'u')),
+        ));
+        assert_eq!(
+            found(&registry, Opcode::TEST_INCREMENT).as_deref(),
+            Some("mine")
+        );
+        assert_eq!(
+            found(&registry, Opcode::user(9)).as_deref(),
+            Some("class u")
+        );
+        // A standard predicate registered before an indexed entry wins, as the order says.
+        let mut registry = Registry::default();
+        registry.push_standard(named("any", Matcher::Predicate(Arc::new(|_| true))));
+        registry.push_standard(named("noop", Matcher::Opcode(Opcode::NOOP)));
+        assert_eq!(found(&registry, Opcode::NOOP).as_deref(), Some("any"));
+        assert_eq!(registry.names(), ["any", "noop"]);
+    }
+}

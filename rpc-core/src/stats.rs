@@ -57,7 +57,7 @@ pub(crate) fn bump(counter: &AtomicU64) {
 
 impl Stats {
     pub(crate) fn served(&self, opcode: Opcode) {
-        match Opcode::ALL.iter().position(|&o| o == opcode) {
+        match opcode.table_index() {
             Some(i) => bump(&self.known[i]),
             None => *lock(&self.other).entry(opcode).or_insert(0) += 1,
         }
