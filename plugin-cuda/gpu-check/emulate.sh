@@ -20,9 +20,11 @@ server_pid=$!
 for _ in $(seq 100); do grep -q '^ready' "$work/serve.log" && break; sleep 0.1; done
 grep -q '^ready' "$work/serve.log" || { cat "$work/serve.log"; echo "emulate: rpc-serve did not start"; exit 1; }
 status=0
-timeout 300 "$work/emulate" "$work/mailbox" "$ports" "$work/expected" || status=$?
+timeout "${EMULATE_TIMEOUT:-300}" "$work/emulate" "$work/mailbox" "$ports" "$work/expected" || status=$?
 kill -INT "$server_pid"; wait "$server_pid" || true; server_pid=""
-if diff <(sort "$work/expected") <(sort "$work/stdout") > "$work/diff"; then
+if [ "$status" != 0 ]; then
+  [ "$status" = 124 ] && echo "FAIL emulate: timed out (a deadlock)" || echo "FAIL emulate: exit status $status"
+elif diff <(sort "$work/expected") <(sort "$work/stdout") > "$work/diff"; then
   echo "PASS stdout: $(wc -l < "$work/stdout") lines exactly as expected"
 else
   echo "FAIL stdout: printed lines differ from the expected ones:"; head -20 "$work/diff"; status=1

@@ -354,7 +354,8 @@ extern "C" __global__ void rpc_test_stream(u32 *result, u8 *scratch, u64 per_thr
   u8 *mine = scratch + me * per_thread * 2;
   u8 *back = mine + per_thread;
   u32 code = per_thread >= 4096 ? 1u : 4u;
-  for (u32 round = 0; round < STREAM_ROUNDS && code == 1u; ++round) {
+  // Every lane runs every round, failed or not: the warp stays converged.
+  for (u32 round = 0; round < STREAM_ROUNDS; ++round) {
     // The last round: lane * 127 bytes, 0 to 3937.
     u64 len = round + 1 < STREAM_ROUNDS ? kStreamLengths[round] + ((round & 1u) ? lane * 13u : 0u)
                                         : (u64)lane * 127u;
