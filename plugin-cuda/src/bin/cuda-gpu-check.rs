@@ -13,8 +13,9 @@
 //! per check, then `roundtrips_per_s_1warp=.. roundtrips_per_s_many=.. warps_many=..` and
 //! `gpu-check: N passed, M failed`. Exit code 0 only if every check passed; 1 otherwise,
 //! including when there is no driver or device (the reason is printed, e.g.
-//! `cuda: 0 devices (libcuda.so.1 not found ...)`); 2 for bad arguments. A kernel that does not
-//! finish within the timeout (a protocol deadlock) fails the check and ends the process with 1.
+//! `cuda: 0 devices (libcuda.so.1 not found)`); 2 for bad arguments. A kernel that does not
+//! finish within the timeout (default 60 s; a protocol deadlock) fails the check and aborts the
+//! process (SIGABRT, status 134 in a shell).
 //!
 //! Build it where Rust is (`cargo xtask gpu-check`), run it where the GPU is.
 
@@ -57,7 +58,7 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
         ptx: String::new(),
         iterations_1warp: 20_000,
         iterations_many: 200,
-        timeout: Duration::from_secs(120),
+        timeout: Duration::from_secs(60),
     };
     let mut it = args.iter();
     let number = |flag: &str, value: Option<&String>| -> Result<u64, String> {
@@ -214,8 +215,9 @@ impl Check<'_> {
                     "FAIL {name}: still running after {} s (a protocol deadlock?)",
                     timeout.as_secs()
                 );
-                println!("gpu-check: FAIL");
-                std::process::exit(1);
+                println!("gpu-check: FAIL (aborting: the kernel cannot be stopped otherwise)");
+                // Not `exit`: its handlers could wait on the driver, which waits on the kernel.
+                std::process::abort();
             }
         });
         let start = Instant::now();
@@ -246,19 +248,14 @@ impl Check<'_> {
         verdicts(&result.read_u32()?)?;
         Ok(format!(
             "{threads} threads x {iterations} round trips{}",
-            if skip_odd {
-                ", odd lanes absent"
-            } else {
-                ""
-            }
+            if skip_odd { ", odd lanes absent" } else { "" }
         ))
     }
 
     fn stream(&self, grid: Grid) -> Result<String, String> {
         let threads = Self::threads(grid);
         let result = DeviceBuffer::zeroed(self.device(), threads * 4)?;
-        let scratch =
-            DeviceBuffer::zeroed(self.device(), threads * 2 * STREAM_SCRATCH as usize)?;
+        let scratch = DeviceBuffer::zeroed(self.device(), threads * 2 * STREAM_SCRATCH as usize)?;
         self.run(
             "rpc_test_stream",
             &[result.addr, scratch.addr, STREAM_SCRATCH],
@@ -457,10 +454,7 @@ fn run(options: &Options) -> Result<bool, String> {
         }
     };
     // Several blocks of several warps; 100 threads per block leaves a partial last warp.
-    report(
-        "increment",
-        check.increment(Grid::linear(4, 128), 8, false),
-    );
+    report("increment", check.increment(Grid::linear(4, 128), 8, false));
     report(
         "increment-partial-warps",
         check.increment(Grid::linear(3, 100), 4, false),
