@@ -5,6 +5,7 @@
 
 mod bench;
 mod flags;
+mod gpu_check;
 mod layout;
 mod plugins;
 mod stress;
@@ -28,6 +29,7 @@ commands:
   stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
   bench [--quick] [--pin] [--latency-only] [--park-us N]
                                          the performance table (docs/performance.md)
+  gpu-check [--no-clang]                 prepare target/gpu-check/ for a machine with an NVIDIA GPU
   help                                   this text";
 
 /// Why a command did not succeed.
@@ -82,6 +84,7 @@ fn run(args: &[String]) -> Result {
         "layout" => layout::run(rest),
         "stress" => stress::run(rest),
         "bench" => Ok(bench::run(rest)?),
+        "gpu-check" => Ok(gpu_check::run(rest)?),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())

@@ -1,0 +1,44 @@
+//! `cuda-gpu-check` without a GPU: says why and exits 1, never panics; bad arguments exit 2.
+
+use std::process::Command;
+
+fn check(args: &[&str]) -> (Option<i32>, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_cuda-gpu-check"))
+        .args(args)
+        .output()
+        .expect("cuda-gpu-check runs");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn without_a_device_it_says_why_and_exits_1() {
+    let (code, stdout, stderr) = check(&["/nonexistent/rpc_client.ptx", "--quick"]);
+    if !stdout.starts_with("cuda: 0 devices (") {
+        eprintln!("skipped: this machine has a CUDA device ({stdout})");
+        return;
+    }
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("gpu-check: FAIL: no CUDA device to check"),
+        "{stdout}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn bad_arguments_exit_2_with_the_usage() {
+    for args in [
+        &[][..],
+        &["a.ptx", "--iterations-many", "0"],
+        &["a.ptx", "b.ptx"],
+        &["--bogus"],
+    ] {
+        let (code, _, stderr) = check(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("usage: cuda-gpu-check PTX"), "{stderr}");
+    }
+}
