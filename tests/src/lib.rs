@@ -1,1 +1,3 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests and for `cargo xtask soak`.
+
+pub mod adversary;
