@@ -306,13 +306,19 @@ fn worker(inner: Arc<Inner>) {
     this.alive.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Serves passes with back-off until the users are gone or the state leaves Running.
+/// Serves passes with back-off until the users are gone or a shutdown begins.
 fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Duration) {
     let this = &inner.thread;
     let (spin, yield_) = BACKOFF_PASSES;
     let mut idle: u32 = 0;
     let mut parks: u32 = 0;
     loop {
+        // Checked every pass, not only when idle: a client sending back to back would otherwise
+        // keep a shutdown waiting for as long as it sends. Relaxed: `shutdown` sets the flag
+        // under `control` and then joins; seeing it a pass late only delays the exit by a pass.
+        if inner.context.stopping.load(Ordering::Relaxed) {
+            return;
+        }
         if inner.serve_pass(cache) > 0 {
             idle = 0;
             parks = 0;

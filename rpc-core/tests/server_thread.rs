@@ -358,3 +358,37 @@ fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
     assert_eq!(server.stats().abandoned, 1);
     drop(second);
 }
+
+/// Regression: the worker only looked at its state when a pass found nothing to serve, so a
+/// client sending back to back kept `shutdown` (even `Force`) waiting for as long as it kept
+/// sending. The request in flight at the shutdown is served by the next worker.
+#[test]
+fn shutdown_returns_while_a_client_keeps_the_worker_busy() {
+    let server = RpcServer::new(config("busy"));
+    let mailbox = Mailbox::attach(&server, 2, 1);
+    let _ = server.start().unwrap();
+    let stop = AtomicBool::new(false);
+    thread::scope(|s| {
+        s.spawn(|| {
+            let _kernel = server.user_for(mailbox.id);
+            let client = mailbox.client();
+            let mut x = 0;
+            while !stop.load(Ordering::Relaxed) {
+                assert_eq!(increment(&client, Opcode::TEST_INCREMENT, x), x + 1);
+                x += 1;
+            }
+        });
+        for _ in 0..5 {
+            thread::sleep(Duration::from_millis(20));
+            let started = Instant::now();
+            assert_eq!(
+                server.shutdown_with(ShutdownPolicy::Force),
+                Ok(Stopped::Stopped)
+            );
+            let took = started.elapsed();
+            assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+            assert_eq!(server.start(), Ok(Started::Started));
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+}
