@@ -205,8 +205,8 @@ pub struct Port<'a, const SERVER: bool> {
     pub(crate) wait: &'a dyn Wait,
     /// v2 doorbell counter, decremented once when a server port closes.
     pub(crate) doorbell: Option<&'a AtomicU64>,
-    /// Set when a wait gave up: the exchange stopped midway, so the other side may still be
-    /// inside it (see `Drop`).
+    /// Set when a wait gave up or `recv_n` refused a length: the exchange stopped midway, so
+    /// the other side may still be inside it (see `Drop`).
     pub(crate) gave_up: bool,
 }
 
@@ -365,6 +365,9 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             packet.read_bytes(8, bytes);
         })?;
         if let Some(error) = too_long {
+            // The script stops here although the other side goes on sending: as after a wait
+            // that gave up, the port must not be reused by this client (see `Drop`).
+            self.gave_up = true;
             return Err(error);
         }
         let longest = lengths.iter().copied().max().unwrap_or(0);
@@ -458,7 +461,8 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
         // A client that dies mid-exchange keeps its lock, as a trapped GPU warp does (its lock
         // bit is device memory nobody clears): the server may still be inside the exchange,
         // and a new client on the port would have its packets read as the old script's. So
-        // does a client whose wait gave up: it stopped midway just the same.
+        // does a client whose wait gave up, or whose `recv_n` refused a length: it stopped
+        // midway just the same.
         if !SERVER && self.gave_up {
             return;
         }

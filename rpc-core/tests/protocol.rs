@@ -528,3 +528,24 @@ fn a_client_whose_wait_gave_up_keeps_its_port_locked() {
     // A port closed after a complete exchange is unlocked as before.
     assert!(client.try_open_at(1, Opcode::NOOP, 1).unwrap().is_some());
 }
+
+/// The same for a client whose `recv_n` refused a length above its bound: it stops reading
+/// while the server may go on sending, so it keeps the lock too.
+#[test]
+fn a_client_whose_recv_n_refused_a_length_keeps_its_port_locked() {
+    let fixture = Fixture::new(Generation::V1, 2, 1);
+    let client = fixture.client();
+    let server = fixture.server();
+    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
+    port.send_n(&[&[7u8; 50]]).unwrap();
+    let mut served = server.try_open(0, &Backoff).unwrap();
+    let data = served.recv_n(BOUND).unwrap();
+    served.send_n(&[&data[0]]).unwrap();
+    drop(served);
+    assert!(matches!(
+        port.recv_n(10),
+        Err(Error::TooLong { len: 50, .. })
+    ));
+    drop(port);
+    assert_eq!(client.open(Opcode::NOOP, 1).unwrap().index(), 1);
+}
