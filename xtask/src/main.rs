@@ -1,12 +1,14 @@
 //! Minimal entry point on the `bench` branch; the lead's real xtask dispatches `bench` the same way.
 
 mod bench;
+mod soak;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("bench") => bench::run(&args[1..]),
-        _ => Err("usage: cargo xtask bench [--quick]".to_string()),
+        Some("soak") => soak::run(&args[1..]),
+        _ => Err("usage: cargo xtask bench [--quick] | soak [--seconds S]".to_string()),
     };
     if let Err(error) = result {
         eprintln!("xtask: {error}");
