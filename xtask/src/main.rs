@@ -1,6 +1,7 @@
 //! Minimal entry point on the `bench` branch; the lead's real xtask dispatches `bench` the same way.
 
 mod bench;
+mod fuzz;
 mod soak;
 
 fn main() {
@@ -8,7 +9,11 @@ fn main() {
     let result = match args.first().map(String::as_str) {
         Some("bench") => bench::run(&args[1..]),
         Some("soak") => soak::run(&args[1..]),
-        _ => Err("usage: cargo xtask bench [--quick] | soak [--seconds S]".to_string()),
+        Some("fuzz") => fuzz::run(&args[1..]),
+        _ => Err(
+            "usage: cargo xtask bench [--quick] | soak [--seconds S] | fuzz [--seconds S]"
+                .to_string(),
+        ),
     };
     if let Err(error) = result {
         eprintln!("xtask: {error}");
