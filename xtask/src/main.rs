@@ -2,6 +2,7 @@
 
 mod bench;
 mod fuzz;
+mod sanitize;
 mod soak;
 
 fn main() {
@@ -10,8 +11,9 @@ fn main() {
         Some("bench") => bench::run(&args[1..]),
         Some("soak") => soak::run(&args[1..]),
         Some("fuzz") => fuzz::run(&args[1..]),
+        Some("sanitize") => sanitize::run(&args[1..]),
         _ => Err(
-            "usage: cargo xtask bench [--quick] | soak [--seconds S] | fuzz [--seconds S]"
+            "usage: cargo xtask bench [--quick] | soak [--seconds S] | fuzz [--seconds S] | sanitize [thread|address]"
                 .to_string(),
         ),
     };
