@@ -11,6 +11,11 @@ use std::process::Command;
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 /// Tests that measure time or CPU and mean nothing under a sanitizer's slowdown.
 const SKIP: &[&str] = &["an_idle_server_uses_no_measurable_cpu"];
+/// Skipped under ThreadSanitizer only: the test writes into memory the server allocated for
+/// MALLOC, ordered after the allocation by the protocol's `fence(Release)` / `fence(Acquire)`
+/// pair around relaxed flag accesses. TSan does not model standalone fences, so it reports that
+/// (correctly ordered) write as a race. The mailbox itself is all atomics and never reported.
+const SKIP_THREAD: &[&str] = &["malloc_and_free_through_the_plugin_allocator"];
 
 fn project_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -59,7 +64,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
             )
             .args(["+nightly", "test", "-Zbuild-std", "--target", TARGET])
             .args(["-p", "rpc-core", "--lib", "--tests", "--"]);
-        for skip in SKIP {
+        let only_thread = if sanitizer == "thread" {
+            SKIP_THREAD
+        } else {
+            &[]
+        };
+        for skip in SKIP.iter().chain(only_thread) {
             command.args(["--skip", skip]);
         }
         command.args(test_args);
