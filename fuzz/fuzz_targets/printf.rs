@@ -24,18 +24,25 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let size = args_size(&pieces, packed);
-    let specs = pieces.iter().filter(|p| matches!(p, Piece::Spec(_))).count();
+    let specs = pieces
+        .iter()
+        .filter(|p| matches!(p, Piece::Spec(_)))
+        .count();
     let pointers = string_pointers(&pieces, args, packed);
     let asked = RefCell::new(Vec::new());
     let fetch = |ptr: u64| {
         asked.borrow_mut().push(ptr);
-        (ptr % 3 != 0).then(|| FETCHED.to_vec())
+        (!ptr.is_multiple_of(3)).then(|| FETCHED.to_vec())
     };
     let out = format(&pieces, args, packed, &fetch);
     if args.len() >= size {
         let out = out.expect("a parsed format with enough arguments formats");
         let pointers = pointers.expect("a parsed format with enough arguments has pointers");
-        assert_eq!(pointers, *asked.borrow(), "the %s pointers the formatter fetched");
+        assert_eq!(
+            pointers,
+            *asked.borrow(),
+            "the %s pointers the formatter fetched"
+        );
         let bound = format_bytes.len() + specs * (3 * MAX_FIELD + 1024);
         assert!(out.len() <= bound, "{} bytes of output", out.len());
     }

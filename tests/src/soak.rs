@@ -471,7 +471,7 @@ pub fn run(seconds: u64) -> Result<Report, String> {
                                 .launch(rt.image, "exit", &[], Grid::linear(1, 1))
                                 .and_then(|()| rt.runtime.synchronize(0));
                             match synced {
-                                Err(Error::KernelExited(what)) if what.to_string() == "exit(3)" => {
+                                Err(Error::KernelExited(what)) if what == "exit(3)" => {
                                     counters.bad(true);
                                 }
                                 other => {

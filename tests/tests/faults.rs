@@ -547,7 +547,6 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
                 let Ok(mut port) = client.open(Opcode::TEST_STREAM, MASK) else {
                     // Every port given up (kept locked). Once the server has timed out of the
                     // cut exchanges, a new "kernel" with its own lock bits may use them again.
-                    drop(client);
                     std::thread::sleep(Duration::from_millis(120));
                     locks = LockTable::new(PORTS);
                     continue;
