@@ -1036,7 +1036,15 @@ fn streams_above_the_bound_are_drained_and_refused() {
         assert_eq!(fx.out.take(), expect);
         fx.expect_counts(1, 0);
 
-        let out = fx.fopen(&data, "w");
+        // The other lanes open files in the test's directory, not in the working directory.
+        let paths = per_lane(|l| {
+            if l == first {
+                data[l as usize].clone()
+            } else {
+                cpath(&fx.path(&format!("short-{l}")))
+            }
+        });
+        let out = fx.fopen(&paths, "w");
         assert_eq!(out[first as usize], 0);
         fx.expect_counts(2, 0);
         let out = fx.stream_then_word(Opcode::SYSTEM, &data);
