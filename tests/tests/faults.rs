@@ -558,7 +558,14 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
                 counter.fetch_add(1, Ordering::Relaxed);
             }
         });
-        for _ in 0..40 {
+        // 40 cycles, and on until at least one stream went through (a slow machine, e.g. under
+        // a sanitizer, may need more), for at most 20 s.
+        let began = Instant::now();
+        for cycle in 0.. {
+            let enough = cycle >= 40 && streams.0.load(Ordering::Relaxed) > 0;
+            if enough || began.elapsed() > Duration::from_secs(20) {
+                break;
+            }
             std::thread::sleep(Duration::from_millis(3));
             let started = Instant::now();
             let _ = server.shutdown_with(ShutdownPolicy::Force).unwrap();

@@ -1,6 +1,7 @@
 //! `cargo xtask sanitize [thread|address]... [-- TEST ARGS]`: rpc-core's tests (unit and
-//! integration, not doctests) under ThreadSanitizer and AddressSanitizer (default: both, one
-//! after the other), on the nightly toolchain with the standard library rebuilt instrumented
+//! integration, not doctests) and the reliability tests of the `tests` crate (adversarial
+//! clients, faults) under ThreadSanitizer and AddressSanitizer (default: both, one after the
+//! other), on the nightly toolchain with the standard library rebuilt instrumented
 //! (`-Zbuild-std`, which needs the `rust-src` component: added when missing). Each sanitizer
 //! builds into its own target directory (`target/sanitize-thread`, `target/sanitize-address`).
 //! What works, what does not and why: docs/reliability.md, "Sanitizers".
@@ -63,7 +64,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "detect_leaks=1 detect_stack_use_after_return=1",
             )
             .args(["+nightly", "test", "-Zbuild-std", "--target", TARGET])
-            .args(["-p", "rpc-core", "--lib", "--tests", "--"]);
+            .args(["-p", "rpc-core", "-p", "tests", "--lib", "--tests", "--"]);
         let only_thread = if sanitizer == "thread" {
             SKIP_THREAD
         } else {
@@ -80,7 +81,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "rpc-core's tests under {sanitizer} sanitizer: {status}"
             ));
         }
-        println!("sanitize: {sanitizer}: rpc-core's tests pass");
+        println!("sanitize: {sanitizer}: the tests pass");
     }
     Ok(())
 }
