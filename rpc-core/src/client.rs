@@ -152,6 +152,7 @@ impl<'a> Client<'a> {
             receive: false,
             wait: self.wait,
             doorbell: None,
+            gave_up: false,
         })
     }
 }

@@ -205,6 +205,9 @@ pub struct Port<'a, const SERVER: bool> {
     pub(crate) wait: &'a dyn Wait,
     /// v2 doorbell counter, decremented once when a server port closes.
     pub(crate) doorbell: Option<&'a AtomicU64>,
+    /// Set when a wait gave up or `recv_n` refused a length: the exchange stopped midway, so
+    /// the other side may still be inside it (see `Drop`).
+    pub(crate) gave_up: bool,
 }
 
 /// A port opened by a client warp.
@@ -252,7 +255,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         }
         let mut attempt = 0;
         while !self.owned(normalize(self.inbox.load(Ordering::Relaxed))) {
-            self.wait.pause(self.index, attempt)?;
+            if let Err(error) = self.wait.pause(self.index, attempt) {
+                self.gave_up = true;
+                return Err(error);
+            }
             attempt = attempt.saturating_add(1);
         }
         // Pairs with the other side's release fence before its flip.
@@ -359,6 +365,9 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             packet.read_bytes(8, bytes);
         })?;
         if let Some(error) = too_long {
+            // The script stops here although the other side goes on sending: as after a wait
+            // that gave up, the port must not be reused by this client (see `Drop`).
+            self.gave_up = true;
             return Err(error);
         }
         let longest = lengths.iter().copied().max().unwrap_or(0);
@@ -451,7 +460,12 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
     fn drop(&mut self) {
         // A client that dies mid-exchange keeps its lock, as a trapped GPU warp does (its lock
         // bit is device memory nobody clears): the server may still be inside the exchange,
-        // and a new client on the port would have its packets read as the old script's.
+        // and a new client on the port would have its packets read as the old script's. So
+        // does a client whose wait gave up, or whose `recv_n` refused a length: it stopped
+        // midway just the same.
+        if !SERVER && self.gave_up {
+            return;
+        }
         #[cfg(feature = "std")]
         if !SERVER && std::thread::panicking() {
             return;

@@ -110,6 +110,7 @@ impl<'a> Server<'a> {
             receive: false,
             wait,
             doorbell: self.doorbell,
+            gave_up: false,
         })
     }
 

@@ -307,7 +307,7 @@ fn worker(inner: Arc<Inner>) {
     this.alive.fetch_sub(1, Ordering::SeqCst);
 }
 
-/// Serves passes with back-off until the users are gone or the state leaves Running.
+/// Serves passes with back-off until the users are gone or a shutdown begins.
 fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Duration) {
     let this = &inner.thread;
     let (spin, yield_) = BACKOFF_PASSES;

@@ -494,3 +494,58 @@ fn a_wait_can_give_up() {
         "reset left the port with the client"
     );
 }
+
+/// A wait that gives up at once.
+struct GiveUp;
+
+impl rpc_core::Wait for GiveUp {
+    fn pause(&self, port: u32, _attempt: u32) -> rpc_core::Result<()> {
+        Err(Error::Abandoned {
+            port,
+            reason: "test gives up",
+        })
+    }
+}
+
+/// Regression: a client whose wait gave up mid-exchange released its port lock on drop, so the
+/// next request of the same client (lock table) could take the port while the server was still
+/// inside the old exchange, and have its packets read as the old script's (seen as a wrong
+/// TEST_INCREMENT answer across a forced server shutdown). Like a client that panics, it now
+/// keeps the lock.
+#[test]
+fn a_client_whose_wait_gave_up_keeps_its_port_locked() {
+    let fixture = Fixture::new(Generation::V1, 2, 1);
+    let client = fixture.client().with_wait(&GiveUp);
+    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
+    assert_eq!(port.index(), 0);
+    port.send(|_, p| p.set_word(0, 1000)).unwrap();
+    // No server has answered: the next send's wait gives up.
+    assert!(port.send(|_, _| {}).is_err());
+    drop(port);
+    let again = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
+    assert_eq!(again.index(), 1, "port 0 stays locked");
+    drop(again);
+    // A port closed after a complete exchange is unlocked as before.
+    assert!(client.try_open_at(1, Opcode::NOOP, 1).unwrap().is_some());
+}
+
+/// The same for a client whose `recv_n` refused a length above its bound: it stops reading
+/// while the server may go on sending, so it keeps the lock too.
+#[test]
+fn a_client_whose_recv_n_refused_a_length_keeps_its_port_locked() {
+    let fixture = Fixture::new(Generation::V1, 2, 1);
+    let client = fixture.client();
+    let server = fixture.server();
+    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
+    port.send_n(&[&[7u8; 50]]).unwrap();
+    let mut served = server.try_open(0, &Backoff).unwrap();
+    let data = served.recv_n(BOUND).unwrap();
+    served.send_n(&[&data[0]]).unwrap();
+    drop(served);
+    assert!(matches!(
+        port.recv_n(10),
+        Err(Error::TooLong { len: 50, .. })
+    ));
+    drop(port);
+    assert_eq!(client.open(Opcode::NOOP, 1).unwrap().index(), 1);
+}

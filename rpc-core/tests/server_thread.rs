@@ -359,59 +359,53 @@ fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
     drop(second);
 }
 
+/// Regression: the worker only looked at its state when a pass found nothing to serve, so a
+/// client sending back to back kept `shutdown` (even `Force`) waiting for as long as it kept
+/// sending. The request in flight at the shutdown is served by the next worker. No timing is
+/// asserted: a watchdog ends the traffic after 30 s, and the test fails if it had to.
 #[test]
-fn shutdown_returns_promptly_under_steady_traffic() {
-    // Regression: the worker looked at the state only after a run of idle passes, so clients
-    // that kept it busy kept a shutdown waiting (here up to ~1 s each; minutes in the stress).
-    // Now it leaves after the pass in progress: microseconds. The bound is for a loaded CI.
-    const CYCLES: u32 = 8;
+fn shutdown_returns_while_a_client_keeps_the_worker_busy() {
     let server = RpcServer::new(config("busy"));
     let mailbox = Mailbox::attach(&server, 2, 1);
-    let _user = server.user();
+    let _ = server.start().unwrap();
     let stop = AtomicBool::new(false);
-    let mut spent = Duration::ZERO;
+    let watchdog_fired = AtomicBool::new(false);
     thread::scope(|s| {
-        // Two clients, so some request is nearly always pending when a pass looks.
-        for _ in 0..2 {
-            s.spawn(|| {
-                let client = mailbox.client();
-                let mut x = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    assert_eq!(increment(&client, Opcode::TEST_INCREMENT, x), x + 1);
-                    x += 1;
-                }
-            });
-        }
-        // A watchdog: should a shutdown wait for the traffic to end, end it (the test then
-        // fails on the time spent instead of hanging).
+        s.spawn(|| {
+            let _kernel = server.user_for(mailbox.id);
+            let client = mailbox.client();
+            let mut x = 0;
+            while !stop.load(Ordering::Relaxed) {
+                assert_eq!(increment(&client, Opcode::TEST_INCREMENT, x), x + 1);
+                x += 1;
+            }
+        });
         s.spawn(|| {
             let deadline = Instant::now() + Duration::from_secs(30);
-            while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            while !stop.load(Ordering::Relaxed) {
+                if Instant::now() > deadline {
+                    watchdog_fired.store(true, Ordering::Relaxed);
+                    stop.store(true, Ordering::Relaxed);
+                }
                 thread::sleep(Duration::from_millis(10));
             }
-            stop.store(true, Ordering::Relaxed);
         });
-        for _ in 0..CYCLES {
-            let _ = server.start().unwrap();
+        for _ in 0..5 {
             let served = server.stats().served_of(Opcode::TEST_INCREMENT);
             eventually("traffic flows", || {
-                server.stats().served_of(Opcode::TEST_INCREMENT) > served + 50
+                server.stats().served_of(Opcode::TEST_INCREMENT) > served + 20
             });
-            let began = Instant::now();
             assert_eq!(
                 server.shutdown_with(ShutdownPolicy::Force),
                 Ok(Stopped::Stopped)
             );
-            spent += began.elapsed();
+            assert_eq!(server.start(), Ok(Started::Started));
         }
         stop.store(true, Ordering::Relaxed);
-        // Serve the clients' last requests.
-        let _ = server.start().unwrap();
     });
-    let _ = server.shutdown_with(ShutdownPolicy::Force).unwrap();
-    println!("{CYCLES} shutdowns under traffic took {spent:?}");
     assert!(
-        spent < Duration::from_secs(2),
-        "{CYCLES} shutdowns under traffic took {spent:?}"
+        !watchdog_fired.load(Ordering::Relaxed),
+        "shutdown waited for the traffic to end"
     );
+}
 }

@@ -1036,12 +1036,12 @@ fn streams_above_the_bound_are_drained_and_refused() {
         assert_eq!(fx.out.take(), expect);
         fx.expect_counts(1, 0);
 
-        // Paths: the first lane's is too long; the others name files in the fixture's directory.
+        // The other lanes open files in the test's directory, not in the working directory.
         let paths = per_lane(|l| {
             if l == first {
                 data[l as usize].clone()
             } else {
-                cpath(&fx.path(&format!("long-{l}")))
+                cpath(&fx.path(&format!("short-{l}")))
             }
         });
         let out = fx.fopen(&paths, "w");

@@ -5,9 +5,12 @@
 
 mod bench;
 mod flags;
+mod fuzz;
 mod gpu_check;
 mod layout;
 mod plugins;
+mod sanitize;
+mod soak;
 mod stress;
 mod test;
 
@@ -30,6 +33,10 @@ commands:
   bench [--quick] [--pin] [--latency-only] [--park-us N]
                                          the performance table (docs/performance.md)
   gpu-check [--no-clang]                 prepare target/gpu-check/ for a machine with an NVIDIA GPU
+  soak [--seconds S]                     two plugins under mixed traffic; nothing lost or leaked
+  fuzz [--seconds S] [--target mailbox|printf]
+                                         cargo fuzz on a fuzzed mailbox and the printf parser
+  sanitize [thread|address]... [-- ARGS] rpc-core's tests under ThreadSanitizer/AddressSanitizer
   help                                   this text";
 
 /// Why a command did not succeed.
@@ -85,6 +92,9 @@ fn run(args: &[String]) -> Result {
         "stress" => stress::run(rest),
         "bench" => Ok(bench::run(rest)?),
         "gpu-check" => Ok(gpu_check::run(rest)?),
+        "soak" => Ok(soak::run(rest)?),
+        "fuzz" => Ok(fuzz::run(rest)?),
+        "sanitize" => Ok(sanitize::run(rest)?),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())

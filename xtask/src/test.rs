@@ -53,6 +53,10 @@ const STEPS: &[Step] = &[
         "no_std client",
         &["build", "-p", "rpc-core", "--no-default-features"],
     ),
+    step(
+        "soak",
+        &["run", "--quiet", "-p", "xtask", "--", "soak", "--seconds", "30"],
+    ),
 ];
 
 pub fn run(args: &[String]) -> Result {
