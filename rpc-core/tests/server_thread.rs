@@ -408,4 +408,3 @@ fn shutdown_returns_while_a_client_keeps_the_worker_busy() {
         "shutdown waited for the traffic to end"
     );
 }
-}

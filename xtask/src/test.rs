@@ -55,7 +55,16 @@ const STEPS: &[Step] = &[
     ),
     step(
         "soak",
-        &["run", "--quiet", "-p", "xtask", "--", "soak", "--seconds", "30"],
+        &[
+            "run",
+            "--quiet",
+            "-p",
+            "xtask",
+            "--",
+            "soak",
+            "--seconds",
+            "30",
+        ],
     ),
 ];
 
