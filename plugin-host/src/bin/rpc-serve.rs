@@ -7,7 +7,10 @@
 //! ```
 //! Creates (or truncates) PATH to the layout's size, zeroed; prints `ready PATH BYTES` once it
 //! serves; serves until SIGINT or SIGTERM; prints its statistics and exits 0. Bad arguments: a
-//! message and exit code 2. A client's EXIT/ABORT is recorded and logged, never ends rpc-serve.
+//! message and exit code 2. `--client-timeout MS` (default 10000, 0 = never) abandons an
+//! exchange whose client stopped answering mid-script (e.g. a killed process), so the other
+//! ports keep being served and the port is recovered. A client's EXIT/ABORT is recorded and
+//! logged, never ends rpc-serve.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +22,9 @@ use rpc_core::{ExitPolicy, Generation, Layout, RpcServer, ServerConfig, Services
 
 const USAGE: &str = "usage: rpc-serve --file PATH --gen v1|v2 --ports N --lanes L \
                      [--allow-system] [--stdout FILE] [--client-timeout MS]";
+
+/// How long a wait for a client's next packet lasts before the exchange is abandoned.
+const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Args {
     file: PathBuf,
@@ -32,7 +38,10 @@ fn parse_args() -> Result<Args, String> {
     use lexopt::prelude::*;
     let mut parser = lexopt::Parser::from_env();
     let (mut file, mut generation, mut ports, mut lanes) = (None, None, None, None);
-    let (mut allow_system, mut stdout, mut client_timeout) = (false, None, None);
+    let (mut allow_system, mut stdout) = (false, None);
+    // Clients in other processes hold no launch guard we could see end: without a timeout, a
+    // client killed mid-exchange would hold the worker forever. 0 disables it.
+    let mut client_timeout = Some(DEFAULT_CLIENT_TIMEOUT);
     let text = |v: std::ffi::OsString| {
         v.into_string()
             .map_err(|_| "arguments must be UTF-8".to_string())
@@ -72,7 +81,7 @@ fn parse_args() -> Result<Args, String> {
                     .map_err(|e| e.to_string())?
                     .parse()
                     .map_err(|e| format!("--client-timeout: {e}"))?;
-                client_timeout = Some(Duration::from_millis(ms));
+                client_timeout = (ms > 0).then(|| Duration::from_millis(ms));
             }
             Long("help") | Short('h') => return Err(String::new()),
             other => return Err(other.unexpected().to_string()),
