@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rpc_core::port::Backoff;
-use rpc_core::{Client, Error, Generation, Layout, LockTable, Mailbox, Opcode, Wait};
+use rpc_core::port::Deadline;
+use rpc_core::{Client, Generation, Layout, LockTable, Mailbox, Opcode};
 
 const CHILD_ENV: &str = "RPC_FAULT_CHILD_FILE";
 const PORTS: u32 = 4;
@@ -18,22 +18,6 @@ const CLIENT_TIMEOUT_MS: u64 = 300;
 
 fn layout() -> Layout {
     Layout::new(Generation::V2, PORTS, 1).unwrap()
-}
-
-/// Gives up a client wait at a fixed instant, so a hung server fails the test.
-struct Deadline(Instant);
-
-impl Wait for Deadline {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
-        if Instant::now() >= self.0 {
-            return Err(Error::Abandoned {
-                port,
-                reason: "test deadline",
-            });
-        }
-        Backoff::step(attempt);
-        Ok(())
-    }
 }
 
 fn map(file: &Path) -> memmap2::MmapMut {

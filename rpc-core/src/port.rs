@@ -86,6 +86,35 @@ impl Wait for Backoff {
     }
 }
 
+/// Backs off like [`Backoff`], and gives up ([`Error::Abandoned`]) once the instant has
+/// passed: for a client that must not wait forever on a server that may be gone (tests, tools,
+/// other processes).
+#[cfg(feature = "std")]
+pub struct Deadline(pub std::time::Instant);
+
+#[cfg(feature = "std")]
+impl Deadline {
+    /// A deadline `timeout` from now.
+    pub fn after(timeout: std::time::Duration) -> Self {
+        Deadline(std::time::Instant::now() + timeout)
+    }
+}
+
+#[cfg(feature = "std")]
+impl Wait for Deadline {
+    fn pause(&self, port: u32, attempt: u32) -> Result<()> {
+        // Reading the clock costs more than a spin: only once the spinning is over.
+        if attempt >= SPIN_POLLS && std::time::Instant::now() >= self.0 {
+            return Err(Error::Abandoned {
+                port,
+                reason: "deadline passed",
+            });
+        }
+        Backoff::step(attempt);
+        Ok(())
+    }
+}
+
 /// The default wait of a side: [`Backoff`] with `std`, [`Spin`] without.
 #[cfg(feature = "std")]
 pub static DEFAULT_WAIT: Backoff = Backoff;

@@ -10,15 +10,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rpc_core::port::{Backoff, Wait};
+use rpc_core::port::Deadline;
 use rpc_core::rpc_server::MailboxSource;
 use rpc_core::services::{
     ExitPolicy, FilePolicy, HostAllocator, KernelExit, ServicesConfig, HOST_CALL_REFUSED,
     MALLOC_ALIGN,
 };
 use rpc_core::{
-    Client, ClientPort, Error, Generation, Layout, LockTable, Mailbox, MailboxId, MailboxMemory,
-    Opcode, RpcServer, ServerConfig, UserGuard,
+    Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxId, MailboxMemory, Opcode,
+    RpcServer, ServerConfig, UserGuard,
 };
 
 /// The stream bound the fixtures configure.
@@ -57,22 +57,6 @@ impl Capture {
     }
 }
 
-/// Gives up a client wait after about 20 s, so a broken server fails the test, not hangs it.
-struct Deadline;
-
-impl Wait for Deadline {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
-        if attempt > 300_000 {
-            return Err(Error::Abandoned {
-                port,
-                reason: "test deadline",
-            });
-        }
-        Backoff::step(attempt);
-        Ok(())
-    }
-}
-
 /// A running server with one mailbox, captured stdout/stderr, a temp dir, and a live user.
 struct Fx {
     lanes: u32,
@@ -83,6 +67,8 @@ struct Fx {
     out: Capture,
     err: Capture,
     dir: PathBuf,
+    /// Client waits give up at this instant, so a broken server fails the test, not hangs it.
+    deadline: Deadline,
     _user: UserGuard,
     server: RpcServer,
 }
@@ -128,6 +114,7 @@ impl Fx {
             out,
             err,
             dir,
+            deadline: Deadline::after(Duration::from_secs(120)),
             _user: server.user(),
             server,
         }
@@ -136,7 +123,7 @@ impl Fx {
     fn client(&self) -> Client<'_> {
         Client::new(self.memory.view(), self.locks.words())
             .unwrap()
-            .with_wait(&Deadline)
+            .with_wait(&self.deadline)
     }
 
     fn open(&self, opcode: Opcode) -> ClientPort<'_> {

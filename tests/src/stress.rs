@@ -20,10 +20,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::port::Backoff;
+use rpc_core::port::Deadline;
 use rpc_core::{
     Client, Error, Generation, Layout, LockTable, MailboxId, MailboxMemory, Opcode, RpcServer,
-    ServerConfig, ShutdownPolicy, Started, Stopped, UserGuard, Wait,
+    ServerConfig, ShutdownPolicy, Started, Stopped, UserGuard,
 };
 
 /// Client threads doing round trips on the traffic mailbox.
@@ -188,22 +188,6 @@ impl SplitMix64 {
     }
 }
 
-/// A client wait that backs off like the default one but gives up at a deadline.
-struct GiveUpAt(Instant);
-
-impl Wait for GiveUpAt {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
-        if attempt % 64 == 63 && Instant::now() >= self.0 {
-            return Err(Error::Abandoned {
-                port,
-                reason: "stress client gave up waiting",
-            });
-        }
-        Backoff::step(attempt);
-        Ok(())
-    }
-}
-
 /// A mailbox with the client-side lock table every client thread of it shares.
 struct ClientMailbox {
     memory: Arc<MailboxMemory>,
@@ -350,7 +334,7 @@ fn client_loop(
             let x = rng.next_u64() >> 1;
             sent.fetch_add(1, Ordering::Relaxed);
             made += 1;
-            let wait = GiveUpAt(Instant::now() + config.client_timeout);
+            let wait = Deadline::after(config.client_timeout);
             let client = traffic.client().with_wait(&wait);
             let mut reply = None;
             let result = client.open(Opcode::TEST_INCREMENT, 1).and_then(|mut port| {

@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rpc_core::plugin::{DeviceAllocator, VendorError};
-use rpc_core::port::Backoff;
+use rpc_core::port::{Backoff, Deadline};
 use rpc_core::services::{FilePolicy, HostAllocator};
 use rpc_core::sync::Ordering;
 use rpc_core::{
-    Client, Error, ExitPolicy, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer,
-    ServerConfig, ServicesConfig, Wait,
+    Client, ExitPolicy, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer,
+    ServerConfig, ServicesConfig,
 };
 use tests::adversary::{RawMailbox, Step};
 
@@ -40,23 +40,6 @@ fn cases() -> u32 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(400)
-}
-
-/// Gives up a client wait at a fixed instant, so a hung server fails the test instead of
-/// hanging it.
-struct Deadline(Instant);
-
-impl Wait for Deadline {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
-        if Instant::now() >= self.0 {
-            return Err(Error::Abandoned {
-                port,
-                reason: "test deadline",
-            });
-        }
-        Backoff::step(attempt);
-        Ok(())
-    }
 }
 
 /// The host allocator, refusing requests above 1 GiB: devices here ask for up to 2^64-1 bytes,

@@ -11,40 +11,17 @@ use std::time::{Duration, Instant};
 
 use plugin_host::kernel::{encode_printf, PrintfCall};
 use plugin_host::Arg;
-use rpc_core::port::{lanes, Backoff};
+use rpc_core::port::{lanes, Backoff, Deadline};
 use rpc_core::sync::Ordering;
 use rpc_core::{
-    Client, ClientPort, Error, ExitPolicy, Generation, Layout, LockTable, MailboxId, MailboxMemory,
-    Opcode, RpcServer, ServerConfig, ServicesConfig, ShutdownPolicy, StatsSnapshot, Wait,
+    Client, ClientPort, ExitPolicy, Generation, Layout, LockTable, MailboxId, MailboxMemory,
+    Opcode, RpcServer, ServerConfig, ServicesConfig, ShutdownPolicy, StatsSnapshot,
 };
 
 const LANES: u32 = 32;
 /// Lanes 0, 1 and 3: a partial warp, so inactive lanes are exercised too.
 const MASK: u64 = 0b1011;
 const PORTS: u32 = 4;
-
-/// Gives up a client wait at a fixed instant, so a hung server fails the test instead of
-/// hanging it.
-struct Deadline(Instant);
-
-impl Deadline {
-    fn in_secs(secs: u64) -> Self {
-        Deadline(Instant::now() + Duration::from_secs(secs))
-    }
-}
-
-impl Wait for Deadline {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
-        if Instant::now() >= self.0 {
-            return Err(Error::Abandoned {
-                port,
-                reason: "test deadline",
-            });
-        }
-        Backoff::step(attempt);
-        Ok(())
-    }
-}
 
 /// Waits (backing off) until `condition` holds; fails the test after 30 s (a liveness bound,
 /// generous for sanitizer builds on a loaded machine).
@@ -298,7 +275,7 @@ fn kill_at_every_step(name: &str, script: Script) {
         let before = ended(&server.stats());
         let _user = server.user_for(id);
         let locks = LockTable::new(PORTS);
-        let wait = Deadline::in_secs(30);
+        let wait = Deadline::after(Duration::from_secs(30));
         let client = Client::new(memory.view(), locks.words())
             .unwrap()
             .with_wait(&wait);
@@ -318,7 +295,7 @@ fn kill_at_every_step(name: &str, script: Script) {
         let outcome = std::thread::scope(|s| {
             s.spawn(|| {
                 let _kernel = server.user_for(id);
-                let wait = Deadline::in_secs(30);
+                let wait = Deadline::after(Duration::from_secs(30));
                 let client = Client::new(memory.view(), locks.words())
                     .unwrap()
                     .with_wait(&wait);
@@ -353,7 +330,7 @@ fn kill_at_every_step(name: &str, script: Script) {
             ended(&server.stats()) == before + u64::from(sent)
         });
         let _user = server.user_for(id);
-        let wait = Deadline::in_secs(30);
+        let wait = Deadline::after(Duration::from_secs(30));
         // The killed thread's lock table: its dead port stays locked, another one serves.
         let client = Client::new(memory.view(), locks.words())
             .unwrap()
@@ -467,7 +444,7 @@ fn a_handler_panicking_at_every_step_of_a_stream_exchange() {
     }
     PANIC_AT.store(usize::MAX, Ordering::Relaxed);
     let _user = server.user_for(id);
-    let wait = Deadline::in_secs(30);
+    let wait = Deadline::after(Duration::from_secs(30));
     let fresh = LockTable::new(PORTS);
     let client = Client::new(memory.view(), fresh.words())
         .unwrap()
@@ -517,7 +494,7 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
         s.spawn(move || {
             let _kernel = server.user_for(id);
             let locks = LockTable::new(PORTS);
-            let wait = Deadline::in_secs(30);
+            let wait = Deadline::after(Duration::from_secs(30));
             let client = Client::new(memory.view(), locks.words())
                 .unwrap()
                 .with_wait(&wait);
@@ -589,7 +566,7 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
         streams.1.load(Ordering::Relaxed)
     );
     let _user = server.user();
-    let wait = Deadline::in_secs(30);
+    let wait = Deadline::after(Duration::from_secs(30));
     let fresh = LockTable::new(PORTS);
     let client = Client::new(memory.view(), fresh.words())
         .unwrap()
@@ -615,7 +592,7 @@ fn attach_and_detach_with_exchanges_in_flight() {
         s.spawn(move || {
             let _kernel = server.user_for(id);
             let locks = LockTable::new(PORTS);
-            let wait = Deadline::in_secs(30);
+            let wait = Deadline::after(Duration::from_secs(30));
             let client = Client::new(memory.view(), locks.words())
                 .unwrap()
                 .with_wait(&wait);
