@@ -24,7 +24,7 @@ usage: cargo xtask <command> [flags]
 commands:
   demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]
                                          the main job: a small offload program (host plugin)
-  test                                   fmt, clippy, the tests, the loom models, the no_std build
+  test                                   fmt, clippy, the tests, loom, the no_std build, a 30 s soak
   devices                                one line per plugin: its devices or why there are none
   build --plugin host|cuda|amdgpu|all [--release]
                                          build the binaries embedding those plugins
