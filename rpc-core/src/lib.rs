@@ -3,7 +3,13 @@
 //! - [`layout`]: mailbox layouts of both generations and the device client object;
 //! - [`opcode`]: the opcode table;
 //! - [`mailbox`], [`port`], [`client`], [`server`]: the port protocol for both sides over memory
-//!   handed in from outside.
+//!   handed in from outside;
+//! - [`rpc_server`], [`server_thread`]: the server of one plugin instance (attached mailboxes,
+//!   users, statistics) and the state machine of its one worker thread;
+//! - [`registry`], [`services`], [`printf`]: the handlers, user ones first, then the standard
+//!   services of every libc opcode;
+//! - [`plugin`], [`runtime`]: the traits a vendor plugin implements and the glue that gives each
+//!   plugin instance its own server.
 //!
 //! Without the `std` feature only the layout, the opcode table and the client remain (plus
 //! `alloc` for `recv_n`), so the client builds for `no_std` targets.

@@ -2,10 +2,10 @@
 //!
 //! # Memory ordering
 //! Ownership of a port's header and packets moves by flipping one's own word:
-//! - before a flip, `fence(Release)` then a `Relaxed` store ([`Port::hand_over`]): every header
+//! - before a flip, `fence(Release)` then a `Relaxed` store (`Port::hand_over`): every header
 //!   and packet write before it is visible to whoever sees the flip;
 //! - waiting for the other side's flip uses `Relaxed` loads, then `fence(Acquire)`
-//!   ([`Port::take_buffer`]), which pairs with that side's release fence, so its writes are
+//!   (`Port::take_buffer`), which pairs with that side's release fence, so its writes are
 //!   visible before we read or overwrite the buffers.
 //!
 //! Packet and header words themselves are `Relaxed`: the fences order them.

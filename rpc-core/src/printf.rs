@@ -3,7 +3,7 @@
 //! The exchange, per lane: the device sends its C format string; the host [`parse`]s it and
 //! replies with [`args_size`], the number of bytes of arguments it expects; the device sends that
 //! raw argument buffer; the host asks for the strings behind the non-null `%s` pointers
-//! ([`string_pointers`]) and finally [`format`]s the output, byte-identical to the host C
+//! ([`string_pointers`]) and finally [`format()`]s the output, byte-identical to the host C
 //! library's `printf` for the same format and values (each conversion is handed to `snprintf`,
 //! except `%b`/`%B`, formatted here, and `%n`, which prints nothing).
 //!

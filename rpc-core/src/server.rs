@@ -1,5 +1,5 @@
 //! The server side of the port protocol over one mailbox: finding pending ports and opening
-//! them. The thread that drives it is [`crate::thread`]; handlers run the port scripts.
+//! them. The thread that drives it is [`crate::server_thread`]; handlers run the port scripts.
 
 use crate::error::{Error, Result};
 use crate::mailbox::{lock_words, try_lock, unlock, Mailbox};
