@@ -385,11 +385,7 @@ impl Job {
                         }));
                         if let Err(payload) = result {
                             if payload.downcast_ref::<KernelEnded>().is_none() {
-                                let text = payload
-                                    .downcast_ref::<&str>()
-                                    .map(|s| s.to_string())
-                                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                                    .unwrap_or_else(|| "(no message)".into());
+                                let text = rpc_core::rpc_server::panic_message(payload.as_ref());
                                 lock(failures).push(format!(
                                     "{name}: block {block} warp {warp} panicked: {text}"
                                 ));

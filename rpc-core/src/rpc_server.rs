@@ -79,6 +79,15 @@ impl Default for ServerConfig {
     }
 }
 
+/// The text of a caught panic's payload (`panic!` gives a `&str` or a `String`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
 /// Names an attached mailbox within its server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MailboxId(pub u64);
@@ -724,11 +733,7 @@ impl Inner {
                 bump(&context.stats.errors);
             }
             Err(panic) => {
-                let text = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "(no message)".into());
+                let text = panic_message(panic.as_ref());
                 log::error!(
                     "{name}: mailbox {} port {index}: handler for {opcode} panicked: {text}",
                     mailbox.id.0

@@ -22,7 +22,6 @@
 //! `target/bench/bench-{quick,full}.json` and `.md`.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -33,6 +32,8 @@ use rpc_core::{
     Client, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer, ServerConfig,
     UserGuard,
 };
+
+use crate::project_root;
 
 /// Runs the benchmarks. A debug build of xtask (what `cargo xtask` runs) re-runs itself with
 /// `cargo run --release`, so the figures are always those of optimised code.
@@ -92,13 +93,6 @@ pub fn run(args: &[String]) -> Result<(), String> {
         Settings::FULL
     };
     run_release(settings, latency_only)
-}
-
-fn project_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace root")
-        .to_path_buf()
 }
 
 /// How long and how often to measure.

@@ -4,49 +4,23 @@
 //! `cargo-fuzz` from crates.io when it is missing. A crash, a leak or an input slower than 10 s
 //! fails the command; libFuzzer leaves the input in `fuzz/artifacts/<target>/`.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::flags::Flags;
+use crate::project_root;
 use rpc_core::{Generation, Layout, Opcode};
 
 const TARGETS: [&str; 2] = ["mailbox", "printf"];
 
-fn project_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
-}
-
-pub fn run(args: &[String]) -> Result<(), String> {
-    let mut seconds = 60u64;
-    let mut targets: Vec<&str> = TARGETS.to_vec();
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--seconds" => {
-                seconds = args
-                    .next()
-                    .ok_or("--seconds needs a value")?
-                    .parse()
-                    .map_err(|e| format!("--seconds: {e}"))?;
-            }
-            "--target" => {
-                let name = args.next().ok_or("--target needs a value")?;
-                let target = TARGETS
-                    .iter()
-                    .find(|t| *t == name)
-                    .ok_or_else(|| format!("no fuzz target {name} (mailbox, printf)"))?;
-                targets = vec![target];
-            }
-            other => {
-                return Err(format!(
-                    "fuzz: unknown argument {other}; usage: cargo xtask fuzz [--seconds S] \
-                     [--target mailbox|printf]"
-                ))
-            }
-        }
-    }
+pub fn run(args: &[String]) -> crate::Result {
+    let flags = Flags::parse("fuzz", args, &["seconds", "target"])?;
+    let seconds: u64 = flags.number("seconds", Some(60))?;
+    let targets: Vec<&str> = match flags.get("target") {
+        None => TARGETS.to_vec(),
+        Some(name) => vec![*TARGETS.iter().find(|t| **t == name).ok_or_else(|| {
+            crate::Failure::Usage(format!("fuzz: no target `{name}` (mailbox, printf)"))
+        })?],
+    };
     let fuzz_dir = project_root().join("fuzz");
     ensure_cargo_fuzz()?;
     for target in targets {
@@ -67,7 +41,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
         if !status.success() {
             return Err(format!(
                 "fuzz target {target} failed ({status}); see fuzz/artifacts/{target}/"
-            ));
+            )
+            .into());
         }
         let inputs = std::fs::read_dir(&corpus).map(|d| d.count()).unwrap_or(0);
         println!("fuzz: {target}: {seconds} s, no crash, corpus {inputs} inputs");

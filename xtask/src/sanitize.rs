@@ -6,7 +6,7 @@
 //! builds into its own target directory (`target/sanitize-thread`, `target/sanitize-address`).
 //! What works, what does not and why: docs/reliability.md, "Sanitizers".
 
-use std::path::{Path, PathBuf};
+use crate::project_root;
 use std::process::Command;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -17,13 +17,6 @@ const SKIP: &[&str] = &["an_idle_server_uses_no_measurable_cpu"];
 /// pair around relaxed flag accesses. TSan does not model standalone fences, so it reports that
 /// (correctly ordered) write as a race. The mailbox itself is all atomics and never reported.
 const SKIP_THREAD: &[&str] = &["malloc_and_free_through_the_plugin_allocator"];
-
-fn project_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
-}
 
 pub fn run(args: &[String]) -> Result<(), String> {
     let (ours, test_args) = match args.iter().position(|a| a == "--") {

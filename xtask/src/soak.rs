@@ -4,30 +4,18 @@
 //! Fails (exit 1) if anything was lost, failed unexpectedly or leaked. The soak itself lives in
 //! the `tests` crate (`tests::soak`), beside the other reliability tests.
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    let mut seconds = 30;
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--seconds" => {
-                seconds = args
-                    .next()
-                    .ok_or("--seconds needs a value")?
-                    .parse()
-                    .map_err(|e| format!("--seconds: {e}"))?;
-            }
-            other => {
-                return Err(format!(
-                    "soak: unknown argument {other}; usage: cargo xtask soak [--seconds S]"
-                ))
-            }
-        }
-    }
+use crate::flags::Flags;
+use crate::Result;
+
+pub fn run(args: &[String]) -> Result {
+    let seconds = Flags::parse("soak", args, &["seconds"])?.number("seconds", Some(30))?;
     let report = tests::soak::run(seconds)?;
     println!("{report}");
     if report.clean() {
         Ok(())
     } else {
-        Err("soak: requests were lost, failed unexpectedly or leaked".into())
+        Err(crate::Failure::Failed(
+            "soak: requests were lost, failed unexpectedly or leaked".into(),
+        ))
     }
 }
