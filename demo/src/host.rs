@@ -20,8 +20,8 @@ pub fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     println!("{}", plugin_host::describe(config));
     let server = runtime.server();
-    server.register(SQUARE, |req| {
-        req.recv_and_send(|_, p| p.set_word(0, p.word(0).wrapping_mul(p.word(0))))
+    server.register_packet(SQUARE, move |_, p| {
+        p.set_word(0, p.word(0).wrapping_mul(p.word(0)))
     });
     // Kernels may only touch files in the demo's own directory.
     let dir = std::env::temp_dir().join(format!("rpc-demo-{}", std::process::id()));

@@ -4,15 +4,15 @@
 //! Input: byte 0 picks the layout (bit 0: v1/v2; bits 1-2: lanes 1, 32 or 64; bits 3-4: 1-4
 //! ports; bit 5: attach with a v2 doorbell counter), the rest is laid over the mailbox region
 //! from offset 0 (the region is zero past the input). One long-lived server (a user guard held,
-//! so it serves; `wait_timeout` 1 ms) attaches the mailbox, serves at least one full pass over
-//! it, and detaches it (abandoning any wait on it). Checked: no handler panicked, the detach
+//! so it serves) attaches the mailbox, serves at least one full pass over it (an exchange
+//! waiting for a packet the input never sends is suspended, not waited for), and detaches it
+//! (abandoning the suspended exchanges). Checked: no handler panicked, the detach
 //! returned, the worker still runs and no file was opened.
 #![no_main]
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use rpc_core::plugin::{DeviceAllocator, VendorError};
@@ -56,7 +56,6 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
     let server = RpcServer::new(ServerConfig {
         name: "fuzz".into(),
         stream_bound: 4096,
-        wait_timeout: Some(Duration::from_millis(1)),
         services: ServicesConfig {
             exit: ExitPolicy::Record,
             files: FilePolicy::Denied,

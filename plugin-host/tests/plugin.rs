@@ -159,12 +159,11 @@ fn two_plugins_at_once_with_private_custom_opcodes() {
         ports: 32,
     });
     let custom = Opcode::user(7);
-    nvidia.server().register(custom, |req| {
-        req.recv_and_send(|_, p| p.set_word(0, 0x4E56))
-    });
-    amd.server().register(custom, |req| {
-        req.recv_and_send(|_, p| p.set_word(0, 0x414D))
-    });
+    nvidia
+        .server()
+        .register_packet(custom, move |_, p| p.set_word(0, 0x4E56));
+    amd.server()
+        .register_packet(custom, move |_, p| p.set_word(0, 0x414D));
     let image = |tag: &'static str| {
         HostImage::new(tag)
             .kernel("k", move |warp| {

@@ -48,6 +48,13 @@ pub enum Error {
     /// The other side stopped answering and the wait was abandoned.
     #[error("wait abandoned on port {port}: {reason}")]
     Abandoned { port: u32, reason: &'static str },
+    /// A synchronous operation on a resumable port found the buffer not ours yet: a handler
+    /// that waits for a client's next packet must be an async one (`RpcServer::register`).
+    #[error("port {port}: the client has not answered yet; a plain handler cannot wait (register an async one)")]
+    WouldBlock { port: u32 },
+    /// A handler panicked (the panic's message).
+    #[error("the handler panicked: {0}")]
+    Panicked(RefusalText),
     /// No handler accepted the opcode.
     #[error("no handler for opcode {0}")]
     UnknownOpcode(Opcode),

@@ -4,8 +4,10 @@
 //! - [`opcode`]: the opcode table;
 //! - [`mailbox`], [`port`], [`client`], [`server`]: the port protocol for both sides over memory
 //!   handed in from outside;
-//! - [`rpc_server`], [`server_thread`]: the server of one plugin instance (attached mailboxes,
-//!   users, statistics) and the state machine of its one worker thread;
+//! - [`rpc_server`], [`server_thread`], [`dispatch`]: the server of one plugin instance
+//!   (attached mailboxes, users, statistics), the state machine of its one worker thread, and
+//!   the passes that serve every port with resumable exchanges (blocking calls run on the
+//!   server's I/O threads);
 //! - [`registry`], [`services`], [`printf`]: the handlers, user ones first, then the standard
 //!   services of every libc opcode;
 //! - [`plugin`], [`runtime`]: the traits a vendor plugin implements and the glue that gives each
@@ -16,7 +18,11 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 
 pub mod client;
+#[cfg(feature = "std")]
+pub mod dispatch;
 pub mod error;
+#[cfg(feature = "std")]
+mod io_pool;
 pub mod layout;
 pub mod mailbox;
 pub mod opcode;
@@ -57,7 +63,7 @@ pub use mailbox::{LockTable, MailboxMemory};
 pub use opcode::Opcode;
 pub use port::{ClientPort, Packet, ServerPort, Wait};
 #[cfg(feature = "std")]
-pub use registry::Request;
+pub use registry::{Handler, Request};
 #[cfg(feature = "std")]
 pub use rpc_server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy, UserGuard};
 #[cfg(feature = "std")]

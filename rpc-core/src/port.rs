@@ -10,6 +10,16 @@
 //!
 //! Packet and header words themselves are `Relaxed`: the fences order them.
 //!
+//! # Waiting: blocking or resumable
+//! Every operation is written once, as an `async fn` (`*_async`), whose only suspension point is
+//! [`Port::poll_take`]: "is the buffer ours yet?". A blocking [`Wait`] (a client warp, the raw
+//! protocol [`crate::Server`]) pauses inside that poll until it is, so the future completes in
+//! its first poll and the synchronous methods (`send`, `recv`, ...) just poll it once. A
+//! resumable wait ([`Resumable`], the [`crate::RpcServer`]'s exchanges) returns `Pending`
+//! instead, and the server thread's executor polls the exchange again on a later pass while it
+//! serves the other ports. Closures get each packet with a fresh lifetime (`Packet<'_>`), so no
+//! reference into the mailbox outlives the call that lent it.
+//!
 //! | field | who touches it |
 //! |---|---|
 //! | own word (`outbox`) | only this side, only while holding the port's lock |
@@ -21,6 +31,8 @@ use crate::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::mailbox::unlock;
 use crate::opcode::Opcode;
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use core::future::Future;
+use core::task::{Context, Poll, Waker};
 
 #[cfg(feature = "std")]
 use std::vec::Vec;
@@ -34,6 +46,25 @@ pub trait Wait: Sync {
     /// Pause before the next poll of `port` (`attempt` counts from 0), or give up with an error
     /// (usually [`Error::Abandoned`]).
     fn pause(&self, port: u32, attempt: u32) -> Result<()>;
+    /// True if a port should not wait at all but suspend its operation (`Poll::Pending`), to be
+    /// polled again later; `pause` is then never called. Only [`Resumable`] says yes.
+    fn resumable(&self) -> bool {
+        false
+    }
+}
+
+/// The wait of a resumable exchange: never pauses, suspends instead (see the module docs). The
+/// synchronous operations of a port with this wait fail with [`Error::WouldBlock`] rather than
+/// wait.
+pub struct Resumable;
+
+impl Wait for Resumable {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<()> {
+        Ok(())
+    }
+    fn resumable(&self) -> bool {
+        true
+    }
 }
 
 /// Spins forever; the only wait available without `std`.
@@ -277,23 +308,33 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         }
     }
 
-    /// Waits until this side owns the buffer (see the module's memory-ordering note).
-    fn take_buffer(&mut self) -> Result<()> {
+    /// Whether this side owns the buffer now, taking it if so (see the module's memory-ordering
+    /// note). A blocking wait pauses here until it does (or gives up); a resumable one returns
+    /// `Pending` at once.
+    pub(crate) fn poll_take(&mut self) -> Poll<Result<()>> {
         if self.owns {
-            return Ok(());
+            return Poll::Ready(Ok(()));
         }
         let mut attempt = 0;
         while !self.owned(normalize(self.inbox.load(Ordering::Relaxed))) {
+            if self.wait.resumable() {
+                return Poll::Pending;
+            }
             if let Err(error) = self.wait.pause(self.index, attempt) {
                 self.gave_up = true;
-                return Err(error);
+                return Poll::Ready(Err(error));
             }
             attempt = attempt.saturating_add(1);
         }
         // Pairs with the other side's release fence before its flip.
         fence(Ordering::Acquire);
         self.owns = true;
-        Ok(())
+        Poll::Ready(Ok(()))
+    }
+
+    /// Waits (or suspends) until this side owns the buffer.
+    async fn take_buffer(&mut self) -> Result<()> {
+        core::future::poll_fn(|_| self.poll_take()).await
     }
 
     /// Hands the buffer to the other side by flipping our own word.
@@ -306,8 +347,8 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
-    pub fn send(&mut self, mut fill: impl FnMut(u32, Packet<'a>)) -> Result<()> {
-        self.take_buffer()?;
+    pub(crate) async fn send_async(&mut self, mut fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        self.take_buffer().await?;
         for lane in lanes(self.mask) {
             fill(lane, self.packet(lane));
         }
@@ -318,11 +359,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
     /// Waits for the other side's packet and lets `use_` read each active lane's. A recv right
     /// after a recv first hands the buffer back as an empty acknowledgement.
-    pub fn recv(&mut self, mut use_: impl FnMut(u32, Packet<'a>)) -> Result<()> {
+    pub(crate) async fn recv_async(&mut self, mut use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
         if self.receive {
             self.hand_over();
         }
-        self.take_buffer()?;
+        self.take_buffer().await?;
         for lane in lanes(self.mask) {
             use_(lane, self.packet(lane));
         }
@@ -331,42 +372,47 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// `send(fill)` then `recv(use_)`.
-    pub fn send_and_recv(
+    pub(crate) async fn send_and_recv_async(
         &mut self,
-        fill: impl FnMut(u32, Packet<'a>),
-        use_: impl FnMut(u32, Packet<'a>),
+        fill: impl FnMut(u32, Packet<'_>),
+        use_: impl FnMut(u32, Packet<'_>),
     ) -> Result<()> {
-        self.send(fill)?;
-        self.recv(use_)
+        self.send_async(fill).await?;
+        self.recv_async(use_).await
     }
 
     /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
-    pub fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'a>)) -> Result<()> {
-        self.recv(|_, _| {})?;
-        self.send(work)
+    pub(crate) async fn recv_and_send_async(
+        &mut self,
+        work: impl FnMut(u32, Packet<'_>),
+    ) -> Result<()> {
+        self.recv_async(|_, _| {}).await?;
+        self.send_async(work).await
     }
 
     /// Sends a byte string per lane (`data[lane]`; lanes past `data.len()` send 0 bytes):
     /// first packet `buf[0] = n` and up to 56 bytes, then 64-byte packets (PROTOCOL section 5).
-    pub fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
+    pub(crate) async fn send_n_async(&mut self, data: &[&[u8]]) -> Result<()> {
         let lane_data = |lane: u32| data.get(lane as usize).copied().unwrap_or(&[]);
-        self.send(|lane, packet| {
+        self.send_async(|lane, packet| {
             let bytes = lane_data(lane);
             packet.set_word(0, bytes.len() as u64);
             packet.write_bytes(8, &bytes[..bytes.len().min(FIRST_PACKET_BYTES)]);
-        })?;
+        })
+        .await?;
         let longest = lanes(self.mask)
             .map(|lane| lane_data(lane).len())
             .max()
             .unwrap_or(0);
         let mut offset = FIRST_PACKET_BYTES;
         while offset < longest {
-            self.send(|lane, packet| {
+            self.send_async(|lane, packet| {
                 let bytes = lane_data(lane);
                 if offset < bytes.len() {
                     packet.write_bytes(0, &bytes[offset..bytes.len().min(offset + BUFFER_SIZE)]);
                 }
-            })?;
+            })
+            .await?;
             offset += BUFFER_SIZE;
         }
         Ok(())
@@ -375,11 +421,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// Receives a byte string per lane (index = lane; inactive lanes get empty vectors).
     /// A lane claiming more than `bound` bytes ends the exchange with [`Error::TooLong`]; memory
     /// grows with the bytes actually received, never with the claimed length.
-    pub fn recv_n(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
+    pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
         let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
         let mut lengths = [0usize; 64];
         let mut too_long = None;
-        self.recv(|lane, packet| {
+        self.recv_async(|lane, packet| {
             let len = packet.word(0);
             if len > bound {
                 too_long.get_or_insert(Error::TooLong { lane, len, bound });
@@ -392,7 +438,8 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             bytes.reserve(len.min(1 << 16));
             bytes.resize(first, 0);
             packet.read_bytes(8, bytes);
-        })?;
+        })
+        .await?;
         if let Some(error) = too_long {
             // The script stops here although the other side goes on sending: as after a wait
             // that gave up, the port must not be reused by this client (see `Drop`).
@@ -402,7 +449,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         let longest = lengths.iter().copied().max().unwrap_or(0);
         let mut offset = FIRST_PACKET_BYTES;
         while offset < longest {
-            self.recv(|lane, packet| {
+            self.recv_async(|lane, packet| {
                 let len = lengths[lane as usize];
                 if offset < len {
                     let take = (len - offset).min(BUFFER_SIZE);
@@ -410,7 +457,8 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
                     bytes.resize(offset + take, 0);
                     packet.read_bytes(0, &mut bytes[offset..]);
                 }
-            })?;
+            })
+            .await?;
             offset += BUFFER_SIZE;
         }
         Ok(out)
@@ -418,7 +466,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
     /// Sends `size` bytes per active lane in `ceil(size / 64)` packets, without a length word
     /// (the fixed-size object variant). Every active lane's slice must have `size` bytes.
-    pub fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+    pub(crate) async fn send_fixed_async(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
         for lane in lanes(self.mask) {
             let len = data.get(lane as usize).map_or(0, |d| d.len());
             if len != size {
@@ -431,26 +479,91 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         }
         for offset in (0..size).step_by(BUFFER_SIZE) {
             let end = size.min(offset + BUFFER_SIZE);
-            self.send(|lane, packet| packet.write_bytes(0, &data[lane as usize][offset..end]))?;
+            self.send_async(|lane, packet| {
+                packet.write_bytes(0, &data[lane as usize][offset..end])
+            })
+            .await?;
         }
         Ok(())
     }
 
     /// Receives `size` bytes per active lane sent by [`Port::send_fixed`].
-    pub fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+    pub(crate) async fn recv_fixed_async(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
         let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
         for lane in lanes(self.mask) {
             out[lane as usize] = alloc_vec(size);
         }
         for offset in (0..size).step_by(BUFFER_SIZE) {
             let end = size.min(offset + BUFFER_SIZE);
-            self.recv(|lane, packet| packet.read_bytes(0, &mut out[lane as usize][offset..end]))?;
+            self.recv_async(|lane, packet| {
+                packet.read_bytes(0, &mut out[lane as usize][offset..end])
+            })
+            .await?;
         }
         Ok(out)
     }
 
+    /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
+    pub fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        complete(self.index, self.send_async(fill))
+    }
+
+    /// Waits for the other side's packet and lets `use_` read each active lane's. A recv right
+    /// after a recv first hands the buffer back as an empty acknowledgement.
+    pub fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        complete(self.index, self.recv_async(use_))
+    }
+
+    /// `send(fill)` then `recv(use_)`.
+    pub fn send_and_recv(
+        &mut self,
+        fill: impl FnMut(u32, Packet<'_>),
+        use_: impl FnMut(u32, Packet<'_>),
+    ) -> Result<()> {
+        complete(self.index, self.send_and_recv_async(fill, use_))
+    }
+
+    /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
+    pub fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        complete(self.index, self.recv_and_send_async(work))
+    }
+
+    /// Sends a byte string per lane (see `send_n_async`, PROTOCOL section 5).
+    pub fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
+        complete(self.index, self.send_n_async(data))
+    }
+
+    /// Receives a byte string per lane, each at most `bound` bytes (see `recv_n_async`).
+    pub fn recv_n(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
+        complete(self.index, self.recv_n_async(bound))
+    }
+
+    /// Sends `size` bytes per active lane without a length word (see `send_fixed_async`).
+    pub fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+        complete(self.index, self.send_fixed_async(size, data))
+    }
+
+    /// Receives `size` bytes per active lane sent by [`Port::send_fixed`].
+    pub fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+        complete(self.index, self.recv_fixed_async(size))
+    }
+
     /// Closes the port (the same as dropping it).
     pub fn close(self) {}
+}
+
+/// Runs a port operation to completion in one poll: a blocking wait never suspends, so only a
+/// [`Resumable`] port can be `Pending` here, and then the operation stops with
+/// [`Error::WouldBlock`] (the exchange is left midway, as after a wait that gave up).
+fn complete<T>(port: u32, operation: impl Future<Output = Result<T>>) -> Result<T> {
+    let mut operation = core::pin::pin!(operation);
+    match operation
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(result) => result,
+        Poll::Pending => Err(Error::WouldBlock { port }),
+    }
 }
 
 fn alloc_vec(size: usize) -> Vec<u8> {
@@ -474,6 +587,17 @@ impl<'a> Port<'a, true> {
         Ok(())
     }
 
+    /// Leaves the port as it is, locked: neither flag changes and the lock bit stays set, so
+    /// nobody serves the rest of this exchange as a new request (see [`crate::dispatch`]). The
+    /// doorbell still counts the request as closed. Returns whether we owned the buffer.
+    #[cfg(feature = "std")]
+    pub(crate) fn quarantine(self) -> bool {
+        let owned = self.owns;
+        self.count_closed();
+        core::mem::forget(self);
+        owned
+    }
+
     /// Abandons the exchange: sets our word equal to the client's (the client-owns state of a
     /// finished exchange) and releases the port, whatever step the script was at.
     pub fn reset(mut self) {
@@ -482,6 +606,18 @@ impl<'a> Port<'a, true> {
         fence(Ordering::Release);
         self.outbox.store(self.out, Ordering::Relaxed);
         self.owns = false;
+    }
+}
+
+impl<const SERVER: bool> Port<'_, SERVER> {
+    /// Counts the request closed in the v2 doorbell (server ports only have one).
+    fn count_closed(&self) {
+        if let Some(counter) = self.doorbell {
+            // RMW: one open request fewer (PROTOCOL section 9). Saturating, because the device
+            // may have written anything there; Relaxed, as the counter orders no other data.
+            let _ =
+                counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        }
     }
 }
 
@@ -503,12 +639,7 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
         if SERVER && self.owns {
             self.hand_over();
         }
-        if let Some(counter) = self.doorbell {
-            // RMW: one open request fewer (PROTOCOL section 9). Saturating, because the device
-            // may have written anything there; Relaxed, as the counter orders no other data.
-            let _ =
-                counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
-        }
+        self.count_closed();
         unlock(self.locks, self.index);
     }
 }

@@ -2,8 +2,20 @@
 //! services. The first handler whose matcher accepts a request's opcode serves it; a handler
 //! declines simply by not matching (it cannot decline after touching the port, since the script
 //! would already have moved on).
+//!
+//! A handler is one of two kinds ([`Handler`]), user and standard alike:
+//! - a **packet** handler, a plain closure for one-packet opcodes: it rewrites each lane's packet
+//!   in place and the server sends it back (`C send; S recv; S send; C recv`). The client's packet
+//!   is there when the port opens, so it runs to completion at once, on the server thread;
+//! - a **script**, an `async` function of a [`Request`] for everything else. Each `.await` on a
+//!   port operation suspends the exchange until the client has answered, and the server thread
+//!   serves the other ports meanwhile (see [`crate::dispatch`]); [`Request::blocking`] runs a
+//!   call that may block (a file, a FIFO, a terminal, a command) on the server's I/O threads.
 
 use std::boxed::Box;
+use std::future::Future;
+use std::mem::ManuallyDrop;
+use std::pin::Pin;
 use std::string::String;
 use std::sync::Arc;
 use std::vec::Vec;
@@ -11,11 +23,43 @@ use std::vec::Vec;
 use crate::error::Result;
 use crate::layout::Layout;
 use crate::opcode::Opcode;
-use crate::rpc_server::{MailboxId, ServerContext};
+use crate::port::Packet;
+use crate::rpc_server::{Attached, Inner, MailboxId, ServerContext};
 use crate::ServerPort;
 
-/// What a handler runs: the request's script, over its port.
-pub type HandlerFn = dyn Fn(&mut Request<'_, '_>) -> Result<()> + Send + Sync;
+/// What a script handler returns: the rest of the exchange, polled by the server thread.
+pub type Exchange = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
+
+/// A packet handler: lane, that lane's packet (rewritten in place as the reply).
+pub type PacketFn = dyn Fn(u32, Packet<'_>) + Send + Sync;
+
+/// A script handler: starts the exchange of one request.
+pub type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
+
+/// The two kinds of handler (see the module docs).
+#[derive(Clone)]
+pub enum Handler {
+    /// One packet in, one packet out per lane, run at once.
+    Packet(Arc<PacketFn>),
+    /// A multi-packet script, resumable.
+    Script(Arc<ScriptFn>),
+}
+
+impl Handler {
+    /// A script handler from an async function or closure.
+    pub fn script<F, Fut>(script: F) -> Self
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        Handler::Script(Arc::new(move |request| Box::pin(script(request))))
+    }
+
+    /// A packet handler from a closure.
+    pub fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
+        Handler::Packet(Arc::new(reply))
+    }
+}
 
 /// Which opcodes a handler accepts.
 #[derive(Clone)]
@@ -38,7 +82,7 @@ impl Matcher {
 pub struct Entry {
     pub(crate) name: String,
     pub(crate) matcher: Matcher,
-    pub(crate) handler: Arc<HandlerFn>,
+    pub(crate) handler: Handler,
 }
 
 /// The ordered handlers of one server.
@@ -98,16 +142,12 @@ impl Registry {
     }
 }
 
-/// Builds an entry from a closure.
-pub(crate) fn entry(
-    name: impl Into<String>,
-    matcher: Matcher,
-    handler: impl Fn(&mut Request<'_, '_>) -> Result<()> + Send + Sync + 'static,
-) -> Entry {
+/// Builds an entry.
+pub(crate) fn entry(name: impl Into<String>, matcher: Matcher, handler: Handler) -> Entry {
     Entry {
         name: name.into(),
         matcher,
-        handler: Arc::new(handler),
+        handler,
     }
 }
 
@@ -118,50 +158,156 @@ pub struct MailboxInfo {
     pub layout: Layout,
 }
 
-/// One request being served: its port (the request derefs to it), where it came from, and the
-/// server's shared services.
-pub struct Request<'r, 'a> {
-    pub(crate) port: &'r mut ServerPort<'a>,
-    pub(crate) mailbox: MailboxInfo,
-    pub(crate) context: &'r ServerContext,
+/// A handle on a server's [`ServerContext`] (see [`Request::shared`]).
+#[derive(Clone)]
+pub struct SharedContext(Arc<Inner>);
+
+impl core::ops::Deref for SharedContext {
+    type Target = ServerContext;
+    fn deref(&self) -> &ServerContext {
+        &self.0.context
+    }
 }
 
-impl<'a> Request<'_, 'a> {
+/// One request being served by a script handler: its port, where it came from, and the
+/// server's shared services. It owns what it uses, so an exchange can be suspended and resumed
+/// on later passes.
+pub struct Request {
+    // Field order matters: `port` refers into memory that `mailbox` owns, so it is dropped
+    // first (fields drop in declaration order). See `Request::new`.
+    port: ManuallyDrop<ServerPort<'static>>,
+    mailbox: Arc<Attached>,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Request {
+    /// Leaves the port locked as it is: the server closes, resets or quarantines it once the
+    /// exchange has ended (see [`crate::dispatch`]). A request must therefore not outlive its
+    /// handler's exchange.
+    fn drop(&mut self) {
+        // SAFETY: the port is taken exactly once, here, and the field is not used afterwards.
+        let port = unsafe { ManuallyDrop::take(&mut self.port) };
+        let index = port.index();
+        let owned = port.quarantine();
+        self.mailbox.note_owned(index, owned);
+    }
+}
+
+impl Request {
+    /// A request over `port`, which was opened on `mailbox`.
+    ///
+    /// # Safety
+    /// Every reference inside `port` points into memory owned by `*mailbox` (its mailbox
+    /// region, its lock table, its doorbell) and stays valid for as long as `*mailbox` lives.
+    pub(crate) unsafe fn new(
+        port: ServerPort<'_>,
+        mailbox: Arc<Attached>,
+        inner: Arc<Inner>,
+    ) -> Request {
+        // SAFETY: the lifetime is extended to 'static, but the port never outlives the memory
+        // it refers to: (1) the caller promises that memory belongs to `*mailbox`, which neither
+        // moves nor is mutably borrowed while shared (an `Arc`), so a borrow of it may last as
+        // long as this `Arc` lives; (2) `port` is dropped before `mailbox` (in `Drop`, which runs
+        // before the fields are dropped) and no method moves it out; (3) no reference with the extended lifetime escapes: the port is
+        // reached only through `&self` accessors returning plain values and through operations
+        // that lend each packet to a closure for the call alone (`Packet<'_>`); there is no
+        // `DerefMut` that would let two requests swap their ports.
+        let port = unsafe { core::mem::transmute::<ServerPort<'_>, ServerPort<'static>>(port) };
+        Request {
+            port: ManuallyDrop::new(port),
+            mailbox,
+            inner,
+        }
+    }
+
     pub fn mailbox(&self) -> MailboxInfo {
-        self.mailbox
+        MailboxInfo {
+            id: self.mailbox.id,
+            layout: self.mailbox.layout,
+        }
     }
     pub fn context(&self) -> &ServerContext {
-        self.context
+        &self.inner.context
     }
-    /// `recv_n` bounded by the server's configured stream bound.
-    pub fn recv_n(&mut self) -> Result<Vec<Vec<u8>>> {
-        let bound = self.context.config.stream_bound;
-        self.port.recv_n(bound)
+    /// The server's shared state as a handle of its own, to keep across the request's `&mut`
+    /// operations (and to give to an I/O call).
+    pub fn shared(&self) -> SharedContext {
+        SharedContext(self.inner.clone())
+    }
+    pub fn index(&self) -> u32 {
+        self.port.index()
+    }
+    pub fn opcode(&self) -> Opcode {
+        self.port.opcode()
+    }
+    /// The active lanes (header mask bits below `L`).
+    pub fn mask(&self) -> u64 {
+        self.port.mask()
+    }
+    /// The lane size `L`.
+    pub fn lane_size(&self) -> u32 {
+        self.port.lane_size()
+    }
+    /// The first active lane.
+    pub fn first_lane(&self) -> u32 {
+        self.port.first_lane()
+    }
+
+    /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
+    pub async fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        self.port.send_async(fill).await
+    }
+    /// Waits for the client's packet and lets `use_` read each active lane's.
+    pub async fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        self.port.recv_async(use_).await
+    }
+    /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
+    pub async fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        self.port.recv_and_send_async(work).await
+    }
+    /// `send(fill)` then `recv(use_)`.
+    pub async fn send_and_recv(
+        &mut self,
+        fill: impl FnMut(u32, Packet<'_>),
+        use_: impl FnMut(u32, Packet<'_>),
+    ) -> Result<()> {
+        self.port.send_and_recv_async(fill, use_).await
+    }
+    /// Sends a byte string per lane (PROTOCOL section 5).
+    pub async fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
+        self.port.send_n_async(data).await
+    }
+    /// Receives a byte string per lane, bounded by the server's configured stream bound (a lane
+    /// above it ends the exchange at once with [`crate::Error::TooLong`]).
+    pub async fn recv_n(&mut self) -> Result<Vec<Vec<u8>>> {
+        let bound = self.inner.context.config.stream_bound;
+        self.port.recv_n_async(bound).await
+    }
+    /// Sends `size` bytes per active lane without a length word.
+    pub async fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+        self.port.send_fixed_async(size, data).await
+    }
+    /// Receives `size` bytes per active lane without a length word.
+    pub async fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+        self.port.recv_fixed_async(size).await
+    }
+
+    /// Runs `call` on one of the server's I/O threads and waits (suspended, the port held) for
+    /// its result: for anything that may block, so that the server thread never does.
+    pub async fn blocking<R: Send + 'static>(
+        &self,
+        call: impl FnOnce(&ServerContext) -> R + Send + 'static,
+    ) -> Result<R> {
+        crate::io_pool::run(&self.inner, call).await
     }
 }
-
-impl<'a> core::ops::Deref for Request<'_, 'a> {
-    type Target = ServerPort<'a>;
-    fn deref(&self) -> &Self::Target {
-        self.port
-    }
-}
-
-impl core::ops::DerefMut for Request<'_, '_> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        self.port
-    }
-}
-
-/// A boxed handler, for APIs that take one.
-pub type BoxedHandler = Box<HandlerFn>;
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
     fn named(name: &str, matcher: Matcher) -> Entry {
-        entry(name, matcher, |_| Ok(()))
+        entry(name, matcher, Handler::packet(|_, _| {}))
     }
 
     #[test]

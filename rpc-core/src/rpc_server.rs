@@ -20,12 +20,13 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::mailbox::{LockTable, Mailbox, MailboxMemory};
 use crate::opcode::Opcode;
-use crate::port::{Backoff, Wait, SPIN_POLLS};
-use crate::registry::{entry, Entry, MailboxInfo, Matcher, Registry, Request};
+use crate::port::Backoff;
+use crate::registry::{entry, Entry, Handler, Matcher, Registry, Request};
 use crate::server::Server;
-use crate::server_thread::{Control, ServerThread, Started, Stopped};
-use crate::stats::{bump, Stats, StatsSnapshot};
+use crate::server_thread::{ServerThread, Started, Stopped};
+use crate::stats::{Stats, StatsSnapshot};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use std::future::Future;
 
 /// What to do when `shutdown` finds kernels still holding user guards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,9 +46,17 @@ pub struct ServerConfig {
     pub name: String,
     /// The most bytes a lane may send in one `send_n` (PROTOCOL section 5). Default 64 MiB.
     pub stream_bound: u64,
-    /// Give up a wait for a client's next packet after this long even though kernels still run
-    /// (None: only when no kernel that could answer is running).
-    pub wait_timeout: Option<Duration>,
+    /// Treat a client as gone once its exchange has made no progress for this long: the port
+    /// is then reset for a new client. Only for a server that has no kernels to count, whose
+    /// clients are processes that may die (`rpc-serve`); a kernel's exchange is abandoned only
+    /// once no kernel that could answer runs. None (the default): never.
+    pub client_timeout: Option<Duration>,
+    /// Threads that run blocking calls (files, FIFOs, terminals, SYSTEM, host calls) beside the
+    /// server thread, started as needed. Default 4.
+    pub io_threads: usize,
+    /// How long `shutdown` waits for the I/O threads to finish their calls before it abandons
+    /// the ones stuck in one (logged and counted in `io_threads_abandoned`). Default 200 ms.
+    pub io_grace: Duration,
     /// What `shutdown` does with live user guards.
     pub shutdown_policy: ShutdownPolicy,
     /// How long the worker parks between polls while kernels run but send nothing, once they
@@ -69,7 +78,9 @@ impl Default for ServerConfig {
         ServerConfig {
             name: "rpc".into(),
             stream_bound: 64 << 20,
-            wait_timeout: None,
+            client_timeout: None,
+            io_threads: 4,
+            io_grace: Duration::from_millis(200),
             shutdown_policy: ShutdownPolicy::Refuse,
             park: Duration::from_micros(50),
             doorbell_sleep: Duration::from_millis(1),
@@ -137,13 +148,23 @@ pub(crate) struct Attached {
     #[cfg(not(loom))]
     doorbell: Option<Box<dyn crate::plugin::Doorbell>>,
     /// Set by `detach`: the worker stops touching the mailbox and abandons waits on it.
-    detached: AtomicBool,
+    pub(crate) detached: AtomicBool,
     /// User guards covering this mailbox.
-    users: Arc<Coverage>,
+    pub(crate) users: Arc<Coverage>,
+    /// Per port: whether the last request dropped owned the buffer (see `dispatch`).
+    pub(crate) owned: Box<[AtomicBool]>,
+    /// Ports left locked mid-exchange, each released once the kernels that could still be
+    /// inside its exchange are gone (see [`crate::dispatch`]).
+    pub(crate) quarantine: Mutex<Vec<crate::dispatch::Quarantined>>,
 }
 
 impl Attached {
-    fn server(&self) -> Server<'_> {
+    #[cfg(not(loom))]
+    pub(crate) fn doorbell(&self) -> Option<&dyn crate::plugin::Doorbell> {
+        self.doorbell.as_deref()
+    }
+
+    pub(crate) fn server(&self) -> Server<'_> {
         let server = Server::new(self.source.view(), self.locks.words())
             .expect("lock table sized for the layout");
         #[cfg(not(loom))]
@@ -155,7 +176,7 @@ impl Attached {
 }
 
 /// A versioned, copy-on-write list the worker reads without locking on every pass.
-struct Snapshot<T> {
+pub(crate) struct Snapshot<T> {
     current: Mutex<Arc<T>>,
     /// Bumped (Release) after each change; the worker compares (Acquire) to know to refresh.
     version: AtomicU64,
@@ -168,7 +189,7 @@ impl<T: Clone> Snapshot<T> {
             version: AtomicU64::new(0),
         }
     }
-    fn get(&self) -> Arc<T> {
+    pub(crate) fn get(&self) -> Arc<T> {
         lock(&self.current).clone()
     }
     fn update<R>(&self, change: impl FnOnce(&mut T) -> R) -> R {
@@ -180,7 +201,7 @@ impl<T: Clone> Snapshot<T> {
         self.version.fetch_add(1, Ordering::Release);
         result
     }
-    fn version(&self) -> u64 {
+    pub(crate) fn version(&self) -> u64 {
         self.version.load(Ordering::Acquire)
     }
 }
@@ -189,11 +210,11 @@ impl<T: Clone> Snapshot<T> {
 pub struct ServerContext {
     pub(crate) config: ServerConfig,
     pub(crate) stats: Stats,
-    mailboxes: Snapshot<Vec<Arc<Attached>>>,
-    registry: Snapshot<Registry>,
+    pub(crate) mailboxes: Snapshot<Vec<Arc<Attached>>>,
+    pub(crate) registry: Snapshot<Registry>,
     next_id: AtomicU64,
     /// Guards that cover every mailbox.
-    any_users: Arc<Coverage>,
+    pub(crate) any_users: Arc<Coverage>,
     /// Set while a shutdown is in progress: waits on clients give up.
     pub(crate) stopping: AtomicBool,
     pub(crate) services: crate::services::Services,
@@ -214,6 +235,8 @@ impl ServerContext {
 pub(crate) struct Inner {
     pub(crate) context: ServerContext,
     pub(crate) thread: ServerThread,
+    /// The I/O threads blocking calls run on.
+    pub(crate) io: crate::io_pool::IoPool,
 }
 
 /// The RPC server of one plugin instance. Dropping it shuts the worker down
@@ -240,6 +263,7 @@ impl RpcServer {
                 services,
             },
             thread: ServerThread::new(),
+            io: crate::io_pool::IoPool::default(),
         });
         RpcServer { inner }
     }
@@ -319,6 +343,10 @@ impl RpcServer {
             doorbell,
             detached: AtomicBool::new(false),
             users: Arc::new(Coverage::default()),
+            owned: (0..layout.ports())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            quarantine: Mutex::new(Vec::new()),
         });
         context.mailboxes.update(|list| list.push(attached));
         log::debug!(
@@ -391,28 +419,71 @@ impl RpcServer {
             .collect()
     }
 
-    /// Registers a handler for one opcode, ahead of the standard ones and of handlers
-    /// registered later.
-    pub fn register(
-        &self,
-        opcode: Opcode,
-        handler: impl Fn(&mut Request<'_, '_>) -> Result<()> + Send + Sync + 'static,
-    ) {
-        self.register_entry(entry(opcode.to_string(), Matcher::Opcode(opcode), handler));
+    /// Registers a script handler for one opcode, ahead of the standard ones and of handlers
+    /// registered later: an async function of the [`Request`] whose every `.await` on the port
+    /// lets the server thread serve the other ports until the client answers.
+    ///
+    /// ```no_run
+    /// # let server = rpc_core::RpcServer::new(Default::default());
+    /// server.register(rpc_core::Opcode::user(1), |mut req| async move {
+    ///     let data = req.recv_n().await?;
+    ///     let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    ///     req.send_n(&slices).await
+    /// });
+    /// ```
+    pub fn register<F, Fut>(&self, opcode: Opcode, script: F)
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.register_handler(
+            Matcher::Opcode(opcode),
+            opcode.to_string(),
+            Handler::script(script),
+        );
     }
 
-    /// Registers a handler for every opcode `accepts` says yes to.
-    pub fn register_matching(
+    /// Registers a packet handler for a one-packet opcode (the client sends one packet and
+    /// reads one back): `reply` rewrites each active lane's packet in place.
+    ///
+    /// ```no_run
+    /// # let server = rpc_core::RpcServer::new(Default::default());
+    /// server.register_packet(rpc_core::Opcode::user(2), |_lane, p| {
+    ///     p.set_word(0, p.word(0) * p.word(0))
+    /// });
+    /// ```
+    pub fn register_packet(
+        &self,
+        opcode: Opcode,
+        reply: impl Fn(u32, crate::Packet<'_>) + Send + Sync + 'static,
+    ) {
+        self.register_handler(
+            Matcher::Opcode(opcode),
+            opcode.to_string(),
+            Handler::packet(reply),
+        );
+    }
+
+    /// Registers a script handler for every opcode `accepts` says yes to.
+    pub fn register_matching<F, Fut>(
         &self,
         name: &str,
         accepts: impl Fn(Opcode) -> bool + Send + Sync + 'static,
-        handler: impl Fn(&mut Request<'_, '_>) -> Result<()> + Send + Sync + 'static,
-    ) {
-        self.register_entry(entry(
-            name,
+        script: F,
+    ) where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.register_handler(
             Matcher::Predicate(std::sync::Arc::new(accepts)),
-            handler,
-        ));
+            name.into(),
+            Handler::script(script),
+        );
+    }
+
+    /// Registers `handler` for the opcodes `matcher` accepts, under `name`.
+    pub fn register_handler(&self, matcher: Matcher, name: String, handler: Handler) {
+        self.register_entry(entry(name, matcher, handler));
     }
 
     fn register_entry(&self, entry: Entry) {
@@ -547,11 +618,11 @@ impl Coverage {
             .store(live.first().copied().unwrap_or(u64::MAX), Ordering::Relaxed);
     }
     /// The mark to test a port opened now against.
-    fn mark(&self) -> u64 {
+    pub(crate) fn mark(&self) -> u64 {
         self.arrivals.load(Ordering::Relaxed)
     }
     /// True if every user that had arrived at `mark` has left.
-    fn gone_since(&self, mark: u64) -> bool {
+    pub(crate) fn gone_since(&self, mark: u64) -> bool {
         self.oldest_live.load(Ordering::Relaxed) >= mark
     }
 }
@@ -575,237 +646,12 @@ impl UserGuard {
 
 impl Drop for UserGuard {
     fn drop(&mut self) {
-        let mut control: crate::sync::MutexGuard<'_, Control> = lock(&self.inner.thread.control);
+        let mut control = lock(&self.inner.thread.control);
         control.users -= 1;
         self.covered.leave(self.ticket);
         if control.users == 0 {
             // Wakes a shutdown waiting for the users to go (the worker notices by itself).
             self.inner.thread.cv.notify_all();
         }
-    }
-}
-
-/// How the worker waits for a client's next packet: back off, and give up once no kernel that
-/// could own the port is running (every user covering the mailbox when the port was opened has
-/// gone since), the mailbox is detached, the server is stopping, or the configured per-wait
-/// timeout passed.
-struct ServerWait<'s> {
-    context: &'s ServerContext,
-    mailbox: &'s Attached,
-    /// The arrival marks of the mailbox's and the all-mailbox coverage when the port was opened.
-    opened_marks: (u64, u64),
-    /// When the current wait began, in ns since `epoch` (0: not yet).
-    started_ns: AtomicU64,
-    epoch: Instant,
-}
-
-impl Wait for ServerWait<'_> {
-    fn pause(&self, port: u32, attempt: u32) -> Result<()> {
-        if attempt >= SPIN_POLLS {
-            let abandon = |reason| Err(Error::Abandoned { port, reason });
-            if self.mailbox.detached.load(Ordering::Acquire) {
-                return abandon("mailbox detached");
-            }
-            let (mailbox_mark, any_mark) = self.opened_marks;
-            if self.mailbox.users.gone_since(mailbox_mark)
-                && self.context.any_users.gone_since(any_mark)
-            {
-                return abandon("no running kernel can answer");
-            }
-            if self.context.stopping.load(Ordering::Relaxed) {
-                return abandon("server shutting down");
-            }
-            if let Some(timeout) = self.context.config.wait_timeout {
-                let now = self.epoch.elapsed().as_nanos() as u64 + 1;
-                let started = self.started_ns.load(Ordering::Relaxed);
-                if attempt == SPIN_POLLS || started == 0 {
-                    self.started_ns.store(now, Ordering::Relaxed);
-                } else if Duration::from_nanos(now - started) > timeout {
-                    return abandon("timed out");
-                }
-            }
-        }
-        Backoff::step(attempt);
-        Ok(())
-    }
-}
-
-impl Inner {
-    /// One pass over every attached mailbox, serving every pending port. Returns how many.
-    pub(crate) fn serve_pass(&self, cache: &mut PassCache) -> usize {
-        let context = &self.context;
-        cache.refresh(context);
-        let (Some(mailboxes), Some(registry)) = (&cache.mailboxes, &cache.registry) else {
-            return 0;
-        };
-        let mut served = 0;
-        for (mailbox, hot) in mailboxes.iter().zip(cache.hot.iter_mut()) {
-            let server = mailbox.server();
-            // Every pending port in index order, plus the recently served ones re-checked on
-            // the way (see `scan`), so a busy client on a large mailbox waits for a stride of
-            // the scan, not a whole pass.
-            let mut sweep = server.sweep(hot);
-            while !mailbox.detached.load(Ordering::Acquire) {
-                let Some(index) = sweep.next_pending() else {
-                    break;
-                };
-                // Read just before the port opens: the kernel owning it is among these users.
-                let wait = ServerWait {
-                    context,
-                    mailbox,
-                    opened_marks: (mailbox.users.mark(), context.any_users.mark()),
-                    started_ns: AtomicU64::new(0),
-                    epoch: cache.epoch,
-                };
-                let Some(port) = server.try_open(index, &wait) else {
-                    continue;
-                };
-                sweep.served(index);
-                self.dispatch(port, mailbox, registry);
-                served += 1;
-            }
-        }
-        // Only the worker writes this counter: a plain load and store, no RMW needed.
-        let passes = &context.stats.passes;
-        passes.store(passes.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        served
-    }
-
-    fn dispatch(&self, mut port: crate::ServerPort<'_>, mailbox: &Attached, registry: &Registry) {
-        let context = &self.context;
-        let name = &context.config.name;
-        let (opcode, index) = (port.opcode(), port.index());
-        if let Err(error) = port.check_mask() {
-            log::warn!(
-                "{name}: mailbox {} port {index}: {opcode}: {error}; closed unanswered",
-                mailbox.id.0
-            );
-            bump(&context.stats.bad_headers);
-            return; // Dropping the port closes it: the client reads its own request back.
-        }
-        let Some(entry) = registry.find(opcode) else {
-            log::warn!(
-                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
-                mailbox.id.0
-            );
-            bump(&context.stats.unknown);
-            return;
-        };
-        log::debug!(
-            "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
-            mailbox.id.0,
-            port.mask()
-        );
-        let info = MailboxInfo {
-            id: mailbox.id,
-            layout: mailbox.layout,
-        };
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            (entry.handler)(&mut Request {
-                port: &mut port,
-                mailbox: info,
-                context,
-            })
-        }));
-        match result {
-            Ok(Ok(())) => context.stats.served(opcode),
-            Ok(Err(Error::Refused(why))) => {
-                log::warn!(
-                    "{name}: mailbox {} port {index}: {opcode} refused: {why}",
-                    mailbox.id.0
-                );
-                bump(&context.stats.refused);
-                context.stats.served(opcode);
-            }
-            Ok(Err(error @ Error::Abandoned { .. })) => {
-                log::warn!(
-                    "{name}: mailbox {} port {index}: {opcode}: {error}; port reset",
-                    mailbox.id.0
-                );
-                bump(&context.stats.abandoned);
-                port.reset();
-            }
-            Ok(Err(error)) => {
-                log::error!(
-                    "{name}: mailbox {} port {index}: {opcode} failed: {error}",
-                    mailbox.id.0
-                );
-                bump(&context.stats.errors);
-            }
-            Err(panic) => {
-                let text = panic_message(panic.as_ref());
-                log::error!(
-                    "{name}: mailbox {} port {index}: handler for {opcode} panicked: {text}",
-                    mailbox.id.0
-                );
-                bump(&context.stats.panics);
-            }
-        }
-    }
-}
-
-/// The worker's copies of the mailbox list and the registry, refreshed when they change.
-pub(crate) struct PassCache {
-    mailboxes: Option<Arc<Vec<Arc<Attached>>>>,
-    registry: Option<Arc<Registry>>,
-    /// The recently served ports of each mailbox of `mailboxes`, in the same order.
-    hot: Vec<crate::scan::HotPorts>,
-    /// The ports of all of `mailboxes` together (what one pass scans).
-    ports: usize,
-    versions: (u64, u64),
-    epoch: Instant,
-}
-
-impl PassCache {
-    pub(crate) fn new() -> Self {
-        PassCache {
-            mailboxes: None,
-            registry: None,
-            hot: Vec::new(),
-            ports: 0,
-            versions: (u64::MAX, u64::MAX),
-            epoch: Instant::now(),
-        }
-    }
-
-    fn refresh(&mut self, context: &ServerContext) {
-        let versions = (context.mailboxes.version(), context.registry.version());
-        if self.mailboxes.is_none() || versions != self.versions {
-            let mailboxes = context.mailboxes.get();
-            self.hot = std::vec![Default::default(); mailboxes.len()];
-            self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
-            self.mailboxes = Some(mailboxes);
-            self.registry = Some(context.registry.get());
-            self.versions = versions;
-        }
-    }
-
-    /// The ports one pass scans (as of the last pass).
-    pub(crate) fn ports(&self) -> usize {
-        self.ports
-    }
-
-    /// Lets go of every mailbox (before sleeping, so `detach` never waits on a sleeper).
-    /// A doorbell to sleep on: only when every attached mailbox has one and no request is open
-    /// in any (each counter 0). Then an open request rings one of them (waiting on the first,
-    /// the others are seen at the next poll, at most `doorbell_sleep` later).
-    #[cfg(not(loom))]
-    pub(crate) fn quiet_doorbell(&self) -> Option<&dyn crate::plugin::Doorbell> {
-        let mailboxes = self.mailboxes.as_ref()?;
-        let mut bells = mailboxes.iter().map(|m| m.doorbell.as_deref());
-        let first = bells.next()??;
-        let all_quiet = std::iter::once(Some(first))
-            .chain(bells)
-            .all(|bell| bell.is_some_and(|b| b.counter().load(Ordering::Relaxed) == 0));
-        all_quiet.then_some(first)
-    }
-
-    #[cfg(loom)]
-    pub(crate) fn quiet_doorbell(&self) -> Option<&'static dyn crate::plugin::Doorbell> {
-        None
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.mailboxes = None;
     }
 }

@@ -115,6 +115,15 @@ impl HotPorts {
     }
 }
 
+/// What a sweep found next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// A port that looks pending.
+    Pending(u32),
+    /// [`HOT_STRIDE`] more ports scanned.
+    Checkpoint,
+}
+
 /// One pass's walk over a mailbox's ports: every port in order, found a block at a time, with
 /// the hot ports re-checked every [`HOT_STRIDE`] ports.
 pub(crate) struct Sweep<'a> {
@@ -147,7 +156,19 @@ impl<'a> Sweep<'a> {
 
     /// The next port that looks pending, or None once the whole mailbox was scanned. A hot port
     /// may come back more than once per sweep (each time it was found pending again).
+    #[cfg(test)]
     pub(crate) fn next_pending(&mut self) -> Option<u32> {
+        loop {
+            match self.next()? {
+                Step::Pending(index) => return Some(index),
+                Step::Checkpoint => continue,
+            }
+        }
+    }
+
+    /// The next port that looks pending, or a checkpoint (every [`HOT_STRIDE`] ports scanned,
+    /// where the caller may look at other work), or None once the whole mailbox was scanned.
+    pub(crate) fn next(&mut self) -> Option<Step> {
         let len = self.primary.len().min(self.secondary.len());
         loop {
             while self.hot_left > 0 {
@@ -157,7 +178,7 @@ impl<'a> Sweep<'a> {
                 // otherwise wait for the whole scan. The scan may find such a port again (a
                 // new request by then, or not pending any more: `try_open` re-checks).
                 if pending(&self.primary[index], &self.secondary[index]) {
-                    return Some(index as u32);
+                    return Some(Step::Pending(index as u32));
                 }
             }
             if self.next >= len {
@@ -166,12 +187,13 @@ impl<'a> Sweep<'a> {
             let end = self.checkpoint.min(len);
             if let Some(index) = next_pending_in(self.primary, self.secondary, self.next, end) {
                 self.next = index + 1;
-                return Some(index as u32);
+                return Some(Step::Pending(index as u32));
             }
             self.next = end;
             if end == self.checkpoint {
                 self.checkpoint += HOT_STRIDE;
                 self.hot_left = self.hot.len;
+                return Some(Step::Checkpoint);
             }
         }
     }

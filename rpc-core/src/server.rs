@@ -54,6 +54,42 @@ impl<'a> Server<'a> {
             != normalize(self.mailbox.primary[i].load(Ordering::Relaxed))
     }
 
+    /// Both flags of port `index` as they are (our word, the client's). Relaxed: a snapshot to
+    /// compare with a later one, ordering nothing.
+    pub(crate) fn flags(&self, index: u32) -> (u32, u32) {
+        let i = index as usize;
+        (
+            self.mailbox.primary[i].load(Ordering::Relaxed),
+            self.mailbox.secondary[i].load(Ordering::Relaxed),
+        )
+    }
+
+    /// Closes port `index`, which the caller holds locked with its exchange ended: hands the
+    /// buffer back if we `owned` it (flips our word, as a port's drop does), then unlocks.
+    pub(crate) fn close(&self, index: u32, owned: bool) {
+        let i = index as usize;
+        if owned {
+            // Only we write our word, so it reads what we last stored. Release: our packet
+            // writes are visible before the flip, as in `Port::hand_over`.
+            let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
+            fence(Ordering::Release);
+            self.mailbox.primary[i].store(out ^ 1, Ordering::Relaxed);
+        }
+        unlock(self.locks, index);
+    }
+
+    /// Resets port `index`, which the caller holds locked and whose client is gone (so nobody
+    /// opens it meanwhile): our word set equal to the client's, the state of a finished
+    /// exchange, so that a new client may open it; then the unlock.
+    pub(crate) fn release(&self, index: u32) {
+        let i = index as usize;
+        let client = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
+        // Publishes nothing new; release keeps our earlier packet writes ordered before it.
+        fence(Ordering::Release);
+        self.mailbox.primary[i].store(client, Ordering::Relaxed);
+        unlock(self.locks, index);
+    }
+
     /// The first pending port at or after `from`.
     pub fn next_pending(&self, from: u32) -> Option<u32> {
         crate::scan::next_pending(self.mailbox.primary, self.mailbox.secondary, from)

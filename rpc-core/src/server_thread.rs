@@ -40,8 +40,9 @@
 
 use std::string::String;
 
+use crate::dispatch::{Fate, PassCache};
 use crate::error::{Error, Result};
-use crate::rpc_server::{Inner, PassCache, ShutdownPolicy};
+use crate::rpc_server::{Inner, ShutdownPolicy};
 use crate::stats::bump;
 use crate::sync::{lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
@@ -219,6 +220,17 @@ impl ServerThread {
                 log::error!("{name}: the worker thread panicked");
             }
         }
+        // The worker is gone, so no new blocking call comes; the I/O threads stop with it.
+        let stuck = inner.io.stop(inner.context.config.io_grace);
+        if stuck > 0 {
+            log::error!(
+                "{name}: {stuck} I/O thread(s) still inside a blocking call after {:?}: abandoned",
+                inner.context.config.io_grace
+            );
+            for _ in 0..stuck {
+                bump(&inner.context.stats.io_threads_abandoned);
+            }
+        }
         let mut control = lock(&this.control);
         control.state = State::Stopped;
         control.worker = None;
@@ -235,7 +247,7 @@ impl ServerThread {
 }
 
 #[cfg(not(loom))]
-fn spawn(
+pub(crate) fn spawn(
     name: String,
     body: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<thread::JoinHandle<()>> {
@@ -243,7 +255,7 @@ fn spawn(
 }
 
 #[cfg(loom)]
-fn spawn(
+pub(crate) fn spawn(
     _name: String,
     body: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<thread::JoinHandle<()>> {
@@ -292,10 +304,16 @@ fn worker(inner: Arc<Inner>) {
         if running {
             serve_while_used(&inner, &mut cache, park);
         }
-        // One last pass: requests left by kernels that finished (FREE needs no answer) or
-        // pending at shutdown.
+        // One last pass: requests left by kernels that finished (FREE needs no answer) and
+        // exchanges that can still end. Then no user is left (every exchange still in flight
+        // belongs to a kernel that is gone) or a shutdown is under way (the exchanges lose
+        // their server: quarantined, see `dispatch`).
         inner.serve_pass(&mut cache);
-        cache.clear();
+        if inner.context.stopping.load(Ordering::Relaxed) {
+            cache.clear(&inner.context, Fate::Quarantine, "server shutting down");
+        } else {
+            cache.clear(&inner.context, Fate::Reset, "no running kernel can answer");
+        }
         control = lock(&this.control);
         if control.state != State::Running {
             break;
@@ -308,7 +326,7 @@ fn worker(inner: Arc<Inner>) {
 }
 
 /// Serves passes with back-off until the users are gone or a shutdown begins.
-fn serve_while_used(inner: &Inner, cache: &mut PassCache, park: std::time::Duration) {
+fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: std::time::Duration) {
     let this = &inner.thread;
     let (spin, yield_) = BACKOFF_PASSES;
     let mut idle: u32 = 0;

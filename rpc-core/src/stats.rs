@@ -27,6 +27,8 @@ pub struct Stats {
     pub(crate) doorbell_sleeps: AtomicU64,
     pub(crate) doorbell_rings: AtomicU64,
     pub(crate) workers_started: AtomicU64,
+    pub(crate) blocking_calls: AtomicU64,
+    pub(crate) io_threads_abandoned: AtomicU64,
 }
 
 impl Default for Stats {
@@ -45,6 +47,8 @@ impl Default for Stats {
             doorbell_sleeps: AtomicU64::new(0),
             doorbell_rings: AtomicU64::new(0),
             workers_started: AtomicU64::new(0),
+            blocking_calls: AtomicU64::new(0),
+            io_threads_abandoned: AtomicU64::new(0),
         }
     }
 }
@@ -86,6 +90,8 @@ impl Stats {
             doorbell_sleeps: get(&self.doorbell_sleeps),
             doorbell_rings: get(&self.doorbell_rings),
             workers_started: get(&self.workers_started),
+            blocking_calls: get(&self.blocking_calls),
+            io_threads_abandoned: get(&self.io_threads_abandoned),
         }
     }
 }
@@ -105,7 +111,8 @@ pub struct StatsSnapshot {
     pub bad_headers: u64,
     /// Handlers that panicked.
     pub panics: u64,
-    /// Exchanges abandoned because the client could no longer answer.
+    /// Exchanges abandoned midway: no kernel left to answer, the client timed out, the mailbox
+    /// was detached or the server shut down.
     pub abandoned: u64,
     /// Scans over every attached mailbox.
     pub passes: u64,
@@ -117,6 +124,10 @@ pub struct StatsSnapshot {
     pub doorbell_rings: u64,
     /// Worker threads started over the server's life.
     pub workers_started: u64,
+    /// Calls run on the I/O threads.
+    pub blocking_calls: u64,
+    /// I/O threads a shutdown left behind, stuck in a blocking call.
+    pub io_threads_abandoned: u64,
 }
 
 impl StatsSnapshot {
@@ -135,7 +146,8 @@ impl fmt::Display for StatsSnapshot {
         write!(
             f,
             "served={} errors={} refused={} unknown={} bad_headers={} panics={} abandoned={} \
-             passes={} wakeups={} doorbell_sleeps={} doorbell_rings={} workers_started={}",
+             passes={} wakeups={} doorbell_sleeps={} doorbell_rings={} workers_started={} \
+             blocking_calls={} io_threads_abandoned={}",
             self.total_served(),
             self.errors,
             self.refused,
@@ -147,7 +159,9 @@ impl fmt::Display for StatsSnapshot {
             self.wakeups,
             self.doorbell_sleeps,
             self.doorbell_rings,
-            self.workers_started
+            self.workers_started,
+            self.blocking_calls,
+            self.io_threads_abandoned
         )?;
         for (op, n) in &self.served {
             write!(f, "\n  {op}: {n}")?;

@@ -3,7 +3,9 @@
 //! explore every interleaving of a small model.
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 #[cfg(all(feature = "std", loom))]
 pub use loom::{
     sync::{Arc, Condvar, Mutex, MutexGuard},
@@ -11,7 +13,9 @@ pub use loom::{
 };
 
 #[cfg(not(loom))]
-pub use core::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub use core::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 #[cfg(all(feature = "std", not(loom)))]
 pub use std::{
     sync::{Arc, Condvar, Mutex, MutexGuard},

@@ -95,9 +95,7 @@ fn two_servers_are_independent_and_custom_opcodes_stay_private() {
     let nvidia = RpcServer::new(config("nvidia"));
     let amd = RpcServer::new(config("amd"));
     let custom = Opcode::user(42);
-    nvidia.register(custom, |req| {
-        req.recv_and_send(|_, p| p.set_word(0, p.word(0) * 2))
-    });
+    nvidia.register_packet(custom, move |_, p| p.set_word(0, p.word(0) * 2));
     let on_nvidia = Mailbox::attach(&nvidia, 2, 32);
     let on_amd = Mailbox::attach(&amd, 2, 64);
     let _ = nvidia.start().unwrap();
@@ -176,23 +174,33 @@ fn shutdown_policies_with_a_live_guard() {
 #[test]
 fn a_panicking_handler_is_caught_and_the_worker_goes_on() {
     let server = RpcServer::new(config("panic"));
-    server.register(Opcode::user(1), |req| {
-        req.recv(|_, _| {})?;
+    server.register(Opcode::user(1), |mut req| async move {
+        req.recv(|_, _| {}).await?;
         panic!("handler bug");
     });
-    let mailbox = Mailbox::attach(&server, 1, 1);
+    let mailbox = Mailbox::attach(&server, 2, 1);
     let _ = server.start().unwrap();
-    let _user = server.user();
+    let user = server.user();
     let client = mailbox.client();
     let mut port = client.open(Opcode::user(1), 1).unwrap();
+    assert_eq!(port.index(), 0);
     port.send(|_, p| p.set_word(0, 5)).unwrap();
     drop(port);
-    assert_eq!(
-        increment(&client, Opcode::TEST_INCREMENT, 9),
-        10,
-        "port closed cleanly"
-    );
+    // Port 0 is quarantined (its script stopped midway); port 1 serves.
+    assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 9), 10);
     assert_eq!(server.stats().panics, 1);
+    // Once the kernel that was inside the exchange is gone, port 0 serves again.
+    drop(user);
+    let _user = server.user();
+    eventually("port 0 is released", || {
+        let Some(mut port) = client.try_open_at(0, Opcode::TEST_INCREMENT, 1).unwrap() else {
+            return false;
+        };
+        let mut got = 0;
+        port.send_and_recv(|_, p| p.set_word(0, 1), |_, p| got = p.word(0))
+            .unwrap();
+        got == 2
+    });
 }
 
 #[test]
@@ -241,9 +249,9 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned() {
 }
 
 #[test]
-fn a_per_wait_timeout_covers_a_hung_kernel() {
+fn a_client_timeout_resets_the_port_of_a_client_that_stopped_answering() {
     let server = RpcServer::new(ServerConfig {
-        wait_timeout: Some(Duration::from_millis(50)),
+        client_timeout: Some(Duration::from_millis(50)),
         ..config("timeout")
     });
     let mailbox = Mailbox::attach(&server, 2, 1);
@@ -252,9 +260,16 @@ fn a_per_wait_timeout_covers_a_hung_kernel() {
     let client = mailbox.client();
     let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
     port.send(|_, p| p.set_word(0, 1000)).unwrap();
-    eventually("the wait times out", || server.stats().abandoned == 1);
+    eventually("the client times out", || server.stats().abandoned == 1);
     std::mem::forget(port);
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 7), 8);
+    // The port was reset for a new client (another process, with its own lock bits).
+    let fresh = LockTable::new(2);
+    let other = Client::new(mailbox.memory.view(), fresh.words()).unwrap();
+    assert!(other
+        .try_open_at(0, Opcode::TEST_INCREMENT, 1)
+        .unwrap()
+        .is_some());
 }
 
 #[test]

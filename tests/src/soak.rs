@@ -394,9 +394,7 @@ fn runtime(
         .context()
         .services()
         .set_stdin(Box::new(std::io::empty()));
-    server.register(CUSTOM, move |req| {
-        req.recv_and_send(|_, p| p.set_word(0, custom(p.word(0))))
-    });
+    server.register_packet(CUSTOM, move |_, p| p.set_word(0, custom(p.word(0))));
     let soak = Arc::new(Soak {
         counters: counters.clone(),
         dir: dir.to_path_buf(),

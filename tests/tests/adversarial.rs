@@ -80,7 +80,6 @@ impl Fixture {
         let server = RpcServer::new(ServerConfig {
             name: name.into(),
             stream_bound: BOUND,
-            wait_timeout: Some(Duration::from_millis(20)),
             services: ServicesConfig {
                 exit: ExitPolicy::Record,
                 files: FilePolicy::Denied,
@@ -98,15 +97,18 @@ impl Fixture {
         let allocator = Arc::new(CappedAllocator::default());
         services.set_allocator(allocator.clone());
         // Custom opcodes: an echo of a stream, and a family answered by a predicate.
-        server.register(Opcode::user(1), |req| {
-            let data = req.recv_n()?;
+        server.register(Opcode::user(1), |mut req| async move {
+            let data = req.recv_n().await?;
             let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-            req.send_n(&slices)
+            req.send_n(&slices).await
         });
         server.register_matching(
             "user 2..10",
             |op| op.is_user() && (2..10).contains(&op.number()),
-            |req| req.recv_and_send(|_, p| p.set_word(0, p.word(0) ^ 0x5a)),
+            |mut req| async move {
+                req.recv_and_send(|_, p| p.set_word(0, p.word(0) ^ 0x5a))
+                    .await
+            },
         );
         let layout = Layout::new(generation, HOSTILE + 1, lanes).unwrap();
         let memory = Arc::new(MailboxMemory::new(layout));

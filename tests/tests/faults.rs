@@ -403,21 +403,19 @@ fn a_handler_panicking_at_every_step_of_a_stream_exchange() {
     static PANIC_AT: AtomicUsize = AtomicUsize::new(usize::MAX);
     let server = server("handler-panic");
     let echo = Opcode::user(7);
-    server.register(echo, |req| {
+    server.register(echo, |mut req| async move {
         let at = PANIC_AT.load(Ordering::Relaxed);
-        let step = Cell::new(0);
-        let tick = || {
-            if step.get() == at {
+        let tick = |step: usize| {
+            if step == at {
                 panic!("injected handler panic at step {at}");
             }
-            step.set(step.get() + 1);
         };
-        tick();
-        let data = req.recv_n()?;
-        tick();
+        tick(0);
+        let data = req.recv_n().await?;
+        tick(1);
         let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-        req.send_n(&slices)?;
-        tick();
+        req.send_n(&slices).await?;
+        tick(2);
         Ok(())
     });
     let (memory, id) = attach(&server);
@@ -479,7 +477,6 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
     let server = RpcServer::new(ServerConfig {
         name: "force".into(),
         stream_bound: 1 << 20,
-        wait_timeout: Some(Duration::from_millis(50)),
         ..ServerConfig::default()
     });
     let (memory, id) = attach(&server);

@@ -134,7 +134,7 @@ fn serve(args: Args) -> Result<(), String> {
     let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(|e| format!("mmap: {e}"))?;
     let config = ServerConfig {
         name: "rpc-serve".into(),
-        wait_timeout: args.client_timeout,
+        client_timeout: args.client_timeout,
         services: ServicesConfig {
             exit: ExitPolicy::Record,
             allow_system: args.allow_system,

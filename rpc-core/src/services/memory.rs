@@ -31,13 +31,14 @@ pub(crate) struct Live {
 
 /// MALLOC: C send buf\[0\] = size; S send buf\[0\] = address (2 MiB aligned) or 0. Size 0 and
 /// failed allocations answer 0, as C's malloc may; no allocator set is a refusal (0).
-pub(crate) fn malloc(req: &mut Request<'_, '_>) -> Result<()> {
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
+pub(crate) async fn malloc(mut req: Request) -> Result<()> {
+    let words = recv_words(&mut req).await?;
+    let context = super::context(&req);
+    let services = &context.services;
     let allocator = services.allocator_for(req.mailbox().id);
     let mut refusals = Refusals::default();
     let mut replies = [0u64; 64];
-    for lane in active(req) {
+    for lane in active(&req) {
         let size = words[lane as usize][0];
         let Some(allocator) = &allocator else {
             refusals.lane(lane, "no device allocator is set for MALLOC");
@@ -61,18 +62,19 @@ pub(crate) fn malloc(req: &mut Request<'_, '_>) -> Result<()> {
             Err(error) => log::warn!("MALLOC of {size} bytes failed: {error}"),
         }
     }
-    send_word0(req, &replies)?;
+    send_word0(&mut req, &replies).await?;
     refusals.finish()
 }
 
 /// FREE: C send buf\[0\] = address; S frees; no reply. Address 0 is a no-op (`free(NULL)`);
 /// anything else that is not a live allocation of this server (foreign, or freed already) is
 /// refused and nothing is freed.
-pub(crate) fn free(req: &mut Request<'_, '_>) -> Result<()> {
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
+pub(crate) async fn free(mut req: Request) -> Result<()> {
+    let words = recv_words(&mut req).await?;
+    let context = super::context(&req);
+    let services = &context.services;
     let mut refusals = Refusals::default();
-    for lane in active(req) {
+    for lane in active(&req) {
         let addr = words[lane as usize][0];
         if addr == 0 {
             continue;

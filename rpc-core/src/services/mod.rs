@@ -7,8 +7,15 @@
 //! [`Error::Refused`] (logged at `warn`, counted in `stats().refused`).
 //!
 //! Streams of bytes from the device (`send_n`) are bounded by [`ServerConfig::stream_bound`]: a
-//! lane claiming more is refused, and its packets are still received (and dropped) so the script
-//! completes.
+//! lane claiming more ends the exchange at once ([`Error::TooLong`], logged and counted in
+//! `errors`); the rest is not drained on the server's time, and the port stays locked until the
+//! kernel is gone (see [`crate::dispatch`]).
+//!
+//! The one-packet opcodes (TEST_INCREMENT) are packet handlers; every other opcode is a script
+//! whose exchange suspends while the client has not answered. Work that may block (opening,
+//! reading or writing a file, reading stdin, REMOVE, RENAME, SYSTEM, HOST_CALL) runs on the
+//! server's I/O threads ([`Request::blocking`]); writes to the device's stdout and stderr and
+//! the table look-ups run on the server thread.
 //!
 //! | opcode | script (C = client, S = server) | refused (reply) |
 //! |---|---|---|
@@ -47,15 +54,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::string::{String, ToString};
+use std::string::String;
 use std::sync::Arc;
 use std::vec::Vec;
 
 use crate::error::Error;
-use crate::layout::{BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::plugin::DeviceAllocator;
 use crate::port::lanes;
-use crate::registry::{entry, Matcher, Registry, Request};
+use crate::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
 use crate::rpc_server::{MailboxId, ServerConfig, ServerContext};
 use crate::sync::{lock, Mutex};
 use crate::{Opcode, Result};
@@ -276,49 +282,65 @@ impl fmt::Debug for Services {
     }
 }
 
-/// Registers the standard handlers, in lookup order after the user's.
+/// Registers the standard handlers, in lookup order after the user's. The one-packet opcodes
+/// are packet handlers (run at once); the rest are scripts (resumable, see `crate::dispatch`).
 pub(crate) fn register_standard(registry: &mut Registry) {
-    let mut add = |op: Opcode, handler: fn(&mut Request<'_, '_>) -> Result<()>| {
+    let mut add = |op: Opcode, handler: Handler| {
         registry.push_standard(entry(
             op.name().unwrap_or("?"),
             Matcher::Opcode(op),
             handler,
         ));
     };
-    add(Opcode::NOOP, test_ops::noop);
-    add(Opcode::TEST_INCREMENT, test_ops::increment);
-    add(Opcode::TEST_INTERFACE, test_ops::interface);
-    add(Opcode::TEST_STREAM, test_ops::stream);
+    add(Opcode::NOOP, Handler::script(test_ops::noop));
+    add(Opcode::TEST_INCREMENT, Handler::packet(test_ops::increment));
+    add(Opcode::TEST_INTERFACE, Handler::script(test_ops::interface));
+    add(Opcode::TEST_STREAM, Handler::script(test_ops::stream));
 
-    add(Opcode::EXIT, process::exit);
-    add(Opcode::ABORT, process::abort);
-    add(Opcode::HOST_CALL, process::host_call);
-    add(Opcode::OFFLOAD_HOST_CALL, process::host_call);
-    add(Opcode::SYSTEM, process::system);
+    add(Opcode::EXIT, Handler::script(process::exit));
+    add(Opcode::ABORT, Handler::script(process::abort));
+    add(Opcode::HOST_CALL, Handler::script(process::host_call));
+    add(
+        Opcode::OFFLOAD_HOST_CALL,
+        Handler::script(process::host_call),
+    );
+    add(Opcode::SYSTEM, Handler::script(process::system));
 
-    add(Opcode::MALLOC, memory::malloc);
-    add(Opcode::FREE, memory::free);
+    add(Opcode::MALLOC, Handler::script(memory::malloc));
+    add(Opcode::FREE, Handler::script(memory::free));
 
-    add(Opcode::WRITE_TO_STDOUT, stdio::write_to_stdout);
-    add(Opcode::WRITE_TO_STDERR, stdio::write_to_stderr);
-    add(Opcode::WRITE_TO_STREAM, stdio::write_to_stream);
+    add(
+        Opcode::WRITE_TO_STDOUT,
+        Handler::script(stdio::write_to_stdout),
+    );
+    add(
+        Opcode::WRITE_TO_STDERR,
+        Handler::script(stdio::write_to_stderr),
+    );
+    add(
+        Opcode::WRITE_TO_STREAM,
+        Handler::script(stdio::write_to_stream),
+    );
     add(
         Opcode::WRITE_TO_STDOUT_NEWLINE,
-        stdio::write_to_stdout_newline,
+        Handler::script(stdio::write_to_stdout_newline),
     );
-    add(Opcode::READ_FROM_STREAM, stdio::read_from_stream);
-    add(Opcode::READ_FGETS, stdio::read_fgets);
-    add(Opcode::OPEN_FILE, stdio::open_file);
-    add(Opcode::CLOSE_FILE, stdio::close_file);
-    add(Opcode::FEOF, stdio::feof);
-    add(Opcode::FERROR, stdio::ferror);
-    add(Opcode::CLEARERR, stdio::clearerr);
-    add(Opcode::FSEEK, stdio::fseek);
-    add(Opcode::FTELL, stdio::ftell);
-    add(Opcode::FFLUSH, stdio::fflush);
-    add(Opcode::UNGETC, stdio::ungetc);
-    add(Opcode::REMOVE, stdio::remove);
-    add(Opcode::RENAME, stdio::rename);
+    add(
+        Opcode::READ_FROM_STREAM,
+        Handler::script(stdio::read_from_stream),
+    );
+    add(Opcode::READ_FGETS, Handler::script(stdio::read_fgets));
+    add(Opcode::OPEN_FILE, Handler::script(stdio::open_file));
+    add(Opcode::CLOSE_FILE, Handler::script(stdio::close_file));
+    add(Opcode::FEOF, Handler::script(stdio::feof));
+    add(Opcode::FERROR, Handler::script(stdio::ferror));
+    add(Opcode::CLEARERR, Handler::script(stdio::clearerr));
+    add(Opcode::FSEEK, Handler::script(stdio::fseek));
+    add(Opcode::FTELL, Handler::script(stdio::ftell));
+    add(Opcode::FFLUSH, Handler::script(stdio::fflush));
+    add(Opcode::UNGETC, Handler::script(stdio::ungetc));
+    add(Opcode::REMOVE, Handler::script(stdio::remove));
+    add(Opcode::RENAME, Handler::script(stdio::rename));
 
     for op in [
         Opcode::PRINTF_TO_STDOUT,
@@ -328,17 +350,30 @@ pub(crate) fn register_standard(registry: &mut Registry) {
         Opcode::PRINTF_TO_STDERR_PACKED,
         Opcode::PRINTF_TO_STREAM_PACKED,
     ] {
-        add(op, print::printf);
+        add(op, Handler::script(print::printf));
     }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Helpers shared by the handlers.
 
-/// The server context of a request, for as long as the request lives (not only while `req` is
-/// borrowed), so handlers can keep it across the port's `&mut` calls.
-pub(crate) fn context<'r>(req: &Request<'r, '_>) -> &'r ServerContext {
-    req.context
+/// The server context of a request, held apart from it (see [`Request::shared`]).
+pub(crate) fn context(req: &Request) -> SharedContext {
+    req.shared()
+}
+
+/// Runs `work` on the server's I/O threads if it `blocks` (it touches a file, stdin, a
+/// command...), else here at once: the standard output streams and the tables never block.
+pub(crate) async fn io<R: Send + 'static>(
+    req: &Request,
+    blocks: bool,
+    work: impl FnOnce(&ServerContext) -> R + Send + 'static,
+) -> Result<R> {
+    if blocks {
+        req.blocking(work).await
+    } else {
+        Ok(work(req.context()))
+    }
 }
 
 /// Words per lane, indexed by lane (inactive lanes hold zeros).
@@ -353,56 +388,25 @@ pub(crate) fn c_result(value: i64) -> u64 {
 pub(crate) const EOF_WORD: u64 = u64::MAX;
 
 /// `recv`, keeping every active lane's eight words.
-pub(crate) fn recv_words(req: &mut Request<'_, '_>) -> Result<LaneWords> {
+pub(crate) async fn recv_words(req: &mut Request) -> Result<LaneWords> {
     let mut words = [[0u64; 8]; 64];
-    req.recv(|lane, p| words[lane as usize] = p.read().data)?;
+    req.recv(|lane, p| words[lane as usize] = p.read().data)
+        .await?;
     Ok(words)
 }
 
 /// `send` of one reply word (buf\[0\]) per lane.
-pub(crate) fn send_word0(req: &mut Request<'_, '_>, replies: &[u64; 64]) -> Result<()> {
+pub(crate) async fn send_word0(req: &mut Request, replies: &[u64; 64]) -> Result<()> {
     req.send(|lane, p| p.set_word(0, replies[lane as usize]))
+        .await
 }
 
-/// One lane's `send_n` stream: its bytes, or the length it claimed above the bound.
-pub(crate) type LaneStream = core::result::Result<Vec<u8>, u64>;
-
-/// `recv_n` that never ends the script early: a lane claiming more than the stream bound gets
-/// `Err(claimed length)` and its packets are received and dropped, so the client, which sends
-/// them whatever we think, reaches its next step. Memory grows with the bytes kept only.
-pub(crate) fn recv_streams(req: &mut Request<'_, '_>) -> Result<Vec<LaneStream>> {
-    let bound = req.context.config.stream_bound;
-    let mut out: Vec<LaneStream> = (0..64).map(|_| Ok(Vec::new())).collect();
-    let mut lengths = [0u64; 64];
-    req.recv(|lane, p| {
-        let len = p.word(0);
-        lengths[lane as usize] = len;
-        if len > bound {
-            out[lane as usize] = Err(len);
-            return;
-        }
-        let first = (len as usize).min(FIRST_PACKET_BYTES);
-        let mut bytes = std::vec![0; first];
-        p.read_bytes(8, &mut bytes);
-        out[lane as usize] = Ok(bytes);
-    })?;
-    let longest = lengths.iter().copied().max().unwrap_or(0);
-    let mut offset = FIRST_PACKET_BYTES as u64;
-    while offset < longest {
-        req.recv(|lane, p| {
-            let len = lengths[lane as usize];
-            if let Ok(bytes) = &mut out[lane as usize] {
-                if offset < len {
-                    let take = (len - offset).min(BUFFER_SIZE as u64) as usize;
-                    let start = bytes.len();
-                    bytes.resize(start + take, 0);
-                    p.read_bytes(0, &mut bytes[start..]);
-                }
-            }
-        })?;
-        offset += BUFFER_SIZE as u64;
-    }
-    Ok(out)
+/// `recv_n` of one byte string per lane (index = lane), bounded by the stream bound: a lane
+/// claiming more ends the exchange at once with [`Error::TooLong`] (the client, which goes on
+/// sending, keeps its port: see `crate::dispatch`), so a hostile length never costs the server
+/// more than one packet.
+pub(crate) async fn recv_streams(req: &mut Request) -> Result<Vec<Vec<u8>>> {
+    req.recv_n().await
 }
 
 /// The bytes of a C string up to (without) its first NUL.
@@ -425,14 +429,6 @@ impl Refusals {
             self.more += 1;
         }
     }
-    pub(crate) fn too_long(&mut self, lane: u32, len: u64, bound: u64) {
-        let why = Error::TooLong { lane, len, bound }.to_string() + " (received and dropped)";
-        if self.first.is_none() {
-            self.first = Some(why);
-        } else {
-            self.more += 1;
-        }
-    }
     /// `Ok` if nothing was refused, else the refusal (the script must be complete by now).
     pub(crate) fn finish(self) -> Result<()> {
         match self.first {
@@ -447,6 +443,6 @@ impl Refusals {
 }
 
 /// The active lanes of a request.
-pub(crate) fn active(req: &Request<'_, '_>) -> impl Iterator<Item = u32> {
+pub(crate) fn active(req: &Request) -> impl Iterator<Item = u32> {
     lanes(req.mask())
 }

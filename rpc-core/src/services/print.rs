@@ -11,13 +11,14 @@
 //! 6. S formats and writes each lane's output whole (one write per lane), then
 //!    S send {buf\[0\] = bytes written or -1, buf\[1\] = 0}.
 //!
-//! A lane gets -1 and no output for a bad handle, a format that does not parse, an argument
-//! buffer shorter than the format needs, or a format or string above the stream bound; the
-//! script completes in every case.
+//! A lane gets -1 and no output for a bad handle, a format that does not parse or an argument
+//! buffer shorter than the format needs; the script completes in those cases. A format, an
+//! argument buffer or a string above the stream bound ends the exchange at once (see
+//! [`super`]).
 
 use std::collections::HashMap;
 use std::format;
-use std::string::{String, ToString};
+use std::string::String;
 use std::vec::Vec;
 
 use super::streams::Target;
@@ -36,7 +37,7 @@ enum Lane<'f> {
 }
 
 /// Serves every PRINTF_TO_* opcode.
-pub(crate) fn printf(req: &mut Request<'_, '_>) -> Result<()> {
+pub(crate) async fn printf(mut req: Request) -> Result<()> {
     let opcode = req.opcode();
     let packed = matches!(
         opcode,
@@ -44,8 +45,8 @@ pub(crate) fn printf(req: &mut Request<'_, '_>) -> Result<()> {
             | Opcode::PRINTF_TO_STDERR_PACKED
             | Opcode::PRINTF_TO_STREAM_PACKED
     );
-    let services = &super::context(req).services;
-    let bound = super::context(req).config.stream_bound;
+    let context = super::context(&req);
+    let services = &context.services;
     let mut refusals = Refusals::default();
 
     // 1. The stream of each lane.
@@ -53,7 +54,11 @@ pub(crate) fn printf(req: &mut Request<'_, '_>) -> Result<()> {
         opcode,
         Opcode::PRINTF_TO_STREAM | Opcode::PRINTF_TO_STREAM_PACKED
     );
-    let handles = if stream { Some(recv_words(req)?) } else { None };
+    let handles = if stream {
+        Some(recv_words(&mut req).await?)
+    } else {
+        None
+    };
     let target = |lane: u32| -> Option<Target> {
         match (&handles, opcode) {
             (Some(words), _) => services.raw(words[lane as usize][0]),
@@ -65,18 +70,12 @@ pub(crate) fn printf(req: &mut Request<'_, '_>) -> Result<()> {
     };
 
     // 2, 3. The formats, and the argument sizes they need.
-    let formats = recv_streams(req)?;
+    let formats = recv_streams(&mut req).await?;
     let mut lanes: Vec<Lane<'_>> = (0..64).map(|_| Lane::Refused).collect();
     let mut sizes = [0u64; 64];
-    for lane in active(req) {
+    for lane in active(&req) {
         let i = lane as usize;
-        let format = match &formats[i] {
-            Ok(format) => format,
-            Err(len) => {
-                refusals.too_long(lane, *len, bound);
-                continue;
-            }
-        };
+        let format = &formats[i];
         let Some(target) = target(lane) else {
             let handle = handles.as_ref().map_or(0, |w| w[i][0]);
             refusals.lane(lane, format!("{handle:#x} is not a live stream handle"));
@@ -90,28 +89,21 @@ pub(crate) fn printf(req: &mut Request<'_, '_>) -> Result<()> {
             Err(error) => refusals.lane(lane, format!("{error} in {}", quoted(format))),
         }
     }
-    req.send(|lane, p| p.set_word(0, sizes[lane as usize]))?;
+    req.send(|lane, p| p.set_word(0, sizes[lane as usize]))
+        .await?;
 
     // 4. The arguments, and the strings they point to.
-    let args = recv_streams(req)?;
+    let args = recv_streams(&mut req).await?;
     let mut pending: Vec<Vec<u64>> = (0..64).map(|_| Vec::new()).collect();
-    for lane in active(req) {
+    for lane in active(&req) {
         let i = lane as usize;
         let Lane::Parsed(pieces, _) = &lanes[i] else {
             continue;
         };
-        let pointers = match &args[i] {
-            Ok(args) => string_pointers(pieces, args, packed).map_err(|e| e.to_string()),
-            Err(len) => Err(format!("arguments of {len} bytes above the bound {bound}")),
-        };
-        match pointers {
+        match string_pointers(pieces, &args[i], packed) {
             Ok(pointers) => pending[i] = pointers,
             Err(why) => {
-                let shown = match &formats[i] {
-                    Ok(format) => quoted(format),
-                    Err(_) => String::new(),
-                };
-                refusals.lane(lane, format!("{why} for {shown}"));
+                refusals.lane(lane, format!("{why} for {}", quoted(&formats[i])));
                 lanes[i] = Lane::Refused;
             }
         }
@@ -119,58 +111,58 @@ pub(crate) fn printf(req: &mut Request<'_, '_>) -> Result<()> {
 
     // 5. Fetch the strings, last-first.
     let mut strings: Vec<HashMap<u64, Vec<u8>>> = (0..64).map(|_| HashMap::new()).collect();
-    while active(req).any(|lane| !pending[lane as usize].is_empty()) {
+    while active(&req).any(|lane| !pending[lane as usize].is_empty()) {
         let mut asked = [0u64; 64];
-        for lane in active(req) {
+        for lane in active(&req) {
             asked[lane as usize] = pending[lane as usize].pop().unwrap_or(0);
         }
         req.send(|lane, p| {
             p.set_word(0, 0);
             p.set_word(1, asked[lane as usize]);
-        })?;
-        let fetched = recv_streams(req)?;
-        for lane in active(req) {
+        })
+        .await?;
+        let mut fetched = recv_streams(&mut req).await?;
+        for lane in active(&req) {
             let i = lane as usize;
-            if asked[i] == 0 {
-                continue;
-            }
-            match &fetched[i] {
-                Ok(string) => {
-                    strings[i].insert(asked[i], string.clone());
-                }
-                Err(len) => {
-                    refusals.too_long(lane, *len, bound);
-                    lanes[i] = Lane::Refused;
-                    pending[i].clear();
-                }
+            if asked[i] != 0 {
+                strings[i].insert(asked[i], std::mem::take(&mut fetched[i]));
             }
         }
     }
 
-    // 6. Format, print, reply.
-    let mut results = [c_result(-1); 64];
-    for lane in active(req) {
+    // 6. Format, print (on an I/O thread if any lane prints to a file), reply.
+    let mut outputs = Vec::new();
+    for lane in active(&req) {
         let i = lane as usize;
-        let (Lane::Parsed(pieces, target), Ok(args)) = (&lanes[i], &args[i]) else {
+        let Lane::Parsed(pieces, target) = &mut lanes[i] else {
             continue;
         };
         let strings = &strings[i];
-        match format(pieces, args, packed, &|p| strings.get(&p).cloned()) {
-            Ok(out) => {
-                let written = services.write(target, &out);
-                results[i] = if written == out.len() {
-                    out.len() as u64
-                } else {
-                    c_result(-1)
-                };
-            }
+        match format(pieces, &args[i], packed, &|p| strings.get(&p).cloned()) {
+            Ok(out) => outputs.push((lane, std::mem::replace(target, Target::Stdout), out)),
             Err(error) => refusals.lane(lane, error),
         }
+    }
+    let blocks = outputs.iter().any(|(_, target, _)| target.may_block());
+    let written = super::io(&req, blocks, move |context| {
+        outputs
+            .into_iter()
+            .map(|(lane, target, out)| {
+                let written = context.services.write(&target, &out);
+                (lane, (written == out.len()).then_some(out.len() as u64))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let mut results = [c_result(-1); 64];
+    for (lane, written) in written {
+        results[lane as usize] = written.unwrap_or(c_result(-1));
     }
     req.send(|lane, p| {
         p.set_word(0, results[lane as usize]);
         p.set_word(1, 0);
-    })?;
+    })
+    .await?;
     refusals.finish()
 }
 

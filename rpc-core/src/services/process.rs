@@ -4,7 +4,7 @@ use std::ffi::CString;
 use std::vec::Vec;
 
 use super::{
-    active, c_result, recv_streams, recv_words, send_word0, until_nul, ExitPolicy, KernelExit,
+    active, c_result, io, recv_streams, recv_words, send_word0, until_nul, ExitPolicy, KernelExit,
     Refusals,
 };
 use crate::registry::Request;
@@ -16,15 +16,15 @@ use crate::Result;
 pub const HOST_CALL_REFUSED: u64 = u64::MAX;
 
 /// The handshake of EXIT and ABORT: C send; S recv; S send; C recv.
-fn handshake(req: &mut Request<'_, '_>) -> Result<()> {
-    req.recv(|_, _| {})?;
-    req.send(|_, _| {})
+async fn handshake(req: &mut Request) -> Result<()> {
+    req.recv(|_, _| {}).await?;
+    req.send(|_, _| {}).await
 }
 
 /// Ends the kernel per the policy: the process (after flushing the device's output), or a
 /// record for the launcher.
-fn finish(req: &mut Request<'_, '_>, how: KernelExit) -> Result<()> {
-    let services = &super::context(req).services;
+fn finish(req: &Request, how: KernelExit) -> Result<()> {
+    let services = &req.context().services;
     match services.config().exit {
         ExitPolicy::Record => {
             log::info!("mailbox {}: kernel ended with {how:?}", req.mailbox().id.0);
@@ -49,73 +49,73 @@ fn finish(req: &mut Request<'_, '_>, how: KernelExit) -> Result<()> {
 
 /// EXIT: handshake; C send buf\[0\] low 32 bits = status; S recv; then the exit policy. The
 /// first active lane's status counts.
-pub(crate) fn exit(req: &mut Request<'_, '_>) -> Result<()> {
-    handshake(req)?;
-    let words = recv_words(req)?;
+pub(crate) async fn exit(mut req: Request) -> Result<()> {
+    handshake(&mut req).await?;
+    let words = recv_words(&mut req).await?;
     let status = words[req.first_lane() as usize][0] as u32 as i32;
-    finish(req, KernelExit::Exit(status))
+    finish(&req, KernelExit::Exit(status))
 }
 
 /// ABORT: handshake; C send; S recv; then the exit policy.
-pub(crate) fn abort(req: &mut Request<'_, '_>) -> Result<()> {
-    handshake(req)?;
-    req.recv(|_, _| {})?;
-    finish(req, KernelExit::Abort)
+pub(crate) async fn abort(mut req: Request) -> Result<()> {
+    handshake(&mut req).await?;
+    req.recv(|_, _| {}).await?;
+    finish(&req, KernelExit::Abort)
 }
 
 /// HOST_CALL and OFFLOAD_HOST_CALL: C send_n(argument block); C send buf\[0\] = function
-/// address; S calls the function registered at that address; S send buf\[0\] = result.
-pub(crate) fn host_call(req: &mut Request<'_, '_>) -> Result<()> {
-    let args = recv_streams(req)?;
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
-    let bound = super::context(req).config.stream_bound;
+/// address; S calls the function registered at that address (on an I/O thread: it may block);
+/// S send buf\[0\] = result.
+pub(crate) async fn host_call(mut req: Request) -> Result<()> {
+    let args = recv_streams(&mut req).await?;
+    let words = recv_words(&mut req).await?;
+    let context = super::context(&req);
     let mut refusals = Refusals::default();
-    let mut replies = [HOST_CALL_REFUSED; 64];
-    for lane in active(req) {
+    let mut calls = Vec::new();
+    for lane in active(&req) {
         let i = lane as usize;
         let addr = words[i][0];
-        let function = lock(&services.host_functions).get(&addr).cloned();
-        let Some(function) = function else {
-            refusals.lane(
+        let function = lock(&context.services.host_functions).get(&addr).cloned();
+        match function {
+            Some(function) => calls.push((lane, addr, function)),
+            None => refusals.lane(
                 lane,
                 std::format!("no host function is registered at {addr:#x}"),
-            );
-            continue;
-        };
-        let args = match &args[i] {
-            Ok(args) => args,
-            Err(len) => {
-                refusals.too_long(lane, *len, bound);
-                continue;
-            }
-        };
-        let call = std::panic::AssertUnwindSafe(|| function(args));
-        match std::panic::catch_unwind(call) {
-            Ok(result) => replies[i] = result,
-            Err(_) => refusals.lane(lane, std::format!("host function at {addr:#x} panicked")),
+            ),
         }
     }
-    send_word0(req, &replies)?;
+    let results = io(&req, !calls.is_empty(), move |_| {
+        calls
+            .into_iter()
+            .map(|(lane, addr, function)| {
+                let args = &args[lane as usize];
+                let call = std::panic::AssertUnwindSafe(|| function(args));
+                (lane, addr, std::panic::catch_unwind(call).ok())
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let mut replies = [HOST_CALL_REFUSED; 64];
+    for (lane, addr, result) in results {
+        match result {
+            Some(result) => replies[lane as usize] = result,
+            None => refusals.lane(lane, std::format!("host function at {addr:#x} panicked")),
+        }
+    }
+    send_word0(&mut req, &replies).await?;
     refusals.finish()
 }
 
-/// SYSTEM: C send_n(command); S send buf\[0\] = `system`'s status, or -1 unless allowed.
-pub(crate) fn system(req: &mut Request<'_, '_>) -> Result<()> {
-    let commands = recv_streams(req)?;
-    let context = super::context(req);
+/// SYSTEM: C send_n(command); S send buf\[0\] = `system`'s status (run on an I/O thread), or
+/// -1 unless allowed.
+pub(crate) async fn system(mut req: Request) -> Result<()> {
+    let commands = recv_streams(&mut req).await?;
+    let context = super::context(&req);
     let allowed = context.services.config().allow_system;
     let mut refusals = Refusals::default();
-    let mut replies = [c_result(-1); 64];
-    for lane in active(req) {
-        let command = match &commands[lane as usize] {
-            Ok(command) => command,
-            Err(len) => {
-                refusals.too_long(lane, *len, context.config.stream_bound);
-                continue;
-            }
-        };
-        let command: Vec<u8> = until_nul(command).to_vec();
+    let mut run = Vec::new();
+    for lane in active(&req) {
+        let command: Vec<u8> = until_nul(&commands[lane as usize]).to_vec();
         if !allowed {
             refusals.lane(
                 lane,
@@ -127,12 +127,23 @@ pub(crate) fn system(req: &mut Request<'_, '_>) -> Result<()> {
             continue;
         }
         // `until_nul` removed every NUL, so this cannot fail.
-        let command = CString::new(command).unwrap_or_default();
+        run.push((lane, CString::new(command).unwrap_or_default()));
+    }
+    let statuses = io(&req, !run.is_empty(), move |context| {
         context.services.flush_std();
-        // SAFETY: `command` is a valid NUL-terminated string for the duration of the call.
-        let status = unsafe { libc::system(command.as_ptr()) };
+        run.into_iter()
+            .map(|(lane, command)| {
+                // SAFETY: `command` is a valid NUL-terminated string for the duration of the
+                // call.
+                (lane, unsafe { libc::system(command.as_ptr()) })
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let mut replies = [c_result(-1); 64];
+    for (lane, status) in statuses {
         replies[lane as usize] = c_result(status.into());
     }
-    send_word0(req, &replies)?;
+    send_word0(&mut req, &replies).await?;
     refusals.finish()
 }

@@ -9,136 +9,159 @@ use std::vec::Vec;
 
 use super::streams::{OpenError, Target};
 use super::{
-    active, c_result, recv_streams, recv_words, send_word0, until_nul, FilePolicy, LaneStream,
-    Refusals, EOF_WORD,
+    active, c_result, io, recv_streams, recv_words, send_word0, until_nul, FilePolicy, Refusals,
+    Services, EOF_WORD,
 };
 use crate::registry::Request;
 use crate::Result;
 
-fn bound(req: &Request<'_, '_>) -> u64 {
-    super::context(req).config.stream_bound
-}
-
-/// Writes each lane's stream to `target(lane)`; replies the bytes written.
-fn write_lanes(
-    req: &mut Request<'_, '_>,
-    data: &[LaneStream],
+/// Writes each lane's bytes to its target (on an I/O thread if any target is a file); replies
+/// the bytes written.
+async fn write_lanes(
+    req: &mut Request,
+    data: Vec<Vec<u8>>,
     target: impl Fn(u32) -> Option<Target>,
     newline: bool,
     refusals: &mut Refusals,
 ) -> Result<()> {
-    let services = &super::context(req).services;
-    let mut replies = [0u64; 64];
+    let mut writes = Vec::new();
     for lane in active(req) {
-        let bytes = match &data[lane as usize] {
-            Ok(bytes) => bytes,
-            Err(len) => {
-                refusals.too_long(lane, *len, bound(req));
-                continue;
-            }
-        };
-        let Some(target) = target(lane) else {
-            refusals.lane(lane, "not a live stream handle");
-            continue;
-        };
-        replies[lane as usize] = if newline {
-            let mut line = Vec::with_capacity(bytes.len() + 1);
-            line.extend_from_slice(bytes);
-            line.push(b'\n');
-            services.write(&target, &line) as u64
-        } else {
-            services.write(&target, bytes) as u64
-        };
+        match target(lane) {
+            Some(target) => writes.push((lane, target)),
+            None => refusals.lane(lane, "not a live stream handle"),
+        }
     }
-    send_word0(req, &replies)
+    let blocks = writes.iter().any(|(_, t)| t.may_block());
+    let written = io(req, blocks, move |context| {
+        writes
+            .into_iter()
+            .map(|(lane, target)| {
+                let bytes = &data[lane as usize];
+                let written = if newline {
+                    let mut line = Vec::with_capacity(bytes.len() + 1);
+                    line.extend_from_slice(bytes);
+                    line.push(b'\n');
+                    context.services.write(&target, &line)
+                } else {
+                    context.services.write(&target, bytes)
+                };
+                (lane, written as u64)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let mut replies = [0u64; 64];
+    for (lane, written) in written {
+        replies[lane as usize] = written;
+    }
+    send_word0(req, &replies).await
 }
 
-fn write_std(req: &mut Request<'_, '_>, target: fn() -> Target, newline: bool) -> Result<()> {
-    let data = recv_streams(req)?;
+async fn write_std(mut req: Request, target: fn() -> Target, newline: bool) -> Result<()> {
+    let data = recv_streams(&mut req).await?;
     let mut refusals = Refusals::default();
-    write_lanes(req, &data, |_| Some(target()), newline, &mut refusals)?;
+    write_lanes(&mut req, data, |_| Some(target()), newline, &mut refusals).await?;
     refusals.finish()
 }
 
 /// WRITE_TO_STDOUT: C send_n(bytes); S send buf\[0\] = written.
-pub(crate) fn write_to_stdout(req: &mut Request<'_, '_>) -> Result<()> {
-    write_std(req, || Target::Stdout, false)
+pub(crate) async fn write_to_stdout(req: Request) -> Result<()> {
+    write_std(req, || Target::Stdout, false).await
 }
 
 /// WRITE_TO_STDERR: as WRITE_TO_STDOUT, to stderr.
-pub(crate) fn write_to_stderr(req: &mut Request<'_, '_>) -> Result<()> {
-    write_std(req, || Target::Stderr, false)
+pub(crate) async fn write_to_stderr(req: Request) -> Result<()> {
+    write_std(req, || Target::Stderr, false).await
 }
 
 /// WRITE_TO_STDOUT_NEWLINE: as WRITE_TO_STDOUT, then `\n` (in the same write), counted.
-pub(crate) fn write_to_stdout_newline(req: &mut Request<'_, '_>) -> Result<()> {
-    write_std(req, || Target::Stdout, true)
+pub(crate) async fn write_to_stdout_newline(req: Request) -> Result<()> {
+    write_std(req, || Target::Stdout, true).await
 }
 
 /// WRITE_TO_STREAM: C send buf\[0\] = raw handle; C send_n(bytes); S send buf\[0\] = written.
-pub(crate) fn write_to_stream(req: &mut Request<'_, '_>) -> Result<()> {
-    let handles = recv_words(req)?;
-    let data = recv_streams(req)?;
-    let services = &super::context(req).services;
+pub(crate) async fn write_to_stream(mut req: Request) -> Result<()> {
+    let handles = recv_words(&mut req).await?;
+    let data = recv_streams(&mut req).await?;
+    let context = super::context(&req);
     let mut refusals = Refusals::default();
     write_lanes(
-        req,
-        &data,
-        |lane| services.raw(handles[lane as usize][0]),
+        &mut req,
+        data,
+        |lane| context.services.raw(handles[lane as usize][0]),
         false,
         &mut refusals,
-    )?;
+    )
+    .await?;
     refusals.finish()
 }
 
 /// READ_FROM_STREAM: C send {buf\[0\] = max, buf\[1\] = tagged}; S send_n(data);
 /// S send buf\[0\] = bytes read. The max is bounded by the stream bound.
-pub(crate) fn read_from_stream(req: &mut Request<'_, '_>) -> Result<()> {
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
-    let bound = bound(req);
+pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
+    let words = recv_words(&mut req).await?;
+    let context = super::context(&req);
+    let bound = context.config.stream_bound;
     let mut refusals = Refusals::default();
-    let mut data: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
-    for lane in active(req) {
+    let mut reads = Vec::new();
+    for lane in active(&req) {
         let [max, handle, ..] = words[lane as usize];
-        match services.tagged(handle) {
+        match context.services.tagged(handle) {
             Some(target) => {
                 let max = max.min(bound).min(usize::MAX as u64) as usize;
-                data[lane as usize] = services.read(&target, max);
+                reads.push((lane, target, max));
             }
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
+    let blocks = reads.iter().any(|(_, t, _)| t.may_block());
+    let data = io(&req, blocks, move |context| {
+        let mut data: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
+        for (lane, target, max) in reads {
+            data[lane as usize] = context.services.read(&target, max);
+        }
+        data
+    })
+    .await?;
     let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-    req.send_n(&slices)?;
+    req.send_n(&slices).await?;
     let mut replies = [0u64; 64];
-    for lane in active(req) {
+    for lane in active(&req) {
         replies[lane as usize] = data[lane as usize].len() as u64;
     }
-    send_word0(req, &replies)?;
+    send_word0(&mut req, &replies).await?;
     refusals.finish()
 }
 
-/// READ_FGETS: C send {buf\[0\] = count, buf\[1\] = tagged}; S send_n(line incl. NUL, or 0 bytes
-/// at the end or on an error). The count is bounded by the stream bound.
-pub(crate) fn read_fgets(req: &mut Request<'_, '_>) -> Result<()> {
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
-    let bound = bound(req);
+/// READ_FGETS: C send {buf\[0\] = count, buf\[1\] = tagged}; S send_n(line incl. NUL, or 0
+/// bytes at the end or on an error). The count is bounded by the stream bound.
+pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
+    let words = recv_words(&mut req).await?;
+    let context = super::context(&req);
+    let bound = context.config.stream_bound;
     let mut refusals = Refusals::default();
-    let mut lines: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
-    for lane in active(req) {
+    let mut reads = Vec::new();
+    for lane in active(&req) {
         let [count, handle, ..] = words[lane as usize];
-        match services.tagged(handle) {
+        match context.services.tagged(handle) {
             Some(target) => {
                 let count = count.min(bound).min(c_int::MAX as u64) as usize;
-                lines[lane as usize] = services.gets(&target, count).unwrap_or_default();
+                reads.push((lane, target, count));
             }
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
+    let blocks = reads.iter().any(|(_, t, _)| t.may_block());
+    let lines = io(&req, blocks, move |context| {
+        let mut lines: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
+        for (lane, target, count) in reads {
+            lines[lane as usize] = context.services.gets(&target, count).unwrap_or_default();
+        }
+        lines
+    })
+    .await?;
     let slices: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
-    req.send_n(&slices)?;
+    req.send_n(&slices).await?;
     refusals.finish()
 }
 
@@ -201,23 +224,16 @@ fn valid_mode(mode: &[u8]) -> bool {
 }
 
 /// OPEN_FILE: C send_n(path incl. NUL); C send(mode incl. NUL in the buffer);
-/// S send buf\[0\] = handle or 0.
-pub(crate) fn open_file(req: &mut Request<'_, '_>) -> Result<()> {
-    let paths = recv_streams(req)?;
+/// S send buf\[0\] = handle or 0. The policy check and `fopen` run on an I/O thread (opening
+/// a FIFO blocks until a writer comes).
+pub(crate) async fn open_file(mut req: Request) -> Result<()> {
+    let paths = recv_streams(&mut req).await?;
     let mut modes = [[0u8; 64]; 64];
-    req.recv(|lane, p| p.read_bytes(0, &mut modes[lane as usize]))?;
-    let services = &super::context(req).services;
-    let policy = services.config().files;
+    req.recv(|lane, p| p.read_bytes(0, &mut modes[lane as usize]))
+        .await?;
     let mut refusals = Refusals::default();
-    let mut replies = [0u64; 64];
-    for lane in active(req) {
-        let path = match &paths[lane as usize] {
-            Ok(path) => path,
-            Err(len) => {
-                refusals.too_long(lane, *len, bound(req));
-                continue;
-            }
-        };
+    let mut opens = Vec::new();
+    for lane in active(&req) {
         let mode = until_nul(&modes[lane as usize]);
         if !valid_mode(mode) {
             refusals.lane(
@@ -226,203 +242,251 @@ pub(crate) fn open_file(req: &mut Request<'_, '_>) -> Result<()> {
             );
             continue;
         }
-        let (host_path, c_path) = device_path(path);
-        if let Err(why) = permitted(&policy, &host_path, true) {
-            refusals.lane(lane, why);
-            continue;
-        }
-        let c_mode = CString::new(mode).unwrap_or_default();
-        match services.open(&c_path, &c_mode) {
-            Ok(handle) => replies[lane as usize] = handle,
-            // A failed fopen is an ordinary C result; only the table limit is a refusal.
-            Err(OpenError::Failed) => log::debug!(
-                "OPEN_FILE {}: {}",
-                host_path.display(),
-                std::io::Error::last_os_error()
-            ),
-            Err(OpenError::TooMany) => refusals.lane(lane, "too many open files"),
+        let (host_path, c_path) = device_path(&paths[lane as usize]);
+        opens.push((
+            lane,
+            host_path,
+            c_path,
+            CString::new(mode).unwrap_or_default(),
+        ));
+    }
+    let opened = io(&req, !opens.is_empty(), move |context| {
+        let services = &context.services;
+        let policy = services.config().files;
+        opens
+            .into_iter()
+            .map(|(lane, host_path, c_path, c_mode)| {
+                if let Err(why) = permitted(&policy, &host_path, true) {
+                    return Err((lane, why));
+                }
+                match services.open(&c_path, &c_mode) {
+                    Ok(handle) => Ok(handle),
+                    // A failed fopen is an ordinary C result; only the table limit is a
+                    // refusal.
+                    Err(OpenError::Failed) => {
+                        log::debug!(
+                            "OPEN_FILE {}: {}",
+                            host_path.display(),
+                            std::io::Error::last_os_error()
+                        );
+                        Ok(0)
+                    }
+                    Err(OpenError::TooMany) => Err("too many open files".into()),
+                }
+                .map(|handle| (lane, handle))
+                .map_err(|why: String| (lane, why))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let mut replies = [0u64; 64];
+    for result in opened {
+        match result {
+            Ok((lane, handle)) => replies[lane as usize] = handle,
+            Err((lane, why)) => refusals.lane(lane, why),
         }
     }
-    send_word0(req, &replies)?;
+    send_word0(&mut req, &replies).await?;
     refusals.finish()
 }
 
-/// CLOSE_FILE: C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF.
-pub(crate) fn close_file(req: &mut Request<'_, '_>) -> Result<()> {
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
-    let mut refusals = Refusals::default();
-    let mut replies = [EOF_WORD; 64];
-    for lane in active(req) {
-        let handle = words[lane as usize][0];
-        if (1..=3).contains(&handle) {
-            refusals.lane(lane, "the standard streams cannot be closed");
-            continue;
-        }
-        match services.close(handle) {
-            Some(result) => replies[lane as usize] = c_result(result.into()),
-            None => refusals.lane(lane, std::format!("{handle:#x} is not a live file handle")),
-        }
-    }
-    send_word0(req, &replies)?;
-    refusals.finish()
-}
-
-/// The pattern of FEOF, FERROR, FTELL, FFLUSH, UNGETC, FSEEK: C send {words}; S send buf\[0\]
-/// = `op(target, words)`, or `bad` where buf\[`at`\] is not a live tagged handle.
-fn on_stream(
-    req: &mut Request<'_, '_>,
+/// The pattern of every stream opcode but the reads and writes: C send {words}; S send
+/// buf\[0\] = `op(services, target, words)` per lane, or `bad` where buf\[`at`\] is not a live
+/// stream handle (`handle` finds it: tagged or raw). `op` runs on an I/O thread if any lane's
+/// stream is a file or stdin.
+async fn on_stream(
+    mut req: Request,
     at: usize,
     bad: u64,
-    op: impl Fn(&super::Services, &Target, &[u64; 8]) -> u64,
+    handle: fn(&super::Services, u64) -> Option<Target>,
+    op: fn(&super::Services, &Target, &[u64; 8]) -> u64,
 ) -> Result<()> {
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
+    let words = recv_words(&mut req).await?;
+    let context = super::context(&req);
     let mut refusals = Refusals::default();
-    let mut replies = [bad; 64];
-    for lane in active(req) {
+    let mut targets = Vec::new();
+    for lane in active(&req) {
         let words = &words[lane as usize];
-        match services.tagged(words[at]) {
-            Some(target) => replies[lane as usize] = op(services, &target, words),
+        match handle(&context.services, words[at]) {
+            Some(target) => targets.push((lane, target)),
             None => refusals.lane(
                 lane,
                 std::format!("{:#x} is not a live stream handle", words[at]),
             ),
         }
     }
-    send_word0(req, &replies)?;
+    let blocks = targets.iter().any(|(_, t)| t.may_block());
+    let results = io(&req, blocks, move |context| {
+        targets
+            .into_iter()
+            .map(|(lane, target)| (lane, op(&context.services, &target, &words[lane as usize])))
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    let mut replies = [bad; 64];
+    for (lane, result) in results {
+        replies[lane as usize] = result;
+    }
+    send_word0(&mut req, &replies).await?;
     refusals.finish()
 }
 
 /// FEOF: C send buf\[0\] = tagged; S send buf\[0\] = feof (1 for a bad handle).
-pub(crate) fn feof(req: &mut Request<'_, '_>) -> Result<()> {
-    on_stream(req, 0, 1, |s, t, _| c_result(s.eof(t).into()))
+pub(crate) async fn feof(req: Request) -> Result<()> {
+    on_stream(req, 0, 1, Services::tagged, |s, t, _| {
+        c_result(s.eof(t).into())
+    })
+    .await
 }
 
 /// FERROR: C send buf\[0\] = tagged; S send buf\[0\] = ferror (1 for a bad handle).
-pub(crate) fn ferror(req: &mut Request<'_, '_>) -> Result<()> {
-    on_stream(req, 0, 1, |s, t, _| c_result(s.error(t).into()))
+pub(crate) async fn ferror(req: Request) -> Result<()> {
+    on_stream(req, 0, 1, Services::tagged, |s, t, _| {
+        c_result(s.error(t).into())
+    })
+    .await
 }
 
 /// FTELL: C send buf\[0\] = tagged; S send buf\[0\] = ftell as i64 (-1 for a bad handle).
-pub(crate) fn ftell(req: &mut Request<'_, '_>) -> Result<()> {
-    on_stream(req, 0, c_result(-1), |s, t, _| c_result(s.tell(t)))
+pub(crate) async fn ftell(req: Request) -> Result<()> {
+    on_stream(req, 0, c_result(-1), Services::tagged, |s, t, _| {
+        c_result(s.tell(t))
+    })
+    .await
 }
 
 /// FSEEK: C send {tagged, offset, whence}; S send buf\[0\] = 0 or -1.
-pub(crate) fn fseek(req: &mut Request<'_, '_>) -> Result<()> {
-    on_stream(req, 0, c_result(-1), |s, t, w| {
+pub(crate) async fn fseek(req: Request) -> Result<()> {
+    on_stream(req, 0, c_result(-1), Services::tagged, |s, t, w| {
         c_result(s.seek(t, w[1] as i64, w[2]).into())
     })
+    .await
 }
 
 /// UNGETC: C send {buf\[0\] = c, buf\[1\] = tagged}; S send buf\[0\] = c or EOF.
-pub(crate) fn ungetc(req: &mut Request<'_, '_>) -> Result<()> {
-    on_stream(req, 1, EOF_WORD, |s, t, w| {
+pub(crate) async fn ungetc(req: Request) -> Result<()> {
+    on_stream(req, 1, EOF_WORD, Services::tagged, |s, t, w| {
         c_result(s.ungetc(t, w[0] as u32 as c_int).into())
     })
+    .await
+}
+
+/// CLEARERR: C send buf\[0\] = tagged; S clears; S sends the buffer back unchanged.
+pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
+    let words = recv_words(&mut req).await?;
+    let context = super::context(&req);
+    let mut refusals = Refusals::default();
+    for lane in active(&req) {
+        let handle = words[lane as usize][0];
+        match context.services.tagged(handle) {
+            Some(target) => context.services.clear_error(&target),
+            None => refusals.lane(
+                lane,
+                std::format!("{handle:#x} is not a live stream handle"),
+            ),
+        }
+    }
+    req.send(|_, _| {}).await?;
+    refusals.finish()
+}
+
+/// CLOSE_FILE: C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF. The standard
+/// streams cannot be closed.
+pub(crate) async fn close_file(req: Request) -> Result<()> {
+    let file = |services: &Services, handle: u64| match services.raw(handle) {
+        Some(target @ Target::File(_)) => Some(target),
+        _ => None,
+    };
+    on_stream(req, 0, EOF_WORD, file, |s, _, w| {
+        s.close(w[0])
+            .map_or(EOF_WORD, |result| c_result(result.into()))
+    })
+    .await
 }
 
 /// FFLUSH: C send buf\[0\] = tagged; S send buf\[0\] = 0 or EOF. Handle 0 (`fflush(NULL)`)
 /// flushes every standard output and open file, as C does.
-pub(crate) fn fflush(req: &mut Request<'_, '_>) -> Result<()> {
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
+pub(crate) async fn fflush(req: Request) -> Result<()> {
+    // Handle 0 stands for "every stream": stdin's target marks it (flushing stdin is a no-op).
+    let every = |services: &Services, handle: u64| match handle {
+        0 => Some(Target::Stdin),
+        _ => services.tagged(handle),
+    };
+    on_stream(req, 0, EOF_WORD, every, |s, t, w| {
+        let result = if w[0] == 0 { s.flush_all() } else { s.flush(t) };
+        c_result(result.into())
+    })
+    .await
+}
+
+/// REMOVE: C send_n(path); S send buf\[0\] = 0 or -1 (the policy check and the call on an
+/// I/O thread).
+pub(crate) async fn remove(mut req: Request) -> Result<()> {
+    let paths = recv_streams(&mut req).await?;
+    let lanes: Vec<u32> = active(&req).collect();
+    let results = io(&req, true, move |context| {
+        let policy = context.services.config().files;
+        lanes
+            .into_iter()
+            .map(|lane| {
+                let (host, c) = device_path(&paths[lane as usize]);
+                permitted(&policy, &host, false)
+                    .map(|()| {
+                        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+                        (lane, unsafe { libc::remove(c.as_ptr()) })
+                    })
+                    .map_err(|why| (lane, why))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    reply_calls(req, results).await
+}
+
+/// RENAME: C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1 (the policy check and the
+/// call on an I/O thread).
+pub(crate) async fn rename(mut req: Request) -> Result<()> {
+    let old = recv_streams(&mut req).await?;
+    let new = recv_streams(&mut req).await?;
+    let lanes: Vec<u32> = active(&req).collect();
+    let results = io(&req, true, move |context| {
+        let policy = context.services.config().files;
+        lanes
+            .into_iter()
+            .map(|lane| {
+                let (old_host, old_c) = device_path(&old[lane as usize]);
+                let (new_host, new_c) = device_path(&new[lane as usize]);
+                permitted(&policy, &old_host, false)
+                    .and_then(|()| permitted(&policy, &new_host, false))
+                    .map(|()| {
+                        // SAFETY: both are valid NUL-terminated strings for the duration of the
+                        // call.
+                        (lane, unsafe {
+                            libc::rename(old_c.as_ptr(), new_c.as_ptr())
+                        })
+                    })
+                    .map_err(|why| (lane, why))
+            })
+            .collect::<Vec<_>>()
+    })
+    .await?;
+    reply_calls(req, results).await
+}
+
+/// Replies each lane's C result (-1 for a lane the policy refused).
+async fn reply_calls(
+    mut req: Request,
+    results: Vec<core::result::Result<(u32, c_int), (u32, String)>>,
+) -> Result<()> {
     let mut refusals = Refusals::default();
-    let mut replies = [EOF_WORD; 64];
-    for lane in active(req) {
-        let handle = words[lane as usize][0];
-        let result = if handle == 0 {
-            Some(services.flush_all())
-        } else {
-            services.tagged(handle).map(|t| services.flush(&t))
-        };
+    let mut replies = [c_result(-1); 64];
+    for result in results {
         match result {
-            Some(result) => replies[lane as usize] = c_result(result.into()),
-            None => refusals.lane(
-                lane,
-                std::format!("{handle:#x} is not a live stream handle"),
-            ),
+            Ok((lane, value)) => replies[lane as usize] = c_result(value.into()),
+            Err((lane, why)) => refusals.lane(lane, why),
         }
     }
-    send_word0(req, &replies)?;
-    refusals.finish()
-}
-
-/// CLEARERR: C send buf\[0\] = tagged; S clears; S sends the buffer back unchanged.
-pub(crate) fn clearerr(req: &mut Request<'_, '_>) -> Result<()> {
-    let words = recv_words(req)?;
-    let services = &super::context(req).services;
-    let mut refusals = Refusals::default();
-    for lane in active(req) {
-        let handle = words[lane as usize][0];
-        match services.tagged(handle) {
-            Some(target) => services.clear_error(&target),
-            None => refusals.lane(
-                lane,
-                std::format!("{handle:#x} is not a live stream handle"),
-            ),
-        }
-    }
-    req.send(|_, _| {})?;
-    refusals.finish()
-}
-
-/// REMOVE: C send_n(path); S send buf\[0\] = 0 or -1.
-pub(crate) fn remove(req: &mut Request<'_, '_>) -> Result<()> {
-    let paths = recv_streams(req)?;
-    let policy = super::context(req).services.config().files;
-    let mut refusals = Refusals::default();
-    let mut replies = [c_result(-1); 64];
-    for lane in active(req) {
-        let path = match &paths[lane as usize] {
-            Ok(path) => path,
-            Err(len) => {
-                refusals.too_long(lane, *len, bound(req));
-                continue;
-            }
-        };
-        let (host, c) = device_path(path);
-        if let Err(why) = permitted(&policy, &host, false) {
-            refusals.lane(lane, why);
-            continue;
-        }
-        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
-        let result = unsafe { libc::remove(c.as_ptr()) };
-        replies[lane as usize] = c_result(result.into());
-    }
-    send_word0(req, &replies)?;
-    refusals.finish()
-}
-
-/// RENAME: C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1.
-pub(crate) fn rename(req: &mut Request<'_, '_>) -> Result<()> {
-    let old = recv_streams(req)?;
-    let new = recv_streams(req)?;
-    let policy = super::context(req).services.config().files;
-    let mut refusals = Refusals::default();
-    let mut replies = [c_result(-1); 64];
-    for lane in active(req) {
-        let (old, new) = match (&old[lane as usize], &new[lane as usize]) {
-            (Ok(old), Ok(new)) => (old, new),
-            (Err(len), _) | (_, Err(len)) => {
-                refusals.too_long(lane, *len, bound(req));
-                continue;
-            }
-        };
-        let (old_host, old_c) = device_path(old);
-        let (new_host, new_c) = device_path(new);
-        if let Err(why) =
-            permitted(&policy, &old_host, false).and_then(|()| permitted(&policy, &new_host, false))
-        {
-            refusals.lane(lane, why);
-            continue;
-        }
-        // SAFETY: both are valid NUL-terminated strings for the duration of the call.
-        let result = unsafe { libc::rename(old_c.as_ptr(), new_c.as_ptr()) };
-        replies[lane as usize] = c_result(result.into());
-    }
-    send_word0(req, &replies)?;
+    send_word0(&mut req, &replies).await?;
     refusals.finish()
 }
 

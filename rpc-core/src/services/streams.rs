@@ -338,6 +338,14 @@ pub(crate) enum Target {
     File(Arc<Mutex<CFile>>),
 }
 
+impl Target {
+    /// Whether using the stream may block the calling thread: a file (a FIFO, a terminal, a
+    /// slow file system) or stdin (nobody may be writing it). Run such work on an I/O thread.
+    pub(crate) fn may_block(&self) -> bool {
+        matches!(self, Target::Stdin | Target::File(_))
+    }
+}
+
 /// How one read from stdin's source went.
 enum Step {
     /// Bytes taken, no stop byte among them.

@@ -1,0 +1,491 @@
+//! Serving requests: one pass over every attached mailbox, and the exchanges kept in flight
+//! between passes.
+//!
+//! # Resumable exchanges
+//! A port's exchange is a script of packets. A packet handler's script is one packet each way
+//! and runs to completion when the port opens (the client's packet is already there). A script
+//! handler's exchange is a future (an `async` function of its [`Request`], see
+//! [`crate::registry`]): it runs until it needs a packet the client has not sent yet (or the
+//! result of a call on the I/O threads), and then *suspends*. The pass keeps it in flight and
+//! moves on to the other ports; every later pass polls it again, at the start and at every
+//! checkpoint of the scan ([`crate::scan::HOT_STRIDE`] ports), so an exchange whose client
+//! answers quickly still advances about as fast as if it had the thread alone, while one whose
+//! client is slow costs a poll per pass and its port's slot, and nobody waits for it.
+//!
+//! We poll rather than wake: a device cannot signal the host, so the pass looks at every port
+//! anyway, and a suspended exchange's poll first reads one word (`poll_take`). Polls run with a
+//! no-op waker; a future that waits for something else (an I/O call's result) is polled on the
+//! same schedule.
+//!
+//! # Ending an exchange
+//! | how it ends | the port | counted |
+//! |---|---|---|
+//! | completed, or refused with its script complete | closed: our buffer handed back, unlocked | `served` (+ `refused`) |
+//! | an error or a panic midway | quarantined | `errors` / `panics` |
+//! | no kernel that could answer runs any more | reset for the next client | `abandoned` |
+//! | the client timed out (`client_timeout`, rpc-serve) | reset for the next client | `abandoned` |
+//! | server shutting down, or mailbox detached | quarantined (detached: left untouched) | `abandoned` |
+//!
+//! A *quarantined* port keeps the server's lock bit and both flags as they are, so no later
+//! pass (nor a new worker after a restart) serves what the client sends next as a new request,
+//! and the client is never handed a buffer it would misread: it waits, as a warp whose server
+//! stopped does. Once every kernel that could be inside that exchange is gone, a pass resets
+//! the port (our word set equal to the client's, as after a finished exchange) and unlocks it.
+//! A *reset* does the same at once, when the client is known gone.
+//!
+//! A request's port outlives nothing: the exchange's future owns the request, and the request
+//! is dropped when the script returns (inside the poll that completes it) or when the pass drops
+//! a suspended exchange. Dropping it leaves the port locked, as it is, noting whether it owned
+//! the buffer; the pass then carries out the port's [`Fate`]: closing hands a buffer we owned
+//! back (a flip of our word) and unlocks; resetting sets our word equal to the client's and
+//! unlocks (only when the client is gone: a live client may already have flipped its word for
+//! its next request, which a reset would swallow).
+
+use std::time::Instant;
+use std::vec::Vec;
+
+use crate::error::Error;
+use crate::opcode::Opcode;
+use crate::registry::{Exchange, Handler, Registry, Request};
+use crate::rpc_server::{panic_message, Attached, Inner, ServerContext};
+use crate::scan::{HotPorts, Step};
+use crate::stats::bump;
+use crate::sync::{lock, Arc, Ordering};
+use crate::Result;
+
+/// What ending an exchange does to its port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Close it: hand back a buffer we own, unlock.
+    Close,
+    /// Reset it for a new client (the old one is gone), unlock.
+    Reset,
+    /// Leave it locked and untouched (see the module docs).
+    Quarantine,
+}
+
+impl Attached {
+    /// Records whether port `index`'s request owned the buffer when it was dropped. Relaxed: set
+    /// and read by the worker, in that order, on the same thread (a request a handler moved
+    /// elsewhere may leave a stale value; the protocol then only sees a late or a missing flip).
+    pub(crate) fn note_owned(&self, index: u32, owned: bool) {
+        self.owned[index as usize].store(owned, Ordering::Relaxed);
+    }
+
+    /// Releases the quarantined ports whose kernels are all gone.
+    fn release_quarantined(&self, context: &ServerContext) {
+        let mut quarantine = lock(&self.quarantine);
+        if quarantine.is_empty() {
+            return;
+        }
+        let server = self.server();
+        quarantine.retain(|q| {
+            if !q.marks.gone(self, context) {
+                return true;
+            }
+            server.release(q.index);
+            log::debug!(
+                "{}: mailbox {} port {}: quarantine lifted, its kernels are gone",
+                context.config.name,
+                self.id.0,
+                q.index
+            );
+            false
+        });
+    }
+}
+
+/// A port left locked mid-exchange, and the users that could still be inside that exchange.
+pub(crate) struct Quarantined {
+    index: u32,
+    marks: Marks,
+}
+
+/// The arrival marks of a mailbox's users and of the all-mailbox users when a port was opened:
+/// the kernel owning the port is among the users that had arrived by then (see `Coverage`).
+#[derive(Clone, Copy)]
+struct Marks(u64, u64);
+
+impl Marks {
+    fn now(mailbox: &Attached, context: &ServerContext) -> Self {
+        Marks(mailbox.users.mark(), context.any_users.mark())
+    }
+    /// True once no kernel that could answer the port runs any more.
+    fn gone(self, mailbox: &Attached, context: &ServerContext) -> bool {
+        mailbox.users.gone_since(self.0) && context.any_users.gone_since(self.1)
+    }
+}
+
+/// One exchange in flight.
+struct InFlight {
+    /// The rest of the script; owns its `Request` and so the port.
+    exchange: Exchange,
+    mailbox: Arc<Attached>,
+    index: u32,
+    opcode: Opcode,
+    marks: Marks,
+    /// Both flags of the port when last seen changing, and when (for `client_timeout`).
+    flags: (u32, u32),
+    since: Instant,
+}
+
+/// The worker's state between passes: its copies of the mailbox list and the registry
+/// (refreshed when they change) and the exchanges in flight.
+pub(crate) struct PassCache {
+    mailboxes: Option<Arc<Vec<Arc<Attached>>>>,
+    registry: Option<Arc<Registry>>,
+    /// The recently served ports of each mailbox of `mailboxes`, in the same order.
+    hot: Vec<HotPorts>,
+    /// The ports of all of `mailboxes` together (what one pass scans).
+    ports: usize,
+    versions: (u64, u64),
+    in_flight: Vec<InFlight>,
+}
+
+impl PassCache {
+    pub(crate) fn new() -> Self {
+        PassCache {
+            mailboxes: None,
+            registry: None,
+            hot: Vec::new(),
+            ports: 0,
+            versions: (u64::MAX, u64::MAX),
+            in_flight: Vec::new(),
+        }
+    }
+
+    fn refresh(&mut self, context: &ServerContext) {
+        let versions = (context.mailboxes.version(), context.registry.version());
+        if self.mailboxes.is_none() || versions != self.versions {
+            let mailboxes = context.mailboxes.get();
+            self.hot = std::vec![Default::default(); mailboxes.len()];
+            self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
+            self.mailboxes = Some(mailboxes);
+            self.registry = Some(context.registry.get());
+            self.versions = versions;
+        }
+    }
+
+    /// The ports one pass scans (as of the last pass).
+    pub(crate) fn ports(&self) -> usize {
+        self.ports
+    }
+
+    /// A doorbell to sleep on: only when every attached mailbox has one and no request is open
+    /// in any (each counter 0). Then an open request rings one of them (waiting on the first,
+    /// the others are seen at the next poll, at most `doorbell_sleep` later).
+    #[cfg(not(loom))]
+    pub(crate) fn quiet_doorbell(&self) -> Option<&dyn crate::plugin::Doorbell> {
+        let mailboxes = self.mailboxes.as_ref()?;
+        let mut bells = mailboxes.iter().map(|m| m.doorbell());
+        let first = bells.next()??;
+        let all_quiet = std::iter::once(Some(first))
+            .chain(bells)
+            .all(|bell| bell.is_some_and(|b| b.counter().load(Ordering::Relaxed) == 0));
+        all_quiet.then_some(first)
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn quiet_doorbell(&self) -> Option<&'static dyn crate::plugin::Doorbell> {
+        None
+    }
+
+    /// Ends every exchange still in flight with `reason` (the worker is about to sleep, with no
+    /// user left, or to exit) and lets go of every mailbox, so `detach` never waits on a
+    /// sleeping or finished worker.
+    pub(crate) fn clear(&mut self, context: &ServerContext, fate: Fate, reason: &str) {
+        for exchange in std::mem::take(&mut self.in_flight) {
+            abandon(context, exchange, fate, reason);
+        }
+        self.mailboxes = None;
+    }
+}
+
+impl Inner {
+    /// One pass: the exchanges in flight, then every attached mailbox's pending ports (unless a
+    /// shutdown is under way: those wait for the next worker). Returns how many exchanges made
+    /// progress (opened, advanced or ended).
+    pub(crate) fn serve_pass(self: &Arc<Self>, cache: &mut PassCache) -> usize {
+        let context = &self.context;
+        cache.refresh(context);
+        let mut progress = self.poll_in_flight(cache);
+        let stopping = context.stopping.load(Ordering::Relaxed);
+        let (Some(mailboxes), Some(registry)) = (cache.mailboxes.clone(), cache.registry.clone())
+        else {
+            return progress;
+        };
+        for (k, mailbox) in mailboxes.iter().enumerate() {
+            if stopping || mailbox.detached.load(Ordering::Acquire) {
+                continue;
+            }
+            mailbox.release_quarantined(context);
+            let server = mailbox.server();
+            let mut hot = cache.hot[k];
+            // Every pending port in index order, plus the recently served ports re-checked on
+            // the way, and the exchanges in flight polled at each checkpoint (see `scan`).
+            let mut sweep = server.sweep(&mut hot);
+            while !mailbox.detached.load(Ordering::Acquire) {
+                let index = match sweep.next() {
+                    None => break,
+                    Some(Step::Checkpoint) => {
+                        progress += self.poll_in_flight(cache);
+                        continue;
+                    }
+                    Some(Step::Pending(index)) => index,
+                };
+                // Read just before the port opens: the kernel owning it is among these users.
+                let marks = Marks::now(mailbox, context);
+                let Some(port) = server.try_open(index, &crate::port::Resumable) else {
+                    continue;
+                };
+                sweep.served(index);
+                progress += 1;
+                let opcode = port.opcode();
+                if let Some(exchange) = self.start(port, mailbox, marks, &registry) {
+                    let flags = server.flags(index);
+                    cache.in_flight.push(InFlight {
+                        exchange,
+                        mailbox: mailbox.clone(),
+                        index,
+                        opcode,
+                        marks,
+                        flags,
+                        since: Instant::now(),
+                    });
+                }
+            }
+            cache.hot[k] = hot;
+        }
+        // Only the worker writes this counter: a plain load and store, no RMW needed.
+        let passes = &context.stats.passes;
+        passes.store(passes.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        progress
+    }
+
+    /// Starts serving a port just opened; returns its exchange if it suspended.
+    fn start(
+        self: &Arc<Self>,
+        mut port: crate::ServerPort<'_>,
+        mailbox: &Arc<Attached>,
+        marks: Marks,
+        registry: &Registry,
+    ) -> Option<Exchange> {
+        let context = &self.context;
+        let name = &context.config.name;
+        let (opcode, index) = (port.opcode(), port.index());
+        if let Err(error) = port.check_mask() {
+            log::warn!(
+                "{name}: mailbox {} port {index}: {opcode}: {error}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.bad_headers);
+            return None; // Dropping the port closes it: the client reads its own request back.
+        }
+        let Some(entry) = registry.find(opcode) else {
+            log::warn!(
+                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.unknown);
+            return None;
+        };
+        log::debug!(
+            "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
+            mailbox.id.0,
+            port.mask()
+        );
+        let mut exchange = match &entry.handler {
+            Handler::Packet(reply) => {
+                // The client's packet is there (the port opened because it flipped), and the
+                // reply only needs the buffer we hold: this never suspends.
+                let result = catch(|| port.recv_and_send(|lane, packet| reply(lane, packet)));
+                if self.finish(mailbox, index, opcode, result) == Fate::Quarantine {
+                    port.quarantine();
+                    carry_out(mailbox, index, marks, Fate::Quarantine);
+                }
+                return None;
+            }
+            Handler::Script(script) => {
+                // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
+                // mailbox's region, lock table and doorbell, all owned by `*mailbox`.
+                let request = unsafe { Request::new(port, mailbox.clone(), self.clone()) };
+                match catch(|| Ok(script(request))) {
+                    Ok(exchange) => exchange,
+                    Err(error) => {
+                        // The request went in the unwinding, leaving the port locked.
+                        let fate = self.finish(mailbox, index, opcode, Err(error));
+                        carry_out(mailbox, index, marks, fate);
+                        return None;
+                    }
+                }
+            }
+        };
+        match poll(&mut exchange) {
+            None => Some(exchange),
+            Some(result) => {
+                self.end(mailbox, index, opcode, marks, exchange, result);
+                None
+            }
+        }
+    }
+
+    /// Polls every exchange in flight once, ending those that completed or can no longer be
+    /// answered. Returns how many made progress.
+    fn poll_in_flight(&self, cache: &mut PassCache) -> usize {
+        let context = &self.context;
+        let client_timeout = context.config.client_timeout;
+        let mut progress = 0;
+        let mut k = 0;
+        while k < cache.in_flight.len() {
+            let flight = &mut cache.in_flight[k];
+            let mailbox = &*flight.mailbox;
+            if mailbox.detached.load(Ordering::Acquire) {
+                let flight = cache.in_flight.swap_remove(k);
+                abandon(context, flight, Fate::Quarantine, "mailbox detached");
+                progress += 1;
+                continue;
+            }
+            // Polled before asking whether its kernel is gone: a kernel's last packet (EXIT's
+            // status) may come just before it ends.
+            if let Some(result) = poll(&mut flight.exchange) {
+                let flight = cache.in_flight.swap_remove(k);
+                self.end(
+                    &flight.mailbox,
+                    flight.index,
+                    flight.opcode,
+                    flight.marks,
+                    flight.exchange,
+                    result,
+                );
+                progress += 1;
+                continue;
+            }
+            let flags = mailbox.server().flags(flight.index);
+            if flags != flight.flags {
+                flight.flags = flags;
+                if client_timeout.is_some() {
+                    flight.since = Instant::now();
+                }
+                progress += 1;
+            } else if flight.marks.gone(mailbox, context) {
+                let flight = cache.in_flight.swap_remove(k);
+                abandon(context, flight, Fate::Reset, "no running kernel can answer");
+                progress += 1;
+                continue;
+            } else if client_timeout.is_some_and(|t| flight.since.elapsed() > t) {
+                let flight = cache.in_flight.swap_remove(k);
+                abandon(context, flight, Fate::Reset, "the client timed out");
+                continue;
+            }
+            k += 1;
+        }
+        progress
+    }
+
+    /// Ends a completed exchange: logs and counts its result, then drops it with the fate that
+    /// result calls for.
+    fn end(
+        &self,
+        mailbox: &Arc<Attached>,
+        index: u32,
+        opcode: Opcode,
+        marks: Marks,
+        exchange: Exchange,
+        result: Result<()>,
+    ) {
+        let fate = self.finish(mailbox, index, opcode, result);
+        drop(exchange);
+        carry_out(mailbox, index, marks, fate);
+    }
+
+    /// Logs and counts how a request ended; the fate of its port.
+    fn finish(&self, mailbox: &Attached, index: u32, opcode: Opcode, result: Result<()>) -> Fate {
+        let context = &self.context;
+        let name = &context.config.name;
+        let id = mailbox.id.0;
+        match result {
+            Ok(()) => {
+                context.stats.served(opcode);
+                Fate::Close
+            }
+            Err(Error::Refused(why)) => {
+                log::warn!("{name}: mailbox {id} port {index}: {opcode} refused: {why}");
+                bump(&context.stats.refused);
+                context.stats.served(opcode);
+                Fate::Close
+            }
+            Err(Error::Panicked(text)) => {
+                log::error!(
+                    "{name}: mailbox {id} port {index}: handler for {opcode} panicked: {text}; \
+                     port quarantined"
+                );
+                bump(&context.stats.panics);
+                Fate::Quarantine
+            }
+            Err(error) => {
+                log::error!(
+                    "{name}: mailbox {id} port {index}: {opcode} failed: {error}; port quarantined"
+                );
+                bump(&context.stats.errors);
+                Fate::Quarantine
+            }
+        }
+    }
+}
+
+/// Ends an exchange that can no longer go on, logging and counting it.
+fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) {
+    let InFlight {
+        exchange,
+        mailbox,
+        index,
+        opcode,
+        marks,
+        ..
+    } = flight;
+    let action = match fate {
+        Fate::Reset => "port reset",
+        _ => "port left locked",
+    };
+    log::warn!(
+        "{}: mailbox {} port {index}: {opcode} abandoned: {reason}; {action}",
+        context.config.name,
+        mailbox.id.0
+    );
+    bump(&context.stats.abandoned);
+    drop(exchange);
+    carry_out(&mailbox, index, marks, fate);
+}
+
+/// Does to the port what its fate says, once its request is gone (see the module docs). A
+/// detached mailbox's ports are left untouched: the server no longer writes that memory.
+fn carry_out(mailbox: &Attached, index: u32, marks: Marks, fate: Fate) {
+    if mailbox.detached.load(Ordering::Acquire) {
+        return;
+    }
+    match fate {
+        Fate::Close => {
+            let owned = mailbox.owned[index as usize].load(Ordering::Relaxed);
+            mailbox.server().close(index, owned)
+        }
+        Fate::Reset => mailbox.server().release(index),
+        Fate::Quarantine => lock(&mailbox.quarantine).push(Quarantined { index, marks }),
+    }
+}
+
+/// Polls an exchange once (no-op waker: see the module docs); None while it is suspended. A
+/// panic inside it ends it as [`Error::Panicked`].
+fn poll(exchange: &mut Exchange) -> Option<Result<()>> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match catch(|| Ok(exchange.as_mut().poll(&mut cx))) {
+        Ok(std::task::Poll::Pending) => None,
+        Ok(std::task::Poll::Ready(result)) => Some(result),
+        Err(error) => Some(Err(error)),
+    }
+}
+
+/// Runs `f`, turning a panic into [`Error::Panicked`] with its message.
+fn catch<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|panic| Err(Error::Panicked(panic_message(panic.as_ref()))))
+}
