@@ -205,10 +205,11 @@ impl Inner {
     /// One pass: the exchanges in flight, then every attached mailbox's pending ports (unless a
     /// shutdown is under way: those wait for the next worker). Returns how many exchanges made
     /// progress (opened, advanced or ended).
-    pub(crate) fn serve_pass(self: &Arc<Self>, cache: &mut PassCache) -> usize {
-        let context = &self.context;
+    /// (An associated function: loom's `Arc` cannot be a method receiver.)
+    pub(crate) fn serve_pass(inner: &Arc<Inner>, cache: &mut PassCache) -> usize {
+        let context = &inner.context;
         cache.refresh(context);
-        let mut progress = self.poll_in_flight(cache);
+        let mut progress = inner.poll_in_flight(cache);
         let stopping = context.stopping.load(Ordering::Relaxed);
         let (Some(mailboxes), Some(registry)) = (cache.mailboxes.clone(), cache.registry.clone())
         else {
@@ -228,7 +229,7 @@ impl Inner {
                 let index = match sweep.next() {
                     None => break,
                     Some(Step::Checkpoint) => {
-                        progress += self.poll_in_flight(cache);
+                        progress += inner.poll_in_flight(cache);
                         continue;
                     }
                     Some(Step::Pending(index)) => index,
@@ -241,7 +242,7 @@ impl Inner {
                 sweep.served(index);
                 progress += 1;
                 let opcode = port.opcode();
-                if let Some(exchange) = self.start(port, mailbox, marks, &registry) {
+                if let Some(exchange) = Inner::start(inner, port, mailbox, marks, &registry) {
                     let flags = server.flags(index);
                     cache.in_flight.push(InFlight {
                         exchange,
@@ -264,13 +265,13 @@ impl Inner {
 
     /// Starts serving a port just opened; returns its exchange if it suspended.
     fn start(
-        self: &Arc<Self>,
+        inner: &Arc<Inner>,
         mut port: crate::ServerPort<'_>,
         mailbox: &Arc<Attached>,
         marks: Marks,
         registry: &Registry,
     ) -> Option<Exchange> {
-        let context = &self.context;
+        let context = &inner.context;
         let name = &context.config.name;
         let (opcode, index) = (port.opcode(), port.index());
         if let Err(error) = port.check_mask() {
@@ -299,7 +300,7 @@ impl Inner {
                 // The client's packet is there (the port opened because it flipped), and the
                 // reply only needs the buffer we hold: this never suspends.
                 let result = catch(|| port.recv_and_send(|lane, packet| reply(lane, packet)));
-                if self.finish(mailbox, index, opcode, result) == Fate::Quarantine {
+                if inner.finish(mailbox, index, opcode, result) == Fate::Quarantine {
                     port.quarantine();
                     carry_out(mailbox, index, marks, Fate::Quarantine);
                 }
@@ -308,12 +309,12 @@ impl Inner {
             Handler::Script(script) => {
                 // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
                 // mailbox's region, lock table and doorbell, all owned by `*mailbox`.
-                let request = unsafe { Request::new(port, mailbox.clone(), self.clone()) };
+                let request = unsafe { Request::new(port, mailbox.clone(), inner.clone()) };
                 match catch(|| Ok(script(request))) {
                     Ok(exchange) => exchange,
                     Err(error) => {
                         // The request went in the unwinding, leaving the port locked.
-                        let fate = self.finish(mailbox, index, opcode, Err(error));
+                        let fate = inner.finish(mailbox, index, opcode, Err(error));
                         carry_out(mailbox, index, marks, fate);
                         return None;
                     }
@@ -323,7 +324,7 @@ impl Inner {
         match poll(&mut exchange) {
             None => Some(exchange),
             Some(result) => {
-                self.end(mailbox, index, opcode, marks, exchange, result);
+                inner.end(mailbox, index, opcode, marks, exchange, result);
                 None
             }
         }

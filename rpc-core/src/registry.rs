@@ -17,7 +17,6 @@ use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::string::String;
-use std::sync::Arc;
 use std::vec::Vec;
 
 use crate::error::Result;
@@ -25,6 +24,7 @@ use crate::layout::Layout;
 use crate::opcode::Opcode;
 use crate::port::Packet;
 use crate::rpc_server::{Attached, Inner, MailboxId, ServerContext};
+use crate::sync::Arc;
 use crate::ServerPort;
 
 /// What a script handler returns: the rest of the exchange, polled by the server thread.
@@ -40,9 +40,9 @@ pub type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
 #[derive(Clone)]
 pub enum Handler {
     /// One packet in, one packet out per lane, run at once.
-    Packet(Arc<PacketFn>),
+    Packet(std::sync::Arc<PacketFn>),
     /// A multi-packet script, resumable.
-    Script(Arc<ScriptFn>),
+    Script(std::sync::Arc<ScriptFn>),
 }
 
 impl Handler {
@@ -52,12 +52,14 @@ impl Handler {
         F: Fn(Request) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
     {
-        Handler::Script(Arc::new(move |request| Box::pin(script(request))))
+        Handler::Script(std::sync::Arc::new(move |request| {
+            Box::pin(script(request))
+        }))
     }
 
     /// A packet handler from a closure.
     pub fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
-        Handler::Packet(Arc::new(reply))
+        Handler::Packet(std::sync::Arc::new(reply))
     }
 }
 
@@ -65,7 +67,7 @@ impl Handler {
 #[derive(Clone)]
 pub enum Matcher {
     Opcode(Opcode),
-    Predicate(Arc<dyn Fn(Opcode) -> bool + Send + Sync>),
+    Predicate(std::sync::Arc<dyn Fn(Opcode) -> bool + Send + Sync>),
 }
 
 impl Matcher {

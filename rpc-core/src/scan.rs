@@ -156,7 +156,7 @@ impl<'a> Sweep<'a> {
 
     /// The next port that looks pending, or None once the whole mailbox was scanned. A hot port
     /// may come back more than once per sweep (each time it was found pending again).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn next_pending(&mut self) -> Option<u32> {
         loop {
             match self.next()? {

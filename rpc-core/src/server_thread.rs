@@ -37,6 +37,13 @@
 //! such as FREE, and sleeps) or the state left Running (then it does the same last pass and
 //! exits). A shutdown also sets `stopping`, which the worker reads before every pass, so it
 //! leaves even while every pass finds work (steady traffic never lets it go idle).
+//!
+//! Exchanges suspended in flight (see [`crate::dispatch`]) never outlive a stretch of serving:
+//! after the last pass, with no user left every one of them belongs to a kernel that is gone
+//! (so they are ended and their ports reset), and at a shutdown they lose their server (ended,
+//! ports quarantined). So a sleeping or exited worker holds no mailbox, and `detach` never
+//! waits on it. A stopping worker's last pass opens no new port: requests still pending wait
+//! for the next worker instead of being cut.
 
 use std::string::String;
 
@@ -308,7 +315,7 @@ fn worker(inner: Arc<Inner>) {
         // exchanges that can still end. Then no user is left (every exchange still in flight
         // belongs to a kernel that is gone) or a shutdown is under way (the exchanges lose
         // their server: quarantined, see `dispatch`).
-        inner.serve_pass(&mut cache);
+        Inner::serve_pass(&inner, &mut cache);
         if inner.context.stopping.load(Ordering::Relaxed) {
             cache.clear(&inner.context, Fate::Quarantine, "server shutting down");
         } else {
@@ -338,7 +345,7 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: std::time::
         if inner.context.stopping.load(Ordering::Relaxed) {
             return;
         }
-        if inner.serve_pass(cache) > 0 {
+        if Inner::serve_pass(inner, cache) > 0 {
             idle = 0;
             parks = 0;
             continue;

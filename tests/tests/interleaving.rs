@@ -1,0 +1,413 @@
+//! No exchange waits for another: the server thread interleaves every port, and blocking calls
+//! run on the server's I/O threads. Each test is built so that the old run-to-completion server
+//! could not pass it at all (it would wait forever and the test's bounded waits would fail), not
+//! so that it passes only when fast enough: no assertion here is about time.
+
+use std::collections::HashMap;
+use std::ffi::CStr;
+use std::io::{Read, Write};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use plugin_host::kernel::{encode_printf, PrintfCall};
+use plugin_host::Arg;
+use rpc_core::port::{lanes, Backoff, Deadline, Wait};
+use rpc_core::sync::Ordering;
+use rpc_core::{
+    Client, ClientPort, Error, ExitPolicy, Generation, Layout, LockTable, MailboxMemory, Opcode,
+    RpcServer, ServerConfig, ServicesConfig,
+};
+
+/// Generous liveness bound for a loaded 2-core machine (sanitizer builds included).
+const BOUND: Duration = Duration::from_secs(60);
+
+struct Fixture {
+    server: RpcServer,
+    memory: Arc<MailboxMemory>,
+    locks: LockTable,
+    out: Capture,
+}
+
+/// A writer whose bytes the test can read back.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Fixture {
+    fn new(name: &str, ports: u32, lanes: u32) -> Fixture {
+        let _ = env_logger::builder().is_test(true).try_init();
+        let server = RpcServer::new(ServerConfig {
+            name: name.into(),
+            services: ServicesConfig {
+                exit: ExitPolicy::Record,
+                ..ServicesConfig::default()
+            },
+            io_grace: Duration::from_millis(100),
+            ..ServerConfig::default()
+        });
+        let out = Capture::default();
+        server
+            .context()
+            .services()
+            .set_stdout(Box::new(out.clone()));
+        let memory = Arc::new(MailboxMemory::new(
+            Layout::new(Generation::V2, ports, lanes).unwrap(),
+        ));
+        server.attach(Box::new(memory.clone()));
+        let _ = server.start().unwrap();
+        Fixture {
+            server,
+            memory,
+            locks: LockTable::new(ports),
+            out,
+        }
+    }
+
+    fn client<'a>(&'a self, wait: &'a dyn Wait) -> Client<'a> {
+        Client::new(self.memory.view(), self.locks.words())
+            .unwrap()
+            .with_wait(wait)
+    }
+
+    fn open<'a>(&'a self, wait: &'a dyn Wait, index: u32, op: Opcode, mask: u64) -> ClientPort<'a> {
+        let client = self.client(wait);
+        let deadline = Instant::now() + BOUND;
+        loop {
+            if let Some(port) = client.try_open_at(index, op, mask).unwrap() {
+                return port;
+            }
+            assert!(Instant::now() < deadline, "port {index} never free");
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn increments(fixture: &Fixture, index: u32, count: u64) {
+    let wait = Deadline::after(BOUND);
+    for x in 0..count {
+        let mut port = fixture.open(&wait, index, Opcode::TEST_INCREMENT, 1);
+        let mut got = 0;
+        port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
+            .unwrap();
+        assert_eq!(got, x + 1);
+    }
+}
+
+/// Sends `data` as `send_n` does, one packet at a time, calling `between` before each packet
+/// after the first.
+fn send_n_slowly(port: &mut ClientPort<'_>, data: &[u8], mut between: impl FnMut(usize)) {
+    port.send(|_, p| {
+        p.set_word(0, data.len() as u64);
+        p.write_bytes(8, &data[..data.len().min(56)]);
+    })
+    .unwrap();
+    for (k, chunk) in data.get(56..).unwrap_or_default().chunks(64).enumerate() {
+        between(k);
+        port.send(|_, p| p.write_bytes(0, chunk)).unwrap();
+    }
+}
+
+/// Port 0 streams slowly (a packet every 50 ms, and its last packet only once port 1 is done):
+/// port 1's 1000 TEST_INCREMENTs finish while port 0's exchange is still open.
+#[test]
+fn a_slow_client_does_not_hold_up_another_port() {
+    let fixture = Fixture::new("slow", 2, 1);
+    let _kernel = fixture.server.user();
+    let done = AtomicBool::new(false);
+    let data: Vec<u8> = (0..56 + 64 * 5).map(|i| i as u8).collect();
+    std::thread::scope(|s| {
+        let slow = s.spawn(|| {
+            let wait = Deadline::after(BOUND);
+            let mut port = fixture.open(&wait, 0, Opcode::TEST_STREAM, 1);
+            let last = (data.len() - 56).div_ceil(64) - 1;
+            send_n_slowly(&mut port, &data, |k| {
+                std::thread::sleep(Duration::from_millis(50));
+                if k == last {
+                    let deadline = Instant::now() + BOUND;
+                    while !done.load(Ordering::Acquire) {
+                        assert!(Instant::now() < deadline, "port 1 never finished");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            });
+            let back = port.recv_n(1 << 20).unwrap();
+            assert_eq!(back[0], data);
+        });
+        increments(&fixture, 1, 1000);
+        done.store(true, Ordering::Release);
+        slow.join().unwrap();
+    });
+    let stats = fixture.server.stats();
+    assert_eq!(stats.served_of(Opcode::TEST_INCREMENT), 1000, "{stats}");
+    assert_eq!(stats.served_of(Opcode::TEST_STREAM), 1, "{stats}");
+}
+
+/// 64 ports at once, each a multi-packet printf (with a `%s` the server fetches) or a stream,
+/// whose client pauses between its packets: every exchange completes, and the output is the
+/// output of the same requests served one after another (the lines of each request whole).
+#[test]
+fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
+    const PORTS: u32 = 64;
+    let fixture = Fixture::new("sixty-four", PORTS, 32);
+    let _kernel = fixture.server.user();
+    let mask: u64 = 0x8000_0101;
+    let text = |k: u32, l: u32| format!("port {k} lane {l} says {}", "x".repeat((k * 3) as usize));
+    std::thread::scope(|s| {
+        for k in 0..PORTS {
+            let fixture = &fixture;
+            s.spawn(move || {
+                let wait = Deadline::after(BOUND);
+                let pause = || std::thread::sleep(Duration::from_millis(2));
+                if k % 2 == 0 {
+                    let mut port = fixture.open(&wait, k, Opcode::TEST_STREAM, mask);
+                    let data = text(k, 0).repeat(4).into_bytes();
+                    // Every lane sends the same bytes (one send per packet for the whole warp).
+                    port.send(|_, p| {
+                        p.set_word(0, data.len() as u64);
+                        p.write_bytes(8, &data[..56]);
+                    })
+                    .unwrap();
+                    for chunk in data[56..].chunks(64) {
+                        pause();
+                        port.send(|_, p| p.write_bytes(0, chunk)).unwrap();
+                    }
+                    let back = port.recv_n(1 << 20).unwrap();
+                    for l in lanes(mask) {
+                        assert_eq!(back[l as usize], data, "port {k} lane {l}");
+                    }
+                } else {
+                    let calls: Vec<PrintfCall> = (0..32)
+                        .map(|l| {
+                            let line = text(k, l);
+                            let arg = [Arg::Str(Some(line.as_str())), Arg::Int(k.into())];
+                            encode_printf("[%s] %d\n", &arg, false).unwrap()
+                        })
+                        .collect();
+                    let mut port = fixture.open(&wait, k, Opcode::PRINTF_TO_STDOUT, mask);
+                    let printed = paused_printf(&mut port, mask, &calls, pause);
+                    for l in lanes(mask) {
+                        let want = format!("[{}] {k}\n", text(k, l));
+                        assert_eq!(printed[l as usize], want.len() as i64, "port {k} lane {l}");
+                    }
+                }
+            });
+        }
+    });
+    let mut expected: Vec<String> = Vec::new();
+    for k in (1..PORTS).step_by(2) {
+        let request: String = lanes(mask)
+            .map(|l| format!("[{}] {k}\n", text(k, l)))
+            .collect();
+        expected.push(request);
+    }
+    // Each request's output is one write per lane, in lane order; requests may interleave with
+    // each other only between whole requests' lane writes.
+    let out = String::from_utf8(fixture.out.0.lock().unwrap().clone()).unwrap();
+    let mut got: Vec<&str> = out.lines().collect();
+    let mut want: Vec<&str> = expected.iter().flat_map(|r| r.lines()).collect();
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want);
+    let stats = fixture.server.stats();
+    assert_eq!(stats.total_served(), u64::from(PORTS), "{stats}");
+    assert_eq!(stats.errors + stats.abandoned + stats.refused, 0, "{stats}");
+}
+
+/// The client side of PRINTF_TO_STDOUT (PROTOCOL section 7) with `pause()` before each send.
+fn paused_printf(
+    port: &mut ClientPort<'_>,
+    mask: u64,
+    calls: &[PrintfCall],
+    pause: impl Fn(),
+) -> Vec<i64> {
+    let formats: Vec<&[u8]> = calls.iter().map(|c| c.format.as_slice()).collect();
+    port.send_n(&formats).unwrap();
+    let mut sizes = [0usize; 64];
+    port.recv(|l, p| sizes[l as usize] = p.word(0) as usize)
+        .unwrap();
+    pause();
+    let args: Vec<Vec<u8>> = calls
+        .iter()
+        .enumerate()
+        .map(|(l, c)| {
+            let mut a = c.args.clone();
+            a.resize(sizes[l], 0);
+            a
+        })
+        .collect();
+    let slices: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
+    port.send_n(&slices).unwrap();
+    loop {
+        let mut pointers = [0u64; 64];
+        let mut results = [0i64; 64];
+        port.recv(|l, p| {
+            results[l as usize] = p.word(0) as i64;
+            pointers[l as usize] = p.word(1);
+        })
+        .unwrap();
+        if lanes(mask).all(|l| pointers[l as usize] == 0) {
+            return results.to_vec();
+        }
+        pause();
+        let empty = HashMap::new();
+        let strings: Vec<&[u8]> = (0..64)
+            .map(|l| {
+                let strings = calls.get(l).map_or(&empty, |c| &c.strings);
+                strings.get(&pointers[l]).map_or(&[][..], Vec::as_slice)
+            })
+            .collect();
+        port.send_n(&strings).unwrap();
+    }
+}
+
+/// A client wait that gives up once told to (the test ends the clients it left blocked).
+struct UntilTold<'a>(&'a AtomicBool);
+
+impl Wait for UntilTold<'_> {
+    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+        if self.0.load(Ordering::Acquire) {
+            return Err(Error::Abandoned {
+                port,
+                reason: "the test gave up",
+            });
+        }
+        Backoff::step(attempt);
+        Ok(())
+    }
+}
+
+/// A pty pair: the master and the slave's path.
+fn open_pty() -> (std::fs::File, String) {
+    // SAFETY: plain libc calls on a descriptor we own; ptsname_r writes into our buffer.
+    unsafe {
+        let master = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY);
+        assert!(master >= 0, "posix_openpt");
+        assert_eq!(libc::grantpt(master), 0);
+        assert_eq!(libc::unlockpt(master), 0);
+        let mut name = [0 as libc::c_char; 128];
+        assert_eq!(libc::ptsname_r(master, name.as_mut_ptr(), name.len()), 0);
+        let path = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+        (std::os::fd::FromRawFd::from_raw_fd(master), path)
+    }
+}
+
+/// OPEN_FILE of a FIFO nobody writes, fgets on a pty nobody types into and fgets on a stdin
+/// pipe held open without data all block in the host's syscalls: on the I/O threads, so the
+/// other ports keep being served; shutdown returns anyway, abandoning the stuck threads.
+#[test]
+fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
+    let fixture = Fixture::new("blocking", 5, 1);
+    let dir = std::env::temp_dir().join(format!("rpc-interleaving-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid path string.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    let (mut pipe_read, mut pipe_write) = std::io::pipe().unwrap();
+    let stdin_reader = pipe_read.try_clone().unwrap();
+    fixture
+        .server
+        .context()
+        .services()
+        .set_stdin(Box::new(stdin_reader));
+    let (mut master, slave) = open_pty();
+    let kernel = fixture.server.user();
+    let give_up = AtomicBool::new(false);
+    let wait = UntilTold(&give_up);
+    let path_bytes = |p: &str| {
+        let mut v = p.as_bytes().to_vec();
+        v.push(0);
+        v
+    };
+    std::thread::scope(|s| {
+        // Port 0: fopen(fifo, "r") blocks until a writer comes.
+        let fifo_open = s.spawn(|| {
+            let mut port = fixture.open(&wait, 0, Opcode::OPEN_FILE, 1);
+            let path = path_bytes(fifo.to_str().unwrap());
+            port.send_n(&[&path]).unwrap();
+            port.send(|_, p| p.write_bytes(0, b"r\0")).unwrap();
+            port.recv(|_, _| {}).is_err()
+        });
+        // Port 1: fgets on stdin.
+        let stdin_read = s.spawn(|| {
+            let mut port = fixture.open(&wait, 1, Opcode::READ_FGETS, 1);
+            port.send(|_, p| {
+                p.set_word(0, 100);
+                p.set_word(1, rpc_core::services::streams::STDIN);
+            })
+            .unwrap();
+            port.recv_n(1 << 20).is_err()
+        });
+        // Port 2: open the pty's slave (does not block), then fgets on it (blocks).
+        let pty_read = s.spawn(|| {
+            let mut port = fixture.open(&wait, 2, Opcode::OPEN_FILE, 1);
+            port.send_n(&[&path_bytes(&slave)]).unwrap();
+            port.send(|_, p| p.write_bytes(0, b"r\0")).unwrap();
+            let mut handle = 0;
+            port.recv(|_, p| handle = p.word(0)).unwrap();
+            drop(port);
+            assert_ne!(handle, 0, "the pty slave opens");
+            let mut port = fixture.open(&wait, 2, Opcode::READ_FGETS, 1);
+            port.send(|_, p| {
+                p.set_word(0, 100);
+                p.set_word(1, handle);
+            })
+            .unwrap();
+            port.recv_n(1 << 20).is_err()
+        });
+        // Meanwhile ports 3 and 4 are served, until all three calls are running on I/O threads.
+        let deadline = Instant::now() + BOUND;
+        while fixture.server.stats().blocking_calls < 4 {
+            increments(&fixture, 3, 10);
+            assert!(
+                Instant::now() < deadline,
+                "the blocking calls never started"
+            );
+        }
+        increments(&fixture, 4, 100);
+        // Shut down with the three calls stuck (and their kernel still running): it returns,
+        // and says so; the three exchanges are left locked, never answered.
+        let _ = fixture
+            .server
+            .shutdown_with(rpc_core::ShutdownPolicy::Force)
+            .unwrap();
+        let stats = fixture.server.stats();
+        assert_eq!(stats.io_threads_abandoned, 3, "{stats}");
+        assert_eq!(stats.abandoned, 3, "{stats}");
+        give_up.store(true, Ordering::Release);
+        for (name, client) in [
+            ("fifo", fifo_open),
+            ("stdin", stdin_read),
+            ("pty", pty_read),
+        ] {
+            assert!(
+                client.join().unwrap(),
+                "{name}: the blocked request got no answer"
+            );
+        }
+    });
+    // Unblock the abandoned threads, so they leave.
+    let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+    pipe_write.write_all(b"late\n").unwrap();
+    master.write_all(b"late\n").unwrap();
+    drop(writer);
+    let mut rest = Vec::new();
+    let _ = pipe_read.read(&mut rest);
+    // A restarted server serves again.
+    drop(kernel);
+    let _ = fixture.server.start().unwrap();
+    let _kernel = fixture.server.user();
+    increments(&fixture, 4, 10);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
