@@ -234,11 +234,13 @@ impl Inner {
                     }
                     Some(Step::Pending(index)) => index,
                 };
-                // Read just before the port opens: the kernel owning it is among these users.
-                let marks = Marks::now(mailbox, context);
                 let Some(port) = server.try_open(index, &crate::port::Resumable) else {
                     continue;
                 };
+                // Read once the port is open, after `try_open`'s acquire fence: the kernel that
+                // sent the request took its ticket before its flip (release), so the marks
+                // include it; read before, a stale mark could make a live kernel look gone.
+                let marks = Marks::now(mailbox, context);
                 sweep.served(index);
                 progress += 1;
                 let opcode = port.opcode();

@@ -50,6 +50,8 @@ pub mod stats;
 pub mod sync;
 
 #[cfg(all(test, loom))]
+mod loom_dispatch;
+#[cfg(all(test, loom))]
 mod loom_protocol;
 #[cfg(all(test, loom))]
 mod loom_server_thread;

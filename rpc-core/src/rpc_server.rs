@@ -242,7 +242,7 @@ pub(crate) struct Inner {
 /// The RPC server of one plugin instance. Dropping it shuts the worker down
 /// ([`ShutdownPolicy::Force`] semantics, logged if kernels were still running).
 pub struct RpcServer {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
 impl RpcServer {

@@ -468,9 +468,10 @@ fn a_handler_panicking_at_every_step_of_a_stream_exchange() {
 
 /// Forced shutdowns while clients send single-packet and multi-packet requests, each followed
 /// by a new start: every TEST_INCREMENT is answered correctly (opened requests finish, pending
-/// ones wait for the next worker), every TEST_STREAM is served or abandoned (a stream cut by a
-/// shutdown goes on as a new request of garbage, which the per-wait timeout ends), nothing
-/// hangs, and the server serves normally at the end. Increments and streams use two mailboxes,
+/// ones wait for the next worker), every TEST_STREAM is served correctly or cut (a stream cut
+/// by a shutdown leaves its port locked on both sides, so the client gives up and is never
+/// handed garbage; the port serves again once its kernel is gone), nothing hangs, and the
+/// server serves normally at the end. Increments and streams use two mailboxes,
 /// so that a stream port a client had to give up cannot starve the increments.
 #[test]
 fn forced_shutdown_with_requests_in_flight_then_start_again() {
@@ -510,27 +511,37 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
             }
         });
         s.spawn(move || {
-            let _kernel = server.user_for(streams_id);
             let data = stream_data();
             let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
-            let mut locks = LockTable::new(PORTS);
             while !stop.load(Ordering::Relaxed) {
-                let wait = Deadline(Instant::now() + Duration::from_millis(500));
-                let client = Client::new(streams_memory.view(), locks.words())
-                    .unwrap()
-                    .with_wait(&wait);
-                let Ok(mut port) = client.open(Opcode::TEST_STREAM, MASK) else {
-                    // Every port given up (kept locked). Once the server has timed out of the
-                    // cut exchanges, a new "kernel" with its own lock bits may use them again.
-                    std::thread::sleep(Duration::from_millis(120));
-                    locks = LockTable::new(PORTS);
-                    continue;
-                };
-                let result = port.send_n(&slices).and_then(|()| port.recv_n(1 << 20));
-                let good = matches!(&result, Ok(back) if lanes(MASK)
-                    .all(|l| back[l as usize] == data[l as usize]));
-                let counter = if good { &streams.0 } else { &streams.1 };
-                counter.fetch_add(1, Ordering::Relaxed);
+                // One "kernel": its user guard and its lock bits, until every port it had was
+                // cut (each cut port stays locked on both sides); then it ends, the server
+                // lifts the quarantine of its ports, and a new kernel takes them.
+                let _kernel = server.user_for(streams_id);
+                let locks = LockTable::new(PORTS);
+                while !stop.load(Ordering::Relaxed) {
+                    // How long a client cut midway waits before it gives up (the cut is
+                    // certain then: its server is gone; this only bounds the wasted time).
+                    let wait = Deadline(Instant::now() + Duration::from_millis(100));
+                    let client = Client::new(streams_memory.view(), locks.words())
+                        .unwrap()
+                        .with_wait(&wait);
+                    let Ok(mut port) = client.open(Opcode::TEST_STREAM, MASK) else {
+                        break;
+                    };
+                    match port.send_n(&slices).and_then(|()| port.recv_n(1 << 20)) {
+                        Ok(back) => {
+                            // A stream that completes is never garbled, cut or not nearby.
+                            for l in lanes(MASK) {
+                                assert_eq!(back[l as usize], data[l as usize], "lane {l}");
+                            }
+                            streams.0.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            streams.1.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
             }
         });
         // 40 cycles, and on until at least one stream went through (a slow machine, e.g. under

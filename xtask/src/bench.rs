@@ -13,6 +13,10 @@
 //! - `scan N=..`: the same with N = 64, 1024 (v1) and 16384 (v2), the client on port N-1;
 //! - `lanes`: TEST_INCREMENT with L=32, full and half masks;
 //! - `stream`: TEST_STREAM of 1 MiB per lane, L=1 and L=32;
+//! - `pipelined`: one client thread drives M = 64 ports at once (and, as the reference, M = 1:
+//!   exchanges one after another), sending each exchange's next packet D µs after its reply
+//!   arrived (D = 0 and 2 µs, a discrete GPU's round trip over PCIe), for TEST_INCREMENT and a
+//!   4-packet printf; exchanges per second;
 //! - `idle`: the worker's CPU share with no users and with a silent user guard held;
 //! - `wake`: the latency of the first request after 10 ms of silence with a guard held.
 //!
@@ -320,6 +324,113 @@ fn increment(client: &Client<'_>, index: u32, mask: u64, x: u64) -> Result<(), S
     }
 }
 
+/// One client thread drives `ports` exchanges at once (TEST_INCREMENT, or a printf of four
+/// packets: format, sizes, arguments, result), each on its own port, sending each next packet
+/// `delay` after the reply to the last one arrived; returns exchanges per second. The client's
+/// wait is `Resumable`, so an operation whose buffer is not back yet returns `WouldBlock` and
+/// is retried on the next round over the ports (every retried operation starts with a wait:
+/// nothing is sent twice).
+fn pipelined(
+    setup: &Setup,
+    ports: u32,
+    printf: bool,
+    delay: Duration,
+    window: Duration,
+) -> Result<f64, String> {
+    let _user = setup.server.user();
+    let client = Client::new(setup.memory.view(), setup.locks.words())
+        .map_err(|e| e.to_string())?
+        .with_wait(&rpc_core::port::Resumable);
+    let format: &[u8] = b"%d %d %d\n\0";
+    let args = [7u8; 12];
+    let op = if printf {
+        Opcode::PRINTF_TO_STDOUT
+    } else {
+        Opcode::TEST_INCREMENT
+    };
+    // Per port: the open exchange, its next step, and when that step may be sent.
+    let mut open: Vec<Option<(rpc_core::ClientPort<'_>, u8)>> = (0..ports).map(|_| None).collect();
+    let mut ready = vec![Instant::now(); ports as usize];
+    let blocked = |r: rpc_core::Result<()>| match r {
+        Ok(()) => Ok(true),
+        Err(rpc_core::Error::WouldBlock { .. }) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    };
+    let start = Instant::now();
+    let mut done = 0u64;
+    while start.elapsed() < window {
+        let now = Instant::now();
+        for k in 0..ports as usize {
+            if now < ready[k] {
+                continue;
+            }
+            let Some((port, step)) = &mut open[k] else {
+                if let Some(mut port) = client
+                    .try_open_at(k as u32, op, 1)
+                    .map_err(|e| e.to_string())?
+                {
+                    if printf {
+                        port.send_n(&[format]).map_err(|e| e.to_string())?;
+                    } else {
+                        port.send(|_, p| p.set_word(0, k as u64))
+                            .map_err(|e| e.to_string())?;
+                    }
+                    open[k] = Some((port, 1));
+                }
+                continue;
+            };
+            match *step {
+                1 | 3 => {
+                    if !blocked(port.recv(|_, _| {}))? {
+                        continue;
+                    }
+                    ready[k] = Instant::now() + delay;
+                    if printf && *step == 1 {
+                        *step = 2;
+                    } else {
+                        open[k] = None;
+                        done += 1;
+                    }
+                }
+                _ => {
+                    if blocked(port.send_n(&[&args]))? {
+                        *step = 3;
+                    }
+                }
+            }
+        }
+    }
+    // Let the exchanges still open finish, so the server is idle for the next row.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open.iter().any(Option::is_some) {
+        for slot in open.iter_mut() {
+            let Some((port, step)) = slot else { continue };
+            let finished = match *step {
+                2 => {
+                    if blocked(port.send_n(&[&args]))? {
+                        *step = 3;
+                    }
+                    false
+                }
+                1 if printf => {
+                    if blocked(port.recv(|_, _| {}))? {
+                        *step = 2;
+                    }
+                    false
+                }
+                _ => blocked(port.recv(|_, _| {}))?,
+            };
+            if finished {
+                *slot = None;
+            }
+        }
+        if Instant::now() > deadline {
+            return Err("pipelined: exchanges did not finish".into());
+        }
+    }
+    Ok(done as f64 / start.elapsed().as_secs_f64())
+}
+
 /// Runs `op` in batches for a warm-up and then `window`; returns ns per op.
 fn time_per_op(
     window: Duration,
@@ -604,6 +715,8 @@ const LANES_HALF: &str = "lanes L=32 half mask";
 const STREAM_L1: &str = "stream 1 MiB, L=1";
 const STREAM_L32: &str = "stream 1 MiB/lane, L=32";
 const IDLE_NO_USERS: &str = "idle CPU, no users";
+/// Ports one client thread drives at once in the pipelined rows.
+const PIPELINED_PORTS: u32 = 64;
 const IDLE_GUARD: &str = "idle CPU, silent guard held";
 const WAKE: &str = "wake after 10 ms silence";
 
@@ -693,6 +806,32 @@ fn run_release(settings: Settings, latency_only: bool) -> Result<(), String> {
         rows.push(row);
     }
     drop((stream_setup, lanes_setup, data));
+
+    // Pipelined exchanges: M ports at once against M = 1, in the same run.
+    let pipelined_setup = Setup::new(Generation::V1, PIPELINED_PORTS, 1)?;
+    pipelined_setup
+        .server
+        .context()
+        .services()
+        .set_stdout(Box::new(std::io::sink()));
+    for printf in [false, true] {
+        for delay_us in [0u64, 2] {
+            for ports in [PIPELINED_PORTS, 1] {
+                let what = if printf { "printf" } else { "increment" };
+                let mut row = Row::new(
+                    format!("pipelined {what} M={ports} D={delay_us}us"),
+                    "exchanges/s",
+                );
+                let delay = Duration::from_micros(delay_us);
+                for _ in 0..settings.stream_reps {
+                    let per_s = pipelined(&pipelined_setup, ports, printf, delay, settings.window)?;
+                    row.values.push(per_s);
+                }
+                rows.push(row);
+            }
+        }
+    }
+    drop(pipelined_setup);
 
     // Idle and wake-up, on the round-trip server alone (every other worker is gone).
     let server = &roundtrip_setup.server;
