@@ -46,12 +46,18 @@ use std::vec::Vec;
 
 use crate::error::Error;
 use crate::opcode::Opcode;
+use crate::port::WAITING_ON_PORT;
 use crate::registry::{Exchange, Handler, Registry, Request};
 use crate::rpc_server::{panic_message, Attached, Inner, ServerContext};
 use crate::scan::{HotPorts, Step};
 use crate::stats::bump;
 use crate::sync::{lock, Arc, Ordering};
 use crate::Result;
+
+/// Re-polls of an exchange alone in flight per call of `poll_in_flight`, and the spins before
+/// each (about 64 packets of a stream, each waited for at most some 0.3 µs).
+const ALONE_REPOLLS: u32 = 64;
+const ALONE_SPINS: u32 = 128;
 
 /// What ending an exchange does to its port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,6 +80,11 @@ impl Attached {
 
     /// Releases the quarantined ports whose kernels are all gone.
     fn release_quarantined(&self, context: &ServerContext) {
+        // Relaxed: a hint that saves the lock on every pass; a port quarantined meanwhile is
+        // looked at in the next pass.
+        if self.quarantined.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let mut quarantine = lock(&self.quarantine);
         if quarantine.is_empty() {
             return;
@@ -84,6 +95,8 @@ impl Attached {
                 return true;
             }
             server.release(q.index);
+            // RMW: one quarantined port fewer (written only under `quarantine`'s lock).
+            self.quarantined.fetch_sub(1, Ordering::Relaxed);
             log::debug!(
                 "{}: mailbox {} port {}: quarantine lifted, its kernels are gone",
                 context.config.name,
@@ -127,6 +140,9 @@ struct InFlight {
     /// Both flags of the port when last seen changing, and when (for `client_timeout`).
     flags: (u32, u32),
     since: Instant,
+    /// The last poll suspended in a port operation: no use polling again until the client
+    /// has answered (the port is pending again).
+    on_port: bool,
 }
 
 /// The worker's state between passes: its copies of the mailbox list and the registry
@@ -209,27 +225,32 @@ impl Inner {
     pub(crate) fn serve_pass(inner: &Arc<Inner>, cache: &mut PassCache) -> usize {
         let context = &inner.context;
         cache.refresh(context);
-        let mut progress = inner.poll_in_flight(cache);
-        let stopping = context.stopping.load(Ordering::Relaxed);
-        let (Some(mailboxes), Some(registry)) = (cache.mailboxes.clone(), cache.registry.clone())
-        else {
-            return progress;
+        let PassCache {
+            mailboxes,
+            registry,
+            hot,
+            in_flight,
+            ..
+        } = cache;
+        let (Some(mailboxes), Some(registry)) = (mailboxes, registry) else {
+            return 0;
         };
-        for (k, mailbox) in mailboxes.iter().enumerate() {
+        let mut progress = inner.poll_in_flight(mailboxes, in_flight);
+        let stopping = context.stopping.load(Ordering::Relaxed);
+        for (mailbox, hot) in mailboxes.iter().zip(hot.iter_mut()) {
             if stopping || mailbox.detached.load(Ordering::Acquire) {
                 continue;
             }
             mailbox.release_quarantined(context);
             let server = mailbox.server();
-            let mut hot = cache.hot[k];
             // Every pending port in index order, plus the recently served ports re-checked on
             // the way, and the exchanges in flight polled at each checkpoint (see `scan`).
-            let mut sweep = server.sweep(&mut hot);
+            let mut sweep = server.sweep(hot);
             while !mailbox.detached.load(Ordering::Acquire) {
                 let index = match sweep.next() {
                     None => break,
                     Some(Step::Checkpoint) => {
-                        progress += inner.poll_in_flight(cache);
+                        progress += inner.poll_in_flight(mailboxes, in_flight);
                         continue;
                     }
                     Some(Step::Pending(index)) => index,
@@ -244,10 +265,13 @@ impl Inner {
                 sweep.served(index);
                 progress += 1;
                 let opcode = port.opcode();
-                if let Some(exchange) = Inner::start(inner, port, mailbox, marks, &registry) {
+                if let Some((exchange, on_port)) =
+                    Inner::start(inner, port, mailbox, marks, registry)
+                {
                     let flags = server.flags(index);
-                    cache.in_flight.push(InFlight {
+                    in_flight.push(InFlight {
                         exchange,
+                        on_port,
                         mailbox: mailbox.clone(),
                         index,
                         opcode,
@@ -257,7 +281,6 @@ impl Inner {
                     });
                 }
             }
-            cache.hot[k] = hot;
         }
         // Only the worker writes this counter: a plain load and store, no RMW needed.
         let passes = &context.stats.passes;
@@ -272,7 +295,7 @@ impl Inner {
         mailbox: &Arc<Attached>,
         marks: Marks,
         registry: &Registry,
-    ) -> Option<Exchange> {
+    ) -> Option<(Exchange, bool)> {
         let context = &inner.context;
         let name = &context.config.name;
         let (opcode, index) = (port.opcode(), port.index());
@@ -301,7 +324,7 @@ impl Inner {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
                 // reply only needs the buffer we hold: this never suspends.
-                let result = catch(|| port.recv_and_send(|lane, packet| reply(lane, packet)));
+                let result = catch(|| reply(&mut port));
                 if inner.finish(mailbox, index, opcode, result) == Fate::Quarantine {
                     port.quarantine();
                     carry_out(mailbox, index, marks, Fate::Quarantine);
@@ -324,8 +347,9 @@ impl Inner {
             }
         };
         match poll(&mut exchange) {
-            None => Some(exchange),
-            Some(result) => {
+            Polled::OnPort => Some((exchange, true)),
+            Polled::Elsewhere => Some((exchange, false)),
+            Polled::Done(result) => {
                 inner.end(mailbox, index, opcode, marks, exchange, result);
                 None
             }
@@ -334,24 +358,66 @@ impl Inner {
 
     /// Polls every exchange in flight once, ending those that completed or can no longer be
     /// answered. Returns how many made progress.
-    fn poll_in_flight(&self, cache: &mut PassCache) -> usize {
+    fn poll_in_flight(&self, mailboxes: &[Arc<Attached>], in_flight: &mut Vec<InFlight>) -> usize {
+        if in_flight.is_empty() {
+            return 0;
+        }
+        let context = &self.context;
+        let mut progress = 0;
+        // First the exchanges of detached mailboxes: no pass touches their memory again.
+        let mut k = 0;
+        while k < in_flight.len() {
+            if in_flight[k].mailbox.detached.load(Ordering::Acquire) {
+                abandon(
+                    context,
+                    in_flight.swap_remove(k),
+                    Fate::Quarantine,
+                    "mailbox detached",
+                );
+                progress += 1;
+            } else {
+                k += 1;
+            }
+        }
+        // Then mailbox by mailbox, with one view of each.
+        let mut repolls = ALONE_REPOLLS;
+        for mailbox in mailboxes {
+            let server = mailbox.server();
+            progress += self.poll_exchanges_of(mailbox, &server, in_flight, &mut repolls);
+        }
+        progress
+    }
+
+    /// [`Inner::poll_in_flight`] for the exchanges of one attached mailbox.
+    fn poll_exchanges_of(
+        &self,
+        mailbox: &Arc<Attached>,
+        server: &crate::Server<'_>,
+        in_flight: &mut Vec<InFlight>,
+        repolls: &mut u32,
+    ) -> usize {
         let context = &self.context;
         let client_timeout = context.config.client_timeout;
         let mut progress = 0;
         let mut k = 0;
-        while k < cache.in_flight.len() {
-            let flight = &mut cache.in_flight[k];
-            let mailbox = &*flight.mailbox;
-            if mailbox.detached.load(Ordering::Acquire) {
-                let flight = cache.in_flight.swap_remove(k);
-                abandon(context, flight, Fate::Quarantine, "mailbox detached");
-                progress += 1;
+        while k < in_flight.len() {
+            let alone = in_flight.len() == 1;
+            let flight = &mut in_flight[k];
+            if !Arc::ptr_eq(&flight.mailbox, mailbox) {
+                k += 1;
                 continue;
             }
             // Polled before asking whether its kernel is gone: a kernel's last packet (EXIT's
-            // status) may come just before it ends.
-            if let Some(result) = poll(&mut flight.exchange) {
-                let flight = cache.in_flight.swap_remove(k);
+            // status) may come just before it ends. Not polled while it waits for a client that
+            // has not answered (the port not pending): that poll could only suspend again.
+            let polled = if flight.on_port && !server.is_pending(flight.index) {
+                Polled::OnPort
+            } else {
+                poll(&mut flight.exchange)
+            };
+            flight.on_port = !matches!(polled, Polled::Elsewhere);
+            if let Polled::Done(result) = polled {
+                let flight = in_flight.swap_remove(k);
                 self.end(
                     &flight.mailbox,
                     flight.index,
@@ -363,20 +429,33 @@ impl Inner {
                 progress += 1;
                 continue;
             }
-            let flags = mailbox.server().flags(flight.index);
+            let flags = server.flags(flight.index);
             if flags != flight.flags {
                 flight.flags = flags;
                 if client_timeout.is_some() {
                     flight.since = Instant::now();
                 }
                 progress += 1;
+                // Alone in flight and advancing: its client (a stream, say) usually answers
+                // within a cross-core transfer, so look again for a few polls before moving on,
+                // instead of a whole pass later (bounded per pass, so new requests wait at most
+                // `ALONE_REPOLLS` short spins).
+                if alone && *repolls > 0 {
+                    *repolls -= 1;
+                    let mut spins = 0;
+                    while !server.is_pending(flight.index) && spins < ALONE_SPINS {
+                        crate::sync::spin_hint();
+                        spins += 1;
+                    }
+                    continue;
+                }
             } else if flight.marks.gone(mailbox, context) {
-                let flight = cache.in_flight.swap_remove(k);
+                let flight = in_flight.swap_remove(k);
                 abandon(context, flight, Fate::Reset, "no running kernel can answer");
                 progress += 1;
                 continue;
             } else if client_timeout.is_some_and(|t| flight.since.elapsed() > t) {
-                let flight = cache.in_flight.swap_remove(k);
+                let flight = in_flight.swap_remove(k);
                 abandon(context, flight, Fate::Reset, "the client timed out");
                 continue;
             }
@@ -472,18 +551,36 @@ fn carry_out(mailbox: &Attached, index: u32, marks: Marks, fate: Fate) {
             mailbox.server().close(index, owned)
         }
         Fate::Reset => mailbox.server().release(index),
-        Fate::Quarantine => lock(&mailbox.quarantine).push(Quarantined { index, marks }),
+        Fate::Quarantine => {
+            let mut quarantine = lock(&mailbox.quarantine);
+            quarantine.push(Quarantined { index, marks });
+            // RMW: one quarantined port more, under the lock (see `release_quarantined`).
+            mailbox.quarantined.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
-/// Polls an exchange once (no-op waker: see the module docs); None while it is suspended. A
-/// panic inside it ends it as [`Error::Panicked`].
-fn poll(exchange: &mut Exchange) -> Option<Result<()>> {
+/// How a poll of an exchange went.
+enum Polled {
+    Done(Result<()>),
+    /// Suspended in a port operation: the client has not answered.
+    OnPort,
+    /// Suspended on something else (an I/O call, a user's future).
+    Elsewhere,
+}
+
+/// Polls an exchange once (no-op waker: see the module docs). A panic inside it ends it as
+/// [`Error::Panicked`].
+fn poll(exchange: &mut Exchange) -> Polled {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    WAITING_ON_PORT.with(|waiting| waiting.set(false));
     match catch(|| Ok(exchange.as_mut().poll(&mut cx))) {
-        Ok(std::task::Poll::Pending) => None,
-        Ok(std::task::Poll::Ready(result)) => Some(result),
-        Err(error) => Some(Err(error)),
+        Ok(std::task::Poll::Pending) if WAITING_ON_PORT.with(|waiting| waiting.get()) => {
+            Polled::OnPort
+        }
+        Ok(std::task::Poll::Pending) => Polled::Elsewhere,
+        Ok(std::task::Poll::Ready(result)) => Polled::Done(result),
+        Err(error) => Polled::Done(Err(error)),
     }
 }
 

@@ -53,6 +53,14 @@ pub trait Wait: Sync {
     }
 }
 
+#[cfg(feature = "std")]
+std::thread_local! {
+    /// Set when a resumable port operation suspends because the other side has not answered:
+    /// the executor then knows the exchange waits for its port, not for something else, and
+    /// need not poll it again until the port's flags say the client answered.
+    pub(crate) static WAITING_ON_PORT: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
 /// The wait of a resumable exchange: never pauses, suspends instead (see the module docs). The
 /// synchronous operations of a port with this wait fail with [`Error::WouldBlock`] rather than
 /// wait.
@@ -318,6 +326,8 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         let mut attempt = 0;
         while !self.owned(normalize(self.inbox.load(Ordering::Relaxed))) {
             if self.wait.resumable() {
+                #[cfg(feature = "std")]
+                WAITING_ON_PORT.with(|waiting| waiting.set(true));
                 return Poll::Pending;
             }
             if let Err(error) = self.wait.pause(self.index, attempt) {

@@ -30,8 +30,11 @@ use crate::ServerPort;
 /// What a script handler returns: the rest of the exchange, polled by the server thread.
 pub type Exchange = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
 
-/// A packet handler: lane, that lane's packet (rewritten in place as the reply).
-pub type PacketFn = dyn Fn(u32, Packet<'_>) + Send + Sync;
+/// A packet handler as the server runs it: the whole one-packet script over the open port (it
+/// never waits: the client's packet is there when the port opens). Built by [`Handler::packet`]
+/// from a per-lane closure, which is called directly (one dynamic call per request, not per
+/// lane).
+pub type PacketFn = dyn Fn(&mut ServerPort<'_>) -> Result<()> + Send + Sync;
 
 /// A script handler: starts the exchange of one request.
 pub type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
@@ -57,9 +60,11 @@ impl Handler {
         }))
     }
 
-    /// A packet handler from a closure.
+    /// A packet handler from a closure that rewrites each active lane's packet in place.
     pub fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
-        Handler::Packet(std::sync::Arc::new(reply))
+        Handler::Packet(std::sync::Arc::new(move |port: &mut ServerPort<'_>| {
+            port.recv_and_send(&reply)
+        }))
     }
 }
 

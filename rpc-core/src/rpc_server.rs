@@ -25,7 +25,7 @@ use crate::registry::{entry, Entry, Handler, Matcher, Registry, Request};
 use crate::server::Server;
 use crate::server_thread::{ServerThread, Started, Stopped};
 use crate::stats::{Stats, StatsSnapshot};
-use crate::sync::{lock, Arc, AtomicBool, AtomicU64, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use std::future::Future;
 
 /// What to do when `shutdown` finds kernels still holding user guards.
@@ -156,6 +156,8 @@ pub(crate) struct Attached {
     /// Ports left locked mid-exchange, each released once the kernels that could still be
     /// inside its exchange are gone (see [`crate::dispatch`]).
     pub(crate) quarantine: Mutex<Vec<crate::dispatch::Quarantined>>,
+    /// How many ports `quarantine` holds, read without its lock.
+    pub(crate) quarantined: AtomicUsize,
 }
 
 impl Attached {
@@ -347,6 +349,7 @@ impl RpcServer {
                 .map(|_| AtomicBool::new(false))
                 .collect(),
             quarantine: Mutex::new(Vec::new()),
+            quarantined: AtomicUsize::new(0),
         });
         context.mailboxes.update(|list| list.push(attached));
         log::debug!(

@@ -5,7 +5,7 @@ use std::alloc::Layout as AllocLayout;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{active, recv_words, send_word0, Refusals};
+use super::{active, per_lane, recv_words, send_word0, Refusals};
 use crate::plugin::{DeviceAllocator, VendorError};
 use crate::registry::Request;
 use crate::sync::{lock, Mutex};
@@ -37,7 +37,7 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
     let services = &context.services;
     let allocator = services.allocator_for(req.mailbox().id);
     let mut refusals = Refusals::default();
-    let mut replies = [0u64; 64];
+    let mut replies = per_lane(&req, 0u64);
     for lane in active(&req) {
         let size = words[lane as usize][0];
         let Some(allocator) = &allocator else {

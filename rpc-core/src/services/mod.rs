@@ -376,8 +376,9 @@ pub(crate) async fn io<R: Send + 'static>(
     }
 }
 
-/// Words per lane, indexed by lane (inactive lanes hold zeros).
-pub(crate) type LaneWords = [[u64; 8]; 64];
+/// Words per lane, indexed by lane (inactive lanes hold zeros). On the heap, as every per-lane
+/// buffer a script keeps across an `.await`: the exchange's future is boxed, and stays small.
+pub(crate) type LaneWords = Vec<[u64; 8]>;
 
 /// A C `int` or `i64` result as the reply word: sign-extended.
 pub(crate) fn c_result(value: i64) -> u64 {
@@ -387,16 +388,22 @@ pub(crate) fn c_result(value: i64) -> u64 {
 /// C's `EOF`, as a reply word.
 pub(crate) const EOF_WORD: u64 = u64::MAX;
 
+/// A value per lane of the request (`L` of them, indexed by lane), on the heap: per-lane
+/// buffers a script keeps across an `.await` live in its boxed future, which stays small.
+pub(crate) fn per_lane<T: Clone>(req: &Request, value: T) -> Vec<T> {
+    std::vec![value; req.lane_size() as usize]
+}
+
 /// `recv`, keeping every active lane's eight words.
 pub(crate) async fn recv_words(req: &mut Request) -> Result<LaneWords> {
-    let mut words = [[0u64; 8]; 64];
+    let mut words = per_lane(req, [0u64; 8]);
     req.recv(|lane, p| words[lane as usize] = p.read().data)
         .await?;
     Ok(words)
 }
 
 /// `send` of one reply word (buf\[0\]) per lane.
-pub(crate) async fn send_word0(req: &mut Request, replies: &[u64; 64]) -> Result<()> {
+pub(crate) async fn send_word0(req: &mut Request, replies: &[u64]) -> Result<()> {
     req.send(|lane, p| p.set_word(0, replies[lane as usize]))
         .await
 }

@@ -22,7 +22,7 @@ use std::string::String;
 use std::vec::Vec;
 
 use super::streams::Target;
-use super::{active, c_result, recv_streams, recv_words, Refusals};
+use super::{active, c_result, per_lane, recv_streams, recv_words, Refusals};
 use crate::opcode::Opcode;
 use crate::printf::{args_size, format, parse, string_pointers, Piece};
 use crate::registry::Request;
@@ -71,8 +71,8 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
 
     // 2, 3. The formats, and the argument sizes they need.
     let formats = recv_streams(&mut req).await?;
-    let mut lanes: Vec<Lane<'_>> = (0..64).map(|_| Lane::Refused).collect();
-    let mut sizes = [0u64; 64];
+    let mut lanes: Vec<Lane<'_>> = (0..req.lane_size()).map(|_| Lane::Refused).collect();
+    let mut sizes = per_lane(&req, 0u64);
     for lane in active(&req) {
         let i = lane as usize;
         let format = &formats[i];
@@ -94,7 +94,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
 
     // 4. The arguments, and the strings they point to.
     let args = recv_streams(&mut req).await?;
-    let mut pending: Vec<Vec<u64>> = (0..64).map(|_| Vec::new()).collect();
+    let mut pending: Vec<Vec<u64>> = per_lane(&req, Vec::new());
     for lane in active(&req) {
         let i = lane as usize;
         let Lane::Parsed(pieces, _) = &lanes[i] else {
@@ -110,9 +110,9 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     }
 
     // 5. Fetch the strings, last-first.
-    let mut strings: Vec<HashMap<u64, Vec<u8>>> = (0..64).map(|_| HashMap::new()).collect();
+    let mut strings: Vec<HashMap<u64, Vec<u8>>> = per_lane(&req, HashMap::new());
     while active(&req).any(|lane| !pending[lane as usize].is_empty()) {
-        let mut asked = [0u64; 64];
+        let mut asked = per_lane(&req, 0u64);
         for lane in active(&req) {
             asked[lane as usize] = pending[lane as usize].pop().unwrap_or(0);
         }
@@ -154,7 +154,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             .collect::<Vec<_>>()
     })
     .await?;
-    let mut results = [c_result(-1); 64];
+    let mut results = per_lane(&req, c_result(-1));
     for (lane, written) in written {
         results[lane as usize] = written.unwrap_or(c_result(-1));
     }

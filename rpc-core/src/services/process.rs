@@ -4,8 +4,8 @@ use std::ffi::CString;
 use std::vec::Vec;
 
 use super::{
-    active, c_result, io, recv_streams, recv_words, send_word0, until_nul, ExitPolicy, KernelExit,
-    Refusals,
+    active, c_result, io, per_lane, recv_streams, recv_words, send_word0, until_nul, ExitPolicy,
+    KernelExit, Refusals,
 };
 use crate::registry::Request;
 use crate::sync::lock;
@@ -95,7 +95,7 @@ pub(crate) async fn host_call(mut req: Request) -> Result<()> {
             .collect::<Vec<_>>()
     })
     .await?;
-    let mut replies = [HOST_CALL_REFUSED; 64];
+    let mut replies = per_lane(&req, HOST_CALL_REFUSED);
     for (lane, addr, result) in results {
         match result {
             Some(result) => replies[lane as usize] = result,
@@ -140,7 +140,7 @@ pub(crate) async fn system(mut req: Request) -> Result<()> {
             .collect::<Vec<_>>()
     })
     .await?;
-    let mut replies = [c_result(-1); 64];
+    let mut replies = per_lane(&req, c_result(-1));
     for (lane, status) in statuses {
         replies[lane as usize] = c_result(status.into());
     }

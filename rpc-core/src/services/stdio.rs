@@ -9,8 +9,8 @@ use std::vec::Vec;
 
 use super::streams::{OpenError, Target};
 use super::{
-    active, c_result, io, recv_streams, recv_words, send_word0, until_nul, FilePolicy, Refusals,
-    Services, EOF_WORD,
+    active, c_result, io, per_lane, recv_streams, recv_words, send_word0, until_nul, FilePolicy,
+    Refusals, Services, EOF_WORD,
 };
 use crate::registry::Request;
 use crate::Result;
@@ -50,7 +50,7 @@ async fn write_lanes(
             .collect::<Vec<_>>()
     })
     .await?;
-    let mut replies = [0u64; 64];
+    let mut replies = per_lane(req, 0u64);
     for (lane, written) in written {
         replies[lane as usize] = written;
     }
@@ -125,7 +125,7 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
     .await?;
     let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     req.send_n(&slices).await?;
-    let mut replies = [0u64; 64];
+    let mut replies = per_lane(&req, 0u64);
     for lane in active(&req) {
         replies[lane as usize] = data[lane as usize].len() as u64;
     }
@@ -228,7 +228,7 @@ fn valid_mode(mode: &[u8]) -> bool {
 /// a FIFO blocks until a writer comes).
 pub(crate) async fn open_file(mut req: Request) -> Result<()> {
     let paths = recv_streams(&mut req).await?;
-    let mut modes = [[0u8; 64]; 64];
+    let mut modes = per_lane(&req, [0u8; 64]);
     req.recv(|lane, p| p.read_bytes(0, &mut modes[lane as usize]))
         .await?;
     let mut refusals = Refusals::default();
@@ -279,7 +279,7 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
             .collect::<Vec<_>>()
     })
     .await?;
-    let mut replies = [0u64; 64];
+    let mut replies = per_lane(&req, 0u64);
     for result in opened {
         match result {
             Ok((lane, handle)) => replies[lane as usize] = handle,
@@ -323,7 +323,7 @@ async fn on_stream(
             .collect::<Vec<_>>()
     })
     .await?;
-    let mut replies = [bad; 64];
+    let mut replies = per_lane(&req, bad);
     for (lane, result) in results {
         replies[lane as usize] = result;
     }
@@ -479,7 +479,7 @@ async fn reply_calls(
     results: Vec<core::result::Result<(u32, c_int), (u32, String)>>,
 ) -> Result<()> {
     let mut refusals = Refusals::default();
-    let mut replies = [c_result(-1); 64];
+    let mut replies = per_lane(&req, c_result(-1));
     for result in results {
         match result {
             Ok((lane, value)) => replies[lane as usize] = c_result(value.into()),

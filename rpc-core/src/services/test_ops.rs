@@ -28,7 +28,7 @@ pub(crate) async fn stream(mut req: Request) -> Result<()> {
 /// send(cnt+1). Exercises every send/recv adjacency.
 pub(crate) async fn interface(mut req: Request) -> Result<()> {
     let mut end_with_recv = [false; 64];
-    let mut cnt = [0u64; 64];
+    let mut cnt = super::per_lane(&req, 0u64);
     req.recv(|l, p| end_with_recv[l as usize] = p.word(0) != 0)
         .await?;
     req.recv(|l, p| cnt[l as usize] = p.word(0)).await?;
