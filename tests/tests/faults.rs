@@ -288,9 +288,11 @@ fn kill_at_every_step(name: &str, script: Script) {
         killer.step.get()
     };
     assert!(steps >= 4, "{name}: {steps} steps");
+    // Requests ended so far, counted by the test: the server counts a request just after its
+    // last flip, so a count read right after a reply may not include it yet.
+    let mut expected = ended(&server.stats());
     for at in 0..=steps {
         let locks = LockTable::new(PORTS);
-        let before = ended(&server.stats());
         let port = AtomicU32::new(u32::MAX);
         let outcome = std::thread::scope(|s| {
             s.spawn(|| {
@@ -326,8 +328,9 @@ fn kill_at_every_step(name: &str, script: Script) {
         }
         let dead = port.load(Ordering::Relaxed);
         let sent = at > 0;
+        expected += u64::from(sent);
         eventually(&format!("{name}: step {at}: the exchange ended"), || {
-            ended(&server.stats()) == before + u64::from(sent)
+            ended(&server.stats()) == expected
         });
         let _user = server.user_for(id);
         let wait = Deadline::after(Duration::from_secs(30));
@@ -372,6 +375,7 @@ fn kill_at_every_step(name: &str, script: Script) {
                 "{name}: step {at}: lane {l}"
             );
         }
+        expected += 2; // The increment on another port and the fresh stream.
     }
     let stats = server.stats();
     assert_eq!(stats.panics, 0, "{stats}");
@@ -436,8 +440,8 @@ fn a_handler_panicking_at_every_step_of_a_stream_exchange() {
             // The echo may come back garbled or not at all: only a bounded wait matters.
             let _ = port.send_n(&slices).and_then(|()| port.recv_n(1 << 20));
         }
-        // A panic before the first packet is read closes the port, so each later packet of the
-        // stream arrives as a new request and panics again; after it, exactly once.
+        // The panic is counted, and its port quarantined until the kernel is gone (so the rest
+        // of the stream never arrives as new requests).
         eventually("the panic is counted", || server.stats().panics > before);
     }
     PANIC_AT.store(usize::MAX, Ordering::Relaxed);
@@ -520,8 +524,8 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
                 let _kernel = server.user_for(streams_id);
                 let locks = LockTable::new(PORTS);
                 while !stop.load(Ordering::Relaxed) {
-                    // How long a client cut midway waits before it gives up (the cut is
-                    // certain then: its server is gone; this only bounds the wasted time).
+                    // How long a client waits before it gives up (a stream cut by a shutdown
+                    // is never answered; this only bounds the time such a cut costs).
                     let wait = Deadline(Instant::now() + Duration::from_millis(100));
                     let client = Client::new(streams_memory.view(), locks.words())
                         .unwrap()
@@ -544,22 +548,26 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
                 }
             }
         });
-        // 40 cycles, and on until at least one stream went through (a slow machine, e.g. under
-        // a sanitizer, may need more), for at most 20 s.
-        let began = Instant::now();
-        for cycle in 0.. {
-            let enough = cycle >= 40 && streams.0.load(Ordering::Relaxed) > 0;
-            if enough || began.elapsed() > Duration::from_secs(20) {
-                break;
-            }
+        // 40 shutdown/start cycles under that traffic (on a slow machine, e.g. under a
+        // sanitizer beside a busy loop, every stream may be cut: that is fine).
+        for _ in 0..40 {
             std::thread::sleep(Duration::from_millis(3));
-            let started = Instant::now();
             let _ = server.shutdown_with(ShutdownPolicy::Force).unwrap();
-            assert!(started.elapsed() < Duration::from_secs(30), "shutdown hung");
             assert_eq!(server.live_workers(), 0);
             std::thread::sleep(Duration::from_millis(1));
             let _ = server.start().unwrap();
         }
+        // Then, with the server left running, both clients are served again: an increment and
+        // a whole stream (its kernel renews itself if all its ports were cut).
+        let increments_before = increments.load(Ordering::Relaxed);
+        let streams_before = streams.0.load(Ordering::Relaxed);
+        eventually(
+            "an increment and a stream are served after the restarts",
+            || {
+                increments.load(Ordering::Relaxed) > increments_before
+                    && streams.0.load(Ordering::Relaxed) > streams_before
+            },
+        );
         stop.store(true, Ordering::Relaxed);
     });
     let stats = server.stats();
