@@ -78,6 +78,21 @@ impl Attached {
         self.owned[index as usize].store(owned, Ordering::Relaxed);
     }
 
+    /// Stops serving a mailbox whose part of a pass panicked (a plugin's memory source, say):
+    /// logged once and counted in `panics`; its exchanges end as if it were detached (its
+    /// memory untouched), and the other mailboxes are served on. The owner should detach it.
+    fn fail(&self, context: &ServerContext, panic: &(dyn std::any::Any + Send)) {
+        log::error!(
+            "{}: mailbox {} panicked while being served ({}); it is no longer served",
+            context.config.name,
+            self.id.0,
+            panic_message(panic)
+        );
+        bump(&context.stats.panics);
+        // Release: as `detach`'s store (the flag is all that changes).
+        self.detached.store(true, Ordering::Release);
+    }
+
     /// Releases the quarantined ports whose kernels are all gone.
     fn release_quarantined(&self, context: &ServerContext) {
         // Relaxed: a hint that saves the lock on every pass; a port quarantined meanwhile is
@@ -241,45 +256,55 @@ impl Inner {
             if stopping || mailbox.detached.load(Ordering::Acquire) {
                 continue;
             }
-            mailbox.release_quarantined(context);
-            let server = mailbox.server();
-            // Every pending port in index order, plus the recently served ports re-checked on
-            // the way, and the exchanges in flight polled at each checkpoint (see `scan`).
-            let mut sweep = server.sweep(hot);
-            while !mailbox.detached.load(Ordering::Acquire) {
-                let index = match sweep.next() {
-                    None => break,
-                    Some(Step::Checkpoint) => {
-                        progress += inner.poll_in_flight(mailboxes, in_flight);
+            // A panic in this mailbox's part of the pass (its memory source, a matcher) costs
+            // this mailbox only: see `Attached::fail`.
+            let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut found = 0;
+                mailbox.release_quarantined(context);
+                let server = mailbox.server();
+                // Every pending port in index order, plus the recently served ports re-checked on
+                // the way, and the exchanges in flight polled at each checkpoint (see `scan`).
+                let mut sweep = server.sweep(hot);
+                while !mailbox.detached.load(Ordering::Acquire) {
+                    let index = match sweep.next() {
+                        None => break,
+                        Some(Step::Checkpoint) => {
+                            found += inner.poll_in_flight(mailboxes, in_flight);
+                            continue;
+                        }
+                        Some(Step::Pending(index)) => index,
+                    };
+                    let Some(port) = server.try_open(index, &crate::port::Resumable) else {
                         continue;
+                    };
+                    // Read once the port is open, after `try_open`'s acquire fence: the kernel that
+                    // sent the request took its ticket before its flip (release), so the marks
+                    // include it; read before, a stale mark could make a live kernel look gone.
+                    let marks = Marks::now(mailbox, context);
+                    sweep.served(index);
+                    found += 1;
+                    let opcode = port.opcode();
+                    if let Some((exchange, on_port)) =
+                        Inner::start(inner, port, mailbox, marks, registry)
+                    {
+                        let flags = server.flags(index);
+                        in_flight.push(InFlight {
+                            exchange,
+                            on_port,
+                            mailbox: mailbox.clone(),
+                            index,
+                            opcode,
+                            marks,
+                            flags,
+                            since: Instant::now(),
+                        });
                     }
-                    Some(Step::Pending(index)) => index,
-                };
-                let Some(port) = server.try_open(index, &crate::port::Resumable) else {
-                    continue;
-                };
-                // Read once the port is open, after `try_open`'s acquire fence: the kernel that
-                // sent the request took its ticket before its flip (release), so the marks
-                // include it; read before, a stale mark could make a live kernel look gone.
-                let marks = Marks::now(mailbox, context);
-                sweep.served(index);
-                progress += 1;
-                let opcode = port.opcode();
-                if let Some((exchange, on_port)) =
-                    Inner::start(inner, port, mailbox, marks, registry)
-                {
-                    let flags = server.flags(index);
-                    in_flight.push(InFlight {
-                        exchange,
-                        on_port,
-                        mailbox: mailbox.clone(),
-                        index,
-                        opcode,
-                        marks,
-                        flags,
-                        since: Instant::now(),
-                    });
                 }
+                found
+            }));
+            match swept {
+                Ok(found) => progress += found,
+                Err(panic) => mailbox.fail(context, panic.as_ref()),
             }
         }
         // Only the worker writes this counter: a plain load and store, no RMW needed.
@@ -307,7 +332,21 @@ impl Inner {
             bump(&context.stats.bad_headers);
             return None; // Dropping the port closes it: the client reads its own request back.
         }
-        let Some(entry) = registry.find(opcode) else {
+        // A user's matcher may panic: that request alone goes unanswered, as an unknown one.
+        let found = catch(|| Ok(registry.find(opcode)));
+        let entry = match found {
+            Ok(entry) => entry,
+            Err(error) => {
+                log::error!(
+                    "{name}: mailbox {} port {index}: finding the handler for {opcode}: {error}; \
+                     closed unanswered",
+                    mailbox.id.0
+                );
+                bump(&context.stats.panics);
+                return None;
+            }
+        };
+        let Some(entry) = entry else {
             log::warn!(
                 "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
                 mailbox.id.0
@@ -382,8 +421,17 @@ impl Inner {
         // Then mailbox by mailbox, with one view of each.
         let mut repolls = ALONE_REPOLLS;
         for mailbox in mailboxes {
-            let server = mailbox.server();
-            progress += self.poll_exchanges_of(mailbox, &server, in_flight, &mut repolls);
+            if mailbox.detached.load(Ordering::Acquire) {
+                continue;
+            }
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let server = mailbox.server();
+                self.poll_exchanges_of(mailbox, &server, in_flight, &mut repolls)
+            }));
+            match polled {
+                Ok(found) => progress += found,
+                Err(panic) => mailbox.fail(context, panic.as_ref()),
+            }
         }
         progress
     }

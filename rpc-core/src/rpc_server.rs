@@ -371,6 +371,16 @@ impl RpcServer {
         let attached = attached.ok_or(Error::NoSuchMailbox(id.0))?;
         // Release: pairs with the worker's Acquire load before it touches the mailbox again.
         attached.detached.store(true, Ordering::Release);
+        if self.inner.thread.is_worker() {
+            // From a handler: the worker lets go of the mailbox after this pass; it cannot wait
+            // for itself.
+            log::debug!(
+                "{}: detached mailbox {} (from a handler)",
+                context.config.name,
+                id.0
+            );
+            return Ok(());
+        }
         self.inner.thread.notify();
         // The worker drops its snapshot at the end of the pass (or before it sleeps).
         let mut attempt = 0;

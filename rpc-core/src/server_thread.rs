@@ -136,6 +136,11 @@ impl ServerThread {
         self.cv.notify_all();
     }
 
+    /// True on the worker thread itself (a handler calling back into its server).
+    pub(crate) fn is_worker(&self) -> bool {
+        lock(&self.control).worker == Some(thread::current().id())
+    }
+
     pub(crate) fn is_running(&self) -> bool {
         lock(&self.control).state == State::Running
     }
@@ -159,7 +164,18 @@ impl ServerThread {
 
     pub(crate) fn start(inner: &Arc<Inner>) -> Result<Started> {
         let this = &inner.thread;
-        let mut control = this.settle(lock(&this.control));
+        let control = lock(&this.control);
+        // From a handler, on the worker itself: it runs (or, in its last pass, is stopping and
+        // cannot wait for itself to be joined).
+        if control.worker == Some(thread::current().id()) {
+            return match control.state {
+                State::Running => Ok(Started::AlreadyRunning),
+                _ => Err(Error::Refused(
+                    "start called from the server's own worker while it stops".into(),
+                )),
+            };
+        }
+        let mut control = this.settle(control);
         if control.state == State::Running {
             return Ok(Started::AlreadyRunning);
         }
@@ -181,15 +197,21 @@ impl ServerThread {
         let this = &inner.thread;
         let name = &inner.context.config.name;
         let mut control = lock(&this.control);
+        // From a handler, on the worker itself: it cannot join itself (checked before waiting
+        // for a stopping worker, which may be this one in its last pass).
+        if control.worker == Some(thread::current().id()) {
+            return Err(Error::Refused(
+                "shutdown called from the server's own worker".into(),
+            ));
+        }
+        let deadline = match policy {
+            ShutdownPolicy::Wait(timeout) => Some(std::time::Instant::now() + timeout),
+            _ => None,
+        };
         loop {
             control = this.settle(control);
             if control.state == State::Stopped {
                 return Ok(Stopped::AlreadyStopped);
-            }
-            if control.worker == Some(thread::current().id()) {
-                return Err(Error::Refused(
-                    "shutdown called from the server's own worker".into(),
-                ));
             }
             if control.users == 0 {
                 break;
@@ -203,16 +225,20 @@ impl ServerThread {
                     );
                     break;
                 }
-                ShutdownPolicy::Wait(timeout) => {
-                    let (next, timed_out) = this
-                        .cv
-                        .wait_timeout(control, timeout)
-                        .unwrap_or_else(|e| e.into_inner());
-                    control = next;
-                    if timed_out.timed_out() && control.users > 0 && control.state == State::Running
-                    {
+                ShutdownPolicy::Wait(_) => {
+                    // A deadline, not a timeout per wake-up: users coming and going notify the
+                    // condition variable, which must not restart the wait.
+                    let left = deadline
+                        .map(|d| d.saturating_duration_since(std::time::Instant::now()))
+                        .unwrap_or_default();
+                    if left.is_zero() {
                         return Err(Error::LiveUsers(control.users));
                     }
+                    control = this
+                        .cv
+                        .wait_timeout(control, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
                     // Re-check everything: another caller may have stopped it meanwhile.
                 }
             }
@@ -308,19 +334,24 @@ fn worker(inner: Arc<Inner>) {
         seen_epoch = control.epoch;
         let running = control.state == State::Running;
         drop(control);
+        // Everything the worker calls (plugin memory views, doorbells, matchers) runs under
+        // this guard: a panic is logged and counted and the worker goes on, so the state
+        // (Running, one live worker) stays true.
         if running {
-            serve_while_used(&inner, &mut cache, park);
+            guarded(&inner, || serve_while_used(&inner, &mut cache, park));
         }
         // One last pass: requests left by kernels that finished (FREE needs no answer) and
         // exchanges that can still end. Then no user is left (every exchange still in flight
         // belongs to a kernel that is gone) or a shutdown is under way (the exchanges lose
         // their server: quarantined, see `dispatch`).
-        Inner::serve_pass(&inner, &mut cache);
-        if inner.context.stopping.load(Ordering::Relaxed) {
-            cache.clear(&inner.context, Fate::Quarantine, "server shutting down");
-        } else {
-            cache.clear(&inner.context, Fate::Reset, "no running kernel can answer");
-        }
+        guarded(&inner, || {
+            Inner::serve_pass(&inner, &mut cache);
+            if inner.context.stopping.load(Ordering::Relaxed) {
+                cache.clear(&inner.context, Fate::Quarantine, "server shutting down");
+            } else {
+                cache.clear(&inner.context, Fate::Reset, "no running kernel can answer");
+            }
+        });
         control = lock(&this.control);
         if control.state != State::Running {
             break;
@@ -330,6 +361,18 @@ fn worker(inner: Arc<Inner>) {
     drop(control);
     // RMW: this worker is gone.
     this.alive.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Runs `body`, catching a panic: logged and counted in `panics`.
+fn guarded(inner: &Inner, body: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        log::error!(
+            "{}: the server thread caught a panic outside any handler: {}",
+            inner.context.config.name,
+            crate::rpc_server::panic_message(panic.as_ref())
+        );
+        bump(&inner.context.stats.panics);
+    }
 }
 
 /// Serves passes with back-off until the users are gone or a shutdown begins.

@@ -423,3 +423,126 @@ fn shutdown_returns_while_a_client_keeps_the_worker_busy() {
         "shutdown waited for the traffic to end"
     );
 }
+
+/// Re-entrancy: a handler (running on the worker) may call `start`, `shutdown` and `detach` on
+/// its own server. None of them waits for the worker, which is itself: `start` says it runs,
+/// `shutdown` is refused, `detach` of another mailbox returns at once (the worker lets go of it
+/// after the pass). The server serves on.
+#[test]
+fn a_handler_calling_start_shutdown_and_detach_on_its_own_server_does_not_deadlock() {
+    let server = Arc::new(RpcServer::new(config("reentrant")));
+    let mailbox = Mailbox::attach(&server, 2, 1);
+    let other = Mailbox::attach(&server, 1, 1);
+    let other_id = other.id;
+    let weak = Arc::downgrade(&server);
+    server.register(Opcode::user(1), move |mut req| {
+        let weak = weak.clone();
+        async move {
+            let server = weak.upgrade().expect("the test holds the server");
+            let started = server.start() == Ok(Started::AlreadyRunning);
+            let refused = matches!(server.shutdown(), Err(Error::Refused(_)));
+            let detached = server.detach(other_id).is_ok();
+            let answer = u64::from(started) | u64::from(refused) << 1 | u64::from(detached) << 2;
+            req.recv_and_send(|_, p| p.set_word(0, answer)).await
+        }
+    });
+    let _ = server.start().unwrap();
+    let _user = server.user();
+    let client = mailbox.client();
+    let mut port = client.open(Opcode::user(1), 1).unwrap();
+    let mut answer = 0;
+    port.send_and_recv(|_, _| {}, |_, p| answer = p.word(0))
+        .unwrap();
+    drop(port);
+    assert_eq!(answer, 0b111, "start, shutdown and detach as documented");
+    assert_eq!(server.mailboxes(), vec![mailbox.id]);
+    assert!(server.is_running());
+    assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 1), 2);
+    drop(_user);
+    let _ = server.shutdown().unwrap();
+}
+
+/// `ShutdownPolicy::Wait(d)` is a deadline: users coming and going all the time (each one
+/// notifying the condition variable shutdown waits on) do not extend it. Were each wake-up to
+/// restart the wait, this shutdown would not return while the churn lasts.
+#[test]
+fn a_shutdown_wait_is_a_deadline_however_often_users_come_and_go() {
+    let server = RpcServer::new(config("deadline"));
+    let _ = server.start().unwrap();
+    let stay = server.user();
+    let stop = AtomicBool::new(false);
+    thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                drop(server.user());
+            }
+        });
+        let result = server.shutdown_with(ShutdownPolicy::Wait(Duration::from_millis(100)));
+        assert!(
+            matches!(result, Err(Error::LiveUsers(n)) if n >= 1),
+            "{result:?}"
+        );
+        stop.store(true, Ordering::Relaxed);
+    });
+    drop(stay);
+    let _ = server.shutdown().unwrap();
+}
+
+/// A matcher that panics costs only the request it was asked about (closed unanswered, counted
+/// in `panics`); a mailbox whose memory source panics is no longer served, and the other
+/// mailboxes are. The worker runs on through both.
+#[test]
+fn panics_outside_handlers_are_caught_and_cost_only_what_they_touch() {
+    let server = RpcServer::new(config("outside"));
+    server.register_matching(
+        "panicky matcher",
+        |op| {
+            assert_ne!(op, Opcode::user(5), "matcher bug");
+            false
+        },
+        |_req| async { Ok(()) },
+    );
+    let mailbox = Mailbox::attach(&server, 2, 1);
+    /// A memory source that panics once told to.
+    struct Flaky(Arc<MailboxMemory>, Arc<AtomicBool>);
+    impl rpc_core::rpc_server::MailboxSource for Flaky {
+        fn view(&self) -> rpc_core::Mailbox<'_> {
+            assert!(!self.1.load(Ordering::Relaxed), "source bug");
+            self.0.view()
+        }
+    }
+    let broken = Arc::new(AtomicBool::new(false));
+    let flaky = Arc::new(MailboxMemory::new(
+        Layout::new(Generation::V1, 1, 1).unwrap(),
+    ));
+    let _flaky_id = server.attach(Box::new(Flaky(flaky, broken.clone())));
+    let _ = server.start().unwrap();
+    let _user = server.user();
+    let client = mailbox.client();
+    let mut port = client.open(Opcode::user(5), 1).unwrap();
+    let mut back = 0;
+    port.send_and_recv(|_, p| p.set_word(0, 77), |_, p| back = p.word(0))
+        .unwrap();
+    drop(port);
+    assert_eq!(
+        back, 77,
+        "closed unanswered: the client reads its request back"
+    );
+    eventually("the matcher's panic is counted", || {
+        server.stats().panics == 1
+    });
+    assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 1), 2);
+    broken.store(true, Ordering::Relaxed);
+    eventually("the source's panic is counted", || {
+        server.stats().panics == 2
+    });
+    assert!(server.is_running());
+    assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 2), 3);
+    assert_eq!(
+        server.stats().panics,
+        2,
+        "the failed mailbox is not served again"
+    );
+    drop(_user);
+    let _ = server.shutdown().unwrap();
+}

@@ -3,15 +3,14 @@
 //! could not pass it at all (it would wait forever and the test's bounded waits would fail), not
 //! so that it passes only when fast enough: no assertion here is about time.
 
-use std::collections::HashMap;
 use std::ffi::CStr;
 use std::io::{Read, Write};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use plugin_host::kernel::{encode_printf, PrintfCall};
-use plugin_host::Arg;
+use plugin_host::kernel::{self, encode_printf, PrintfCall};
+use plugin_host::{Arg, Target};
 use rpc_core::port::{lanes, Backoff, Deadline, Wait};
 use rpc_core::sync::Ordering;
 use rpc_core::{
@@ -152,6 +151,19 @@ fn a_slow_client_does_not_hold_up_another_port() {
     assert_eq!(stats.served_of(Opcode::TEST_STREAM), 1, "{stats}");
 }
 
+/// A client wait that sleeps a little before each wait for the server: the client pauses
+/// between its packets, as a slow device would.
+struct Pausing(Deadline);
+
+impl Wait for Pausing {
+    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+        if attempt == 0 {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        self.0.pause(port, attempt)
+    }
+}
+
 /// 64 ports at once, each a multi-packet printf (with a `%s` the server fetches) or a stream,
 /// whose client pauses between its packets: every exchange completes, and the output is the
 /// output of the same requests served one after another (the lines of each request whole).
@@ -161,43 +173,42 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
     let fixture = Fixture::new("sixty-four", PORTS, 32);
     let _kernel = fixture.server.user();
     let mask: u64 = 0x8000_0101;
-    let text = |k: u32, l: u32| format!("port {k} lane {l} says {}", "x".repeat((k * 3) as usize));
+    let text =
+        |k: u32, l: u32| format!("request {k} lane {l} says {}", "x".repeat((k * 3) as usize));
     std::thread::scope(|s| {
         for k in 0..PORTS {
             let fixture = &fixture;
             s.spawn(move || {
-                let wait = Deadline::after(BOUND);
-                let pause = || std::thread::sleep(Duration::from_millis(2));
+                let wait = Pausing(Deadline::after(BOUND));
+                let client = fixture.client(&wait);
                 if k % 2 == 0 {
-                    let mut port = fixture.open(&wait, k, Opcode::TEST_STREAM, mask);
-                    let data = text(k, 0).repeat(4).into_bytes();
-                    // Every lane sends the same bytes (one send per packet for the whole warp).
-                    port.send(|_, p| {
-                        p.set_word(0, data.len() as u64);
-                        p.write_bytes(8, &data[..56]);
-                    })
-                    .unwrap();
-                    for chunk in data[56..].chunks(64) {
-                        pause();
-                        port.send(|_, p| p.write_bytes(0, chunk)).unwrap();
-                    }
+                    let data: Vec<Vec<u8>> =
+                        (0..32).map(|l| text(k, l).repeat(4).into_bytes()).collect();
+                    let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+                    let mut port = client.open(Opcode::TEST_STREAM, mask).unwrap();
+                    port.send_n(&slices).unwrap();
                     let back = port.recv_n(1 << 20).unwrap();
                     for l in lanes(mask) {
-                        assert_eq!(back[l as usize], data, "port {k} lane {l}");
+                        assert_eq!(back[l as usize], data[l as usize], "request {k} lane {l}");
                     }
                 } else {
-                    let calls: Vec<PrintfCall> = (0..32)
-                        .map(|l| {
-                            let line = text(k, l);
+                    let lines: Vec<String> = (0..32).map(|l| text(k, l)).collect();
+                    let calls: Vec<PrintfCall> = lines
+                        .iter()
+                        .map(|line| {
                             let arg = [Arg::Str(Some(line.as_str())), Arg::Int(k.into())];
                             encode_printf("[%s] %d\n", &arg, false).unwrap()
                         })
                         .collect();
-                    let mut port = fixture.open(&wait, k, Opcode::PRINTF_TO_STDOUT, mask);
-                    let printed = paused_printf(&mut port, mask, &calls, pause);
+                    let printed =
+                        kernel::printf(&client, mask, Target::Stdout, false, &calls).unwrap();
                     for l in lanes(mask) {
                         let want = format!("[{}] {k}\n", text(k, l));
-                        assert_eq!(printed[l as usize], want.len() as i64, "port {k} lane {l}");
+                        assert_eq!(
+                            printed[l as usize],
+                            want.len() as i64,
+                            "request {k} lane {l}"
+                        );
                     }
                 }
             });
@@ -210,8 +221,8 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
             .collect();
         expected.push(request);
     }
-    // Each request's output is one write per lane, in lane order; requests may interleave with
-    // each other only between whole requests' lane writes.
+    // Each request's output is one write per lane; requests may interleave with each other only
+    // between whole lines.
     let out = String::from_utf8(fixture.out.0.lock().unwrap().clone()).unwrap();
     let mut got: Vec<&str> = out.lines().collect();
     let mut want: Vec<&str> = expected.iter().flat_map(|r| r.lines()).collect();
@@ -221,53 +232,6 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
     let stats = fixture.server.stats();
     assert_eq!(stats.total_served(), u64::from(PORTS), "{stats}");
     assert_eq!(stats.errors + stats.abandoned + stats.refused, 0, "{stats}");
-}
-
-/// The client side of PRINTF_TO_STDOUT (PROTOCOL section 7) with `pause()` before each send.
-fn paused_printf(
-    port: &mut ClientPort<'_>,
-    mask: u64,
-    calls: &[PrintfCall],
-    pause: impl Fn(),
-) -> Vec<i64> {
-    let formats: Vec<&[u8]> = calls.iter().map(|c| c.format.as_slice()).collect();
-    port.send_n(&formats).unwrap();
-    let mut sizes = [0usize; 64];
-    port.recv(|l, p| sizes[l as usize] = p.word(0) as usize)
-        .unwrap();
-    pause();
-    let args: Vec<Vec<u8>> = calls
-        .iter()
-        .enumerate()
-        .map(|(l, c)| {
-            let mut a = c.args.clone();
-            a.resize(sizes[l], 0);
-            a
-        })
-        .collect();
-    let slices: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-    port.send_n(&slices).unwrap();
-    loop {
-        let mut pointers = [0u64; 64];
-        let mut results = [0i64; 64];
-        port.recv(|l, p| {
-            results[l as usize] = p.word(0) as i64;
-            pointers[l as usize] = p.word(1);
-        })
-        .unwrap();
-        if lanes(mask).all(|l| pointers[l as usize] == 0) {
-            return results.to_vec();
-        }
-        pause();
-        let empty = HashMap::new();
-        let strings: Vec<&[u8]> = (0..64)
-            .map(|l| {
-                let strings = calls.get(l).map_or(&empty, |c| &c.strings);
-                strings.get(&pointers[l]).map_or(&[][..], Vec::as_slice)
-            })
-            .collect();
-        port.send_n(&strings).unwrap();
-    }
 }
 
 /// A client wait that gives up once told to (the test ends the clients it left blocked).
