@@ -89,7 +89,8 @@ impl FineRegion {
     }
 }
 
-impl SharedRegion for FineRegion {
+// SAFETY: fine-grained memory from `hsa_amd_memory_pool_allocate` is page-aligned, stays at its address until freed in `Drop`, and the host touches it only through the server's atomic views.
+unsafe impl SharedRegion for FineRegion {
     fn host_ptr(&self) -> *mut u8 {
         self.ptr
     }

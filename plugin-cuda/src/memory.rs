@@ -75,7 +75,8 @@ impl PinnedRegion {
     }
 }
 
-impl SharedRegion for PinnedRegion {
+// SAFETY: `cuMemHostAlloc` memory is page-aligned, stays at its address until `cuMemFreeHost` in `Drop`, and the host touches it only through the server's atomic views.
+unsafe impl SharedRegion for PinnedRegion {
     fn host_ptr(&self) -> *mut u8 {
         self.host
     }

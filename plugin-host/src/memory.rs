@@ -102,7 +102,10 @@ impl Drop for RawMemory {
 /// A mailbox region handed to the server; kernels keep the memory alive through their own `Arc`.
 pub struct HostShared(pub Arc<RawMemory>);
 
-impl SharedRegion for HostShared {
+// SAFETY: the `RawMemory` is a 64-byte-aligned heap allocation of `len` bytes that lives as
+// long as its `Arc`, which this value holds; plugin-host's kernels reach a mailbox only through
+// `Client`s over `Mailbox::from_raw`, the same atomic views of the same sizes as the server's.
+unsafe impl SharedRegion for HostShared {
     fn host_ptr(&self) -> *mut u8 {
         self.0.as_ptr()
     }

@@ -313,12 +313,17 @@ fn a_v2_mailbox_rings_its_doorbell_and_the_worker_sleeps_on_it() {
             lanes: 32,
             ports: 8,
         });
+        // The kernel sends each request only once the test says so: with a doorbell, only once
+        // the worker has gone to sleep on it (however long that takes on a loaded machine).
+        let go = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let kernel_go = go.clone();
         let bytes = HostImage::new("bell")
             .generation(generation)
-            .kernel("k", |warp| {
+            .kernel("k", move |warp| {
                 for round in 0..3u64 {
-                    // Silence: no request open, so a worker with a doorbell sleeps on it.
-                    std::thread::sleep(Duration::from_millis(30));
+                    while kernel_go.load(std::sync::atomic::Ordering::Acquire) <= round {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     let got = warp.call(Opcode::TEST_INCREMENT, |_| round).unwrap();
                     assert_eq!(got[0], round + 1);
                 }
@@ -328,6 +333,21 @@ fn a_v2_mailbox_rings_its_doorbell_and_the_worker_sleeps_on_it() {
         runtime
             .launch(image, "k", &[], Grid::linear(1, 32))
             .unwrap();
+        for round in 0..3u64 {
+            if generation == Generation::V2 {
+                // Silence, no request open: the worker sleeps on the doorbell.
+                let slept = runtime.server().stats().doorbell_sleeps;
+                let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                while runtime.server().stats().doorbell_sleeps == slept {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "never slept on the bell"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            go.store(round + 1, std::sync::atomic::Ordering::Release);
+        }
         runtime.synchronize(0).unwrap();
         let stats = runtime.server().stats();
         if generation == Generation::V2 {

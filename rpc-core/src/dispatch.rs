@@ -185,8 +185,11 @@ impl PassCache {
         }
     }
 
-    fn refresh(&mut self, context: &ServerContext) {
+    /// Takes new copies if the list or the registry changed; true if the mailbox list did
+    /// (the old copy, and with it any detached mailbox, is let go).
+    fn refresh(&mut self, context: &ServerContext) -> bool {
         let versions = (context.mailboxes.version(), context.registry.version());
+        let changed = versions.0 != self.versions.0;
         if self.mailboxes.is_none() || versions != self.versions {
             let mailboxes = context.mailboxes.get();
             self.hot = std::vec![Default::default(); mailboxes.len()];
@@ -195,6 +198,7 @@ impl PassCache {
             self.registry = Some(context.registry.get());
             self.versions = versions;
         }
+        changed
     }
 
     /// The ports one pass scans (as of the last pass).
@@ -239,7 +243,10 @@ impl Inner {
     /// (An associated function: loom's `Arc` cannot be a method receiver.)
     pub(crate) fn serve_pass(inner: &Arc<Inner>, cache: &mut PassCache) -> usize {
         let context = &inner.context;
-        cache.refresh(context);
+        if cache.refresh(context) {
+            // A `detach` may be waiting for us to let go of its mailbox.
+            inner.thread.notify();
+        }
         let PassCache {
             mailboxes,
             registry,
@@ -417,6 +424,10 @@ impl Inner {
             } else {
                 k += 1;
             }
+        }
+        if progress > 0 {
+            // A `detach` may be waiting for these exchanges to let go of its mailbox.
+            self.thread.notify();
         }
         // Then mailbox by mailbox, with one view of each.
         let mut repolls = ALONE_REPOLLS;

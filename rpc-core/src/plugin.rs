@@ -17,7 +17,18 @@ pub type VendorError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
 /// 64-byte aligned when allocated; freed when dropped.
-pub trait SharedRegion: Send + Sync {
+///
+/// # Safety
+/// The server turns this memory into atomic views (`&[AtomicU32]`, `&[AtomicU64]`) and keeps
+/// them while the mailbox is attached, so an implementation promises, for as long as the value
+/// lives:
+/// - `host_ptr()` is non-null, 64-byte aligned, and valid for reads and writes of `len()`
+///   bytes, always the same pointer and length;
+/// - the memory stays allocated at that address until the value is dropped;
+/// - within this process, while the value is attached, the memory is accessed only through
+///   atomics of the same size as the server's (`u32` flags, `u64` headers and packets). The
+///   device and other processes may write it as they like: that is only garbage to the server.
+pub unsafe trait SharedRegion: Send + Sync {
     /// The host address.
     fn host_ptr(&self) -> *mut u8;
     /// The same memory as the device addresses it.

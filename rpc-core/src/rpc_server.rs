@@ -382,12 +382,20 @@ impl RpcServer {
             return Ok(());
         }
         self.inner.thread.notify();
-        // The worker drops its snapshot at the end of the pass (or before it sleeps).
-        let mut attempt = 0;
+        // The worker lets go of the mailbox at its next pass (its copy of the list, and the
+        // exchanges in flight on it) or before it sleeps, and notifies `cv` when it does. The
+        // count drops outside the lock, so the wait is also timed: a notification that comes
+        // between the check and the wait costs at most a millisecond, never a hang.
+        let thread = &self.inner.thread;
+        let mut control = lock(&thread.control);
         while Arc::strong_count(&attached) > 1 {
-            Backoff::step(attempt);
-            attempt = attempt.saturating_add(1);
+            control = thread
+                .cv
+                .wait_timeout(control, Duration::from_millis(1))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
+        drop(control);
         log::debug!("{}: detached mailbox {}", context.config.name, id.0);
         Ok(())
     }

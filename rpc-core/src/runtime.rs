@@ -154,10 +154,14 @@ impl<P: Plugin> PluginRuntime<P> {
         let bell = dev
             .create_doorbell(generation)
             .map_err(vendor(name, "create doorbell"))?;
+        // The region's size and alignment, checked before anything is written to it.
+        // SAFETY: a validating view only; the region outlives this statement.
+        unsafe { crate::Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
         if let Some(bell) = &bell {
             let record = bell.record();
-            // SAFETY: the region is ours, at least 64 bytes (a v2 layout starts with the
-            // record), and nobody else knows it yet: the client object is written below.
+            // SAFETY: the region is ours, at least the layout's size (checked above; a v2 layout
+            // starts with the 64-byte record), and nobody else knows it yet: the client object
+            // is written below.
             unsafe {
                 std::ptr::copy_nonoverlapping(record.as_ptr(), region.host_ptr(), record.len())
             };

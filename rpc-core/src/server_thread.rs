@@ -353,6 +353,8 @@ fn worker(inner: Arc<Inner>) {
             }
         });
         control = lock(&this.control);
+        // The mailboxes were let go of just above: a `detach` may be waiting for that.
+        this.cv.notify_all();
         if control.state != State::Running {
             break;
         }

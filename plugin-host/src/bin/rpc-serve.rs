@@ -106,7 +106,10 @@ fn parse_args() -> Result<Args, String> {
 /// The mapped file as the mailbox's memory.
 struct MappedFile(memmap2::MmapMut);
 
-impl SharedRegion for MappedFile {
+// SAFETY: an `mmap` of the mailbox file is page-aligned and stays mapped while this value
+// lives; this process reads it only through the server's atomic views. (Another process
+// truncating the file is not defended against yet: the next access would fault.)
+unsafe impl SharedRegion for MappedFile {
     fn host_ptr(&self) -> *mut u8 {
         self.0.as_ptr() as *mut u8
     }
