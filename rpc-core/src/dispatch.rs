@@ -8,7 +8,7 @@
 //! [`crate::registry`]): it runs until it needs a packet the client has not sent yet (or the
 //! result of a call on the I/O threads), and then *suspends*. The pass keeps it in flight and
 //! moves on to the other ports; every later pass polls it again, at the start and at every
-//! checkpoint of the scan ([`crate::scan::HOT_STRIDE`] ports), so an exchange whose client
+//! checkpoint of the scan (`scan::HOT_STRIDE` ports), so an exchange whose client
 //! answers quickly still advances about as fast as if it had the thread alone, while one whose
 //! client is slow costs a poll per pass and its port's slot, and nobody waits for it.
 //!
@@ -36,7 +36,7 @@
 //! A request's port outlives nothing: the exchange's future owns the request, and the request
 //! is dropped when the script returns (inside the poll that completes it) or when the pass drops
 //! a suspended exchange. Dropping it leaves the port locked, as it is, noting whether it owned
-//! the buffer; the pass then carries out the port's [`Fate`]: closing hands a buffer we owned
+//! the buffer; the pass then carries out the port's `Fate`: closing hands a buffer we owned
 //! back (a flip of our word) and unlocks; resetting sets our word equal to the client's and
 //! unlocks (only when the client is gone: a live client may already have flipped its word for
 //! its next request, which a reset would swallow).

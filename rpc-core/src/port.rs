@@ -12,7 +12,7 @@
 //!
 //! # Waiting: blocking or resumable
 //! Every operation is written once, as an `async fn` (`*_async`), whose only suspension point is
-//! [`Port::poll_take`]: "is the buffer ours yet?". A blocking [`Wait`] (a client warp, the raw
+//! `Port::poll_take`: "is the buffer ours yet?". A blocking [`Wait`] (a client warp, the raw
 //! protocol [`crate::Server`]) pauses inside that poll until it is, so the future completes in
 //! its first poll and the synchronous methods (`send`, `recv`, ...) just poll it once. A
 //! resumable wait ([`Resumable`], the [`crate::RpcServer`]'s exchanges) returns `Pending`

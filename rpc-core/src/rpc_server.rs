@@ -9,6 +9,21 @@
 //! Attaching and detaching work at any time, also while the worker runs: the worker reads the
 //! set through a versioned snapshot it refreshes each pass and drops before it sleeps, and
 //! `detach` returns only once the worker no longer holds the mailbox.
+//!
+//! # Calls a handler may make on its own server
+//! Handlers run on the worker (scripts between their `.await`s, packet handlers whole), so a
+//! call that would wait for the worker would wait for itself. None does:
+//! - `start`: the worker runs, so `AlreadyRunning` (or, in the worker's last pass after a
+//!   shutdown began, `Refused`: a new worker cannot start before this one is joined);
+//! - `shutdown`, `shutdown_with`: `Refused` (a thread cannot join itself); a handler that wants
+//!   its server stopped asks another thread to do it;
+//! - `detach`: returns at once; the worker lets go of the mailbox after the pass (a handler
+//!   detaching its own request's mailbox gets no reply to that request through: its memory is
+//!   left untouched from then on);
+//! - `attach`, `register*`, `user*`, `stats`, the services' setters: take short locks the
+//!   worker never holds while it runs a handler;
+//! - dropping the last `RpcServer` (through a `Weak` upgraded in a handler) is not handled yet:
+//!   its drop's shutdown is refused on the worker, and the worker and its mailboxes stay alive.
 
 use std::boxed::Box;
 use std::collections::BTreeSet;
