@@ -589,12 +589,14 @@ mod tests {
         P(u64) => *const c_void, |v| std::ptr::without_provenance(v as usize), Enc::Eight(v);
         S(&'static CStr) => *const c_char, |v| v.as_ptr(), Enc::Str(v);
         NullS(()) => *const c_char, |_v| std::ptr::null(), Enc::Eight(0);
-        N(()) => *mut c_int, |_v| SINK.with(Cell::as_ptr), Enc::Eight(0xdead_beef);
+        N(()) => *mut c_int, |_v| SINK.with(|sink| sink.as_ptr().cast()), Enc::Eight(0xdead_beef);
     }
 
     std::thread_local! {
-        /// Where the reference `snprintf` writes its `%n` counts.
-        static SINK: Cell<c_int> = const { Cell::new(0) };
+        /// Where the reference `snprintf` writes its `%n` counts: 8 bytes, 8-aligned, since a
+        /// `%lln` writes a `long long` (a `c_int` here let it write past into the next
+        /// thread-local, which crashed the test harness once the thread-locals moved).
+        static SINK: Cell<i64> = const { Cell::new(0) };
     }
 
     type Reference = Box<dyn Fn(*mut c_char, usize) -> c_int>;
