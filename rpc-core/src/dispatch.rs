@@ -13,9 +13,17 @@
 //! client is slow costs a poll per pass and its port's slot, and nobody waits for it.
 //!
 //! We poll rather than wake: a device cannot signal the host, so the pass looks at every port
-//! anyway, and a suspended exchange's poll first reads one word (`poll_take`). Polls run with a
-//! no-op waker; a future that waits for something else (an I/O call's result) is polled on the
-//! same schedule.
+//! anyway. Polls run with a no-op waker. An exchange suspended in a port operation is not
+//! polled again until its port is pending (the client answered), which costs two loads; one
+//! suspended on something else (an I/O call's result, a user's future) is polled every time.
+//! An exchange alone in flight that just advanced is re-polled for a few spins, so a lone
+//! stream is not held to one packet per pass.
+//!
+//! A port looks free from outside while its exchange waits for the client (both flags equal).
+//! A client that takes such a port with lock bits of its own (a new process; never a GPU, whose
+//! dead warps keep their lock bits set in device memory) would have its packets read as the old
+//! exchange's next ones: it must wait until the server has ended that exchange (for rpc-serve,
+//! the client timeout; the server logs it).
 //!
 //! # Ending an exchange
 //! | how it ends | the port | counted |
