@@ -79,6 +79,23 @@ pub(crate) enum Fate {
 }
 
 impl Attached {
+    /// Marks port `index` as having (or no longer having) an exchange in flight. Relaxed: only
+    /// the worker writes and reads these bits; they order nothing.
+    fn set_in_flight(&self, index: u32, on: bool) {
+        let (word, bit) = (&self.in_flight[index as usize / 64], 1u64 << (index % 64));
+        if on {
+            // RMW: sets this port's bit.
+            word.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            // RMW: clears this port's bit.
+            word.fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+
+    fn has_in_flight(&self, index: u32) -> bool {
+        self.in_flight[index as usize / 64].load(Ordering::Relaxed) & (1 << (index % 64)) != 0
+    }
+
     /// Records whether port `index`'s request owned the buffer when it was dropped. Relaxed: set
     /// and read by the worker, in that order, on the same thread (a request a handler moved
     /// elsewhere may leave a stale value; the protocol then only sees a late or a missing flip).
@@ -289,6 +306,11 @@ impl Inner {
                         }
                         Some(Step::Pending(index)) => index,
                     };
+                    // A port whose exchange is in flight looks pending each time its client
+                    // answers; the exchange is polled, not opened again.
+                    if mailbox.has_in_flight(index) {
+                        continue;
+                    }
                     let Some(port) = server.try_open(index, &crate::port::Resumable) else {
                         continue;
                     };
@@ -303,6 +325,7 @@ impl Inner {
                         Inner::start(inner, port, mailbox, marks, registry)
                     {
                         let flags = server.flags(index);
+                        mailbox.set_in_flight(index, true);
                         in_flight.push(InFlight {
                             exchange,
                             on_port,
@@ -609,6 +632,7 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
 /// Does to the port what its fate says, once its request is gone (see the module docs). A
 /// detached mailbox's ports are left untouched: the server no longer writes that memory.
 fn carry_out(mailbox: &Attached, index: u32, marks: Marks, fate: Fate) {
+    mailbox.set_in_flight(index, false);
     if mailbox.detached.load(Ordering::Acquire) {
         return;
     }

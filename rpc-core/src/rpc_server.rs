@@ -173,6 +173,9 @@ pub(crate) struct Attached {
     pub(crate) quarantine: Mutex<Vec<crate::dispatch::Quarantined>>,
     /// How many ports `quarantine` holds, read without its lock.
     pub(crate) quarantined: AtomicUsize,
+    /// One bit per port with an exchange in flight (written by the worker only), so that a
+    /// pass does not try to open those ports again when their clients answer.
+    pub(crate) in_flight: Box<[AtomicU64]>,
 }
 
 impl Attached {
@@ -365,6 +368,9 @@ impl RpcServer {
                 .collect(),
             quarantine: Mutex::new(Vec::new()),
             quarantined: AtomicUsize::new(0),
+            in_flight: (0..layout.ports().div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         });
         context.mailboxes.update(|list| list.push(attached));
         log::debug!(
