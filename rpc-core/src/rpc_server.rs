@@ -22,8 +22,8 @@
 //!   left untouched from then on);
 //! - `attach`, `register*`, `user*`, `stats`, the services' setters: take short locks the
 //!   worker never holds while it runs a handler;
-//! - dropping the last `RpcServer` (through a `Weak` upgraded in a handler) is not handled yet:
-//!   its drop's shutdown is refused on the worker, and the worker and its mailboxes stay alive.
+//! - dropping the last `RpcServer` (through a `Weak` upgraded in a handler): the worker is
+//!   told to stop and finishes by itself, after which the server's state and mailboxes are freed.
 
 use std::boxed::Box;
 use std::collections::BTreeSet;
@@ -605,6 +605,12 @@ impl RpcServer {
 
 impl Drop for RpcServer {
     fn drop(&mut self) {
+        if self.inner.thread.is_worker() {
+            // A handler dropped the last handle (through a `Weak` it upgraded): see
+            // `ServerThread::abandon_from_worker`.
+            ServerThread::abandon_from_worker(&self.inner);
+            return;
+        }
         if let Err(error) = self.shutdown_with(ShutdownPolicy::Force) {
             log::error!("{}: shutdown on drop failed: {error}", self.name());
         }

@@ -253,17 +253,7 @@ impl ServerThread {
                 log::error!("{name}: the worker thread panicked");
             }
         }
-        // The worker is gone, so no new blocking call comes; the I/O threads stop with it.
-        let stuck = inner.io.stop(inner.context.config.io_grace);
-        if stuck > 0 {
-            log::error!(
-                "{name}: {stuck} I/O thread(s) still inside a blocking call after {:?}: abandoned",
-                inner.context.config.io_grace
-            );
-            for _ in 0..stuck {
-                bump(&inner.context.stats.io_threads_abandoned);
-            }
-        }
+        // (The worker stopped the I/O threads as it left: see `worker`.)
         let mut control = lock(&this.control);
         control.state = State::Stopped;
         control.worker = None;
@@ -361,8 +351,36 @@ fn worker(inner: Arc<Inner>) {
     }
     control.tid = None;
     drop(control);
+    // No blocking call comes after the last pass: the I/O threads stop with the worker (here,
+    // so that a worker nobody joins, see `abandon_from_worker`, stops them too).
+    let stuck = inner.io.stop(inner.context.config.io_grace);
+    if stuck > 0 {
+        log::error!(
+            "{}: {stuck} I/O thread(s) still inside a blocking call after {:?}: abandoned",
+            inner.context.config.name,
+            inner.context.config.io_grace
+        );
+        for _ in 0..stuck {
+            bump(&inner.context.stats.io_threads_abandoned);
+        }
+    }
     // RMW: this worker is gone.
     this.alive.fetch_sub(1, Ordering::SeqCst);
+}
+
+impl ServerThread {
+    /// The last `RpcServer` was dropped by a handler, on the worker: it cannot join itself. It
+    /// is told to stop and left to finish by itself (it stops the I/O threads as it leaves),
+    /// and with its end the last reference to the server's state goes, mailboxes included.
+    pub(crate) fn abandon_from_worker(inner: &Inner) {
+        let this = &inner.thread;
+        let mut control = lock(&this.control);
+        control.state = State::Stopping;
+        inner.context.stopping.store(true, Ordering::Relaxed);
+        // Dropped, not joined: the thread runs on, detached, until its loop sees Stopping.
+        drop(control.handle.take());
+        this.cv.notify_all();
+    }
 }
 
 /// Runs `body`, catching a panic: logged and counted in `panics`.

@@ -546,3 +546,42 @@ fn panics_outside_handlers_are_caught_and_cost_only_what_they_touch() {
     drop(_user);
     let _ = server.shutdown().unwrap();
 }
+
+/// The last handle on a server dropped by one of its own handlers (through a `Weak` it had
+/// upgraded), on the worker: the worker stops by itself, and everything the server held goes
+/// with it (here: the mailbox memory, whose other owner is this test).
+#[test]
+fn a_server_dropped_by_its_own_handler_stops_and_frees_everything() {
+    let server = Arc::new(RpcServer::new(config("self-drop")));
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    let weak = Arc::downgrade(&server);
+    let upgraded = Arc::new(AtomicBool::new(false));
+    let seen = upgraded.clone();
+    server.register(Opcode::user(1), move |mut req| {
+        let (weak, seen) = (weak.clone(), seen.clone());
+        async move {
+            let server = weak.upgrade().expect("the test still holds the server");
+            seen.store(true, Ordering::Release);
+            // Waits for the second packet, which comes once the test has dropped its handle.
+            req.recv(|_, _| {}).await?;
+            req.recv(|_, _| {}).await?;
+            drop(server); // The last handle: RpcServer::drop runs here, on the worker.
+            req.send(|_, p| p.set_word(0, 1)).await
+        }
+    });
+    let _ = server.start().unwrap();
+    let user = server.user();
+    let client = mailbox.client();
+    let mut port = client.open(Opcode::user(1), 1).unwrap();
+    port.send(|_, _| {}).unwrap();
+    eventually("the handler holds the server", || {
+        upgraded.load(Ordering::Acquire)
+    });
+    drop(server);
+    port.send(|_, _| {}).unwrap();
+    std::mem::forget(port); // The reply may or may not come: the server is going away.
+    drop(user);
+    eventually("the worker is gone and freed the mailbox", || {
+        Arc::strong_count(&mailbox.memory) == 1
+    });
+}
