@@ -22,12 +22,12 @@
 //! | NOOP | C send; S recv | — |
 //! | EXIT | C send; S recv; S send; C recv; C send buf\[0\] = status; S recv; then [`ExitPolicy`] | — |
 //! | ABORT | handshake as EXIT; C send; S recv; then [`ExitPolicy`] | — |
-//! | WRITE_TO_STDOUT, _STDERR | C send_n(bytes); S send buf\[0\] = written | too long (0) |
-//! | WRITE_TO_STDOUT_NEWLINE | as WRITE_TO_STDOUT, plus `\n` if complete, counted | too long (0) |
-//! | WRITE_TO_STREAM | C send buf\[0\] = raw handle; C send_n(bytes); S send buf\[0\] = written | bad handle, too long (0) |
+//! | WRITE_TO_STDOUT, _STDERR | C send_n(bytes); S send buf\[0\] = written | — |
+//! | WRITE_TO_STDOUT_NEWLINE | as WRITE_TO_STDOUT, plus `\n` if complete, counted | — |
+//! | WRITE_TO_STREAM | C send buf\[0\] = raw handle; C send_n(bytes); S send buf\[0\] = written | bad handle (0) |
 //! | READ_FROM_STREAM | C send {max, tagged}; S send_n(data); S send buf\[0\] = read | bad handle (0 bytes, 0) |
 //! | READ_FGETS | C send {count, tagged}; S send_n(line incl. NUL, or nothing) | bad handle (nothing) |
-//! | OPEN_FILE | C send_n(path); C send(mode); S send buf\[0\] = handle or 0 | policy, bad mode, too many files, too long (0) |
+//! | OPEN_FILE | C send_n(path); C send(mode); S send buf\[0\] = handle or 0 | policy, bad mode, too many files (0) |
 //! | CLOSE_FILE | C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF | std stream, bad handle (EOF) |
 //! | FEOF, FERROR | C send buf\[0\] = tagged; S send buf\[0\] = result | bad handle (1: "at end", "in error") |
 //! | CLEARERR | C send buf\[0\] = tagged; S sends the buffer back | bad handle (buffer back) |
@@ -35,14 +35,17 @@
 //! | FTELL | C send buf\[0\] = tagged; S send buf\[0\] = offset (i64) or -1 | bad handle (-1) |
 //! | FFLUSH | C send buf\[0\] = tagged (0: every stream); S send buf\[0\] = 0 or EOF | bad handle (EOF) |
 //! | UNGETC | C send {c, tagged}; S send buf\[0\] = c or EOF | bad handle (EOF) |
-//! | PRINTF_TO_* (21-26) | PROTOCOL section 7, see [`print`](mod@print) | bad handle, bad format, missing arguments, too long (-1) |
+//! | PRINTF_TO_* (21-26) | PROTOCOL section 7, see [`print`](mod@print) | bad handle, bad format, missing arguments (-1) |
 //! | MALLOC | C send buf\[0\] = size; S send buf\[0\] = address or 0 | no allocator (0) |
 //! | FREE | C send buf\[0\] = address; S recv (no reply) | not a live allocation (nothing freed) |
-//! | HOST_CALL, OFFLOAD_HOST_CALL | C send_n(args); C send buf\[0\] = function; S send buf\[0\] = result | unregistered function, panic, too long ([`HOST_CALL_REFUSED`]) |
-//! | REMOVE | C send_n(path); S send buf\[0\] = 0 or -1 | policy, too long (-1) |
-//! | RENAME | C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1 | policy, too long (-1) |
-//! | SYSTEM | C send_n(command); S send buf\[0\] = status | not allowed, too long (-1) |
-//! | TEST_INCREMENT, TEST_INTERFACE, TEST_STREAM | PROTOCOL section 6 | too long (error) |
+//! | HOST_CALL, OFFLOAD_HOST_CALL | C send_n(args); C send buf\[0\] = function; S send buf\[0\] = result | unregistered function, panic ([`HOST_CALL_REFUSED`]) |
+//! | REMOVE | C send_n(path); S send buf\[0\] = 0 or -1 | policy (-1) |
+//! | RENAME | C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1 | policy (-1) |
+//! | SYSTEM | C send_n(command); S send buf\[0\] = status | not allowed (-1) |
+//! | TEST_INCREMENT, TEST_INTERFACE, TEST_STREAM | PROTOCOL section 6 | — |
+//!
+//! Any `send_n` above the stream bound ends the exchange at once (see above); it is not a
+//! refusal with a reply.
 //!
 //! Results that are C `int`s or `i64`s are sent sign-extended into the u64 word (EOF and -1 read
 //! as `u64::MAX`).
@@ -406,14 +409,6 @@ pub(crate) async fn recv_words(req: &mut Request) -> Result<LaneWords> {
 pub(crate) async fn send_word0(req: &mut Request, replies: &[u64]) -> Result<()> {
     req.send(|lane, p| p.set_word(0, replies[lane as usize]))
         .await
-}
-
-/// `recv_n` of one byte string per lane (index = lane), bounded by the stream bound: a lane
-/// claiming more ends the exchange at once with [`Error::TooLong`] (the client, which goes on
-/// sending, keeps its port: see `crate::dispatch`), so a hostile length never costs the server
-/// more than one packet.
-pub(crate) async fn recv_streams(req: &mut Request) -> Result<Vec<Vec<u8>>> {
-    req.recv_n().await
 }
 
 /// The bytes of a C string up to (without) its first NUL.

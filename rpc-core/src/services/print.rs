@@ -22,7 +22,7 @@ use std::string::String;
 use std::vec::Vec;
 
 use super::streams::Target;
-use super::{active, c_result, per_lane, recv_streams, recv_words, Refusals};
+use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::opcode::Opcode;
 use crate::printf::{args_size, format, parse, string_pointers, Piece};
 use crate::registry::Request;
@@ -70,7 +70,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     };
 
     // 2, 3. The formats, and the argument sizes they need.
-    let formats = recv_streams(&mut req).await?;
+    let formats = req.recv_n().await?;
     let mut lanes: Vec<Lane<'_>> = (0..req.lane_size()).map(|_| Lane::Refused).collect();
     let mut sizes = per_lane(&req, 0u64);
     for lane in active(&req) {
@@ -93,7 +93,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
         .await?;
 
     // 4. The arguments, and the strings they point to.
-    let args = recv_streams(&mut req).await?;
+    let args = req.recv_n().await?;
     let mut pending: Vec<Vec<u64>> = per_lane(&req, Vec::new());
     for lane in active(&req) {
         let i = lane as usize;
@@ -121,7 +121,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             p.set_word(1, asked[lane as usize]);
         })
         .await?;
-        let mut fetched = recv_streams(&mut req).await?;
+        let mut fetched = req.recv_n().await?;
         for lane in active(&req) {
             let i = lane as usize;
             if asked[i] != 0 {

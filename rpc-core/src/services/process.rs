@@ -4,15 +4,14 @@ use std::ffi::CString;
 use std::vec::Vec;
 
 use super::{
-    active, c_result, io, per_lane, recv_streams, recv_words, send_word0, until_nul, ExitPolicy,
-    KernelExit, Refusals,
+    active, c_result, io, per_lane, recv_words, send_word0, until_nul, ExitPolicy, KernelExit,
+    Refusals,
 };
 use crate::registry::Request;
 use crate::sync::lock;
 use crate::Result;
 
-/// HOST_CALL's reply for a function that is not registered (or panicked, or whose argument
-/// block is above the stream bound): all ones.
+/// HOST_CALL's reply for a function that is not registered (or panicked): all ones.
 pub const HOST_CALL_REFUSED: u64 = u64::MAX;
 
 /// The handshake of EXIT and ABORT: C send; S recv; S send; C recv.
@@ -67,7 +66,7 @@ pub(crate) async fn abort(mut req: Request) -> Result<()> {
 /// address; S calls the function registered at that address (on an I/O thread: it may block);
 /// S send buf\[0\] = result.
 pub(crate) async fn host_call(mut req: Request) -> Result<()> {
-    let args = recv_streams(&mut req).await?;
+    let args = req.recv_n().await?;
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mut refusals = Refusals::default();
@@ -109,7 +108,7 @@ pub(crate) async fn host_call(mut req: Request) -> Result<()> {
 /// SYSTEM: C send_n(command); S send buf\[0\] = `system`'s status (run on an I/O thread), or
 /// -1 unless allowed.
 pub(crate) async fn system(mut req: Request) -> Result<()> {
-    let commands = recv_streams(&mut req).await?;
+    let commands = req.recv_n().await?;
     let context = super::context(&req);
     let allowed = context.services.config().allow_system;
     let mut refusals = Refusals::default();

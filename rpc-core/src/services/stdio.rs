@@ -9,8 +9,8 @@ use std::vec::Vec;
 
 use super::streams::{OpenError, Target};
 use super::{
-    active, c_result, io, per_lane, recv_streams, recv_words, send_word0, until_nul, FilePolicy,
-    Refusals, Services, EOF_WORD,
+    active, c_result, io, per_lane, recv_words, send_word0, until_nul, FilePolicy, Refusals,
+    Services, EOF_WORD,
 };
 use crate::registry::Request;
 use crate::Result;
@@ -58,7 +58,7 @@ async fn write_lanes(
 }
 
 async fn write_std(mut req: Request, target: fn() -> Target, newline: bool) -> Result<()> {
-    let data = recv_streams(&mut req).await?;
+    let data = req.recv_n().await?;
     let mut refusals = Refusals::default();
     write_lanes(&mut req, data, |_| Some(target()), newline, &mut refusals).await?;
     refusals.finish()
@@ -82,7 +82,7 @@ pub(crate) async fn write_to_stdout_newline(req: Request) -> Result<()> {
 /// WRITE_TO_STREAM: C send buf\[0\] = raw handle; C send_n(bytes); S send buf\[0\] = written.
 pub(crate) async fn write_to_stream(mut req: Request) -> Result<()> {
     let handles = recv_words(&mut req).await?;
-    let data = recv_streams(&mut req).await?;
+    let data = req.recv_n().await?;
     let context = super::context(&req);
     let mut refusals = Refusals::default();
     write_lanes(
@@ -227,7 +227,7 @@ fn valid_mode(mode: &[u8]) -> bool {
 /// S send buf\[0\] = handle or 0. The policy check and `fopen` run on an I/O thread (opening
 /// a FIFO blocks until a writer comes).
 pub(crate) async fn open_file(mut req: Request) -> Result<()> {
-    let paths = recv_streams(&mut req).await?;
+    let paths = req.recv_n().await?;
     let mut modes = per_lane(&req, [0u8; 64]);
     req.recv(|lane, p| p.read_bytes(0, &mut modes[lane as usize]))
         .await?;
@@ -422,7 +422,7 @@ pub(crate) async fn fflush(req: Request) -> Result<()> {
 /// REMOVE: C send_n(path); S send buf\[0\] = 0 or -1 (the policy check and the call on an
 /// I/O thread).
 pub(crate) async fn remove(mut req: Request) -> Result<()> {
-    let paths = recv_streams(&mut req).await?;
+    let paths = req.recv_n().await?;
     let lanes: Vec<u32> = active(&req).collect();
     let results = io(&req, true, move |context| {
         let policy = context.services.config().files;
@@ -446,8 +446,8 @@ pub(crate) async fn remove(mut req: Request) -> Result<()> {
 /// RENAME: C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1 (the policy check and the
 /// call on an I/O thread).
 pub(crate) async fn rename(mut req: Request) -> Result<()> {
-    let old = recv_streams(&mut req).await?;
-    let new = recv_streams(&mut req).await?;
+    let old = req.recv_n().await?;
+    let new = req.recv_n().await?;
     let lanes: Vec<u32> = active(&req).collect();
     let results = io(&req, true, move |context| {
         let policy = context.services.config().files;

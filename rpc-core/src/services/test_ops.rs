@@ -18,7 +18,7 @@ pub(crate) fn increment(_lane: u32, p: Packet<'_>) {
 
 /// TEST_STREAM: C send_n(data); S recv_n then send_n the same bytes back.
 pub(crate) async fn stream(mut req: Request) -> Result<()> {
-    let data = super::recv_streams(&mut req).await?;
+    let data = req.recv_n().await?;
     let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     req.send_n(&slices).await
 }
