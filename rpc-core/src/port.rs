@@ -168,6 +168,15 @@ pub(crate) fn normalize(word: u32) -> u32 {
     (word != 0) as u32
 }
 
+/// Stores this side's word (a flip, or a reset to the other side's value): `fence(Release)`
+/// first, so every header and packet write before it is visible to whoever sees the new word
+/// (see the module's memory-ordering note). The one place a side's word is written after open.
+#[inline]
+pub(crate) fn store_own_word(word: &AtomicU32, value: u32) {
+    fence(Ordering::Release);
+    word.store(value, Ordering::Relaxed);
+}
+
 /// The lanes whose bits are set in `mask`, lowest first.
 pub fn lanes(mut mask: u64) -> impl Iterator<Item = u32> {
     core::iter::from_fn(move || {
@@ -349,10 +358,8 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
     /// Hands the buffer to the other side by flipping our own word.
     fn hand_over(&mut self) {
-        // Everything written to the header and packets becomes visible before the flip.
-        fence(Ordering::Release);
         self.out ^= 1;
-        self.outbox.store(self.out, Ordering::Relaxed);
+        store_own_word(self.outbox, self.out);
         self.owns = false;
     }
 
@@ -612,9 +619,7 @@ impl<'a> Port<'a, true> {
     /// finished exchange) and releases the port, whatever step the script was at.
     pub fn reset(mut self) {
         self.out = normalize(self.inbox.load(Ordering::Relaxed));
-        // Publishes nothing new; release keeps any earlier packet writes ordered before it.
-        fence(Ordering::Release);
-        self.outbox.store(self.out, Ordering::Relaxed);
+        store_own_word(self.outbox, self.out);
         self.owns = false;
     }
 }

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::opcode::Opcode;
-use crate::port::{normalize, Port, ServerPort, Wait};
+use crate::port::{normalize, store_own_word, Port, ServerPort, Wait};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
@@ -69,11 +69,9 @@ impl<'a> Server<'a> {
     pub(crate) fn close(&self, index: u32, owned: bool) {
         let i = index as usize;
         if owned {
-            // Only we write our word, so it reads what we last stored. Release: our packet
-            // writes are visible before the flip, as in `Port::hand_over`.
+            // Only we write our word, so it reads what we last stored.
             let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
-            fence(Ordering::Release);
-            self.mailbox.primary[i].store(out ^ 1, Ordering::Relaxed);
+            store_own_word(&self.mailbox.primary[i], out ^ 1);
         }
         unlock(self.locks, index);
     }
@@ -84,9 +82,7 @@ impl<'a> Server<'a> {
     pub(crate) fn release(&self, index: u32) {
         let i = index as usize;
         let client = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
-        // Publishes nothing new; release keeps our earlier packet writes ordered before it.
-        fence(Ordering::Release);
-        self.mailbox.primary[i].store(client, Ordering::Relaxed);
+        store_own_word(&self.mailbox.primary[i], client);
         unlock(self.locks, index);
     }
 

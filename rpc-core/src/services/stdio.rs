@@ -419,53 +419,48 @@ pub(crate) async fn fflush(req: Request) -> Result<()> {
     .await
 }
 
-/// REMOVE: C send_n(path); S send buf\[0\] = 0 or -1 (the policy check and the call on an
-/// I/O thread).
+/// REMOVE: C send_n(path); S send buf\[0\] = 0 or -1.
 pub(crate) async fn remove(mut req: Request) -> Result<()> {
     let paths = req.recv_n().await?;
-    let lanes: Vec<u32> = active(&req).collect();
-    let results = io(&req, true, move |context| {
-        let policy = context.services.config().files;
-        lanes
-            .into_iter()
-            .map(|lane| {
-                let (host, c) = device_path(&paths[lane as usize]);
-                permitted(&policy, &host, false)
-                    .map(|()| {
-                        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
-                        (lane, unsafe { libc::remove(c.as_ptr()) })
-                    })
-                    .map_err(|why| (lane, why))
-            })
-            .collect::<Vec<_>>()
+    on_paths(req, std::vec![paths], |c| {
+        // SAFETY: `c[0]` is a valid NUL-terminated string for the duration of the call.
+        unsafe { libc::remove(c[0].as_ptr()) }
     })
-    .await?;
-    reply_calls(req, results).await
+    .await
 }
 
-/// RENAME: C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1 (the policy check and the
-/// call on an I/O thread).
+/// RENAME: C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1.
 pub(crate) async fn rename(mut req: Request) -> Result<()> {
     let old = req.recv_n().await?;
     let new = req.recv_n().await?;
+    on_paths(req, std::vec![old, new], |c| {
+        // SAFETY: both are valid NUL-terminated strings for the duration of the call.
+        unsafe { libc::rename(c[0].as_ptr(), c[1].as_ptr()) }
+    })
+    .await
+}
+
+/// The pattern of REMOVE and RENAME: on an I/O thread, each active lane's paths (one per stream
+/// of `streams`, not following a final symbolic link) are checked against the file policy, then
+/// `call` gets them as C strings; each lane's C result is the reply (-1 where refused).
+async fn on_paths(
+    req: Request,
+    streams: Vec<Vec<Vec<u8>>>,
+    call: fn(&[CString]) -> c_int,
+) -> Result<()> {
     let lanes: Vec<u32> = active(&req).collect();
     let results = io(&req, true, move |context| {
         let policy = context.services.config().files;
         lanes
             .into_iter()
             .map(|lane| {
-                let (old_host, old_c) = device_path(&old[lane as usize]);
-                let (new_host, new_c) = device_path(&new[lane as usize]);
-                permitted(&policy, &old_host, false)
-                    .and_then(|()| permitted(&policy, &new_host, false))
-                    .map(|()| {
-                        // SAFETY: both are valid NUL-terminated strings for the duration of the
-                        // call.
-                        (lane, unsafe {
-                            libc::rename(old_c.as_ptr(), new_c.as_ptr())
-                        })
-                    })
-                    .map_err(|why| (lane, why))
+                let mut paths = Vec::with_capacity(streams.len());
+                for stream in &streams {
+                    let (host, c) = device_path(&stream[lane as usize]);
+                    permitted(&policy, &host, false).map_err(|why| (lane, why))?;
+                    paths.push(c);
+                }
+                Ok((lane, call(&paths)))
             })
             .collect::<Vec<_>>()
     })
