@@ -55,7 +55,10 @@ struct Fixture {
 static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
     let server = RpcServer::new(ServerConfig {
         name: "fuzz".into(),
-        stream_bound: 4096,
+        limits: rpc_core::Limits {
+            stream_bytes: 4096,
+            ..rpc_core::Limits::default()
+        },
         services: ServicesConfig {
             exit: ExitPolicy::Record,
             files: FilePolicy::Denied,

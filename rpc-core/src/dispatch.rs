@@ -53,6 +53,7 @@ use std::time::Instant;
 use std::vec::Vec;
 
 use crate::error::Error;
+use crate::limits::device_warn;
 use crate::opcode::Opcode;
 use crate::port::WAITING_ON_PORT;
 use crate::registry::{Exchange, Handler, Registry, Request};
@@ -363,7 +364,8 @@ impl Inner {
         let name = &context.config.name;
         let (opcode, index) = (port.opcode(), port.index());
         if let Err(error) = port.check_mask() {
-            log::warn!(
+            device_warn!(
+                context,
                 "{name}: mailbox {} port {index}: {opcode}: {error}; closed unanswered",
                 mailbox.id.0
             );
@@ -385,7 +387,8 @@ impl Inner {
             }
         };
         let Some(entry) = entry else {
-            log::warn!(
+            device_warn!(
+                context,
                 "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
                 mailbox.id.0
             );
@@ -581,7 +584,10 @@ impl Inner {
                 Fate::Close
             }
             Err(Error::Refused(why)) => {
-                log::warn!("{name}: mailbox {id} port {index}: {opcode} refused: {why}");
+                device_warn!(
+                    context,
+                    "{name}: mailbox {id} port {index}: {opcode} refused: {why}"
+                );
                 bump(&context.stats.refused);
                 context.stats.served(opcode);
                 Fate::Close

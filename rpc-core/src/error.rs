@@ -38,6 +38,9 @@ pub enum Error {
     /// A lane claimed a stream longer than the bound.
     #[error("lane {lane} sent a length of {len} bytes, above the bound of {bound}")]
     TooLong { lane: u32, len: u64, bound: u64 },
+    /// A request's streams claimed more bytes, all lanes together, than it has left.
+    #[error("the request's streams claim {len} bytes, above its remaining {bound}")]
+    RequestTooLong { len: u64, bound: u64 },
     /// Fixed-size data whose length differs between lanes or from the expected size.
     #[error("lane {lane} has {len} bytes where {expected} were expected")]
     BadLength {

@@ -24,6 +24,8 @@ pub mod error;
 #[cfg(feature = "std")]
 mod io_pool;
 pub mod layout;
+#[cfg(feature = "std")]
+pub mod limits;
 pub mod mailbox;
 pub mod opcode;
 #[cfg(feature = "std")]
@@ -59,6 +61,8 @@ mod loom_server_thread;
 pub use client::{Client, ClientDoorbell};
 pub use error::{Error, Result};
 pub use layout::{Buffer, Generation, Header, Layout};
+#[cfg(feature = "std")]
+pub use limits::Limits;
 pub use mailbox::Mailbox;
 #[cfg(feature = "std")]
 pub use mailbox::{LockTable, MailboxMemory};

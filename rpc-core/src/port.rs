@@ -439,13 +439,32 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// A lane claiming more than `bound` bytes ends the exchange with [`Error::TooLong`]; memory
     /// grows with the bytes actually received, never with the claimed length.
     pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
+        self.recv_n_within_async(bound, u64::MAX).await
+    }
+
+    /// `recv_n_async` whose lanes together may claim at most `total` bytes (a request's
+    /// budget): above it the script stops as above a lane's `bound`.
+    pub(crate) async fn recv_n_within_async(
+        &mut self,
+        bound: u64,
+        total: u64,
+    ) -> Result<Vec<Vec<u8>>> {
         let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
         let mut lengths = [0usize; 64];
         let mut too_long = None;
+        let mut claimed = 0u64;
         self.recv_async(|lane, packet| {
             let len = packet.word(0);
             if len > bound {
                 too_long.get_or_insert(Error::TooLong { lane, len, bound });
+                return;
+            }
+            claimed = claimed.saturating_add(len);
+            if claimed > total {
+                too_long.get_or_insert(Error::RequestTooLong {
+                    len: claimed,
+                    bound: total,
+                });
                 return;
             }
             let len = len as usize; // `bound` fits in usize on every host we build for.

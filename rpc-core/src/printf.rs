@@ -367,6 +367,10 @@ pub fn string_pointers(
     Ok(pointers)
 }
 
+/// The size of the pieces [`format_to`] hands its sink: output is gathered up to this, then
+/// handed on, so a long output is never whole in memory.
+pub const CHUNK: usize = 64 << 10;
+
 /// Formats the pieces with the arguments in `args`, as the host C library's `printf` would.
 ///
 /// `strings(ptr)` returns the bytes of the device string at a non-null `%s` pointer (its NUL, and
@@ -378,13 +382,58 @@ pub fn format(
     packed: bool,
     strings: &dyn Fn(u64) -> Option<Vec<u8>>,
 ) -> Result<Vec<u8>, FormatError> {
-    let mut out = Vec::new();
-    walk(pieces, args, packed, |arg, piece| match (arg, piece) {
-        (Some(arg), _) => convert(&mut out, &arg, strings),
-        (None, Piece::Literal(bytes)) => out.extend_from_slice(bytes),
-        (None, _) => out.push(b'%'),
+    let mut all = Vec::new();
+    format_to(pieces, args, packed, strings, &mut |chunk| {
+        all.extend_from_slice(chunk)
     })?;
-    Ok(out)
+    Ok(all)
+}
+
+/// [`format()`], handing the output to `sink` in order, in pieces of about [`CHUNK`] bytes (a
+/// piece is longer only by one conversion: at most [`MAX_FIELD`]-wide, or one `%s` string).
+/// A missing argument is found only where it is needed, after the output before it was
+/// handed on: check the arguments with [`string_pointers`] first.
+pub fn format_to(
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<(), FormatError> {
+    let mut out = Vec::new();
+    walk(pieces, args, packed, |arg, piece| {
+        match (arg, piece) {
+            (Some(arg), _) => convert(&mut out, &arg, strings),
+            (None, Piece::Literal(bytes)) => out.extend_from_slice(bytes),
+            (None, _) => out.push(b'%'),
+        }
+        if out.len() >= CHUNK {
+            sink(&out);
+            out.clear();
+        }
+    })?;
+    if !out.is_empty() {
+        sink(&out);
+    }
+    Ok(())
+}
+
+/// More than the bytes the pieces can print, given `strings` bytes of `%s` strings: literal
+/// bytes, plus for each conversion its widest width and precision (a `*` counts as
+/// [`MAX_FIELD`]) and room for the longest number (a `%f` of the largest double).
+pub fn output_bound(pieces: &[Piece], strings: usize) -> usize {
+    let count = |c: &Count| match c {
+        Count::None => 0,
+        Count::Fixed(n) => *n,
+        Count::Star => MAX_FIELD,
+    };
+    pieces.iter().fold(strings, |sum, piece| {
+        sum.saturating_add(match piece {
+            Piece::Literal(bytes) => bytes.len(),
+            Piece::Spec(spec) => count(&spec.width) + count(&spec.precision) + 330,
+            Piece::Percent => 1,
+        })
+    })
 }
 
 /// Appends one conversion.

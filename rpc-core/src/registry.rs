@@ -185,6 +185,8 @@ pub struct Request {
     port: ManuallyDrop<ServerPort<'static>>,
     mailbox: Arc<Attached>,
     inner: Arc<Inner>,
+    /// Bytes its streams have carried so far (bounded by `Limits::request_bytes`).
+    received: u64,
 }
 
 impl Drop for Request {
@@ -224,6 +226,7 @@ impl Request {
             port: ManuallyDrop::new(port),
             mailbox,
             inner,
+            received: 0,
         }
     }
 
@@ -284,11 +287,18 @@ impl Request {
     pub async fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
         self.port.send_n_async(data).await
     }
-    /// Receives a byte string per lane, bounded by the server's configured stream bound (a lane
-    /// above it ends the exchange at once with [`crate::Error::TooLong`]).
+    /// Receives a byte string per lane, bounded by the server's [`crate::Limits`]: a lane
+    /// above `stream_bytes`, or the request's streams together above `request_bytes`, end the
+    /// exchange at once ([`crate::Error::TooLong`], [`crate::Error::RequestTooLong`]).
     pub async fn recv_n(&mut self) -> Result<Vec<Vec<u8>>> {
-        let bound = self.inner.context.config.stream_bound;
-        self.port.recv_n_async(bound).await
+        let limits = &self.inner.context.config.limits;
+        let left = limits.request_bytes.saturating_sub(self.received);
+        let data = self
+            .port
+            .recv_n_within_async(limits.stream_bytes, left)
+            .await?;
+        self.received += data.iter().map(|d| d.len() as u64).sum::<u64>();
+        Ok(data)
     }
     /// Sends `size` bytes per active lane without a length word.
     pub async fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {

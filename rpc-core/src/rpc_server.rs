@@ -59,8 +59,9 @@ pub enum ShutdownPolicy {
 pub struct ServerConfig {
     /// Name used for the worker thread and in logs (`host`, `cuda`, ...).
     pub name: String,
-    /// The most bytes a lane may send in one `send_n` (PROTOCOL section 5). Default 64 MiB.
-    pub stream_bound: u64,
+    /// What one request and one mailbox may make the host hold (streams, reads, files,
+    /// MALLOC), and how many log lines devices may cause.
+    pub limits: crate::limits::Limits,
     /// Treat a client as gone once its exchange has made no progress for this long: the port
     /// is then reset for a new client. Only for a server that has no kernels to count, whose
     /// clients are processes that may die (`rpc-serve`); a kernel's exchange is abandoned only
@@ -92,7 +93,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             name: "rpc".into(),
-            stream_bound: 64 << 20,
+            limits: Default::default(),
             client_timeout: None,
             io_threads: 4,
             io_grace: Duration::from_millis(200),
@@ -238,6 +239,8 @@ pub struct ServerContext {
     /// Set while a shutdown is in progress: waits on clients give up.
     pub(crate) stopping: AtomicBool,
     pub(crate) services: crate::services::Services,
+    /// The budget of log lines devices cause (`Limits::device_log_lines`).
+    pub(crate) log_limit: crate::limits::LogLimit,
 }
 
 impl ServerContext {
@@ -269,6 +272,7 @@ impl RpcServer {
     /// A stopped server with the standard handlers registered.
     pub fn new(config: ServerConfig) -> Self {
         let services = crate::services::Services::new(&config);
+        let log_limit = crate::limits::LogLimit::new(config.limits.device_log_lines);
         let mut registry = Registry::default();
         crate::services::register_standard(&mut registry);
         let inner = Arc::new(Inner {
@@ -281,6 +285,7 @@ impl RpcServer {
                 any_users: Arc::new(Coverage::default()),
                 stopping: AtomicBool::new(false),
                 services,
+                log_limit,
             },
             thread: ServerThread::new(),
             io: crate::io_pool::IoPool::default(),
@@ -382,7 +387,8 @@ impl RpcServer {
     }
 
     /// Detaches a mailbox and frees it once the worker no longer holds it (a wait on one of
-    /// its ports is abandoned). Errors if no such mailbox is attached.
+    /// its ports is abandoned); the files its kernels opened are closed and their MALLOC
+    /// allocations freed. Errors if no such mailbox is attached.
     pub fn detach(&self, id: MailboxId) -> Result<()> {
         let context = &self.inner.context;
         let attached = context.mailboxes.update(|list| {
@@ -392,6 +398,8 @@ impl RpcServer {
         let attached = attached.ok_or(Error::NoSuchMailbox(id.0))?;
         // Release: pairs with the worker's Acquire load before it touches the mailbox again.
         attached.detached.store(true, Ordering::Release);
+        // Its kernels can no longer ask anything: what they held goes now.
+        context.services.forget_mailbox(id);
         if self.inner.thread.is_worker() {
             // From a handler: the worker lets go of the mailbox after this pass; it cannot wait
             // for itself.

@@ -70,7 +70,7 @@ struct Fx {
     /// Client waits give up at this instant, so a broken server fails the test, not hangs it.
     deadline: Deadline,
     _user: UserGuard,
-    server: RpcServer,
+    server: Arc<RpcServer>,
 }
 
 impl Fx {
@@ -82,7 +82,10 @@ impl Fx {
         let _ = env_logger::builder().is_test(true).try_init();
         let mut config = ServerConfig {
             name: format!("{name}-L{lanes}"),
-            stream_bound: BOUND,
+            limits: rpc_core::Limits {
+                stream_bytes: BOUND,
+                ..rpc_core::Limits::default()
+            },
             services: ServicesConfig {
                 exit: ExitPolicy::Record,
                 ..ServicesConfig::default()
@@ -116,7 +119,27 @@ impl Fx {
             dir,
             deadline: Deadline::after(Duration::from_secs(120)),
             _user: server.user(),
-            server,
+            server: Arc::new(server),
+        }
+    }
+
+    /// Another mailbox of the same server (another device's kernels), sharing the captured
+    /// output and the directory.
+    fn second_mailbox(&self) -> Fx {
+        let layout = Layout::new(Generation::V1, 4, self.lanes).unwrap();
+        let memory = Arc::new(MailboxMemory::new(layout));
+        let id = self.server.attach(Box::new(Shared(memory.clone())));
+        Fx {
+            memory,
+            locks: LockTable::new(4),
+            id,
+            out: self.out.clone(),
+            err: self.err.clone(),
+            dir: self.dir.clone(),
+            deadline: Deadline::after(Duration::from_secs(120)),
+            _user: self.server.user(),
+            server: self.server.clone(),
+            ..*self
         }
     }
 
@@ -586,19 +609,19 @@ fn stdin_reads_in_lane_order() {
         }
         let first = fx.lanes()[0] as usize;
         let out = fx.words(Opcode::UNGETC, |l| vec![u64::from(b'0' + l as u8), 1]);
+        // One byte of pushback, as C guarantees: the first lane's; the others get EOF.
         assert_eq!(out[first], u64::from(b'0' + first as u8));
+        for &l in &fx.lanes()[1..] {
+            assert_eq!(out[l as usize], MINUS_ONE, "lane {l}: a second ungetc");
+        }
         let (data, count) = fx.fread(2, &stdin);
-        // Pushback is read last-in first-out, before "tail".
+        // The pushback is read first, before "tail".
         let mut all: Vec<u8> = Vec::new();
         for l in fx.lanes() {
             assert_eq!(count[l as usize], data[l as usize].len() as u64);
             all.extend(&data[l as usize]);
         }
-        let expect: Vec<u8> = fx
-            .lanes()
-            .iter()
-            .rev()
-            .map(|&l| b'0' + l as u8)
+        let expect: Vec<u8> = std::iter::once(b'0' + first as u8)
             .chain(*b"tail")
             .take(2 * n)
             .collect();
@@ -1444,4 +1467,234 @@ fn printf_of_bad_formats_and_short_arguments_answers_minus_one() {
         assert_eq!(fx.out.take(), expect);
         fx.expect_counts(refused, 0);
     }
+}
+
+// ---- Limits (issue 15): what one request or one mailbox may make the host hold.
+
+/// A writer that records the size of every write it gets.
+#[derive(Clone, Default)]
+struct WriteSizes(Arc<Mutex<Vec<usize>>>);
+
+impl Write for WriteSizes {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().push(buf.len());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `%4096d` a thousand times prints 4 MB: it reaches stdout in pieces of about 64 KiB (the
+/// server never held the whole output), and the reply counts every byte.
+#[test]
+fn a_long_printf_goes_out_in_pieces() {
+    const SPECS: usize = 1000;
+    let fx = Fx::with("printf-long", 1, 1, |c| c.limits.stream_bytes = 1 << 20);
+    let writes = WriteSizes::default();
+    fx.services().set_stdout(Box::new(writes.clone()));
+    let formats = per_lane(|_| cstr(&"%4096d".repeat(SPECS)));
+    let args = per_lane(|_| 7u32.to_le_bytes().repeat(SPECS));
+    let (results, _, _) = fx.printf(
+        Opcode::PRINTF_TO_STDOUT,
+        None,
+        &formats,
+        &args,
+        &HashMap::new(),
+    );
+    assert_eq!(results[0], (4096 * SPECS) as i64);
+    let writes = writes.0.lock().unwrap().clone();
+    assert_eq!(writes.iter().sum::<usize>(), 4096 * SPECS);
+    let largest = writes.iter().copied().max().unwrap();
+    assert!(
+        largest <= rpc_core::printf::CHUNK + rpc_core::printf::MAX_FIELD,
+        "one write of {largest} bytes"
+    );
+    fx.expect_counts(0, 0);
+}
+
+/// A pointer printed many times is fetched once; strings above the request's limit make the
+/// lane print nothing and answer -1 (a refusal), and the other lanes print.
+#[test]
+fn printf_strings_are_fetched_once_and_within_the_limit() {
+    let fx = Fx::with("printf-strings", 32, 0x8000_1235, |c| {
+        c.limits.stream_bytes = 1 << 20;
+        c.limits.printf_string_bytes = 40_000;
+    });
+    let first = fx.lanes()[0];
+    let mut memory = HashMap::new();
+    // Each lane prints its pointer ten times; the first lane's string is 10 000 bytes: fetched
+    // once per lane, all lanes' strings are within the limit (ten fetches of it would not be).
+    for l in fx.lanes() {
+        let text = if l == first {
+            vec![b'x'; 10_000]
+        } else {
+            lane_text(l)
+        };
+        memory.insert(0x1000 + u64::from(l), text);
+    }
+    let formats = per_lane(|_| cstr(&"%s".repeat(10)));
+    let args = per_lane(|l| (0x1000 + u64::from(l)).to_le_bytes().repeat(10));
+    let (results, asked, _) = fx.printf(Opcode::PRINTF_TO_STDOUT, None, &formats, &args, &memory);
+    for l in fx.lanes() {
+        assert_eq!(asked[l as usize], vec![0x1000 + u64::from(l)], "lane {l}");
+        let len = memory[&(0x1000 + u64::from(l))].len() * 10;
+        assert_eq!(results[l as usize], len as i64, "lane {l}");
+    }
+    let printed: usize = memory.values().map(|text| text.len() * 10).sum();
+    assert_eq!(fx.out.take().len(), printed);
+    // Three distinct 20 000-byte strings: the second goes above 40 000 with the first.
+    let mut memory = HashMap::new();
+    for p in 1..=3u64 {
+        memory.insert(p << 20, vec![b'y'; 20_000]);
+    }
+    let formats = per_lane(|l| {
+        if l == first {
+            cstr("%s%s%s")
+        } else {
+            cstr("ok")
+        }
+    });
+    let args = per_lane(|l| {
+        if l == first {
+            [3u64 << 20, 2 << 20, 1 << 20]
+                .iter()
+                .flat_map(|p| p.to_le_bytes())
+                .collect()
+        } else {
+            Vec::new()
+        }
+    });
+    let (results, asked, _) = fx.printf(Opcode::PRINTF_TO_STDOUT, None, &formats, &args, &memory);
+    assert_eq!(results[first as usize], -1);
+    assert!(
+        asked[first as usize].len() < 3,
+        "{:?}",
+        asked[first as usize]
+    );
+    for &l in &fx.lanes()[1..] {
+        assert_eq!(results[l as usize], 2, "lane {l}");
+    }
+    assert_eq!(fx.out.take(), b"ok".repeat(fx.lanes().len() - 1));
+    fx.expect_counts(1, 0);
+}
+
+/// A read of 2^62 bytes from an endless stdin holds at most the request's read limit: the
+/// lanes get it in lane order, each a short count, and the count matches the data.
+#[test]
+fn reads_are_served_in_parts_within_the_limit() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::with("read-limit", lanes, mask, |c| c.limits.read_bytes = 10_000);
+        fx.services().set_stdin(Box::new(std::io::repeat(b'z')));
+        let stdin = [1u64; 64];
+        let (data, count) = fx.fread(1 << 62, &stdin);
+        let first = fx.lanes()[0] as usize;
+        for l in fx.lanes() {
+            let l = l as usize;
+            assert_eq!(count[l], data[l].len() as u64);
+            let expected = if l == first { 10_000 } else { 0 };
+            assert_eq!(data[l].len(), expected, "lane {l}");
+        }
+        let lines = fx.fgets(1 << 62, &stdin);
+        assert_eq!(lines[first].len(), 10_000, "the line so far, with its NUL");
+        assert_eq!(lines[first].last(), Some(&0));
+        fx.expect_counts(0, 0);
+    }
+}
+
+/// Each mailbox has its own files, allocations and quotas: another mailbox's handles and
+/// addresses name nothing, one mailbox at its limits leaves the other its own, and detaching a
+/// mailbox closes its files and frees its allocations.
+#[test]
+fn each_mailbox_has_its_own_files_allocations_and_quotas() {
+    let fx = Fx::with("isolation", 1, 1, |c| {
+        c.limits.open_files = 2;
+        c.limits.malloc_bytes = 3 << 20;
+    });
+    let allocator = Arc::new(HostAllocator::new());
+    fx.services().set_allocator(allocator.clone());
+    let other = fx.second_mailbox();
+    let file = |name: &str| per_lane(|_| cpath(&fx.path(name)));
+
+    let a = fx.fopen(&file("a"), "w")[0];
+    let b = fx.fopen(&file("b"), "w")[0];
+    assert!(a != 0 && b != 0 && a != b);
+    assert_eq!(fx.fopen(&file("c"), "w")[0], 0, "the mailbox's third file");
+    let d = other.fopen(&file("d"), "w")[0];
+    assert_ne!(d, 0, "the other mailbox has its own quota");
+    assert_eq!(fx.services().open_files(), 3);
+    // The first mailbox's handle from the other: nothing written, nothing closed.
+    let mut handles = [0u64; 64];
+    handles[0] = a;
+    assert_eq!(
+        other.write_to_stream(&handles, &per_lane(|_| b"x".to_vec()))[0],
+        0
+    );
+    assert_eq!(other.on_handles(Opcode::CLOSE_FILE, &handles)[0], EOF);
+    assert_eq!(
+        fx.write_to_stream(&handles, &per_lane(|_| b"y".to_vec()))[0],
+        1
+    );
+    assert_eq!(fx.services().open_files(), 3);
+
+    let two_mib = 2 << 20;
+    let mine = fx.words(Opcode::MALLOC, |_| vec![two_mib])[0];
+    assert_ne!(mine, 0);
+    assert_eq!(
+        fx.words(Opcode::MALLOC, |_| vec![two_mib])[0],
+        0,
+        "above 3 MiB"
+    );
+    let theirs = other.words(Opcode::MALLOC, |_| vec![two_mib])[0];
+    assert_ne!(theirs, 0, "the other mailbox's own quota");
+    // FREE of the first mailbox's memory from the other frees nothing.
+    other
+        .open(Opcode::FREE)
+        .send(|_, p| p.set_word(0, mine))
+        .unwrap();
+    other.wait_served(Opcode::FREE, 1);
+    assert_eq!(fx.services().live_allocations().len(), 2);
+    // Refused: the third open, the foreign write and close, the MALLOC above the quota, the
+    // foreign FREE.
+    fx.expect_counts(5, 0);
+
+    fx.server.detach(other.id).unwrap();
+    assert_eq!(
+        fx.services().open_files(),
+        2,
+        "the other mailbox's file closed"
+    );
+    let live = fx.services().live_allocations();
+    assert_eq!(live.len(), 1, "the other mailbox's allocation freed");
+    assert_eq!(live[0].addr, mine);
+    assert_eq!(allocator.live(), 1);
+}
+
+/// Handles are not guessable from each other: one slot opened and closed again and again
+/// gives a different handle each time, and two mailboxes' first handles differ.
+#[test]
+fn handles_carry_unpredictable_tags() {
+    let fx = Fx::new("tags", 1, 1);
+    let other = fx.second_mailbox();
+    let path = per_lane(|_| cpath(&fx.path("t")));
+    let mut seen = std::collections::HashSet::new();
+    let mut tags = Vec::new();
+    for _ in 0..50 {
+        let handle = fx.fopen(&path, "w")[0];
+        assert_ne!(handle, 0);
+        assert!(seen.insert(handle), "handle {handle:#x} again");
+        tags.push(handle >> 32);
+        let mut handles = [0u64; 64];
+        handles[0] = handle;
+        assert_eq!(fx.on_handles(Opcode::CLOSE_FILE, &handles)[0], 0);
+    }
+    let slots: std::collections::HashSet<u64> = seen.iter().map(|h| h & 0xffff_ffff).collect();
+    assert_eq!(slots.len(), 1, "one slot reused");
+    // Not a counter: the steps from one tag to the next are not all the same.
+    let steps: std::collections::HashSet<u64> =
+        tags.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+    assert!(steps.len() > 1, "tags {tags:x?} step evenly");
+    let theirs = other.fopen(&path, "w")[0];
+    assert!(!seen.contains(&theirs));
+    fx.expect_counts(0, 0);
 }

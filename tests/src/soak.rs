@@ -369,11 +369,14 @@ fn runtime(
 ) -> Result<Runtime, String> {
     let config = ServerConfig {
         name: name.into(),
-        stream_bound: 1 << 20,
+        limits: rpc_core::Limits {
+            stream_bytes: 1 << 20,
+            open_files: 1024,
+            ..rpc_core::Limits::default()
+        },
         services: ServicesConfig {
             exit: ExitPolicy::Record,
             files: FilePolicy::Under(dir.to_path_buf()),
-            max_open_files: 1024,
             ..ServicesConfig::default()
         },
         ..ServerConfig::default()

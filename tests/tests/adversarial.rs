@@ -79,7 +79,10 @@ impl Fixture {
         let _ = env_logger::builder().is_test(true).try_init();
         let server = RpcServer::new(ServerConfig {
             name: name.into(),
-            stream_bound: BOUND,
+            limits: rpc_core::Limits {
+                stream_bytes: BOUND,
+                ..rpc_core::Limits::default()
+            },
             services: ServicesConfig {
                 exit: ExitPolicy::Record,
                 files: FilePolicy::Denied,

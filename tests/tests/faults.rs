@@ -39,7 +39,10 @@ fn server(name: &str) -> RpcServer {
     let _ = env_logger::builder().is_test(true).try_init();
     let server = RpcServer::new(ServerConfig {
         name: name.into(),
-        stream_bound: 1 << 20,
+        limits: rpc_core::Limits {
+            stream_bytes: 1 << 20,
+            ..rpc_core::Limits::default()
+        },
         services: ServicesConfig {
             exit: ExitPolicy::Record,
             ..ServicesConfig::default()
@@ -481,7 +484,10 @@ fn a_handler_panicking_at_every_step_of_a_stream_exchange() {
 fn forced_shutdown_with_requests_in_flight_then_start_again() {
     let server = RpcServer::new(ServerConfig {
         name: "force".into(),
-        stream_bound: 1 << 20,
+        limits: rpc_core::Limits {
+            stream_bytes: 1 << 20,
+            ..rpc_core::Limits::default()
+        },
         ..ServerConfig::default()
     });
     let (memory, id) = attach(&server);

@@ -1,13 +1,17 @@
 //! MALLOC and FREE through the allocator the plugin provides, with the server's own table of
-//! live allocations: FREE frees only what MALLOC handed out and is still live.
+//! live allocations per mailbox: FREE frees only what MALLOC handed out to the same mailbox and
+//! is still live, and a mailbox holds at most `Limits::malloc_bytes`.
 
 use std::alloc::Layout as AllocLayout;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::vec::Vec;
 
 use super::{active, per_lane, recv_words, send_word0, Refusals};
+use crate::limits::device_warn;
 use crate::plugin::{DeviceAllocator, VendorError};
 use crate::registry::Request;
+use crate::rpc_server::MailboxId;
 use crate::sync::{lock, Mutex};
 use crate::Result;
 
@@ -25,17 +29,88 @@ pub struct Allocation {
 
 /// The server's record of a live allocation: its size and the allocator to free it with.
 pub(crate) struct Live {
-    pub(crate) size: u64,
+    size: u64,
     allocator: Arc<dyn DeviceAllocator>,
 }
 
+impl Live {
+    pub(crate) fn free(self, addr: u64) -> core::result::Result<(), VendorError> {
+        self.allocator.deallocate(addr)
+    }
+}
+
+/// Every mailbox's live allocations, and the bytes each mailbox holds.
+#[derive(Default)]
+pub(crate) struct Allocations {
+    live: BTreeMap<(MailboxId, u64), Live>,
+    held: HashMap<MailboxId, u64>,
+}
+
+impl Allocations {
+    pub(crate) fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub(crate) fn list(&self) -> Vec<Allocation> {
+        self.live
+            .iter()
+            .map(|(&(_, addr), live)| Allocation {
+                addr,
+                size: live.size,
+            })
+            .collect()
+    }
+
+    /// Bytes `mailbox` holds.
+    fn held(&self, mailbox: MailboxId) -> u64 {
+        self.held.get(&mailbox).copied().unwrap_or(0)
+    }
+
+    fn insert(&mut self, mailbox: MailboxId, addr: u64, live: Live) {
+        *self.held.entry(mailbox).or_default() += live.size;
+        if let Some(old) = self.live.insert((mailbox, addr), live) {
+            log::error!("allocator returned {addr:#x}, which is live already");
+            self.subtract(mailbox, old.size);
+        }
+    }
+
+    fn remove(&mut self, mailbox: MailboxId, addr: u64) -> Option<Live> {
+        let live = self.live.remove(&(mailbox, addr))?;
+        self.subtract(mailbox, live.size);
+        Some(live)
+    }
+
+    fn subtract(&mut self, mailbox: MailboxId, size: u64) {
+        if let Some(held) = self.held.get_mut(&mailbox) {
+            *held = held.saturating_sub(size);
+        }
+    }
+
+    /// Takes every allocation of `mailbox` out of the table.
+    pub(crate) fn take_mailbox(&mut self, mailbox: MailboxId) -> Vec<(u64, Live)> {
+        self.held.remove(&mailbox);
+        let addrs: Vec<u64> = self
+            .live
+            .range((mailbox, 0)..=(mailbox, u64::MAX))
+            .map(|(&(_, addr), _)| addr)
+            .collect();
+        addrs
+            .into_iter()
+            .filter_map(|addr| Some((addr, self.live.remove(&(mailbox, addr))?)))
+            .collect()
+    }
+}
+
 /// MALLOC: C send buf\[0\] = size; S send buf\[0\] = address (2 MiB aligned) or 0. Size 0 and
-/// failed allocations answer 0, as C's malloc may; no allocator set is a refusal (0).
+/// failed allocations answer 0, as C's malloc may; no allocator set, or a size that would take
+/// the mailbox above `Limits::malloc_bytes`, is a refusal (0).
 pub(crate) async fn malloc(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let services = &context.services;
-    let allocator = services.allocator_for(req.mailbox().id);
+    let mailbox = req.mailbox().id;
+    let quota = context.config.limits.malloc_bytes;
+    let allocator = services.allocator_for(mailbox);
     let mut refusals = Refusals::default();
     let mut replies = per_lane(&req, 0u64);
     for lane in active(&req) {
@@ -47,6 +122,17 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
         if size == 0 {
             continue;
         }
+        let held = lock(&services.allocations).held(mailbox);
+        if held.saturating_add(size) > quota {
+            refusals.lane(
+                lane,
+                std::format!(
+                    "MALLOC of {size} bytes would take the mailbox above its limit of {quota} \
+                     ({held} held)"
+                ),
+            );
+            continue;
+        }
         match allocator.allocate(size, MALLOC_ALIGN) {
             Ok(0) => {}
             Ok(addr) => {
@@ -54,12 +140,10 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
                     size,
                     allocator: allocator.clone(),
                 };
-                if lock(&services.allocations).insert(addr, live).is_some() {
-                    log::error!("allocator returned {addr:#x}, which is live already");
-                }
+                lock(&services.allocations).insert(mailbox, addr, live);
                 replies[lane as usize] = addr;
             }
-            Err(error) => log::warn!("MALLOC of {size} bytes failed: {error}"),
+            Err(error) => device_warn!(context, "MALLOC of {size} bytes failed: {error}"),
         }
     }
     send_word0(&mut req, &replies).await?;
@@ -67,8 +151,8 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
 }
 
 /// FREE: C send buf\[0\] = address; S frees; no reply. Address 0 is a no-op (`free(NULL)`);
-/// anything else that is not a live allocation of this server (foreign, or freed already) is
-/// refused and nothing is freed.
+/// anything else that is not a live allocation of this mailbox (foreign, another mailbox's, or
+/// freed already) is refused and nothing is freed.
 pub(crate) async fn free(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
@@ -79,10 +163,10 @@ pub(crate) async fn free(mut req: Request) -> Result<()> {
         if addr == 0 {
             continue;
         }
-        let live = lock(&services.allocations).remove(&addr);
+        let live = lock(&services.allocations).remove(req.mailbox().id, addr);
         match live {
             Some(live) => {
-                if let Err(error) = live.allocator.deallocate(addr) {
+                if let Err(error) = live.free(addr) {
                     refusals.lane(
                         lane,
                         std::format!("the allocator failed to free {addr:#x}: {error}"),
@@ -92,7 +176,8 @@ pub(crate) async fn free(mut req: Request) -> Result<()> {
             None => refusals.lane(
                 lane,
                 std::format!(
-                    "FREE of {addr:#x}, which is no live allocation (foreign or freed already)"
+                    "FREE of {addr:#x}, which is no live allocation of this mailbox (foreign, \
+                     another mailbox's, or freed already)"
                 ),
             ),
         }

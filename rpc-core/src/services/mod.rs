@@ -6,10 +6,17 @@
 //! is refused gets the error value the C function would return, and the request ends in
 //! [`Error::Refused`] (logged at `warn`, counted in `stats().refused`).
 //!
-//! Streams of bytes from the device (`send_n`) are bounded by [`ServerConfig::stream_bound`]: a
-//! lane claiming more ends the exchange at once ([`Error::TooLong`], logged and counted in
-//! `errors`); the rest is not drained on the server's time, and the port stays locked until the
-//! kernel is gone (see [`crate::dispatch`]).
+//! What a request may make the host hold is bounded by the server's [`crate::Limits`]. Streams
+//! of bytes from the device (`send_n`) are bounded per lane (`stream_bytes`) and per request
+//! (`request_bytes`): a claim above them ends the exchange at once ([`Error::TooLong`],
+//! [`Error::RequestTooLong`], logged and counted in `errors`); the rest is not drained on the
+//! server's time, and the port stays locked until the kernel is gone (see
+//! [`crate::dispatch`]). printf's output goes to its stream in pieces, never whole in memory;
+//! reads are served in parts of at most `read_bytes`.
+//!
+//! Each mailbox's kernels have their own open files and allocations: a handle or an address
+//! from another mailbox names nothing, the quotas (`open_files`, `malloc_bytes`) are per
+//! mailbox, and detaching a mailbox closes its files and frees its allocations.
 //!
 //! The one-packet opcodes (TEST_INCREMENT) are packet handlers; every other opcode is a script
 //! whose exchange suspends while the client has not answered. Work that may block (opening,
@@ -53,7 +60,7 @@
 //! Stream handles: see [`streams`] for the table and the handle encoding.
 
 use std::boxed::Box;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -62,6 +69,7 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use crate::error::Error;
+use crate::limits::Limits;
 use crate::plugin::DeviceAllocator;
 use crate::port::lanes;
 use crate::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
@@ -124,8 +132,6 @@ pub struct ServicesConfig {
     pub files: FilePolicy,
     /// Whether SYSTEM runs commands. Default: no (it answers -1).
     pub allow_system: bool,
-    /// Most files open at once through OPEN_FILE (per server). Default 256.
-    pub max_open_files: usize,
 }
 
 impl Default for ServicesConfig {
@@ -134,7 +140,6 @@ impl Default for ServicesConfig {
             exit: ExitPolicy::Process,
             files: FilePolicy::Allowed,
             allow_system: false,
-            max_open_files: 256,
         }
     }
 }
@@ -146,14 +151,16 @@ pub type HostFunction = Arc<dyn Fn(&[u8]) -> u64 + Send + Sync>;
 /// runtime changes streams and policies while the worker serves.
 pub struct Services {
     policy: Mutex<ServicesConfig>,
+    limits: Limits,
     stdin: Mutex<Input>,
     stdout: Mutex<Output>,
     stderr: Mutex<Output>,
-    files: Mutex<FileTable>,
+    /// Each mailbox's open files.
+    files: Mutex<HashMap<MailboxId, FileTable>>,
     allocator: Mutex<Option<Arc<dyn DeviceAllocator>>>,
     /// Allocators for one mailbox's kernels (a plugin with several devices sets each device's).
     mailbox_allocators: Mutex<HashMap<MailboxId, Arc<dyn DeviceAllocator>>>,
-    allocations: Mutex<BTreeMap<u64, memory::Live>>,
+    allocations: Mutex<memory::Allocations>,
     exits: Mutex<HashMap<MailboxId, KernelExit>>,
     host_functions: Mutex<HashMap<u64, HostFunction>>,
 }
@@ -162,13 +169,14 @@ impl Services {
     pub(crate) fn new(config: &ServerConfig) -> Self {
         Services {
             policy: Mutex::new(config.services.clone()),
+            limits: config.limits,
             stdin: Mutex::new(Input::process()),
             stdout: Mutex::new(Output::new(Box::new(std::io::stdout()))),
             stderr: Mutex::new(Output::new(Box::new(std::io::stderr()))),
-            files: Mutex::new(FileTable::default()),
+            files: Mutex::new(HashMap::new()),
             allocator: Mutex::new(None),
             mailbox_allocators: Mutex::new(HashMap::new()),
-            allocations: Mutex::new(BTreeMap::new()),
+            allocations: Mutex::new(memory::Allocations::default()),
             exits: Mutex::new(HashMap::new()),
             host_functions: Mutex::new(HashMap::new()),
         }
@@ -186,9 +194,6 @@ impl Services {
     }
     pub fn set_system_allowed(&self, allowed: bool) {
         lock(&self.policy).allow_system = allowed;
-    }
-    pub fn set_max_open_files(&self, max: usize) {
-        lock(&self.policy).max_open_files = max;
     }
 
     /// Sends the device's stdout (WRITE_TO_STDOUT, PRINTF_TO_STDOUT, handle 2) to `writer`
@@ -226,15 +231,10 @@ impl Services {
     pub fn clear_allocator(&self) {
         *lock(&self.allocator) = None;
     }
-    /// Allocations MALLOC handed out and FREE has not freed, lowest address first.
+    /// Allocations MALLOC handed out and FREE has not freed, by mailbox, then lowest address
+    /// first.
     pub fn live_allocations(&self) -> Vec<Allocation> {
-        lock(&self.allocations)
-            .iter()
-            .map(|(&addr, live)| Allocation {
-                addr,
-                size: live.size,
-            })
-            .collect()
+        lock(&self.allocations).list()
     }
 
     /// Lets HOST_CALL call `function` when the device names `addr`.
@@ -251,9 +251,31 @@ impl Services {
         lock(&self.exits).remove(&mailbox)
     }
 
-    /// Files opened through OPEN_FILE and not yet closed.
+    /// Files opened through OPEN_FILE and not yet closed, every mailbox together.
     pub fn open_files(&self) -> usize {
-        lock(&self.files).len()
+        lock(&self.files).values().map(FileTable::len).sum()
+    }
+
+    /// Forgets what `mailbox`'s kernels held: closes their files (a file an I/O call is using
+    /// closes when that call ends), frees their allocations through the allocators that made
+    /// them, drops the mailbox's allocator. Called when the mailbox is detached.
+    pub(crate) fn forget_mailbox(&self, mailbox: MailboxId) {
+        let files = lock(&self.files).remove(&mailbox);
+        let freed = lock(&self.allocations).take_mailbox(mailbox);
+        lock(&self.mailbox_allocators).remove(&mailbox);
+        let (closed, count) = (files.as_ref().map_or(0, FileTable::len), freed.len());
+        drop(files);
+        for (addr, live) in freed {
+            if let Err(error) = live.free(addr) {
+                log::warn!("mailbox {}: freeing {addr:#x}: {error}", mailbox.0);
+            }
+        }
+        if closed + count > 0 {
+            log::debug!(
+                "mailbox {}: closed {closed} file(s), freed {count} allocation(s)",
+                mailbox.0
+            );
+        }
     }
 
     /// Flushes the device's stdout and stderr.

@@ -7,14 +7,19 @@
 //! 4. C send_n(argument buffer).
 //! 5. While any lane has a non-null `%s` pointer not yet fetched: S send {buf\[0\] = 0,
 //!    buf\[1\] = the lane's next pointer, last-first as LLVM asks, or 0}; C send_n(the string
-//!    incl. NUL, or nothing for 0).
-//! 6. S formats and writes each lane's output whole (one write per lane), then
-//!    S send {buf\[0\] = bytes written or -1, buf\[1\] = 0}.
+//!    incl. NUL, or nothing for 0). A pointer printed twice is fetched once.
+//! 6. S formats each lane's output and writes it to the lane's stream in pieces of
+//!    [`CHUNK`] bytes (one write for a shorter output, and never the whole of a longer one in
+//!    memory), then S send {buf\[0\] = bytes written or -1, buf\[1\] = 0}.
 //!
-//! A lane gets -1 and no output for a bad handle, a format that does not parse or an argument
-//! buffer shorter than the format needs; the script completes in those cases. A format, an
-//! argument buffer or a string above the stream bound ends the exchange at once (see
-//! [`super`]).
+//! A lane gets -1 and no output for a bad handle, a format that does not parse, an argument
+//! buffer shorter than the format needs, or `%s` strings above `Limits::printf_string_bytes`
+//! (the request's lanes together); the script completes in those cases. A format, an argument
+//! buffer or a string above the stream limits ends the exchange at once (see [`super`]).
+//!
+//! Output that may be long (above [`CHUNK`], by [`output_bound`]) or goes to a file is
+//! formatted and written on an I/O thread, so that the server thread never spends long on one
+//! request.
 
 use std::collections::HashMap;
 use std::format;
@@ -24,7 +29,7 @@ use std::vec::Vec;
 use super::streams::Target;
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::opcode::Opcode;
-use crate::printf::{args_size, format, parse, string_pointers, Piece};
+use crate::printf::{args_size, format_to, output_bound, parse, string_pointers, Piece, CHUNK};
 use crate::registry::Request;
 use crate::Result;
 
@@ -47,6 +52,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     );
     let context = super::context(&req);
     let services = &context.services;
+    let mailbox = req.mailbox().id;
     let mut refusals = Refusals::default();
 
     // 1. The stream of each lane.
@@ -61,7 +67,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     };
     let target = |lane: u32| -> Option<Target> {
         match (&handles, opcode) {
-            (Some(words), _) => services.raw(words[lane as usize][0]),
+            (Some(words), _) => services.raw(mailbox, words[lane as usize][0]),
             (None, Opcode::PRINTF_TO_STDERR | Opcode::PRINTF_TO_STDERR_PACKED) => {
                 Some(Target::Stderr)
             }
@@ -109,12 +115,22 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
         }
     }
 
-    // 5. Fetch the strings, last-first.
+    // 5. Fetch the strings, last-first, each pointer once, within the request's budget.
+    let mut budget = context.config.limits.printf_string_bytes;
     let mut strings: Vec<HashMap<u64, Vec<u8>>> = per_lane(&req, HashMap::new());
-    while active(&req).any(|lane| !pending[lane as usize].is_empty()) {
+    loop {
         let mut asked = per_lane(&req, 0u64);
         for lane in active(&req) {
-            asked[lane as usize] = pending[lane as usize].pop().unwrap_or(0);
+            let i = lane as usize;
+            while let Some(pointer) = pending[i].pop() {
+                if !strings[i].contains_key(&pointer) {
+                    asked[i] = pointer;
+                    break;
+                }
+            }
+        }
+        if asked.iter().all(|&pointer| pointer == 0) {
+            break;
         }
         req.send(|lane, p| {
             p.set_word(0, 0);
@@ -124,39 +140,76 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
         let mut fetched = req.recv_n().await?;
         for lane in active(&req) {
             let i = lane as usize;
-            if asked[i] != 0 {
-                strings[i].insert(asked[i], std::mem::take(&mut fetched[i]));
+            if asked[i] == 0 || matches!(lanes[i], Lane::Refused) {
+                continue;
             }
+            let len = fetched[i].len() as u64;
+            if len > budget {
+                refusals.lane(
+                    lane,
+                    format!(
+                        "its %s strings go above the request's limit of {} bytes",
+                        context.config.limits.printf_string_bytes
+                    ),
+                );
+                lanes[i] = Lane::Refused;
+                pending[i].clear();
+                strings[i].clear();
+                continue;
+            }
+            budget -= len;
+            strings[i].insert(asked[i], std::mem::take(&mut fetched[i]));
         }
     }
 
-    // 6. Format, print (on an I/O thread if any lane prints to a file), reply.
-    let mut outputs = Vec::new();
+    // 6. Format and print in pieces (on an I/O thread if any lane prints to a file or may
+    // print much), reply.
+    let mut jobs = Vec::new();
+    let mut long = false;
     for lane in active(&req) {
         let i = lane as usize;
         let Lane::Parsed(pieces, target) = &mut lanes[i] else {
             continue;
         };
-        let strings = &strings[i];
-        match format(pieces, &args[i], packed, &|p| strings.get(&p).cloned()) {
-            Ok(out) => outputs.push((lane, std::mem::replace(target, Target::Stdout), out)),
-            Err(error) => refusals.lane(lane, error),
-        }
+        let fetched = strings[i].values().map(Vec::len).sum();
+        long |= output_bound(pieces, fetched) > CHUNK;
+        jobs.push((lane, std::mem::replace(target, Target::Stdout)));
     }
-    let blocks = outputs.iter().any(|(_, target, _)| target.may_block());
-    let written = super::io(&req, blocks, move |context| {
-        outputs
-            .into_iter()
-            .map(|(lane, target, out)| {
-                let written = context.services.write(&target, &out);
-                (lane, (written == out.len()).then_some(out.len() as u64))
+    drop(lanes); // The parsed pieces borrow `formats`, which the print call takes.
+    let blocks = long || jobs.iter().any(|(_, target)| target.may_block());
+    let printed = super::io(&req, blocks, move |context| {
+        jobs.into_iter()
+            .map(|(lane, target)| {
+                let i = lane as usize;
+                let strings = &strings[i];
+                let fetch = |p| strings.get(&p).cloned();
+                let (mut written, mut lost) = (0u64, false);
+                let mut sink = |chunk: &[u8]| {
+                    // After a failed write nothing more is written: C's printf stops too.
+                    if !lost {
+                        let n = context.services.write(&target, chunk);
+                        written += n as u64;
+                        lost = n < chunk.len();
+                    }
+                };
+                let result = parse(&formats[i])
+                    .and_then(|pieces| format_to(&pieces, &args[i], packed, &fetch, &mut sink));
+                let outcome = match result {
+                    Err(error) => Err(error.to_string()),
+                    Ok(()) if lost => Ok(None),
+                    Ok(()) => Ok(Some(written)),
+                };
+                (lane, outcome)
             })
             .collect::<Vec<_>>()
     })
     .await?;
     let mut results = per_lane(&req, c_result(-1));
-    for (lane, written) in written {
-        results[lane as usize] = written.unwrap_or(c_result(-1));
+    for (lane, outcome) in printed {
+        match outcome {
+            Ok(written) => results[lane as usize] = written.unwrap_or(c_result(-1)),
+            Err(why) => refusals.lane(lane, why),
+        }
     }
     req.send(|lane, p| {
         p.set_word(0, results[lane as usize]);

@@ -13,6 +13,7 @@ use super::{
     Services, EOF_WORD,
 };
 use crate::registry::Request;
+use crate::rpc_server::MailboxId;
 use crate::Result;
 
 /// Writes each lane's bytes to its target (on an I/O thread if any target is a file); replies
@@ -84,11 +85,12 @@ pub(crate) async fn write_to_stream(mut req: Request) -> Result<()> {
     let handles = recv_words(&mut req).await?;
     let data = req.recv_n().await?;
     let context = super::context(&req);
+    let mailbox = req.mailbox().id;
     let mut refusals = Refusals::default();
     write_lanes(
         &mut req,
         data,
-        |lane| context.services.raw(handles[lane as usize][0]),
+        |lane| context.services.raw(mailbox, handles[lane as usize][0]),
         false,
         &mut refusals,
     )
@@ -96,21 +98,28 @@ pub(crate) async fn write_to_stream(mut req: Request) -> Result<()> {
     refusals.finish()
 }
 
+/// What is left of a request's read budget (`Limits::read_bytes`) for a lane asking `want`
+/// bytes: the lane gets at most that, the rest of its read is a short count.
+fn take_budget(budget: &mut u64, want: u64) -> usize {
+    let take = want.min(*budget);
+    *budget -= take;
+    take as usize // At most `read_bytes`, which is far below usize::MAX on a 64-bit host.
+}
+
 /// READ_FROM_STREAM: C send {buf\[0\] = max, buf\[1\] = tagged}; S send_n(data);
-/// S send buf\[0\] = bytes read. The max is bounded by the stream bound.
+/// S send buf\[0\] = bytes read. The lanes together read at most `Limits::read_bytes` (a short
+/// count beyond, as a read of a pipe may return).
 pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let bound = context.config.stream_bound;
+    let mailbox = req.mailbox().id;
+    let mut budget = context.config.limits.read_bytes;
     let mut refusals = Refusals::default();
     let mut reads = Vec::new();
     for lane in active(&req) {
         let [max, handle, ..] = words[lane as usize];
-        match context.services.tagged(handle) {
-            Some(target) => {
-                let max = max.min(bound).min(usize::MAX as u64) as usize;
-                reads.push((lane, target, max));
-            }
+        match context.services.tagged(mailbox, handle) {
+            Some(target) => reads.push((lane, target, take_budget(&mut budget, max))),
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
@@ -134,19 +143,21 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
 }
 
 /// READ_FGETS: C send {buf\[0\] = count, buf\[1\] = tagged}; S send_n(line incl. NUL, or 0
-/// bytes at the end or on an error). The count is bounded by the stream bound.
+/// bytes at the end or on an error). The lanes' counts together are bounded by
+/// `Limits::read_bytes` (a longer line comes in parts, as with a smaller count).
 pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let bound = context.config.stream_bound;
+    let mailbox = req.mailbox().id;
+    let mut budget = context.config.limits.read_bytes;
     let mut refusals = Refusals::default();
     let mut reads = Vec::new();
     for lane in active(&req) {
         let [count, handle, ..] = words[lane as usize];
-        match context.services.tagged(handle) {
+        match context.services.tagged(mailbox, handle) {
             Some(target) => {
-                let count = count.min(bound).min(c_int::MAX as u64) as usize;
-                reads.push((lane, target, count));
+                let count = count.min(c_int::MAX as u64);
+                reads.push((lane, target, take_budget(&mut budget, count)));
             }
             None => refusals.lane(lane, "not a live stream handle"),
         }
@@ -250,6 +261,7 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
             CString::new(mode).unwrap_or_default(),
         ));
     }
+    let mailbox = req.mailbox().id;
     let opened = io(&req, !opens.is_empty(), move |context| {
         let services = &context.services;
         let policy = services.config().files;
@@ -259,7 +271,7 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
                 if let Err(why) = permitted(&policy, &host_path, true) {
                     return Err((lane, why));
                 }
-                match services.open(&c_path, &c_mode) {
+                match services.open(mailbox, &c_path, &c_mode) {
                     Ok(handle) => Ok(handle),
                     // A failed fopen is an ordinary C result; only the table limit is a
                     // refusal.
@@ -271,7 +283,10 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
                         );
                         Ok(0)
                     }
-                    Err(OpenError::TooMany) => Err("too many open files".into()),
+                    Err(OpenError::TooMany) => Err(std::format!(
+                        "the mailbox has {} files open, its limit",
+                        context.config.limits.open_files
+                    )),
                 }
                 .map(|handle| (lane, handle))
                 .map_err(|why: String| (lane, why))
@@ -290,24 +305,29 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
     refusals.finish()
 }
 
+/// A stream opcode's operation on one lane's stream: the services, the request's mailbox,
+/// the stream, the lane's words; the reply word.
+type StreamOp = fn(&Services, MailboxId, &Target, &[u64; 8]) -> u64;
+
 /// The pattern of every stream opcode but the reads and writes: C send {words}; S send
-/// buf\[0\] = `op(services, target, words)` per lane, or `bad` where buf\[`at`\] is not a live
-/// stream handle (`handle` finds it: tagged or raw). `op` runs on an I/O thread if any lane's
-/// stream is a file or stdin.
+/// buf\[0\] = `op(..)` per lane, or `bad` where buf\[`at`\] is not a live stream handle of the
+/// request's mailbox (`handle` finds it: tagged or raw). `op` runs on an I/O thread if any
+/// lane's stream is a file or stdin.
 async fn on_stream(
     mut req: Request,
     at: usize,
     bad: u64,
-    handle: fn(&super::Services, u64) -> Option<Target>,
-    op: fn(&super::Services, &Target, &[u64; 8]) -> u64,
+    handle: fn(&Services, MailboxId, u64) -> Option<Target>,
+    op: StreamOp,
 ) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
+    let mailbox = req.mailbox().id;
     let mut refusals = Refusals::default();
     let mut targets = Vec::new();
     for lane in active(&req) {
         let words = &words[lane as usize];
-        match handle(&context.services, words[at]) {
+        match handle(&context.services, mailbox, words[at]) {
             Some(target) => targets.push((lane, target)),
             None => refusals.lane(
                 lane,
@@ -319,7 +339,10 @@ async fn on_stream(
     let results = io(&req, blocks, move |context| {
         targets
             .into_iter()
-            .map(|(lane, target)| (lane, op(&context.services, &target, &words[lane as usize])))
+            .map(|(lane, target)| {
+                let reply = op(&context.services, mailbox, &target, &words[lane as usize]);
+                (lane, reply)
+            })
             .collect::<Vec<_>>()
     })
     .await?;
@@ -333,7 +356,7 @@ async fn on_stream(
 
 /// FEOF: C send buf\[0\] = tagged; S send buf\[0\] = feof (1 for a bad handle).
 pub(crate) async fn feof(req: Request) -> Result<()> {
-    on_stream(req, 0, 1, Services::tagged, |s, t, _| {
+    on_stream(req, 0, 1, Services::tagged, |s, _, t, _| {
         c_result(s.eof(t).into())
     })
     .await
@@ -341,7 +364,7 @@ pub(crate) async fn feof(req: Request) -> Result<()> {
 
 /// FERROR: C send buf\[0\] = tagged; S send buf\[0\] = ferror (1 for a bad handle).
 pub(crate) async fn ferror(req: Request) -> Result<()> {
-    on_stream(req, 0, 1, Services::tagged, |s, t, _| {
+    on_stream(req, 0, 1, Services::tagged, |s, _, t, _| {
         c_result(s.error(t).into())
     })
     .await
@@ -349,7 +372,7 @@ pub(crate) async fn ferror(req: Request) -> Result<()> {
 
 /// FTELL: C send buf\[0\] = tagged; S send buf\[0\] = ftell as i64 (-1 for a bad handle).
 pub(crate) async fn ftell(req: Request) -> Result<()> {
-    on_stream(req, 0, c_result(-1), Services::tagged, |s, t, _| {
+    on_stream(req, 0, c_result(-1), Services::tagged, |s, _, t, _| {
         c_result(s.tell(t))
     })
     .await
@@ -357,7 +380,7 @@ pub(crate) async fn ftell(req: Request) -> Result<()> {
 
 /// FSEEK: C send {tagged, offset, whence}; S send buf\[0\] = 0 or -1.
 pub(crate) async fn fseek(req: Request) -> Result<()> {
-    on_stream(req, 0, c_result(-1), Services::tagged, |s, t, w| {
+    on_stream(req, 0, c_result(-1), Services::tagged, |s, _, t, w| {
         c_result(s.seek(t, w[1] as i64, w[2]).into())
     })
     .await
@@ -365,7 +388,7 @@ pub(crate) async fn fseek(req: Request) -> Result<()> {
 
 /// UNGETC: C send {buf\[0\] = c, buf\[1\] = tagged}; S send buf\[0\] = c or EOF.
 pub(crate) async fn ungetc(req: Request) -> Result<()> {
-    on_stream(req, 1, EOF_WORD, Services::tagged, |s, t, w| {
+    on_stream(req, 1, EOF_WORD, Services::tagged, |s, _, t, w| {
         c_result(s.ungetc(t, w[0] as u32 as c_int).into())
     })
     .await
@@ -375,10 +398,11 @@ pub(crate) async fn ungetc(req: Request) -> Result<()> {
 pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
+    let mailbox = req.mailbox().id;
     let mut refusals = Refusals::default();
     for lane in active(&req) {
         let handle = words[lane as usize][0];
-        match context.services.tagged(handle) {
+        match context.services.tagged(mailbox, handle) {
             Some(target) => context.services.clear_error(&target),
             None => refusals.lane(
                 lane,
@@ -393,12 +417,12 @@ pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
 /// CLOSE_FILE: C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF. The standard
 /// streams cannot be closed.
 pub(crate) async fn close_file(req: Request) -> Result<()> {
-    let file = |services: &Services, handle: u64| match services.raw(handle) {
+    let file = |services: &Services, mailbox, handle| match services.raw(mailbox, handle) {
         Some(target @ Target::File(_)) => Some(target),
         _ => None,
     };
-    on_stream(req, 0, EOF_WORD, file, |s, _, w| {
-        s.close(w[0])
+    on_stream(req, 0, EOF_WORD, file, |s, mailbox, _, w| {
+        s.close(mailbox, w[0])
             .map_or(EOF_WORD, |result| c_result(result.into()))
     })
     .await
@@ -408,12 +432,16 @@ pub(crate) async fn close_file(req: Request) -> Result<()> {
 /// flushes every standard output and open file, as C does.
 pub(crate) async fn fflush(req: Request) -> Result<()> {
     // Handle 0 stands for "every stream": stdin's target marks it (flushing stdin is a no-op).
-    let every = |services: &Services, handle: u64| match handle {
+    let every = |services: &Services, mailbox, handle| match handle {
         0 => Some(Target::Stdin),
-        _ => services.tagged(handle),
+        _ => services.tagged(mailbox, handle),
     };
-    on_stream(req, 0, EOF_WORD, every, |s, t, w| {
-        let result = if w[0] == 0 { s.flush_all() } else { s.flush(t) };
+    on_stream(req, 0, EOF_WORD, every, |s, mailbox, t, w| {
+        let result = if w[0] == 0 {
+            s.flush_all(mailbox)
+        } else {
+            s.flush(t)
+        };
         c_result(result.into())
     })
     .await

@@ -7,12 +7,15 @@
 //! PRINTF_TO_STREAM) exactly 1, 2 and 3 name the standard streams and anything else must be a
 //! table handle.
 //!
-//! A table handle is `generation << 32 | slot << 2`: the two low bits are 0 (so the device's tag
-//! check sees a file), `slot` (30 bits) indexes the table and `generation` (32 bits, never 0, so
-//! a handle is never 0) is a counter bumped at every open. A handle names a file only while that
-//! slot holds the generation it was made with, so a handle kept after CLOSE_FILE does not alias
-//! a file opened later in the same slot (until 2^32 more opens wrap the counter). A handle that
-//! is not live is an error result, never undefined behaviour.
+//! Each mailbox has a table of its own: a handle names a file only for requests of the mailbox
+//! that opened it, and detaching the mailbox closes its files. A table handle is
+//! `tag << 32 | slot << 2`: the two low bits are 0 (so the device's tag check sees a file),
+//! `slot` (30 bits) indexes the table and `tag` (32 bits, never 0, so a handle is never 0) is
+//! drawn for each open from a keyed hash whose key is random per table. A handle names a file
+//! only while that slot holds the tag it was made with, so a handle kept after CLOSE_FILE does
+//! not alias a file opened later in the same slot, and a device cannot forge a handle it was
+//! not given (one guess in 2^32). A handle that is not live is an error result, never
+//! undefined behaviour.
 //!
 //! Files are C `FILE *`s of the host's libc (exact C semantics for modes, buffering, `ungetc`,
 //! `fseek`...), held only in the table and never exposed to the device. The standard streams
@@ -20,11 +23,14 @@
 //! the C indicators (end-of-file, error) and `ungetc` pushback kept beside them.
 
 use std::boxed::Box;
+use std::collections::hash_map::RandomState;
 use std::ffi::{c_int, CStr};
+use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::sync::Arc;
 use std::vec::Vec;
 
+use crate::rpc_server::MailboxId;
 use crate::sync::{lock, Mutex};
 
 /// Tagged value of stdin.
@@ -37,13 +43,13 @@ pub const STDERR: u64 = 3;
 const SLOT_BITS: u32 = 30;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
-/// The handle of `slot` opened at `generation`.
-pub fn encode_handle(slot: usize, generation: u32) -> u64 {
-    (u64::from(generation) << 32) | (((slot as u64) & SLOT_MASK) << 2)
+/// The handle of `slot` opened with `tag`.
+fn encode_handle(slot: usize, tag: u32) -> u64 {
+    (u64::from(tag) << 32) | (((slot as u64) & SLOT_MASK) << 2)
 }
 
-/// `(slot, generation)` of a table handle; `None` if its tag bits are not 0.
-pub fn decode_handle(handle: u64) -> Option<(usize, u32)> {
+/// `(slot, tag)` of a table handle; `None` if its low two bits are not 0.
+fn decode_handle(handle: u64) -> Option<(usize, u32)> {
     if handle & 3 != 0 {
         return None;
     }
@@ -90,16 +96,19 @@ impl Drop for CFile {
 
 /// One open file in the table.
 struct Slot {
-    generation: u32,
+    tag: u32,
     file: Arc<Mutex<CFile>>,
 }
 
-/// The files the device opened: handle -> `FILE *`.
+/// The files one mailbox's kernels opened: handle -> `FILE *`.
 #[derive(Default)]
 pub(crate) struct FileTable {
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
-    generation: u32,
+    /// Opens so far: with `key`, draws each open's tag.
+    opens: u64,
+    /// Random per table (std seeds it from the OS), so tags cannot be predicted.
+    key: RandomState,
     open: usize,
 }
 
@@ -121,20 +130,22 @@ impl FileTable {
             }
             None => return None,
         };
-        self.generation = self.generation.wrapping_add(1).max(1);
+        self.opens += 1;
+        // A keyed hash (SipHash) of the open's number: distinct opens get unrelated tags.
+        let tag = (self.key.hash_one(self.opens) as u32).max(1);
         self.slots[slot] = Some(Slot {
-            generation: self.generation,
+            tag,
             file: Arc::new(Mutex::new(file)),
         });
         self.open += 1;
-        Some(encode_handle(slot, self.generation))
+        Some(encode_handle(slot, tag))
     }
 
     /// The live file a table handle names.
     pub(crate) fn get(&self, handle: u64) -> Option<Arc<Mutex<CFile>>> {
-        let (slot, generation) = decode_handle(handle)?;
+        let (slot, tag) = decode_handle(handle)?;
         let entry = self.slots.get(slot)?.as_ref()?;
-        (entry.generation == generation && generation != 0).then(|| entry.file.clone())
+        (entry.tag == tag && tag != 0).then(|| entry.file.clone())
     }
 
     /// Removes the live file a table handle names.
@@ -210,8 +221,8 @@ enum Source {
 /// A reader standing for stdin, with C's indicators and `ungetc` pushback.
 pub(crate) struct Input {
     source: Source,
-    /// Pushed-back bytes; the last one is read first.
-    pushback: Vec<u8>,
+    /// The pushed-back byte: one, the pushback C guarantees (a second `ungetc` fails).
+    pushback: Option<u8>,
     eof: bool,
     error: bool,
 }
@@ -220,7 +231,7 @@ impl Input {
     pub(crate) fn process() -> Self {
         Input {
             source: Source::Process,
-            pushback: Vec::new(),
+            pushback: None,
             eof: false,
             error: false,
         }
@@ -246,7 +257,7 @@ impl Input {
     fn read_until(&mut self, max: usize, stop: Option<u8>) -> Vec<u8> {
         let mut out = Vec::new();
         while out.len() < max {
-            if let Some(byte) = self.pushback.pop() {
+            if let Some(byte) = self.pushback.take() {
                 out.push(byte);
                 if Some(byte) == stop {
                     return out;
@@ -312,11 +323,11 @@ impl Input {
 
     /// `ungetc`.
     pub(crate) fn ungetc(&mut self, c: c_int) -> c_int {
-        if c == libc::EOF {
+        if c == libc::EOF || self.pushback.is_some() {
             return libc::EOF;
         }
         let byte = c as u8;
-        self.pushback.push(byte);
+        self.pushback = Some(byte);
         self.eof = false;
         c_int::from(byte)
     }
@@ -326,7 +337,7 @@ impl Input {
 pub(crate) enum OpenError {
     /// `fopen` failed (an ordinary C result; `errno` says why).
     Failed,
-    /// The table holds `max_open_files` files already.
+    /// The mailbox holds `Limits::open_files` files already.
     TooMany,
 }
 
@@ -358,21 +369,29 @@ enum Step {
 }
 
 impl super::Services {
-    /// The stream a tagged handle names (low two bits 1, 2, 3: the standard streams).
-    pub(crate) fn tagged(&self, handle: u64) -> Option<Target> {
+    /// The file of `mailbox`'s table a handle names.
+    fn file(&self, mailbox: MailboxId, handle: u64) -> Option<Target> {
+        let tables = lock(&self.files);
+        tables.get(&mailbox)?.get(handle).map(Target::File)
+    }
+
+    /// The stream a tagged handle names for `mailbox`'s requests (low two bits 1, 2, 3: the
+    /// standard streams).
+    pub(crate) fn tagged(&self, mailbox: MailboxId, handle: u64) -> Option<Target> {
         match handle & 3 {
             1 => Some(Target::Stdin),
             2 => Some(Target::Stdout),
             3 => Some(Target::Stderr),
-            _ => lock(&self.files).get(handle).map(Target::File),
+            _ => self.file(mailbox, handle),
         }
     }
 
-    /// The stream a raw handle names (exactly 1, 2, 3: the standard streams).
-    pub(crate) fn raw(&self, handle: u64) -> Option<Target> {
+    /// The stream a raw handle names for `mailbox`'s requests (exactly 1, 2, 3: the standard
+    /// streams).
+    pub(crate) fn raw(&self, mailbox: MailboxId, handle: u64) -> Option<Target> {
         match handle {
-            STDIN | STDOUT | STDERR => self.tagged(handle),
-            _ => lock(&self.files).get(handle).map(Target::File),
+            STDIN | STDOUT | STDERR => self.tagged(mailbox, handle),
+            _ => self.file(mailbox, handle),
         }
     }
 
@@ -558,9 +577,13 @@ impl super::Services {
         }
     }
 
-    /// `fflush(NULL)`: every standard output and open file; 0 or EOF if any failed.
-    pub(crate) fn flush_all(&self) -> c_int {
-        let files = lock(&self.files).all();
+    /// `fflush(NULL)`: every standard output and file `mailbox` has open; 0 or EOF if any
+    /// failed.
+    pub(crate) fn flush_all(&self, mailbox: MailboxId) -> c_int {
+        let files = lock(&self.files)
+            .get(&mailbox)
+            .map(FileTable::all)
+            .unwrap_or_default();
         let mut result = 0;
         for target in [Target::Stdout, Target::Stderr]
             .into_iter()
@@ -585,22 +608,36 @@ impl super::Services {
         }
     }
 
-    /// Opens a file into the table: its handle, or `None` (open failed or too many files).
-    pub(crate) fn open(&self, path: &CStr, mode: &CStr) -> core::result::Result<u64, OpenError> {
-        let max = lock(&self.policy).max_open_files;
-        if lock(&self.files).len() >= max {
+    /// Files `mailbox` has open.
+    fn open_count(&self, mailbox: MailboxId) -> usize {
+        lock(&self.files).get(&mailbox).map_or(0, FileTable::len)
+    }
+
+    /// Opens a file into `mailbox`'s table: its handle, or why not (open failed, or the
+    /// mailbox holds `Limits::open_files` files).
+    pub(crate) fn open(
+        &self,
+        mailbox: MailboxId,
+        path: &CStr,
+        mode: &CStr,
+    ) -> core::result::Result<u64, OpenError> {
+        let max = self.limits.open_files;
+        if self.open_count(mailbox) >= max {
             return Err(OpenError::TooMany);
         }
         let file = CFile::open(path, mode).ok_or(OpenError::Failed)?;
         // Dropping `file` on failure closes it.
         lock(&self.files)
+            .entry(mailbox)
+            .or_default()
             .insert(file, max)
             .ok_or(OpenError::TooMany)
     }
 
-    /// Closes a table handle: `fclose`'s result, or `None` if the handle is not live.
-    pub(crate) fn close(&self, handle: u64) -> Option<c_int> {
-        let file = lock(&self.files).remove(handle)?;
+    /// Closes a handle of `mailbox`'s table: `fclose`'s result, or `None` if the handle is not
+    /// live there.
+    pub(crate) fn close(&self, mailbox: MailboxId, handle: u64) -> Option<c_int> {
+        let file = lock(&self.files).get_mut(&mailbox)?.remove(handle)?;
         let result = lock(&file).close();
         Some(result)
     }
