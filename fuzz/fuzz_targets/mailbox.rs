@@ -63,7 +63,6 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
             exit: ExitPolicy::Record,
             files: FilePolicy::Denied,
             allow_system: false,
-            ..ServicesConfig::default()
         },
         ..ServerConfig::default()
     });

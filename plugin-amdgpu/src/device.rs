@@ -202,6 +202,9 @@ struct TrackerState {
     in_flight: usize,
     failure: Option<String>,
     stop: bool,
+    /// Set by `abort_launches` (the queue was inactivated): the waiter stops waiting for the
+    /// pending launches' signals and reports each as failed.
+    aborted: bool,
 }
 
 /// What `launch`, the waiter and `synchronize` share (see the module docs).
@@ -424,6 +427,9 @@ fn wait_loop(hsa: &'static Hsa, tracker: &Tracker, device: &str) {
             if value < 1 {
                 break None;
             }
+            if lock(&tracker.state).aborted {
+                break Some("aborted (the queue was inactivated)".into());
+            }
             let status = tracker.queue_error.load(Ordering::Relaxed);
             if status != 0 {
                 break Some(format!(
@@ -628,6 +634,21 @@ impl Device for AmdGpuDevice {
             .into()),
             None => Ok(()),
         }
+    }
+
+    fn abort_launches(&self) {
+        let launcher = lock(&self.launcher);
+        let Some(launcher) = launcher.as_ref() else {
+            return; // Nothing was ever launched.
+        };
+        // SAFETY: the queue is live while the launcher (held locked) exists. Inactivating it
+        // aborts the dispatches in flight and makes the packet processor ignore the rest.
+        let rc = unsafe { (self.hsa.hsa_queue_inactivate)(launcher.queue) };
+        if let Err(e) = self.hsa.check("hsa_queue_inactivate", rc) {
+            log::error!("amdgpu: {e}");
+        }
+        lock(&launcher.tracker.state).aborted = true;
+        launcher.tracker.changed.notify_all();
     }
 }
 

@@ -218,6 +218,7 @@ hsa_table! {
     hsa_queue_create:
         fn(Agent, u32, u32, Option<QueueCallback>, *mut c_void, u32, u32, *mut *mut Queue) -> Status;
     hsa_queue_destroy: fn(*mut Queue) -> Status;
+    hsa_queue_inactivate: fn(*mut Queue) -> Status;
     hsa_queue_add_write_index_scacq_screl: fn(*const Queue, u64) -> u64;
     hsa_queue_load_read_index_scacquire: fn(*const Queue) -> u64;
 }

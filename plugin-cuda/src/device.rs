@@ -57,6 +57,9 @@ pub struct Core {
     /// Set when the primary context has been released: later calls fail with `Released`
     /// instead of naming a context that no longer exists.
     released: AtomicBool,
+    /// Set by `abort_launches` (the primary context was reset): nothing waits for the
+    /// device's work any more, and what the reset destroyed is not freed again.
+    aborted: AtomicBool,
 }
 
 impl Core {
@@ -214,6 +217,7 @@ impl CudaDevice {
             device,
             context,
             released: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
         });
         // From here on a failure releases what was acquired.
         let streams = (|| -> Result<(Stream, Option<Stream>)> {
@@ -352,17 +356,32 @@ impl CudaDevice {
         if self.core.released.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let mut first_error = self.synchronize_impl().err();
+        // Relaxed: set before by this thread or one that handed the device over (deinit).
+        let aborted = self.core.aborted.load(Ordering::Relaxed);
+        let mut first_error = if aborted {
+            None
+        } else {
+            self.synchronize_impl().err()
+        };
         // After a successful synchronize every host function has run; after a failed one the
         // waiting completions were reported. Either way none is left; this is a safeguard.
         pending().finish_device(self.key);
+        // After a reset the allocations and the stream are gone with the context: the driver's
+        // complaints about freeing them again are expected, and not reported.
+        let mut keep = |error: CudaError| {
+            if aborted {
+                log::debug!("cuda: after the reset: {error}");
+            } else {
+                first_error.get_or_insert(error);
+            }
+        };
         if let Err(error) = self.allocator.release() {
-            first_error.get_or_insert(error);
+            keep(error);
         }
         let driver = self.core.driver();
         if self.core.bind().is_ok() {
             if let Err(code) = driver.stream_destroy(self.stream) {
-                first_error.get_or_insert(self.core.fail("cuStreamDestroy_v2", code));
+                keep(self.core.fail("cuStreamDestroy_v2", code));
             }
         }
         // Relaxed: see `Core::bind`.
@@ -454,6 +473,24 @@ impl Device for CudaDevice {
     }
 
     fn synchronize(&self) -> Result<(), VendorError> {
+        // Relaxed: see `release`.
+        if self.core.aborted.load(Ordering::Relaxed) {
+            return Err(CudaError::Aborted.into());
+        }
         Ok(self.synchronize_impl()?)
+    }
+
+    /// Resets the primary context, which ends the kernels in flight, and reports their
+    /// completions (failed).
+    fn abort_launches(&self) {
+        self.core.aborted.store(true, Ordering::Relaxed);
+        if let Err(code) = self.core.driver().primary_ctx_reset(self.core.device) {
+            log::error!(
+                "cuda: {}",
+                self.core.fail("cuDevicePrimaryCtxReset_v2", code)
+            );
+        }
+        let ended = pending().finish_device(self.key);
+        log::warn!("cuda: {}: {ended} launch(es) ended by the reset", self.name);
     }
 }

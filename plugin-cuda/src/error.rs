@@ -33,6 +33,9 @@ pub enum CudaError {
     /// The device (and so its allocator) has been released by `deinit`.
     #[error("the CUDA device has been released")]
     Released,
+    /// The device's launches were aborted (its primary context reset) by `deinit`.
+    #[error("the device's launches were aborted (its context was reset)")]
+    Aborted,
 }
 
 impl CudaError {

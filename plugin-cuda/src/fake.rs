@@ -71,6 +71,8 @@ struct State {
     memory: HashMap<u64, Vec<u8>>,
     launches: Vec<Launch>,
     host_funcs_run: usize,
+    /// `cuDevicePrimaryCtxReset_v2` calls.
+    resets: usize,
 }
 
 /// The fake driver.
@@ -126,6 +128,10 @@ impl FakeDriver {
     }
     pub fn retained_contexts(&self) -> i32 {
         self.state.lock().unwrap().contexts.values().sum()
+    }
+    /// How many times a primary context was reset.
+    pub fn resets(&self) -> usize {
+        self.state.lock().unwrap().resets
     }
     pub fn host_funcs_run(&self) -> usize {
         self.state.lock().unwrap().host_funcs_run
@@ -215,6 +221,15 @@ impl DriverApi for FakeDriver {
         let mut state = self.state.lock().unwrap();
         let count = state.contexts.get_mut(&device).ok_or(201)?;
         *count -= 1;
+        Ok(())
+    }
+    fn primary_ctx_reset(&self, device: CuDevice) -> DriverResult<()> {
+        self.gpu(device)?;
+        self.check("cuDevicePrimaryCtxReset_v2")?;
+        let mut state = self.state.lock().unwrap();
+        state.resets += 1;
+        // The kernels in flight end with the context: their host functions never run.
+        state.streams.values_mut().for_each(Vec::clear);
         Ok(())
     }
     fn ctx_set_current(&self, _context: Context) -> DriverResult<()> {

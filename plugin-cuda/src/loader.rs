@@ -89,6 +89,9 @@ pub trait DriverApi: Send + Sync {
     fn primary_ctx_retain(&self, device: CuDevice) -> DriverResult<Context>;
     /// `cuDevicePrimaryCtxRelease_v2`.
     fn primary_ctx_release(&self, device: CuDevice) -> DriverResult<()>;
+    /// `cuDevicePrimaryCtxReset_v2`: destroys the primary context's state, ending the work in
+    /// flight (the retain count is unchanged).
+    fn primary_ctx_reset(&self, device: CuDevice) -> DriverResult<()>;
     /// `cuCtxSetCurrent`.
     fn ctx_set_current(&self, context: Context) -> DriverResult<()>;
 
@@ -244,6 +247,7 @@ driver_table! {
     cuDeviceGetAttribute(*mut c_int, sys::CUdevice_attribute, sys::CUdevice);
     cuDevicePrimaryCtxRetain(*mut sys::CUcontext, sys::CUdevice);
     cuDevicePrimaryCtxRelease_v2(sys::CUdevice);
+    cuDevicePrimaryCtxReset_v2(sys::CUdevice);
     cuCtxSetCurrent(sys::CUcontext);
     cuMemHostAlloc(*mut *mut c_void, usize, c_uint);
     cuMemFreeHost(*mut c_void);
@@ -380,6 +384,11 @@ impl DriverApi for LibCuda {
     fn primary_ctx_release(&self, device: CuDevice) -> DriverResult<()> {
         // SAFETY: no pointer arguments.
         check(unsafe { (self.table.cuDevicePrimaryCtxRelease_v2)(device) })
+    }
+
+    fn primary_ctx_reset(&self, device: CuDevice) -> DriverResult<()> {
+        // SAFETY: no pointer arguments.
+        check(unsafe { (self.table.cuDevicePrimaryCtxReset_v2)(device) })
     }
 
     fn ctx_set_current(&self, context: Context) -> DriverResult<()> {

@@ -493,3 +493,28 @@ fn without_memory_pools_the_allocator_uses_plain_cumemalloc() {
     let error = device.allocator().allocate(64, 8).unwrap_err();
     assert_eq!(cuda_error(&error).code(), Some(2));
 }
+
+#[test]
+fn abort_launches_resets_the_context_reports_the_launches_and_deinit_waits_no_more() {
+    let (driver, mut plugin) = one_gpu();
+    let image = plugin.devices()[0].load_image(IMAGE.as_bytes()).unwrap();
+    let (calls, done) = counted();
+    plugin.devices()[0]
+        .launch(&image, "main", &[], Grid::linear(1, 32), done)
+        .unwrap();
+    // The kernel never completes by itself (the fake runs it only at a synchronize).
+    plugin.devices()[0].abort_launches();
+    assert_eq!(driver.resets(), 1);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the completion reported");
+    let error = plugin.devices()[0].synchronize().unwrap_err();
+    assert!(matches!(cuda_error(&error), CudaError::Aborted), "{error}");
+    plugin.deinit().unwrap();
+    assert_eq!(
+        driver.host_funcs_run(),
+        0,
+        "the kernel's host function never ran"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "once");
+    assert_eq!(driver.retained_contexts(), 0);
+    drop(image);
+}

@@ -1,7 +1,12 @@
 //! A CPU "device": launches run a grid of warps on host threads, each warp one thread speaking
 //! the client protocol over the mailbox its image's client object names.
+//!
+//! `abort_launches` is this device's reset: it cannot stop a thread, so every warp's waits for
+//! the server give up from then on (the kernel's next RPC call fails, and the kernel ends at
+//! it), and `synchronize` stops waiting for launches still running.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rpc_core::plugin::{
@@ -41,6 +46,25 @@ type BellParts = (Arc<RawMemory>, Arc<Signal>, u32);
 struct Launches {
     state: Mutex<(usize, Vec<String>)>,
     done: Condvar,
+    /// Set by `abort_launches`: warps' waits give up, `synchronize` waits no more.
+    aborted: AtomicBool,
+}
+
+/// The wait of every warp's client: backs off, and gives up once the device was aborted.
+struct Abortable(Arc<Launches>);
+
+impl rpc_core::port::Wait for Abortable {
+    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+        // Relaxed: a flag read on its own; a late sight costs one more back-off step.
+        if self.0.aborted.load(Ordering::Relaxed) {
+            return Err(rpc_core::Error::Abandoned {
+                port,
+                reason: "the device was aborted",
+            });
+        }
+        rpc_core::port::Backoff::step(attempt);
+        Ok(())
+    }
 }
 
 impl HostDevice {
@@ -254,6 +278,7 @@ impl Device for HostDevice {
                     symbol,
                     mailbox,
                     bell,
+                    wait: Abortable(launches.clone()),
                 }
                 .run();
                 // The kernel is complete: release the launch's user guard, then report.
@@ -272,13 +297,17 @@ impl Device for HostDevice {
     }
 
     fn synchronize(&self) -> Result<(), VendorError> {
-        let mut state = lock(&self.launches.state);
-        while state.0 > 0 {
-            state = self
-                .launches
-                .done
-                .wait(state)
-                .unwrap_or_else(|e| e.into_inner());
+        let launches = &self.launches;
+        let mut state = lock(&launches.state);
+        // The flag is set under this lock (see `abort_launches`), so Relaxed reads suffice.
+        while state.0 > 0 && !launches.aborted.load(Ordering::Relaxed) {
+            state = launches.done.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        if state.0 > 0 {
+            let running = state.0;
+            state
+                .1
+                .push(format!("{running} launch(es) aborted while running"));
         }
         let failures = std::mem::take(&mut state.1);
         if failures.is_empty() {
@@ -286,6 +315,13 @@ impl Device for HostDevice {
         } else {
             Err(HostError::KernelFailed(failures.join("; ")).into())
         }
+    }
+
+    fn abort_launches(&self) {
+        let state = lock(&self.launches.state);
+        self.launches.aborted.store(true, Ordering::Relaxed);
+        drop(state);
+        self.launches.done.notify_all();
     }
 }
 
@@ -301,6 +337,7 @@ struct Job {
     symbol: Option<Arc<RawMemory>>,
     mailbox: Option<(Arc<RawMemory>, Layout)>,
     bell: Option<BellParts>,
+    wait: Abortable,
 }
 
 impl Job {
@@ -316,6 +353,7 @@ impl Job {
             symbol,
             mailbox,
             bell,
+            wait,
         } = self;
         let threads = grid.threads_per_block();
         let failures = Mutex::new(Vec::new());
@@ -351,13 +389,15 @@ impl Job {
                     } else {
                         (1u64 << active) - 1
                     };
-                    let (failures, view, body, name, args) =
-                        (&failures, &view, &body, &name, &args);
+                    let (failures, view, body, name, args, wait) =
+                        (&failures, &view, &body, &name, &args, &wait);
                     let client_bell = &client_bell;
                     scope.spawn(move || {
                         let result = catch_unwind(AssertUnwindSafe(|| {
                             let client = match (view, lock_words) {
-                                (Some(Ok(view)), Some(words)) => Some(Client::new(*view, words)),
+                                (Some(Ok(view)), Some(words)) => {
+                                    Some(Client::new(*view, words).map(|c| c.with_wait(wait)))
+                                }
                                 (Some(Err(e)), _) => Some(Err(e.clone())),
                                 _ => None,
                             };
@@ -375,13 +415,16 @@ impl Job {
                                     raise,
                                 });
                             }
-                            body(&mut Warp::new(
-                                client,
-                                mask,
-                                lanes,
-                                (block, warp, warps_per_block),
-                                args,
-                            ))
+                            body(
+                                &mut Warp::new(
+                                    client,
+                                    mask,
+                                    lanes,
+                                    (block, warp, warps_per_block),
+                                    args,
+                                )
+                                .with_abort(&wait.0.aborted),
+                            )
                         }));
                         if let Err(payload) = result {
                             if payload.downcast_ref::<KernelEnded>().is_none() {

@@ -55,6 +55,8 @@ pub struct Warp<'a> {
     warp: u32,
     warps_per_block: u32,
     args: &'a [u8],
+    /// The device's abort flag (see `Device::abort_launches`): once set, no call opens a port.
+    aborted: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
 impl<'a> Warp<'a> {
@@ -74,7 +76,14 @@ impl<'a> Warp<'a> {
             warp,
             warps_per_block,
             args,
+            aborted: None,
         }
+    }
+
+    /// The warp's calls fail from the moment `aborted` is set (the device was aborted).
+    pub(crate) fn with_abort(mut self, aborted: &'a std::sync::atomic::AtomicBool) -> Self {
+        self.aborted = Some(aborted);
+        self
     }
 
     fn client(&self) -> Result<&Client<'a>> {
@@ -112,6 +121,13 @@ impl<'a> Warp<'a> {
 
     /// Opens a port for any opcode (custom payloads): send and receive on it yourself.
     pub fn open(&self, opcode: Opcode) -> Result<ClientPort<'a>> {
+        // Relaxed: a flag on its own; its waits check it too (see the device's `Abortable`).
+        if self
+            .aborted
+            .is_some_and(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            return Err(Error::Refused("the device was aborted".into()));
+        }
         self.client()?.open(opcode, self.mask)
     }
 

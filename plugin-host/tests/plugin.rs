@@ -359,3 +359,90 @@ fn a_v2_mailbox_rings_its_doorbell_and_the_worker_sleeps_on_it() {
         assert_eq!(stats.served_of(Opcode::TEST_INCREMENT), 3);
     }
 }
+
+/// A kernel that keeps calling the server until a call fails: it only ends if aborted.
+fn endless_image() -> Vec<u8> {
+    HostImage::new("endless")
+        .kernel("spin", |warp| {
+            while warp.call(Opcode::TEST_INCREMENT, |_| 1).is_ok() {}
+        })
+        .kernel("quick", |warp| {
+            warp.call(Opcode::TEST_INCREMENT, |_| 1).unwrap();
+        })
+        .into_bytes()
+}
+
+/// `deinit` with a kernel still running waits its bounded wait, aborts the kernel (the device's
+/// reset) and returns an error naming it, instead of hanging; the runtime is then finished:
+/// its server cannot start again.
+#[test]
+fn deinit_with_a_running_kernel_aborts_it_and_names_it() {
+    let (mut runtime, _) = runtime(HostConfig {
+        devices: 1,
+        lanes: 32,
+        ports: 8,
+    });
+    runtime.set_deinit_wait(Duration::from_millis(50));
+    let image = runtime.load_image(0, &endless_image()).unwrap();
+    runtime
+        .launch(image, "spin", &[], Grid::linear(1, 32))
+        .unwrap();
+    // The kernel is being served (it runs until aborted, so it is still running at deinit).
+    let start = std::time::Instant::now();
+    while runtime.server().stats().served_of(Opcode::TEST_INCREMENT) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "never served");
+        std::thread::yield_now();
+    }
+    match runtime.deinit() {
+        Err(Error::KernelsAborted(names)) => {
+            assert!(names.contains("spin on device 0"), "{names}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(runtime.deinit(), Ok(()), "twice is fine");
+    assert_eq!(runtime.server().start(), Err(Error::Deinitialised));
+    assert!(
+        runtime.load_image(0, &endless_image()).is_err(),
+        "no device"
+    );
+}
+
+/// One rule for a stopped server: `launch` and `load_image` of an RPC image start it, so a
+/// kernel never runs unserved after the embedder's own `shutdown`.
+#[test]
+fn launch_and_load_image_after_a_shutdown_restart_the_server() {
+    let (mut runtime, _) = runtime(HostConfig {
+        devices: 1,
+        lanes: 32,
+        ports: 8,
+    });
+    let image = runtime.load_image(0, &endless_image()).unwrap();
+    assert_eq!(
+        runtime.server().shutdown().unwrap(),
+        rpc_core::Stopped::Stopped
+    );
+    runtime
+        .launch(image, "quick", &[], Grid::linear(1, 32))
+        .unwrap();
+    runtime.synchronize(0).unwrap();
+    assert!(runtime.server().is_running());
+    assert_eq!(
+        runtime.server().stats().served_of(Opcode::TEST_INCREMENT),
+        1
+    );
+    assert_eq!(
+        runtime.server().shutdown().unwrap(),
+        rpc_core::Stopped::Stopped
+    );
+    assert_eq!(
+        runtime.server().shutdown().unwrap(),
+        rpc_core::Stopped::AlreadyStopped
+    );
+    let _second = runtime.load_image(0, &endless_image()).unwrap();
+    assert!(runtime.server().is_running());
+    assert_eq!(
+        runtime.server().start().unwrap(),
+        rpc_core::Started::AlreadyRunning
+    );
+    runtime.deinit().unwrap();
+}

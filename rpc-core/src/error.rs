@@ -80,6 +80,12 @@ pub enum Error {
     /// A device index, image or kernel that does not exist.
     #[error("{0}")]
     NotFound(RefusalText),
+    /// `deinit` found kernels still running after its wait; they were aborted (named here).
+    #[error("kernels still running at deinit were aborted: {0}")]
+    KernelsAborted(RefusalText),
+    /// The server of a runtime that was deinitialised: it cannot start again.
+    #[error("the runtime was deinitialised: its server cannot start again")]
+    Deinitialised,
     /// A kernel ended through EXIT or ABORT under the record policy.
     #[error("a kernel ended the program: {0}")]
     KernelExited(RefusalText),

@@ -147,6 +147,11 @@ pub trait Device: Send + Sync {
     ) -> Result<(), VendorError>;
     /// Waits for every launch on this device to complete; reports a kernel's failure.
     fn synchronize(&self) -> Result<(), VendorError>;
+    /// Ends the launches still running, as a device reset does: the runtime's `deinit` calls
+    /// it when kernels outlive its wait. Afterwards `synchronize` and the plugin's `deinit`
+    /// return without waiting for those kernels (which report failure), and their `done`
+    /// callbacks may never run.
+    fn abort_launches(&self);
 }
 
 /// A vendor plugin: one per vendor per process (per runtime instance).

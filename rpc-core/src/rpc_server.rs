@@ -241,6 +241,8 @@ pub struct ServerContext {
     pub(crate) services: crate::services::Services,
     /// The budget of log lines devices cause (`Limits::device_log_lines`).
     pub(crate) log_limit: crate::limits::LogLimit,
+    /// Set by the runtime's `deinit`: the server never starts again.
+    retired: AtomicBool,
 }
 
 impl ServerContext {
@@ -286,6 +288,7 @@ impl RpcServer {
                 stopping: AtomicBool::new(false),
                 services,
                 log_limit,
+                retired: AtomicBool::new(false),
             },
             thread: ServerThread::new(),
             io: crate::io_pool::IoPool::default(),
@@ -554,7 +557,16 @@ impl RpcServer {
 
     /// Starts the worker unless it runs already.
     pub fn start(&self) -> Result<Started> {
+        // Acquire: pairs with `retire`'s Release (a plain flag; nothing else is ordered by it).
+        if self.inner.context.retired.load(Ordering::Acquire) {
+            return Err(Error::Deinitialised);
+        }
         ServerThread::start(&self.inner)
+    }
+
+    /// Makes every later `start` fail with [`Error::Deinitialised`] (the runtime's `deinit`).
+    pub(crate) fn retire(&self) {
+        self.inner.context.retired.store(true, Ordering::Release);
     }
 
     /// Stops the worker (per the configured [`ShutdownPolicy`]) and joins it.

@@ -9,8 +9,24 @@
 //!   (idempotent). Images without the symbol get no mailbox and start nothing.
 //! - [`PluginRuntime::launch`]: a launch of an RPC image holds a user guard of the server until
 //!   the plugin reports the kernel complete.
-//! - [`PluginRuntime::deinit`]: detaches every mailbox first, then shuts the server down once,
-//!   then deinitialises the plugin. Calling it twice is fine.
+//! - [`PluginRuntime::deinit`] (and dropping the runtime): waits up to
+//!   [`PluginRuntime::set_deinit_wait`] for the kernels still running, aborts the ones left
+//!   (naming them in its error), detaches every mailbox, shuts the server down once, then
+//!   deinitialises the plugin. Calling it twice is fine.
+//!
+//! # Lifecycle
+//! One rule for the server: it serves whenever an RPC image is loaded or launched. `load_image`
+//! and `launch` of an RPC image start it if it is stopped (also after the embedder's own
+//! `server().shutdown()`), so a kernel never runs unserved; `start` and `shutdown` twice answer
+//! `AlreadyRunning` / `AlreadyStopped`. After `deinit`, `server().start()` fails with
+//! [`Error::Deinitialised`] and `load_image` / `launch` find no device.
+//!
+//! # Exit policy
+//! A kernel's `exit(n)` or `abort()` ends the *host process* under the default
+//! [`crate::ExitPolicy::Process`], as LLVM's loader does; an embedding program that must outlive
+//! its kernels sets [`crate::ExitPolicy::Record`] (in [`ServerConfig::services`], or later with
+//! `server().context().services().set_exit_policy`): `synchronize` then returns
+//! [`Error::KernelExited`] for a status other than 0.
 
 use std::boxed::Box;
 use std::string::{String, ToString};
@@ -21,7 +37,9 @@ use crate::layout::{Generation, Layout};
 use crate::plugin::{Device, Grid, Plugin, VendorError};
 use crate::rpc_server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};
 use crate::services::KernelExit;
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, Arc, Mutex};
+use std::sync::Condvar;
+use std::time::{Duration, Instant};
 
 /// The client symbol of current images.
 pub const CLIENT_SYMBOL: &str = "__llvm_rpc_client";
@@ -29,7 +47,65 @@ pub const CLIENT_SYMBOL: &str = "__llvm_rpc_client";
 pub const LEGACY_CLIENT_SYMBOL: &str = "__llvm_libc_rpc_client";
 
 /// How long `synchronize` waits for the server to finish a completed kernel's last requests.
-const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long `deinit` waits for running kernels by default.
+pub const DEFAULT_DEINIT_WAIT: Duration = Duration::from_secs(10);
+
+/// A launch not yet complete.
+struct Running {
+    id: u64,
+    device: usize,
+    kernel: String,
+}
+
+/// The launches not yet complete; each launch's completion removes its entry and notifies.
+#[derive(Default)]
+struct Launches {
+    running: std::sync::Mutex<(u64, Vec<Running>)>,
+    completed: Condvar,
+}
+
+impl Launches {
+    fn begin(&self, device: usize, kernel: &str) -> u64 {
+        let mut running = lock(&self.running);
+        running.0 += 1;
+        let id = running.0;
+        running.1.push(Running {
+            id,
+            device,
+            kernel: kernel.into(),
+        });
+        id
+    }
+
+    fn end(&self, id: u64) {
+        lock(&self.running).1.retain(|r| r.id != id);
+        self.completed.notify_all();
+    }
+
+    /// Waits until no launch runs or `wait` has passed; the ones still running.
+    fn wait(&self, wait: Duration) -> Vec<(usize, String)> {
+        let deadline = Instant::now() + wait;
+        let mut running = lock(&self.running);
+        loop {
+            let now = Instant::now();
+            if running.1.is_empty() || now >= deadline {
+                break;
+            }
+            running = self
+                .completed
+                .wait_timeout(running, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        running
+            .1
+            .iter()
+            .map(|r| (r.device, r.kernel.clone()))
+            .collect()
+    }
+}
 
 /// An image loaded by a [`PluginRuntime`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,6 +125,8 @@ pub struct PluginRuntime<P: Plugin> {
     server: RpcServer,
     /// Loaded images by id (entries are taken at deinit).
     images: Mutex<Vec<Option<LoadedOf<P>>>>,
+    launches: Arc<Launches>,
+    deinit_wait: Duration,
     initialised: bool,
 }
 
@@ -72,8 +150,16 @@ impl<P: Plugin> PluginRuntime<P> {
             server: RpcServer::new(config),
             plugin,
             images: Mutex::new(Vec::new()),
+            launches: Arc::default(),
+            deinit_wait: DEFAULT_DEINIT_WAIT,
             initialised: true,
         })
+    }
+
+    /// How long `deinit` (and dropping the runtime) waits for kernels still running before it
+    /// aborts them. Default [`DEFAULT_DEINIT_WAIT`].
+    pub fn set_deinit_wait(&mut self, wait: Duration) {
+        self.deinit_wait = wait;
     }
 
     pub fn plugin(&self) -> &P {
@@ -97,7 +183,8 @@ impl<P: Plugin> PluginRuntime<P> {
         })
     }
 
-    /// Loads an image on device `device`, attaching a mailbox if the image uses RPC.
+    /// Loads an image on device `device`, attaching a mailbox if the image uses RPC (and
+    /// starting the server if it is stopped, see the module docs).
     pub fn load_image(&self, device: usize, bytes: &[u8]) -> Result<ImageId> {
         let name = self.plugin.name();
         let dev = self.device(device)?;
@@ -196,18 +283,33 @@ impl<P: Plugin> PluginRuntime<P> {
             .and_then(|l| l.mailbox)
     }
 
-    /// Launches `kernel` of `image`; an RPC image's launch holds a user guard until it completes.
+    /// Launches `kernel` of `image`; an RPC image's launch holds a user guard until it
+    /// completes, and starts the server if it was stopped (see the module docs).
     pub fn launch(&self, image: ImageId, kernel: &str, args: &[u8], grid: Grid) -> Result<()> {
         let images = lock(&self.images);
         let loaded = images
             .get(image.0)
             .and_then(|l| l.as_ref())
             .ok_or_else(|| Error::NotFound(std::format!("no image {}", image.0)))?;
+        let device = self.device(loaded.device)?;
+        if loaded.mailbox.is_some() {
+            let _ = self.server.start()?;
+        }
         let guard = loaded.mailbox.map(|id| self.server.user_for(id));
-        let done = Box::new(move || drop(guard));
-        self.device(loaded.device)?
+        let launches = self.launches.clone();
+        let id = launches.begin(loaded.device, kernel);
+        let done = Box::new(move || {
+            drop(guard);
+            launches.end(id);
+        });
+        let launched = device
             .launch(&loaded.image, kernel, args, grid, done)
-            .map_err(vendor(self.plugin.name(), "launch"))
+            .map_err(vendor(self.plugin.name(), "launch"));
+        if launched.is_err() {
+            // `done` was called or dropped: either way the launch is not running.
+            self.launches.end(id);
+        }
+        launched
     }
 
     /// Waits for every launch on `device`; reports a failed kernel, and a kernel that called
@@ -241,12 +343,38 @@ impl<P: Plugin> PluginRuntime<P> {
         Ok(())
     }
 
-    /// Detaches every mailbox, shuts the server down once, deinitialises the plugin.
-    /// Calling it again does nothing.
+    /// Waits up to the deinit wait for running kernels and aborts those left, detaches every
+    /// mailbox, shuts the server down once (for good: it cannot start again), deinitialises
+    /// the plugin. Returns [`Error::KernelsAborted`] naming the kernels it aborted (after
+    /// finishing all of the above). Calling it again does nothing.
     pub fn deinit(&mut self) -> Result<()> {
         if !self.initialised {
             return Ok(());
         }
+        let left = self.launches.wait(self.deinit_wait);
+        let aborted = if left.is_empty() {
+            None
+        } else {
+            let names: Vec<String> = left
+                .iter()
+                .map(|(device, kernel)| std::format!("{kernel} on device {device}"))
+                .collect();
+            let names = names.join(", ");
+            log::error!(
+                "{}: deinit: kernels still running after {:?}, aborted: {names}",
+                self.plugin.name(),
+                self.deinit_wait
+            );
+            let mut devices: Vec<usize> = left.iter().map(|(device, _)| *device).collect();
+            devices.dedup();
+            for device in devices {
+                if let Some(dev) = self.plugin.devices().get(device) {
+                    dev.abort_launches();
+                }
+            }
+            Some(names)
+        };
+        self.server.retire();
         let images: Vec<_> = lock(&self.images).drain(..).flatten().collect();
         for loaded in &images {
             if let Some(id) = loaded.mailbox {
@@ -256,9 +384,21 @@ impl<P: Plugin> PluginRuntime<P> {
         drop(images);
         let _ = self.server.shutdown_with(ShutdownPolicy::Force)?;
         self.initialised = false;
-        self.plugin
+        let released = self
+            .plugin
             .deinit()
-            .map_err(vendor(self.plugin.name(), "deinit"))
+            .map_err(vendor(self.plugin.name(), "deinit"));
+        match aborted {
+            Some(names) => {
+                // The aborted kernels' failures are what the plugin reports: logged, and the
+                // error names the kernels instead.
+                if let Err(error) = released {
+                    log::warn!("{}: {error}", self.plugin.name());
+                }
+                Err(Error::KernelsAborted(names))
+            }
+            None => released,
+        }
     }
 }
 

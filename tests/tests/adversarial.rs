@@ -87,7 +87,6 @@ impl Fixture {
                 exit: ExitPolicy::Record,
                 files: FilePolicy::Denied,
                 allow_system: false,
-                ..ServicesConfig::default()
             },
             ..ServerConfig::default()
         });
