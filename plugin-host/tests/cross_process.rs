@@ -153,13 +153,17 @@ fn warp_lines(mask: u64) -> String {
 
 #[test]
 fn rpc_serve_rejects_bad_arguments_with_exit_code_2() {
-    let bad: [&[&str]; 4] = [
+    let bad: [&[&str]; 5] = [
         &["--gen", "v3", "--file", "x", "--ports", "1", "--lanes", "1"],
         &["--gen", "v1", "--file", "x", "--ports", "0", "--lanes", "1"],
         &[
             "--gen", "v1", "--file", "x", "--ports", "4", "--lanes", "16",
         ],
-        &["--gen", "v1", "--ports", "4", "--lanes", "1"],
+        &["--file", "x", "--ports", "4", "--lanes", "1"],
+        // Without --file the mailbox is a memfd: asking for both is a contradiction.
+        &[
+            "--memfd", "--gen", "v1", "--file", "x", "--ports", "4", "--lanes", "1",
+        ],
     ];
     for args in bad {
         let output = Command::new(env!("CARGO_BIN_EXE_rpc-serve"))
