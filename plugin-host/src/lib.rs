@@ -15,8 +15,8 @@
 //! - [`loader`]: image bytes name an image registered in this process.
 //! - [`kernel::Warp`]: what GPU libc offers a kernel (printf, puts, fwrite, fopen, fclose,
 //!   fread, fgets, malloc, free, exit, abort, any opcode), each through the real client protocol.
-//! - `rpc-serve` (src/bin): serves a mailbox in a shared-memory file for clients in other
-//!   processes.
+//! - `rpc-serve` (src/bin/rpc-serve): serves a mailbox in shared memory (a sealed memfd, or a
+//!   file that survives being truncated by another process) for clients in other processes.
 
 pub mod device;
 pub mod error;

@@ -1,12 +1,14 @@
 //! `rpc-serve` in a child process, the rpc-core client in this one, over the shared file.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use plugin_host::kernel::{STDIN, STDOUT};
 use plugin_host::{Arg, Target, Warp};
-use rpc_core::{Client, Generation, Layout, LockTable, Mailbox, Opcode};
+use rpc_core::{Generation, Layout, LockTable, Opcode};
 
 struct Served {
     child: Child,
@@ -52,13 +54,7 @@ fn serve(generation: Generation, ports: u32, lanes: u32, tag: &str) -> Served {
         line,
         format!("ready {} {}\n", file.display(), layout.total_size())
     );
-    let handle = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&file)
-        .unwrap();
-    // SAFETY: the file stays mapped while `Served` lives; we access it only through atomic views.
-    let map = unsafe { memmap2::MmapMut::map_mut(&handle) }.unwrap();
+    let map = common::map(&file);
     Served {
         child,
         stdout,
@@ -72,21 +68,12 @@ fn serve(generation: Generation, ports: u32, lanes: u32, tag: &str) -> Served {
 
 impl Served {
     fn warp(&self, mask: u64) -> Warp<'_> {
-        // SAFETY: the mapping lives as long as `self`; this process uses it only atomically.
-        let mailbox =
-            unsafe { Mailbox::from_raw(self.map.as_ptr() as *mut u8, self.map.len(), self.layout) }
-                .unwrap();
-        let client = Client::new(mailbox, self.locks.words()).unwrap();
-        Warp::new(Some(client), mask, self.layout.lanes(), (0, 0, 1), &[])
+        common::warp(&self.map, self.layout, &self.locks, None, mask)
     }
 
     /// SIGTERM, then the exit status and the rest of stdout.
     fn stop(mut self) -> String {
-        assert_eq!(
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) },
-            0
-        );
+        common::sigterm(&self.child);
         let status = self.child.wait().unwrap();
         assert!(status.success(), "rpc-serve exited with {status}");
         let mut rest = String::new();
@@ -166,13 +153,17 @@ fn warp_lines(mask: u64) -> String {
 
 #[test]
 fn rpc_serve_rejects_bad_arguments_with_exit_code_2() {
-    let bad: [&[&str]; 4] = [
+    let bad: [&[&str]; 5] = [
         &["--gen", "v3", "--file", "x", "--ports", "1", "--lanes", "1"],
         &["--gen", "v1", "--file", "x", "--ports", "0", "--lanes", "1"],
         &[
             "--gen", "v1", "--file", "x", "--ports", "4", "--lanes", "16",
         ],
-        &["--gen", "v1", "--ports", "4", "--lanes", "1"],
+        &["--file", "x", "--ports", "4", "--lanes", "1"],
+        // Without --file the mailbox is a memfd: asking for both is a contradiction.
+        &[
+            "--memfd", "--gen", "v1", "--file", "x", "--ports", "4", "--lanes", "1",
+        ],
     ];
     for args in bad {
         let output = Command::new(env!("CARGO_BIN_EXE_rpc-serve"))

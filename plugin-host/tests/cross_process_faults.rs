@@ -5,11 +5,14 @@
 //!
 //! The victim is this test binary run again as a child, in `helper_client_process`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{map, Killing};
 use rpc_core::port::Deadline;
 use rpc_core::{Client, Generation, Layout, LockTable, Mailbox, Opcode};
 
@@ -21,20 +24,8 @@ fn layout() -> Layout {
     Layout::new(Generation::V2, PORTS, 1).unwrap()
 }
 
-fn map(file: &Path) -> memmap2::MmapMut {
-    let handle = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(file)
-        .unwrap();
-    // SAFETY: the mapping lives as long as the returned value; this process accesses it only
-    // through atomic views.
-    unsafe { memmap2::MmapMut::map_mut(&handle) }.unwrap()
-}
-
 fn view(map: &memmap2::MmapMut) -> Mailbox<'_> {
-    // SAFETY: the mapping outlives the view; accessed only atomically in this process.
-    unsafe { Mailbox::from_raw(map.as_ptr() as *mut u8, map.len(), layout()) }.unwrap()
+    common::view(map, layout())
 }
 
 /// Not a test of its own: when run as the child of the test below, a client that opens port 0,
@@ -58,15 +49,6 @@ fn helper_client_process() {
     panic!("the parent should have killed this process");
 }
 
-struct Killing(Child);
-
-impl Drop for Killing {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_client_process_killed_mid_exchange_loses_only_its_port_until_the_client_timeout() {
     let dir: PathBuf =
@@ -84,13 +66,7 @@ fn a_client_process_killed_mid_exchange_loses_only_its_port_until_the_client_tim
             .unwrap(),
     );
     // rpc-serve's log lines, as they come.
-    let (log_tx, log) = std::sync::mpsc::channel::<String>();
-    let serve_err = BufReader::new(serve.0.stderr.take().unwrap());
-    std::thread::spawn(move || {
-        for line in serve_err.lines().map_while(Result::ok) {
-            let _ = log_tx.send(line);
-        }
-    });
+    let log = common::log_lines(serve.0.stderr.take().unwrap());
     let mut serve_out = BufReader::new(serve.0.stdout.take().unwrap());
     let mut line = String::new();
     serve_out.read_line(&mut line).unwrap();

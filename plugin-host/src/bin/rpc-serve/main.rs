@@ -1,36 +1,58 @@
-//! `rpc-serve`: serves the standard opcodes over a mailbox living in a shared-memory file, so a
-//! client in another process (in any language) can use it.
+//! `rpc-serve`: serves the standard opcodes over a mailbox in shared memory, so a client in
+//! another process (in any language) can use it.
 //!
 //! ```text
-//! rpc-serve --file PATH --gen v1|v2 --ports N --lanes L [--allow-system] [--stdout FILE]
-//!           [--client-timeout MS]
+//! rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L [--allow-system]
+//!           [--stdout FILE] [--stderr FILE] [--client-timeout MS]
 //! ```
-//! Creates (or truncates) PATH to the layout's size, zeroed; prints `ready PATH BYTES` once it
-//! serves; serves until SIGINT or SIGTERM; prints its statistics and exits 0. Bad arguments: a
-//! message and exit code 2. `--client-timeout MS` (default 10000, 0 = never) abandons an
-//! exchange whose client stopped answering mid-script (e.g. a killed process), so the other
-//! ports keep being served and the port is recovered. A client's EXIT/ABORT is recorded and
-//! logged, never ends rpc-serve.
+//! The mailbox is a memfd (`--memfd`, also what happens without `--file`), sized to the
+//! layout, zeroed and sealed against shrinking and growing; rpc-serve prints `ready
+//! /proc/PID/fd/N BYTES` once it serves, and a client of the same user opens that path
+//! read-write and maps it. Its `ftruncate` fails (EPERM), so the pages cannot be pulled from
+//! under the server. With `--file PATH`, rpc-serve creates (or truncates) PATH instead and prints
+//! `ready PATH BYTES`; if another process truncates the file, the next access would raise
+//! SIGBUS: a handler (`sigbus.rs`) maps zero pages over the mailbox instead, and rpc-serve logs
+//! "the mailbox file was truncated by another process", detaches the mailbox, prints its
+//! statistics and exits 1.
+//!
+//! rpc-serve serves until SIGINT or SIGTERM, then prints its statistics and exits 0. Bad
+//! arguments: a message and exit code 2. `--client-timeout MS` (default 10000, 0 = never)
+//! abandons an exchange whose client stopped answering mid-script (e.g. a killed process), so
+//! the other ports keep being served and the port is recovered. A client's EXIT/ABORT is
+//! recorded and logged, never ends rpc-serve.
+//!
+//! The device's stdout and stderr are rpc-serve's own unless `--stdout FILE` / `--stderr FILE`
+//! send them to files. Without `--stderr`, the device's stderr shares rpc-serve's stderr with
+//! rpc-serve's log, so a client can write lines that look like log lines: give `--stderr` when
+//! the log matters. SIGXFSZ is ignored, so a write past `RLIMIT_FSIZE` (`ulimit -f`) fails with
+//! EFBIG and the device gets an error reply (0 bytes written, "device output lost" in the log)
+//! instead of the signal ending rpc-serve. (An ignored signal stays ignored across `exec`, so
+//! SYSTEM's commands start with SIGXFSZ ignored too.)
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpc_core::plugin::SharedRegion;
 use rpc_core::{ExitPolicy, Generation, Layout, RpcServer, ServerConfig, ServicesConfig};
 
-const USAGE: &str = "usage: rpc-serve --file PATH --gen v1|v2 --ports N --lanes L \
-                     [--allow-system] [--stdout FILE] [--client-timeout MS]";
+mod mailbox;
+mod sigbus;
+
+use mailbox::{Backing, Mapped};
+
+const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L \
+                     [--allow-system] [--stdout FILE] [--stderr FILE] [--client-timeout MS]";
 
 /// How long a wait for a client's next packet lasts before the exchange is abandoned.
 const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 struct Args {
-    file: PathBuf,
+    mailbox: Backing,
     layout: Layout,
     allow_system: bool,
     stdout: Option<PathBuf>,
+    stderr: Option<PathBuf>,
     client_timeout: Option<Duration>,
 }
 
@@ -39,6 +61,7 @@ fn parse_args() -> Result<Args, String> {
     let mut parser = lexopt::Parser::from_env();
     let (mut file, mut generation, mut ports, mut lanes) = (None, None, None, None);
     let (mut allow_system, mut stdout) = (false, None);
+    let (mut memfd, mut stderr) = (false, None);
     // Clients in other processes hold no launch guard we could see end: without a timeout, a
     // client killed mid-exchange would hold the worker forever. 0 disables it.
     let mut client_timeout = Some(DEFAULT_CLIENT_TIMEOUT);
@@ -75,6 +98,10 @@ fn parse_args() -> Result<Args, String> {
             Long("stdout") => {
                 stdout = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
             }
+            Long("stderr") => {
+                stderr = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
+            }
+            Long("memfd") => memfd = true,
             Long("client-timeout") => {
                 let ms: u64 = parser
                     .value()
@@ -94,47 +121,32 @@ fn parse_args() -> Result<Args, String> {
         lanes.ok_or_else(|| missing("lanes"))?,
     )
     .map_err(|e| e.to_string())?;
+    let mailbox = match (file, memfd) {
+        (Some(_), true) => return Err("--file and --memfd exclude each other".into()),
+        (Some(path), false) => Backing::File(path),
+        (None, _) => Backing::Memfd,
+    };
     Ok(Args {
-        file: file.ok_or_else(|| missing("file"))?,
+        mailbox,
         layout,
         allow_system,
         stdout,
+        stderr,
         client_timeout,
     })
 }
 
-/// The mapped file as the mailbox's memory.
-struct MappedFile(memmap2::MmapMut);
-
-// SAFETY: an `mmap` of the mailbox file is page-aligned and stays mapped while this value
-// lives; this process reads it only through the server's atomic views. (Another process
-// truncating the file is not defended against yet: the next access would fault.)
-unsafe impl SharedRegion for MappedFile {
-    fn host_ptr(&self) -> *mut u8 {
-        self.0.as_ptr() as *mut u8
-    }
-    fn device_addr(&self) -> u64 {
-        self.0.as_ptr() as u64
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
+/// How serving ended.
+enum Ended {
+    /// SIGINT or SIGTERM: exit 0.
+    Stopped,
+    /// The mailbox memory was pulled away (a truncated file): exit 1.
+    Faulted,
 }
 
-fn serve(args: Args) -> Result<(), String> {
+fn serve(args: Args) -> Result<Ended, String> {
     let size = args.layout.total_size();
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&args.file)
-        .map_err(|e| format!("{}: {e}", args.file.display()))?;
-    file.set_len(size as u64)
-        .map_err(|e| format!("{}: {e}", args.file.display()))?;
-    // SAFETY: the file is ours (just created or truncated); other processes may write it, which
-    // the server tolerates: it only ever reads the mapping through atomics.
-    let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(|e| format!("mmap: {e}"))?;
+    let (region, path) = Mapped::create(&args.mailbox, size)?;
     let config = ServerConfig {
         name: "rpc-serve".into(),
         client_timeout: args.client_timeout,
@@ -150,8 +162,12 @@ fn serve(args: Args) -> Result<(), String> {
         let out = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         server.context().services().set_stdout(Box::new(out));
     }
+    if let Some(path) = &args.stderr {
+        let err = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        server.context().services().set_stderr(Box::new(err));
+    }
     let mailbox = server
-        .attach_region(Box::new(MappedFile(map)), args.layout)
+        .attach_region(Box::new(region), args.layout)
         .map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -161,22 +177,51 @@ fn serve(args: Args) -> Result<(), String> {
     let _ = server.start().map_err(|e| e.to_string())?;
     // Clients in other processes are no kernel launches we can see: one user for our whole life.
     let user = server.user();
-    println!("ready {} {size}", args.file.display());
+    println!("ready {} {size}", path.display());
+    let mut ended = Ended::Stopped;
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(10));
         if let Some(exit) = server.context().services().take_exit(mailbox) {
             log::warn!("a client ended its program: {exit:?}");
+        }
+        if sigbus::faulted() {
+            match &args.mailbox {
+                Backing::File(file) => log::error!(
+                    "{}: the mailbox file was truncated by another process; \
+                     detaching the mailbox and exiting",
+                    file.display()
+                ),
+                Backing::Memfd => log::error!(
+                    "{}: the mailbox memory faulted (SIGBUS); detaching the mailbox and exiting",
+                    path.display()
+                ),
+            }
+            // The worker now reads zero pages, an idle mailbox; detaching lets go of it (and
+            // unmaps it) before we report.
+            server.detach(mailbox).map_err(|e| e.to_string())?;
+            ended = Ended::Faulted;
+            break;
         }
     }
     drop(user);
     let _ = server.shutdown().map_err(|e| e.to_string())?;
     server.context().services().flush_std();
     println!("stopped: {}", server.stats());
-    Ok(())
+    Ok(ended)
 }
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // A write past RLIMIT_FSIZE (`ulimit -f`) raises SIGXFSZ, which would end rpc-serve; ignored,
+    // the write fails with EFBIG and the device gets an error reply.
+    // SAFETY: SIG_IGN is a valid disposition; no other thread exists yet.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // Before anything is mapped or served, so that no truncation of the mailbox file can come
+    // before it.
+    if let Err(error) = sigbus::install() {
+        eprintln!("rpc-serve: SIGBUS handler: {error}");
+        std::process::exit(1);
+    }
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
@@ -187,8 +232,12 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(message) = serve(args) {
-        eprintln!("rpc-serve: {message}");
-        std::process::exit(1);
+    match serve(args) {
+        Ok(Ended::Stopped) => {}
+        Ok(Ended::Faulted) => std::process::exit(1),
+        Err(message) => {
+            eprintln!("rpc-serve: {message}");
+            std::process::exit(1);
+        }
     }
 }
