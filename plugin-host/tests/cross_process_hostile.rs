@@ -15,103 +15,12 @@
 
 mod common;
 
-use std::io::{BufReader, Read};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::PathBuf;
-use std::process::{ChildStdout, Command, Stdio};
-use std::sync::mpsc::Receiver;
-use std::time::Duration;
+use std::os::unix::process::ExitStatusExt;
 
-use common::Killing;
+use common::{increment, layout, scratch, serve, BOUND, PORTS};
 use plugin_host::Target;
 use rpc_core::port::Deadline;
-use rpc_core::{Generation, Layout, LockTable, Opcode};
-
-const PORTS: u32 = 4;
-/// How long anything may take before the test fails instead of hanging.
-const BOUND: Duration = Duration::from_secs(60);
-
-fn layout() -> Layout {
-    Layout::new(Generation::V2, PORTS, 1).unwrap()
-}
-
-/// A fresh directory for one test's files.
-fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("rpc-serve-hostile-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// rpc-serve, started.
-struct Serve {
-    child: Killing,
-    stdout: BufReader<ChildStdout>,
-    log: Receiver<String>,
-    /// The path a client maps, from its ready line.
-    path: PathBuf,
-}
-
-/// Starts rpc-serve with `args` (besides the layout's), run through `setup` before it executes,
-/// and reads its ready line.
-fn serve(args: &[&str], setup: Option<fn() -> std::io::Result<()>>) -> Serve {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-serve"));
-    command
-        .args(["--gen", "v2", "--ports", &PORTS.to_string(), "--lanes", "1"])
-        .args(args)
-        // The tests read warnings and errors from the log.
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    if let Some(setup) = setup {
-        // SAFETY: `setup` only makes async-signal-safe system calls (setrlimit).
-        unsafe { command.pre_exec(setup) };
-    }
-    let mut child = Killing(command.spawn().unwrap());
-    let log = common::log_lines(child.0.stderr.take().unwrap());
-    let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
-    let (path, bytes) = common::read_ready(&mut stdout);
-    assert_eq!(bytes, layout().total_size());
-    Serve {
-        child,
-        stdout,
-        log,
-        path,
-    }
-}
-
-impl Serve {
-    /// Waits for rpc-serve to exit; its status, and the rest of its stdout and its whole log.
-    fn wait(mut self) -> (std::process::ExitStatus, String, Vec<String>) {
-        let status = common::wait_exit(&mut self.child.0, BOUND);
-        let mut rest = String::new();
-        self.stdout.read_to_string(&mut rest).unwrap();
-        // The log's channel ends with rpc-serve's stderr, which ended with rpc-serve.
-        let log = self.log.iter().collect();
-        (status, rest, log)
-    }
-
-    /// SIGTERM, then as [`Serve::wait`], asserting a clean exit.
-    fn stop(self) -> (String, Vec<String>) {
-        common::sigterm(&self.child.0);
-        let (status, rest, log) = self.wait();
-        assert_eq!(
-            status.code(),
-            Some(0),
-            "rpc-serve exited with {status}; log: {log:?}"
-        );
-        assert!(rest.contains("stopped: served="), "{rest}");
-        (rest, log)
-    }
-}
-
-/// TEST_INCREMENT of `value` over the mailbox at `map`, the reply bounded by `BOUND`.
-fn increment(map: &memmap2::MmapMut, value: u64) -> u64 {
-    let locks = LockTable::new(PORTS);
-    let wait = Deadline::after(BOUND);
-    let warp = common::warp(map, layout(), &locks, Some(&wait), 1);
-    warp.call(Opcode::TEST_INCREMENT, |_| value).unwrap()[0]
-}
+use rpc_core::LockTable;
 
 #[test]
 fn a_truncated_mailbox_file_ends_rpc_serve_with_status_1_not_sigbus() {

@@ -21,7 +21,7 @@ pub struct Limits {
     pub request_bytes: u64,
     /// Bytes of `%s` strings one printf request may make the server fetch, every lane together
     /// (a pointer printed twice is fetched once). A lane whose strings go over it prints
-    /// nothing and gets -1. Default 1 MiB.
+    /// nothing and gets -1. Default 4 MiB.
     pub printf_string_bytes: u64,
     /// Bytes one READ_FROM_STREAM or READ_FGETS request reads, every lane together: a larger
     /// read is served in part, with the short count a read of a pipe may return (the program
@@ -43,7 +43,7 @@ impl Default for Limits {
         Limits {
             stream_bytes: 64 << 20,
             request_bytes: 64 << 20,
-            printf_string_bytes: 1 << 20,
+            printf_string_bytes: 4 << 20,
             read_bytes: 1 << 20,
             open_files: 64,
             malloc_bytes: 16 << 30,

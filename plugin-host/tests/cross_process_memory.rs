@@ -1,0 +1,126 @@
+//! What one request can make `rpc-serve` hold, measured from outside: each attack runs against
+//! a fresh rpc-serve, and its peak resident memory (`VmHWM` in `/proc/PID/status`) stays far
+//! below what the attack used to cost.
+//! - printf of `"%4096d"` x 100000: 400 MB of output, which used to be built whole in memory;
+//! - `%s` x 300 on one 1 MiB string: fetched 300 times and printed into one buffer before;
+//! - READ_FROM_STREAM of a stdin that is `/dev/zero` with a count of 2^62: served in a part of
+//!   `Limits::read_bytes`;
+//! - 20000 unknown opcodes: counted, but only a few log lines per second.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Instant;
+
+use common::{layout, serve, serve_with_stdin, Serve, BOUND, PORTS};
+use plugin_host::kernel::STDIN;
+use plugin_host::Arg;
+use rpc_core::port::Deadline;
+use rpc_core::{LockTable, Opcode};
+
+/// Peak resident memory of rpc-serve so far, in bytes.
+fn peak_rss(serve: &Serve) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", serve.child.0.id())).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("a VmHWM line");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// Far below each attack's old cost (hundreds of MB), far above rpc-serve's own needs.
+const PEAK: u64 = 96 << 20;
+
+fn quiet_serve() -> Serve {
+    serve(&["--stdout", "/dev/null"], None)
+}
+
+#[test]
+fn a_printf_of_400_mb_never_holds_its_output() {
+    const SPECS: usize = 100_000;
+    let serve = quiet_serve();
+    let map = common::map(&serve.path);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(BOUND);
+    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
+    let format = "%4096d".repeat(SPECS);
+    let printed = warp.printf(&format, |_| vec![Arg::Int(7); SPECS]).unwrap();
+    assert_eq!(printed[0], (4096 * SPECS) as i64);
+    let peak = peak_rss(&serve);
+    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
+    assert!(peak < PEAK, "peak RSS {peak} bytes");
+    drop(warp);
+    serve.stop();
+}
+
+#[test]
+fn a_string_printed_300_times_is_fetched_once_and_never_held_whole() {
+    let serve = quiet_serve();
+    let map = common::map(&serve.path);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(BOUND);
+    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
+    let text = "s".repeat(1 << 20);
+    let printed = warp
+        .printf(&"%s".repeat(300), |_| vec![Arg::Str(Some(&text)); 300])
+        .unwrap();
+    assert_eq!(printed[0], 300 << 20);
+    let peak = peak_rss(&serve);
+    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
+    assert!(peak < PEAK, "peak RSS {peak} bytes");
+    drop(warp);
+    serve.stop();
+}
+
+#[test]
+fn a_read_of_2_pow_62_bytes_from_dev_zero_is_served_in_a_part() {
+    let zero = std::fs::File::open("/dev/zero").unwrap();
+    let serve = serve_with_stdin(&[], None, Stdio::from(zero));
+    let map = common::map(&serve.path);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(BOUND);
+    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
+    let data = warp.fread(|_| STDIN, 1 << 62).unwrap();
+    assert_eq!(
+        data[0].len(),
+        rpc_core::Limits::default().read_bytes as usize
+    );
+    assert!(data[0].iter().all(|&b| b == 0));
+    let peak = peak_rss(&serve);
+    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
+    assert!(peak < PEAK, "peak RSS {peak} bytes");
+    drop(warp);
+    serve.stop();
+}
+
+#[test]
+fn twenty_thousand_unknown_opcodes_write_a_few_log_lines() {
+    const REQUESTS: u64 = 20_000;
+    let serve = quiet_serve();
+    let map = common::map(&serve.path);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(BOUND);
+    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
+    let start = Instant::now();
+    for i in 0..REQUESTS {
+        // Closed unanswered: the client reads its own request back.
+        assert_eq!(warp.call(Opcode::user(0x7777), |_| i).unwrap()[0], i);
+    }
+    let elapsed = start.elapsed();
+    drop(warp);
+    let (rest, log) = serve.stop();
+    assert!(rest.contains(&format!("unknown={REQUESTS}")), "{rest}");
+    let lines = log.iter().filter(|l| l.contains("unknown opcode")).count() as u64;
+    // At most the budget of each one-second window the run touched.
+    let budget = u64::from(rpc_core::Limits::default().device_log_lines) * (elapsed.as_secs() + 2);
+    assert!(lines <= budget, "{lines} log lines in {elapsed:?}");
+    assert!(
+        log.iter().any(|l| l.contains("dropped before this one")) || lines < 40,
+        "a later line reports the dropped ones"
+    );
+}
