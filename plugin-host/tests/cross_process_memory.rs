@@ -54,7 +54,6 @@ fn a_printf_of_400_mb_never_holds_its_output() {
     let peak = peak_rss(&serve);
     eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
     assert!(peak < PEAK, "peak RSS {peak} bytes");
-    drop(warp);
     serve.stop();
 }
 
@@ -73,7 +72,6 @@ fn a_string_printed_300_times_is_fetched_once_and_never_held_whole() {
     let peak = peak_rss(&serve);
     eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
     assert!(peak < PEAK, "peak RSS {peak} bytes");
-    drop(warp);
     serve.stop();
 }
 
@@ -94,7 +92,6 @@ fn a_read_of_2_pow_62_bytes_from_dev_zero_is_served_in_a_part() {
     let peak = peak_rss(&serve);
     eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
     assert!(peak < PEAK, "peak RSS {peak} bytes");
-    drop(warp);
     serve.stop();
 }
 
@@ -112,7 +109,6 @@ fn twenty_thousand_unknown_opcodes_write_a_few_log_lines() {
         assert_eq!(warp.call(Opcode::user(0x7777), |_| i).unwrap()[0], i);
     }
     let elapsed = start.elapsed();
-    drop(warp);
     let (rest, log) = serve.stop();
     assert!(rest.contains(&format!("unknown={REQUESTS}")), "{rest}");
     let lines = log.iter().filter(|l| l.contains("unknown opcode")).count() as u64;
