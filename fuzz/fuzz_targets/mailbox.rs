@@ -58,7 +58,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
         stream_bound: 4096,
         services: ServicesConfig {
             exit: ExitPolicy::Record,
-            files: FilePolicy::Denied,
+            files: FilePolicy::Deny,
             allow_system: false,
             ..ServicesConfig::default()
         },

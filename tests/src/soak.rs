@@ -372,7 +372,7 @@ fn runtime(
         stream_bound: 1 << 20,
         services: ServicesConfig {
             exit: ExitPolicy::Record,
-            files: FilePolicy::Under(dir.to_path_buf()),
+            files: FilePolicy::Sandbox(dir.to_path_buf()),
             max_open_files: 1024,
             ..ServicesConfig::default()
         },

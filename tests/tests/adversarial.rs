@@ -82,7 +82,7 @@ impl Fixture {
             stream_bound: BOUND,
             services: ServicesConfig {
                 exit: ExitPolicy::Record,
-                files: FilePolicy::Denied,
+                files: FilePolicy::Deny,
                 allow_system: false,
                 ..ServicesConfig::default()
             },
