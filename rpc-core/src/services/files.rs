@@ -118,11 +118,20 @@ pub(crate) fn open(rules: &Rules, path: &[u8], mode: &[u8]) -> Outcome<OwnedFd> 
                 result => result.map_err(Denial::Failed)?,
             }
         }
+        // Only special files answer ENXIO: a FIFO opened for writing without a reader (with
+        // O_NONBLOCK), a socket, a device without its driver.
+        Err(Denial::Failed(error)) if error.raw_os_error() == Some(libc::ENXIO) => {
+            return Err(refused(
+                path,
+                "not a regular file (a FIFO, socket or device)",
+            ))
+        }
         other => other?,
     };
-    check_file(fd.as_fd(), &rules.protected).map_err(|why| refused(path, why))?;
+    let st = check_file(fd.as_fd(), &rules.protected).map_err(|why| refused(path, why))?;
     set_blocking(fd.as_fd()).map_err(Denial::Failed)?;
-    if mode.first() == Some(&b'w') {
+    // `/dev/null` is not truncated (C's O_TRUNC is ignored there; ftruncate would fail).
+    if mode.first() == Some(&b'w') && !is_dev_null(&st) {
         // SAFETY: `fd` is an open descriptor owned here; ftruncate has no memory preconditions.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), 0) } != 0 {
             return Err(Denial::Failed(io::Error::last_os_error()));
@@ -437,8 +446,11 @@ fn walk(root: BorrowedFd<'_>, rel: &Path, flags: c_int) -> Outcome<OwnedFd> {
 }
 
 /// Why an open descriptor must not be handed to the device, if it must not: not a regular file
-/// (nor `/dev/null`), a protected file, or a never-list place.
-fn check_file(fd: BorrowedFd<'_>, protected: &[FileId]) -> core::result::Result<(), String> {
+/// (nor `/dev/null`), a protected file, or a never-list place. Else its `fstat`.
+fn check_file(
+    fd: BorrowedFd<'_>,
+    protected: &[FileId],
+) -> core::result::Result<libc::stat, String> {
     let st = fstat(fd).map_err(|e| std::format!("cannot be checked: {e}"))?;
     let null = is_dev_null(&st);
     match st.st_mode & libc::S_IFMT {
@@ -453,7 +465,8 @@ fn check_file(fd: BorrowedFd<'_>, protected: &[FileId]) -> core::result::Result<
     if protected.contains(&file_id(&st)) {
         return Err("a file the server protects (its mailbox)".into());
     }
-    check_place(fd, Some(&st))
+    check_place(fd, Some(&st))?;
+    Ok(st)
 }
 
 /// Why an open file or directory lies where the server never goes (`/proc`, `/sys`, `/dev` but
@@ -678,5 +691,368 @@ impl super::Services {
             Err(Denial::Refused(why)) => Err(OpenError::Refused(why)),
             Err(Denial::Failed(error)) => Err(failed(&error)),
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A fresh directory under the temp dir, removed afterwards.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let path =
+                std::env::temp_dir().join(std::format!("rpc-files-{}-{name}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&path);
+            std::fs::create_dir_all(&path).unwrap();
+            Dir(path)
+        }
+        fn join(&self, name: &str) -> PathBuf {
+            self.0.join(name)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const RESOLVERS: [Resolver; 2] = [Resolver::Openat2, Resolver::Walk];
+
+    fn rules(policy: FilePolicy, resolver: Resolver) -> Rules {
+        Rules {
+            policy,
+            protected: Vec::new(),
+            resolver,
+        }
+    }
+
+    fn bytes(path: &Path) -> &[u8] {
+        path.as_os_str().as_bytes()
+    }
+
+    fn refusal<T: core::fmt::Debug>(outcome: Outcome<T>) -> String {
+        match outcome {
+            Err(Denial::Refused(why)) => why,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    fn read(fd: OwnedFd) -> String {
+        let mut text = String::new();
+        std::fs::File::from(fd).read_to_string(&mut text).unwrap();
+        text
+    }
+
+    fn mkfifo(path: &Path) {
+        let c = c_path(path);
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    }
+
+    #[test]
+    fn c_modes_become_open_flags_without_o_trunc() {
+        let base = libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+        for (mode, flags) in [
+            (&b"r"[..], libc::O_RDONLY),
+            (b"rb", libc::O_RDONLY),
+            (b"r+", libc::O_RDWR),
+            (b"w", libc::O_WRONLY | libc::O_CREAT),
+            (b"wx", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL),
+            (b"w+b", libc::O_RDWR | libc::O_CREAT),
+            (b"a", libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND),
+            (b"a+e", libc::O_RDWR | libc::O_CREAT | libc::O_APPEND),
+        ] {
+            assert_eq!(open_flags(mode), flags | base, "{mode:?}");
+            assert_eq!(open_flags(mode) & libc::O_TRUNC, 0);
+        }
+    }
+
+    #[test]
+    fn openat2_falls_back_only_where_it_cannot_be_used() {
+        for errno in [libc::ENOSYS, libc::EPERM, libc::E2BIG] {
+            assert!(openat2_unavailable(&io::Error::from_raw_os_error(errno)));
+        }
+        for errno in [libc::EXDEV, libc::ENOENT, libc::ELOOP, libc::EACCES] {
+            assert!(!openat2_unavailable(&io::Error::from_raw_os_error(errno)));
+        }
+    }
+
+    /// Where the kernel has `openat2` (Linux 5.6, no seccomp filter against it), it is what
+    /// refuses an escape; elsewhere the sandbox runs on the walk, tested on its own below.
+    #[test]
+    fn openat2_itself_refuses_escapes_where_the_kernel_has_it() {
+        let dir = Dir::new("openat2");
+        std::fs::write(dir.join("a"), "a").unwrap();
+        let root = Root::open(&dir.0).unwrap();
+        match openat2(root.fd.as_fd(), c"a", libc::O_RDONLY | libc::O_CLOEXEC) {
+            Err(error) if openat2_unavailable(&error) => {
+                std::eprintln!("openat2 is not available here ({error}): the walk is used");
+            }
+            Err(error) => panic!("openat2: {error}"),
+            Ok(fd) => {
+                assert_eq!(read(fd), "a");
+                let escape = openat2(root.fd.as_fd(), c"../a", libc::O_RDONLY).unwrap_err();
+                assert_eq!(escape.raw_os_error(), Some(libc::EXDEV));
+                let absolute = openat2(root.fd.as_fd(), c"/etc/passwd", libc::O_RDONLY);
+                assert_eq!(absolute.unwrap_err().raw_os_error(), Some(libc::EXDEV));
+            }
+        }
+    }
+
+    /// Every way out of the sandbox is refused, under both resolvers; paths inside work, with
+    /// real reads and writes, relative or absolute.
+    #[test]
+    fn the_sandbox_holds_under_both_resolvers() {
+        for resolver in RESOLVERS {
+            let top = Dir::new(&std::format!("sandbox-{resolver:?}"));
+            let jail = top.join("jail");
+            std::fs::create_dir_all(jail.join("sub")).unwrap();
+            std::fs::write(top.join("outside.txt"), "secret").unwrap();
+            std::fs::write(jail.join("inside.txt"), "ok").unwrap();
+            std::os::unix::fs::symlink(top.join("outside.txt"), jail.join("abs-link")).unwrap();
+            std::os::unix::fs::symlink("../outside.txt", jail.join("rel-link")).unwrap();
+            std::os::unix::fs::symlink("/etc", jail.join("etc")).unwrap();
+            let rules = rules(FilePolicy::Sandbox(jail.clone()), resolver);
+            let outside_abs = top.join("outside.txt");
+            for (path, mode) in [
+                (&b"/etc/passwd"[..], &b"r"[..]),
+                (b"../outside.txt", b"r"),
+                (b"../outside.txt", b"w"),
+                (bytes(&outside_abs), b"r+"),
+                (b"abs-link", b"w"),
+                (b"rel-link", b"a"),
+                (b"etc/passwd", b"r"),
+                (b"sub/../../outside.txt", b"w"),
+                (b"sub/../../jail/inside.txt", b"r"),
+                (b"../jail/new.txt", b"w"),
+            ] {
+                let why = refusal(open(&rules, path, mode));
+                assert!(!why.is_empty(), "{resolver:?} {path:?}");
+            }
+            assert_eq!(
+                std::fs::read_to_string(&outside_abs).unwrap(),
+                "secret",
+                "{resolver:?}: nothing outside was truncated or written"
+            );
+            assert!(!top.join("new.txt").exists());
+
+            // Inside: relative and absolute, existing and new, in a subdirectory.
+            assert_eq!(read(open(&rules, b"inside.txt", b"r").unwrap()), "ok");
+            let absolute = jail.join("inside.txt");
+            assert_eq!(read(open(&rules, bytes(&absolute), b"r").unwrap()), "ok");
+            for name in ["new.txt", "sub/deeper.txt"] {
+                let mut file = std::fs::File::from(open(&rules, name.as_bytes(), b"w").unwrap());
+                file.write_all(b"written").unwrap();
+                drop(file);
+                assert_eq!(std::fs::read_to_string(jail.join(name)).unwrap(), "written");
+                let mut file = std::fs::File::from(open(&rules, name.as_bytes(), b"w+").unwrap());
+                file.write_all(b"again").unwrap();
+                drop(file);
+                assert_eq!(
+                    std::fs::read_to_string(jail.join(name)).unwrap(),
+                    "again",
+                    "w truncates a file that passed the checks"
+                );
+            }
+            // `x` creates or fails, as C does.
+            assert!(matches!(
+                open(&rules, b"new.txt", b"wx"),
+                Err(Denial::Failed(_))
+            ));
+            // A missing file to read is an ordinary failure, not a refusal.
+            assert!(matches!(
+                open(&rules, b"absent", b"r"),
+                Err(Denial::Failed(_))
+            ));
+            // The kernel's resolution lets `..` that stays inside pass; the walk refuses it.
+            let within = open(&rules, b"sub/../inside.txt", b"r");
+            match resolver {
+                Resolver::Openat2 => assert_eq!(read(within.unwrap()), "ok"),
+                Resolver::Walk => drop(refusal(within)),
+            }
+
+            // REMOVE and RENAME: outside refused, inside done.
+            refusal(remove(&rules, b"../outside.txt"));
+            refusal(remove(&rules, bytes(&outside_abs)));
+            refusal(remove(&rules, b"sub/../../outside.txt"));
+            refusal(rename(&rules, b"new.txt", b"../stolen.txt"));
+            refusal(rename(&rules, bytes(&outside_abs), b"mine.txt"));
+            refusal(rename(&rules, b"new.txt", bytes(&outside_abs)));
+            assert!(outside_abs.exists() && !top.join("stolen.txt").exists());
+            rename(&rules, b"new.txt", b"sub/moved.txt").unwrap();
+            assert_eq!(
+                std::fs::read_to_string(jail.join("sub/moved.txt")).unwrap(),
+                "again"
+            );
+            let moved = jail.join("sub/moved.txt");
+            remove(&rules, bytes(&moved)).unwrap();
+            remove(&rules, b"sub/deeper.txt").unwrap();
+            // An empty directory goes too, as C `remove` does.
+            remove(&rules, b"sub").unwrap();
+            assert!(!jail.join("sub").exists());
+            // Removing the link removes the link, not its target.
+            remove(&rules, b"abs-link").unwrap();
+            assert!(outside_abs.exists());
+            assert!(matches!(remove(&rules, b"absent"), Err(Denial::Failed(_))));
+            // The sandbox itself is no file in a directory.
+            refusal(remove(&rules, bytes(&jail)));
+            assert!(jail.exists());
+        }
+    }
+
+    /// What is never opened, under Allow (the most open policy) and in a sandbox.
+    #[test]
+    fn proc_sys_dev_and_special_files_are_never_opened() {
+        let dir = Dir::new("never");
+        let allow = rules(FilePolicy::Allow, Resolver::Openat2);
+        for (path, mode) in [
+            ("/proc/self/mem", "r+"),
+            ("/proc/self/maps", "r"),
+            ("/proc/self/fd/0", "r"),
+            ("/proc/../proc/self/mem", "r"),
+            ("/sys/kernel/notes", "r"),
+            ("/dev/zero", "r"),
+            ("/dev/../dev/zero", "r"),
+            ("/dev/rpc-never-created", "w"),
+        ] {
+            let why = refusal(open(&allow, path.as_bytes(), mode.as_bytes()));
+            assert!(why.contains("never"), "{path}: {why}");
+        }
+        assert!(!Path::new("/dev/rpc-never-created").exists());
+        // Behind symbolic links the path as written looks harmless: the descriptor's own
+        // file system, type and real path are what refuse it.
+        let targets = [
+            ("/proc/self/mem", "procfs"),
+            ("/proc/self/status", "procfs"),
+            ("/dev/zero", "a device"),
+            ("/dev", "a directory"),
+            ("/sys/kernel", "a directory"),
+        ];
+        for (k, (target, why)) in targets.iter().enumerate() {
+            if !Path::new(target).exists() {
+                continue;
+            }
+            let link = dir.join(&std::format!("link{k}"));
+            std::os::unix::fs::symlink(target, &link).unwrap();
+            let refused = refusal(open(&allow, bytes(&link), b"r"));
+            assert!(refused.contains(why), "{target}: {refused}");
+        }
+        // A regular file in a tmpfs under /dev (its real path gives it away).
+        if Path::new("/dev/shm").is_dir() {
+            let shm = PathBuf::from(std::format!("/dev/shm/rpc-files-{}", std::process::id()));
+            std::fs::write(&shm, "kept").unwrap();
+            let link = dir.join("shm-link");
+            std::os::unix::fs::symlink(&shm, &link).unwrap();
+            let refused = refusal(open(&allow, bytes(&link), b"w"));
+            assert!(refused.contains("/dev/shm"), "{refused}");
+            assert_eq!(
+                std::fs::read_to_string(&shm).unwrap(),
+                "kept",
+                "not truncated"
+            );
+            refusal(remove(&allow, bytes(&shm)));
+            std::fs::remove_file(&shm).unwrap();
+        }
+        // /dev/null opens, for reading and writing.
+        let null = open(&allow, b"/dev/null", b"w").unwrap();
+        std::fs::File::from(null).write_all(b"gone").unwrap();
+        assert_eq!(read(open(&allow, b"/dev/null", b"r").unwrap()), "");
+        // ... but is not removed or renamed.
+        refusal(remove(&allow, b"/dev/null"));
+        refusal(rename(&allow, b"/dev/null", bytes(&dir.join("null"))));
+        // A FIFO nobody writes is refused at once (opening does not wait for a writer), in
+        // every mode; a directory too.
+        let fifo = dir.join("fifo");
+        mkfifo(&fifo);
+        for mode in ["r", "r+", "w", "a"] {
+            let why = refusal(open(&allow, bytes(&fifo), mode.as_bytes()));
+            assert!(
+                why.contains("FIFO") || why.contains("never"),
+                "{mode}: {why}"
+            );
+        }
+        let why = refusal(open(&allow, bytes(&dir.0), b"r"));
+        assert!(why.contains("directory"), "{why}");
+        // A dangling link is not followed to create its target.
+        let dangling = dir.join("dangling");
+        std::os::unix::fs::symlink(dir.join("target"), &dangling).unwrap();
+        refusal(open(&allow, bytes(&dangling), b"w"));
+        assert!(!dir.join("target").exists());
+        // The same in a sandbox, under both resolvers.
+        for resolver in RESOLVERS {
+            let sandbox = rules(FilePolicy::Sandbox(dir.0.clone()), resolver);
+            refusal(open(&sandbox, b"fifo", b"r"));
+            refusal(open(&sandbox, b".", b"r"));
+            refusal(open(&sandbox, b"dangling", b"w"));
+            assert!(!dir.join("target").exists());
+        }
+        // Removing the FIFO is fine (it is never opened).
+        remove(&allow, bytes(&fifo)).unwrap();
+    }
+
+    /// A protected file is not opened (in any mode, under any name), removed or renamed, and a
+    /// refused `w` leaves it whole.
+    #[test]
+    fn protected_files_stay_untouched() {
+        let dir = Dir::new("protected");
+        let mailbox = dir.join("mailbox");
+        std::fs::write(&mailbox, "mailbox bytes").unwrap();
+        std::fs::hard_link(&mailbox, dir.join("alias")).unwrap();
+        std::os::unix::fs::symlink(&mailbox, dir.join("link")).unwrap();
+        std::fs::write(dir.join("other"), "other").unwrap();
+        let id = identify(&mailbox).unwrap();
+        let policies = [
+            (FilePolicy::Allow, Resolver::Openat2),
+            (FilePolicy::Sandbox(dir.0.clone()), Resolver::Openat2),
+            (FilePolicy::Sandbox(dir.0.clone()), Resolver::Walk),
+        ];
+        for (policy, resolver) in policies {
+            let rules = Rules {
+                protected: std::vec![id],
+                ..rules(policy, resolver)
+            };
+            for name in ["mailbox", "alias"] {
+                let path = dir.join(name);
+                for mode in ["r", "r+", "w", "a"] {
+                    let why = refusal(open(&rules, bytes(&path), mode.as_bytes()));
+                    assert!(why.contains("protects"), "{name} {mode}: {why}");
+                }
+                refusal(remove(&rules, bytes(&path)));
+                refusal(rename(&rules, bytes(&path), bytes(&dir.join("moved"))));
+                refusal(rename(&rules, bytes(&dir.join("other")), bytes(&path)));
+            }
+            if let FilePolicy::Allow = rules.policy {
+                refusal(open(&rules, bytes(&dir.join("link")), b"w"));
+            }
+            assert_eq!(std::fs::read_to_string(&mailbox).unwrap(), "mailbox bytes");
+            assert!(dir.join("other").exists() && !dir.join("moved").exists());
+        }
+    }
+
+    #[test]
+    fn deny_refuses_everything() {
+        let dir = Dir::new("deny");
+        std::fs::write(dir.join("a"), "a").unwrap();
+        let deny = rules(FilePolicy::Deny, Resolver::Openat2);
+        let a = dir.join("a");
+        refusal(open(&deny, bytes(&a), b"r"));
+        refusal(remove(&deny, bytes(&a)));
+        refusal(rename(&deny, bytes(&a), bytes(&dir.join("b"))));
+        assert!(a.exists());
+    }
+
+    #[test]
+    fn a_sandbox_that_cannot_be_opened_refuses() {
+        let rules = rules(
+            FilePolicy::Sandbox(PathBuf::from("/nonexistent/rpc-sandbox")),
+            Resolver::Openat2,
+        );
+        let why = refusal(open(&rules, b"x", b"w"));
+        assert!(why.contains("sandbox directory"), "{why}");
     }
 }
