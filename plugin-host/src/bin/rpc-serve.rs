@@ -2,8 +2,8 @@
 //! client in another process (in any language) can use it.
 //!
 //! ```text
-//! rpc-serve --file PATH --gen v1|v2 --ports N --lanes L [--allow-system] [--stdout FILE]
-//!           [--client-timeout MS]
+//! rpc-serve --file PATH --gen v1|v2 --ports N --lanes L [--files DIR|deny|all]
+//!           [--allow-system] [--stdout FILE] [--client-timeout MS]
 //! ```
 //! Creates (or truncates) PATH to the layout's size, zeroed; prints `ready PATH BYTES` once it
 //! serves; serves until SIGINT or SIGTERM; prints its statistics and exits 0. Bad arguments: a
@@ -11,6 +11,13 @@
 //! exchange whose client stopped answering mid-script (e.g. a killed process), so the other
 //! ports keep being served and the port is recovered. A client's EXIT/ABORT is recorded and
 //! logged, never ends rpc-serve.
+//!
+//! `--files` is the file policy of OPEN_FILE, REMOVE and RENAME: a directory (which must
+//! exist) every path resolves beneath, `deny` (none), or `all` (any path rpc-serve's user may
+//! use); default: rpc-serve's working directory as the sandbox (`./deny` names a directory
+//! called `deny`). Whatever the policy, `/proc`, `/sys`, `/dev` (but `/dev/null`), non-regular
+//! files and the mailbox file itself are never opened, removed or renamed (`FilePolicy`).
+//! SYSTEM runs commands only with `--allow-system`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,10 +25,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_core::plugin::SharedRegion;
-use rpc_core::{ExitPolicy, Generation, Layout, RpcServer, ServerConfig, ServicesConfig};
+use rpc_core::{
+    ExitPolicy, FilePolicy, Generation, Layout, RpcServer, ServerConfig, ServicesConfig,
+};
 
 const USAGE: &str = "usage: rpc-serve --file PATH --gen v1|v2 --ports N --lanes L \
-                     [--allow-system] [--stdout FILE] [--client-timeout MS]";
+                     [--files DIR|deny|all] [--allow-system] [--stdout FILE] \
+                     [--client-timeout MS]";
 
 /// How long a wait for a client's next packet lasts before the exchange is abandoned.
 const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,6 +39,7 @@ const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 struct Args {
     file: PathBuf,
     layout: Layout,
+    files: FilePolicy,
     allow_system: bool,
     stdout: Option<PathBuf>,
     client_timeout: Option<Duration>,
@@ -38,7 +49,7 @@ fn parse_args() -> Result<Args, String> {
     use lexopt::prelude::*;
     let mut parser = lexopt::Parser::from_env();
     let (mut file, mut generation, mut ports, mut lanes) = (None, None, None, None);
-    let (mut allow_system, mut stdout) = (false, None);
+    let (mut allow_system, mut stdout, mut files) = (false, None, None);
     // Clients in other processes hold no launch guard we could see end: without a timeout, a
     // client killed mid-exchange would hold the worker forever. 0 disables it.
     let mut client_timeout = Some(DEFAULT_CLIENT_TIMEOUT);
@@ -71,6 +82,7 @@ fn parse_args() -> Result<Args, String> {
                         .map_err(|e| format!("--lanes: {e}"))?,
                 )
             }
+            Long("files") => files = Some(file_policy(parser.value().map_err(|e| e.to_string())?)?),
             Long("allow-system") => allow_system = true,
             Long("stdout") => {
                 stdout = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
@@ -94,13 +106,36 @@ fn parse_args() -> Result<Args, String> {
         lanes.ok_or_else(|| missing("lanes"))?,
     )
     .map_err(|e| e.to_string())?;
+    let files = match files {
+        Some(files) => files,
+        None => FilePolicy::Sandbox(
+            std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?,
+        ),
+    };
     Ok(Args {
         file: file.ok_or_else(|| missing("file"))?,
         layout,
+        files,
         allow_system,
         stdout,
         client_timeout,
     })
+}
+
+/// `--files`: `deny`, `all`, or a directory that exists.
+fn file_policy(value: std::ffi::OsString) -> Result<FilePolicy, String> {
+    match value.to_str() {
+        Some("deny") => Ok(FilePolicy::Deny),
+        Some("all") => Ok(FilePolicy::Allow),
+        _ => {
+            let dir = PathBuf::from(value);
+            if dir.is_dir() {
+                Ok(FilePolicy::Sandbox(dir))
+            } else {
+                Err(format!("--files: {} is not a directory", dir.display()))
+            }
+        }
+    }
 }
 
 /// The mapped file as the mailbox's memory.
@@ -140,12 +175,19 @@ fn serve(args: Args) -> Result<(), String> {
         client_timeout: args.client_timeout,
         services: ServicesConfig {
             exit: ExitPolicy::Record,
+            files: args.files,
             allow_system: args.allow_system,
             ..ServicesConfig::default()
         },
         ..ServerConfig::default()
     };
     let server = RpcServer::new(config);
+    // No request may open (and truncate), remove or rename the mailbox under us.
+    server
+        .context()
+        .services()
+        .protect_file(&args.file)
+        .map_err(|e| format!("{}: {e}", args.file.display()))?;
     if let Some(path) = &args.stdout {
         let out = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         server.context().services().set_stdout(Box::new(out));
