@@ -8,9 +8,10 @@
 //! - anything in `/proc`, `/sys` or `/dev` (but `/dev/null`): refused by the path as written
 //!   (made absolute, not resolved) before anything is opened, so `O_CREAT` never creates a file
 //!   there; then, on the descriptor actually opened, by its file system (`fstatfs`: proc, sysfs,
-//!   debugfs, tracefs, securityfs, cgroup, cgroup2, bpf, devpts), by its device (`st_dev` of
-//!   `/dev`'s file system, where `/dev` is a mount of its own) and by its real path
-//!   (`/proc/self/fd/N`), so no symbolic link, bind mount or `..` gets there either;
+//!   debugfs, tracefs, securityfs, cgroup, cgroup2, bpf, devpts, and efivarfs, configfs,
+//!   pstore, selinuxfs, smackfs, fusectl, binderfs, nsfs wherever they are mounted), by its
+//!   device (`st_dev` of `/dev`'s file system, where `/dev` is a mount of its own) and by its
+//!   real path (`/proc/self/fd/N`), so no symbolic link, bind mount or `..` gets there either;
 //! - anything but a regular file: directories, FIFOs, sockets, character and block devices
 //!   (but `/dev/null`, rdev 1:3). Files are opened with `O_NONBLOCK | O_NOCTTY`, so a FIFO
 //!   nobody writes is refused at once instead of blocking an I/O thread, and a terminal never
@@ -508,8 +509,9 @@ fn check_place(fd: BorrowedFd<'_>, st: Option<&libc::stat>) -> core::result::Res
 /// The name of a kernel pseudo file system, by its `f_type` magic number (a 32-bit value,
 /// `linux/magic.h`).
 fn pseudo_fs(magic: u32) -> Option<&'static str> {
-    // cgroup, cgroup2, bpf and devpts by value: not every libc target names them.
-    let known: [(u32, &str); 9] = [
+    // The rest by value: not every libc target names them. Beyond the ones bound to /proc,
+    // /sys and /dev, those that reach the kernel or the firmware wherever they are mounted.
+    let known: [(u32, &str); 17] = [
         (libc::PROC_SUPER_MAGIC as u32, "procfs"),
         (libc::SYSFS_MAGIC as u32, "sysfs"),
         (libc::DEBUGFS_MAGIC as u32, "debugfs"),
@@ -519,6 +521,14 @@ fn pseudo_fs(magic: u32) -> Option<&'static str> {
         (0x6367_7270, "cgroup2"),
         (0xcafe_4a11, "bpf"),
         (0x1cd1, "devpts"),
+        (0xde5e_81e4, "efivarfs"),
+        (0x6265_6570, "configfs"),
+        (0x6165_676c, "pstore"),
+        (0xf97c_ff8c, "selinuxfs"),
+        (0x4341_5d53, "smackfs"),
+        (0x6573_5543, "fusectl"),
+        (0x6c6f_6f70, "binderfs"),
+        (0x6e73_6673, "nsfs"),
     ];
     known
         .into_iter()
