@@ -61,7 +61,7 @@ unsafe impl Send for CFile {}
 impl CFile {
     /// Opens `path` with `mode` (both without NUL), or `None` with C's failure. Tests only:
     /// the server opens files through the file policy ([`CFile::from_fd`]).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn open(path: &CStr, mode: &CStr) -> Option<CFile> {
         // SAFETY: both are valid NUL-terminated strings for the duration of the call.
         let file = unsafe { libc::fopen(path.as_ptr(), mode.as_ptr()) };
