@@ -29,7 +29,7 @@ pub fn run() -> Result<(), String> {
     server
         .context()
         .services()
-        .set_file_policy(FilePolicy::Under(dir.clone()));
+        .set_file_policy(FilePolicy::Sandbox(dir.clone()));
     let path = Arc::new(dir.join("greeting.txt").to_string_lossy().into_owned());
 
     let image = HostImage::new("demo")

@@ -61,7 +61,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
         },
         services: ServicesConfig {
             exit: ExitPolicy::Record,
-            files: FilePolicy::Denied,
+            files: FilePolicy::Deny,
             allow_system: false,
         },
         ..ServerConfig::default()

@@ -43,6 +43,9 @@ fn serve(generation: Generation, ports: u32, lanes: u32, tag: &str) -> Served {
         ])
         .args(["--ports", &ports.to_string(), "--lanes", &lanes.to_string()])
         .args(["--stdout", dir.join("out.txt").to_str().unwrap()])
+        // The files the tests open lie in `dir`: rpc-serve's default sandbox is its working
+        // directory.
+        .current_dir(&dir)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -153,8 +156,20 @@ fn warp_lines(mask: u64) -> String {
 
 #[test]
 fn rpc_serve_rejects_bad_arguments_with_exit_code_2() {
-    let bad: [&[&str]; 5] = [
+    let bad: [&[&str]; 6] = [
         &["--gen", "v3", "--file", "x", "--ports", "1", "--lanes", "1"],
+        &[
+            "--gen",
+            "v1",
+            "--file",
+            "x",
+            "--ports",
+            "4",
+            "--lanes",
+            "1",
+            "--files",
+            "/nonexistent/rpc-serve-sandbox",
+        ],
         &["--gen", "v1", "--file", "x", "--ports", "0", "--lanes", "1"],
         &[
             "--gen", "v1", "--file", "x", "--ports", "4", "--lanes", "16",

@@ -1,7 +1,8 @@
 //! A client process SIGKILLed in the middle of an exchange with `rpc-serve`: rpc-serve keeps
 //! serving the other ports, gives the dead exchange up after `--client-timeout MS`, and the dead
 //! port serves a new client process (with its own, fresh lock table). And SIGTERM ends
-//! rpc-serve while one of its I/O threads is stuck opening a FIFO nobody writes.
+//! rpc-serve while one of its I/O threads is stuck reading its stdin, a pipe nobody writes (a
+//! FIFO, which once blocked an I/O thread in `openat`, is refused at once).
 //!
 //! The victim is this test binary run again as a child, in `helper_client_process`.
 
@@ -171,9 +172,9 @@ fn thread_in_syscall(pid: u32, name: &str, number: u32) -> bool {
 }
 
 #[test]
-fn sigterm_ends_rpc_serve_while_an_io_thread_is_stuck_opening_a_fifo() {
+fn sigterm_ends_rpc_serve_while_an_io_thread_is_stuck_reading_stdin() {
     let dir: PathBuf =
-        std::env::temp_dir().join(format!("rpc-serve-fifo-test-{}", std::process::id()));
+        std::env::temp_dir().join(format!("rpc-serve-stdin-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("mailbox");
@@ -185,10 +186,14 @@ fn sigterm_ends_rpc_serve_while_an_io_thread_is_stuck_opening_a_fifo() {
         Command::new(env!("CARGO_BIN_EXE_rpc-serve"))
             .args(["--file", file.to_str().unwrap(), "--gen", "v2"])
             .args(["--ports", &PORTS.to_string(), "--lanes", "1"])
+            .args(["--files", "all"])
+            // A pipe this test holds open and never writes.
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap(),
     );
+    let _stdin = serve.0.stdin.take().unwrap();
     let mut serve_out = BufReader::new(serve.0.stdout.take().unwrap());
     let mut line = String::new();
     serve_out.read_line(&mut line).unwrap();
@@ -199,19 +204,31 @@ fn sigterm_ends_rpc_serve_while_an_io_thread_is_stuck_opening_a_fifo() {
     let client = Client::new(view(&map), locks.words())
         .unwrap()
         .with_wait(&wait);
-    // fopen(fifo, "r") blocks until a writer comes, which never does.
-    let mut port = client
-        .try_open_at(0, Opcode::OPEN_FILE, 1)
-        .unwrap()
-        .unwrap();
+    // fopen(fifo, "r") once blocked until a writer came, which never did: now it is answered,
+    // at once, with no file.
+    let mut port = client.open(Opcode::OPEN_FILE, 1).unwrap();
     let mut path = fifo.to_str().unwrap().as_bytes().to_vec();
     path.push(0);
     port.send_n(&[&path]).unwrap();
-    port.send(|_, p| p.write_bytes(0, b"r\0")).unwrap();
-    // Until rpc-serve's I/O thread sits in openat (257 on x86-64), the other ports serve.
+    let mut handle = u64::MAX;
+    port.send_and_recv(|_, p| p.write_bytes(0, b"r\0"), |_, p| handle = p.word(0))
+        .unwrap();
+    drop(port);
+    assert_eq!(handle, 0, "the FIFO is refused");
+    // fgets on rpc-serve's stdin blocks in read on an I/O thread.
+    let mut port = client
+        .try_open_at(0, Opcode::READ_FGETS, 1)
+        .unwrap()
+        .unwrap();
+    port.send(|_, p| {
+        p.set_word(0, 100);
+        p.set_word(1, rpc_core::services::streams::STDIN);
+    })
+    .unwrap();
+    // Until rpc-serve's I/O thread sits in read (0 on x86-64), the other ports serve.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !thread_in_syscall(serve.0.id(), "rpc-rpc-serve-i", 257) {
-        assert!(Instant::now() < deadline, "the FIFO was never opened");
+    while !thread_in_syscall(serve.0.id(), "rpc-rpc-serve-i", 0) {
+        assert!(Instant::now() < deadline, "stdin was never read");
         let mut other = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
         assert_ne!(other.index(), 0);
         let mut got = 0;
@@ -228,5 +245,6 @@ fn sigterm_ends_rpc_serve_while_an_io_thread_is_stuck_opening_a_fifo() {
     let mut rest = String::new();
     serve_out.read_to_string(&mut rest).unwrap();
     assert!(rest.contains("io_threads_abandoned=1"), "{rest}");
+    assert!(rest.contains(" refused=1 "), "{rest}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

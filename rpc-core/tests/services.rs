@@ -680,7 +680,7 @@ fn file_policy_confines_paths_to_a_directory() {
         std::fs::write(fx.path("outside.txt"), "secret").unwrap();
         std::fs::write(jail.join("inside.txt"), "ok").unwrap();
         fx.services()
-            .set_file_policy(FilePolicy::Under(jail.clone()));
+            .set_file_policy(FilePolicy::Sandbox(jail.clone()));
 
         let outside = per_lane(|_| cpath(&jail.join("../outside.txt")));
         let inside = per_lane(|_| cpath(&jail.join("inside.txt")));
@@ -705,12 +705,12 @@ fn file_policy_confines_paths_to_a_directory() {
         }
         fx.on_handles(Opcode::CLOSE_FILE, &handles);
 
-        fx.services().set_file_policy(FilePolicy::Denied);
+        fx.services().set_file_policy(FilePolicy::Deny);
         let out = fx.fopen(&inside, "r");
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
         fx.expect_counts(4, 0);
         // A bad mode is refused whatever the policy.
-        fx.services().set_file_policy(FilePolicy::Allowed);
+        fx.services().set_file_policy(FilePolicy::Allow);
         let out = fx.fopen(&inside, "r,ccs=UTF-8");
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
         fx.expect_counts(5, 0);

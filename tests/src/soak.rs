@@ -376,7 +376,7 @@ fn runtime(
         },
         services: ServicesConfig {
             exit: ExitPolicy::Record,
-            files: FilePolicy::Under(dir.to_path_buf()),
+            files: FilePolicy::Sandbox(dir.to_path_buf()),
             ..ServicesConfig::default()
         },
         ..ServerConfig::default()

@@ -85,7 +85,7 @@ impl Fixture {
             },
             services: ServicesConfig {
                 exit: ExitPolicy::Record,
-                files: FilePolicy::Denied,
+                files: FilePolicy::Deny,
                 allow_system: false,
             },
             ..ServerConfig::default()

@@ -283,9 +283,15 @@ fn open_pty() -> (std::fs::File, String) {
     }
 }
 
-/// OPEN_FILE of a FIFO nobody writes, fgets on a pty nobody types into and fgets on a stdin
-/// pipe held open without data all block in the host's syscalls: on the I/O threads, so the
-/// other ports keep being served; shutdown returns anyway, abandoning the stuck threads.
+/// A user opcode whose handler reads a pipe on an I/O thread (`Request::blocking`), as a
+/// runtime's own blocking handler would: C send; S reads up to 64 bytes; S send buf[0] = bytes.
+const READ_PIPE: Opcode = Opcode::user(7);
+
+/// Three calls that block in the host's `read`: fgets on a stdin pipe held open without data,
+/// and a user handler reading a pipe nobody writes, twice. They sit on the I/O threads, so the
+/// other ports keep being served; shutdown returns anyway, abandoning the stuck threads. A FIFO
+/// nobody writes and a pty nobody types into, which once blocked the same way, are refused at
+/// once by the file policy (never opened).
 #[test]
 fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
     let fixture = Fixture::new("blocking", 5, 1);
@@ -296,14 +302,28 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
     let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid path string.
     assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
-    let (mut pipe_read, mut pipe_write) = std::io::pipe().unwrap();
-    let stdin_reader = pipe_read.try_clone().unwrap();
+    let (stdin_read, stdin_write) = std::io::pipe().unwrap();
     fixture
         .server
         .context()
         .services()
-        .set_stdin(Box::new(stdin_reader));
-    let (mut master, slave) = open_pty();
+        .set_stdin(Box::new(stdin_read));
+    let (pipe_read, pipe_write) = std::io::pipe().unwrap();
+    let handler_end = Arc::new(pipe_read);
+    fixture.server.register(READ_PIPE, move |mut req| {
+        let end = handler_end.clone();
+        async move {
+            req.recv(|_, _| {}).await?;
+            let got = req
+                .blocking(move |_| {
+                    let mut buf = [0u8; 64];
+                    (&*end).read(&mut buf).unwrap_or(0)
+                })
+                .await?;
+            req.send(|_, p| p.set_word(0, got as u64)).await
+        }
+    });
+    let (_master, slave) = open_pty();
     let kernel = fixture.server.user();
     let give_up = AtomicBool::new(false);
     let wait = UntilTold(&give_up);
@@ -312,17 +332,30 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
         v.push(0);
         v
     };
+    // OPEN_FILE of `path` on port `index`: the handle.
+    let fopen = |index: u32, path: &str| {
+        let wait = Deadline::after(BOUND);
+        let mut port = fixture.open(&wait, index, Opcode::OPEN_FILE, 1);
+        port.send_n(&[&path_bytes(path)]).unwrap();
+        let mut handle = u64::MAX;
+        port.send_and_recv(|_, p| p.write_bytes(0, b"r\0"), |_, p| handle = p.word(0))
+            .unwrap();
+        handle
+    };
+    // The FIFO and the pty are answered, at once (a bounded wait that never gives up here
+    // would have hung before), and with no file.
+    assert_eq!(fopen(2, fifo.to_str().unwrap()), 0, "the FIFO is refused");
+    assert_eq!(fopen(2, &slave), 0, "the pty is refused");
+    let read_pipe = |index: u32| {
+        let mut port = fixture.open(&wait, index, READ_PIPE, 1);
+        port.send(|_, _| {}).unwrap();
+        port.recv(|_, _| {}).is_err()
+    };
     std::thread::scope(|s| {
-        // Port 0: fopen(fifo, "r") blocks until a writer comes.
-        let fifo_open = s.spawn(|| {
-            let mut port = fixture.open(&wait, 0, Opcode::OPEN_FILE, 1);
-            let path = path_bytes(fifo.to_str().unwrap());
-            port.send_n(&[&path]).unwrap();
-            port.send(|_, p| p.write_bytes(0, b"r\0")).unwrap();
-            port.recv(|_, _| {}).is_err()
-        });
+        // Port 0: a handler reading the pipe.
+        let pipe_first = s.spawn(|| read_pipe(0));
         // Port 1: fgets on stdin.
-        let stdin_read = s.spawn(|| {
+        let stdin_fgets = s.spawn(|| {
             let mut port = fixture.open(&wait, 1, Opcode::READ_FGETS, 1);
             port.send(|_, p| {
                 p.set_word(0, 100);
@@ -331,25 +364,10 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
             .unwrap();
             port.recv_n(1 << 20).is_err()
         });
-        // Port 2: open the pty's slave (does not block), then fgets on it (blocks).
-        let pty_read = s.spawn(|| {
-            let mut port = fixture.open(&wait, 2, Opcode::OPEN_FILE, 1);
-            port.send_n(&[&path_bytes(&slave)]).unwrap();
-            port.send(|_, p| p.write_bytes(0, b"r\0")).unwrap();
-            let mut handle = 0;
-            port.recv(|_, p| handle = p.word(0)).unwrap();
-            drop(port);
-            assert_ne!(handle, 0, "the pty slave opens");
-            let mut port = fixture.open(&wait, 2, Opcode::READ_FGETS, 1);
-            port.send(|_, p| {
-                p.set_word(0, 100);
-                p.set_word(1, handle);
-            })
-            .unwrap();
-            port.recv_n(1 << 20).is_err()
-        });
-        // Meanwhile ports 3 and 4 are served, until all three calls sit in their syscalls on
-        // I/O threads (openat for the FIFO, read for stdin and the pty).
+        // Port 2: the same handler, on another I/O thread.
+        let pipe_second = s.spawn(|| read_pipe(2));
+        // Meanwhile ports 3 and 4 are served, until all three calls sit in `read` on I/O
+        // threads.
         let deadline = Instant::now() + BOUND;
         while io_threads_blocked("rpc-blocking-io") < 3 {
             increments(&fixture, 3, 10);
@@ -370,9 +388,9 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
         assert_eq!(stats.abandoned, 3, "{stats}");
         give_up.store(true, Ordering::Release);
         for (name, client) in [
-            ("fifo", fifo_open),
-            ("stdin", stdin_read),
-            ("pty", pty_read),
+            ("pipe, port 0", pipe_first),
+            ("stdin", stdin_fgets),
+            ("pipe, port 2", pipe_second),
         ] {
             assert!(
                 client.join().unwrap(),
@@ -380,13 +398,8 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
             );
         }
     });
-    // Unblock the abandoned threads, so they leave.
-    let writer = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
-    pipe_write.write_all(b"late\n").unwrap();
-    master.write_all(b"late\n").unwrap();
-    drop(writer);
-    let mut rest = Vec::new();
-    let _ = pipe_read.read(&mut rest);
+    // Unblock the abandoned threads, so they leave: their pipes end.
+    drop((stdin_write, pipe_write));
     // A restarted server serves again.
     drop(kernel);
     let _ = fixture.server.start().unwrap();

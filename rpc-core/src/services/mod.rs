@@ -34,7 +34,7 @@
 //! | WRITE_TO_STREAM | C send buf\[0\] = raw handle; C send_n(bytes); S send buf\[0\] = written | bad handle (0) |
 //! | READ_FROM_STREAM | C send {max, tagged}; S send_n(data); S send buf\[0\] = read | bad handle (0 bytes, 0) |
 //! | READ_FGETS | C send {count, tagged}; S send_n(line incl. NUL, or nothing) | bad handle (nothing) |
-//! | OPEN_FILE | C send_n(path); C send(mode); S send buf\[0\] = handle or 0 | policy, bad mode, too many files (0) |
+//! | OPEN_FILE | C send_n(path); C send(mode); S send buf\[0\] = handle or 0 | [`FilePolicy`]: denied, outside the sandbox, never opened (`/proc`, `/sys`, `/dev` but `/dev/null`, not a regular file, a protected file); bad mode, too many files (0) |
 //! | CLOSE_FILE | C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF | std stream, bad handle (EOF) |
 //! | FEOF, FERROR | C send buf\[0\] = tagged; S send buf\[0\] = result | bad handle (1: "at end", "in error") |
 //! | CLEARERR | C send buf\[0\] = tagged; S sends the buffer back | bad handle (buffer back) |
@@ -46,8 +46,8 @@
 //! | MALLOC | C send buf\[0\] = size; S send buf\[0\] = address or 0 | no allocator (0) |
 //! | FREE | C send buf\[0\] = address; S recv (no reply) | not a live allocation (nothing freed) |
 //! | HOST_CALL, OFFLOAD_HOST_CALL | C send_n(args); C send buf\[0\] = function; S send buf\[0\] = result | unregistered function, panic ([`HOST_CALL_REFUSED`]) |
-//! | REMOVE | C send_n(path); S send buf\[0\] = 0 or -1 | policy (-1) |
-//! | RENAME | C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1 | policy (-1) |
+//! | REMOVE | C send_n(path); S send buf\[0\] = 0 or -1 | [`FilePolicy`]: denied, outside the sandbox, in `/proc`, `/sys` or `/dev`, a protected file (-1) |
+//! | RENAME | C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1 | as REMOVE, for either path (-1) |
 //! | SYSTEM | C send_n(command); S send buf\[0\] = status | not allowed (-1) |
 //! | TEST_INCREMENT, TEST_INTERFACE, TEST_STREAM | PROTOCOL section 6 | — |
 //!
@@ -63,7 +63,7 @@ use std::boxed::Box;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::string::String;
 use std::sync::Arc;
 use std::vec::Vec;
@@ -77,6 +77,7 @@ use crate::rpc_server::{MailboxId, ServerConfig, ServerContext};
 use crate::sync::{lock, Mutex};
 use crate::{Opcode, Result};
 
+mod files;
 mod memory;
 pub mod print;
 mod process;
@@ -109,17 +110,33 @@ pub enum KernelExit {
     Abort,
 }
 
-/// Which paths OPEN_FILE, REMOVE and RENAME may touch.
+/// Which paths OPEN_FILE, REMOVE and RENAME may touch (the machinery is in
+/// `services/files.rs`).
+///
+/// Whatever the policy, the server never opens anything in `/proc`, `/sys` or `/dev` (but
+/// `/dev/null`), anything on the kernel's pseudo file systems, anything but a regular file
+/// (no directory, FIFO, socket or device), nor a protected file ([`Services::protect_file`]),
+/// and never removes or renames in those places or a protected file: `/proc/self/mem` alone
+/// would hand the device the whole host process. These are checked on the descriptor actually
+/// opened (its file system, device and real path), not only on the path as written. Opening
+/// never blocks on a FIFO and never truncates a file that is then refused.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum FilePolicy {
-    /// Any path the host process may use.
+    /// None: OPEN_FILE answers 0, REMOVE and RENAME -1 (refusals).
+    Deny,
+    /// Only paths beneath this directory: a relative path resolves from it, an absolute path
+    /// must lie inside it (its real, canonical path or the path as given here). Resolved by the
+    /// kernel (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, so no `..`, symbolic
+    /// link or rename racing the request leads outside); where `openat2` is missing or
+    /// filtered, one component at a time with `O_NOFOLLOW`, refusing every `..` and symbolic
+    /// link. What a server facing an untrusted device should use (`rpc-serve`'s default is its
+    /// working directory).
+    Sandbox(PathBuf),
+    /// Any path the host process may use, minus the never-list above. The default for an
+    /// embedding runtime: its kernel is part of the program, and behaves like a CPU program
+    /// with the user's own rights would.
     #[default]
-    Allowed,
-    /// None: OPEN_FILE answers 0, REMOVE and RENAME -1.
-    Denied,
-    /// Only paths inside this directory, after resolving symbolic links and `..` (checked at
-    /// each request; a race with another process changing the tree is not defended against).
-    Under(PathBuf),
+    Allow,
 }
 
 /// The policies of the standard services; part of [`ServerConfig`], changeable later through
@@ -128,7 +145,8 @@ pub enum FilePolicy {
 pub struct ServicesConfig {
     /// EXIT and ABORT. Default: end the process, as LLVM does.
     pub exit: ExitPolicy,
-    /// OPEN_FILE, REMOVE, RENAME. Default: allowed.
+    /// OPEN_FILE, REMOVE, RENAME. Default: [`FilePolicy::Allow`] (minus what is never
+    /// touched).
     pub files: FilePolicy,
     /// Whether SYSTEM runs commands. Default: no (it answers -1).
     pub allow_system: bool,
@@ -138,7 +156,7 @@ impl Default for ServicesConfig {
     fn default() -> Self {
         ServicesConfig {
             exit: ExitPolicy::Process,
-            files: FilePolicy::Allowed,
+            files: FilePolicy::Allow,
             allow_system: false,
         }
     }
@@ -163,6 +181,8 @@ pub struct Services {
     allocations: Mutex<memory::Allocations>,
     exits: Mutex<HashMap<MailboxId, KernelExit>>,
     host_functions: Mutex<HashMap<u64, HostFunction>>,
+    /// Files no request may open, remove or rename, by `(st_dev, st_ino)`.
+    protected: Mutex<Vec<files::FileId>>,
 }
 
 impl Services {
@@ -179,6 +199,7 @@ impl Services {
             allocations: Mutex::new(memory::Allocations::default()),
             exits: Mutex::new(HashMap::new()),
             host_functions: Mutex::new(HashMap::new()),
+            protected: Mutex::new(Vec::new()),
         }
     }
 
@@ -194,6 +215,20 @@ impl Services {
     }
     pub fn set_system_allowed(&self, allowed: bool) {
         lock(&self.policy).allow_system = allowed;
+    }
+
+    /// Protects the file at `path` (following symbolic links): from now on no request opens,
+    /// removes or renames it, under any name or hard link, whatever the [`FilePolicy`]. For
+    /// the mailbox file a server maps (`rpc-serve` protects its own): opened for writing, a
+    /// device could truncate it under the server, and a later scan would fault. The file is
+    /// known by its identity (`st_dev`, `st_ino`), so `path` must exist now.
+    pub fn protect_file(&self, path: &Path) -> std::io::Result<()> {
+        let id = files::identify(path)?;
+        let mut protected = lock(&self.protected);
+        if !protected.contains(&id) {
+            protected.push(id);
+        }
+        Ok(())
     }
 
     /// Sends the device's stdout (WRITE_TO_STDOUT, PRINTF_TO_STDOUT, handle 2) to `writer`

@@ -1,16 +1,14 @@
 //! stdio and file opcodes (PROTOCOL section 6, numbers 2-9, 14-20, 27, 28). Scripts and
 //! refusals are listed in the module documentation of [`super`].
 
-use std::ffi::{c_int, CString, OsStr};
-use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::ffi::{c_int, CString};
 use std::string::String;
 use std::vec::Vec;
 
+use super::files::{self, Denial, Rules};
 use super::streams::{OpenError, Target};
 use super::{
-    active, c_result, io, per_lane, recv_words, send_word0, until_nul, FilePolicy, Refusals,
-    Services, EOF_WORD,
+    active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, EOF_WORD,
 };
 use crate::registry::Request;
 use crate::rpc_server::MailboxId;
@@ -176,56 +174,6 @@ pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
     refusals.finish()
 }
 
-/// A device path as a host path and a C string (up to its first NUL).
-fn device_path(bytes: &[u8]) -> (PathBuf, CString) {
-    let bytes = until_nul(bytes);
-    let path = Path::new(OsStr::from_bytes(bytes)).to_path_buf();
-    // `until_nul` removed every NUL, so this cannot fail.
-    let c = CString::new(bytes).unwrap_or_default();
-    (path, c)
-}
-
-/// Whether the file policy lets a request touch `path`. `follow`: the operation follows a
-/// symbolic link in the last component (opening does; removing and renaming do not).
-fn permitted(policy: &FilePolicy, path: &Path, follow: bool) -> core::result::Result<(), String> {
-    let root = match policy {
-        FilePolicy::Allowed => return Ok(()),
-        FilePolicy::Denied => return Err("file access is denied by the server's policy".into()),
-        FilePolicy::Under(root) => root,
-    };
-    let outside = || {
-        std::format!(
-            "{} is outside {} (the server's file policy)",
-            path.display(),
-            root.display()
-        )
-    };
-    let root = root.canonicalize().map_err(|e| {
-        std::format!(
-            "the policy's directory {} cannot be resolved: {e}",
-            root.display()
-        )
-    })?;
-    let exists = path.symlink_metadata().is_ok();
-    let resolved = if follow && exists {
-        // Also resolves a symbolic link at the end; a dangling one is refused (opening it for
-        // writing would create its target, wherever that is).
-        path.canonicalize().map_err(|_| outside())?
-    } else {
-        let name = path.file_name().ok_or_else(outside)?;
-        let parent = match path.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => parent,
-            _ => Path::new("."),
-        };
-        parent.canonicalize().map_err(|_| outside())?.join(name)
-    };
-    if resolved.starts_with(&root) {
-        Ok(())
-    } else {
-        Err(outside())
-    }
-}
-
 /// A mode fopen may get: `r`, `w` or `a`, then only `+`, `b`, `x`, `e` (no glibc extensions
 /// such as `,ccs=`), at most 8 bytes.
 fn valid_mode(mode: &[u8]) -> bool {
@@ -235,8 +183,8 @@ fn valid_mode(mode: &[u8]) -> bool {
 }
 
 /// OPEN_FILE: C send_n(path incl. NUL); C send(mode incl. NUL in the buffer);
-/// S send buf\[0\] = handle or 0. The policy check and `fopen` run on an I/O thread (opening
-/// a FIFO blocks until a writer comes).
+/// S send buf\[0\] = handle or 0. The file policy's checks and the open run on an I/O thread
+/// (a slow file system may block; a FIFO does not, it is refused at once).
 pub(crate) async fn open_file(mut req: Request) -> Result<()> {
     let paths = req.recv_n().await?;
     let mut modes = per_lane(&req, [0u8; 64]);
@@ -253,36 +201,24 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
             );
             continue;
         }
-        let (host_path, c_path) = device_path(&paths[lane as usize]);
         opens.push((
             lane,
-            host_path,
-            c_path,
+            CString::new(until_nul(&paths[lane as usize])).unwrap_or_default(),
             CString::new(mode).unwrap_or_default(),
         ));
     }
     let mailbox = req.mailbox().id;
     let opened = io(&req, !opens.is_empty(), move |context| {
         let services = &context.services;
-        let policy = services.config().files;
         opens
             .into_iter()
-            .map(|(lane, host_path, c_path, c_mode)| {
-                if let Err(why) = permitted(&policy, &host_path, true) {
-                    return Err((lane, why));
-                }
+            .map(|(lane, c_path, c_mode)| {
                 match services.open(mailbox, &c_path, &c_mode) {
                     Ok(handle) => Ok(handle),
-                    // A failed fopen is an ordinary C result; only the table limit is a
-                    // refusal.
-                    Err(OpenError::Failed) => {
-                        log::debug!(
-                            "OPEN_FILE {}: {}",
-                            host_path.display(),
-                            std::io::Error::last_os_error()
-                        );
-                        Ok(0)
-                    }
+                    // A failed open is an ordinary C result; the policy and the table limit
+                    // are refusals.
+                    Err(OpenError::Failed) => Ok(0),
+                    Err(OpenError::Refused(why)) => Err(why),
                     Err(OpenError::TooMany) => Err(std::format!(
                         "the mailbox has {} files open, its limit",
                         context.config.limits.open_files
@@ -450,45 +386,46 @@ pub(crate) async fn fflush(req: Request) -> Result<()> {
 /// REMOVE: C send_n(path); S send buf\[0\] = 0 or -1.
 pub(crate) async fn remove(mut req: Request) -> Result<()> {
     let paths = req.recv_n().await?;
-    on_paths(req, std::vec![paths], |c| {
-        // SAFETY: `c[0]` is a valid NUL-terminated string for the duration of the call.
-        unsafe { libc::remove(c[0].as_ptr()) }
-    })
-    .await
+    on_paths(req, std::vec![paths], |rules, p| files::remove(rules, p[0])).await
 }
 
 /// RENAME: C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1.
 pub(crate) async fn rename(mut req: Request) -> Result<()> {
     let old = req.recv_n().await?;
     let new = req.recv_n().await?;
-    on_paths(req, std::vec![old, new], |c| {
-        // SAFETY: both are valid NUL-terminated strings for the duration of the call.
-        unsafe { libc::rename(c[0].as_ptr(), c[1].as_ptr()) }
+    on_paths(req, std::vec![old, new], |rules, p| {
+        files::rename(rules, p[0], p[1])
     })
     .await
 }
 
-/// The pattern of REMOVE and RENAME: on an I/O thread, each active lane's paths (one per stream
-/// of `streams`, not following a final symbolic link) are checked against the file policy, then
-/// `call` gets them as C strings; each lane's C result is the reply (-1 where refused).
+/// The pattern of REMOVE and RENAME: on an I/O thread, `call` gets each active lane's paths
+/// (one per stream of `streams`, each up to its first NUL) and the file rules; each lane's
+/// reply is 0 on success, -1 on a failure (an ordinary C result) or a refusal.
 async fn on_paths(
     req: Request,
     streams: Vec<Vec<Vec<u8>>>,
-    call: fn(&[CString]) -> c_int,
+    call: fn(&Rules, &[&[u8]]) -> core::result::Result<(), Denial>,
 ) -> Result<()> {
     let lanes: Vec<u32> = active(&req).collect();
+    let opcode = req.opcode();
     let results = io(&req, true, move |context| {
-        let policy = context.services.config().files;
+        let rules = context.services.file_rules();
         lanes
             .into_iter()
             .map(|lane| {
-                let mut paths = Vec::with_capacity(streams.len());
-                for stream in &streams {
-                    let (host, c) = device_path(&stream[lane as usize]);
-                    permitted(&policy, &host, false).map_err(|why| (lane, why))?;
-                    paths.push(c);
+                let paths: Vec<&[u8]> = streams
+                    .iter()
+                    .map(|stream| until_nul(&stream[lane as usize]))
+                    .collect();
+                match call(&rules, &paths) {
+                    Ok(()) => Ok((lane, 0)),
+                    Err(Denial::Failed(error)) => {
+                        log::debug!("{opcode} lane {lane}: {error}");
+                        Ok((lane, -1))
+                    }
+                    Err(Denial::Refused(why)) => Err((lane, why)),
                 }
-                Ok((lane, call(&paths)))
             })
             .collect::<Vec<_>>()
     })
@@ -525,26 +462,5 @@ mod tests {
         for bad in [&b""[..], b"x", b"q", b"r,ccs=UTF-8", b"rrrrrrrrr", b"rm"] {
             assert!(!valid_mode(bad), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn policy_under_a_directory() {
-        let root = std::env::temp_dir().join(std::format!("rpc-policy-{}", std::process::id()));
-        let inside = root.join("in");
-        std::fs::create_dir_all(&inside).unwrap();
-        let policy = FilePolicy::Under(root.clone());
-        assert!(permitted(&policy, &inside.join("new.txt"), true).is_ok());
-        assert!(permitted(&policy, &inside.join("../x"), false).is_ok());
-        assert!(permitted(&policy, &inside.join("../../x"), false).is_err());
-        assert!(permitted(&policy, Path::new("/etc/passwd"), true).is_err());
-        assert!(permitted(&policy, &inside.join(".."), false).is_err());
-        let link = inside.join("link");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
-        assert!(permitted(&policy, &link, true).is_err(), "follows links");
-        assert!(permitted(&policy, &link, false).is_ok(), "the link itself");
-        assert!(permitted(&FilePolicy::Denied, &inside, false).is_err());
-        assert!(permitted(&FilePolicy::Allowed, Path::new("/x"), true).is_ok());
-        std::fs::remove_dir_all(&root).unwrap();
     }
 }

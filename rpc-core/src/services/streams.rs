@@ -27,6 +27,7 @@ use std::collections::hash_map::RandomState;
 use std::ffi::{c_int, CStr};
 use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 use std::vec::Vec;
 
@@ -64,11 +65,28 @@ pub(crate) struct CFile(*mut libc::FILE);
 unsafe impl Send for CFile {}
 
 impl CFile {
-    /// Opens `path` with `mode` (both without NUL), or `None` with C's failure.
+    /// Opens `path` with `mode` (both without NUL), or `None` with C's failure. Tests only:
+    /// the server opens files through the file policy ([`CFile::from_fd`]).
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn open(path: &CStr, mode: &CStr) -> Option<CFile> {
         // SAFETY: both are valid NUL-terminated strings for the duration of the call.
         let file = unsafe { libc::fopen(path.as_ptr(), mode.as_ptr()) };
         (!file.is_null()).then_some(CFile(file))
+    }
+
+    /// `fdopen(fd, mode)` (`mode` without NUL, matching the descriptor's access mode), or
+    /// `None` with C's failure (the descriptor is closed then).
+    pub(crate) fn from_fd(fd: OwnedFd, mode: &CStr) -> Option<CFile> {
+        let fd = fd.into_raw_fd();
+        // SAFETY: `fd` is an open descriptor this call now owns; `mode` is a valid
+        // NUL-terminated string for the duration of the call.
+        let file = unsafe { libc::fdopen(fd, mode.as_ptr()) };
+        if file.is_null() {
+            // SAFETY: fdopen failed, so `fd` is still open and still ours alone.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+            return None;
+        }
+        Some(CFile(file))
     }
 
     /// The stream, unless closed.
@@ -335,8 +353,10 @@ impl Input {
 
 /// Why [`super::Services::open`] gave no handle.
 pub(crate) enum OpenError {
-    /// `fopen` failed (an ordinary C result; `errno` says why).
+    /// The open failed (an ordinary C result; logged at `debug`).
     Failed,
+    /// The file policy refuses the path (a refusal), for this reason.
+    Refused(std::string::String),
     /// The mailbox holds `Limits::open_files` files already.
     TooMany,
 }
@@ -625,7 +645,7 @@ impl super::Services {
         if self.open_count(mailbox) >= max {
             return Err(OpenError::TooMany);
         }
-        let file = CFile::open(path, mode).ok_or(OpenError::Failed)?;
+        let file = self.open_under_policy(path, mode)?;
         // Dropping `file` on failure closes it.
         lock(&self.files)
             .entry(mailbox)

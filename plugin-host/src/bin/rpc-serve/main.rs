@@ -2,8 +2,8 @@
 //! another process (in any language) can use it.
 //!
 //! ```text
-//! rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L [--allow-system]
-//!           [--stdout FILE] [--stderr FILE] [--client-timeout MS]
+//! rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L [--files DIR|deny|all]
+//!           [--allow-system] [--stdout FILE] [--stderr FILE] [--client-timeout MS]
 //! ```
 //! The mailbox is a memfd (`--memfd`, also what happens without `--file`), sized to the
 //! layout, zeroed and sealed against shrinking and growing; rpc-serve prints `ready
@@ -28,13 +28,22 @@
 //! EFBIG and the device gets an error reply (0 bytes written, "device output lost" in the log)
 //! instead of the signal ending rpc-serve. (An ignored signal stays ignored across `exec`, so
 //! SYSTEM's commands start with SIGXFSZ ignored too.)
+//!
+//! `--files` is the file policy of OPEN_FILE, REMOVE and RENAME: a directory (which must
+//! exist) every path resolves beneath, `deny` (none), or `all` (any path rpc-serve's user may
+//! use); default: rpc-serve's working directory as the sandbox (`./deny` names a directory
+//! called `deny`). Whatever the policy, `/proc`, `/sys`, `/dev` (but `/dev/null`), non-regular
+//! files and the mailbox file itself are never opened, removed or renamed (`FilePolicy`).
+//! SYSTEM runs commands only with `--allow-system`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpc_core::{ExitPolicy, Generation, Layout, RpcServer, ServerConfig, ServicesConfig};
+use rpc_core::{
+    ExitPolicy, FilePolicy, Generation, Layout, RpcServer, ServerConfig, ServicesConfig,
+};
 
 mod mailbox;
 mod sigbus;
@@ -42,7 +51,8 @@ mod sigbus;
 use mailbox::{Backing, Mapped};
 
 const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L \
-                     [--allow-system] [--stdout FILE] [--stderr FILE] [--client-timeout MS]";
+                     [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE] \
+                     [--client-timeout MS]";
 
 /// How long a wait for a client's next packet lasts before the exchange is abandoned.
 const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -50,6 +60,7 @@ const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 struct Args {
     mailbox: Backing,
     layout: Layout,
+    files: FilePolicy,
     allow_system: bool,
     stdout: Option<PathBuf>,
     stderr: Option<PathBuf>,
@@ -60,7 +71,7 @@ fn parse_args() -> Result<Args, String> {
     use lexopt::prelude::*;
     let mut parser = lexopt::Parser::from_env();
     let (mut file, mut generation, mut ports, mut lanes) = (None, None, None, None);
-    let (mut allow_system, mut stdout) = (false, None);
+    let (mut allow_system, mut stdout, mut files) = (false, None, None);
     let (mut memfd, mut stderr) = (false, None);
     // Clients in other processes hold no launch guard we could see end: without a timeout, a
     // client killed mid-exchange would hold the worker forever. 0 disables it.
@@ -94,6 +105,7 @@ fn parse_args() -> Result<Args, String> {
                         .map_err(|e| format!("--lanes: {e}"))?,
                 )
             }
+            Long("files") => files = Some(file_policy(parser.value().map_err(|e| e.to_string())?)?),
             Long("allow-system") => allow_system = true,
             Long("stdout") => {
                 stdout = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
@@ -126,14 +138,37 @@ fn parse_args() -> Result<Args, String> {
         (Some(path), false) => Backing::File(path),
         (None, _) => Backing::Memfd,
     };
+    let files = match files {
+        Some(files) => files,
+        None => FilePolicy::Sandbox(
+            std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?,
+        ),
+    };
     Ok(Args {
         mailbox,
         layout,
+        files,
         allow_system,
         stdout,
         stderr,
         client_timeout,
     })
+}
+
+/// `--files`: `deny`, `all`, or a directory that exists.
+fn file_policy(value: std::ffi::OsString) -> Result<FilePolicy, String> {
+    match value.to_str() {
+        Some("deny") => Ok(FilePolicy::Deny),
+        Some("all") => Ok(FilePolicy::Allow),
+        _ => {
+            let dir = PathBuf::from(value);
+            if dir.is_dir() {
+                Ok(FilePolicy::Sandbox(dir))
+            } else {
+                Err(format!("--files: {} is not a directory", dir.display()))
+            }
+        }
+    }
 }
 
 /// How serving ended.
@@ -152,12 +187,18 @@ fn serve(args: Args) -> Result<Ended, String> {
         client_timeout: args.client_timeout,
         services: ServicesConfig {
             exit: ExitPolicy::Record,
+            files: args.files,
             allow_system: args.allow_system,
-            ..ServicesConfig::default()
         },
         ..ServerConfig::default()
     };
     let server = RpcServer::new(config);
+    // No request may open (and truncate), remove or rename the mailbox under us.
+    server
+        .context()
+        .services()
+        .protect_file(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(path) = &args.stdout {
         let out = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         server.context().services().set_stdout(Box::new(out));
