@@ -130,6 +130,13 @@ pub(crate) fn open(rules: &Rules, path: &[u8], mode: &[u8]) -> Outcome<OwnedFd> 
         other => other?,
     };
     let st = check_file(fd.as_fd(), &rules.protected).map_err(|why| refused(path, why))?;
+    if flags & libc::O_ACCMODE != libc::O_RDONLY && mapped_here(&st) {
+        return Err(refused(
+            path,
+            "mapped into the server's process (its program, a library, a mailbox): not opened \
+             for writing",
+        ));
+    }
     set_blocking(fd.as_fd()).map_err(Denial::Failed)?;
     // `/dev/null` is not truncated (C's O_TRUNC is ignored there; ftruncate would fail).
     if mode.first() == Some(&b'w') && !is_dev_null(&st) {
@@ -581,6 +588,35 @@ fn normalize(path: &Path) -> PathBuf {
         }
     }
     out
+}
+
+/// Whether the file is mapped into this process (`/proc/self/maps`): the program, a library,
+/// a mailbox in a file. Writing it would change memory the host runs or serves from, so it is
+/// never opened for writing. Without `/proc` this cannot be told (false).
+fn mapped_here(st: &libc::stat) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    // Each line: address perms offset major:minor inode [path]; numbers of the device in hex.
+    maps.lines().any(|line| {
+        let mut fields = line.split_whitespace().skip(3);
+        let (Some(device), Some(inode)) = (fields.next(), fields.next()) else {
+            return false;
+        };
+        let Some((major, minor)) = device.split_once(':') else {
+            return false;
+        };
+        match (
+            u32::from_str_radix(major, 16),
+            u32::from_str_radix(minor, 16),
+            inode.parse::<u64>(),
+        ) {
+            (Ok(major), Ok(minor), Ok(inode)) => {
+                inode != 0 && inode == st.st_ino && libc::makedev(major, minor) == st.st_dev
+            }
+            _ => false,
+        }
+    })
 }
 
 fn is_dev_null(st: &libc::stat) -> bool {
@@ -1042,6 +1078,39 @@ mod tests {
             assert_eq!(std::fs::read_to_string(&mailbox).unwrap(), "mailbox bytes");
             assert!(dir.join("other").exists() && !dir.join("moved").exists());
         }
+    }
+
+    /// A file this process has mapped (as rpc-serve maps a mailbox file) opens for reading,
+    /// never for writing (under Allow, where nothing else stops it); once unmapped it does.
+    #[test]
+    fn files_mapped_into_the_process_are_never_opened_for_writing() {
+        let dir = Dir::new("mapped");
+        let path = dir.join("mapped");
+        std::fs::write(&path, [7u8; 4096]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        // SAFETY: a fresh read-only shared mapping of a 4096-byte file, unmapped below; nothing
+        // reads through it.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(map, libc::MAP_FAILED);
+        let allow = rules(FilePolicy::Allow, Resolver::Openat2);
+        assert!(open(&allow, bytes(&path), b"r").is_ok());
+        for mode in [&b"w"[..], b"a", b"r+", b"a+"] {
+            let why = refusal(open(&allow, bytes(&path), mode));
+            assert!(why.contains("mapped into the server's process"), "{why}");
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), [7u8; 4096], "not truncated");
+        // SAFETY: the mapping made above, of 4096 bytes, unmapped once.
+        assert_eq!(unsafe { libc::munmap(map, 4096) }, 0);
+        assert!(open(&allow, bytes(&path), b"r+").is_ok());
     }
 
     #[test]

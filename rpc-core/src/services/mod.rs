@@ -116,6 +116,7 @@ pub enum KernelExit {
 /// Whatever the policy, the server never opens anything in `/proc`, `/sys` or `/dev` (but
 /// `/dev/null`), anything on the kernel's pseudo file systems, anything but a regular file
 /// (no directory, FIFO, socket or device), nor a protected file ([`Services::protect_file`]),
+/// nor, for writing, a file mapped into the process (its program, libraries, a mailbox file),
 /// and never removes or renames in those places or a protected file: `/proc/self/mem` alone
 /// would hand the device the whole host process. These are checked on the descriptor actually
 /// opened (its file system, device and real path), not only on the path as written. Opening
