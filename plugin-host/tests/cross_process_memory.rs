@@ -120,3 +120,20 @@ fn twenty_thousand_unknown_opcodes_write_a_few_log_lines() {
         "a later line reports the dropped ones"
     );
 }
+
+/// rpc-serve serves MALLOC and FREE from its own memory: 2 MiB aligned, at most 1 GiB live.
+#[test]
+fn malloc_and_free_are_served_2_mib_aligned_and_capped() {
+    let serve = quiet_serve();
+    let map = common::map(&serve.path);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(BOUND);
+    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
+    let addr = warp.malloc(|_| 100).unwrap()[0];
+    assert_ne!(addr, 0);
+    assert_eq!(addr % rpc_core::services::MALLOC_ALIGN, 0);
+    assert_eq!(warp.malloc(|_| 2 << 30).unwrap()[0], 0, "above the cap");
+    warp.free(|_| addr).unwrap();
+    let (rest, _) = serve.stop();
+    assert!(rest.contains("refused=1"), "{rest}");
+}

@@ -8,7 +8,10 @@
 //! | `primary[N]: u32` (server's words) | `D` | `4N` |
 //! | `secondary[N]: u32` (client's words) | `D + 4N` | `4N` |
 //! | `header[N]: Header` | `D + 8N` | `16N` |
-//! | `packet[N][L]: Buffer` | `P = align_up(D + 24N, 64)` | `64LN` |
+//! | `packet[N][L]: Buffer` | `P = align_up(D + 24N, 8) = D + 24N` | `64LN` |
+//!
+//! The packets follow the headers at `Buffer`'s alignment (8), as LLVM lays them out, not at a
+//! cache line: `P` is a multiple of 64 only when `N` is a multiple of 8.
 //!
 //! The device-side client object (written into `__llvm_rpc_client`) is `port_count: u32`, 4 bytes
 //! of padding, [v2: the doorbell address], the addresses of `primary` (its inbox), `secondary`
@@ -189,11 +192,11 @@ impl Layout {
     pub const fn header(&self) -> usize {
         self.primary() + 8 * self.ports as usize
     }
-    /// Offset of the packets.
+    /// Offset of the packets: right after the headers, at `Buffer`'s alignment (LLVM's).
     pub const fn packet(&self) -> usize {
         align_up(
             self.header() + size_of::<Header>() * self.ports as usize,
-            BUFFER_SIZE,
+            align_of::<Buffer>(),
         )
     }
     /// Total bytes of the region.
@@ -258,7 +261,10 @@ mod tests {
     fn protocol_test_vectors() {
         // (gen, N, L, primary, secondary, header, packet, total) from PROTOCOL section 2.
         let vectors = [
-            (Generation::V1, 1, 1, 0, 4, 8, 64, 128),
+            (Generation::V1, 1, 1, 0, 4, 8, 24, 88),
+            (Generation::V1, 3, 1, 0, 12, 24, 72, 264),
+            (Generation::V2, 1, 1, 64, 68, 72, 88, 152),
+            (Generation::V2, 5, 32, 64, 84, 104, 184, 10424),
             (Generation::V1, 64, 32, 0, 256, 512, 1536, 132608),
             (Generation::V1, 4096, 64, 0, 16384, 32768, 98304, 16875520),
             (Generation::V1, 4096, 32, 0, 16384, 32768, 98304, 8486912),
@@ -359,8 +365,8 @@ mod tests {
             for lanes in LANE_SIZES {
                 for ports in [1, 2, 3, 63, 64, 65, 1000, generation.max_port_count()] {
                     let l = Layout::new(generation, ports, lanes).unwrap();
-                    assert_eq!(l.packet() % 64, 0);
-                    assert!(l.packet() >= l.header() + 16 * ports as usize);
+                    assert_eq!(l.packet() % 8, 0);
+                    assert_eq!(l.packet(), l.header() + 16 * ports as usize);
                     assert_eq!(l.total_size(), l.packet() + 64 * (lanes * ports) as usize);
                 }
             }

@@ -34,7 +34,9 @@
 //! use); default: rpc-serve's working directory as the sandbox (`./deny` names a directory
 //! called `deny`). Whatever the policy, `/proc`, `/sys`, `/dev` (but `/dev/null`), non-regular
 //! files and the mailbox file itself are never opened, removed or renamed (`FilePolicy`).
-//! SYSTEM runs commands only with `--allow-system`.
+//! SYSTEM runs commands only with `--allow-system`. MALLOC allocates from rpc-serve's own
+//! memory (2 MiB aligned, as LLVM's GPU allocator needs; at most 1 GiB live at once), FREE frees
+//! it, and what the client did not free is freed at exit.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,7 +44,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_core::{
-    ExitPolicy, FilePolicy, Generation, Layout, RpcServer, ServerConfig, ServicesConfig,
+    ExitPolicy, FilePolicy, Generation, HostAllocator, Layout, Limits, RpcServer, ServerConfig,
+    ServicesConfig,
 };
 
 mod mailbox;
@@ -53,6 +56,9 @@ use mailbox::{Backing, Mapped};
 const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L \
                      [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE] \
                      [--client-timeout MS]";
+
+/// The most bytes MALLOC hands the client out of rpc-serve's memory at once.
+const MALLOC_BYTES: u64 = 1 << 30;
 
 /// How long a wait for a client's next packet lasts before the exchange is abandoned.
 const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -185,6 +191,10 @@ fn serve(args: Args) -> Result<Ended, String> {
     let config = ServerConfig {
         name: "rpc-serve".into(),
         client_timeout: args.client_timeout,
+        limits: Limits {
+            malloc_bytes: MALLOC_BYTES,
+            ..Limits::default()
+        },
         services: ServicesConfig {
             exit: ExitPolicy::Record,
             files: args.files,
@@ -193,6 +203,11 @@ fn serve(args: Args) -> Result<Ended, String> {
         ..ServerConfig::default()
     };
     let server = RpcServer::new(config);
+    // MALLOC from rpc-serve's own memory (what LLVM's loader gives a CPU client), freed at exit.
+    server
+        .context()
+        .services()
+        .set_allocator(Arc::new(HostAllocator::new()));
     // No request may open (and truncate), remove or rename the mailbox under us.
     server
         .context()
