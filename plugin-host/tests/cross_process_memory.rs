@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use common::{layout, serve, serve_with_stdin, Serve, BOUND, PORTS};
 use plugin_host::kernel::STDIN;
-use plugin_host::Arg;
+use plugin_host::{Arg, Warp};
 use rpc_core::port::Deadline;
 use rpc_core::{LockTable, Opcode};
 
@@ -36,6 +36,14 @@ fn peak_rss(serve: &Serve) -> u64 {
 /// Far below each attack's old cost (hundreds of MB), far above rpc-serve's own needs.
 const PEAK: u64 = 96 << 20;
 
+/// Runs `f` with a one-lane warp of a client of `serve`'s mailbox.
+fn with_warp<R>(serve: &Serve, f: impl FnOnce(&Warp) -> R) -> R {
+    let map = common::map(&serve.path);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(BOUND);
+    f(&common::warp(&map, layout(), &locks, Some(&wait), 1))
+}
+
 fn quiet_serve() -> Serve {
     serve(&["--stdout", "/dev/null"], None)
 }
@@ -44,12 +52,11 @@ fn quiet_serve() -> Serve {
 fn a_printf_of_400_mb_never_holds_its_output() {
     const SPECS: usize = 100_000;
     let serve = quiet_serve();
-    let map = common::map(&serve.path);
-    let locks = LockTable::new(PORTS);
-    let wait = Deadline::after(BOUND);
-    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
     let format = "%4096d".repeat(SPECS);
-    let printed = warp.printf(&format, |_| vec![Arg::Int(7); SPECS]).unwrap();
+    let printed = with_warp(&serve, |warp| {
+        warp.printf(&format, |_| vec![Arg::Int(7); SPECS])
+    })
+    .unwrap();
     assert_eq!(printed[0], (4096 * SPECS) as i64);
     let peak = peak_rss(&serve);
     eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
@@ -60,14 +67,11 @@ fn a_printf_of_400_mb_never_holds_its_output() {
 #[test]
 fn a_string_printed_300_times_is_fetched_once_and_never_held_whole() {
     let serve = quiet_serve();
-    let map = common::map(&serve.path);
-    let locks = LockTable::new(PORTS);
-    let wait = Deadline::after(BOUND);
-    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
     let text = "s".repeat(1 << 20);
-    let printed = warp
-        .printf(&"%s".repeat(300), |_| vec![Arg::Str(Some(&text)); 300])
-        .unwrap();
+    let printed = with_warp(&serve, |warp| {
+        warp.printf(&"%s".repeat(300), |_| vec![Arg::Str(Some(&text)); 300])
+    })
+    .unwrap();
     assert_eq!(printed[0], 300 << 20);
     let peak = peak_rss(&serve);
     eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
@@ -79,11 +83,7 @@ fn a_string_printed_300_times_is_fetched_once_and_never_held_whole() {
 fn a_read_of_2_pow_62_bytes_from_dev_zero_is_served_in_a_part() {
     let zero = std::fs::File::open("/dev/zero").unwrap();
     let serve = serve_with_stdin(&[], None, Stdio::from(zero));
-    let map = common::map(&serve.path);
-    let locks = LockTable::new(PORTS);
-    let wait = Deadline::after(BOUND);
-    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
-    let data = warp.fread(|_| STDIN, 1 << 62).unwrap();
+    let data = with_warp(&serve, |warp| warp.fread(|_| STDIN, 1 << 62)).unwrap();
     assert_eq!(
         data[0].len(),
         rpc_core::Limits::default().read_bytes as usize
@@ -99,15 +99,13 @@ fn a_read_of_2_pow_62_bytes_from_dev_zero_is_served_in_a_part() {
 fn twenty_thousand_unknown_opcodes_write_a_few_log_lines() {
     const REQUESTS: u64 = 20_000;
     let serve = quiet_serve();
-    let map = common::map(&serve.path);
-    let locks = LockTable::new(PORTS);
-    let wait = Deadline::after(BOUND);
-    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
     let start = Instant::now();
-    for i in 0..REQUESTS {
-        // Closed unanswered: the client reads its own request back.
-        assert_eq!(warp.call(Opcode::user(0x7777), |_| i).unwrap()[0], i);
-    }
+    with_warp(&serve, |warp| {
+        for i in 0..REQUESTS {
+            // Closed unanswered: the client reads its own request back.
+            assert_eq!(warp.call(Opcode::user(0x7777), |_| i).unwrap()[0], i);
+        }
+    });
     let elapsed = start.elapsed();
     let (rest, log) = serve.stop();
     assert!(rest.contains(&format!("unknown={REQUESTS}")), "{rest}");
@@ -125,15 +123,13 @@ fn twenty_thousand_unknown_opcodes_write_a_few_log_lines() {
 #[test]
 fn malloc_and_free_are_served_2_mib_aligned_and_capped() {
     let serve = quiet_serve();
-    let map = common::map(&serve.path);
-    let locks = LockTable::new(PORTS);
-    let wait = Deadline::after(BOUND);
-    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
-    let addr = warp.malloc(|_| 100).unwrap()[0];
-    assert_ne!(addr, 0);
-    assert_eq!(addr % rpc_core::services::MALLOC_ALIGN, 0);
-    assert_eq!(warp.malloc(|_| 2 << 30).unwrap()[0], 0, "above the cap");
-    warp.free(|_| addr).unwrap();
+    with_warp(&serve, |warp| {
+        let addr = warp.malloc(|_| 100).unwrap()[0];
+        assert_ne!(addr, 0);
+        assert_eq!(addr % rpc_core::services::MALLOC_ALIGN, 0);
+        assert_eq!(warp.malloc(|_| 2 << 30).unwrap()[0], 0, "above the cap");
+        warp.free(|_| addr).unwrap();
+    });
     let (rest, _) = serve.stop();
     assert!(rest.contains("refused=1"), "{rest}");
 }

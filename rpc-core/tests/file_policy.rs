@@ -9,12 +9,15 @@
 //! the previous one, and so counted it, so the statistics read after a round trip are exact.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::Device;
 use rpc_core::port::Deadline;
 use rpc_core::services::{ExitPolicy, FilePolicy, ServicesConfig};
 use rpc_core::{
@@ -87,14 +90,6 @@ impl Fx {
         self.dir.join(name)
     }
 
-    fn open(&self, opcode: Opcode) -> ClientPort<'_> {
-        Client::new(self.memory.view(), self.locks.words())
-            .unwrap()
-            .with_wait(&self.deadline)
-            .open(opcode, self.mask)
-            .unwrap()
-    }
-
     /// The statistics once every earlier request was closed (see the module doc).
     fn settled(&self) -> StatsSnapshot {
         let mut port = self.open(Opcode::TEST_INCREMENT);
@@ -102,82 +97,6 @@ impl Fx {
             .unwrap();
         drop(port);
         self.server.stats()
-    }
-
-    // ---- The device side of each script, as LLVM's libc runs it. Arrays are indexed by lane.
-
-    fn fopen(&self, paths: &[Vec<u8>], mode: &str) -> [u64; 64] {
-        let mut port = self.open(Opcode::OPEN_FILE);
-        port.send_n(&slices(paths)).unwrap();
-        let mut mode = mode.as_bytes().to_vec();
-        mode.push(0);
-        let mut out = [0u64; 64];
-        port.send_and_recv(
-            |_, p| p.write_bytes(0, &mode),
-            |l, p| out[l as usize] = p.word(0),
-        )
-        .unwrap();
-        out
-    }
-
-    /// C send buf[0..] = words; C recv buf[0] (FSEEK, CLOSE_FILE, FFLUSH, ...).
-    fn words(&self, opcode: Opcode, words: impl Fn(u32) -> Vec<u64>) -> [u64; 64] {
-        let mut port = self.open(opcode);
-        let mut out = [0u64; 64];
-        port.send_and_recv(
-            |l, p| {
-                for (i, w) in words(l).into_iter().enumerate() {
-                    p.set_word(i, w);
-                }
-            },
-            |l, p| out[l as usize] = p.word(0),
-        )
-        .unwrap();
-        out
-    }
-
-    fn write(&self, handles: &[u64; 64], data: &[Vec<u8>]) -> [u64; 64] {
-        let mut port = self.open(Opcode::WRITE_TO_STREAM);
-        port.send(|l, p| p.set_word(0, handles[l as usize]))
-            .unwrap();
-        port.send_n(&slices(data)).unwrap();
-        let mut out = [0u64; 64];
-        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
-        out
-    }
-
-    fn read(&self, handles: &[u64; 64], max: u64) -> Vec<Vec<u8>> {
-        let mut port = self.open(Opcode::READ_FROM_STREAM);
-        port.send(|l, p| {
-            p.set_word(0, max);
-            p.set_word(1, handles[l as usize]);
-        })
-        .unwrap();
-        let data = port.recv_n(u64::MAX).unwrap();
-        port.recv(|_, _| {}).unwrap();
-        data
-    }
-
-    fn close(&self, handles: &[u64; 64]) {
-        self.words(Opcode::CLOSE_FILE, |l| vec![handles[l as usize]]);
-    }
-
-    /// C send_n(data); C recv buf[0] (REMOVE, SYSTEM).
-    fn stream_then_word(&self, opcode: Opcode, data: &[Vec<u8>]) -> [u64; 64] {
-        let mut port = self.open(opcode);
-        port.send_n(&slices(data)).unwrap();
-        let mut out = [0u64; 64];
-        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
-        out
-    }
-
-    fn rename(&self, old: &[Vec<u8>], new: &[Vec<u8>]) -> [u64; 64] {
-        let mut port = self.open(Opcode::RENAME);
-        port.send_n(&slices(old)).unwrap();
-        port.send_n(&slices(new)).unwrap();
-        let mut out = [0u64; 64];
-        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
-        out
     }
 
     /// Asserts every active lane's reply is `want`.
@@ -188,14 +107,20 @@ impl Fx {
     }
 }
 
+impl Device for Fx {
+    fn open(&self, opcode: Opcode) -> ClientPort<'_> {
+        Client::new(self.memory.view(), self.locks.words())
+            .unwrap()
+            .with_wait(&self.deadline)
+            .open(opcode, self.mask)
+            .unwrap()
+    }
+}
+
 impl Drop for Fx {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn slices(data: &[Vec<u8>]) -> Vec<&[u8]> {
-    data.iter().map(Vec::as_slice).collect()
 }
 
 /// The same C string for every lane.
@@ -236,7 +161,7 @@ fn proc_self_mem_cannot_rewrite_the_servers_policy() {
         let mem = fx.fopen(&every("/proc/self/mem"), "r+");
         if fx.lanes().iter().any(|&l| mem[l as usize] != 0) {
             fx.words(Opcode::FSEEK, |l| vec![mem[l as usize], address, 0]);
-            fx.write(&mem, &vec![vec![1u8]; 64]);
+            fx.write_to_stream(&mem, &vec![vec![1u8]; 64]);
             fx.words(Opcode::FFLUSH, |l| vec![mem[l as usize]]);
         }
         assert_eq!(
@@ -323,14 +248,14 @@ fn the_sandbox_holds_through_the_protocol() {
         let data: Vec<Vec<u8>> = (0..64)
             .map(|l| format!("written by {l}").into_bytes())
             .collect();
-        fx.write(&handles, &data);
+        fx.write_to_stream(&handles, &data);
         // Odd lanes hold handle 0, not a live stream: refused (nothing written).
         refused += odd;
         fx.words(Opcode::FSEEK, |l| vec![handles[l as usize], 0, 0]);
         refused += odd;
-        let back = fx.read(&handles, 100);
+        let back = fx.fread(100, &handles).0;
         refused += odd;
-        fx.close(&handles);
+        fx.on_handles(Opcode::CLOSE_FILE, &handles);
         refused += odd;
         for l in fx.lanes().into_iter().filter(|l| l % 2 == 0) {
             assert_eq!(back[l as usize], data[l as usize], "lane {l} reads back");
@@ -341,11 +266,11 @@ fn the_sandbox_holds_through_the_protocol() {
             );
         }
         let inside = fx.fopen(&every("inside.txt"), "r");
-        let read = fx.read(&inside, 10);
+        let read = fx.fread(10, &inside).0;
         for l in fx.lanes() {
             assert_eq!(read[l as usize], b"ok");
         }
-        fx.close(&inside);
+        fx.on_handles(Opcode::CLOSE_FILE, &inside);
 
         // REMOVE and RENAME: outside refused, inside done.
         for way in [
@@ -415,9 +340,9 @@ fn fifos_directories_devices_and_protected_files_are_refused() {
         for l in fx.lanes() {
             assert_ne!(null[l as usize], 0, "lane {l}: /dev/null opens");
         }
-        let written = fx.write(&null, &vec![b"gone".to_vec(); 64]);
+        let written = fx.write_to_stream(&null, &vec![b"gone".to_vec(); 64]);
         fx.all(&written, 4, "written to /dev/null");
-        fx.close(&null);
+        fx.on_handles(Opcode::CLOSE_FILE, &null);
 
         let mailbox = fx.path("mailbox");
         std::fs::write(&mailbox, "the mailbox").unwrap();

@@ -3,6 +3,8 @@
 //! the reply words, the host-side effects (captured output, files, tables), and the refusals.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_long, c_ulong, c_void, CStr, CString};
 use std::io::Write;
@@ -10,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{slices, Device};
 use rpc_core::port::Deadline;
 use rpc_core::rpc_server::MailboxSource;
 use rpc_core::services::{
@@ -155,10 +158,6 @@ impl Fx {
             .with_wait(&self.deadline)
     }
 
-    fn open(&self, opcode: Opcode) -> ClientPort<'_> {
-        self.client().open(opcode, self.mask).unwrap()
-    }
-
     fn lanes(&self) -> Vec<u32> {
         (0..self.lanes)
             .filter(|l| self.mask >> l & 1 == 1)
@@ -199,97 +198,6 @@ impl Fx {
 
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
-    }
-
-    // ---- The device side of each script, as LLVM's libc runs it. Arrays are indexed by lane.
-
-    /// C send buf[0..] = words; C recv buf[0].
-    fn words(&self, opcode: Opcode, words: impl Fn(u32) -> Vec<u64>) -> [u64; 64] {
-        let mut port = self.open(opcode);
-        let mut out = [0u64; 64];
-        port.send_and_recv(
-            |l, p| {
-                for (i, w) in words(l).into_iter().enumerate() {
-                    p.set_word(i, w);
-                }
-            },
-            |l, p| out[l as usize] = p.word(0),
-        )
-        .unwrap();
-        out
-    }
-
-    /// C send_n(data); C recv buf[0] (WRITE_TO_STDOUT, REMOVE, SYSTEM, ...).
-    fn stream_then_word(&self, opcode: Opcode, data: &[Vec<u8>]) -> [u64; 64] {
-        let mut port = self.open(opcode);
-        port.send_n(&slices(data)).unwrap();
-        let mut out = [0u64; 64];
-        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
-        out
-    }
-
-    fn write_to_stream(&self, handles: &[u64; 64], data: &[Vec<u8>]) -> [u64; 64] {
-        let mut port = self.open(Opcode::WRITE_TO_STREAM);
-        port.send(|l, p| p.set_word(0, handles[l as usize]))
-            .unwrap();
-        port.send_n(&slices(data)).unwrap();
-        let mut out = [0u64; 64];
-        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
-        out
-    }
-
-    fn fopen(&self, paths: &[Vec<u8>], mode: &str) -> [u64; 64] {
-        let mut port = self.open(Opcode::OPEN_FILE);
-        port.send_n(&slices(paths)).unwrap();
-        let mut mode = mode.as_bytes().to_vec();
-        mode.push(0);
-        let mut out = [0u64; 64];
-        port.send_and_recv(
-            |_, p| p.write_bytes(0, &mode),
-            |l, p| out[l as usize] = p.word(0),
-        )
-        .unwrap();
-        out
-    }
-
-    fn fread(&self, max: u64, handles: &[u64; 64]) -> (Vec<Vec<u8>>, [u64; 64]) {
-        let mut port = self.open(Opcode::READ_FROM_STREAM);
-        port.send(|l, p| {
-            p.set_word(0, max);
-            p.set_word(1, handles[l as usize]);
-        })
-        .unwrap();
-        let data = port.recv_n(u64::MAX).unwrap();
-        let mut out = [0u64; 64];
-        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
-        (data, out)
-    }
-
-    fn fgets(&self, count: u64, handles: &[u64; 64]) -> Vec<Vec<u8>> {
-        let mut port = self.open(Opcode::READ_FGETS);
-        port.send(|l, p| {
-            p.set_word(0, count);
-            p.set_word(1, handles[l as usize]);
-        })
-        .unwrap();
-        let lines = port.recv_n(u64::MAX).unwrap();
-        for (lane, line) in lines.iter().enumerate() {
-            assert!(line.len() as u64 <= count, "lane {lane}: more than count");
-        }
-        lines
-    }
-
-    fn on_handles(&self, opcode: Opcode, handles: &[u64; 64]) -> [u64; 64] {
-        self.words(opcode, |l| vec![handles[l as usize]])
-    }
-
-    fn rename(&self, old: &[Vec<u8>], new: &[Vec<u8>]) -> [u64; 64] {
-        let mut port = self.open(Opcode::RENAME);
-        port.send_n(&slices(old)).unwrap();
-        port.send_n(&slices(new)).unwrap();
-        let mut out = [0u64; 64];
-        port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
-        out
     }
 
     /// C send_n(args); C send buf[0] = function; C recv.
@@ -354,14 +262,16 @@ impl Fx {
     }
 }
 
+impl Device for Fx {
+    fn open(&self, opcode: Opcode) -> ClientPort<'_> {
+        self.client().open(opcode, self.mask).unwrap()
+    }
+}
+
 impl Drop for Fx {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn slices(data: &[Vec<u8>]) -> Vec<&[u8]> {
-    data.iter().map(Vec::as_slice).collect()
 }
 
 /// 64 entries, `f(lane)` for each.
