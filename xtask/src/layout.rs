@@ -54,7 +54,10 @@ mod tests {
     fn prints_the_protocol_test_vectors() {
         // PROTOCOL section 2, plus each generation's client object size (section 8).
         let vectors = [
-            ("v1", 1, 1, "primary=0 secondary=4 header=8 packet=64 total=128 client_object=552"),
+            ("v1", 1, 1, "primary=0 secondary=4 header=8 packet=24 total=88 client_object=552"),
+            ("v1", 3, 1, "primary=0 secondary=12 header=24 packet=72 total=264 client_object=552"),
+            ("v2", 1, 1, "primary=64 secondary=68 header=72 packet=88 total=152 client_object=2096"),
+            ("v2", 5, 32, "primary=64 secondary=84 header=104 packet=184 total=10424 client_object=2096"),
             ("v1", 64, 32, "primary=0 secondary=256 header=512 packet=1536 total=132608 client_object=552"),
             ("v1", 4096, 64, "primary=0 secondary=16384 header=32768 packet=98304 total=16875520 client_object=552"),
             ("v1", 4096, 32, "primary=0 secondary=16384 header=32768 packet=98304 total=8486912 client_object=552"),
