@@ -31,7 +31,7 @@
 //! | completed, or refused with its script complete | closed: our buffer handed back, unlocked | `served` (+ `refused`) |
 //! | an error or a panic midway | quarantined | `errors` / `panics` |
 //! | no kernel that could answer runs any more | reset for the next client | `abandoned` |
-//! | the client timed out (`client_timeout`, rpc-serve) | reset for the next client | `abandoned` |
+//! | the client timed out (`client_timeout`, rpc-serve) | closed as the exchange left it (free for the next client) | `abandoned` |
 //! | server shutting down, or mailbox detached | quarantined (detached: left untouched) | `abandoned` |
 //!
 //! A *quarantined* port keeps the server's lock bit and both flags as they are, so no later
@@ -46,8 +46,10 @@
 //! a suspended exchange. Dropping it leaves the port locked, as it is, noting whether it owned
 //! the buffer; the pass then carries out the port's `Fate`: closing hands a buffer we owned
 //! back (a flip of our word) and unlocks; resetting sets our word equal to the client's and
-//! unlocks (only when the client is gone: a live client may already have flipped its word for
-//! its next request, which a reset would swallow).
+//! unlocks (only when no kernel that could write the port runs: a live client may already
+//! have flipped its word for its next request, which a reset would swallow). A timed-out
+//! client process is gone, but other processes may take the port the moment it looks free,
+//! so its exchange is closed, not reset.
 
 use std::time::Instant;
 use std::vec::Vec;
@@ -548,8 +550,11 @@ impl Inner {
                 progress += 1;
                 continue;
             } else if client_timeout.is_some_and(|t| flight.since.elapsed() > t) {
+                // Closed as the exchange left it, not reset to the client's word as it reads
+                // now: other client processes may use the port from the moment it looks free,
+                // and a reset would swallow a request one of them just made.
                 let flight = in_flight.swap_remove(k);
-                abandon(context, flight, Fate::Reset, "the client timed out");
+                abandon(context, flight, Fate::Close, "the client timed out");
                 continue;
             }
             k += 1;
@@ -623,16 +628,18 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
     } = flight;
     let action = match fate {
         Fate::Reset => "port reset",
-        _ => "port left locked",
+        Fate::Close => "port freed",
+        Fate::Quarantine => "port left locked",
     };
+    drop(exchange);
+    carry_out(&mailbox, index, marks, fate);
+    // Logged once done, so whoever reads the line finds the port as it says.
     log::warn!(
         "{}: mailbox {} port {index}: {opcode} abandoned: {reason}; {action}",
         context.config.name,
         mailbox.id.0
     );
     bump(&context.stats.abandoned);
-    drop(exchange);
-    carry_out(&mailbox, index, marks, fate);
 }
 
 /// Does to the port what its fate says, once its request is gone (see the module docs). A
