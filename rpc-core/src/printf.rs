@@ -93,7 +93,11 @@ pub struct Spec {
     pub width: Count,
     pub precision: Count,
     pub length: Length,
-    /// The conversion byte, one of `d i o u x X b B c s p n f F e E g G a A`.
+    /// The conversion byte, one of `d i o u x X b B c s p n f F e E g G a A`, or `%` for a
+    /// spec with something between its two `%`s (`%5%`, `%*%`: plain `%%` is a
+    /// [`Piece::Percent`]). That one prints `%` and takes no value, only its `*` arguments, as
+    /// glibc and both of LLVM's servers have it (LLVM 20-22's printf core documents the rule;
+    /// LLVM 23+ hands the spec and its `*` values to the host's `fprintf`).
     pub conversion: u8,
     /// Offset of the `%` in the format.
     pub at: usize,
@@ -102,9 +106,10 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// Size in bytes of the value argument (after any `*` arguments).
+    /// Size in bytes of the value argument (after any `*` arguments); 0 for `%`, which has none.
     pub fn value_size(&self) -> usize {
         match self.conversion {
+            b'%' => 0,
             b'c' => 4,
             b'd' | b'i' | b'o' | b'u' | b'x' | b'X' | b'b' | b'B' if !self.length.wide() => 4,
             _ => 8,
@@ -216,7 +221,7 @@ fn parse_spec(s: &[u8], at: usize) -> Result<Spec, FormatError> {
     };
     i += len;
     let conversion = byte(i)?;
-    if !b"diouxXbBcspnfFeEgGaA".contains(&conversion) {
+    if !b"diouxXbBcspnfFeEgGaA%".contains(&conversion) {
         return Err(FormatError::UnknownConversion {
             at: at + i,
             conversion,
@@ -273,7 +278,7 @@ fn arg_sizes<'p>(piece: &'p Piece) -> impl Iterator<Item = usize> + 'p {
         .into_iter()
         .flat_map(move |s| [star(s.width), star(s.precision)])
         .flatten();
-    stars.chain(spec.map(Spec::value_size))
+    stars.chain(spec.map(Spec::value_size).filter(|&size| size > 0))
 }
 
 /// Size in bytes of the argument buffer the format needs (`packed`: no alignment padding).
@@ -337,7 +342,10 @@ fn walk<'s>(
             Count::Star => usize::try_from(take(4)? as u32 as i32).ok(),
         };
         let precision = precision.map(|p| p.min(MAX_FIELD));
-        let value = take(spec.value_size())?;
+        let value = match spec.value_size() {
+            0 => 0,
+            size => take(size)?,
+        };
         visit(
             Some(Resolved {
                 spec,
@@ -441,6 +449,8 @@ fn convert(out: &mut Vec<u8>, a: &Resolved, strings: &dyn Fn(u64) -> Option<Vec<
     let (v, wide) = (a.value, a.spec.length.wide());
     match a.spec.conversion {
         b'n' => {}
+        // Flags, width and precision do nothing to it (glibc, LLVM).
+        b'%' => out.push(b'%'),
         b'b' | b'B' => binary(out, a),
         b's' => {
             let fetched = if v == 0 { None } else { strings(v) };
@@ -717,6 +727,8 @@ mod tests {
             row!(c"%.70s|%100s|%-90s|%s"; S(LONG), S(LONG), S(LONG), S(AB)),
             row!(c"100%%";),
             row!(c"%%d %d %%%%"; I(5)),
+            row!(c"[%5%|%-05%|%.3%|%l%|%+ #%|%d]"; I(9)),
+            row!(c"[%*%|%.*%|%-*.*%|%d]"; I(5), I(6), I(7), I(8), I(9)),
             row!(c"ab%ncd"; N(())),
             row!(c"%d%n%s%hn|%lln"; I(1), N(()), S(c"z"), N(()), N(())),
             row!(c"%p"; P(0x1234_5678)),
@@ -825,6 +837,9 @@ mod tests {
         for (f, unpacked, packed) in [
             ("", 0, 0),
             ("%%no args%%", 0, 0),
+            ("%5%%c", 4, 4),
+            ("%c%*%%ld", 16, 16),
+            ("%c%*.*%%c", 16, 16),
             ("%c%d%ld", 16, 16),
             ("%c%ld", 16, 12),
             ("%hhd%hd%c", 12, 12),
@@ -851,7 +866,6 @@ mod tests {
         assert_eq!(parse(b"x%y"), unknown(2, b'y'));
         assert_eq!(parse(b"%1$d"), unknown(2, b'$'));
         assert_eq!(parse(b"%lld%llld"), unknown(7, b'l'));
-        assert_eq!(parse(b"%5%"), unknown(2, b'%'));
         assert_eq!(parse(b"%'d"), unknown(1, b'\''));
         assert!(parse(b"%m").is_err() && parse(b"%C").is_err() && parse(b"%S").is_err());
         // The format ends at its first NUL: nothing after it is parsed.

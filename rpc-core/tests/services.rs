@@ -1299,6 +1299,42 @@ fn printf_matches_the_host_snprintf_packed_and_unpacked() {
     assert!(checked >= 2 * 2 * 20);
 }
 
+/// LLVM's own client (`cargo xtask llvm-client`) found this: `%5%` was refused (-1, nothing
+/// printed) where LLVM's servers, both generations, and glibc print `%`. A specification that
+/// ends in `%` prints `%` whatever its flags, width, precision or length; it takes no value,
+/// only the 4-byte argument of each `*` (as LLVM sizes the buffer, and glibc reads it).
+#[test]
+fn printf_percent_with_flags_or_width_prints_a_percent_as_llvm_does() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("printf-percent", lanes, mask);
+        let formats = per_lane(|_| cstr("[%5%|%-05%|%.3%|%l%|%+ #%|%*%|%-*.*%] %d\n"));
+        let args = per_lane(|l| {
+            let words = [-5, 6, 7, l as i32];
+            words.iter().flat_map(|w| w.to_le_bytes()).collect()
+        });
+        let (results, asked, sizes) = fx.printf(
+            Opcode::PRINTF_TO_STDOUT,
+            None,
+            &formats,
+            &args,
+            &HashMap::new(),
+        );
+        let mut expect = Vec::new();
+        for l in fx.lanes() {
+            let text = format!("[%|%|%|%|%|%|%] {l}\n");
+            assert_eq!(
+                sizes[l as usize], 16,
+                "the three `*`s and the %d take arguments"
+            );
+            assert_eq!(results[l as usize], text.len() as i64);
+            assert!(asked[l as usize].is_empty());
+            expect.extend(text.into_bytes());
+        }
+        assert_eq!(fx.out.take(), expect);
+        fx.expect_counts(0, 0);
+    }
+}
+
 #[test]
 fn printf_of_bad_formats_and_short_arguments_answers_minus_one() {
     for (lanes, mask) in CONFIGS {

@@ -8,6 +8,7 @@ mod flags;
 mod fuzz;
 mod gpu_check;
 mod layout;
+mod llvm_client;
 mod plugins;
 mod sanitize;
 mod soak;
@@ -37,6 +38,8 @@ commands:
   fuzz [--seconds S] [--target mailbox|printf]
                                          cargo fuzz on a fuzzed mailbox and the printf parser
   sanitize [thread|address]... [-- ARGS] rpc-core's tests under ThreadSanitizer/AddressSanitizer
+  llvm-client [--allow-skip] [--gen v1|v2]
+                                         LLVM's own client (Debian's LLVM 22 and 23) against rpc-serve
   help                                   this text";
 
 /// Why a command did not succeed.
@@ -95,6 +98,7 @@ fn run(args: &[String]) -> Result {
         "soak" => soak::run(rest),
         "fuzz" => fuzz::run(rest),
         "sanitize" => Ok(sanitize::run(rest)?),
+        "llvm-client" => llvm_client::run(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())
