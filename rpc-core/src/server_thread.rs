@@ -19,6 +19,17 @@
 //! | `users` | `UserGuard` new / drop | under `control` |
 //! | `tid` | the worker | under `control`, at start and exit |
 //!
+//! # What runs under `control`
+//! Only the bookkeeping of this table: reading and writing the fields, spawning the worker (so
+//! that Running and its handle are one step), notifying `cv`, and a user's ticket in its
+//! `Coverage` (a lock of its own, taken inside this one and never the other way round). No
+//! plugin hook (`MailboxSource::view`, a `Doorbell`, a `SharedRegion`), no handler or matcher,
+//! no `log` call and no drop of a mailbox runs under it: each of those may call back into the
+//! server, which takes `control` again and would deadlock, or panic midway through a
+//! transition. So the forced-shutdown and statistics lines are logged after the lock is
+//! released, the doorbells are asked before the worker takes it to park, and `detach` drops
+//! the mailbox after its wait.
+//!
 //! # Sleep and wake (why no wake-up is lost)
 //! The worker sleeps on `cv` only after checking, under `control`, that the state is Running,
 //! `users == 0` and no user arrived since its last look (`epoch` unchanged). A new user
@@ -208,6 +219,8 @@ impl ServerThread {
             ShutdownPolicy::Wait(timeout) => Some(std::time::Instant::now() + timeout),
             _ => None,
         };
+        // Users left running by a forced shutdown, logged once the lock is released.
+        let mut forced = 0;
         loop {
             control = this.settle(control);
             if control.state == State::Stopped {
@@ -219,10 +232,7 @@ impl ServerThread {
             match policy {
                 ShutdownPolicy::Refuse => return Err(Error::LiveUsers(control.users)),
                 ShutdownPolicy::Force => {
-                    log::error!(
-                        "{name}: shutting down with {} kernel(s) still running",
-                        control.users
-                    );
+                    forced = control.users;
                     break;
                 }
                 ShutdownPolicy::Wait(_) => {
@@ -248,6 +258,9 @@ impl ServerThread {
         let handle = control.handle.take();
         this.cv.notify_all();
         drop(control);
+        if forced > 0 {
+            log::error!("{name}: shutting down with {forced} kernel(s) still running");
+        }
         if let Some(handle) = handle {
             if handle.join().is_err() {
                 log::error!("{name}: the worker thread panicked");
@@ -259,6 +272,7 @@ impl ServerThread {
         control.worker = None;
         inner.context.stopping.store(false, Ordering::Relaxed);
         this.cv.notify_all();
+        drop(control);
         if inner.context.config.log_stats_on_shutdown {
             log::info!(
                 "{name}: server statistics: {}",
@@ -427,11 +441,16 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: std::time::
         } else if idle <= yield_ {
             thread::yield_now();
         } else {
+            // The plugin's doorbells are asked before the lock is taken (no plugin code runs
+            // under `control`, see the module docs). Sleeping on one is not a wait on `cv`: a
+            // new user or a shutdown waits at most `doorbell_sleep` for it, whenever the
+            // doorbell was asked, so asking first loses no wake-up.
+            let bell = cache.quiet_doorbell();
             let control = lock(&this.control);
             if control.state != State::Running || control.users == 0 {
                 return;
             }
-            if let Some(bell) = cache.quiet_doorbell() {
+            if let Some(bell) = bell {
                 // No request is open anywhere: sleep until the device rings, polling anyway
                 // after `doorbell_sleep`. A new user or a shutdown waits at most that long.
                 drop(control);
