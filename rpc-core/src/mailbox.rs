@@ -10,7 +10,7 @@
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::sync::{AtomicU32, AtomicU64};
+use crate::sync::{AtomicU32, DataWord};
 
 /// A view of one mailbox: the arrays of PROTOCOL section 2 as atomics.
 #[derive(Clone, Copy)]
@@ -21,9 +21,9 @@ pub struct Mailbox<'a> {
     /// Client-written words, one per port.
     pub(crate) secondary: &'a [AtomicU32],
     /// Two words per port: `mask`, then `opcode` in the low 32 bits (padding above).
-    pub(crate) header: &'a [AtomicU64],
+    pub(crate) header: &'a [DataWord],
     /// `8 * L` words per port.
-    pub(crate) packet: &'a [AtomicU64],
+    pub(crate) packet: &'a [DataWord],
 }
 
 impl<'a> Mailbox<'a> {
@@ -32,8 +32,8 @@ impl<'a> Mailbox<'a> {
         layout: Layout,
         primary: &'a [AtomicU32],
         secondary: &'a [AtomicU32],
-        header: &'a [AtomicU64],
-        packet: &'a [AtomicU64],
+        header: &'a [DataWord],
+        packet: &'a [DataWord],
     ) -> Result<Self> {
         let n = layout.ports() as usize;
         let lengths_ok = primary.len() == n
@@ -105,7 +105,7 @@ impl<'a> Mailbox<'a> {
     }
 
     /// This port's `8 * L` packet words.
-    pub(crate) fn packets(&self, index: u32) -> &'a [AtomicU64] {
+    pub(crate) fn packets(&self, index: u32) -> &'a [DataWord] {
         let per_port = 8 * self.layout.lanes() as usize;
         &self.packet[index as usize * per_port..][..per_port]
     }
@@ -160,8 +160,8 @@ pub struct MailboxMemory {
     arrays: (
         std::vec::Vec<AtomicU32>,
         std::vec::Vec<AtomicU32>,
-        std::vec::Vec<AtomicU64>,
-        std::vec::Vec<AtomicU64>,
+        std::vec::Vec<DataWord>,
+        std::vec::Vec<DataWord>,
     ),
 }
 
@@ -179,7 +179,7 @@ impl MailboxMemory {
         {
             let n = layout.ports() as usize;
             let u32s = |k: usize| (0..k).map(|_| AtomicU32::new(0)).collect();
-            let u64s = |k: usize| (0..k).map(|_| AtomicU64::new(0)).collect();
+            let u64s = |k: usize| (0..k).map(|_| DataWord::new(0)).collect();
             MailboxMemory {
                 layout,
                 arrays: (

@@ -566,6 +566,7 @@ impl RpcServer {
     }
 
     /// Makes every later `start` fail with [`Error::Deinitialised`] (the runtime's `deinit`).
+    #[cfg_attr(loom, allow(dead_code))] // Its one caller, the runtime, is not built under loom.
     pub(crate) fn retire(&self) {
         self.inner.context.retired.store(true, Ordering::Release);
     }
