@@ -329,6 +329,9 @@ fn worker(inner: Arc<Inner>) {
     let mut seen_epoch = 0;
     loop {
         // Asleep while nobody could send a request (see the module docs).
+        if control.state == State::Running && control.users == 0 && control.epoch == seen_epoch {
+            bump(&inner.context.stats.sleeps);
+        }
         while control.state == State::Running && control.users == 0 && control.epoch == seen_epoch {
             control = this.cv.wait(control).unwrap_or_else(|e| e.into_inner());
             if control.epoch != seen_epoch {
