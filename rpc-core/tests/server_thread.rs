@@ -362,15 +362,17 @@ fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
     let first = server.user_for(mailbox.id);
     let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
     port.send(|_, p| p.set_word(0, 1000)).unwrap();
-    // Give the worker time to open the port and wait for the rest (if it is slower, the
-    // stream is abandoned the same way once it gets there).
-    thread::sleep(Duration::from_millis(50));
+    // The second packet goes once the worker has opened the port (taking its marks) and
+    // read the first: the stream's exchange is then in flight, waiting for the third.
+    port.send(|_, _| {}).unwrap();
     std::mem::forget(port);
     // The next launch starts before the first one's end is noticed.
     let second = server.user_for(mailbox.id);
     drop(first);
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 3), 4);
-    assert_eq!(server.stats().abandoned, 1);
+    eventually("the dead kernel's exchange is abandoned", || {
+        server.stats().abandoned == 1
+    });
     drop(second);
 }
 
