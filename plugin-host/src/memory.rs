@@ -359,8 +359,14 @@ mod tests {
     fn copies_round_trip_at_every_offset_and_length_across_word_sizes() {
         let memory = mailbox();
         let pattern: Vec<u8> = (1..=48).collect();
+        // Under miri (which interprets every access) the lengths around the word sizes only.
+        let lengths: Vec<usize> = if cfg!(miri) {
+            vec![0, 1, 3, 4, 5, 8, 9, 13, 24]
+        } else {
+            (0..=24).collect()
+        };
         for offset in 0..40 {
-            for len in 0..=(48 - offset).min(24) {
+            for len in lengths.iter().map(|&len| len.min(48 - offset)) {
                 memory.write(0, &[0; 64]);
                 memory.write(offset, &pattern[..len]);
                 let mut all = [0xAA; 64];

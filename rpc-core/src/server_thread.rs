@@ -299,20 +299,22 @@ pub(crate) fn spawn(
     Ok(thread::spawn(body))
 }
 
-/// The kernel's id for the calling thread (Linux), to read its CPU time from /proc.
+/// The kernel's id for the calling thread (Linux), to read its CPU time from /proc. Not under
+/// loom or miri, which run no foreign calls.
 fn current_tid() -> Option<i32> {
-    #[cfg(all(target_os = "linux", not(loom)))]
+    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
     {
         // SAFETY: gettid has no preconditions.
         Some(unsafe { libc::gettid() })
     }
-    #[cfg(not(all(target_os = "linux", not(loom))))]
+    #[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
     None
 }
 
 /// Timed parks should last about what they ask for, not the default 50 µs timer slack more.
+/// Not under loom or miri (no foreign calls there; their timers have no slack to tighten).
 fn tighten_timer_slack() {
-    #[cfg(all(target_os = "linux", not(loom)))]
+    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
     unsafe {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
