@@ -129,9 +129,12 @@ fn a_client_process_killed_mid_exchange_loses_only_its_port_until_the_client_tim
         }
     }
     let fresh = LockTable::new(PORTS);
+    // A liveness bound of its own: the first client's began before the victim was spawned and
+    // the client timeout waited for, which on a loaded machine can take most of its 10 s.
+    let fresh_wait = Deadline(Instant::now() + Duration::from_secs(30));
     let client = Client::new(view(&map), fresh.words())
         .unwrap()
-        .with_wait(&wait);
+        .with_wait(&fresh_wait);
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut port = loop {
         if let Some(port) = client.try_open_at(0, Opcode::TEST_STREAM, 1).unwrap() {
