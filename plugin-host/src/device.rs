@@ -106,7 +106,8 @@ impl HostDevice {
         object: &RawMemory,
         generation: Generation,
     ) -> Result<(Arc<RawMemory>, Layout), HostError> {
-        let mut bytes = vec![0u8; object.len()];
+        // The port count and the pointers, not the lock words (which running warps use).
+        let mut bytes = vec![0u8; generation.client_object_locks()];
         object.read(0, &mut bytes);
         let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         let ports = u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"));
@@ -151,6 +152,14 @@ impl Device for HostDevice {
         Ok(Box::new(HostShared(memory)))
     }
 
+    /// A mailbox's memory knows where its `u32` flags are, so that copies into it access every
+    /// word with the server's size (see `memory`).
+    fn alloc_mailbox(&self, layout: Layout) -> Result<Box<dyn SharedRegion>, VendorError> {
+        let memory = RawMemory::mailbox(layout);
+        self.memory.insert(&memory);
+        Ok(Box::new(HostShared(memory)))
+    }
+
     /// Host devices can always "interrupt": v2 mailboxes get a doorbell.
     fn create_doorbell(
         &self,
@@ -179,7 +188,7 @@ impl Device for HostDevice {
     fn load_image(&self, bytes: &[u8]) -> Result<LoadedImage, VendorError> {
         let image = crate::loader::resolve(bytes)?;
         let client_symbol = image.rpc.map(|generation| {
-            let memory = RawMemory::zeroed(generation.client_object_size());
+            let memory = RawMemory::client_object(generation);
             self.memory.insert(&memory);
             memory
         });
@@ -360,15 +369,18 @@ impl Job {
         let lock_words = match (&symbol, &mailbox) {
             (Some(symbol), Some((_, layout))) => {
                 let generation = layout.generation();
-                let pointers = if generation == Generation::V2 { 5 } else { 4 };
-                Some(symbol.u32_words(8 + 8 * pointers, generation.max_port_count() as usize / 32))
+                Some(symbol.u32_words(
+                    generation.client_object_locks(),
+                    generation.max_port_count() as usize / 32,
+                ))
             }
             _ => None,
         };
         let view = mailbox.as_ref().map(|(memory, layout)| {
             // SAFETY: the region is one of this device's live allocations (checked by
             // `mailbox_of`, and kept alive by the `Arc` for the whole grid), 64-aligned, of the
-            // layout's size, and this process touches it only through atomic views.
+            // layout's size, and this process touches it only through atomic views of these sizes
+            // (the server's, this one, and `RawMemory`'s copies, which use the same words).
             unsafe { Mailbox::from_raw(memory.as_ptr(), memory.len(), *layout) }
         });
         let client_bell = bell.as_ref().map(|(words, signal, event_id)| {

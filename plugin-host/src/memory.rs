@@ -1,15 +1,38 @@
 //! Host memory standing in for device memory: zeroed, 64-byte-aligned regions whose addresses
 //! are their "device" addresses, and the table of them that bounds what a copy may touch.
+//!
+//! # Same-size access
+//! The server and the kernels' clients access this memory through atomic words: `u32` for a
+//! mailbox's flags and a client object's lock bits, `u64` for everything else (headers,
+//! packets, the doorbell's words, the client object's pointers). Rust's memory model does not
+//! allow atomic accesses of different sizes to the same bytes when they may race, so every
+//! access here uses the word of the size the others use: each [`RawMemory`] knows which of its
+//! bytes are `u32` words (one range, `narrow`, whose ends are multiples of 8, so no `u64` word
+//! overlaps it) and copies through those words ([`RawMemory::write`], [`RawMemory::read`]).
+//! A copy that covers only part of a word (an unaligned head or tail) reads that whole word,
+//! or replaces only its own bytes in it with a compare-and-swap of the word's size, so bytes
+//! someone else writes meanwhile (a warp's lock bit beside them) are kept.
+//!
+//! Memory ordering: copies are `Relaxed`. A copy orders nothing: whoever must see what was
+//! copied in synchronises by other means (a launch spawns the warps' threads after the copy,
+//! the server gets a mailbox through `attach`'s lock). Each word only needs to be atomic, so
+//! that a copy racing with a kernel is a garbage value, never undefined behaviour.
 
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use rpc_core::plugin::SharedRegion;
 use rpc_core::sync::lock;
+use rpc_core::{Generation, Layout};
 
-/// A zeroed, 64-byte-aligned allocation, only ever accessed through atomics once shared.
+/// A zeroed, 64-byte-aligned allocation, only ever accessed through atomics once shared, each
+/// word with one size (see the module docs).
 pub struct RawMemory {
     ptr: *mut u8,
     len: usize,
+    /// The bytes accessed as `u32` words; every other word is a `u64`. Both ends multiples of 8.
+    narrow: Range<usize>,
 }
 
 // SAFETY: the memory is plain bytes; every shared access to it is atomic.
@@ -17,18 +40,100 @@ unsafe impl Send for RawMemory {}
 // SAFETY: as above.
 unsafe impl Sync for RawMemory {}
 
-impl RawMemory {
-    fn layout(len: usize) -> std::alloc::Layout {
-        std::alloc::Layout::from_size_align(len.max(1), 64).expect("a valid size")
+/// One atomic word of a region, of the size everyone accesses it with.
+enum Word<'a> {
+    U32(&'a AtomicU32),
+    U64(&'a AtomicU64),
+}
+
+impl Word<'_> {
+    fn size(&self) -> usize {
+        match self {
+            Word::U32(_) => 4,
+            Word::U64(_) => 8,
+        }
     }
 
-    pub fn zeroed(len: usize) -> Arc<Self> {
+    /// The word's bytes in memory order (the first `size()` of the eight).
+    fn load(&self) -> [u8; 8] {
+        let mut bytes = [0; 8];
+        match self {
+            Word::U32(w) => bytes[..4].copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes()),
+            Word::U64(w) => bytes = w.load(Ordering::Relaxed).to_ne_bytes(),
+        }
+        bytes
+    }
+
+    /// Writes `data` over the word's bytes from `skip` on. The whole word: one store; part of
+    /// it: a compare-and-swap loop that changes only those bytes.
+    fn store(&self, skip: usize, data: &[u8]) {
+        let whole = skip == 0 && data.len() == self.size();
+        let splice = |old: &mut [u8]| old[skip..skip + data.len()].copy_from_slice(data);
+        match self {
+            Word::U32(w) if whole => w.store(
+                u32::from_ne_bytes(data.try_into().expect("4 bytes")),
+                Ordering::Relaxed,
+            ),
+            Word::U64(w) if whole => w.store(
+                u64::from_ne_bytes(data.try_into().expect("8 bytes")),
+                Ordering::Relaxed,
+            ),
+            // RMW: replaces our bytes of the word, keeping the others as they are now.
+            Word::U32(w) => {
+                let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut bytes = old.to_ne_bytes();
+                    splice(&mut bytes);
+                    Some(u32::from_ne_bytes(bytes))
+                });
+            }
+            // RMW: as above, for a `u64` word.
+            Word::U64(w) => {
+                let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+                    let mut bytes = old.to_ne_bytes();
+                    splice(&mut bytes);
+                    Some(u64::from_ne_bytes(bytes))
+                });
+            }
+        }
+    }
+}
+
+impl RawMemory {
+    /// The allocation: `len` rounded up to whole `u64` words (so a copy's last word is inside).
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len.max(1).next_multiple_of(8), 64)
+            .expect("a valid size")
+    }
+
+    /// `len` zeroed bytes accessed as `u64` words, and as `u32` words in `narrow`.
+    fn zeroed_with(len: usize, narrow: Range<usize>) -> Arc<Self> {
+        assert!(
+            narrow.start % 8 == 0 && narrow.end % 8 == 0 && narrow.end <= len.next_multiple_of(8),
+            "u32 words in whole u64 words of the region"
+        );
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
         if ptr.is_null() {
             std::alloc::handle_alloc_error(Self::layout(len));
         }
-        Arc::new(RawMemory { ptr, len })
+        Arc::new(RawMemory { ptr, len, narrow })
+    }
+
+    /// `len` zeroed bytes accessed as `u64` words (the doorbell's words, plain device memory).
+    pub fn zeroed(len: usize) -> Arc<Self> {
+        Self::zeroed_with(len, 0..0)
+    }
+
+    /// A zeroed mailbox of `layout`: its flags are `u32` words, the rest `u64` words.
+    pub fn mailbox(layout: Layout) -> Arc<Self> {
+        // `primary` and `secondary` are the two arrays of N `u32` words; the headers follow.
+        Self::zeroed_with(layout.total_size(), layout.primary()..layout.header())
+    }
+
+    /// A zeroed client object of `generation`: its lock words are `u32`, the rest `u64` words.
+    pub fn client_object(generation: Generation) -> Arc<Self> {
+        let size = generation.client_object_size();
+        Self::zeroed_with(size, generation.client_object_locks()..size)
     }
 
     pub fn addr(&self) -> u64 {
@@ -44,57 +149,96 @@ impl RawMemory {
         self.len == 0
     }
 
-    /// The byte at `offset` as an atomic.
-    fn byte(&self, offset: usize) -> &std::sync::atomic::AtomicU8 {
-        assert!(offset < self.len, "offset inside the region");
-        // SAFETY: in bounds (checked above), alive while `self` is, and AtomicU8 has the size
-        // and validity of u8.
-        unsafe { &*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU8) }
+    /// The word holding byte `at`, and the offset of `at` in it.
+    fn word(&self, at: usize) -> (Word<'_>, usize) {
+        if self.narrow.contains(&at) {
+            let start = at & !3;
+            (Word::U32(self.u32_word(start)), at - start)
+        } else {
+            let start = at & !7;
+            (Word::U64(self.u64_word_unchecked(start)), at - start)
+        }
     }
 
-    /// Copies `bytes` in at `offset` (atomically per byte: kernels may be reading).
+    /// Copies `bytes` in at `offset`, word by word (see the module docs: kernels may be
+    /// reading, and the words keep their sizes).
     pub fn write(&self, offset: usize, bytes: &[u8]) {
-        for (k, &b) in bytes.iter().enumerate() {
-            self.byte(offset + k)
-                .store(b, std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// Copies out from `offset`.
-    pub fn read(&self, offset: usize, out: &mut [u8]) {
-        for (k, b) in out.iter_mut().enumerate() {
-            *b = self
-                .byte(offset + k)
-                .load(std::sync::atomic::Ordering::Relaxed);
-        }
-    }
-
-    /// The `u64` word at `offset`, as an atomic.
-    pub fn u64_word(&self, offset: usize) -> &std::sync::atomic::AtomicU64 {
         assert!(
-            offset % 8 == 0 && offset + 8 <= self.len,
-            "word inside the region"
+            offset
+                .checked_add(bytes.len())
+                .is_some_and(|end| end <= self.len),
+            "bytes inside the region"
         );
-        // SAFETY: in bounds and 8-aligned (64-aligned base, offset checked), alive with `self`,
-        // and AtomicU64 has the size and validity of u64.
-        unsafe { &*(self.ptr.add(offset) as *const std::sync::atomic::AtomicU64) }
+        let mut done = 0;
+        while done < bytes.len() {
+            let (word, skip) = self.word(offset + done);
+            let take = (word.size() - skip).min(bytes.len() - done);
+            word.store(skip, &bytes[done..done + take]);
+            done += take;
+        }
     }
 
-    /// The `u32` words from `offset` on, as atomics.
-    pub fn u32_words(&self, offset: usize, count: usize) -> &[std::sync::atomic::AtomicU32] {
+    /// Copies out from `offset`, word by word.
+    pub fn read(&self, offset: usize, out: &mut [u8]) {
         assert!(
-            offset % 4 == 0 && offset + 4 * count <= self.len,
-            "words inside the region"
+            offset
+                .checked_add(out.len())
+                .is_some_and(|end| end <= self.len),
+            "bytes inside the region"
+        );
+        let mut done = 0;
+        while done < out.len() {
+            let (word, skip) = self.word(offset + done);
+            let take = (word.size() - skip).min(out.len() - done);
+            out[done..done + take].copy_from_slice(&word.load()[skip..skip + take]);
+            done += take;
+        }
+    }
+
+    /// The `u64` word at `offset`, as an atomic (outside the `u32` words).
+    pub fn u64_word(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset + 8 <= self.len && !self.narrow.contains(&offset),
+            "a u64 word inside the region"
+        );
+        self.u64_word_unchecked(offset)
+    }
+
+    /// The `u64` word at `offset` of the allocation (which may end after `len`).
+    fn u64_word_unchecked(&self, offset: usize) -> &AtomicU64 {
+        assert!(
+            offset % 8 == 0 && offset + 8 <= Self::layout(self.len).size(),
+            "word inside the allocation"
+        );
+        // SAFETY: in bounds of the allocation and 8-aligned (64-aligned base, offset checked),
+        // alive with `self`, and AtomicU64 has the size and validity of u64. Only ever accessed
+        // as a `u64` word: it lies outside `narrow`, whose ends are multiples of 8.
+        unsafe { &*(self.ptr.add(offset) as *const AtomicU64) }
+    }
+
+    fn u32_word(&self, offset: usize) -> &AtomicU32 {
+        &self.u32_words(offset, 1)[0]
+    }
+
+    /// The `u32` words from `offset` on, as atomics (inside the `u32` words).
+    pub fn u32_words(&self, offset: usize, count: usize) -> &[AtomicU32] {
+        assert!(
+            offset % 4 == 0
+                && self.narrow.start <= offset
+                && offset + 4 * count <= self.narrow.end
+                && offset + 4 * count <= self.len,
+            "u32 words inside the region's u32 words"
         );
         // SAFETY: in bounds and 4-aligned (64-aligned base, offset checked), alive with `self`,
-        // and AtomicU32 has the size and validity of u32.
+        // and AtomicU32 has the size and validity of u32. Only ever accessed as `u32` words:
+        // they lie inside `narrow`.
         unsafe { std::slice::from_raw_parts(self.ptr.add(offset).cast(), count) }
     }
 }
 
 impl Drop for RawMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed` with this layout; freed once.
+        // SAFETY: allocated in `zeroed_with` with this layout; freed once.
         unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
     }
 }
@@ -104,7 +248,9 @@ pub struct HostShared(pub Arc<RawMemory>);
 
 // SAFETY: the `RawMemory` is a 64-byte-aligned heap allocation of `len` bytes that lives as
 // long as its `Arc`, which this value holds; plugin-host's kernels reach a mailbox only through
-// `Client`s over `Mailbox::from_raw`, the same atomic views of the same sizes as the server's.
+// `Client`s over `Mailbox::from_raw`, the same atomic views of the same sizes as the server's,
+// and its copies use words of those sizes too (a mailbox's `RawMemory` is made by
+// `RawMemory::mailbox`, see the module docs).
 unsafe impl SharedRegion for HostShared {
     fn host_ptr(&self) -> *mut u8 {
         self.0.as_ptr()
@@ -196,5 +342,93 @@ impl rpc_core::plugin::Doorbell for HostDoorbell {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A v1 mailbox of 3 ports (odd, so `secondary` ends inside a `u64`'s span): flags at
+    /// 0..24 as `u32` words, headers from 24 on.
+    fn mailbox() -> Arc<RawMemory> {
+        RawMemory::mailbox(Layout::new(Generation::V1, 3, 1).unwrap())
+    }
+
+    #[test]
+    fn copies_round_trip_at_every_offset_and_length_across_word_sizes() {
+        let memory = mailbox();
+        let pattern: Vec<u8> = (1..=48).collect();
+        // Under miri (which interprets every access) the lengths around the word sizes only.
+        let lengths: Vec<usize> = if cfg!(miri) {
+            vec![0, 1, 3, 4, 5, 8, 9, 13, 24]
+        } else {
+            (0..=24).collect()
+        };
+        for offset in 0..40 {
+            for len in lengths.iter().map(|&len| len.min(48 - offset)) {
+                memory.write(0, &[0; 64]);
+                memory.write(offset, &pattern[..len]);
+                let mut all = [0xAA; 64];
+                memory.read(0, &mut all);
+                assert!(all[..offset].iter().all(|&b| b == 0), "{offset} {len}");
+                assert_eq!(
+                    &all[offset..offset + len],
+                    &pattern[..len],
+                    "{offset} {len}"
+                );
+                assert!(
+                    all[offset + len..].iter().all(|&b| b == 0),
+                    "{offset} {len}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_partial_copy_keeps_the_other_bytes_of_its_words() {
+        let memory = mailbox();
+        // A lock word a warp holds (u32 at 4) and a header word (u64 at 24).
+        memory.u32_words(4, 1)[0].store(0x8000_0001, Ordering::Relaxed);
+        memory.u64_word(24).store(u64::MAX, Ordering::Relaxed);
+        memory.write(5, &[0x12, 0x34]);
+        memory.write(27, &[0; 3]);
+        let expect = u32::from_ne_bytes({
+            let mut b = 0x8000_0001u32.to_ne_bytes();
+            b[1..3].copy_from_slice(&[0x12, 0x34]);
+            b
+        });
+        assert_eq!(memory.u32_words(4, 1)[0].load(Ordering::Relaxed), expect);
+        let mut header = u64::MAX.to_ne_bytes();
+        header[3..6].fill(0);
+        assert_eq!(
+            memory.u64_word(24).load(Ordering::Relaxed),
+            u64::from_ne_bytes(header)
+        );
+    }
+
+    #[test]
+    fn word_views_keep_to_their_size() {
+        let memory = mailbox();
+        let u64_in_flags = std::panic::catch_unwind(|| {
+            memory.u64_word(8);
+        });
+        assert!(u64_in_flags.is_err(), "the flags are u32 words");
+        let u32_in_headers = std::panic::catch_unwind(|| {
+            memory.u32_words(24, 1);
+        });
+        assert!(u32_in_headers.is_err(), "the headers are u64 words");
+        let object = RawMemory::client_object(Generation::V2);
+        assert_eq!(object.u32_words(48, 512).len(), 512);
+        assert!(std::panic::catch_unwind(|| object.u32_words(40, 1).len()).is_err());
+    }
+
+    #[test]
+    fn a_region_of_odd_length_copies_its_last_bytes() {
+        let memory = RawMemory::zeroed(13);
+        memory.write(9, &[1, 2, 3, 4]);
+        let mut out = [0; 13];
+        memory.read(0, &mut out);
+        assert_eq!(out, [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4]);
     }
 }

@@ -83,12 +83,17 @@ impl Generation {
 
     /// Size of the device-side client object (`__llvm_rpc_client`).
     pub const fn client_object_size(self) -> usize {
-        // port_count + padding, [doorbell], inbox, outbox, header, packet, lock words.
+        self.client_object_locks() + 4 * (self.max_port_count() as usize / 32)
+    }
+
+    /// Offset of the lock words in the client object: after `port_count` + padding and the
+    /// pointers ([doorbell], inbox, outbox, header, packet). A multiple of 8.
+    pub const fn client_object_locks(self) -> usize {
         let pointers = match self {
             Generation::V1 => 4,
             Generation::V2 => 5,
         };
-        8 + 8 * pointers + 4 * (self.max_port_count() as usize / 32)
+        8 + 8 * pointers
     }
 
     /// The generation whose client object has `size` bytes.
@@ -102,6 +107,8 @@ impl Generation {
 
 const_assert_eq!(Generation::V1.client_object_size(), 552);
 const_assert_eq!(Generation::V2.client_object_size(), 2096);
+const_assert_eq!(Generation::V1.client_object_locks(), 40);
+const_assert_eq!(Generation::V2.client_object_locks(), 48);
 
 impl fmt::Display for Generation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

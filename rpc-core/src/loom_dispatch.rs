@@ -14,11 +14,12 @@ use crate::dispatch::{Fate, PassCache};
 use crate::port::Spin;
 use crate::rpc_server::Inner;
 use crate::sync::{thread, Arc, AtomicBool, Ordering};
-use crate::{Client, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer};
+use crate::{Client, Generation, Layout, LockTable, MailboxId, MailboxMemory, Opcode, RpcServer};
 
 struct Fixture {
     server: RpcServer,
     memory: Arc<MailboxMemory>,
+    id: MailboxId,
     locks: LockTable,
 }
 
@@ -35,10 +36,11 @@ fn fixture(ports: u32) -> Arc<Fixture> {
     let memory = Arc::new(MailboxMemory::new(
         Layout::new(Generation::V1, ports, 1).unwrap(),
     ));
-    server.attach(Box::new(memory.clone()));
+    let id = server.attach(Box::new(memory.clone()));
     Arc::new(Fixture {
         server,
         memory,
+        id,
         locks: LockTable::new(ports),
     })
 }
@@ -146,5 +148,31 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned_and_its_port_serves_again() {
         done.store(true, Ordering::Release);
         server.join().unwrap();
         assert_eq!(f.server.stats().abandoned, 1);
+    });
+}
+
+/// `detach` against a pass: it returns only once no pass holds the mailbox (its copy of the
+/// list, an exchange suspended on it), so the memory is the caller's alone afterwards. Here the
+/// detached mailbox has an exchange waiting for its client, which never answers: the pass
+/// abandons it because the mailbox is marked detached, leaving its memory untouched.
+#[test]
+fn detach_returns_once_no_pass_holds_the_mailbox() {
+    model(|| {
+        let f = fixture(1);
+        let _user = f.server.user();
+        let done = Arc::new(AtomicBool::new(false));
+        let server = passes(&f, &done);
+        let client = f.client(&f.locks);
+        let mut port = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
+        port.send(|_, p| p.set_word(0, 40)).unwrap();
+        f.server.detach(f.id).unwrap();
+        assert_eq!(
+            Arc::strong_count(&f.memory),
+            1,
+            "detach returned while a pass still held the mailbox"
+        );
+        done.store(true, Ordering::Release);
+        server.join().unwrap();
+        drop(port);
     });
 }

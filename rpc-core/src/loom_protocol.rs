@@ -1,6 +1,11 @@
 //! loom models of the port protocol: every interleaving (within the preemption bound) of small
 //! exchanges over loom atomics. Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p rpc-core --release --lib loom`.
+//!
+//! Headers and packets are shadowed under loom (`sync::DataWord`): each word's load is a read
+//! of a `loom::cell::UnsafeCell` and its store a write, so a side touching a buffer before the
+//! fences have ordered the other side's last use of it is a data race loom reports, although
+//! the words themselves are relaxed atomics (which never race).
 
 use std::vec::Vec;
 
@@ -138,5 +143,48 @@ fn two_server_threads_share_a_lock_table() {
             port.recv(|_, p| got = p.word(0)).unwrap();
             assert_eq!(got, 2);
         }
+    });
+}
+
+/// A request that needs no answer (FREE, a NOOP), then the next request on the same port. The
+/// client learns that the port is its own again only from the server's flip when it closes the
+/// port, not from a reply it waited for: `open_at`'s acquire fence is what orders the server's
+/// reads of the first request's header and packet before the client's writes of the second's.
+/// Without it those writes race with the reads (in the shadow cells), which loom reports.
+#[test]
+fn a_port_reopened_after_a_request_without_answer_is_ordered_after_the_servers_reads() {
+    loom::model(|| {
+        let f = fixture(1);
+        let server = {
+            let f = f.clone();
+            thread::spawn(move || {
+                let server = Server::new(f.memory.view(), f.server_locks.words()).unwrap();
+                let mut port = loop {
+                    if let Some(port) = server.open_next(0, &Spin) {
+                        break port;
+                    }
+                    thread::yield_now();
+                };
+                let mut got = 0;
+                port.recv(|_, p| got = p.word(0)).unwrap();
+                assert_eq!(got, 1);
+                // Dropping the port hands the buffer back (a flip after a release fence).
+            })
+        };
+        let client = Client::new(f.memory.view(), f.client_locks.words())
+            .unwrap()
+            .with_wait(&Spin);
+        client
+            .open(Opcode::NOOP, 1)
+            .unwrap()
+            .send(|_, p| p.set_word(0, 1))
+            .unwrap();
+        // Waits (spinning) until the server closed the first request's port.
+        client
+            .open(Opcode::NOOP, 1)
+            .unwrap()
+            .send(|_, p| p.set_word(0, 2))
+            .unwrap();
+        server.join().unwrap();
     });
 }

@@ -120,3 +120,38 @@ fn a_request_of_a_user_that_came_and_went_is_still_served() {
         let _ = server.shutdown().unwrap();
     });
 }
+
+/// Two shutdowns at once: each returns only once the worker has exited (the one that finds
+/// the other stopping waits for it in `settle`), and exactly one of them stopped it.
+#[test]
+fn concurrent_shutdowns_both_return_after_the_worker_exited() {
+    loom::model(|| {
+        let server = server();
+        assert_eq!(server.start().unwrap(), Started::Started);
+        let other = {
+            let server = server.clone();
+            thread::spawn(move || {
+                let stopped = server.shutdown().unwrap();
+                assert_eq!(
+                    server.live_workers(),
+                    0,
+                    "shutdown returned before the worker exited"
+                );
+                stopped
+            })
+        };
+        let mine = server.shutdown().unwrap();
+        assert_eq!(
+            server.live_workers(),
+            0,
+            "shutdown returned before the worker exited"
+        );
+        let theirs = other.join().unwrap();
+        let stopped = [mine, theirs]
+            .iter()
+            .filter(|&&s| s == Stopped::Stopped)
+            .count();
+        assert_eq!(stopped, 1, "one shutdown stops, the other finds it stopped");
+        assert!(!server.is_running());
+    });
+}

@@ -4,11 +4,13 @@
 //! process cannot make obey Rust's rules, so every access to it is atomic: the flags with the
 //! orderings of PROTOCOL section 3, headers and packet words `Relaxed` (ordered by those flags'
 //! fences). A misbehaving peer can then only make us read garbage values, never cause a data race.
+//! Every access in this process is also same-size: a flag is always a `u32` atomic, a header or
+//! packet word always a `u64` one (the scan, the ports, plugin-host's copies alike).
 //! On x86-64 and AArch64 a relaxed load or store compiles to a plain move, so this costs nothing.
 
 use crate::error::{Error, Result};
 use crate::layout::Layout;
-use crate::sync::{AtomicU32, AtomicU64};
+use crate::sync::{AtomicU32, DataWord};
 
 /// A view of one mailbox: the arrays of PROTOCOL section 2 as atomics.
 #[derive(Clone, Copy)]
@@ -19,9 +21,9 @@ pub struct Mailbox<'a> {
     /// Client-written words, one per port.
     pub(crate) secondary: &'a [AtomicU32],
     /// Two words per port: `mask`, then `opcode` in the low 32 bits (padding above).
-    pub(crate) header: &'a [AtomicU64],
+    pub(crate) header: &'a [DataWord],
     /// `8 * L` words per port.
-    pub(crate) packet: &'a [AtomicU64],
+    pub(crate) packet: &'a [DataWord],
 }
 
 impl<'a> Mailbox<'a> {
@@ -30,8 +32,8 @@ impl<'a> Mailbox<'a> {
         layout: Layout,
         primary: &'a [AtomicU32],
         secondary: &'a [AtomicU32],
-        header: &'a [AtomicU64],
-        packet: &'a [AtomicU64],
+        header: &'a [DataWord],
+        packet: &'a [DataWord],
     ) -> Result<Self> {
         let n = layout.ports() as usize;
         let lengths_ok = primary.len() == n
@@ -60,8 +62,12 @@ impl<'a> Mailbox<'a> {
     ///
     /// # Safety
     /// - `base..base + len` is valid for reads and writes for `'a` (it stays allocated).
-    /// - Within this process, nothing accesses the region non-atomically while the view lives
-    ///   (other processes and devices may write it as they like: that is only garbage to us).
+    /// - Within this process, while the view lives, every access to the region is atomic and
+    ///   same-size: each word only through an atomic of the size this view gives it (`u32`
+    ///   for `primary` and `secondary`, `u64` for the headers and packets; Rust's memory model
+    ///   does not allow racing atomic accesses of different sizes to the same bytes), and
+    ///   nothing non-atomic. Other processes and devices may write it as they like: that is
+    ///   only garbage to us.
     #[cfg(not(loom))]
     pub unsafe fn from_raw(base: *mut u8, len: usize, layout: Layout) -> Result<Self> {
         let need = layout.total_size();
@@ -77,7 +83,8 @@ impl<'a> Mailbox<'a> {
         // whose total size `len` covers), is aligned for its type (the region is 64-aligned and
         // the offsets are multiples of 4 and 8 respectively), and atomics have the size and bit
         // validity of the integers they wrap, so any bytes there are valid. The caller promises
-        // the region lives for 'a and is only accessed atomically in this process.
+        // the region lives for 'a and is only accessed atomically, with these sizes, in this
+        // process.
         unsafe {
             let at = |offset: usize| base.add(offset);
             Ok(Mailbox {
@@ -98,7 +105,7 @@ impl<'a> Mailbox<'a> {
     }
 
     /// This port's `8 * L` packet words.
-    pub(crate) fn packets(&self, index: u32) -> &'a [AtomicU64] {
+    pub(crate) fn packets(&self, index: u32) -> &'a [DataWord] {
         let per_port = 8 * self.layout.lanes() as usize;
         &self.packet[index as usize * per_port..][..per_port]
     }
@@ -153,8 +160,8 @@ pub struct MailboxMemory {
     arrays: (
         std::vec::Vec<AtomicU32>,
         std::vec::Vec<AtomicU32>,
-        std::vec::Vec<AtomicU64>,
-        std::vec::Vec<AtomicU64>,
+        std::vec::Vec<DataWord>,
+        std::vec::Vec<DataWord>,
     ),
 }
 
@@ -172,7 +179,7 @@ impl MailboxMemory {
         {
             let n = layout.ports() as usize;
             let u32s = |k: usize| (0..k).map(|_| AtomicU32::new(0)).collect();
-            let u64s = |k: usize| (0..k).map(|_| AtomicU64::new(0)).collect();
+            let u64s = |k: usize| (0..k).map(|_| DataWord::new(0)).collect();
             MailboxMemory {
                 layout,
                 arrays: (
@@ -199,7 +206,8 @@ impl MailboxMemory {
         #[cfg(not(loom))]
         {
             // SAFETY: the region is ours, 64-aligned, of the layout's size, lives as long as the
-            // returned borrow of `self`, and is only ever accessed through such atomic views.
+            // returned borrow of `self`, and is only ever accessed through such atomic views
+            // (same-size: no other view of it exists).
             unsafe { Mailbox::from_raw(self.region.ptr, self.region.len, self.layout) }
                 .expect("an owned region matches its layout")
         }

@@ -10,7 +10,7 @@ use std::boxed::Box;
 use std::string::String;
 use std::sync::Arc;
 
-use crate::layout::Generation;
+use crate::layout::{Generation, Layout};
 
 /// A vendor error, kept whole as the source of the glue's errors.
 pub type VendorError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -112,6 +112,12 @@ pub trait Device: Send + Sync {
 
     /// Zeroed, 64-byte-aligned host memory the device sees coherently.
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError>;
+    /// The memory of a mailbox of `layout` (what the glue allocates):
+    /// [`Device::alloc_shared`] of its size, unless the plugin must know what the memory holds
+    /// (plugin-host does: its copies access each word with the size the server uses).
+    fn alloc_mailbox(&self, layout: Layout) -> Result<Box<dyn SharedRegion>, VendorError> {
+        self.alloc_shared(layout.total_size())
+    }
     /// The allocator behind MALLOC/FREE for kernels of this device.
     fn allocator(&self) -> Arc<dyn DeviceAllocator>;
 

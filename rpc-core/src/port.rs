@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 use crate::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::mailbox::unlock;
 use crate::opcode::Opcode;
-use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
 use core::future::Future;
 use core::task::{Context, Poll, Waker};
 
@@ -192,7 +192,7 @@ pub fn lanes(mut mask: u64) -> impl Iterator<Item = u32> {
 /// One lane's 64-byte packet in shared memory.
 #[derive(Clone, Copy)]
 pub struct Packet<'a> {
-    words: &'a [AtomicU64],
+    words: &'a [DataWord],
 }
 
 impl<'a> Packet<'a> {
@@ -267,7 +267,7 @@ pub struct Port<'a, const SERVER: bool> {
     pub(crate) inbox: &'a AtomicU32,
     /// This side's word.
     pub(crate) outbox: &'a AtomicU32,
-    pub(crate) packets: &'a [AtomicU64],
+    pub(crate) packets: &'a [DataWord],
     pub(crate) locks: &'a [AtomicU32],
     /// Active lanes: the header mask restricted to real lanes.
     pub(crate) mask: u64,

@@ -148,8 +148,9 @@ struct RegionMailbox {
 impl MailboxSource for RegionMailbox {
     fn view(&self) -> Mailbox<'_> {
         // SAFETY: the region is owned by `self` (so it lives as long as the view), and this
-        // process only accesses mailbox memory through atomic views; `attach_region` checked
-        // alignment and size once, and the region never changes.
+        // process only accesses mailbox memory through same-size atomic views (the region's
+        // `SharedRegion` contract); `attach_region` checked alignment and size once, and the
+        // region never changes.
         unsafe { Mailbox::from_raw(self.region.host_ptr(), self.region.len(), self.layout) }
             .expect("checked when attached")
     }
@@ -565,6 +566,7 @@ impl RpcServer {
     }
 
     /// Makes every later `start` fail with [`Error::Deinitialised`] (the runtime's `deinit`).
+    #[cfg_attr(loom, allow(dead_code))] // Its one caller, the runtime, is not built under loom.
     pub(crate) fn retire(&self) {
         self.inner.context.retired.store(true, Ordering::Release);
     }

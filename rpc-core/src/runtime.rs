@@ -236,7 +236,7 @@ impl<P: Plugin> PluginRuntime<P> {
         let name = self.plugin.name();
         let layout = Layout::new(generation, dev.port_count(generation), dev.lane_size())?;
         let region = dev
-            .alloc_shared(layout.total_size())
+            .alloc_mailbox(layout)
             .map_err(vendor(name, "allocate mailbox"))?;
         let bell = dev
             .create_doorbell(generation)

@@ -5,7 +5,7 @@ use crate::error::{Error, Result};
 use crate::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::opcode::Opcode;
 use crate::port::{normalize, store_own_word, Port, ServerPort, Wait};
-use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
 /// or two threads can open one port.
@@ -162,7 +162,7 @@ impl<'a> Server<'a> {
 /// A prefetch reads nothing the program sees and cannot fault, so it neither races nor needs an
 /// ordering: the fences of the protocol still order the loads that use the data.
 #[inline(always)]
-fn prefetch(word: &AtomicU64) {
+fn prefetch(word: &DataWord) {
     #[cfg(all(target_arch = "x86_64", not(loom)))]
     // SAFETY: PREFETCHT0 is part of SSE, which every x86-64 CPU has; it only takes an address,
     // which is valid anyway (it comes from a reference).

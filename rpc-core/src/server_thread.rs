@@ -19,6 +19,17 @@
 //! | `users` | `UserGuard` new / drop | under `control` |
 //! | `tid` | the worker | under `control`, at start and exit |
 //!
+//! # What runs under `control`
+//! Only the bookkeeping of this table: reading and writing the fields, spawning the worker (so
+//! that Running and its handle are one step), notifying `cv`, and a user's ticket in its
+//! `Coverage` (a lock of its own, taken inside this one and never the other way round). No
+//! plugin hook (`MailboxSource::view`, a `Doorbell`, a `SharedRegion`), no handler or matcher,
+//! no `log` call and no drop of a mailbox runs under it: each of those may call back into the
+//! server, which takes `control` again and would deadlock, or panic midway through a
+//! transition. So the forced-shutdown and statistics lines are logged after the lock is
+//! released, the doorbells are asked before the worker takes it to park, and `detach` drops
+//! the mailbox after its wait.
+//!
 //! # Sleep and wake (why no wake-up is lost)
 //! The worker sleeps on `cv` only after checking, under `control`, that the state is Running,
 //! `users == 0` and no user arrived since its last look (`epoch` unchanged). A new user
@@ -208,6 +219,8 @@ impl ServerThread {
             ShutdownPolicy::Wait(timeout) => Some(std::time::Instant::now() + timeout),
             _ => None,
         };
+        // Users left running by a forced shutdown, logged once the lock is released.
+        let mut forced = 0;
         loop {
             control = this.settle(control);
             if control.state == State::Stopped {
@@ -219,10 +232,7 @@ impl ServerThread {
             match policy {
                 ShutdownPolicy::Refuse => return Err(Error::LiveUsers(control.users)),
                 ShutdownPolicy::Force => {
-                    log::error!(
-                        "{name}: shutting down with {} kernel(s) still running",
-                        control.users
-                    );
+                    forced = control.users;
                     break;
                 }
                 ShutdownPolicy::Wait(_) => {
@@ -248,6 +258,9 @@ impl ServerThread {
         let handle = control.handle.take();
         this.cv.notify_all();
         drop(control);
+        if forced > 0 {
+            log::error!("{name}: shutting down with {forced} kernel(s) still running");
+        }
         if let Some(handle) = handle {
             if handle.join().is_err() {
                 log::error!("{name}: the worker thread panicked");
@@ -259,6 +272,7 @@ impl ServerThread {
         control.worker = None;
         inner.context.stopping.store(false, Ordering::Relaxed);
         this.cv.notify_all();
+        drop(control);
         if inner.context.config.log_stats_on_shutdown {
             log::info!(
                 "{name}: server statistics: {}",
@@ -285,20 +299,22 @@ pub(crate) fn spawn(
     Ok(thread::spawn(body))
 }
 
-/// The kernel's id for the calling thread (Linux), to read its CPU time from /proc.
+/// The kernel's id for the calling thread (Linux), to read its CPU time from /proc. Not under
+/// loom or miri, which run no foreign calls.
 fn current_tid() -> Option<i32> {
-    #[cfg(all(target_os = "linux", not(loom)))]
+    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
     {
         // SAFETY: gettid has no preconditions.
         Some(unsafe { libc::gettid() })
     }
-    #[cfg(not(all(target_os = "linux", not(loom))))]
+    #[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
     None
 }
 
 /// Timed parks should last about what they ask for, not the default 50 µs timer slack more.
+/// Not under loom or miri (no foreign calls there; their timers have no slack to tighten).
 fn tighten_timer_slack() {
-    #[cfg(all(target_os = "linux", not(loom)))]
+    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
     // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
     unsafe {
         libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
@@ -315,6 +331,9 @@ fn worker(inner: Arc<Inner>) {
     let mut seen_epoch = 0;
     loop {
         // Asleep while nobody could send a request (see the module docs).
+        if control.state == State::Running && control.users == 0 && control.epoch == seen_epoch {
+            bump(&inner.context.stats.sleeps);
+        }
         while control.state == State::Running && control.users == 0 && control.epoch == seen_epoch {
             control = this.cv.wait(control).unwrap_or_else(|e| e.into_inner());
             if control.epoch != seen_epoch {
@@ -427,11 +446,16 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: std::time::
         } else if idle <= yield_ {
             thread::yield_now();
         } else {
+            // The plugin's doorbells are asked before the lock is taken (no plugin code runs
+            // under `control`, see the module docs). Sleeping on one is not a wait on `cv`: a
+            // new user or a shutdown waits at most `doorbell_sleep` for it, whenever the
+            // doorbell was asked, so asking first loses no wake-up.
+            let bell = cache.quiet_doorbell();
             let control = lock(&this.control);
             if control.state != State::Running || control.users == 0 {
                 return;
             }
-            if let Some(bell) = cache.quiet_doorbell() {
+            if let Some(bell) = bell {
                 // No request is open anywhere: sleep until the device rings, polling anyway
                 // after `doorbell_sleep`. A new user or a shutdown waits at most that long.
                 drop(control);

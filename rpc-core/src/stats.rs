@@ -23,6 +23,7 @@ pub struct Stats {
     pub(crate) panics: AtomicU64,
     pub(crate) abandoned: AtomicU64,
     pub(crate) passes: AtomicU64,
+    pub(crate) sleeps: AtomicU64,
     pub(crate) wakeups: AtomicU64,
     pub(crate) doorbell_sleeps: AtomicU64,
     pub(crate) doorbell_rings: AtomicU64,
@@ -43,6 +44,7 @@ impl Default for Stats {
             panics: AtomicU64::new(0),
             abandoned: AtomicU64::new(0),
             passes: AtomicU64::new(0),
+            sleeps: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
             doorbell_sleeps: AtomicU64::new(0),
             doorbell_rings: AtomicU64::new(0),
@@ -86,6 +88,7 @@ impl Stats {
             panics: get(&self.panics),
             abandoned: get(&self.abandoned),
             passes: get(&self.passes),
+            sleeps: get(&self.sleeps),
             wakeups: get(&self.wakeups),
             doorbell_sleeps: get(&self.doorbell_sleeps),
             doorbell_rings: get(&self.doorbell_rings),
@@ -116,6 +119,8 @@ pub struct StatsSnapshot {
     pub abandoned: u64,
     /// Scans over every attached mailbox.
     pub passes: u64,
+    /// Times the worker went to sleep with no users (until a user or a shutdown comes).
+    pub sleeps: u64,
     /// Times the worker woke from sleeping with no users.
     pub wakeups: u64,
     /// Times the worker slept on a doorbell (no request open).
@@ -146,7 +151,7 @@ impl fmt::Display for StatsSnapshot {
         write!(
             f,
             "served={} errors={} refused={} unknown={} bad_headers={} panics={} abandoned={} \
-             passes={} wakeups={} doorbell_sleeps={} doorbell_rings={} workers_started={} \
+             passes={} sleeps={} wakeups={} doorbell_sleeps={} doorbell_rings={} workers_started={} \
              blocking_calls={} io_threads_abandoned={}",
             self.total_served(),
             self.errors,
@@ -156,6 +161,7 @@ impl fmt::Display for StatsSnapshot {
             self.panics,
             self.abandoned,
             self.passes,
+            self.sleeps,
             self.wakeups,
             self.doorbell_sleeps,
             self.doorbell_rings,

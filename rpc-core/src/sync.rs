@@ -22,6 +22,49 @@ pub use std::{
     thread,
 };
 
+/// A word of a port's header or packets: the data the protocol's flags hand from one side to
+/// the other. Outside loom it is an `AtomicU64` (relaxed loads and stores, ordered by the
+/// fences around the flags: see `port`'s memory-ordering note).
+#[cfg(not(loom))]
+pub type DataWord = AtomicU64;
+
+/// A word of a port's header or packets, under loom: the atomic, shadowed by a
+/// `loom::cell::UnsafeCell` that every load reads and every store writes. Relaxed atomics
+/// never race, so without the shadow loom could not tell whether the fences order one side's
+/// use of a buffer before the other side's; with it, an access not ordered after the other
+/// side's last one (a missing or misplaced acquire or release fence) is a data race on the
+/// cell, which loom reports in the interleaving where it happens.
+#[cfg(loom)]
+pub struct DataWord {
+    value: AtomicU64,
+    shadow: loom::cell::UnsafeCell<()>,
+}
+
+// SAFETY: the shadow cell holds `()`: nothing is ever read or written through it, it only
+// gives loom an access to check (loom's own bookkeeping of it is synchronised by loom).
+#[cfg(loom)]
+unsafe impl Sync for DataWord {}
+
+#[cfg(loom)]
+impl DataWord {
+    pub fn new(value: u64) -> Self {
+        DataWord {
+            value: AtomicU64::new(value),
+            shadow: loom::cell::UnsafeCell::new(()),
+        }
+    }
+    #[track_caller]
+    pub fn load(&self, order: Ordering) -> u64 {
+        self.shadow.with(|_| ());
+        self.value.load(order)
+    }
+    #[track_caller]
+    pub fn store(&self, value: u64, order: Ordering) {
+        self.shadow.with_mut(|_| ());
+        self.value.store(value, order)
+    }
+}
+
 /// One step of a busy wait. Under loom this yields, so the model checker can run the thread
 /// being waited for; elsewhere it is a CPU spin hint.
 #[inline]

@@ -37,6 +37,16 @@ impl Fixture {
 
 const BOUND: u64 = 64 << 20;
 
+/// `normal`, or `under_miri` when miri runs the test: it interprets every instruction (and
+/// checks each access), so loops are cut to a few rounds. The same exchanges, fewer times.
+const fn scaled(normal: usize, under_miri: usize) -> usize {
+    if cfg!(miri) {
+        under_miri
+    } else {
+        normal
+    }
+}
+
 /// The test scripts of PROTOCOL section 6, server side.
 fn serve_test_opcode(port: &mut ServerPort<'_>) -> rpc_core::Result<()> {
     match port.opcode() {
@@ -205,7 +215,7 @@ fn every_send_recv_adjacency_both_ways() {
         let mask = if lanes == 1 { 1 } else { 0b1011 };
         let (_, served) = with_server(&fixture, || {
             let client = fixture.client();
-            for _ in 0..20 {
+            for _ in 0..scaled(20, 2) {
                 interface(&client, mask, true);
                 interface(&client, mask, false);
             }
@@ -215,7 +225,7 @@ fn every_send_recv_adjacency_both_ways() {
                 if mask & 1 == 1 { 2 } else { 0 }
             );
         });
-        assert_eq!(served, 41);
+        assert_eq!(served, 2 * scaled(20, 2) as u64 + 1);
     }
 }
 
@@ -234,7 +244,20 @@ fn stream(client: &Client<'_>, mask: u64, data: &[Vec<u8>]) -> Vec<Vec<u8>> {
 
 #[test]
 fn send_n_recv_n_lengths_around_packet_edges() {
-    let lengths = [0usize, 1, 55, 56, 57, 64, 119, 120, 121, 4096, 1 << 20];
+    let longest = scaled(1 << 20, 300);
+    let lengths = [
+        0usize,
+        1,
+        55,
+        56,
+        57,
+        64,
+        119,
+        120,
+        121,
+        4096.min(longest),
+        longest,
+    ];
     for lanes in [1u32, 32] {
         let fixture = Fixture::new(Generation::V2, 4, lanes);
         with_server(&fixture, || {
@@ -246,7 +269,7 @@ fn send_n_recv_n_lengths_around_packet_edges() {
             if lanes == 32 {
                 // Lanes of different lengths in one warp, lane 3 inactive.
                 let data: Vec<Vec<u8>> = (0..32)
-                    .map(|l| pattern(lengths[l % lengths.len()].min(5000), l as u8))
+                    .map(|l| pattern(lengths[l % lengths.len()].min(scaled(5000, 121)), l as u8))
                     .collect();
                 let mask = !(1u64 << 3) & 0xFFFF_FFFF;
                 let got = stream(&client, mask, &data);
@@ -299,8 +322,8 @@ fn fixed_size_objects() {
 
 #[test]
 fn many_clients_contending_for_few_ports() {
-    const THREADS: usize = 8;
-    const ROUNDS: u64 = 300;
+    const THREADS: usize = scaled(8, 4);
+    const ROUNDS: u64 = scaled(300, 5) as u64;
     let fixture = Fixture::new(Generation::V1, 3, 1);
     let in_use: Arc<Vec<AtomicU32>> = Arc::new((0..3).map(|_| AtomicU32::new(0)).collect());
     let (_, served) = with_server(&fixture, || {
@@ -338,12 +361,13 @@ fn two_server_threads_share_one_lock_table() {
     let servers: Vec<_> = (0..2)
         .map(|_| spawn_server(fixture.clone(), stop.clone()))
         .collect();
+    let rounds = scaled(300, 5) as u64;
     thread::scope(|s| {
         for t in 0..4u64 {
             let fixture = &fixture;
             s.spawn(move || {
                 let client = fixture.client();
-                for r in 0..300 {
+                for r in 0..rounds {
                     assert_eq!(increment(&client, 1, t * 1000 + r)[0], t * 1000 + r + 1);
                 }
             });
@@ -351,7 +375,7 @@ fn two_server_threads_share_one_lock_table() {
     });
     stop.store(true, Ordering::Relaxed);
     let served: u64 = servers.into_iter().map(|h| h.join().unwrap()).sum();
-    assert_eq!(served, 1200, "every request served exactly once");
+    assert_eq!(served, 4 * rounds, "every request served exactly once");
 }
 
 /// Writes a port's client-side state by hand, as a misbehaving device would.

@@ -52,6 +52,16 @@ fn config(name: &str) -> ServerConfig {
     }
 }
 
+/// `normal`, or `under_miri` when miri runs the test (it interprets every instruction): the
+/// same scenario, fewer rounds.
+const fn scaled(normal: usize, under_miri: usize) -> usize {
+    if cfg!(miri) {
+        under_miri
+    } else {
+        normal
+    }
+}
+
 /// Polls `condition` for up to 10 s (a generous bound for a loaded 2-core machine).
 fn eventually(what: &str, condition: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -100,10 +110,13 @@ fn two_servers_are_independent_and_custom_opcodes_stay_private() {
     let on_amd = Mailbox::attach(&amd, 2, 64);
     let _ = nvidia.start().unwrap();
     let _ = amd.start().unwrap();
-    eventually("both workers run", || {
-        nvidia.worker_tid().is_some() && amd.worker_tid().is_some()
-    });
-    assert_ne!(nvidia.worker_tid(), amd.worker_tid(), "one worker each");
+    // Their kernel thread ids (miri has none to give: `worker_tid` is None there).
+    if !cfg!(miri) {
+        eventually("both workers run", || {
+            nvidia.worker_tid().is_some() && amd.worker_tid().is_some()
+        });
+        assert_ne!(nvidia.worker_tid(), amd.worker_tid(), "one worker each");
+    }
     let (_a, _b) = (nvidia.user(), amd.user());
     assert_eq!(increment(&on_nvidia.client(), custom, 21), 42);
     // Unknown on the other server: closed unanswered, so the client reads its own request.
@@ -123,7 +136,7 @@ fn concurrent_start_and_shutdown_keep_at_most_one_worker() {
         for t in 0..4 {
             let server = &server;
             s.spawn(move || {
-                for i in 0..200 {
+                for i in 0..scaled(200, 10) {
                     if (i + t) % 2 == 0 {
                         let _ = server.start().unwrap();
                     } else {
@@ -303,7 +316,7 @@ fn detach_while_serving() {
                 x += 1;
             }
         });
-        for _ in 0..50 {
+        for _ in 0..scaled(50, 5) {
             let other = Mailbox::attach(&server, 4, 32);
             let client = other.client();
             let mut port = client.open(Opcode::TEST_INCREMENT, 0xF).unwrap();
@@ -329,6 +342,10 @@ fn thread_cpu_time(tid: i32) -> Duration {
 }
 
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "reads the worker's CPU time from /proc, which miri neither has nor allows"
+)]
 fn an_idle_server_uses_no_measurable_cpu() {
     let server = RpcServer::new(config("idle"));
     let _mailbox = Mailbox::attach(&server, 64, 32);
@@ -362,15 +379,17 @@ fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
     let first = server.user_for(mailbox.id);
     let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
     port.send(|_, p| p.set_word(0, 1000)).unwrap();
-    // Give the worker time to open the port and wait for the rest (if it is slower, the
-    // stream is abandoned the same way once it gets there).
-    thread::sleep(Duration::from_millis(50));
+    // The second packet goes once the worker has opened the port (taking its marks) and
+    // read the first: the stream's exchange is then in flight, waiting for the third.
+    port.send(|_, _| {}).unwrap();
     std::mem::forget(port);
     // The next launch starts before the first one's end is noticed.
     let second = server.user_for(mailbox.id);
     drop(first);
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 3), 4);
-    assert_eq!(server.stats().abandoned, 1);
+    eventually("the dead kernel's exchange is abandoned", || {
+        server.stats().abandoned == 1
+    });
     drop(second);
 }
 
@@ -405,7 +424,7 @@ fn shutdown_returns_while_a_client_keeps_the_worker_busy() {
                 thread::sleep(Duration::from_millis(10));
             }
         });
-        for _ in 0..5 {
+        for _ in 0..scaled(5, 2) {
             let served = server.stats().served_of(Opcode::TEST_INCREMENT);
             eventually("traffic flows", || {
                 server.stats().served_of(Opcode::TEST_INCREMENT) > served + 20
@@ -584,4 +603,243 @@ fn a_server_dropped_by_its_own_handler_stops_and_frees_everything() {
     eventually("the worker is gone and freed the mailbox", || {
         Arc::strong_count(&mailbox.memory) == 1
     });
+}
+
+// Deterministic tests of properties that mutation testing found unguarded (docs/reliability.md,
+// "Concurrency: what the models and mutants prove"). Each waits only for something the code
+// promises will happen; durations are liveness bounds, never the thing being checked.
+
+/// Runs `body` on a thread of its own; fails if it has not returned within a generous bound
+/// (a hang is the failure being tested for, e.g. a `detach` that never returns).
+fn within_bound<R: Send + 'static>(what: &str, body: impl FnOnce() -> R + Send + 'static) -> R {
+    let (done, finished) = std::sync::mpsc::channel();
+    let runner = thread::spawn(move || {
+        let _ = done.send(body());
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(result) => {
+            runner.join().unwrap();
+            result
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(runner.join().expect_err("the body panicked"))
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: did not return"),
+    }
+}
+
+/// Registers `user(1)`: two packets in, their sum back. `started` is set once the first packet
+/// is in, just before the script suspends waiting for the second.
+fn register_sum(server: &RpcServer, started: &Arc<AtomicBool>) {
+    let started = started.clone();
+    server.register(Opcode::user(1), move |mut req| {
+        let started = started.clone();
+        async move {
+            let (mut a, mut b) = (0, 0);
+            req.recv(|_, p| a = p.word(0)).await?;
+            started.store(true, Ordering::Release);
+            req.recv(|_, p| b = p.word(0)).await?;
+            req.send(|_, p| p.set_word(0, a + b)).await
+        }
+    });
+}
+
+/// The worker reads `stopping` before every pass, so once a shutdown has begun it serves at
+/// most the pass it is in and then its last pass, however busy it is. Here the worker is held
+/// inside a handler until the shutdown has begun (the state is no longer Running), and the
+/// passes are counted from there: exactly two more. A worker that only looked at its state
+/// when idle would first run its whole back-off (hundreds of passes).
+#[test]
+fn once_a_shutdown_begins_the_worker_serves_only_its_current_and_last_pass() {
+    let server = Arc::new(RpcServer::new(config("stopping")));
+    let passes_at_stop = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let inside = Arc::new(AtomicBool::new(false));
+    {
+        let weak = Arc::downgrade(&server);
+        let (passes_at_stop, inside) = (passes_at_stop.clone(), inside.clone());
+        server.register(Opcode::user(1), move |mut req| {
+            let (weak, passes_at_stop, inside) =
+                (weak.clone(), passes_at_stop.clone(), inside.clone());
+            async move {
+                req.recv(|_, _| {}).await?;
+                let server = weak.upgrade().expect("the test holds the server");
+                inside.store(true, Ordering::Release);
+                let bound = Instant::now() + Duration::from_secs(60);
+                while server.is_running() && Instant::now() < bound {
+                    thread::yield_now();
+                }
+                passes_at_stop.store(server.stats().passes, Ordering::Release);
+                Ok(())
+            }
+        });
+    }
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    let _ = server.start().unwrap();
+    let _kernel = server.user();
+    let client = mailbox.client();
+    client
+        .open(Opcode::user(1), 1)
+        .unwrap()
+        .send(|_, _| {})
+        .unwrap();
+    eventually("the worker is inside the handler", || {
+        inside.load(Ordering::Acquire)
+    });
+    assert_eq!(
+        server.shutdown_with(ShutdownPolicy::Force),
+        Ok(Stopped::Stopped)
+    );
+    let at_stop = passes_at_stop.load(Ordering::Acquire);
+    assert_ne!(at_stop, u64::MAX, "the handler saw the shutdown begin");
+    assert_eq!(
+        server.stats().passes - at_stop,
+        2,
+        "passes after the shutdown began: the one in progress and the last"
+    );
+}
+
+/// A shutdown ends the exchanges in flight (abandoned, counted) and leaves their ports
+/// quarantined: locked until the kernels that could be inside them are gone, then served again.
+/// The exchange here holds the buffer (it waits on something other than its client), so a new
+/// client finds the port busy until the quarantine is lifted, and then gets it clean.
+#[test]
+fn a_shutdown_abandons_the_exchanges_in_flight_and_their_ports_serve_once_the_kernel_is_gone() {
+    let server = RpcServer::new(config("abandon-at-shutdown"));
+    let started = Arc::new(AtomicBool::new(false));
+    {
+        let started = started.clone();
+        server.register(Opcode::user(2), move |mut req| {
+            let started = started.clone();
+            async move {
+                req.recv(|_, _| {}).await?;
+                started.store(true, Ordering::Release);
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        });
+    }
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    let _ = server.start().unwrap();
+    let kernel = server.user_for(mailbox.id);
+    let client = mailbox.client();
+    let mut port = client.open(Opcode::user(2), 1).unwrap();
+    port.send(|_, p| p.set_word(0, 40)).unwrap();
+    eventually("the exchange is suspended in flight", || {
+        started.load(Ordering::Acquire)
+    });
+    assert_eq!(
+        server.shutdown_with(ShutdownPolicy::Force),
+        Ok(Stopped::Stopped)
+    );
+    assert_eq!(
+        server.stats().abandoned,
+        1,
+        "the exchange in flight is ended"
+    );
+    // The kernel dies without finishing its exchange (its lock bit stays set, as on a GPU).
+    std::mem::forget(port);
+    drop(kernel);
+    // A new kernel, with lock bits of its own, gets the port once the quarantine is lifted.
+    let _ = server.start().unwrap();
+    let _kernel = server.user_for(mailbox.id);
+    let fresh = LockTable::new(1);
+    let wait = rpc_core::port::Deadline::after(Duration::from_secs(60));
+    let other = Client::new(mailbox.memory.view(), fresh.words())
+        .unwrap()
+        .with_wait(&wait);
+    assert_eq!(increment(&other, Opcode::TEST_INCREMENT, 41), 42);
+}
+
+/// After a shutdown a new worker serves: the shutdown's `stopping` flag is cleared when it ends.
+#[test]
+fn a_restarted_server_serves_again() {
+    let server = RpcServer::new(config("restart"));
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    assert_eq!(server.start(), Ok(Started::Started));
+    assert_eq!(server.shutdown(), Ok(Stopped::Stopped));
+    assert_eq!(server.start(), Ok(Started::Started));
+    let _kernel = server.user();
+    let wait = rpc_core::port::Deadline::after(Duration::from_secs(60));
+    let client = mailbox.client().with_wait(&wait);
+    let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
+    let mut got = 0;
+    port.send_and_recv(|_, p| p.set_word(0, 41), |_, p| got = p.word(0))
+        .expect("the restarted worker answers");
+    assert_eq!(got, 42);
+}
+
+/// A kernel's exchange waiting for its client is kept while the kernel runs: the worker polls
+/// it pass after pass without abandoning it (the kernel's ticket is the oldest live one), and
+/// it completes when the client answers.
+#[test]
+fn a_live_kernels_suspended_exchange_is_kept_pass_after_pass() {
+    let server = RpcServer::new(config("kept"));
+    let started = Arc::new(AtomicBool::new(false));
+    register_sum(&server, &started);
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    let _ = server.start().unwrap();
+    let _kernel = server.user_for(mailbox.id);
+    let client = mailbox.client();
+    let mut port = client.open(Opcode::user(1), 1).unwrap();
+    port.send(|_, p| p.set_word(0, 40)).unwrap();
+    eventually("the exchange is suspended in flight", || {
+        started.load(Ordering::Acquire)
+    });
+    // Two more passes end: the one that suspended the exchange, and one that polled it.
+    let passes = server.stats().passes;
+    eventually("two more passes", || server.stats().passes >= passes + 2);
+    assert_eq!(
+        server.stats().abandoned,
+        0,
+        "a live kernel's exchange was abandoned"
+    );
+    let mut sum = 0;
+    port.send_and_recv(|_, p| p.set_word(0, 2), |_, p| sum = p.word(0))
+        .unwrap();
+    assert_eq!(sum, 42);
+}
+
+/// Once the last user is gone the worker goes back to sleep (it does not go on polling).
+#[test]
+fn the_worker_sleeps_again_once_its_users_are_gone() {
+    let server = RpcServer::new(config("sleeps"));
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    let _ = server.start().unwrap();
+    eventually("the new worker sleeps", || server.stats().sleeps == 1);
+    let kernel = server.user();
+    assert_eq!(increment(&mailbox.client(), Opcode::TEST_INCREMENT, 1), 2);
+    drop(kernel);
+    eventually("the worker sleeps again", || server.stats().sleeps == 2);
+    let _ = server.shutdown().unwrap();
+}
+
+/// `detach` of a mailbox on which an exchange waits for a client that never answers (while its
+/// kernel runs) returns: the mailbox is marked detached, so the worker abandons the exchange
+/// and lets go of the memory, untouched.
+#[test]
+fn detach_ends_an_exchange_waiting_on_the_mailbox_and_returns() {
+    let server = Arc::new(RpcServer::new(config("detach-in-flight")));
+    let started = Arc::new(AtomicBool::new(false));
+    register_sum(&server, &started);
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    let _ = server.start().unwrap();
+    let _kernel = server.user();
+    let client = mailbox.client();
+    let mut port = client.open(Opcode::user(1), 1).unwrap();
+    port.send(|_, p| p.set_word(0, 40)).unwrap();
+    eventually("the exchange is suspended in flight", || {
+        started.load(Ordering::Acquire)
+    });
+    let (detaching, id) = (server.clone(), mailbox.id);
+    within_bound("detach with an exchange in flight", move || {
+        detaching.detach(id)
+    })
+    .unwrap();
+    assert_eq!(server.stats().abandoned, 1);
+    assert_eq!(
+        Arc::strong_count(&mailbox.memory),
+        1,
+        "the server let go of the memory"
+    );
+    drop(port);
 }

@@ -9,6 +9,7 @@ mod fuzz;
 mod gpu_check;
 mod layout;
 mod llvm_client;
+mod nightly;
 mod plugins;
 mod sanitize;
 mod soak;
@@ -25,7 +26,8 @@ usage: cargo xtask <command> [flags]
 commands:
   demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]
                                          the main job: a small offload program (host plugin)
-  test                                   fmt, clippy, the tests, loom, the no_std build, a 30 s soak
+  test                                   fmt, clippy, the tests, loom, miri (where nightly has it),
+                                         the no_std build, a 30 s soak
   devices                                one line per plugin: its devices or why there are none
   build --plugin host|cuda|amdgpu|all [--release]
                                          build the binaries embedding those plugins

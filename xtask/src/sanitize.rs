@@ -38,7 +38,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     if sanitizers.is_empty() {
         sanitizers = vec!["thread", "address"];
     }
-    ensure_rust_src()?;
+    crate::nightly::ensure_component("rust-src")?;
     let root = project_root();
     for sanitizer in sanitizers {
         let flags = format!("-Zsanitizer={sanitizer} -Cdebuginfo=1");
@@ -77,26 +77,4 @@ pub fn run(args: &[String]) -> Result<(), String> {
         println!("sanitize: {sanitizer}: the tests pass");
     }
     Ok(())
-}
-
-fn ensure_rust_src() -> Result<(), String> {
-    let installed = Command::new("rustup")
-        .args(["component", "list", "--toolchain", "nightly", "--installed"])
-        .output()
-        .map_err(|e| format!("rustup: {e}"))?;
-    if String::from_utf8_lossy(&installed.stdout)
-        .lines()
-        .any(|l| l.starts_with("rust-src"))
-    {
-        return Ok(());
-    }
-    let status = Command::new("rustup")
-        .args(["component", "add", "rust-src", "--toolchain", "nightly"])
-        .status()
-        .map_err(|e| format!("rustup: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err("rustup component add rust-src --toolchain nightly failed".into())
-    }
 }

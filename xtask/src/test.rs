@@ -1,6 +1,8 @@
 //! `cargo xtask test`: every check CI runs, in order, stopping at the first failure.
 //!
-//! Each step is one cargo command in [`STEPS`]; adding a step is adding one line there.
+//! Each step is one cargo command in [`STEPS`]; adding a step is adding one line there. A step
+//! that needs a nightly component (miri) runs where that component is installed or can be
+//! added, and is skipped with the reason elsewhere (as CI handles the sanitizers' `rust-src`).
 
 use std::process::Command;
 use std::time::Instant;
@@ -12,6 +14,9 @@ struct Step {
     name: &'static str,
     args: &'static [&'static str],
     env: &'static [(&'static str, &'static str)],
+    /// The nightly component the step needs, if any: it then runs `cargo +nightly`, and is
+    /// skipped (saying why) where the component is neither installed nor can be added.
+    nightly: Option<&'static str>,
 }
 
 const fn step(name: &'static str, args: &'static [&'static str]) -> Step {
@@ -19,6 +24,7 @@ const fn step(name: &'static str, args: &'static [&'static str]) -> Step {
         name,
         args,
         env: &[],
+        nightly: None,
     }
 }
 
@@ -29,6 +35,32 @@ const LOOM_ENV: &[(&str, &str)] = &[
     ("LOOM_MAX_PREEMPTIONS", "2"),
     ("CARGO_TARGET_DIR", "target/loom"),
 ];
+
+/// Under miri: rpc-core's protocol and server-thread tests (real threads over a real heap
+/// region: every access checked for data races, mixed-size and out-of-bounds accesses, bad
+/// alignment), and its unit tests but the services' and printf's, which call the C library
+/// (`snprintf`, `fopen`, `openat2`) miri cannot run. The tests scale their loops down under
+/// miri (`cfg!(miri)`).
+const MIRI_ARGS: &[&str] = &[
+    "miri",
+    "test",
+    "-p",
+    "rpc-core",
+    "--lib",
+    "--test",
+    "protocol",
+    "--test",
+    "server_thread",
+    "--",
+    "--skip",
+    "printf::",
+    "--skip",
+    "services::",
+];
+
+/// miri in its own target folder (cargo miri's default), isolated from the host (no files, no
+/// real clock: a virtual one), with the seed of its scheduler fixed so a failure replays.
+const MIRI_ENV: &[(&str, &str)] = &[("MIRIFLAGS", "-Zmiri-seed=1")];
 
 const STEPS: &[Step] = &[
     step("fmt", &["fmt", "--all", "--", "--check"]),
@@ -48,6 +80,19 @@ const STEPS: &[Step] = &[
         name: "loom",
         args: &["test", "-p", "rpc-core", "--release", "--lib", "loom"],
         env: LOOM_ENV,
+        nightly: None,
+    },
+    Step {
+        name: "miri",
+        args: MIRI_ARGS,
+        env: MIRI_ENV,
+        nightly: Some("miri"),
+    },
+    Step {
+        name: "miri (plugin-host memory)",
+        args: &["miri", "test", "-p", "plugin-host", "--lib", "memory::"],
+        env: MIRI_ENV,
+        nightly: Some("miri"),
     },
     step(
         "no_std client",
@@ -74,13 +119,39 @@ pub fn run(args: &[String]) -> Result {
             "test: takes no arguments, got `{arg}`"
         )));
     }
+    run_steps(STEPS)
+}
+
+/// Runs `steps` in order, stopping at the first failure; a step whose nightly component cannot
+/// be had is skipped (and said so).
+fn run_steps(steps: &[Step]) -> Result {
     let began = Instant::now();
-    let total = STEPS.len();
-    for (k, step) in STEPS.iter().enumerate() {
+    let total = steps.len();
+    let mut skipped = 0;
+    for (k, step) in steps.iter().enumerate() {
         let shown = shown(step);
+        if let Some(component) = step.nightly {
+            if let Err(why) = crate::nightly::ensure_component(component) {
+                println!(
+                    "xtask test: [{}/{total}] {}: skipped ({why}): {shown}",
+                    k + 1,
+                    step.name
+                );
+                skipped += 1;
+                continue;
+            }
+        }
         println!("xtask test: [{}/{total}] {}: {shown}", k + 1, step.name);
         let started = Instant::now();
-        let mut command = Command::new(cargo());
+        let mut command = match step.nightly {
+            // The rustup proxy, which understands `+nightly` (`$CARGO` is stable's own cargo).
+            Some(_) => {
+                let mut command = Command::new("cargo");
+                command.arg("+nightly");
+                command
+            }
+            None => Command::new(cargo()),
+        };
         command.args(step.args).current_dir(project_root());
         for (key, value) in step.env {
             command.env(key, value);
@@ -104,7 +175,8 @@ pub fn run(args: &[String]) -> Result {
         );
     }
     println!(
-        "xtask test: {total} steps passed in {:.1} s",
+        "xtask test: {} steps passed, {skipped} skipped, in {:.1} s",
+        total - skipped,
         began.elapsed().as_secs_f64()
     );
     Ok(())
@@ -120,7 +192,12 @@ fn shown(step: &Step) -> String {
             line += &format!("{key}={value} ");
         }
     }
-    line + "cargo " + &step.args.join(" ")
+    let toolchain = if step.nightly.is_some() {
+        "+nightly "
+    } else {
+        ""
+    };
+    line + "cargo " + toolchain + &step.args.join(" ")
 }
 
 #[cfg(test)]
@@ -135,6 +212,26 @@ mod tests {
             "RUSTFLAGS=\"--cfg loom\" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
              cargo test -p rpc-core --release --lib loom"
         );
+    }
+
+    #[test]
+    fn the_miri_step_runs_on_nightly() {
+        let miri = STEPS.iter().find(|s| s.name == "miri").unwrap();
+        assert_eq!(miri.nightly, Some("miri"));
+        assert!(
+            shown(miri).starts_with("MIRIFLAGS=-Zmiri-seed=1 cargo +nightly miri test -p rpc-core")
+        );
+    }
+
+    #[test]
+    fn a_step_whose_nightly_component_cannot_be_had_is_skipped() {
+        let steps = [Step {
+            name: "impossible",
+            args: &["no-such-cargo-command"],
+            env: &[],
+            nightly: Some("no-such-component"),
+        }];
+        assert_eq!(run_steps(&steps), Ok(()));
     }
 
     #[test]
