@@ -291,9 +291,19 @@ impl Services {
         lock(&self.files).values().map(FileTable::len).sum()
     }
 
+    /// Starts the tables of a mailbox being attached: its files and its allocations. Requests
+    /// of a mailbox without tables (detached) keep nothing.
+    pub(crate) fn register_mailbox(&self, mailbox: MailboxId) {
+        lock(&self.files).entry(mailbox).or_default();
+        lock(&self.allocations).register(mailbox);
+    }
+
     /// Forgets what `mailbox`'s kernels held: closes their files (a file an I/O call is using
     /// closes when that call ends), frees their allocations through the allocators that made
-    /// them, drops the mailbox's allocator. Called when the mailbox is detached.
+    /// them, drops the mailbox's allocator. Called when the mailbox is detached, possibly while
+    /// a request of it is still inside an open or an allocation: what such a request makes
+    /// afterwards finds the tables gone and is closed or freed at once (`Services::open`,
+    /// MALLOC), so nothing outlives the detach.
     pub(crate) fn forget_mailbox(&self, mailbox: MailboxId) {
         let files = lock(&self.files).remove(&mailbox);
         let freed = lock(&self.allocations).take_mailbox(mailbox);

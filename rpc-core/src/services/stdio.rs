@@ -218,6 +218,10 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
                     // A failed open is an ordinary C result; the policy and the table limit
                     // are refusals.
                     Err(OpenError::Failed) => Ok(0),
+                    Err(OpenError::Detached) => {
+                        log::debug!("mailbox {}: detached, file not kept", mailbox.0);
+                        Ok(0)
+                    }
                     Err(OpenError::Refused(why)) => Err(why),
                     Err(OpenError::TooMany) => Err(std::format!(
                         "the mailbox has {} files open, its limit",

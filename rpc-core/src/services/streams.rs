@@ -359,6 +359,9 @@ pub(crate) enum OpenError {
     Refused(std::string::String),
     /// The mailbox holds `Limits::open_files` files already.
     TooMany,
+    /// The mailbox is detached (or was never attached): its table is gone, and a file opened
+    /// for it is closed at once (logged at `debug`; nobody reads the reply).
+    Detached,
 }
 
 /// A stream a request names.
@@ -628,13 +631,18 @@ impl super::Services {
         }
     }
 
-    /// Files `mailbox` has open.
-    fn open_count(&self, mailbox: MailboxId) -> usize {
-        lock(&self.files).get(&mailbox).map_or(0, FileTable::len)
+    /// Files `mailbox` has open, or `None` if it has no table (not attached).
+    fn open_count(&self, mailbox: MailboxId) -> Option<usize> {
+        lock(&self.files).get(&mailbox).map(FileTable::len)
     }
 
-    /// Opens a file into `mailbox`'s table: its handle, or why not (open failed, or the
-    /// mailbox holds `Limits::open_files` files).
+    /// Opens a file into `mailbox`'s table: its handle, or why not (open failed, the mailbox
+    /// holds `Limits::open_files` files, or it is detached).
+    ///
+    /// The open itself runs without the table's lock (it may block), so the mailbox may be
+    /// detached meanwhile: the file goes into the table only if the table is still there,
+    /// checked under its lock, which `forget_mailbox` takes to remove it. A file opened for a
+    /// mailbox detached meanwhile is closed here, so a detach leaves no file open.
     pub(crate) fn open(
         &self,
         mailbox: MailboxId,
@@ -642,16 +650,16 @@ impl super::Services {
         mode: &CStr,
     ) -> core::result::Result<u64, OpenError> {
         let max = self.limits.open_files;
-        if self.open_count(mailbox) >= max {
-            return Err(OpenError::TooMany);
+        match self.open_count(mailbox) {
+            None => return Err(OpenError::Detached),
+            Some(open) if open >= max => return Err(OpenError::TooMany),
+            Some(_) => {}
         }
         let file = self.open_under_policy(path, mode)?;
         // Dropping `file` on failure closes it.
-        lock(&self.files)
-            .entry(mailbox)
-            .or_default()
-            .insert(file, max)
-            .ok_or(OpenError::TooMany)
+        let mut tables = lock(&self.files);
+        let table = tables.get_mut(&mailbox).ok_or(OpenError::Detached)?;
+        table.insert(file, max).ok_or(OpenError::TooMany)
     }
 
     /// Closes a handle of `mailbox`'s table: `fclose`'s result, or `None` if the handle is not
