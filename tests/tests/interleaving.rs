@@ -407,3 +407,85 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
     increments(&fixture, 4, 10);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A stdin whose `read` tells the test it was entered, then blocks until the test lets it go
+/// (and then reads as at the end of input).
+struct GatedStdin {
+    entered: std::sync::mpsc::Sender<()>,
+    go: std::sync::mpsc::Receiver<()>,
+}
+
+impl Read for GatedStdin {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        let _ = self.entered.send(());
+        let _ = self.go.recv_timeout(BOUND);
+        Ok(0)
+    }
+}
+
+/// While an fgets on stdin sits in the host's `read` (on an I/O thread, holding stdin), the
+/// other stdin opcodes of other ports (CLEARERR, FEOF, FERROR, UNGETC) wait for stdin on I/O
+/// threads too, and TEST_INCREMENTs on yet another port are served meanwhile. (CLEARERR once
+/// cleared stdin's indicators on the server thread itself: it waited there for the stdin
+/// lock, and with it every port of the server, until the read returned. Found by the
+/// adversarial tests, whose stdin pipes are sometimes held open.)
+#[test]
+fn stdin_opcodes_wait_for_a_blocked_read_on_io_threads_only() {
+    let fixture = Fixture::new("stdin-blocked", 8, 1);
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    fixture
+        .server
+        .context()
+        .services()
+        .set_stdin(Box::new(GatedStdin {
+            entered: entered_tx,
+            go: go_rx,
+        }));
+    let _kernel = fixture.server.user();
+    let wait = Deadline::after(BOUND);
+    let stdin = rpc_core::services::streams::STDIN;
+    std::thread::scope(|s| {
+        let fgets = s.spawn(|| {
+            let mut port = fixture.open(&wait, 0, Opcode::READ_FGETS, 1);
+            port.send(|_, p| {
+                p.set_word(0, 100);
+                p.set_word(1, stdin);
+            })
+            .unwrap();
+            port.recv_n(1 << 20).unwrap()
+        });
+        entered
+            .recv_timeout(BOUND)
+            .expect("fgets reads stdin on an I/O thread");
+        let others: Vec<_> = [
+            (1, Opcode::CLEARERR, [stdin, 0]),
+            (2, Opcode::FEOF, [stdin, 0]),
+            (3, Opcode::FERROR, [stdin, 0]),
+            (4, Opcode::UNGETC, [u64::from(b'x'), stdin]),
+        ]
+        .into_iter()
+        .map(|(index, opcode, words)| {
+            let mut port = fixture.open(&wait, index, opcode, 1);
+            port.send(|_, p| {
+                p.set_word(0, words[0]);
+                p.set_word(1, words[1]);
+            })
+            .unwrap();
+            s.spawn(move || {
+                let mut reply = 0;
+                port.recv(|_, p| reply = p.word(0)).unwrap();
+                reply
+            })
+        })
+        .collect();
+        // Every pass now sees those four requests; the server thread must not wait for any.
+        increments(&fixture, 5, 100);
+        go.send(()).unwrap();
+        assert_eq!(fgets.join().unwrap()[0], b"", "fgets at the end of input");
+        let replies: Vec<u64> = others.into_iter().map(|h| h.join().unwrap()).collect();
+        // CLEARERR sends its buffer back; UNGETC pushes back its byte whenever it runs.
+        assert_eq!(replies[0], stdin, "CLEARERR");
+        assert_eq!(replies[3], u64::from(b'x'), "UNGETC");
+    });
+}

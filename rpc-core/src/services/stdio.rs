@@ -334,22 +334,32 @@ pub(crate) async fn ungetc(req: Request) -> Result<()> {
     .await
 }
 
-/// CLEARERR: C send buf\[0\] = tagged; S clears; S sends the buffer back unchanged.
+/// CLEARERR: C send buf\[0\] = tagged; S clears; S sends the buffer back unchanged. Clearing
+/// stdin's or a file's indicators takes that stream's lock, which a read may hold while it
+/// blocks: so it runs on an I/O thread, as every other stdin and file opcode does.
 pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = req.mailbox().id;
     let mut refusals = Refusals::default();
+    let mut targets = Vec::new();
     for lane in active(&req) {
         let handle = words[lane as usize][0];
         match context.services.tagged(mailbox, handle) {
-            Some(target) => context.services.clear_error(&target),
+            Some(target) => targets.push(target),
             None => refusals.lane(
                 lane,
                 std::format!("{handle:#x} is not a live stream handle"),
             ),
         }
     }
+    let blocks = targets.iter().any(Target::may_block);
+    io(&req, blocks, move |context| {
+        for target in &targets {
+            context.services.clear_error(target);
+        }
+    })
+    .await?;
     req.send(|_, _| {}).await?;
     refusals.finish()
 }
