@@ -8,7 +8,8 @@ use std::vec::Vec;
 use super::files::{self, Denial, Rules};
 use super::streams::{OpenError, Target};
 use super::{
-    active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, EOF_WORD,
+    active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, Touches,
+    EOF_WORD,
 };
 use crate::registry::Request;
 use crate::rpc_server::MailboxId;
@@ -30,8 +31,8 @@ async fn write_lanes(
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
-    let blocks = writes.iter().any(|(_, t)| t.may_block());
-    let written = io(req, blocks, move |context| {
+    let touches = Touches::streams(writes.iter().map(|(_, t)| t));
+    let written = io(req, touches, move |context| {
         writes
             .into_iter()
             .map(|(lane, target)| {
@@ -121,8 +122,8 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
-    let blocks = reads.iter().any(|(_, t, _)| t.may_block());
-    let data = io(&req, blocks, move |context| {
+    let touches = Touches::streams(reads.iter().map(|(_, t, _)| t));
+    let data = io(&req, touches, move |context| {
         let mut data: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
         for (lane, target, max) in reads {
             data[lane as usize] = context.services.read(&target, max);
@@ -160,8 +161,8 @@ pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
-    let blocks = reads.iter().any(|(_, t, _)| t.may_block());
-    let lines = io(&req, blocks, move |context| {
+    let touches = Touches::streams(reads.iter().map(|(_, t, _)| t));
+    let lines = io(&req, touches, move |context| {
         let mut lines: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
         for (lane, target, count) in reads {
             lines[lane as usize] = context.services.gets(&target, count).unwrap_or_default();
@@ -275,8 +276,8 @@ async fn on_stream(
             ),
         }
     }
-    let blocks = targets.iter().any(|(_, t)| t.may_block());
-    let results = io(&req, blocks, move |context| {
+    let touches = Touches::streams(targets.iter().map(|(_, t)| t));
+    let results = io(&req, touches, move |context| {
         targets
             .into_iter()
             .map(|(lane, target)| {
@@ -353,8 +354,7 @@ pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
             ),
         }
     }
-    let blocks = targets.iter().any(Target::may_block);
-    io(&req, blocks, move |context| {
+    io(&req, Touches::streams(&targets), move |context| {
         for target in &targets {
             context.services.clear_error(target);
         }
