@@ -1340,14 +1340,20 @@ fn run_property(name: &str, generation: Generation, lanes: u32, concurrent: bool
         mib(rss_after.now),
         mib(rss_after.peak),
     );
-    assert!(
-        rss_after.now.saturating_sub(rss_before.now) < RSS_GROWTH,
-        "{name}: resident memory grew from {rss_before:?} to {rss_after:?}"
-    );
-    assert!(
-        rss_after.peak.saturating_sub(rss_before.now) < RSS_GROWTH,
-        "{name}: resident memory peaked at {rss_after:?} from {rss_before:?}"
-    );
+    // Under a sanitizer (`cargo xtask sanitize` says so) the process also holds the
+    // sanitizer's shadow memory and quarantine: AddressSanitizer marks the shadow of each freed
+    // block (an eighth of its size: 128 MiB for a 1 GiB MALLOC the adversaries free) and keeps
+    // freed blocks for a while. Reported, not bounded, there.
+    if std::env::var_os("RPC_SANITIZER").is_none() {
+        assert!(
+            rss_after.now.saturating_sub(rss_before.now) < RSS_GROWTH,
+            "{name}: resident memory grew from {rss_before:?} to {rss_after:?}"
+        );
+        assert!(
+            rss_after.peak.saturating_sub(rss_before.now) < RSS_GROWTH,
+            "{name}: resident memory peaked at {rss_after:?} from {rss_before:?}"
+        );
+    }
 }
 
 #[test]

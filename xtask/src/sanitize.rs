@@ -51,6 +51,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "CARGO_TARGET_DIR",
                 root.join("target").join(format!("sanitize-{sanitizer}")),
             )
+            // Tests that measure the process (its memory) read it: a sanitizer's shadow memory
+            // and quarantine are not the code's.
+            .env("RPC_SANITIZER", sanitizer)
             .env("TSAN_OPTIONS", "halt_on_error=1 second_deadlock_stack=1")
             .env(
                 "ASAN_OPTIONS",
