@@ -772,7 +772,8 @@ fn handles(standard: u64) -> impl Strategy<Value = Value> {
         4 => (0u16..64).prop_map(|k| Value::Loot { kind: Kind::Handle, k }),
         2 => (0u16..64).prop_map(|k| Value::Forged { kind: Kind::Handle, k }),
         2 => Just(Value::Plain(standard)),
-        1 => prop_oneof![Just(0u64), Just(1), Just(2), Just(3), any::<u64>()].prop_map(Value::Plain),
+        1 => prop_oneof![Just(0u64), Just(1), Just(2), Just(3), any::<u64>()]
+            .prop_map(Value::Plain),
     ]
 }
 
@@ -829,7 +830,18 @@ fn counts() -> impl Strategy<Value = u64> {
     ]
 }
 
-/// The stream operations on a handle from `handle` (a strategy of `Value`s).
+/// A one-word-each-way exchange: the words, then the reply.
+fn words_then_reply(mask: u64, opcode: Opcode, words: Vec<(u8, Value)>, ms: u8) -> Vec<Step> {
+    exchange(
+        mask,
+        opcode,
+        ms,
+        vec![put(words, ms), Step::Get { keep: None, ms }],
+    )
+}
+
+/// The stream operations on a handle from `handle` (a strategy of `Value`s): writes, reads,
+/// fgets, seeks, the one-word opcodes, ungetc, and REMOVE and RENAME of paths from the mix.
 fn stream_ops(
     lanes: u32,
     handle: BoxedStrategy<Value>,
@@ -837,65 +849,76 @@ fn stream_ops(
 ) -> impl Strategy<Value = Vec<Step>> {
     let mask = good_masks(lanes).boxed();
     let h = handle;
-    prop_oneof![
-        3 => (mask.clone(), h.clone(), prop::collection::vec(any::<u8>(), 0..300), lies(), wait_ms())
-            .prop_map(|(mask, h, data, lie, ms)| exchange(mask, Opcode::WRITE_TO_STREAM, ms, vec![
+    let data = prop::collection::vec(any::<u8>(), 0..300);
+    let write =
+        (mask.clone(), h.clone(), data, lies(), wait_ms()).prop_map(|(mask, h, data, lie, ms)| {
+            let body = vec![
                 put(vec![(0, h)], ms),
                 stream(data, lie, None, ms),
                 Step::Get { keep: None, ms },
-            ])),
-        3 => (mask.clone(), h.clone(), counts(), wait_ms()).prop_map(|(mask, h, max, ms)| {
-            exchange(mask, Opcode::READ_FROM_STREAM, ms, vec![
-                put(vec![(0, Value::Plain(max)), (1, h)], ms),
-                Step::GetStream { packets: 100, ms },
-                Step::Get { keep: None, ms },
-            ])
-        }),
-        2 => (mask.clone(), h.clone(), counts(), wait_ms()).prop_map(|(mask, h, count, ms)| {
-            exchange(mask, Opcode::READ_FGETS, ms, vec![
-                put(vec![(0, Value::Plain(count)), (1, h)], ms),
-                Step::GetStream { packets: 100, ms },
-            ])
-        }),
-        2 => (mask.clone(), h.clone(), any::<i64>(), prop_oneof![0u64..3, any::<u64>()], wait_ms())
-            .prop_map(|(mask, h, offset, whence, ms)| {
-                let offset = Value::Plain(if offset % 2 == 0 { offset as u64 % 64 } else { offset as u64 });
-                exchange(mask, Opcode::FSEEK, ms, vec![
-                    put(vec![(0, h), (1, offset), (2, Value::Plain(whence))], ms),
-                    Step::Get { keep: None, ms },
-                ])
-            }),
-        4 => (
-            mask.clone(),
-            h.clone(),
-            prop::sample::select(vec![
-                Opcode::FTELL, Opcode::FEOF, Opcode::FERROR, Opcode::FFLUSH, Opcode::CLEARERR,
-                Opcode::CLOSE_FILE, Opcode::CLOSE_FILE,
-            ]),
-            wait_ms(),
-        )
-            .prop_map(|(mask, h, opcode, ms)| exchange(mask, opcode, ms, vec![
-                put(vec![(0, h)], ms),
-                Step::Get { keep: None, ms },
-            ])),
-        2 => (mask.clone(), h, prop_oneof![0u64..256, Just(EOF), any::<u64>()], wait_ms())
-            .prop_map(|(mask, h, c, ms)| exchange(mask, Opcode::UNGETC, ms, vec![
-                put(vec![(0, Value::Plain(c)), (1, h)], ms),
-                Step::Get { keep: None, ms },
-            ])),
-        1 => (mask.clone(), paths(mix.clone()), wait_ms()).prop_map(|(mask, path, ms)| {
-            exchange(mask, Opcode::REMOVE, ms, vec![
-                stream(path, None, None, ms),
-                Step::Get { keep: None, ms },
-            ])
-        }),
-        1 => (mask, paths(mix.clone()), paths(mix), wait_ms()).prop_map(|(mask, old, new, ms)| {
-            exchange(mask, Opcode::RENAME, ms, vec![
+            ];
+            exchange(mask, Opcode::WRITE_TO_STREAM, ms, body)
+        });
+    let read = (mask.clone(), h.clone(), counts(), wait_ms()).prop_map(|(mask, h, max, ms)| {
+        let body = vec![
+            put(vec![(0, Value::Plain(max)), (1, h)], ms),
+            Step::GetStream { packets: 100, ms },
+            Step::Get { keep: None, ms },
+        ];
+        exchange(mask, Opcode::READ_FROM_STREAM, ms, body)
+    });
+    let fgets = (mask.clone(), h.clone(), counts(), wait_ms()).prop_map(|(mask, h, n, ms)| {
+        let body = vec![
+            put(vec![(0, Value::Plain(n)), (1, h)], ms),
+            Step::GetStream { packets: 100, ms },
+        ];
+        exchange(mask, Opcode::READ_FGETS, ms, body)
+    });
+    let offsets = prop_oneof![(0u64..64), any::<u64>()];
+    let whences = prop_oneof![0u64..3, any::<u64>()];
+    let seek = (mask.clone(), h.clone(), offsets, whences, wait_ms()).prop_map(
+        |(mask, h, offset, whence, ms)| {
+            let words = vec![(0, h), (1, Value::Plain(offset)), (2, Value::Plain(whence))];
+            words_then_reply(mask, Opcode::FSEEK, words, ms)
+        },
+    );
+    let one_word = prop::sample::select(vec![
+        Opcode::FTELL,
+        Opcode::FEOF,
+        Opcode::FERROR,
+        Opcode::FFLUSH,
+        Opcode::CLEARERR,
+        Opcode::CLOSE_FILE,
+        Opcode::CLOSE_FILE,
+    ]);
+    let on_handle = (mask.clone(), h.clone(), one_word, wait_ms())
+        .prop_map(|(mask, h, opcode, ms)| words_then_reply(mask, opcode, vec![(0, h)], ms));
+    let bytes = prop_oneof![0u64..256, Just(EOF), any::<u64>()];
+    let ungetc = (mask.clone(), h, bytes, wait_ms()).prop_map(|(mask, h, c, ms)| {
+        words_then_reply(mask, Opcode::UNGETC, vec![(0, Value::Plain(c)), (1, h)], ms)
+    });
+    let remove = (mask.clone(), paths(mix.clone()), wait_ms()).prop_map(|(mask, path, ms)| {
+        let body = vec![stream(path, None, None, ms), Step::Get { keep: None, ms }];
+        exchange(mask, Opcode::REMOVE, ms, body)
+    });
+    let rename =
+        (mask, paths(mix.clone()), paths(mix), wait_ms()).prop_map(|(mask, old, new, ms)| {
+            let body = vec![
                 stream(old, None, None, ms),
                 stream(new, None, None, ms),
                 Step::Get { keep: None, ms },
-            ])
-        }),
+            ];
+            exchange(mask, Opcode::RENAME, ms, body)
+        });
+    prop_oneof![
+        3 => write,
+        3 => read,
+        2 => fgets,
+        2 => seek,
+        4 => on_handle,
+        2 => ungetc,
+        1 => remove,
+        1 => rename,
     ]
 }
 
@@ -1206,11 +1229,17 @@ fn script(lanes: u32, mix: Vec<Vec<u8>>) -> impl Strategy<Value = Script> {
 }
 
 /// What stdin holds for a case, and whether its write end stays open while the scripts run
-/// (reads past the bytes then block an I/O thread until the case closes it).
+/// (a read past the bytes then blocks an I/O thread, the other stdin calls waiting for their
+/// turn, until the case closes it).
 fn stdin_inputs() -> impl Strategy<Value = (Vec<u8>, bool)> {
+    let lines = |n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|i| format!("line {i} of stdin\n").into_bytes())
+            .collect()
+    };
     (
         prop_oneof![
-            3 => (0usize..40).prop_map(|n| (0..n).flat_map(|i| format!("line {i} of stdin\n").into_bytes()).collect()),
+            3 => (0usize..40).prop_map(lines),
             1 => prop::collection::vec(any::<u8>(), 0..3000),
         ],
         prop::bool::weighted(0.25),

@@ -1,7 +1,7 @@
 //! `cargo xtask sanitize [thread|address]... [-- TEST ARGS]`: rpc-core's tests (unit and
-//! integration, not doctests) and the reliability tests of the `tests` crate (adversarial
-//! clients, faults) under ThreadSanitizer and AddressSanitizer (default: both, one after the
-//! other), on the nightly toolchain with the standard library rebuilt instrumented
+//! integration, not doctests) and the `tests` crate's (adversarial clients, faults,
+//! interleaving, stress) under ThreadSanitizer and AddressSanitizer (default: both, one after
+//! the other), on the nightly toolchain with the standard library rebuilt instrumented
 //! (`-Zbuild-std`, which needs the `rust-src` component: added when missing). Each sanitizer
 //! builds into its own target directory (`target/sanitize-thread`, `target/sanitize-address`).
 //! What works, what does not and why: docs/reliability.md, "Sanitizers".
