@@ -397,10 +397,12 @@ pub fn format(
     Ok(all)
 }
 
-/// [`format()`], handing the output to `sink` in order, in pieces of about [`CHUNK`] bytes (a
-/// piece is longer only by one conversion: at most [`MAX_FIELD`]-wide, or one `%s` string).
-/// A missing argument is found only where it is needed, after the output before it was
-/// handed on: check the arguments with [`string_pointers`] first.
+/// [`format()`], handing the output to `sink` in order, in pieces of [`CHUNK`] bytes (the last
+/// one shorter). Besides the pieces, it holds at most one conversion's output (at most
+/// [`MAX_FIELD`] bytes and a number's digits, or one `%s` string); a literal part of the
+/// format is handed on from the format itself. A missing argument is found only where it is
+/// needed, after the output before it was handed on: check the arguments with
+/// [`string_pointers`] first.
 pub fn format_to(
     pieces: &[Piece],
     args: &[u8],
@@ -409,21 +411,46 @@ pub fn format_to(
     sink: &mut dyn FnMut(&[u8]),
 ) -> Result<(), FormatError> {
     let mut out = Vec::new();
-    walk(pieces, args, packed, |arg, piece| {
-        match (arg, piece) {
-            (Some(arg), _) => convert(&mut out, &arg, strings),
-            (None, Piece::Literal(bytes)) => out.extend_from_slice(bytes),
-            (None, _) => out.push(b'%'),
+    walk(pieces, args, packed, |arg, piece| match (arg, piece) {
+        (Some(arg), _) => {
+            convert(&mut out, &arg, strings);
+            hand_on_full_chunks(&mut out, sink);
         }
-        if out.len() >= CHUNK {
-            sink(&out);
-            out.clear();
-        }
+        (None, Piece::Literal(bytes)) => push_literal(&mut out, bytes, sink),
+        (None, _) => push_literal(&mut out, b"%", sink),
     })?;
     if !out.is_empty() {
         sink(&out);
     }
     Ok(())
+}
+
+/// Hands on the whole chunks `out` holds, keeping the rest.
+fn hand_on_full_chunks(out: &mut Vec<u8>, sink: &mut dyn FnMut(&[u8])) {
+    let full = out.len() / CHUNK * CHUNK;
+    if full > 0 {
+        out[..full].chunks(CHUNK).for_each(&mut *sink);
+        out.drain(..full);
+    }
+}
+
+/// Appends `bytes` to `out`, handing each chunk on as it fills; whole chunks of `bytes` go
+/// to the sink straight from `bytes`, uncopied.
+fn push_literal(out: &mut Vec<u8>, mut bytes: &[u8], sink: &mut dyn FnMut(&[u8])) {
+    while !bytes.is_empty() {
+        if out.is_empty() && bytes.len() >= CHUNK {
+            sink(&bytes[..CHUNK]);
+            bytes = &bytes[CHUNK..];
+            continue;
+        }
+        let take = (CHUNK - out.len()).min(bytes.len());
+        out.extend_from_slice(&bytes[..take]);
+        bytes = &bytes[take..];
+        if out.len() == CHUNK {
+            sink(out);
+            out.clear();
+        }
+    }
 }
 
 /// More than the bytes the pieces can print, given `strings` bytes of `%s` strings: literal
@@ -910,6 +937,44 @@ mod tests {
         let strings = |p| (p == 3).then(|| b"ab\0cd".to_vec());
         let out = format(&pieces, &args, true, &strings).unwrap();
         assert_eq!(out, b"[(null)][][ab]");
+    }
+
+    /// Pieces are `CHUNK` bytes (the last one shorter) whatever comes just before a chunk's
+    /// end: a number of the widest precision (`%.4096f` of the largest double prints 4406
+    /// bytes, more than `MAX_FIELD`), a literal longer than a chunk, a `%s` string longer than
+    /// two. (The first two once made pieces longer than the `CHUNK + MAX_FIELD` that
+    /// `format_to` promised, a literal as long as itself; found while writing the `printf`
+    /// fuzz target's check on pieces.)
+    #[test]
+    fn pieces_are_chunks_whatever_ends_them() {
+        let mut format = b"%4095d".repeat(16); // 65520 bytes, just under a chunk
+        format.extend_from_slice(b"%.4096f");
+        format.extend_from_slice(&[b'l'; 3 * CHUNK]);
+        format.extend_from_slice(b"%s");
+        let mut args: Vec<u8> = (0..16).flat_map(|_| 7u32.to_le_bytes()).collect();
+        args.extend_from_slice(&f64::MAX.to_le_bytes());
+        args.extend_from_slice(&1u64.to_le_bytes());
+        let pieces = parse(&format).unwrap();
+        let string = vec![b's'; 2 * CHUNK];
+        let strings = |_| Some(string.clone());
+        let mut sizes = Vec::new();
+        let mut joined = Vec::new();
+        format_to(&pieces, &args, false, &strings, &mut |piece| {
+            sizes.push(piece.len());
+            joined.extend_from_slice(piece);
+        })
+        .unwrap();
+        let last = sizes.pop().unwrap();
+        assert!(sizes.iter().all(|&n| n == CHUNK), "{sizes:?}");
+        assert!(0 < last && last <= CHUNK);
+        assert_eq!(
+            joined,
+            self::format(&pieces, &args, false, &strings).unwrap()
+        );
+        assert_eq!(
+            joined.len(),
+            16 * 4095 + 309 + 1 + 4096 + 3 * CHUNK + 2 * CHUNK
+        );
     }
 
     #[test]

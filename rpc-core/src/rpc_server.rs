@@ -362,6 +362,8 @@ impl RpcServer {
         let context = &self.inner.context;
         // RMW: hands out each id once.
         let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
+        // Its tables exist before the worker can see a request of it.
+        context.services.register_mailbox(id);
         let layout = source.view().layout();
         let attached = Arc::new(Attached {
             id,

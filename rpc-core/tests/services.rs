@@ -1644,3 +1644,168 @@ fn handles_carry_unpredictable_tags() {
     assert!(!seen.contains(&theirs));
     fx.expect_counts(0, 0);
 }
+
+/// How long a test waits for the server before it fails (a liveness bound, never a timing).
+const LIVENESS: Duration = Duration::from_secs(30);
+
+/// A device allocator whose `allocate` tells the test it was entered, then waits until the
+/// test lets it go.
+struct GatedAllocator {
+    inner: HostAllocator,
+    entered: Mutex<std::sync::mpsc::Sender<()>>,
+    go: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl rpc_core::plugin::DeviceAllocator for GatedAllocator {
+    fn allocate(&self, size: u64, align: u64) -> Result<u64, rpc_core::plugin::VendorError> {
+        self.entered.lock().unwrap().send(()).unwrap();
+        self.go.lock().unwrap().recv_timeout(LIVENESS).unwrap();
+        self.inner.allocate(size, align)
+    }
+    fn deallocate(&self, addr: u64) -> Result<(), rpc_core::plugin::VendorError> {
+        self.inner.deallocate(addr)
+    }
+}
+
+/// A MALLOC the worker is inside when its mailbox is detached: the allocation it then makes is
+/// freed at once, not recorded for a mailbox that is gone. (It was recorded after `detach` had
+/// freed the mailbox's allocations, and stayed live for good: found by the adversarial tests,
+/// which detach a case's mailboxes while leftover requests are being served.)
+#[test]
+fn an_allocation_made_while_its_mailbox_detaches_is_freed() {
+    let fx = Fx::new("detach-malloc", 1, 1);
+    let other = fx.second_mailbox();
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    let gate = Arc::new(GatedAllocator {
+        inner: HostAllocator::new(),
+        entered: Mutex::new(entered_tx),
+        go: Mutex::new(go_rx),
+    });
+    fx.services().set_mailbox_allocator(other.id, gate.clone());
+    other
+        .open(Opcode::MALLOC)
+        .send(|_, p| p.set_word(0, 4096))
+        .unwrap();
+    entered
+        .recv_timeout(LIVENESS)
+        .expect("the worker calls the allocator");
+    let detach = std::thread::spawn({
+        let (server, id) = (fx.server.clone(), other.id);
+        move || server.detach(id)
+    });
+    // `detach` forgets the mailbox (dropping its allocator from the table: the test's handle
+    // and the MALLOC's are left) before the worker lets go of it. Let the allocation land after
+    // that, as it did when the bug showed; the wait is bounded, the outcome must not depend on it.
+    let start = Instant::now();
+    while Arc::strong_count(&gate) > 2 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::yield_now();
+    }
+    go.send(()).unwrap();
+    detach.join().unwrap().unwrap();
+    assert_eq!(fx.services().live_allocations(), Vec::new());
+    assert_eq!(gate.inner.live(), 0, "the allocation made late was freed");
+}
+
+/// An OPEN_FILE whose call is still queued for the I/O threads when its mailbox is detached:
+/// the file it then opens is closed at once, not put into the table of a mailbox that is gone
+/// (it was, and stayed open for good: found by the adversarial tests).
+#[test]
+fn a_file_opened_while_its_mailbox_detaches_is_closed() {
+    let fx = Fx::with("detach-open", 1, 1, |c| c.io_threads = 1);
+    let other = fx.second_mailbox();
+    // HOLD's call keeps the only I/O thread until the test lets it go; MARK's call, queued
+    // after the OPEN_FILE's, runs after it (one thread, calls in order).
+    const HOLD: Opcode = Opcode::user(21);
+    const MARK: Opcode = Opcode::user(22);
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let (entered_tx, go_rx) = (Mutex::new(entered_tx), Arc::new(Mutex::new(go_rx)));
+    fx.server.register(HOLD, move |mut req| {
+        let entered = entered_tx.lock().unwrap().clone();
+        let go = go_rx.clone();
+        async move {
+            req.recv(|_, _| {}).await?;
+            req.blocking(move |_| {
+                entered.send(()).unwrap();
+                go.lock().unwrap().recv_timeout(LIVENESS).unwrap();
+            })
+            .await?;
+            req.send(|_, _| {}).await
+        }
+    });
+    fx.server.register(MARK, |mut req| async move {
+        req.recv(|_, _| {}).await?;
+        req.blocking(|_| ()).await?;
+        req.send(|_, p| p.set_word(0, 1)).await
+    });
+    fx.open(HOLD).send(|_, _| {}).unwrap();
+    entered
+        .recv_timeout(LIVENESS)
+        .expect("HOLD's call runs on the I/O thread");
+    let calls = fx.server.stats().blocking_calls;
+    let mut port = other.open(Opcode::OPEN_FILE);
+    port.send_n(&[cpath(&fx.path("late")).as_slice()]).unwrap();
+    port.send(|_, p| p.write_bytes(0, b"w\0")).unwrap();
+    drop(port);
+    let start = Instant::now();
+    while fx.server.stats().blocking_calls == calls {
+        assert!(
+            start.elapsed() < LIVENESS,
+            "the OPEN_FILE's call is never queued"
+        );
+        std::thread::yield_now();
+    }
+    fx.server.detach(other.id).unwrap();
+    assert_eq!(fx.services().open_files(), 0);
+    go.send(()).unwrap();
+    assert_eq!(fx.words(MARK, |_| vec![0])[0], 1);
+    assert_eq!(
+        fx.services().open_files(),
+        0,
+        "a file opened for a detached mailbox"
+    );
+}
+
+/// Input directly followed by output on one file, which C leaves undefined: `ungetc`, then
+/// `fwrite`s, again and again. glibc then wrote the output into the small buffer it had
+/// allocated for the pushed-back byte and corrupted the host's heap ("double free or
+/// corruption" at the next `fclose` or `malloc`): a device could do that on purpose. The
+/// server now keeps the pushed-back byte itself, and puts the positioning call C requires
+/// between input and output. Found by the adversarial tests (a release build aborted).
+#[test]
+fn ungetc_then_writes_leave_the_host_heap_whole() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("unget-write", lanes, mask);
+        let paths = per_lane(|l| cpath(&fx.path(&format!("u{l}"))));
+        let handles = fx.fopen(&paths, "w+");
+        let block = per_lane(|l| vec![b'a' + l as u8; BOUND as usize]);
+        fx.write_to_stream(&handles, &per_lane(|_| b"hello world\n".to_vec()));
+        fx.words(Opcode::FSEEK, |l| vec![handles[l as usize], 0, 0]);
+        for round in 0..8u64 {
+            let c = u64::from(b'A') + round;
+            let pushed = fx.words(Opcode::UNGETC, |l| vec![c, handles[l as usize]]);
+            for l in fx.lanes() {
+                assert_eq!(pushed[l as usize], c, "lane {l}: ungetc");
+            }
+            for _ in 0..3 {
+                let written = fx.write_to_stream(&handles, &block);
+                for l in fx.lanes() {
+                    assert_eq!(written[l as usize], BOUND, "lane {l}: fwrite");
+                }
+            }
+        }
+        let closed = fx.on_handles(Opcode::CLOSE_FILE, &handles);
+        for l in fx.lanes() {
+            assert_eq!(closed[l as usize], 0, "lane {l}: fclose");
+            // Each round's writes begin where its ungetc left the position, one byte back (the
+            // first round's at the start, where one back is undefined): 24 blocks less 7 bytes.
+            let content = std::fs::read(fx.path(&format!("u{l}"))).unwrap();
+            assert_eq!(content.len(), 24 * BOUND as usize - 7, "lane {l}");
+            assert!(content.iter().all(|&b| b == b'a' + l as u8), "lane {l}");
+        }
+        // The heap is whole: the allocator still works.
+        drop(vec![0u8; 1 << 20]);
+        fx.expect_counts(0, 0);
+    }
+}

@@ -407,3 +407,143 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
     increments(&fixture, 4, 10);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A stdin whose `read` tells the test it was entered, then blocks until the test lets it go
+/// (and then reads as at the end of input).
+struct GatedStdin {
+    entered: std::sync::mpsc::Sender<()>,
+    go: std::sync::mpsc::Receiver<()>,
+}
+
+impl Read for GatedStdin {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        let _ = self.entered.send(());
+        let _ = self.go.recv_timeout(BOUND);
+        Ok(0)
+    }
+}
+
+/// While an fgets on stdin sits in the host's `read` (on an I/O thread, holding stdin), the
+/// other stdin opcodes of other ports (CLEARERR, FEOF, FERROR, UNGETC) wait for stdin, never
+/// on the server thread, and TEST_INCREMENTs on yet another port are served meanwhile.
+/// (CLEARERR once cleared stdin's indicators on the server thread itself: it waited there for
+/// the stdin lock, and with it every port of the server, until the read returned.)
+#[test]
+fn stdin_opcodes_behind_a_blocked_read_never_hold_the_server_thread() {
+    let fixture = Fixture::new("stdin-blocked", 8, 1);
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel();
+    fixture
+        .server
+        .context()
+        .services()
+        .set_stdin(Box::new(GatedStdin {
+            entered: entered_tx,
+            go: go_rx,
+        }));
+    let _kernel = fixture.server.user();
+    let wait = Deadline::after(BOUND);
+    let stdin = rpc_core::services::streams::STDIN;
+    std::thread::scope(|s| {
+        let fgets = s.spawn(|| {
+            let mut port = fixture.open(&wait, 0, Opcode::READ_FGETS, 1);
+            port.send(|_, p| {
+                p.set_word(0, 100);
+                p.set_word(1, stdin);
+            })
+            .unwrap();
+            port.recv_n(1 << 20).unwrap()
+        });
+        entered
+            .recv_timeout(BOUND)
+            .expect("fgets reads stdin on an I/O thread");
+        let others: Vec<_> = [
+            (1, Opcode::CLEARERR, [stdin, 0]),
+            (2, Opcode::FEOF, [stdin, 0]),
+            (3, Opcode::FERROR, [stdin, 0]),
+            (4, Opcode::UNGETC, [u64::from(b'x'), stdin]),
+        ]
+        .into_iter()
+        .map(|(index, opcode, words)| {
+            let mut port = fixture.open(&wait, index, opcode, 1);
+            port.send(|_, p| {
+                p.set_word(0, words[0]);
+                p.set_word(1, words[1]);
+            })
+            .unwrap();
+            s.spawn(move || {
+                let mut reply = 0;
+                port.recv(|_, p| reply = p.word(0)).unwrap();
+                reply
+            })
+        })
+        .collect();
+        // Every pass now sees those four requests; the server thread must not wait for any.
+        increments(&fixture, 5, 100);
+        go.send(()).unwrap();
+        assert_eq!(fgets.join().unwrap()[0], b"", "fgets at the end of input");
+        let replies: Vec<u64> = others.into_iter().map(|h| h.join().unwrap()).collect();
+        // CLEARERR sends its buffer back; UNGETC pushes back its byte whenever it runs.
+        assert_eq!(replies[0], stdin, "CLEARERR");
+        assert_eq!(replies[3], u64::from(b'x'), "UNGETC");
+    });
+}
+
+/// More stdin reads than the server has I/O threads, all blocked (a stdin pipe held open
+/// without data, as an interactive stdin nobody types into), and another port's OPEN_FILE and
+/// FTELL, which need an I/O thread too, are still answered: stdin calls take their turn at
+/// stdin one at a time, waiting suspended in their exchanges, not each on an I/O thread of its
+/// own. (Each took a thread, and with all of them blocked in `read` or waiting for stdin's
+/// lock no file call of any port was served until stdin had data: found by the adversarial
+/// tests, whose leftover stdin reads of one case blocked on the next case's pipe.)
+#[test]
+fn stdin_reads_on_every_io_thread_do_not_hold_up_other_ports_files() {
+    let fixture = Fixture::new("stdin-turns", 8, 1);
+    let threads = ServerConfig::default().io_threads as u32;
+    assert!(threads + 2 <= 8, "ports for the reads and the file");
+    let (stdin_read, stdin_write) = std::io::pipe().unwrap();
+    fixture
+        .server
+        .context()
+        .services()
+        .set_stdin(Box::new(stdin_read));
+    let _kernel = fixture.server.user();
+    let wait = Deadline::after(BOUND);
+    let stdin = rpc_core::services::streams::STDIN;
+    let dir = std::env::temp_dir().join(format!("rpc-stdin-turns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("f");
+    std::thread::scope(|s| {
+        let reads: Vec<_> = (0..=threads)
+            .map(|index| {
+                let mut port = fixture.open(&wait, index, Opcode::READ_FGETS, 1);
+                port.send(|_, p| {
+                    p.set_word(0, 100);
+                    p.set_word(1, stdin);
+                })
+                .unwrap();
+                s.spawn(move || port.recv_n(1 << 20).unwrap())
+            })
+            .collect();
+        let index = threads + 1;
+        let mut port = fixture.open(&wait, index, Opcode::OPEN_FILE, 1);
+        let mut name = path.to_str().unwrap().as_bytes().to_vec();
+        name.push(0);
+        port.send_n(&[&name]).unwrap();
+        let mut handle = 0;
+        port.send_and_recv(|_, p| p.write_bytes(0, b"w\0"), |_, p| handle = p.word(0))
+            .unwrap();
+        drop(port);
+        assert_ne!(handle, 0, "OPEN_FILE answered while stdin blocks");
+        let mut port = fixture.open(&wait, index, Opcode::FTELL, 1);
+        let mut offset = u64::MAX;
+        port.send_and_recv(|_, p| p.set_word(0, handle), |_, p| offset = p.word(0))
+            .unwrap();
+        assert_eq!(offset, 0, "FTELL answered while stdin blocks");
+        drop(stdin_write);
+        for read in reads {
+            assert_eq!(read.join().unwrap()[0], b"", "fgets at the end of input");
+        }
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}

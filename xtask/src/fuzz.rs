@@ -95,9 +95,21 @@ fn printf_seeds() -> Vec<Vec<u8>> {
     for v in [8i32, 3, 12345] {
         stars.extend_from_slice(&v.to_le_bytes());
     }
+    // A pointer to a string longer than a piece (see the target: a multiple of 61, not of 7).
+    let long_string = (61u64 * 11).to_le_bytes();
     vec![
         seed(0, "%d %s %f\n", &int_str_double),
         seed(1, "%d %s %f\n", &int_str_double),
+        seed(
+            0,
+            "%s|%-5000s|%.*s",
+            &[&long_string[..], &long_string, &[9, 0, 0, 0], &long_string].concat(),
+        ),
+        seed(
+            1,
+            "%.4096f %4096d",
+            &[&f64::MAX.to_le_bytes()[..], &[1, 0, 0, 0]].concat(),
+        ),
         seed(0, "%*.*d|%-10s|%5.2e|%%|%c", &stars),
         seed(0, "%lld %llx %p %hhu %jd %zu %Lf %a %G %n", &[0x7f; 80]),
         seed(1, "plain text, no conversions", &[]),
@@ -105,10 +117,11 @@ fn printf_seeds() -> Vec<Vec<u8>> {
 }
 
 /// A mailbox image (after the layout byte) holding one pending request on port 0 of a v1,
-/// one-lane, one-port mailbox: `C = 1`, `S = 0`, the header, and the first packet.
+/// one-lane, one-port mailbox: `C = 1`, `S = 0`, the header, and the first packet (the target
+/// lays the input over two mailboxes: the last seed has a request in each).
 fn mailbox_seeds() -> Vec<Vec<u8>> {
     let layout = Layout::new(Generation::V1, 1, 1).expect("valid");
-    let seed = |opcode: Opcode, words: &[u64], tail: &[u8]| {
+    let region = |opcode: Opcode, words: &[u64], tail: &[u8]| {
         let mut region = vec![0u8; layout.total_size()];
         region[layout.secondary()..][..4].copy_from_slice(&1u32.to_le_bytes());
         region[layout.header()..][..8].copy_from_slice(&1u64.to_le_bytes());
@@ -117,20 +130,29 @@ fn mailbox_seeds() -> Vec<Vec<u8>> {
             region[layout.packet() + 8 * k..][..8].copy_from_slice(&word.to_le_bytes());
         }
         region[layout.packet() + 8..][..tail.len()].copy_from_slice(tail);
+        region
+    };
+    let seed = |opcode: Opcode, words: &[u64], tail: &[u8]| {
         let mut bytes = vec![0u8]; // v1, L = 1, 1 port
-        bytes.extend_from_slice(&region);
+        bytes.extend_from_slice(&region(opcode, words, tail));
         bytes
     };
+    let mut both = vec![0u8];
+    both.extend_from_slice(&region(Opcode::OPEN_FILE, &[6], b"a.txt\0"));
+    both.extend_from_slice(&region(Opcode::MALLOC, &[4096], &[]));
     vec![
         seed(Opcode::TEST_INCREMENT, &[41], &[]),
         seed(Opcode::TEST_STREAM, &[20], b"twenty bytes of data"),
         seed(Opcode::PRINTF_TO_STDOUT, &[8], b"%s %d\n\0"),
         seed(Opcode::WRITE_TO_STDOUT, &[6], b"hello\n"),
-        seed(Opcode::OPEN_FILE, &[9], b"/tmp/x.y\0"),
+        seed(Opcode::OPEN_FILE, &[6], b"a.txt\0"),
+        seed(Opcode::REMOVE, &[10], b"../canary\0"),
+        seed(Opcode::REMOVE, &[10], b"sub/b.txt\0"),
         seed(Opcode::MALLOC, &[4096], &[]),
         seed(Opcode::FREE, &[2 << 20], &[]),
         seed(Opcode::TEST_INTERFACE, &[1], &[]),
         seed(Opcode::EXIT, &[], &[]),
         seed(Opcode::READ_FROM_STREAM, &[100, 1], &[]),
+        both,
     ]
 }

@@ -1,7 +1,7 @@
 //! `cargo xtask sanitize [thread|address]... [-- TEST ARGS]`: rpc-core's tests (unit and
-//! integration, not doctests) and the reliability tests of the `tests` crate (adversarial
-//! clients, faults) under ThreadSanitizer and AddressSanitizer (default: both, one after the
-//! other), on the nightly toolchain with the standard library rebuilt instrumented
+//! integration, not doctests) and the `tests` crate's (adversarial clients, faults,
+//! interleaving, stress) under ThreadSanitizer and AddressSanitizer (default: both, one after
+//! the other), on the nightly toolchain with the standard library rebuilt instrumented
 //! (`-Zbuild-std`, which needs the `rust-src` component: added when missing). Each sanitizer
 //! builds into its own target directory (`target/sanitize-thread`, `target/sanitize-address`).
 //! What works, what does not and why: docs/reliability.md, "Sanitizers".
@@ -51,6 +51,9 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "CARGO_TARGET_DIR",
                 root.join("target").join(format!("sanitize-{sanitizer}")),
             )
+            // Tests that measure the process (its memory) read it: a sanitizer's shadow memory
+            // and quarantine are not the code's.
+            .env("RPC_SANITIZER", sanitizer)
             .env("TSAN_OPTIONS", "halt_on_error=1 second_deadlock_stack=1")
             .env(
                 "ASAN_OPTIONS",

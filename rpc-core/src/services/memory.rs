@@ -66,12 +66,23 @@ impl Allocations {
         self.held.get(&mailbox).copied().unwrap_or(0)
     }
 
-    fn insert(&mut self, mailbox: MailboxId, addr: u64, live: Live) {
-        *self.held.entry(mailbox).or_default() += live.size;
+    /// Starts the books of an attached mailbox (nothing held).
+    pub(crate) fn register(&mut self, mailbox: MailboxId) {
+        self.held.entry(mailbox).or_default();
+    }
+
+    /// Records a live allocation of `mailbox`; gives it back if the mailbox is not registered
+    /// (detached while the allocator ran), for the caller to free.
+    fn insert(&mut self, mailbox: MailboxId, addr: u64, live: Live) -> Result<(), Live> {
+        let Some(held) = self.held.get_mut(&mailbox) else {
+            return Err(live);
+        };
+        *held += live.size;
         if let Some(old) = self.live.insert((mailbox, addr), live) {
             log::error!("allocator returned {addr:#x}, which is live already");
             self.subtract(mailbox, old.size);
         }
+        Ok(())
     }
 
     fn remove(&mut self, mailbox: MailboxId, addr: u64) -> Option<Live> {
@@ -86,7 +97,8 @@ impl Allocations {
         }
     }
 
-    /// Takes every allocation of `mailbox` out of the table.
+    /// Takes every allocation of `mailbox` out of the table and closes its books: a later
+    /// `insert` for it is refused.
     pub(crate) fn take_mailbox(&mut self, mailbox: MailboxId) -> Vec<(u64, Live)> {
         self.held.remove(&mailbox);
         let addrs: Vec<u64> = self
@@ -140,8 +152,18 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
                     size,
                     allocator: allocator.clone(),
                 };
-                lock(&services.allocations).insert(mailbox, addr, live);
-                replies[lane as usize] = addr;
+                // The allocator ran without the table's lock: the mailbox may have been
+                // detached meanwhile (its allocations freed), and then this one is freed now.
+                let recorded = lock(&services.allocations).insert(mailbox, addr, live);
+                match recorded {
+                    Ok(()) => replies[lane as usize] = addr,
+                    Err(live) => {
+                        log::debug!("mailbox {}: detached, {addr:#x} freed", mailbox.0);
+                        if let Err(error) = live.free(addr) {
+                            log::warn!("mailbox {}: freeing {addr:#x}: {error}", mailbox.0);
+                        }
+                    }
+                }
             }
             Err(error) => device_warn!(context, "MALLOC of {size} bytes failed: {error}"),
         }

@@ -21,8 +21,10 @@
 //! The one-packet opcodes (TEST_INCREMENT) are packet handlers; every other opcode is a script
 //! whose exchange suspends while the client has not answered. Work that may block (opening,
 //! reading or writing a file, reading stdin, REMOVE, RENAME, SYSTEM, HOST_CALL) runs on the
-//! server's I/O threads ([`Request::blocking`]); writes to the device's stdout and stderr and
-//! the table look-ups run on the server thread.
+//! server's I/O threads ([`Request::blocking`]); calls on stdin one at a time, the others
+//! waiting for their turn suspended (`StdinTurn`), so a stdin nobody writes holds one I/O
+//! thread at most. Writes to the device's stdout and stderr and the table look-ups run on the
+//! server thread.
 //!
 //! | opcode | script (C = client, S = server) | refused (reply) |
 //! |---|---|---|
@@ -74,7 +76,7 @@ use crate::plugin::DeviceAllocator;
 use crate::port::lanes;
 use crate::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
 use crate::rpc_server::{MailboxId, ServerConfig, ServerContext};
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, AtomicBool, Mutex, Ordering};
 use crate::{Opcode, Result};
 
 mod files;
@@ -88,7 +90,7 @@ mod test_ops;
 pub use memory::{Allocation, HostAllocator, MALLOC_ALIGN};
 pub use process::HOST_CALL_REFUSED;
 
-use streams::{FileTable, Input, Output};
+use streams::{FileTable, Input, Output, Target};
 
 /// What EXIT and ABORT do once their script is complete.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -172,6 +174,8 @@ pub struct Services {
     policy: Mutex<ServicesConfig>,
     limits: Limits,
     stdin: Mutex<Input>,
+    /// Whether an I/O call holds the turn at stdin (see [`StdinTurn`]).
+    stdin_busy: AtomicBool,
     stdout: Mutex<Output>,
     stderr: Mutex<Output>,
     /// Each mailbox's open files.
@@ -192,6 +196,7 @@ impl Services {
             policy: Mutex::new(config.services.clone()),
             limits: config.limits,
             stdin: Mutex::new(Input::process()),
+            stdin_busy: AtomicBool::new(false),
             stdout: Mutex::new(Output::new(Box::new(std::io::stdout()))),
             stderr: Mutex::new(Output::new(Box::new(std::io::stderr()))),
             files: Mutex::new(HashMap::new()),
@@ -292,9 +297,19 @@ impl Services {
         lock(&self.files).values().map(FileTable::len).sum()
     }
 
+    /// Starts the tables of a mailbox being attached: its files and its allocations. Requests
+    /// of a mailbox without tables (detached) keep nothing.
+    pub(crate) fn register_mailbox(&self, mailbox: MailboxId) {
+        lock(&self.files).entry(mailbox).or_default();
+        lock(&self.allocations).register(mailbox);
+    }
+
     /// Forgets what `mailbox`'s kernels held: closes their files (a file an I/O call is using
     /// closes when that call ends), frees their allocations through the allocators that made
-    /// them, drops the mailbox's allocator. Called when the mailbox is detached.
+    /// them, drops the mailbox's allocator. Called when the mailbox is detached, possibly while
+    /// a request of it is still inside an open or an allocation: what such a request makes
+    /// afterwards finds the tables gone and is closed or freed at once (`Services::open`,
+    /// MALLOC), so nothing outlives the detach.
     pub(crate) fn forget_mailbox(&self, mailbox: MailboxId) {
         let files = lock(&self.files).remove(&mailbox);
         let freed = lock(&self.allocations).take_mailbox(mailbox);
@@ -423,17 +438,96 @@ pub(crate) fn context(req: &Request) -> SharedContext {
     req.shared()
 }
 
-/// Runs `work` on the server's I/O threads if it `blocks` (it touches a file, stdin, a
-/// command...), else here at once: the standard output streams and the tables never block.
+/// What an I/O call touches: whether it may block (a file, stdin, a command...), and whether
+/// it takes stdin.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Touches {
+    pub(crate) blocks: bool,
+    pub(crate) stdin: bool,
+}
+
+impl Touches {
+    /// What a call on these streams touches.
+    pub(crate) fn streams<'t>(targets: impl IntoIterator<Item = &'t Target>) -> Touches {
+        targets
+            .into_iter()
+            .fold(Touches::default(), |t, target| Touches {
+                blocks: t.blocks || target.may_block(),
+                stdin: t.stdin || matches!(target, Target::Stdin),
+            })
+    }
+}
+
+impl From<bool> for Touches {
+    /// A call that blocks or not, without stdin.
+    fn from(blocks: bool) -> Touches {
+        Touches {
+            blocks,
+            stdin: false,
+        }
+    }
+}
+
+/// Runs `work` on the server's I/O threads if it may block, else here at once: the standard
+/// output streams and the tables never block. A call that takes stdin first waits for its turn
+/// at stdin ([`StdinTurn`]), suspended in its exchange.
 pub(crate) async fn io<R: Send + 'static>(
     req: &Request,
-    blocks: bool,
+    touches: impl Into<Touches>,
     work: impl FnOnce(&ServerContext) -> R + Send + 'static,
 ) -> Result<R> {
-    if blocks {
+    let touches = touches.into();
+    if touches.stdin {
+        let turn = StdinTurn::take(req).await;
+        req.blocking(move |context| {
+            let _turn = turn; // Given back once the call is done (or dropped unrun).
+            work(context)
+        })
+        .await
+    } else if touches.blocks {
         req.blocking(work).await
     } else {
         Ok(work(req.context()))
+    }
+}
+
+/// The right to touch stdin from an I/O call, held by one call at a time.
+///
+/// A read of stdin may block for as long as nobody writes to it (a pipe held open, a terminal
+/// nobody types into), holding stdin's lock, and every other call on stdin would wait for that
+/// lock on an I/O thread of its own: enough of them and no I/O thread is left for any other
+/// port's files. So a call on stdin first takes this turn, waiting for it suspended in its
+/// exchange (a poll per pass), and at most one I/O thread is ever inside or waiting for stdin.
+/// Not fair: whichever waiting exchange is polled first after the turn is given back takes it.
+///
+/// Memory ordering: `Services::stdin_busy` is a lock flag (no data rides on it: stdin's own
+/// mutex orders its state); the acquiring compare-exchange pairs with the releasing store.
+pub(crate) struct StdinTurn(SharedContext);
+
+impl StdinTurn {
+    async fn take(req: &Request) -> StdinTurn {
+        let context = req.shared();
+        core::future::poll_fn(|_| {
+            // RMW: stdin_busy false -> true (taken), or no change while another holds it.
+            let taken = context
+                .services
+                .stdin_busy
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok();
+            if taken {
+                core::task::Poll::Ready(())
+            } else {
+                core::task::Poll::Pending
+            }
+        })
+        .await;
+        StdinTurn(context)
+    }
+}
+
+impl Drop for StdinTurn {
+    fn drop(&mut self) {
+        self.0.services.stdin_busy.store(false, Ordering::Release);
     }
 }
 

@@ -176,8 +176,9 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
         jobs.push((lane, std::mem::replace(target, Target::Stdout)));
     }
     drop(lanes); // The parsed pieces borrow `formats`, which the print call takes.
-    let blocks = long || jobs.iter().any(|(_, target)| target.may_block());
-    let printed = super::io(&req, blocks, move |context| {
+    let mut touches = super::Touches::streams(jobs.iter().map(|(_, target)| target));
+    touches.blocks |= long;
+    let printed = super::io(&req, touches, move |context| {
         jobs.into_iter()
             .map(|(lane, target)| {
                 let i = lane as usize;

@@ -8,7 +8,8 @@ use std::vec::Vec;
 use super::files::{self, Denial, Rules};
 use super::streams::{OpenError, Target};
 use super::{
-    active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, EOF_WORD,
+    active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, Touches,
+    EOF_WORD,
 };
 use crate::registry::Request;
 use crate::rpc_server::MailboxId;
@@ -30,8 +31,8 @@ async fn write_lanes(
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
-    let blocks = writes.iter().any(|(_, t)| t.may_block());
-    let written = io(req, blocks, move |context| {
+    let touches = Touches::streams(writes.iter().map(|(_, t)| t));
+    let written = io(req, touches, move |context| {
         writes
             .into_iter()
             .map(|(lane, target)| {
@@ -121,8 +122,8 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
-    let blocks = reads.iter().any(|(_, t, _)| t.may_block());
-    let data = io(&req, blocks, move |context| {
+    let touches = Touches::streams(reads.iter().map(|(_, t, _)| t));
+    let data = io(&req, touches, move |context| {
         let mut data: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
         for (lane, target, max) in reads {
             data[lane as usize] = context.services.read(&target, max);
@@ -160,8 +161,8 @@ pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
-    let blocks = reads.iter().any(|(_, t, _)| t.may_block());
-    let lines = io(&req, blocks, move |context| {
+    let touches = Touches::streams(reads.iter().map(|(_, t, _)| t));
+    let lines = io(&req, touches, move |context| {
         let mut lines: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
         for (lane, target, count) in reads {
             lines[lane as usize] = context.services.gets(&target, count).unwrap_or_default();
@@ -218,6 +219,10 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
                     // A failed open is an ordinary C result; the policy and the table limit
                     // are refusals.
                     Err(OpenError::Failed) => Ok(0),
+                    Err(OpenError::Detached) => {
+                        log::debug!("mailbox {}: detached, file not kept", mailbox.0);
+                        Ok(0)
+                    }
                     Err(OpenError::Refused(why)) => Err(why),
                     Err(OpenError::TooMany) => Err(std::format!(
                         "the mailbox has {} files open, its limit",
@@ -271,8 +276,8 @@ async fn on_stream(
             ),
         }
     }
-    let blocks = targets.iter().any(|(_, t)| t.may_block());
-    let results = io(&req, blocks, move |context| {
+    let touches = Touches::streams(targets.iter().map(|(_, t)| t));
+    let results = io(&req, touches, move |context| {
         targets
             .into_iter()
             .map(|(lane, target)| {
@@ -330,22 +335,31 @@ pub(crate) async fn ungetc(req: Request) -> Result<()> {
     .await
 }
 
-/// CLEARERR: C send buf\[0\] = tagged; S clears; S sends the buffer back unchanged.
+/// CLEARERR: C send buf\[0\] = tagged; S clears; S sends the buffer back unchanged. Clearing
+/// stdin's or a file's indicators takes that stream's lock, which a read may hold while it
+/// blocks: so it runs on an I/O thread, as every other stdin and file opcode does.
 pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = req.mailbox().id;
     let mut refusals = Refusals::default();
+    let mut targets = Vec::new();
     for lane in active(&req) {
         let handle = words[lane as usize][0];
         match context.services.tagged(mailbox, handle) {
-            Some(target) => context.services.clear_error(&target),
+            Some(target) => targets.push(target),
             None => refusals.lane(
                 lane,
                 std::format!("{handle:#x} is not a live stream handle"),
             ),
         }
     }
+    io(&req, Touches::streams(&targets), move |context| {
+        for target in &targets {
+            context.services.clear_error(target);
+        }
+    })
+    .await?;
     req.send(|_, _| {}).await?;
     refusals.finish()
 }

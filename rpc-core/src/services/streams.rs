@@ -17,10 +17,12 @@
 //! not given (one guess in 2^32). A handle that is not live is an error result, never
 //! undefined behaviour.
 //!
-//! Files are C `FILE *`s of the host's libc (exact C semantics for modes, buffering, `ungetc`,
-//! `fseek`...), held only in the table and never exposed to the device. The standard streams
-//! are Rust readers and writers the runtime can redirect ([`super::Services::set_stdout`]), with
-//! the C indicators (end-of-file, error) and `ungetc` pushback kept beside them.
+//! Files are C `FILE *`s of the host's libc (C semantics for modes, buffering, `fseek`...),
+//! held only in the table and never exposed to the device; `ungetc` and the order of input
+//! and output are kept by [`CFile`], where C leaves them undefined and the C library is not
+//! safe. The standard streams are Rust readers and writers the runtime can redirect
+//! ([`super::Services::set_stdout`]), with the C indicators (end-of-file, error) and `ungetc`
+//! pushback kept beside them.
 
 use std::boxed::Box;
 use std::collections::hash_map::RandomState;
@@ -58,20 +60,55 @@ fn decode_handle(handle: u64) -> Option<(usize, u32)> {
 }
 
 /// A C `FILE *` owned by the table; null once closed.
-pub(crate) struct CFile(*mut libc::FILE);
+///
+/// # Input, output and `ungetc`
+/// C leaves it undefined to follow input directly by output without a positioning call
+/// between (`fseek`, `rewind`, ...), and output by input without one or an `fflush`, and the
+/// host's C library is not robust there: after an `ungetc` glibc reads from a small buffer it
+/// allocated for the pushed-back byte, and `fwrite`s that follow write into that buffer,
+/// past its end, corrupting the host's heap. The device chooses the order of the calls, so
+/// every call goes through this type, which
+/// - keeps the one pushed-back byte itself (`pushback`, as stdin's is kept) and never hands
+///   it to the C library: reads return it first, `ftell` counts it, `fseek` drops it, and
+///   `ungetc` only clears the end-of-file indicator, as C's does;
+/// - remembers the direction of the last call since the last positioning (`last`), and puts
+///   the call C requires between them: `fflush` from output to input, `fseek(f, 0,
+///   SEEK_CUR)` from input to output (one byte back first if a byte is pushed back, as
+///   writing after C's `ungetc` and that `fseek` would).
+pub(crate) struct CFile {
+    file: *mut libc::FILE,
+    pushback: Option<u8>,
+    last: Direction,
+}
+
+/// The direction of a stream's last call since a positioning call.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    None,
+    Input,
+    Output,
+}
 
 // SAFETY: a `FILE *` may be used from any thread (C stdio locks each stream internally); this
 // crate reaches it only through the `Mutex` around the `CFile`, one thread at a time.
 unsafe impl Send for CFile {}
 
 impl CFile {
+    fn new(file: *mut libc::FILE) -> CFile {
+        CFile {
+            file,
+            pushback: None,
+            last: Direction::None,
+        }
+    }
+
     /// Opens `path` with `mode` (both without NUL), or `None` with C's failure. Tests only:
     /// the server opens files through the file policy ([`CFile::from_fd`]).
     #[cfg(all(test, not(loom)))]
     pub(crate) fn open(path: &CStr, mode: &CStr) -> Option<CFile> {
         // SAFETY: both are valid NUL-terminated strings for the duration of the call.
         let file = unsafe { libc::fopen(path.as_ptr(), mode.as_ptr()) };
-        (!file.is_null()).then_some(CFile(file))
+        (!file.is_null()).then(|| CFile::new(file))
     }
 
     /// `fdopen(fd, mode)` (`mode` without NUL, matching the descriptor's access mode), or
@@ -86,23 +123,201 @@ impl CFile {
             drop(unsafe { OwnedFd::from_raw_fd(fd) });
             return None;
         }
-        Some(CFile(file))
+        Some(CFile::new(file))
     }
 
-    /// The stream, unless closed.
-    fn live(&self) -> Option<*mut libc::FILE> {
-        (!self.0.is_null()).then_some(self.0)
+    /// Whether the stream is still open.
+    fn is_open(&self) -> bool {
+        !self.file.is_null()
     }
 
     /// `fclose`: 0 or EOF; the `CFile` is closed afterwards either way.
     pub(crate) fn close(&mut self) -> c_int {
-        let Some(file) = self.live() else {
+        if !self.is_open() {
             return libc::EOF;
-        };
-        self.0 = std::ptr::null_mut();
+        }
+        let file = std::mem::replace(&mut self.file, std::ptr::null_mut());
         // SAFETY: `file` is an open stream from `fopen`, closed exactly once (the pointer was
         // cleared above, so no later call sees it).
         unsafe { libc::fclose(file) }
+    }
+
+    /// `fseeko` on the stream itself.
+    fn seek_raw(&mut self, offset: i64, whence: c_int) -> c_int {
+        // SAFETY: the stream is open (every caller runs inside `with_file`); `whence` is one
+        // of C's three values.
+        unsafe { libc::fseeko(self.file, offset as libc::off_t, whence) }
+    }
+
+    /// Before a read, an `ungetc` (input).
+    fn input(&mut self) {
+        if self.last == Direction::Output {
+            // SAFETY: the stream is open (see `seek_raw`).
+            unsafe { libc::fflush(self.file) };
+        }
+        self.last = Direction::Input;
+    }
+
+    /// Before a write (output): the pushed-back byte is dropped, and the position is where C's
+    /// `ungetc` would have left it.
+    fn output(&mut self) {
+        if self.last == Direction::Input || self.pushback.is_some() {
+            let back = i64::from(self.pushback.take().is_some());
+            // At position 0 a byte pushed back leaves the position undefined (C): write there.
+            if self.seek_raw(-back, libc::SEEK_CUR) != 0 {
+                self.seek_raw(0, libc::SEEK_CUR);
+            }
+        }
+        self.last = Direction::Output;
+    }
+
+    /// `fwrite` of `data`: the bytes written.
+    fn write(&mut self, data: &[u8]) -> usize {
+        if data.is_empty() {
+            return 0;
+        }
+        self.output();
+        // SAFETY: the stream is open; `data` is valid for reads of `data.len()` bytes.
+        unsafe { libc::fwrite(data.as_ptr().cast(), 1, data.len(), self.file) }
+    }
+
+    /// `fread` of up to `max` bytes, the pushed-back byte first.
+    fn read(&mut self, max: usize) -> Vec<u8> {
+        if max == 0 {
+            return Vec::new();
+        }
+        self.input();
+        let mut out = Vec::new();
+        out.extend(self.pushback.take());
+        while out.len() < max {
+            let want = (max - out.len()).min(1 << 16);
+            let start = out.len();
+            out.resize(start + want, 0);
+            // SAFETY: the stream is open; the destination holds `want` bytes.
+            let got = unsafe { libc::fread(out[start..].as_mut_ptr().cast(), 1, want, self.file) };
+            out.truncate(start + got.min(want));
+            if got < want {
+                break;
+            }
+        }
+        out
+    }
+
+    /// `fgets` with `count` (at most `i32::MAX`), the pushed-back byte first: the line with its
+    /// NUL, or `None`.
+    fn gets(&mut self, count: usize) -> Option<Vec<u8>> {
+        let count = count.min(c_int::MAX as usize);
+        if count == 0 {
+            return None;
+        }
+        self.input();
+        let mut line = Vec::with_capacity(count.min(1 << 16));
+        let mut room = count;
+        if count > 1 {
+            if let Some(byte) = self.pushback.take() {
+                line.push(byte);
+                room -= 1;
+                if byte == b'\n' || room == 1 {
+                    line.push(0);
+                    return Some(line);
+                }
+            }
+        }
+        let start = line.len();
+        line.resize(start + room, 0);
+        // SAFETY: the stream is open; `line[start..]` holds `room` bytes (at most
+        // `c_int::MAX`), and `fgets` writes at most `room` of them, NUL included.
+        let got =
+            unsafe { libc::fgets(line[start..].as_mut_ptr().cast(), room as c_int, self.file) };
+        if got.is_null() {
+            // End of input or an error: the pushed-back byte alone is the line, as in C.
+            line.truncate(start);
+            if line.is_empty() {
+                return None;
+            }
+            line.push(0);
+            return Some(line);
+        }
+        let len = line[start..]
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(room - 1);
+        line.truncate(start + len);
+        line.push(0);
+        Some(line)
+    }
+
+    /// `ungetc`: `c` as an unsigned char, or EOF (for EOF, and for a second byte: one is what C
+    /// guarantees). Clears the end-of-file indicator, as C's does.
+    fn ungetc(&mut self, c: c_int) -> c_int {
+        if c == libc::EOF || self.pushback.is_some() {
+            return libc::EOF;
+        }
+        self.input();
+        // A positioning call of no distance: it clears the end-of-file indicator and nothing
+        // else (the error indicator stays).
+        self.seek_raw(0, libc::SEEK_CUR);
+        let byte = c as u8; // C converts the pushed-back value to unsigned char.
+        self.pushback = Some(byte);
+        c_int::from(byte)
+    }
+
+    /// `fseek`: 0 or -1; on success the pushed-back byte is dropped.
+    fn seek(&mut self, offset: i64, whence: c_int) -> c_int {
+        let offset = if whence == libc::SEEK_CUR && self.pushback.is_some() {
+            offset.saturating_sub(1)
+        } else {
+            offset
+        };
+        let result = self.seek_raw(offset, whence);
+        if result == 0 {
+            self.pushback = None;
+            self.last = Direction::None;
+        }
+        result
+    }
+
+    /// `ftell`: the offset (one less while a byte is pushed back; -1 where that would be
+    /// before the start, where C leaves it undefined) or -1.
+    fn tell(&mut self) -> i64 {
+        // SAFETY: the stream is open.
+        let offset = unsafe { libc::ftello(self.file) } as i64;
+        match (offset, self.pushback) {
+            (..=0, Some(_)) => -1,
+            (offset, Some(_)) => offset - 1,
+            (offset, None) => offset,
+        }
+    }
+
+    /// `feof` (0 while a byte is pushed back: `ungetc` cleared it).
+    fn eof(&mut self) -> c_int {
+        if self.pushback.is_some() {
+            return 0;
+        }
+        // SAFETY: the stream is open.
+        unsafe { libc::feof(self.file) }
+    }
+
+    /// `ferror`.
+    fn error(&mut self) -> c_int {
+        // SAFETY: the stream is open.
+        unsafe { libc::ferror(self.file) }
+    }
+
+    /// `clearerr`.
+    fn clear_error(&mut self) {
+        // SAFETY: the stream is open.
+        unsafe { libc::clearerr(self.file) }
+    }
+
+    /// `fflush`: 0 or EOF. After it, input may follow output.
+    fn flush(&mut self) -> c_int {
+        // SAFETY: the stream is open.
+        let result = unsafe { libc::fflush(self.file) };
+        if self.last == Direction::Output {
+            self.last = Direction::None;
+        }
+        result
     }
 }
 
@@ -359,6 +574,9 @@ pub(crate) enum OpenError {
     Refused(std::string::String),
     /// The mailbox holds `Limits::open_files` files already.
     TooMany,
+    /// The mailbox is detached (or was never attached): its table is gone, and a file opened
+    /// for it is closed at once (logged at `debug`; nobody reads the reply).
+    Detached,
 }
 
 /// A stream a request names.
@@ -433,14 +651,7 @@ impl super::Services {
                 lock(&self.stdin).error = true;
                 0
             }
-            Target::File(file) => with_file(file, 0, |f| {
-                if data.is_empty() {
-                    return 0;
-                }
-                // SAFETY: `f` is an open stream (see `with_file`); `data` is valid for reads of
-                // `data.len()` bytes.
-                unsafe { libc::fwrite(data.as_ptr().cast(), 1, data.len(), f) }
-            }),
+            Target::File(file) => with_file(file, 0, |f| f.write(data)),
             _ => 0,
         }
     }
@@ -449,21 +660,7 @@ impl super::Services {
     pub(crate) fn read(&self, target: &Target, max: usize) -> Vec<u8> {
         match target {
             Target::Stdin => lock(&self.stdin).read(max),
-            Target::File(file) => with_file(file, Vec::new(), |f| {
-                let mut out = Vec::new();
-                while out.len() < max {
-                    let want = (max - out.len()).min(1 << 16);
-                    let start = out.len();
-                    out.resize(start + want, 0);
-                    // SAFETY: `f` is an open stream; the destination holds `want` bytes.
-                    let got = unsafe { libc::fread(out[start..].as_mut_ptr().cast(), 1, want, f) };
-                    out.truncate(start + got.min(want));
-                    if got < want {
-                        break;
-                    }
-                }
-                out
-            }),
+            Target::File(file) => with_file(file, Vec::new(), |f| f.read(max)),
             _ => {
                 self.set_error(target);
                 Vec::new()
@@ -475,23 +672,7 @@ impl super::Services {
     pub(crate) fn gets(&self, target: &Target, count: usize) -> Option<Vec<u8>> {
         match target {
             Target::Stdin => lock(&self.stdin).gets(count),
-            Target::File(file) => with_file(file, None, |f| {
-                let count = count.min(c_int::MAX as usize);
-                if count == 0 {
-                    return None;
-                }
-                let mut line = std::vec![0u8; count];
-                // SAFETY: `f` is an open stream; `line` holds `count` bytes, and `fgets` writes
-                // at most `count` of them, NUL included.
-                let got = unsafe { libc::fgets(line.as_mut_ptr().cast(), count as c_int, f) };
-                if got.is_null() {
-                    return None;
-                }
-                let len = line.iter().position(|&b| b == 0).unwrap_or(count - 1);
-                line.truncate(len + 1);
-                line[len] = 0;
-                Some(line)
-            }),
+            Target::File(file) => with_file(file, None, |f| f.gets(count)),
             _ => {
                 self.set_error(target);
                 None
@@ -514,10 +695,7 @@ impl super::Services {
     pub(crate) fn eof(&self, target: &Target) -> c_int {
         match target {
             Target::Stdin => c_int::from(lock(&self.stdin).eof),
-            Target::File(file) => with_file(file, 1, |f| {
-                // SAFETY: `f` is an open stream.
-                unsafe { libc::feof(f) }
-            }),
+            Target::File(file) => with_file(file, 1, CFile::eof),
             _ => 0,
         }
     }
@@ -526,10 +704,7 @@ impl super::Services {
     pub(crate) fn error(&self, target: &Target) -> c_int {
         match target {
             Target::Stdin => c_int::from(lock(&self.stdin).error),
-            Target::File(file) => with_file(file, 1, |f| {
-                // SAFETY: `f` is an open stream.
-                unsafe { libc::ferror(f) }
-            }),
+            Target::File(file) => with_file(file, 1, CFile::error),
             _ => self
                 .output(target)
                 .map_or(0, |o| c_int::from(lock(o).error)),
@@ -544,10 +719,7 @@ impl super::Services {
                 input.eof = false;
                 input.error = false;
             }
-            Target::File(file) => with_file(file, (), |f| {
-                // SAFETY: `f` is an open stream.
-                unsafe { libc::clearerr(f) }
-            }),
+            Target::File(file) => with_file(file, (), CFile::clear_error),
             _ => {
                 if let Some(output) = self.output(target) {
                     lock(output).error = false;
@@ -565,10 +737,7 @@ impl super::Services {
             _ => return -1,
         };
         match target {
-            Target::File(file) => with_file(file, -1, |f| {
-                // SAFETY: `f` is an open stream; `whence` is one of C's three values.
-                unsafe { libc::fseeko(f, offset as libc::off_t, whence) }
-            }),
+            Target::File(file) => with_file(file, -1, |f| f.seek(offset, whence)),
             _ => -1,
         }
     }
@@ -576,11 +745,7 @@ impl super::Services {
     /// `ftell`: the offset or -1.
     pub(crate) fn tell(&self, target: &Target) -> i64 {
         match target {
-            Target::File(file) => with_file(file, -1, |f| {
-                // SAFETY: `f` is an open stream.
-                let offset: libc::off_t = unsafe { libc::ftello(f) };
-                offset as i64
-            }),
+            Target::File(file) => with_file(file, -1, CFile::tell),
             _ => -1,
         }
     }
@@ -589,10 +754,7 @@ impl super::Services {
     pub(crate) fn flush(&self, target: &Target) -> c_int {
         match target {
             Target::Stdin => 0,
-            Target::File(file) => with_file(file, libc::EOF, |f| {
-                // SAFETY: `f` is an open stream.
-                unsafe { libc::fflush(f) }
-            }),
+            Target::File(file) => with_file(file, libc::EOF, CFile::flush),
             _ => self.output(target).map_or(0, |o| lock(o).flush()),
         }
     }
@@ -620,21 +782,23 @@ impl super::Services {
     pub(crate) fn ungetc(&self, target: &Target, c: c_int) -> c_int {
         match target {
             Target::Stdin => lock(&self.stdin).ungetc(c),
-            Target::File(file) => with_file(file, libc::EOF, |f| {
-                // SAFETY: `f` is an open stream.
-                unsafe { libc::ungetc(c, f) }
-            }),
+            Target::File(file) => with_file(file, libc::EOF, |f| f.ungetc(c)),
             _ => libc::EOF,
         }
     }
 
-    /// Files `mailbox` has open.
-    fn open_count(&self, mailbox: MailboxId) -> usize {
-        lock(&self.files).get(&mailbox).map_or(0, FileTable::len)
+    /// Files `mailbox` has open, or `None` if it has no table (not attached).
+    fn open_count(&self, mailbox: MailboxId) -> Option<usize> {
+        lock(&self.files).get(&mailbox).map(FileTable::len)
     }
 
-    /// Opens a file into `mailbox`'s table: its handle, or why not (open failed, or the
-    /// mailbox holds `Limits::open_files` files).
+    /// Opens a file into `mailbox`'s table: its handle, or why not (open failed, the mailbox
+    /// holds `Limits::open_files` files, or it is detached).
+    ///
+    /// The open itself runs without the table's lock (it may block), so the mailbox may be
+    /// detached meanwhile: the file goes into the table only if the table is still there,
+    /// checked under its lock, which `forget_mailbox` takes to remove it. A file opened for a
+    /// mailbox detached meanwhile is closed here, so a detach leaves no file open.
     pub(crate) fn open(
         &self,
         mailbox: MailboxId,
@@ -642,16 +806,16 @@ impl super::Services {
         mode: &CStr,
     ) -> core::result::Result<u64, OpenError> {
         let max = self.limits.open_files;
-        if self.open_count(mailbox) >= max {
-            return Err(OpenError::TooMany);
+        match self.open_count(mailbox) {
+            None => return Err(OpenError::Detached),
+            Some(open) if open >= max => return Err(OpenError::TooMany),
+            Some(_) => {}
         }
         let file = self.open_under_policy(path, mode)?;
         // Dropping `file` on failure closes it.
-        lock(&self.files)
-            .entry(mailbox)
-            .or_default()
-            .insert(file, max)
-            .ok_or(OpenError::TooMany)
+        let mut tables = lock(&self.files);
+        let table = tables.get_mut(&mailbox).ok_or(OpenError::Detached)?;
+        table.insert(file, max).ok_or(OpenError::TooMany)
     }
 
     /// Closes a handle of `mailbox`'s table: `fclose`'s result, or `None` if the handle is not
@@ -663,14 +827,15 @@ impl super::Services {
     }
 }
 
-/// Runs `f` on a table file's stream under its lock, or returns `closed` if it was closed
-/// meanwhile. The `FILE *` handed to `f` is open for the whole call: closing takes the same lock
-/// and clears the pointer.
-fn with_file<R>(file: &Mutex<CFile>, closed: R, f: impl FnOnce(*mut libc::FILE) -> R) -> R {
-    let file = lock(file);
-    match file.live() {
-        Some(stream) => f(stream),
-        None => closed,
+/// Runs `f` on a table file under its lock, or returns `closed` if it was closed meanwhile.
+/// The file handed to `f` is open for the whole call: closing takes the same lock and clears
+/// the pointer.
+fn with_file<R>(file: &Mutex<CFile>, closed: R, f: impl FnOnce(&mut CFile) -> R) -> R {
+    let mut file = lock(file);
+    if file.is_open() {
+        f(&mut file)
+    } else {
+        closed
     }
 }
 
@@ -723,6 +888,46 @@ mod tests {
         assert!(table
             .insert(CFile::open(c"/dev/null", c"r").unwrap(), 1)
             .is_none());
+    }
+
+    /// A file's `ungetc` is kept here, not in the C library, and input and output get the
+    /// positioning call C requires between them: the C results, with no `ungetc` state inside
+    /// glibc for its writes to trample.
+    #[test]
+    fn file_ungetc_and_switching_between_input_and_output() {
+        let path = std::env::temp_dir().join(format!("rpc-cfile-{}", std::process::id()));
+        let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        let mut f = CFile::open(&c_path, c"w+").unwrap();
+        assert_eq!(f.write(b"hello\nworld\n"), 12);
+        assert_eq!(f.seek(0, libc::SEEK_SET), 0);
+        assert_eq!(f.read(1), b"h");
+        assert_eq!(f.ungetc(c_int::from(b'H')), c_int::from(b'H'));
+        assert_eq!(f.tell(), 0, "ungetc moves the position back");
+        assert_eq!(
+            f.ungetc(c_int::from(b'x')),
+            libc::EOF,
+            "one byte of pushback"
+        );
+        assert_eq!(f.gets(100).unwrap(), b"Hello\n\0");
+        assert_eq!(f.read(100), b"world\n");
+        assert_eq!(f.eof(), 1);
+        assert_eq!(f.ungetc(c_int::from(b'!')), c_int::from(b'!'));
+        assert_eq!(f.eof(), 0, "ungetc clears end-of-file");
+        assert_eq!(f.gets(2).unwrap(), b"!\0");
+        assert_eq!(f.gets(100), None);
+        // fseek drops the pushed-back byte; SEEK_CUR counts from the position ungetc left.
+        assert_eq!(f.seek(3, libc::SEEK_SET), 0);
+        f.ungetc(c_int::from(b'?'));
+        assert_eq!(f.seek(1, libc::SEEK_CUR), 0);
+        assert_eq!(f.tell(), 3);
+        assert_eq!(f.read(1), b"l");
+        // Output after input: written where the reads left off (after ungetc: one back).
+        f.ungetc(c_int::from(b'L'));
+        assert_eq!(f.write(b"XY"), 2);
+        assert_eq!(f.read(3), b"\nwo", "input after output");
+        assert_eq!(f.close(), 0);
+        assert_eq!(std::fs::read(&path).unwrap(), b"helXY\nworld\n");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
