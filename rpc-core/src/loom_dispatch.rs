@@ -1,6 +1,7 @@
 //! loom models of the resumable exchanges (see `dispatch.rs`): a port waiting for its client
-//! while another is served, and an exchange abandoned once its kernel is gone (its port then
-//! serving a new kernel). The hand-off to the I/O threads is not modelled here (a model of it
+//! while another is served, an exchange abandoned once its kernel is gone (its port then
+//! serving a new kernel), and `detach` against a pass (it returns only once no pass holds the
+//! mailbox). The hand-off to the I/O threads is not modelled here (a model of it
 //! did not finish in loom within minutes); `tests/tests/interleaving.rs` covers it with real
 //! threads.
 //!

@@ -37,7 +37,8 @@
 //! Stopping under the lock and then notifies. (`epoch` matters for a user that comes and goes
 //! before the worker looks: its requests, e.g. a FREE, still get a pass.) So either the worker's check sees
 //! the change, or the worker is already waiting on `cv` (it released the lock atomically with
-//! starting to wait) when the notification comes. Spurious wake-ups just re-check.
+//! starting to wait) when the notification comes. Spurious wake-ups just re-check. (Each sleep
+//! is counted in `sleeps`, each wake-up by a new user in `wakeups`.)
 //!
 //! While users exist the worker serves passes. After passes that find nothing it backs off:
 //! passes back to back (first without, then with a spin hint), then passes separated by
