@@ -101,8 +101,8 @@ pub struct Spec {
     pub conversion: u8,
     /// Offset of the `%` in the format.
     pub at: usize,
-    /// The spec as written, from `%` to the conversion inclusive.
-    pub raw: Vec<u8>,
+    /// The length of the spec as written, from `%` to the conversion inclusive.
+    pub len: usize,
 }
 
 impl Spec {
@@ -152,7 +152,9 @@ impl std::error::Error for FormatError {}
 /// Parses `format` (without its trailing NUL; it stops at the first NUL if there is one).
 pub fn parse(format: &[u8]) -> Result<Vec<Piece<'_>>, FormatError> {
     let format = format.split(|&b| b == 0).next().unwrap_or_default();
-    let mut pieces = Vec::new();
+    // A literal and a spec per `%` at most, and a last literal: one allocation.
+    let specs = format.iter().filter(|&&b| b == b'%').count();
+    let mut pieces = Vec::with_capacity(2 * specs + 1);
     let mut rest = format;
     let mut at = 0;
     while !rest.is_empty() {
@@ -170,7 +172,7 @@ pub fn parse(format: &[u8]) -> Result<Vec<Piece<'_>>, FormatError> {
             2
         } else {
             let parsed = parse_spec(spec, at)?;
-            let used = parsed.raw.len();
+            let used = parsed.len;
             pieces.push(Piece::Spec(parsed));
             used
         };
@@ -227,7 +229,6 @@ fn parse_spec(s: &[u8], at: usize) -> Result<Spec, FormatError> {
             conversion,
         });
     }
-    let raw = s.get(..=i).unwrap_or_default().to_vec();
     Ok(Spec {
         flags,
         width,
@@ -235,7 +236,7 @@ fn parse_spec(s: &[u8], at: usize) -> Result<Spec, FormatError> {
         length,
         conversion,
         at,
-        raw,
+        len: i + 1,
     })
 }
 
@@ -410,7 +411,7 @@ pub fn format_to(
     strings: &dyn Fn(u64) -> Option<Vec<u8>>,
     sink: &mut dyn FnMut(&[u8]),
 ) -> Result<(), FormatError> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(output_bound(pieces, 0).min(CHUNK));
     walk(pieces, args, packed, |arg, piece| match (arg, piece) {
         (Some(arg), _) => {
             convert(&mut out, &arg, strings);
@@ -540,25 +541,31 @@ fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
         (CValue::Int(_) | CValue::UInt(_), Length::H) if conversion != b'c' => b"h",
         _ => b"",
     };
-    let mut spec = Vec::with_capacity(24);
-    spec.push(b'%');
+    // On the stack: at most 19 bytes (`%`, five flags, a width and a precision of at most four
+    // digits each, as both are clamped to MAX_FIELD, `.`, `ll`, the conversion and the NUL).
+    let mut buf = [0u8; 32];
+    let mut spec = &mut buf[..];
     let f = a.flags;
     let on = [f.left, f.plus, f.space, f.alt, f.zero];
-    spec.extend(
-        b"-+ #0"
-            .iter()
-            .zip(on)
-            .filter_map(|(&c, on)| on.then_some(c)),
-    );
+    let flags = b"-+ #0"
+        .iter()
+        .zip(on)
+        .filter_map(|(&c, on)| on.then_some(c));
+    let mut written = spec.write_all(b"%").is_ok();
+    for flag in flags {
+        written &= spec.write_all(&[flag]).is_ok();
+    }
     if let Some(width) = a.width.filter(|&w| w > 0) {
-        let _ = write!(spec, "{width}"); // Writing to a Vec cannot fail.
+        written &= write!(spec, "{width}").is_ok();
     }
     if let Some(precision) = a.precision {
-        let _ = write!(spec, ".{precision}");
+        written &= write!(spec, ".{precision}").is_ok();
     }
-    spec.extend_from_slice(length);
-    spec.extend_from_slice(&[conversion, 0]);
-    let spec = spec.as_ptr().cast::<c_char>();
+    written &= spec.write_all(length).is_ok() && spec.write_all(&[conversion, 0]).is_ok();
+    if !written {
+        return; // Unreachable (the fields are clamped); a cut spec must never reach snprintf.
+    }
+    let spec = buf.as_ptr().cast::<c_char>();
     let call = |buf: *mut c_char, len: usize| -> c_int {
         // SAFETY: `spec` is NUL-terminated and holds exactly one conversion (flags, digits and
         // '.' otherwise): `conversion` with `length`, whose C argument type was checked above to

@@ -447,6 +447,11 @@ pub(crate) struct Touches {
 }
 
 impl Touches {
+    /// Whether [`io`] runs such a call at once, on the server thread.
+    pub(crate) fn inline(self) -> bool {
+        !self.blocks && !self.stdin
+    }
+
     /// What a call on these streams touches.
     pub(crate) fn streams<'t>(targets: impl IntoIterator<Item = &'t Target>) -> Touches {
         targets

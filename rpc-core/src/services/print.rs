@@ -33,15 +33,21 @@ use crate::printf::{args_size, format_to, output_bound, parse, string_pointers, 
 use crate::registry::Request;
 use crate::Result;
 
-/// Where one lane stands.
-enum Lane<'f> {
-    /// Refused: the lane answers -1.
-    Refused,
-    /// Parsed, printing to the target.
-    Parsed(Vec<Piece<'f>>, Target),
+/// One lane of a printf request.
+#[derive(Default)]
+struct Lane<'f> {
+    /// The parsed format and the stream it prints to; `None` once the lane is refused (it
+    /// answers -1).
+    parsed: Option<(Vec<Piece<'f>>, Target)>,
+    /// Non-null `%s` pointers not fetched yet (popped last-first), and the one asked for now.
+    pending: Vec<u64>,
+    asked: u64,
+    /// The strings fetched, by pointer.
+    strings: HashMap<u64, Vec<u8>>,
 }
 
-/// Serves every PRINTF_TO_* opcode.
+/// Serves every PRINTF_TO_* opcode. The lanes' state is one vector (a request costs few
+/// allocations: printf is the busiest opcode there is).
 pub(crate) async fn printf(mut req: Request) -> Result<()> {
     let opcode = req.opcode();
     let packed = matches!(
@@ -77,8 +83,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
 
     // 2, 3. The formats, and the argument sizes they need.
     let formats = req.recv_n().await?;
-    let mut lanes: Vec<Lane<'_>> = (0..req.lane_size()).map(|_| Lane::Refused).collect();
-    let mut sizes = per_lane(&req, 0u64);
+    let mut lanes: Vec<Lane<'_>> = (0..req.lane_size()).map(|_| Lane::default()).collect();
     for lane in active(&req) {
         let i = lane as usize;
         let format = &formats[i];
@@ -88,59 +93,62 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             continue;
         };
         match parse(format) {
-            Ok(pieces) => {
-                sizes[i] = args_size(&pieces, packed) as u64;
-                lanes[i] = Lane::Parsed(pieces, target);
-            }
+            Ok(pieces) => lanes[i].parsed = Some((pieces, target)),
             Err(error) => refusals.lane(lane, format!("{error} in {}", quoted(format))),
         }
     }
-    req.send(|lane, p| p.set_word(0, sizes[lane as usize]))
-        .await?;
+    req.send(|lane, p| {
+        let size = lanes[lane as usize]
+            .parsed
+            .as_ref()
+            .map_or(0, |(pieces, _)| args_size(pieces, packed));
+        p.set_word(0, size as u64)
+    })
+    .await?;
 
     // 4. The arguments, and the strings they point to.
     let args = req.recv_n().await?;
-    let mut pending: Vec<Vec<u64>> = per_lane(&req, Vec::new());
     for lane in active(&req) {
-        let i = lane as usize;
-        let Lane::Parsed(pieces, _) = &lanes[i] else {
+        let (i, state) = (lane as usize, &mut lanes[lane as usize]);
+        let Some((pieces, _)) = &state.parsed else {
             continue;
         };
         match string_pointers(pieces, &args[i], packed) {
-            Ok(pointers) => pending[i] = pointers,
+            Ok(pointers) => state.pending = pointers,
             Err(why) => {
                 refusals.lane(lane, format!("{why} for {}", quoted(&formats[i])));
-                lanes[i] = Lane::Refused;
+                state.parsed = None;
             }
         }
     }
 
     // 5. Fetch the strings, last-first, each pointer once, within the request's budget.
     let mut budget = context.config.limits.printf_string_bytes;
-    let mut strings: Vec<HashMap<u64, Vec<u8>>> = per_lane(&req, HashMap::new());
     loop {
-        let mut asked = per_lane(&req, 0u64);
+        let mut asking = false;
         for lane in active(&req) {
-            let i = lane as usize;
-            while let Some(pointer) = pending[i].pop() {
-                if !strings[i].contains_key(&pointer) {
-                    asked[i] = pointer;
+            let state = &mut lanes[lane as usize];
+            state.asked = 0;
+            while let Some(pointer) = state.pending.pop() {
+                if !state.strings.contains_key(&pointer) {
+                    state.asked = pointer;
+                    asking = true;
                     break;
                 }
             }
         }
-        if asked.iter().all(|&pointer| pointer == 0) {
+        if !asking {
             break;
         }
         req.send(|lane, p| {
             p.set_word(0, 0);
-            p.set_word(1, asked[lane as usize]);
+            p.set_word(1, lanes[lane as usize].asked);
         })
         .await?;
         let mut fetched = req.recv_n().await?;
         for lane in active(&req) {
-            let i = lane as usize;
-            if asked[i] == 0 || matches!(lanes[i], Lane::Refused) {
+            let (i, state) = (lane as usize, &mut lanes[lane as usize]);
+            if state.asked == 0 || state.parsed.is_none() {
                 continue;
             }
             let len = fetched[i].len() as u64;
@@ -152,64 +160,63 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
                         context.config.limits.printf_string_bytes
                     ),
                 );
-                lanes[i] = Lane::Refused;
-                pending[i].clear();
-                strings[i].clear();
+                *state = Lane::default();
                 continue;
             }
             budget -= len;
-            strings[i].insert(asked[i], std::mem::take(&mut fetched[i]));
+            state
+                .strings
+                .insert(state.asked, std::mem::take(&mut fetched[i]));
         }
     }
 
-    // 6. Format and print in pieces (on an I/O thread if any lane prints to a file or may
-    // print much), reply.
-    let mut jobs = Vec::new();
+    // 6. Format and print in pieces, here or (if any lane prints to a file or may print
+    // much) on an I/O thread; reply.
     let mut long = false;
-    for lane in active(&req) {
-        let i = lane as usize;
-        let Lane::Parsed(pieces, target) = &mut lanes[i] else {
-            continue;
-        };
-        let fetched = strings[i].values().map(Vec::len).sum();
-        long |= output_bound(pieces, fetched) > CHUNK;
-        jobs.push((lane, std::mem::replace(target, Target::Stdout)));
+    for state in &lanes {
+        if let Some((pieces, _)) = &state.parsed {
+            let fetched = state.strings.values().map(Vec::len).sum();
+            long |= output_bound(pieces, fetched) > CHUNK;
+        }
     }
-    drop(lanes); // The parsed pieces borrow `formats`, which the print call takes.
-    let mut touches = super::Touches::streams(jobs.iter().map(|(_, target)| target));
+    let mut touches =
+        super::Touches::streams(lanes.iter().filter_map(|s| s.parsed.as_ref().map(|p| &p.1)));
     touches.blocks |= long;
-    let printed = super::io(&req, touches, move |context| {
-        jobs.into_iter()
-            .map(|(lane, target)| {
-                let i = lane as usize;
-                let strings = &strings[i];
-                let fetch = |p| strings.get(&p).cloned();
-                let (mut written, mut lost) = (0u64, false);
-                let mut sink = |chunk: &[u8]| {
-                    // After a failed write nothing more is written: C's printf stops too.
-                    if !lost {
-                        let n = context.services.write(&target, chunk);
-                        written += n as u64;
-                        lost = n < chunk.len();
-                    }
-                };
-                let result = parse(&formats[i])
-                    .and_then(|pieces| format_to(&pieces, &args[i], packed, &fetch, &mut sink));
-                let outcome = match result {
-                    Err(error) => Err(error.to_string()),
-                    Ok(()) if lost => Ok(None),
-                    Ok(()) => Ok(Some(written)),
-                };
-                (lane, outcome)
-            })
-            .collect::<Vec<_>>()
-    })
-    .await?;
     let mut results = per_lane(&req, c_result(-1));
-    for (lane, outcome) in printed {
-        match outcome {
-            Ok(written) => results[lane as usize] = written.unwrap_or(c_result(-1)),
-            Err(why) => refusals.lane(lane, why),
+    let mut record = |lane: usize, printed: Printed| match printed {
+        Ok(written) => results[lane] = written.unwrap_or(c_result(-1)),
+        Err(why) => refusals.lane(lane as u32, why),
+    };
+    if touches.inline() {
+        for (i, state) in lanes.iter().enumerate() {
+            if let Some((pieces, target)) = &state.parsed {
+                record(
+                    i,
+                    print(services, target, pieces, &args[i], packed, &state.strings),
+                );
+            }
+        }
+    } else {
+        // The parsed pieces borrow `formats`, which the call takes: they are parsed again there.
+        let jobs: Vec<_> = lanes
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, state)| Some((i, state.parsed?.1, state.strings)))
+            .collect();
+        let printed = super::io(&req, touches, move |context| {
+            let run = |(i, target, strings): (usize, Target, HashMap<u64, Vec<u8>>)| {
+                let printed = parse(&formats[i]).map_err(|e| e.to_string());
+                let printed = printed.and_then(|pieces| {
+                    let services = &context.services;
+                    print(services, &target, &pieces, &args[i], packed, &strings)
+                });
+                (i, printed)
+            };
+            jobs.into_iter().map(run).collect::<Vec<_>>()
+        })
+        .await?;
+        for (i, outcome) in printed {
+            record(i, outcome);
         }
     }
     req.send(|lane, p| {
@@ -218,6 +225,32 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     })
     .await?;
     refusals.finish()
+}
+
+/// What printing one lane came to: the bytes written, `None` if a write failed (nothing more
+/// is written after that, as C's printf stops too), or why the arguments do not fit.
+type Printed = core::result::Result<Option<u64>, String>;
+
+/// Formats one lane's output and writes it to `target` in pieces of [`CHUNK`] bytes.
+fn print(
+    services: &super::Services,
+    target: &Target,
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &HashMap<u64, Vec<u8>>,
+) -> Printed {
+    let fetch = |p| strings.get(&p).cloned();
+    let (mut written, mut lost) = (0u64, false);
+    let mut sink = |chunk: &[u8]| {
+        if !lost {
+            let n = services.write(target, chunk);
+            written += n as u64;
+            lost = n < chunk.len();
+        }
+    };
+    format_to(pieces, args, packed, &fetch, &mut sink).map_err(|e| e.to_string())?;
+    Ok((!lost).then_some(written))
 }
 
 /// A format for a log line: lossy UTF-8, quoted, cut at 80 characters.
