@@ -54,6 +54,8 @@ pub mod sync;
 #[cfg(all(test, loom))]
 mod loom_dispatch;
 #[cfg(all(test, loom))]
+mod loom_io_pool;
+#[cfg(all(test, loom))]
 mod loom_protocol;
 #[cfg(all(test, loom))]
 mod loom_server_thread;

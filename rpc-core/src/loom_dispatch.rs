@@ -1,9 +1,9 @@
 //! loom models of the resumable exchanges (see `dispatch.rs`): a port waiting for its client
 //! while another is served, an exchange abandoned once its kernel is gone (its port then
 //! serving a new kernel), and `detach` against a pass (it returns only once no pass holds the
-//! mailbox). The hand-off to the I/O threads is not modelled here (a model of it
-//! did not finish in loom within minutes); `tests/tests/interleaving.rs` covers it with real
-//! threads.
+//! mailbox). The hand-off to the I/O threads is modelled on the pool alone in `loom_io_pool`
+//! (a model with the passes too did not finish in loom within minutes);
+//! `tests/tests/interleaving.rs` covers the two together with real threads.
 //!
 //! The passes run on a model thread of their own, as the worker runs them but without its
 //! sleeping and back-off (`loom_server_thread` models those): the state here is the per-port
