@@ -14,7 +14,12 @@ use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
 #[cfg(feature = "host")]
 mod host;
 
-const USAGE: &str = "usage: rpc-demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]";
+const USAGE: &str = "\
+usage: rpc-demo [--plugin host|cuda|amdgpu] [--image FILE [--kernel NAME]]
+  --plugin host     the host plugin's own kernels (the default)
+  --plugin cuda|amdgpu --image FILE [--kernel NAME]
+                    run kernel NAME (default `main`) of a device image on the first GPU
+  --help            this text";
 
 struct Args {
     plugin: String,
@@ -22,21 +27,44 @@ struct Args {
     kernel: String,
 }
 
-fn parse_args() -> Result<Args, String> {
+/// Why the command line is not run: a usage error (exit 2) or `--help` (exit 0).
+enum NotRun {
+    Usage(String),
+    Help,
+}
+
+fn parse_args() -> Result<Args, NotRun> {
+    use lexopt::Arg::{Long, Short};
+    let usage = |why: String| NotRun::Usage(why);
     let mut args = Args {
         plugin: "host".into(),
         image: None,
         kernel: "main".into(),
     };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--plugin" => args.plugin = value()?,
-            "--image" => args.image = Some(value()?),
-            "--kernel" => args.kernel = value()?,
-            _ => return Err(format!("unknown argument {flag:?}")),
+    let mut kernel_given = false;
+    let mut parser = lexopt::Parser::from_env();
+    while let Some(arg) = parser.next().map_err(|e| usage(e.to_string()))? {
+        let value = |parser: &mut lexopt::Parser| -> Result<String, NotRun> {
+            let value = parser.value().map_err(|e| usage(e.to_string()))?;
+            Ok(value.to_string_lossy().into_owned())
+        };
+        match arg {
+            Long("help") | Short('h') => return Err(NotRun::Help),
+            Long("plugin") => args.plugin = value(&mut parser)?,
+            Long("image") => args.image = Some(value(&mut parser)?),
+            Long("kernel") => {
+                args.kernel = value(&mut parser)?;
+                kernel_given = true;
+            }
+            other => return Err(usage(other.unexpected().to_string())),
         }
+    }
+    if args.plugin == "host" && (args.image.is_some() || kernel_given) {
+        return Err(usage(
+            "--image and --kernel are for the cuda and amdgpu plugins (the host demo runs its \
+             own kernels)"
+                .into(),
+        ));
     }
     Ok(args)
 }
@@ -106,8 +134,12 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args = match parse_args() {
         Ok(args) => args,
-        Err(message) => {
-            eprintln!("rpc-demo: {message}\n{USAGE}");
+        Err(NotRun::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(NotRun::Usage(message)) => {
+            eprintln!("rpc-demo: {message}\n\n{USAGE}");
             return ExitCode::from(2);
         }
     };

@@ -74,6 +74,19 @@ fn bad_arguments_exit_with_code_2() {
     let (code, _, stderr) = demo(&["--plugin"]);
     assert_eq!(code, Some(2));
     assert!(stderr.contains("usage: rpc-demo"), "{stderr}");
+    for bad in [
+        &["--frob"][..],
+        &["--plugin", "host", "--image", "x.o"],
+        &["--kernel", "main"],
+        &["stray"],
+    ] {
+        let (code, _, stderr) = demo(bad);
+        assert_eq!(code, Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains("usage: rpc-demo"), "{bad:?}: {stderr}");
+    }
+    let (code, stdout, _) = demo(&["--help"]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("usage: rpc-demo"), "{stdout}");
     let (code, _, stderr) = demo(&["--plugin", "tpu"]);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("unknown plugin \"tpu\""), "{stderr}");

@@ -49,11 +49,17 @@ pub struct StressConfig {
 
 impl StressConfig {
     /// `threads` x `ops` with the seed from `RPC_STRESS_SEED` if set, else from the clock.
+    ///
+    /// # Panics
+    /// If `RPC_STRESS_SEED` is set to anything but a whole number: a replay must not silently
+    /// run other choices.
     pub fn new(threads: usize, ops: usize) -> Self {
-        let seed = std::env::var("RPC_STRESS_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(clock_seed);
+        let seed = match std::env::var("RPC_STRESS_SEED") {
+            Ok(text) => text
+                .parse()
+                .unwrap_or_else(|_| panic!("RPC_STRESS_SEED wants a whole number, not `{text}`")),
+            Err(_) => clock_seed(),
+        };
         StressConfig {
             threads,
             ops,

@@ -37,34 +37,22 @@ use rpc_core::{
     UserGuard,
 };
 
+use crate::flags::Flags;
 use crate::project_root;
 
 /// Runs the benchmarks. A debug build of xtask (what `cargo xtask` runs) re-runs itself with
 /// `cargo run --release`, so the figures are always those of optimised code.
-pub fn run(args: &[String]) -> Result<(), String> {
-    let mut quick = false;
-    let mut pin = false;
-    let mut latency_only = false;
-    let mut args_left = args.iter();
-    while let Some(arg) = args_left.next() {
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--pin" => pin = true,
-            "--latency-only" => latency_only = true,
-            "--park-us" => {
-                let us: u64 = args_left
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .ok_or("bench: --park-us needs a number of microseconds")?;
-                PARK_US.store(us, Ordering::Relaxed);
-            }
-            other => {
-                return Err(format!(
-                    "bench: unknown argument {other:?} \
-                     (usage: bench [--quick] [--pin] [--latency-only] [--park-us N])"
-                ))
-            }
-        }
+pub fn run(args: &[String]) -> crate::Result {
+    let valued = ["park-us"];
+    let flags = Flags::parse_with("bench", args, &valued, &["quick", "pin", "latency-only"])?;
+    let quick = flags.switch("quick");
+    let latency_only = flags.switch("latency-only");
+    if flags.get("park-us").is_some() {
+        let us = flags.number("park-us", None, 1, 1_000_000)?;
+        PARK_US.store(us, Ordering::Relaxed);
+    }
+    if flags.switch("pin") {
+        PIN.store(true, Ordering::Relaxed);
     }
     if cfg!(debug_assertions) {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -85,18 +73,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
         return if status.success() {
             Ok(())
         } else {
-            Err(format!("bench: the release run failed ({status})"))
+            Err(format!("bench: the release run failed ({status})").into())
         };
-    }
-    if pin {
-        PIN.store(true, Ordering::Relaxed);
     }
     let settings = if quick {
         Settings::QUICK
     } else {
         Settings::FULL
     };
-    run_release(settings, latency_only)
+    Ok(run_release(settings, latency_only)?)
 }
 
 /// How long and how often to measure.

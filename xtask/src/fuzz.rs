@@ -14,7 +14,7 @@ const TARGETS: [&str; 2] = ["mailbox", "printf"];
 
 pub fn run(args: &[String]) -> crate::Result {
     let flags = Flags::parse("fuzz", args, &["seconds", "target"])?;
-    let seconds: u64 = flags.number("seconds", Some(60))?;
+    let seconds = flags.number("seconds", Some(60), 1, 86_400)?;
     let targets: Vec<&str> = match flags.get("target") {
         None => TARGETS.to_vec(),
         Some(name) => vec![*TARGETS.iter().find(|t| **t == name).ok_or_else(|| {

@@ -9,6 +9,8 @@
 //! `bash target/gpu-check/run.sh`.
 
 use std::path::{Path, PathBuf};
+
+use crate::flags::Flags;
 use std::process::Command;
 
 /// The target the GPU machines run.
@@ -24,18 +26,13 @@ const CLANGS: &[&str] = &[
     "clang++-14",
 ];
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    let mut use_clang = true;
-    for arg in args {
-        match arg.as_str() {
-            "--no-clang" => use_clang = false,
-            other => {
-                return Err(format!(
-                    "gpu-check: unknown argument {other:?} (usage: gpu-check [--no-clang])"
-                ))
-            }
-        }
-    }
+pub fn run(args: &[String]) -> crate::Result {
+    let use_clang = !Flags::parse_with("gpu-check", args, &[], &["no-clang"])?.switch("no-clang");
+    Ok(prepare(use_clang)?)
+}
+
+/// Builds and gathers the kit in `target/gpu-check/`.
+fn prepare(use_clang: bool) -> Result<(), String> {
     let root = workspace_root();
     let sources = root.join("plugin-cuda/gpu-check");
     let out = root.join("target/gpu-check");

@@ -23,8 +23,9 @@ fn parse(args: &[String]) -> Result<Layout> {
             )))
         }
     };
-    let ports = flags.number("ports", None)?;
-    let lanes = flags.number("lanes", None)?;
+    // Layout::new says which counts a generation takes; these bounds only keep them in u32.
+    let ports = flags.number("ports", None, 0, u64::from(u32::MAX))? as u32;
+    let lanes = flags.number("lanes", None, 0, u64::from(u32::MAX))? as u32;
     Layout::new(generation, ports, lanes).map_err(|e| Failure::Usage(format!("layout: {e}")))
 }
 

@@ -79,29 +79,15 @@ impl From<String> for Problem {
 }
 
 pub fn run(args: &[String]) -> Result {
-    let mut allow_skip = false;
-    let mut only: Option<Generation> = None;
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--allow-skip" => allow_skip = true,
-            "--gen" => {
-                let value = args
-                    .next()
-                    .ok_or_else(|| Failure::Usage("llvm-client: --gen needs v1 or v2".into()))?;
-                only = Some(
-                    value
-                        .parse()
-                        .map_err(|e| Failure::Usage(format!("llvm-client: --gen: {e}")))?,
-                );
-            }
-            other => {
-                return Err(Failure::Usage(format!(
-                    "llvm-client: unexpected argument `{other}`"
-                )))
-            }
-        }
-    }
+    let flags = crate::flags::Flags::parse_with("llvm-client", args, &["gen"], &["allow-skip"])?;
+    let allow_skip = flags.switch("allow-skip");
+    let only: Option<Generation> = match flags.get("gen") {
+        Some(text) => Some(
+            text.parse()
+                .map_err(|e| Failure::Usage(format!("llvm-client: --gen: {e}")))?,
+        ),
+        None => None,
+    };
     let root = project_root();
     let started = Instant::now();
 

@@ -1,7 +1,8 @@
 //! `cargo xtask`: the project's automation, as a plain Rust binary (alias in `.cargo/config.toml`).
 //!
-//! Arguments are parsed by hand ([`flags`]): the commands take a few `--name value` flags and
-//! nothing more. A usage error exits with status 2, a failing command with status 1.
+//! Arguments are parsed with `lexopt` ([`flags`]): the commands take a few `--name value` flags
+//! and switches, and `--help`. A usage error exits with status 2 (the message, then the
+//! command's usage), a failing command with status 1.
 
 mod bench;
 mod flags;
@@ -51,12 +52,14 @@ pub enum Failure {
     Usage(String),
     /// The command ran and failed: the message; exit status 1.
     Failed(String),
+    /// `--help` was asked for: the text to print; exit status 0.
+    Help(String),
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(why) | Failure::Failed(why) => f.write_str(why),
+            Failure::Usage(why) | Failure::Failed(why) | Failure::Help(why) => f.write_str(why),
         }
     }
 }
@@ -69,6 +72,20 @@ impl From<String> for Failure {
 }
 
 pub type Result<T = ()> = std::result::Result<T, Failure>;
+
+/// The lines of [`USAGE`] about `command` (its line and the indented lines that follow it).
+pub fn usage_of(command: &str) -> String {
+    let mut lines = USAGE.lines().skip_while(|line| {
+        let name = line.split_whitespace().next();
+        !(line.starts_with("  ") && !line.starts_with("   ") && name == Some(command))
+    });
+    let Some(first) = lines.next() else {
+        return USAGE.to_string();
+    };
+    let rest = lines.take_while(|line| line.starts_with("    ") && !line.trim().is_empty());
+    let body: Vec<&str> = std::iter::once(first).chain(rest).collect();
+    format!("usage: cargo xtask {}", body.join("\n").trim_start())
+}
 
 /// The workspace root (the folder above this crate).
 pub fn project_root() -> PathBuf {
@@ -95,11 +112,11 @@ fn run(args: &[String]) -> Result {
         "test" => test::run(rest),
         "layout" => layout::run(rest),
         "stress" => stress::run(rest),
-        "bench" => Ok(bench::run(rest)?),
-        "gpu-check" => Ok(gpu_check::run(rest)?),
+        "bench" => bench::run(rest),
+        "gpu-check" => gpu_check::run(rest),
         "soak" => soak::run(rest),
         "fuzz" => fuzz::run(rest),
-        "sanitize" => Ok(sanitize::run(rest)?),
+        "sanitize" => sanitize::run(rest),
         "llvm-client" => llvm_client::run(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
@@ -113,13 +130,90 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Help(text)) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
         Err(Failure::Usage(why)) => {
-            eprintln!("xtask: {why}\n\n{USAGE}");
+            let command = args.first().map(String::as_str).unwrap_or_default();
+            eprintln!("xtask: {why}\n\n{}", usage_of(command));
             ExitCode::from(2)
         }
         Err(Failure::Failed(why)) => {
             eprintln!("xtask: {why}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_command_has_its_own_usage_lines() {
+        let commands = [
+            "demo",
+            "test",
+            "devices",
+            "build",
+            "layout",
+            "stress",
+            "bench",
+            "gpu-check",
+            "soak",
+            "fuzz",
+            "sanitize",
+            "llvm-client",
+        ];
+        for command in commands {
+            let usage = usage_of(command);
+            assert!(
+                usage.starts_with(&format!("usage: cargo xtask {command}")),
+                "{usage}"
+            );
+            assert!(usage.len() < USAGE.len() / 3, "{command}: {usage}");
+        }
+        assert_eq!(usage_of("frob"), USAGE);
+    }
+
+    #[test]
+    fn usage_errors_and_help_from_every_command_line() {
+        let args =
+            |line: &str| -> Vec<String> { line.split_whitespace().map(String::from).collect() };
+        for line in [
+            "layout --help",
+            "stress -h",
+            "soak --seconds 5 --help",
+            "bench --help",
+            "gpu-check --help",
+            "sanitize --help",
+            "llvm-client --help",
+            "test --help",
+            "build --help",
+        ] {
+            assert!(matches!(run(&args(line)), Err(Failure::Help(_))), "{line}");
+        }
+        for line in [
+            "layout --frob",
+            "layout --gen v1 --ports 99999999999 --lanes 1",
+            "stress --threads 99999999999",
+            "stress --threads 100000",
+            "stress --ops 0",
+            "soak --seconds 0",
+            "soak --seconds 99999999999",
+            "bench --frob",
+            "gpu-check --frob",
+            "sanitize frob",
+            "llvm-client --gen v3",
+            "test extra",
+            "build --plugin tpu",
+            "build --plugin host --release=yes",
+            "demo --plugin host --image x",
+            "demo --plugin host --kernel y",
+            "frob",
+        ] {
+            assert!(matches!(run(&args(line)), Err(Failure::Usage(_))), "{line}");
         }
     }
 }

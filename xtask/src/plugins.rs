@@ -31,9 +31,20 @@ pub fn demo(args: &[String]) -> Result {
             "demo: --plugin is host, cuda or amdgpu, not `{plugin}`"
         )));
     }
+    if plugin == "host" {
+        if let Some(name) = ["image", "kernel"]
+            .into_iter()
+            .find(|n| flags.get(n).is_some())
+        {
+            return Err(Failure::Usage(format!(
+                "demo: --{name} is for the cuda and amdgpu plugins (the host demo runs its own kernels)"
+            )));
+        }
+    }
+    // Not `--quiet`: the first run builds for a while, and cargo's progress says so.
     let mut command = Command::new(cargo());
     command.args([
-        "run", "--quiet", "-p", "demo", "--bin", "rpc-demo", "--", "--plugin", plugin,
+        "run", "-p", "demo", "--bin", "rpc-demo", "--", "--plugin", plugin,
     ]);
     for name in ["image", "kernel"] {
         if let Some(value) = flags.get(name) {
@@ -58,9 +69,8 @@ pub fn devices(args: &[String]) -> Result {
 /// `cargo xtask build`: the plugin crates are features of the binary that embeds them
 /// (`rpc-demo`); the host plugin also brings `rpc-serve`.
 pub fn build(args: &[String]) -> Result {
-    let release = args.iter().any(|a| a == "--release");
-    let rest: Vec<String> = args.iter().filter(|a| *a != "--release").cloned().collect();
-    let flags = Flags::parse("build", &rest, &["plugin"])?;
+    let flags = Flags::parse_with("build", args, &["plugin"], &["release"])?;
+    let release = flags.switch("release");
     let chosen: Vec<&str> = match flags.required("plugin")? {
         "all" => PLUGINS.to_vec(),
         one if PLUGINS.contains(&one) => vec![one],
@@ -71,36 +81,36 @@ pub fn build(args: &[String]) -> Result {
         }
     };
     let profile = if release { "release" } else { "debug" };
-    let with_profile = |command: &mut Command| {
+    // A binary with fewer plugins goes to a target folder of its own, so it never replaces
+    // the `rpc-demo` with every plugin that `cargo xtask demo` builds.
+    let target = if chosen == PLUGINS {
+        project_root().join("target")
+    } else {
+        project_root().join("target/plugins").join(chosen.join("-"))
+    };
+    let cargo_build = |package: &str, binary: &str| {
+        let mut command = Command::new(cargo());
+        command.args(["build", "-p", package, "--bin", binary]);
+        command.arg("--target-dir").arg(&target);
         if release {
             command.arg("--release");
         }
+        command
     };
-    let mut demo = Command::new(cargo());
-    demo.args([
-        "build",
-        "-p",
-        "demo",
-        "--bin",
-        "rpc-demo",
-        "--no-default-features",
-    ]);
-    demo.args(["--features", &chosen.join(",")]);
-    with_profile(&mut demo);
+    let mut demo = cargo_build("demo", "rpc-demo");
+    demo.args(["--no-default-features", "--features", &chosen.join(",")]);
     status(&mut demo, "cargo build (rpc-demo)")?;
-    if chosen.contains(&"host") {
-        let mut serve = Command::new(cargo());
-        serve.args(["build", "-p", "plugin-host", "--bin", "rpc-serve"]);
-        with_profile(&mut serve);
-        status(&mut serve, "cargo build (rpc-serve)")?;
-    }
-    let dir = project_root().join("target").join(profile);
+    let dir = target.join(profile);
     println!(
         "built {} (plugins: {})",
         dir.join("rpc-demo").display(),
         chosen.join(", ")
     );
     if chosen.contains(&"host") {
+        status(
+            &mut cargo_build("plugin-host", "rpc-serve"),
+            "cargo build (rpc-serve)",
+        )?;
         println!("built {}", dir.join("rpc-serve").display());
     }
     Ok(())

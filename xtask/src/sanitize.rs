@@ -6,7 +6,7 @@
 //! builds into its own target directory (`target/sanitize-thread`, `target/sanitize-address`).
 //! What works, what does not and why: docs/reliability.md, "Sanitizers".
 
-use crate::project_root;
+use crate::{project_root, Failure};
 use std::process::Command;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -18,7 +18,7 @@ const SKIP: &[&str] = &["an_idle_server_uses_no_measurable_cpu"];
 /// (correctly ordered) write as a race. The mailbox itself is all atomics and never reported.
 const SKIP_THREAD: &[&str] = &["malloc_and_free_through_the_plugin_allocator"];
 
-pub fn run(args: &[String]) -> Result<(), String> {
+pub fn run(args: &[String]) -> crate::Result {
     let (ours, test_args) = match args.iter().position(|a| a == "--") {
         Some(at) => (&args[..at], &args[at + 1..]),
         None => (args, &[][..]),
@@ -26,12 +26,12 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut sanitizers: Vec<&str> = Vec::new();
     for arg in ours {
         match arg.as_str() {
+            "--help" | "-h" => return Err(Failure::Help(crate::usage_of("sanitize"))),
             "thread" | "address" => sanitizers.push(arg),
             other => {
-                return Err(format!(
-                    "sanitize: unknown argument {other}; usage: cargo xtask sanitize \
-                     [thread|address]... [-- TEST ARGS]"
-                ))
+                return Err(Failure::Usage(format!(
+                    "sanitize: unknown argument `{other}` (thread or address)"
+                )))
             }
         }
     }
@@ -73,9 +73,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         eprintln!("sanitize: {sanitizer}: {command:?}");
         let status = command.status().map_err(|e| format!("cargo: {e}"))?;
         if !status.success() {
-            return Err(format!(
-                "rpc-core's tests under {sanitizer} sanitizer: {status}"
-            ));
+            return Err(format!("rpc-core's tests under {sanitizer} sanitizer: {status}").into());
         }
         println!("sanitize: {sanitizer}: the tests pass");
     }

@@ -8,7 +8,8 @@ use crate::flags::Flags;
 use crate::Result;
 
 pub fn run(args: &[String]) -> Result {
-    let seconds = Flags::parse("soak", args, &["seconds"])?.number("seconds", Some(30))?;
+    let seconds =
+        Flags::parse("soak", args, &["seconds"])?.number("seconds", Some(30), 1, 86_400)?;
     let report = tests::soak::run(seconds)?;
     println!("{report}");
     if report.clean() {

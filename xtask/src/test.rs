@@ -114,11 +114,7 @@ const STEPS: &[Step] = &[
 ];
 
 pub fn run(args: &[String]) -> Result {
-    if let Some(arg) = args.first() {
-        return Err(Failure::Usage(format!(
-            "test: takes no arguments, got `{arg}`"
-        )));
-    }
+    crate::flags::Flags::parse("test", args, &[])?;
     run_steps(STEPS)
 }
 
