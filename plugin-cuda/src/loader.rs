@@ -294,14 +294,26 @@ impl LibCuda {
     /// Opens the first of `names` that loads and resolves the table from it. `Err` is the
     /// reason there is no driver: `libcuda.so.1 not found`, or
     /// `missing symbol cuLaunchHostFunc in libcuda.so.1` (a driver older than CUDA 11.2).
+    /// A library that is there but does not load (a broken install, a missing dependency, the
+    /// wrong architecture) says so with the loader's own message, not "not found".
     pub fn open(names: &[&str]) -> Result<LibCuda, String> {
+        let mut broken = None;
         for &name in names {
             // SAFETY: loading a library runs its initialisers; libcuda's (and any library
             // installed under these names) are the vendor's and are meant to be loaded so.
             let library = match unsafe { Library::new(name) } {
                 Ok(library) => library,
                 Err(error) => {
+                    // libloading's own text is "dlopen failed"; the reason is its source.
+                    let error = match std::error::Error::source(&error) {
+                        Some(source) => source.to_string(),
+                        None => error.to_string(),
+                    };
                     log::debug!("cuda: cannot load {name}: {error}");
+                    // dlerror's text for "no such file": the one failure that means absent.
+                    if !error.contains("No such file or directory") && broken.is_none() {
+                        broken = Some(format!("cannot load {name}: {error}"));
+                    }
                     continue;
                 }
             };
@@ -314,10 +326,9 @@ impl LibCuda {
                 _library: library,
             });
         }
-        Err(format!(
-            "{} not found",
-            names.first().copied().unwrap_or("libcuda")
-        ))
+        Err(broken.unwrap_or_else(|| {
+            format!("{} not found", names.first().copied().unwrap_or("libcuda"))
+        }))
     }
 
     /// The library name that was loaded.
@@ -575,6 +586,22 @@ mod tests {
     fn a_missing_library_is_a_reason_not_a_panic() {
         let error = LibCuda::open(&["libcuda-not-installed.so.1"]).unwrap_err();
         assert_eq!(error, "libcuda-not-installed.so.1 not found");
+    }
+
+    #[test]
+    fn a_library_that_does_not_load_says_why() {
+        let dir = std::env::temp_dir().join(format!("cuda-loader-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let broken = dir.join("libcuda.so.1");
+        std::fs::write(&broken, b"not an ELF file").unwrap();
+        let path = broken.to_str().unwrap();
+        let error = LibCuda::open(&["libcuda-not-installed.so.1", path]).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            error.starts_with(&format!("cannot load {path}: ")),
+            "{error}"
+        );
+        assert!(!error.contains("not found"), "{error}");
     }
 
     #[cfg(target_os = "linux")]
