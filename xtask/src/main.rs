@@ -37,7 +37,7 @@ commands:
   bench [--quick] [--pin] [--latency-only] [--park-us N]
                                          the performance table (docs/performance.md)
   gpu-check [--no-clang]                 prepare target/gpu-check/ for a machine with an NVIDIA GPU
-  soak [--seconds S]                     two plugins under mixed traffic; nothing lost or leaked
+  soak [--seconds S] [--json]            two plugins under mixed traffic; nothing lost or leaked
   fuzz [--seconds S] [--target mailbox|printf]
                                          cargo fuzz on a fuzzed mailbox and the printf parser
   sanitize [thread|address]... [-- ARGS] rpc-core's tests under ThreadSanitizer/AddressSanitizer

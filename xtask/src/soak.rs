@@ -1,22 +1,58 @@
-//! `cargo xtask soak [--seconds S]`: two plugin-host runtimes with mixed traffic for S seconds
-//! (default 30), then exactly one line on stdout:
-//! `requests=.. answered=.. lost=0 errors_expected=.. errors_unexpected=0 leaked=0`.
-//! Fails (exit 1) if anything was lost, failed unexpectedly or leaked. The soak itself lives in
-//! the `tests` crate (`tests::soak`), beside the other reliability tests.
+//! `cargo xtask soak [--seconds S] [--json]`: two plugin-host runtimes with mixed traffic for S
+//! seconds (default 30), then exactly one line on stdout:
+//! `requests=.. answered=.. lost=0 errors_expected=.. errors_unexpected=0 leaked=0`, or with
+//! `--json` one JSON object with the same fields and `"clean"`. Fails (exit 1) if anything was
+//! lost, failed unexpectedly or leaked. The soak itself lives in the `tests` crate
+//! (`tests::soak`), beside the other reliability tests.
 
 use crate::flags::Flags;
 use crate::Result;
 
 pub fn run(args: &[String]) -> Result {
-    let seconds =
-        Flags::parse("soak", args, &["seconds"])?.number("seconds", Some(30), 1, 86_400)?;
-    let report = tests::soak::run(seconds)?;
-    println!("{report}");
+    let flags = Flags::parse_with("soak", args, &["seconds"], &["json"])?;
+    let seconds = flags.number("seconds", Some(30), 1, 86_400)?;
+    let report = ::tests::soak::run(seconds)?;
+    if flags.switch("json") {
+        println!("{}", json(&report));
+    } else {
+        println!("{report}");
+    }
     if report.clean() {
         Ok(())
     } else {
         Err(crate::Failure::Failed(
             "soak: requests were lost, failed unexpectedly or leaked".into(),
         ))
+    }
+}
+
+fn json(report: &::tests::soak::Report) -> serde_json::Value {
+    serde_json::json!({
+        "requests": report.requests,
+        "answered": report.answered,
+        "lost": report.lost,
+        "errors_expected": report.errors_expected,
+        "errors_unexpected": report.errors_unexpected,
+        "leaked": report.leaked,
+        "clean": report.clean(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_json_line_has_every_field_of_the_text_line() {
+        let report = ::tests::soak::Report {
+            requests: 10,
+            answered: 9,
+            lost: 1,
+            ..Default::default()
+        };
+        let json = super::json(&report);
+        for field in report.to_string().split(' ') {
+            let (name, value) = field.split_once('=').unwrap();
+            assert_eq!(json[name].as_u64(), value.parse().ok(), "{name}");
+        }
+        assert_eq!(json["clean"], false);
     }
 }
