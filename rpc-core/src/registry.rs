@@ -263,17 +263,34 @@ impl Request {
         self.port.first_lane()
     }
 
+    /// A `RUST_LOG=trace` line about this request's exchange (one per packet operation).
+    fn trace(&self, what: core::fmt::Arguments<'_>) {
+        log::trace!(
+            "{}: mailbox {} port {}: {}: {what}",
+            self.inner.context.config.name,
+            self.mailbox.id.0,
+            self.index(),
+            self.opcode()
+        );
+    }
+
     /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
     pub async fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
-        self.port.send_async(fill).await
+        self.port.send_async(fill).await?;
+        self.trace(format_args!("sent a packet"));
+        Ok(())
     }
     /// Waits for the client's packet and lets `use_` read each active lane's.
     pub async fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
-        self.port.recv_async(use_).await
+        self.port.recv_async(use_).await?;
+        self.trace(format_args!("received a packet"));
+        Ok(())
     }
     /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
     pub async fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'_>)) -> Result<()> {
-        self.port.recv_and_send_async(work).await
+        self.port.recv_and_send_async(work).await?;
+        self.trace(format_args!("received a packet and sent it back"));
+        Ok(())
     }
     /// `send(fill)` then `recv(use_)`.
     pub async fn send_and_recv(
@@ -281,11 +298,16 @@ impl Request {
         fill: impl FnMut(u32, Packet<'_>),
         use_: impl FnMut(u32, Packet<'_>),
     ) -> Result<()> {
-        self.port.send_and_recv_async(fill, use_).await
+        self.port.send_and_recv_async(fill, use_).await?;
+        self.trace(format_args!("sent a packet, received the reply"));
+        Ok(())
     }
     /// Sends a byte string per lane (PROTOCOL section 5).
     pub async fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
-        self.port.send_n_async(data).await
+        self.port.send_n_async(data).await?;
+        let longest = data.iter().map(|d| d.len()).max().unwrap_or(0);
+        self.trace(format_args!("sent a stream (longest lane {longest} bytes)"));
+        Ok(())
     }
     /// Receives a byte string per lane, bounded by the server's [`crate::Limits`]: a lane
     /// above `stream_bytes`, or the request's streams together above `request_bytes`, end the
@@ -298,6 +320,10 @@ impl Request {
             .recv_n_within_async(limits.stream_bytes, left)
             .await?;
         self.received += data.iter().map(|d| d.len() as u64).sum::<u64>();
+        let longest = data.iter().map(Vec::len).max().unwrap_or(0);
+        self.trace(format_args!(
+            "received a stream (longest lane {longest} bytes)"
+        ));
         Ok(data)
     }
     /// Sends `size` bytes per active lane without a length word.
