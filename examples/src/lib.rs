@@ -1,0 +1,1 @@
+//! Nothing here: the examples are the `[[example]]` targets beside this folder.
