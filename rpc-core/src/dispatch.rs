@@ -31,7 +31,7 @@
 //! | completed, or refused with its script complete | closed: our buffer handed back, unlocked | `served` (+ `refused`) |
 //! | an error or a panic midway | quarantined | `errors` / `panics` |
 //! | no kernel that could answer runs any more | reset for the next client | `abandoned` |
-//! | the client timed out (`client_timeout`, rpc-serve) | closed as the exchange left it (free for the next client) | `abandoned` |
+//! | the client timed out (`client_timeout`, rpc-serve; counted only while the exchange waits on its port) | closed as the exchange left it (free for the next client) | `abandoned` |
 //! | server shutting down, or mailbox detached | quarantined (detached: left untouched) | `abandoned` |
 //!
 //! A *quarantined* port keeps the server's lock bit and both flags as they are, so no later
@@ -511,6 +511,11 @@ impl Inner {
                 poll(&mut flight.exchange)
             };
             flight.on_port = !matches!(polled, Polled::Elsewhere);
+            if !flight.on_port && client_timeout.is_some() {
+                // The client is timed only while the exchange waits on its port: time spent on
+                // an I/O thread (a 400 MB printf, a slow file) is the server's, not the client's.
+                flight.since = Instant::now();
+            }
             if let Polled::Done(result) = polled {
                 let flight = in_flight.swap_remove(k);
                 self.end(

@@ -62,8 +62,9 @@ pub struct ServerConfig {
     /// What one request and one mailbox may make the host hold (streams, reads, files,
     /// MALLOC), and how many log lines devices may cause.
     pub limits: crate::limits::Limits,
-    /// Treat a client as gone once its exchange has made no progress for this long: the
-    /// exchange is then abandoned and its port freed for a new client. Only for a server that has no kernels to count, whose
+    /// Treat a client as gone once its exchange has waited this long for it (time the exchange
+    /// spends on an I/O thread does not count: there the client waits for us): the exchange is
+    /// then abandoned and its port freed for a new client. Only for a server that has no kernels to count, whose
     /// clients are processes that may die (`rpc-serve`); a kernel's exchange is abandoned only
     /// once no kernel that could answer runs. None (the default): never.
     pub client_timeout: Option<Duration>,
