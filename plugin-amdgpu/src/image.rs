@@ -8,11 +8,11 @@ use crate::aql::KernelInfo;
 use crate::error::HsaError;
 use crate::loader::{
     Agent, CodeObjectReader, Executable, ExecutableSymbol, Hsa, LoadedCodeObject,
-    DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT, PROFILE_FULL, SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE,
-    SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE,
-    SYMBOL_INFO_KERNEL_OBJECT, SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, SYMBOL_INFO_TYPE,
-    SYMBOL_INFO_VARIABLE_ADDRESS, SYMBOL_INFO_VARIABLE_SIZE, SYMBOL_KIND_KERNEL,
-    SYMBOL_KIND_VARIABLE,
+    DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT, PROFILE_FULL, SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK,
+    SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT,
+    SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE, SYMBOL_INFO_KERNEL_OBJECT,
+    SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, SYMBOL_INFO_TYPE, SYMBOL_INFO_VARIABLE_ADDRESS,
+    SYMBOL_INFO_VARIABLE_SIZE, SYMBOL_KIND_KERNEL, SYMBOL_KIND_VARIABLE,
 };
 
 /// A frozen executable holding one code object, loaded for one agent.
@@ -164,7 +164,10 @@ impl AmdGpuImage {
             kernarg_segment_align: self
                 .info(symbol, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT)?,
             group_segment_size: self.info(symbol, SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE)?,
-            private_segment_size: self.info(symbol, SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE)?,
+            private_segment_size: crate::aql::private_segment_size(
+                self.info(symbol, SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE)?,
+                self.info::<u8>(symbol, SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK)? != 0,
+            ),
         })
     }
 }

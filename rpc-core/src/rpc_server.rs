@@ -160,6 +160,8 @@ impl MailboxSource for RegionMailbox {
 pub(crate) struct Attached {
     pub(crate) id: MailboxId,
     pub(crate) layout: Layout,
+    /// How its clients number opcodes (LLVM 19 images differ); set once at attach.
+    pub(crate) numbering: crate::opcode::Numbering,
     source: Box<dyn MailboxSource>,
     locks: LockTable,
     #[cfg(not(loom))]
@@ -313,6 +315,7 @@ impl RpcServer {
             source,
             #[cfg(not(loom))]
             None,
+            crate::opcode::Numbering::Current,
         )
     }
 
@@ -338,7 +341,7 @@ impl RpcServer {
         source: Box<dyn MailboxSource>,
         bell: Box<dyn crate::plugin::Doorbell>,
     ) -> MailboxId {
-        self.attach_inner(source, Some(bell))
+        self.attach_inner(source, Some(bell), crate::opcode::Numbering::Current)
     }
 
     /// [`RpcServer::attach_region`] with a doorbell.
@@ -354,10 +357,26 @@ impl RpcServer {
         Ok(self.attach_with_doorbell(Box::new(RegionMailbox { region, layout }), bell))
     }
 
+    /// [`RpcServer::attach_region`] with an optional doorbell, for clients that number their
+    /// opcodes as `numbering` says (an LLVM 19 image's: see [`crate::opcode::Numbering`]).
+    #[cfg(not(loom))]
+    pub fn attach_region_numbered(
+        &self,
+        region: Box<dyn crate::plugin::SharedRegion>,
+        layout: Layout,
+        bell: Option<Box<dyn crate::plugin::Doorbell>>,
+        numbering: crate::opcode::Numbering,
+    ) -> Result<MailboxId> {
+        // SAFETY: as in `attach_region`: a validating view only.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(self.attach_inner(Box::new(RegionMailbox { region, layout }), bell, numbering))
+    }
+
     fn attach_inner(
         &self,
         source: Box<dyn MailboxSource>,
         #[cfg(not(loom))] doorbell: Option<Box<dyn crate::plugin::Doorbell>>,
+        numbering: crate::opcode::Numbering,
     ) -> MailboxId {
         let context = &self.inner.context;
         // RMW: hands out each id once.
@@ -368,6 +387,7 @@ impl RpcServer {
         let attached = Arc::new(Attached {
             id,
             layout,
+            numbering,
             source,
             locks: LockTable::new(layout.ports()),
             #[cfg(not(loom))]
