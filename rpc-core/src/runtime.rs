@@ -270,9 +270,14 @@ impl<P: Plugin> PluginRuntime<P> {
         let object = layout.client_object(region.device_addr());
         dev.copy_to_device(object_addr, &object)
             .map_err(vendor(name, "write client object"))?;
+        // LLVM 19-22's servers format with LLVM libc's printf core, 23+'s with the host's.
+        let printf = match generation {
+            Generation::V1 => crate::printf::Dialect::LlvmLibc,
+            Generation::V2 => crate::printf::Dialect::HostC,
+        };
         let id = self
             .server
-            .attach_region_numbered(region, layout, bell, numbering)?;
+            .attach_region_for(region, layout, bell, numbering, printf)?;
         self.server
             .context()
             .services()

@@ -29,7 +29,7 @@ use std::vec::Vec;
 use super::streams::Target;
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::opcode::Opcode;
-use crate::printf::{args_size, format_to, output_bound, parse, string_pointers, Piece, CHUNK};
+use crate::printf::{args_size, format_in, output_bound, parse, string_pointers, Piece, CHUNK};
 use crate::registry::Request;
 use crate::Result;
 
@@ -53,6 +53,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     let context = super::context(&req);
     let services = &context.services;
     let mailbox = req.mailbox().id;
+    let dialect = req.printf_dialect();
     let mut refusals = Refusals::default();
 
     // 1. The stream of each lane.
@@ -193,8 +194,9 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
                         lost = n < chunk.len();
                     }
                 };
-                let result = parse(&formats[i])
-                    .and_then(|pieces| format_to(&pieces, &args[i], packed, &fetch, &mut sink));
+                let result = parse(&formats[i]).and_then(|pieces| {
+                    format_in(dialect, &pieces, &args[i], packed, &fetch, &mut sink)
+                });
                 let outcome = match result {
                     Err(error) => Err(error.to_string()),
                     Ok(()) if lost => Ok(None),

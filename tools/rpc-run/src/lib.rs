@@ -103,7 +103,8 @@ impl fmt::Display for Failure {
 }
 
 pub const USAGE: &str = "usage: rpc-run [--plugin cuda|amdgpu|auto] [--threads X[,Y,Z]] \
-[--blocks X[,Y,Z]] [--device N] [--timeout SECONDS] IMAGE [-- ARGS...]\n       rpc-run --inspect IMAGE";
+[--blocks X[,Y,Z]] [--device N] [--timeout SECONDS] IMAGE [-- ARGS...]\n       rpc-run --inspect IMAGE\n\
+(LLVM's loader's --threads-x/-y/-z and --blocks-x/-y/-z are accepted too)";
 
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,6 +168,21 @@ impl Options {
                 }
                 "--threads" => options.grid.threads = dims(arg, &value(arg)?)?,
                 "--blocks" => options.grid.blocks = dims(arg, &value(arg)?)?,
+                // LLVM's loader's spelling, one dimension at a time (LLVM's tests pass these).
+                flag @ ("--threads-x" | "--threads-y" | "--threads-z" | "--blocks-x"
+                | "--blocks-y" | "--blocks-z") => {
+                    let v = value(flag)?;
+                    let d = dims(flag, &v)?;
+                    if v.contains(',') {
+                        return Err(Failure::Usage(format!("{flag} {v}: one count")));
+                    }
+                    let axis = usize::from(flag.as_bytes()[flag.len() - 1] - b'x');
+                    if flag.starts_with("--threads") {
+                        options.grid.threads[axis] = d[0];
+                    } else {
+                        options.grid.blocks[axis] = d[0];
+                    }
+                }
                 "--device" => {
                     let v = value(arg)?;
                     options.device = v
@@ -325,6 +341,23 @@ mod tests {
         assert_eq!(o.args, ["one", "--two"]);
         assert_eq!(o.timeout, Some(Duration::from_millis(2500)));
         assert!(parse(&["--inspect", "a.out"]).unwrap().inspect);
+        // LLVM's loader's flags, as its tests pass them.
+        let o = parse(&[
+            "--blocks-x",
+            "2",
+            "--blocks-z",
+            "3",
+            "--threads-y",
+            "4",
+            "t",
+        ])
+        .unwrap();
+        assert_eq!(o.grid.blocks, [2, 1, 3]);
+        assert_eq!(o.grid.threads, [1, 4, 1]);
+        assert_eq!(
+            parse(&["--threads-x", "1,2", "t"]).unwrap_err().code(),
+            code::USAGE
+        );
     }
 
     #[test]
