@@ -291,6 +291,16 @@ impl<P: Plugin> PluginRuntime<P> {
         Ok(id)
     }
 
+    /// A global variable of a loaded image (a loader fills some: NVPTX constructor tables).
+    pub fn find_symbol(&self, image: ImageId, name: &str) -> Option<crate::plugin::Symbol> {
+        let images = lock(&self.images);
+        let loaded = images.get(image.0)?.as_ref()?;
+        self.plugin
+            .devices()
+            .get(loaded.device)?
+            .find_symbol(&loaded.image, name)
+    }
+
     /// The mailbox serving `image`, if it uses RPC.
     pub fn mailbox(&self, image: ImageId) -> Option<MailboxId> {
         lock(&self.images)

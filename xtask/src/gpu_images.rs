@@ -81,6 +81,8 @@ struct Target {
     ldflags: &'static str,
     /// `-march` or `-mcpu` for the hello world.
     arch_flag: &'static str,
+    /// The ninja target of the startup object (`crt1`).
+    crt1: &'static str,
 }
 
 const TARGETS: &[Target] = &[
@@ -93,6 +95,7 @@ const TARGETS: &[Target] = &[
         cflags: "--cuda-feature=+ptx78 -flto",
         ldflags: "-Wl,--lto-emit-asm",
         arch_flag: "-march=sm_90",
+        crt1: "libc.startup.gpu.nvptx.crt1",
     },
     Target {
         name: "amdgcn",
@@ -102,6 +105,7 @@ const TARGETS: &[Target] = &[
         cflags: "",
         ldflags: "",
         arch_flag: "-mcpu=gfx942",
+        crt1: "libc.startup.gpu.amdgpu.crt1",
     },
 ];
 
@@ -337,7 +341,7 @@ fn build_target(
     let mut ninja = Command::new("ninja");
     ninja
         .current_dir(&build)
-        .args(["-j", "2", "libc", "libc.startup.gpu.crt1"]);
+        .args(["-j", "2", "libc", target.crt1]);
     for (test, _) in &wanted {
         ninja.arg(format!("{test}.__build__"));
     }
@@ -402,7 +406,13 @@ fn find_crt1(dir: &Path) -> Option<PathBuf> {
             if let Some(found) = find_crt1(&path) {
                 return Some(found);
             }
-        } else if path.file_name().is_some_and(|n| n == "crt1.o") {
+        } else if path.file_name().is_some_and(|n| n == "crt1.o")
+            // The object library's one object: `CMakeFiles/<crt1 target>.dir/start.cpp.o`.
+            || (path.ends_with("start.cpp.o")
+                && path
+                    .parent()
+                    .is_some_and(|d| d.to_string_lossy().ends_with("crt1.dir")))
+        {
             return Some(path);
         }
     }
@@ -445,6 +455,26 @@ fn check_image(image: &Path) -> std::result::Result<String, String> {
     }
     if inspection.format == rpc_run::image::Format::AmdGpu {
         compare_with_readelf(image, &inspection)?;
+    }
+    // LLVM's constructor test has one constructor and one destructor; on NVPTX rpc-run must
+    // find both to fill the tables (ld.lld fills AMDGPU's).
+    let is_ptx = inspection.format == rpc_run::image::Format::Ptx;
+    if is_ptx && image.ends_with("init_fini_array_test") {
+        let init = inspection
+            .init_fini
+            .iter()
+            .filter(|n| n.starts_with("__init"))
+            .count();
+        let fini = inspection
+            .init_fini
+            .iter()
+            .filter(|n| n.starts_with("__fini"))
+            .count();
+        if (init, fini) != (1, 1) {
+            return Err(format!(
+                "{init} constructors and {fini} destructors, expected 1 and 1\n{report}"
+            ));
+        }
     }
     let start = inspection
         .kernel("_start")

@@ -240,7 +240,7 @@ pub(crate) fn fetch_source(
         if members.iter().all(present) {
             let version = upstream_of(text.split_whitespace().nth(1).unwrap_or("?"));
             println!(
-                "llvm-client: LLVM {major}: cached in {} ({})",
+                "llvm-src: LLVM {major}: cached in {} ({})",
                 cache.display(),
                 text.trim()
             );
@@ -279,7 +279,7 @@ pub(crate) fn fetch_source(
         let tarball = download.join(&orig.name);
         if !matches_hash(&tarball, &orig)? {
             println!(
-                "llvm-client: LLVM {major}: apt-get source --download-only {package}={version} \
+                "llvm-src: LLVM {major}: apt-get source --download-only {package}={version} \
                  ({} MB)",
                 orig.size / 1_000_000
             );
@@ -325,7 +325,7 @@ pub(crate) fn fetch_source(
             }
         }
         println!(
-            "llvm-client: LLVM {major}: {} verified (sha256 {}), download {:.1} s, extract {:.1} \
+            "llvm-src: LLVM {major}: {} verified (sha256 {}), download {:.1} s, extract {:.1} \
              s, into {}",
             orig.name,
             &orig.sha256[..16],

@@ -284,11 +284,28 @@ pub fn run_file(options: &Options) -> Result<i32, Failure> {
         Format::Ptx | Format::Cubin | Format::Fatbin => {
             let runtime = runtime(plugin_cuda::CudaPlugin::new())?;
             prepare_cuda(&runtime, device)?;
-            start::run(&runtime, device, &bytes, numbering, &program, options.grid)
+            let constructors = &inspection.init_fini;
+            start::run(
+                &runtime,
+                device,
+                &bytes,
+                numbering,
+                constructors,
+                &program,
+                options.grid,
+            )
         }
         Format::AmdGpu => {
             let runtime = runtime(plugin_amdgpu::AmdGpuPlugin::new())?;
-            start::run(&runtime, device, &bytes, numbering, &program, options.grid)
+            start::run(
+                &runtime,
+                device,
+                &bytes,
+                numbering,
+                &[],
+                &program,
+                options.grid,
+            )
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Reading PTX text without a driver: the version and target, each `.entry` with the size of
 //! its parameter block (what the packed launch arguments must fill), its own local frame
 //! (`__local_depot`, the stack the kernel itself needs; callees add theirs, which only ptxas
-//! knows) and whether it calls anything, and the `.global` variables with their sizes.
+//! knows) and whether it calls anything, and the `.global` and `.const` variables with their
+//! sizes.
 
 /// A kernel (`.entry`) of a PTX module.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,7 +24,7 @@ pub struct Module {
     /// `.target`, e.g. `sm_90`.
     pub target: String,
     pub entries: Vec<Entry>,
-    /// `.global` variables (name, bytes).
+    /// `.global` and `.const` variables (name, bytes).
     pub globals: Vec<(String, u64)>,
 }
 
@@ -158,7 +159,9 @@ pub fn read(text: &str) -> Module {
                 }
                 continue;
             }
-            if let Some(at) = tokens.iter().position(|&t| t == ".global") {
+            // Variables in global and constant memory (the driver finds both by name; LLVM
+            // puts the NVPTX constructor pointers in `.const`).
+            if let Some(at) = tokens.iter().position(|&t| t == ".global" || t == ".const") {
                 if !tokens.contains(&".extern") {
                     if let Some((elem, _, name, count)) =
                         declaration(tokens[at + 1..].iter().copied())
@@ -214,7 +217,7 @@ mod tests {
 .address_size 64
 
 .visible .global .align 8 .b8 __llvm_rpc_client[552];
-.global .align 8 .u64 __init_array_object_main_101 = main;
+.visible .const .align 8 .u64 __init_array_object_main_101 = main;
 .extern .global .align 8 .b8 external[16];
 
 	// .globl	_begin

@@ -11,6 +11,12 @@
 //! 4. `_end()` runs on one thread (LLVM 19 images: `_end(int ret)`, which calls `exit(ret)`
 //!    itself), running the `atexit` functions and destructors.
 //!
+//! NVPTX has no linker that gathers constructors, so before `_begin` the loader does, as
+//! LLVM's: each `__init_array_object_NAME_PRIORITY` / `__fini_array_object_NAME_PRIORITY`
+//! global holds a function pointer; they are copied, sorted by priority, into two tables in
+//! device-visible memory whose bounds go into `__init_array_start/_end` and
+//! `__fini_array_start/_end` ([`constructor_tables`]). AMDGPU's `ld.lld` fills those itself.
+//!
 //! The program's status is `*ret` after `_start`. A kernel's `exit(n)` ends the program
 //! earlier: under the default [`rpc_core::ExitPolicy::Process`] the server flushes the
 //! program's output and ends this process with `n`, as LLVM's loader does; under
@@ -91,13 +97,94 @@ pub fn begin_args(argc: i32, argv: u64, envp: u64) -> Vec<u8> {
     out
 }
 
+/// The constructor (`init`) and destructor (`fini`) globals among `names`, each sorted by the
+/// priority its name ends with (lower first, as LLVM's loader sorts both); a name without a
+/// number is an error.
+pub fn constructor_tables<'n>(
+    names: impl Iterator<Item = &'n str>,
+) -> Result<(Vec<&'n str>, Vec<&'n str>), Failure> {
+    let (mut init, mut fini) = (Vec::new(), Vec::new());
+    for name in names {
+        let table = if name.starts_with("__init_array_object_") {
+            &mut init
+        } else if name.starts_with("__fini_array_object_") {
+            &mut fini
+        } else {
+            continue;
+        };
+        let priority: u16 = name
+            .rsplit('_')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| Failure::BadImage(format!("{name}: no priority at its end")))?;
+        table.push((priority, name));
+    }
+    init.sort_by_key(|&(p, _)| p);
+    fini.sort_by_key(|&(p, _)| p);
+    Ok((
+        init.into_iter().map(|(_, n)| n).collect(),
+        fini.into_iter().map(|(_, n)| n).collect(),
+    ))
+}
+
+/// Fills `__init_array_start/_end` and `__fini_array_start/_end` of a loaded image from its
+/// constructor globals `objects` (see the module docs). The tables' memory is returned: it
+/// must live until `_end` has run.
+fn fill_constructor_tables<P: Plugin>(
+    runtime: &PluginRuntime<P>,
+    dev: &P::Device,
+    image: rpc_core::runtime::ImageId,
+    objects: &[String],
+) -> Result<Option<Box<dyn rpc_core::plugin::SharedRegion>>, Failure> {
+    let (init, fini) = constructor_tables(objects.iter().map(String::as_str))?;
+    if init.is_empty() && fini.is_empty() {
+        return Ok(None);
+    }
+    let symbol = |name: &str| {
+        runtime
+            .find_symbol(image, name)
+            .ok_or_else(|| Failure::BadImage(format!("the image has no `{name}`")))
+    };
+    let device = |what: String| {
+        move |e: rpc_core::plugin::VendorError| Failure::Device(format!("{what}: {e}"))
+    };
+    let entries = init.len() + fini.len();
+    let region = dev
+        .alloc_shared(8 * entries)
+        .map_err(device("allocating the constructor tables".into()))?;
+    let base = region.device_addr();
+    let mut table = Vec::with_capacity(8 * entries);
+    for name in init.iter().chain(&fini) {
+        let mut pointer = [0u8; 8];
+        dev.copy_from_device(symbol(name)?.addr, &mut pointer)
+            .map_err(device(format!("reading {name}")))?;
+        table.extend_from_slice(&pointer);
+    }
+    dev.copy_to_device(base, &table)
+        .map_err(device("writing the constructor tables".into()))?;
+    let fini_at = base + 8 * init.len() as u64;
+    let bounds = [
+        ("__init_array_start", base),
+        ("__init_array_end", fini_at),
+        ("__fini_array_start", fini_at),
+        ("__fini_array_end", base + 8 * entries as u64),
+    ];
+    for (name, value) in bounds {
+        dev.copy_to_device(symbol(name)?.addr, &value.to_le_bytes())
+            .map_err(device(format!("writing {name}")))?;
+    }
+    Ok(Some(region))
+}
+
 /// Runs `image` on device `device` of `runtime` over `grid`; the program's exit status.
-/// `numbering` says how the image numbers its opcodes (LLVM 19's `_end` takes the status).
+/// `numbering` says how the image numbers its opcodes (LLVM 19's `_end` takes the status);
+/// `constructors` are its NVPTX constructor globals (empty elsewhere).
 pub fn run<P: Plugin>(
     runtime: &PluginRuntime<P>,
     device: usize,
     image: &[u8],
     numbering: Numbering,
+    constructors: &[String],
     program: &Program,
     grid: Grid,
 ) -> Result<i32, Failure> {
@@ -115,6 +202,7 @@ pub fn run<P: Plugin>(
         rpc_core::Error::BadClientObjectSize(_) => Failure::UnknownGeneration(e.to_string()),
         other => Failure::BadImage(format!("loading the image: {other}")),
     })?;
+    let tables = fill_constructor_tables(runtime, dev, image, constructors)?;
     let block = StartBlock::of(program);
     let region = dev
         .alloc_shared(block.len)
@@ -159,13 +247,31 @@ pub fn run<P: Plugin>(
     if let Some(exit) = launch("_end", &end_args, one)? {
         return Ok(exit);
     }
-    drop(region);
+    drop((region, tables));
     Ok(status)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn constructor_globals_are_sorted_by_their_priority() {
+        let names = [
+            "__init_array_object_b_200",
+            "x",
+            "__fini_array_object_f_7",
+            "__init_array_object_a_101",
+            "__fini_array_object_g_3",
+        ];
+        let (init, fini) = constructor_tables(names.into_iter()).unwrap();
+        assert_eq!(
+            init,
+            ["__init_array_object_a_101", "__init_array_object_b_200"]
+        );
+        assert_eq!(fini, ["__fini_array_object_g_3", "__fini_array_object_f_7"]);
+        assert!(constructor_tables(["__init_array_object_x"].into_iter()).is_err());
+    }
 
     #[test]
     fn the_start_block_holds_null_terminated_tables_then_the_strings() {

@@ -114,6 +114,7 @@ fn begin_on_one_thread_start_on_the_grid_end_then_mains_status() {
         0,
         &image,
         Numbering::Current,
+        &[],
         &program(),
         Grid::linear(2, 64),
     )
@@ -140,6 +141,7 @@ fn an_llvm19_image_gets_the_status_in_end() {
         0,
         &image,
         Numbering::Llvm19,
+        &[],
         &program(),
         Grid::linear(1, 1),
     );
@@ -166,6 +168,7 @@ fn a_kernels_exit_ends_the_program_with_its_status_and_exit_0_is_no_error() {
             0,
             &image,
             Numbering::Current,
+            &[],
             &program(),
             Grid::linear(1, 32),
         );
@@ -184,6 +187,7 @@ fn a_faulting_kernel_and_a_missing_device_are_their_own_failures() {
         0,
         &image,
         Numbering::Current,
+        &[],
         &program(),
         Grid::linear(1, 1),
     )
@@ -194,6 +198,7 @@ fn a_faulting_kernel_and_a_missing_device_are_their_own_failures() {
         3,
         &image,
         Numbering::Current,
+        &[],
         &program(),
         Grid::linear(1, 1),
     )
@@ -205,6 +210,7 @@ fn a_faulting_kernel_and_a_missing_device_are_their_own_failures() {
         0,
         &missing,
         Numbering::Current,
+        &[],
         &program(),
         Grid::linear(1, 1),
     )
@@ -237,6 +243,7 @@ fn exit_3_makes_the_process_exit_3() {
             0,
             &image,
             Numbering::Current,
+            &[],
             &program(),
             Grid::linear(1, 1),
         );
@@ -276,7 +283,16 @@ mod cuda_fake {
             blocks: [4, 1, 1],
             threads: [32, 2, 1],
         };
-        let status = start::run(&runtime, 0, IMAGE, Numbering::Current, &program(), grid).unwrap();
+        let status = start::run(
+            &runtime,
+            0,
+            IMAGE,
+            Numbering::Current,
+            &[],
+            &program(),
+            grid,
+        )
+        .unwrap();
         assert_eq!(status, 0, "nothing ran, so *ret stayed 0");
         let launches = driver.launches();
         let names: Vec<&str> = launches.iter().map(|l| l.kernel.as_str()).collect();
@@ -308,6 +324,7 @@ mod cuda_fake {
             0,
             IMAGE,
             Numbering::Current,
+            &[],
             &program(),
             Grid::linear(1, 1),
         )
