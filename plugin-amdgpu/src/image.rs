@@ -20,6 +20,9 @@ pub struct AmdGpuImage {
     hsa: &'static Hsa,
     agent: Agent,
     executable: Executable,
+    /// The widest `.wavefront_size` of its kernels, from the code object's metadata (LLVM's
+    /// loader sizes the mailbox's lanes by it: HSA does not say).
+    wavefront_size: Option<u32>,
 }
 
 // SAFETY: an executable handle may be used from any thread (the runtime locks internally);
@@ -54,7 +57,13 @@ impl AmdGpuImage {
             )
         };
         hsa.check("hsa_code_object_reader_create_from_memory", rc)?;
-        let result = Self::load_with(hsa, agent, reader);
+        let result = Self::load_with(hsa, agent, reader).map(|mut image| {
+            image.wavefront_size = crate::code_object::read(bytes)
+                .ok()
+                .and_then(|object| object.kernels.iter().map(|k| k.wavefront_size).max())
+                .filter(|&w| w == 32 || w == 64);
+            image
+        });
         // SAFETY: created above, destroyed once; executables do not depend on their readers.
         let rc = unsafe { (hsa.hsa_code_object_reader_destroy)(reader) };
         if let Err(e) = hsa.check("hsa_code_object_reader_destroy", rc) {
@@ -84,6 +93,7 @@ impl AmdGpuImage {
             hsa,
             agent,
             executable,
+            wavefront_size: None,
         };
         let mut loaded = LoadedCodeObject::default();
         // SAFETY: live executable (not frozen), agent from `hsa_iterate_agents`, live reader,
@@ -145,6 +155,11 @@ impl AmdGpuImage {
             addr,
             size: size as usize,
         })
+    }
+
+    /// The wavefront size its kernels were compiled for, if the metadata says.
+    pub fn wavefront_size(&self) -> Option<u32> {
+        self.wavefront_size
     }
 
     /// What a dispatch of kernel `name` needs (looked up as `name.kd`).

@@ -196,7 +196,8 @@ impl<P: Plugin> PluginRuntime<P> {
         let mailbox = match self.client_object_address(dev, &image)? {
             None => None,
             Some((addr, generation, numbering)) => {
-                Some(self.attach_mailbox(dev, addr, generation, numbering)?)
+                let lanes = dev.image_lane_size(&image);
+                Some(self.attach_mailbox(dev, addr, generation, numbering, lanes)?)
             }
         };
         let mut images = lock(&self.images);
@@ -246,9 +247,10 @@ impl<P: Plugin> PluginRuntime<P> {
         object_addr: u64,
         generation: Generation,
         numbering: Numbering,
+        lanes: u32,
     ) -> Result<MailboxId> {
         let name = self.plugin.name();
-        let layout = Layout::new(generation, dev.port_count(generation), dev.lane_size())?;
+        let layout = Layout::new(generation, dev.port_count(generation), lanes)?;
         let region = dev
             .alloc_mailbox(layout)
             .map_err(vendor(name, "allocate mailbox"))?;
