@@ -109,7 +109,10 @@ fn run_gpu<P: Plugin>(plugin: P, args: &Args) -> Result<(), String> {
     let result = runtime.synchronize(0);
     println!("server statistics: {}", runtime.server().stats());
     runtime.deinit().map_err(|e| e.to_string())?;
-    result.map_err(|e| e.to_string())
+    match result.map_err(|e| e.to_string())? {
+        None => Ok(()),
+        Some(exit) => Err(format!("the kernel ended the program: {exit:?}")),
+    }
 }
 
 fn run(args: &Args) -> Result<(), String> {

@@ -100,7 +100,23 @@ pub struct KernelInfo {
     pub kernarg_segment_size: u32,
     pub kernarg_segment_align: u32,
     pub group_segment_size: u32,
+    /// Scratch bytes per work-item: the kernel's fixed size, raised to
+    /// [`DYNAMIC_STACK_SIZE`] when its call stack is dynamic (see [`private_segment_size`]).
     pub private_segment_size: u32,
+}
+
+/// The scratch a kernel with a dynamic call stack gets at least (LLVM's loader: 16 KiB).
+pub const DYNAMIC_STACK_SIZE: u32 = 16 * 1024;
+
+/// The private segment size to dispatch with: the kernel's fixed size, at least
+/// [`DYNAMIC_STACK_SIZE`] when `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK` is set
+/// (recursion or indirect calls: the compiler cannot bound the stack).
+pub fn private_segment_size(fixed: u32, dynamic_callstack: bool) -> u32 {
+    if dynamic_callstack {
+        fixed.max(DYNAMIC_STACK_SIZE)
+    } else {
+        fixed
+    }
 }
 
 /// How many dimensions a launch uses: the highest with more than one block or thread.
@@ -205,12 +221,15 @@ pub struct KernargLayout {
 pub const IMPLICIT_ARGS_SIZE: usize = 256;
 
 /// The layout for `explicit_len` bytes of packed arguments of a kernel whose kernarg segment
-/// is `segment_size` bytes aligned to `segment_align`. The implicit arguments follow the
-/// explicit ones at the next multiple of 8, as clang lays them out.
+/// is `segment_size` bytes aligned to `segment_align`. The implicit arguments are the last 256
+/// bytes of the segment (`segment_size - 256`), where LLVM's loader and offload plugin put
+/// them: clang may align them past the explicit arguments' end, so only the segment's end is
+/// certain. A segment with no room for them after the explicit arguments has none.
 pub fn kernarg_layout(explicit_len: usize, segment_size: u32, segment_align: u32) -> KernargLayout {
     let segment = segment_size as usize;
-    let implicit_at = explicit_len.next_multiple_of(8);
-    let implicit = (segment >= implicit_at + IMPLICIT_ARGS_SIZE).then_some(implicit_at);
+    let implicit = segment
+        .checked_sub(IMPLICIT_ARGS_SIZE)
+        .filter(|&at| at >= explicit_len);
     KernargLayout {
         size: segment.max(explicit_len).max(16).next_multiple_of(16),
         align: (segment_align as usize).max(16).next_power_of_two(),
@@ -353,6 +372,10 @@ mod tests {
                 implicit: Some(16)
             }
         );
+        // Clang aligned the implicit block further (e.g. to 64): it is still the last 256.
+        assert_eq!(kernarg_layout(12, 320, 8).implicit, Some(64));
+        // Too small a segment for both: no implicit block.
+        assert_eq!(kernarg_layout(24, 264, 8).implicit, None);
         // A kernel without implicit arguments (segment = explicit size).
         assert_eq!(
             kernarg_layout(12, 12, 4),
@@ -390,5 +413,12 @@ mod tests {
         assert_eq!(&imp[12..18], &[64, 0, 1, 0, 1, 0], "group sizes");
         assert_eq!(&imp[18..24], &[0; 6], "remainders");
         assert_eq!(&imp[64..66], &[2, 0], "grid dims");
+    }
+
+    #[test]
+    fn a_dynamic_call_stack_gets_at_least_16_kib_of_scratch() {
+        assert_eq!(private_segment_size(0x20, false), 0x20);
+        assert_eq!(private_segment_size(0x20, true), 16 * 1024);
+        assert_eq!(private_segment_size(64 * 1024, true), 64 * 1024);
     }
 }

@@ -469,6 +469,11 @@ impl Device for AmdGpuDevice {
         self.lanes
     }
 
+    /// The image's own wavefront size (an RDNA agent runs wave32 and wave64 code alike).
+    fn image_lane_size(&self, image: &AmdGpuImage) -> u32 {
+        image.wavefront_size().unwrap_or(self.lanes)
+    }
+
     fn port_count(&self, generation: Generation) -> u32 {
         port_count(self.compute_units, self.waves_per_cu, generation)
     }

@@ -8,11 +8,11 @@ use crate::aql::KernelInfo;
 use crate::error::HsaError;
 use crate::loader::{
     Agent, CodeObjectReader, Executable, ExecutableSymbol, Hsa, LoadedCodeObject,
-    DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT, PROFILE_FULL, SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE,
-    SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE,
-    SYMBOL_INFO_KERNEL_OBJECT, SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, SYMBOL_INFO_TYPE,
-    SYMBOL_INFO_VARIABLE_ADDRESS, SYMBOL_INFO_VARIABLE_SIZE, SYMBOL_KIND_KERNEL,
-    SYMBOL_KIND_VARIABLE,
+    DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT, PROFILE_FULL, SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK,
+    SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT,
+    SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE, SYMBOL_INFO_KERNEL_OBJECT,
+    SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, SYMBOL_INFO_TYPE, SYMBOL_INFO_VARIABLE_ADDRESS,
+    SYMBOL_INFO_VARIABLE_SIZE, SYMBOL_KIND_KERNEL, SYMBOL_KIND_VARIABLE,
 };
 
 /// A frozen executable holding one code object, loaded for one agent.
@@ -20,6 +20,9 @@ pub struct AmdGpuImage {
     hsa: &'static Hsa,
     agent: Agent,
     executable: Executable,
+    /// The widest `.wavefront_size` of its kernels, from the code object's metadata (LLVM's
+    /// loader sizes the mailbox's lanes by it: HSA does not say).
+    wavefront_size: Option<u32>,
 }
 
 // SAFETY: an executable handle may be used from any thread (the runtime locks internally);
@@ -54,7 +57,13 @@ impl AmdGpuImage {
             )
         };
         hsa.check("hsa_code_object_reader_create_from_memory", rc)?;
-        let result = Self::load_with(hsa, agent, reader);
+        let result = Self::load_with(hsa, agent, reader).map(|mut image| {
+            image.wavefront_size = crate::code_object::read(bytes)
+                .ok()
+                .and_then(|object| object.kernels.iter().map(|k| k.wavefront_size).max())
+                .filter(|&w| w == 32 || w == 64);
+            image
+        });
         // SAFETY: created above, destroyed once; executables do not depend on their readers.
         let rc = unsafe { (hsa.hsa_code_object_reader_destroy)(reader) };
         if let Err(e) = hsa.check("hsa_code_object_reader_destroy", rc) {
@@ -84,6 +93,7 @@ impl AmdGpuImage {
             hsa,
             agent,
             executable,
+            wavefront_size: None,
         };
         let mut loaded = LoadedCodeObject::default();
         // SAFETY: live executable (not frozen), agent from `hsa_iterate_agents`, live reader,
@@ -147,6 +157,11 @@ impl AmdGpuImage {
         })
     }
 
+    /// The wavefront size its kernels were compiled for, if the metadata says.
+    pub fn wavefront_size(&self) -> Option<u32> {
+        self.wavefront_size
+    }
+
     /// What a dispatch of kernel `name` needs (looked up as `name.kd`).
     pub fn kernel(&self, name: &str) -> Result<KernelInfo, HsaError> {
         let kd = descriptor_name(name);
@@ -164,7 +179,10 @@ impl AmdGpuImage {
             kernarg_segment_align: self
                 .info(symbol, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT)?,
             group_segment_size: self.info(symbol, SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE)?,
-            private_segment_size: self.info(symbol, SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE)?,
+            private_segment_size: crate::aql::private_segment_size(
+                self.info(symbol, SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE)?,
+                self.info::<u8>(symbol, SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK)? != 0,
+            ),
         })
     }
 }

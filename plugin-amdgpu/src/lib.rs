@@ -19,8 +19,12 @@
 //! - [`image`]: code objects (`hsa_code_object_reader_create_from_memory`,
 //!   `hsa_executable_create_alt`, `load_agent_code_object`, `freeze`); variables and `<name>.kd`
 //!   kernel descriptors looked up with the agent.
-//! - [`aql`]: the 64-byte kernel dispatch packet and the kernarg block as bytes; the header
-//!   goes last with a release store, then the queue's doorbell signal.
+//! - [`aql`]: the 64-byte kernel dispatch packet and the kernarg block as bytes (the v5
+//!   implicit arguments in the segment's last 256 bytes, at least 16 KiB of scratch for a
+//!   dynamic call stack, as LLVM's loader sets); the header goes last with a release store,
+//!   then the queue's doorbell signal.
+//! - [`code_object`]: a code object read without HSA: its symbols and its metadata note
+//!   (target, kernels with kernarg sizes, stack needs, wavefront size), for `rpc-run`.
 //! - [`memory`]: fine-grained shared regions and the MALLOC/FREE allocator (coarse-grained
 //!   device pool, 2 MiB aligned by over-allocating; forgotten blocks freed at deinit).
 //! - [`doorbell`]: the v2 mailbox doorbell as an HSA interrupt signal: the record bytes, a
@@ -37,6 +41,7 @@
 //! header bits, kernarg layout, port count, doorbell record, status names) are unit-tested.
 
 pub mod aql;
+pub mod code_object;
 pub mod device;
 pub mod doorbell;
 pub mod error;

@@ -84,6 +84,9 @@ impl Core {
     }
 }
 
+/// The per-thread stack LLVM's GPU loader sets (`llvm-gpu-loader`, nvptx.cpp): 3 KiB.
+pub const LOADER_STACK_SIZE: usize = 3 * 1024;
+
 /// The error for `call` returning `code`, named by the driver or by the built-in table.
 pub(crate) fn driver_error(driver: &dyn DriverApi, call: &'static str, code: Code) -> CudaError {
     let name = driver.error_name(code).unwrap_or_else(|| code_name(code));
@@ -265,6 +268,17 @@ impl CudaDevice {
     /// Streaming multiprocessors.
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
+    }
+
+    /// Sets the stack of each GPU thread of this device's context (`cuCtxSetLimit` with
+    /// `CU_LIMIT_STACK_SIZE`). LLVM's loader sets [`LOADER_STACK_SIZE`] before it launches a
+    /// libc program, whose printf needs more than the driver's default 1 KiB.
+    pub fn set_stack_size(&self, bytes: usize) -> Result<()> {
+        self.core.bind()?;
+        self.core
+            .driver()
+            .ctx_set_stack_limit(bytes)
+            .map_err(|code| self.core.fail("cuCtxSetLimit", code))
     }
 
     /// The device's MALLOC/FREE allocator, with its own type.

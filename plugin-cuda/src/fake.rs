@@ -73,6 +73,8 @@ struct State {
     host_funcs_run: usize,
     /// `cuDevicePrimaryCtxReset_v2` calls.
     resets: usize,
+    /// The last `cuCtxSetLimit(CU_LIMIT_STACK_SIZE)`.
+    stack_limit: Option<usize>,
 }
 
 /// The fake driver.
@@ -132,6 +134,10 @@ impl FakeDriver {
     /// How many times a primary context was reset.
     pub fn resets(&self) -> usize {
         self.state.lock().unwrap().resets
+    }
+    /// The stack size limit last set, if any.
+    pub fn stack_limit(&self) -> Option<usize> {
+        self.state.lock().unwrap().stack_limit
     }
     pub fn host_funcs_run(&self) -> usize {
         self.state.lock().unwrap().host_funcs_run
@@ -234,6 +240,12 @@ impl DriverApi for FakeDriver {
     }
     fn ctx_set_current(&self, _context: Context) -> DriverResult<()> {
         self.check("cuCtxSetCurrent")
+    }
+
+    fn ctx_set_stack_limit(&self, bytes: usize) -> DriverResult<()> {
+        self.check("cuCtxSetLimit")?;
+        self.state.lock().unwrap().stack_limit = Some(bytes);
+        Ok(())
     }
 
     fn mem_host_alloc(&self, len: usize, _flags: u32) -> DriverResult<*mut u8> {
@@ -370,9 +382,17 @@ impl DriverApi for FakeDriver {
         Ok(())
     }
     unsafe fn memcpy_dtoh(&self, dst: &mut [u8], src: u64) -> DriverResult<()> {
+        // From the copy that covers `src..src + len` (a copy in, then a read of a part of it).
         let state = self.state.lock().unwrap();
-        let bytes = state.memory.get(&src).ok_or(1)?;
-        dst.copy_from_slice(bytes.get(..dst.len()).ok_or(1)?);
+        let (start, bytes) = state
+            .memory
+            .iter()
+            .find(|(&start, bytes)| {
+                src >= start && src + dst.len() as u64 <= start + bytes.len() as u64
+            })
+            .ok_or(1)?;
+        let at = (src - start) as usize;
+        dst.copy_from_slice(&bytes[at..at + dst.len()]);
         Ok(())
     }
 

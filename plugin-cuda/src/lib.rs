@@ -42,8 +42,9 @@ pub mod image;
 pub mod loader;
 pub mod memory;
 
-#[cfg(test)]
-mod fake;
+/// The fake driver table of the tests, for other crates' tests too (feature `fake`).
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 #[cfg(test)]
 mod tests;
 

@@ -94,6 +94,9 @@ pub trait DriverApi: Send + Sync {
     fn primary_ctx_reset(&self, device: CuDevice) -> DriverResult<()>;
     /// `cuCtxSetCurrent`.
     fn ctx_set_current(&self, context: Context) -> DriverResult<()>;
+    /// `cuCtxSetLimit(CU_LIMIT_STACK_SIZE, bytes)` on the current context: the stack of each
+    /// GPU thread.
+    fn ctx_set_stack_limit(&self, bytes: usize) -> DriverResult<()>;
 
     /// `cuMemHostAlloc`: `len` bytes of page-locked host memory.
     fn mem_host_alloc(&self, len: usize, flags: u32) -> DriverResult<*mut u8>;
@@ -249,6 +252,7 @@ driver_table! {
     cuDevicePrimaryCtxRelease_v2(sys::CUdevice);
     cuDevicePrimaryCtxReset_v2(sys::CUdevice);
     cuCtxSetCurrent(sys::CUcontext);
+    cuCtxSetLimit(sys::CUlimit, usize);
     cuMemHostAlloc(*mut *mut c_void, usize, c_uint);
     cuMemFreeHost(*mut c_void);
     cuMemHostGetDevicePointer_v2(*mut sys::CUdeviceptr, *mut c_void, c_uint);
@@ -405,6 +409,11 @@ impl DriverApi for LibCuda {
     fn ctx_set_current(&self, context: Context) -> DriverResult<()> {
         // SAFETY: the handle is passed back to the driver as it gave it.
         check(unsafe { (self.table.cuCtxSetCurrent)(raw(context.0)) })
+    }
+
+    fn ctx_set_stack_limit(&self, bytes: usize) -> DriverResult<()> {
+        // SAFETY: no pointer arguments.
+        check(unsafe { (self.table.cuCtxSetLimit)(sys::CUlimit::CU_LIMIT_STACK_SIZE, bytes) })
     }
 
     fn mem_host_alloc(&self, len: usize, flags: u32) -> DriverResult<*mut u8> {

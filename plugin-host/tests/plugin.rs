@@ -7,7 +7,7 @@ use std::time::Duration;
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
 use rpc_core::runtime::PluginRuntime;
-use rpc_core::{Error, ExitPolicy, Generation, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, Generation, KernelExit, Opcode, ServerConfig, ServicesConfig};
 
 /// A writer the test can read back.
 #[derive(Clone, Default)]
@@ -283,10 +283,7 @@ fn files_memory_exit_and_a_refused_request() {
     runtime
         .launch(image, "io", &[], Grid::linear(1, 4))
         .unwrap();
-    assert_eq!(
-        runtime.synchronize(0),
-        Err(Error::KernelExited("exit(3)".into()))
-    );
+    assert_eq!(runtime.synchronize(0), Ok(Some(KernelExit::Exit(3))));
     let contents = std::fs::read_to_string(dir.join("lanes.txt")).unwrap();
     assert_eq!(
         contents,

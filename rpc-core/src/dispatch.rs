@@ -314,9 +314,11 @@ impl Inner {
                     if mailbox.has_in_flight(index) {
                         continue;
                     }
-                    let Some(port) = server.try_open(index, &crate::port::Resumable) else {
+                    let Some(mut port) = server.try_open(index, &crate::port::Resumable) else {
                         continue;
                     };
+                    // Everything after this sees the opcode in today's numbering.
+                    port.opcode = mailbox.numbering.translate(port.opcode.0);
                     // Read once the port is open, after `try_open`'s acquire fence: the kernel that
                     // sent the request took its ticket before its flip (release), so the marks
                     // include it; read before, a stale mark could make a live kernel look gone.

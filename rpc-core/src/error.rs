@@ -17,8 +17,12 @@ pub enum Error {
         max: u32,
         generation: Generation,
     },
-    /// A client object size that is neither 552 (v1) nor 2096 (v2).
-    #[error("client object size {0} is neither 552 (v1) nor 2096 (v2)")]
+    /// A client object size of no known generation: neither 552 (v1) nor 2096 (v2).
+    #[error(
+        "unknown RPC generation: a client object of {0} bytes (known: `__llvm_rpc_client` of 552 \
+         bytes, LLVM 20-22, or 2096 bytes, LLVM 23+; `__llvm_libc_rpc_client`, an 8-byte \
+         pointer, LLVM 19)"
+    )]
     BadClientObjectSize(usize),
     /// Mailbox memory that is not 64-byte aligned or has the wrong size.
     #[error(

@@ -109,6 +109,40 @@ impl Opcode {
     }
 }
 
+/// How an image numbers its opcodes, which its client symbol tells (PROTOCOL section 8).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Numbering {
+    /// LLVM 20+ (`__llvm_rpc_client`): `class << 24 | n`, the table above.
+    #[default]
+    Current,
+    /// LLVM 19 (`__llvm_libc_rpc_client`, a pointer): a 16-bit header opcode numbered 0, 1,
+    /// 2... without a class, in LLVM 19's `rpc_opcodes_t.h` order (NOOP = 0 .. REMOVE = 27,
+    /// the same order as the libc class today), and its test opcodes from
+    /// `test_rpc_opcodes_t.h`: TEST_NOOP = 0x8000, TEST_INCREMENT = 0x8001, TEST_INTERFACE =
+    /// 0x8002, TEST_STREAM = 0x8003 (today's are 0x8000..0x8002).
+    Llvm19,
+}
+
+impl Numbering {
+    /// The current opcode of the number an image of this numbering wrote in its header.
+    /// A number LLVM 19 did not have comes out as an unknown opcode (class 0), answered as
+    /// every unknown opcode is.
+    pub const fn translate(self, raw: u32) -> Opcode {
+        match self {
+            Numbering::Current => Opcode(raw),
+            Numbering::Llvm19 => {
+                // The header field is a u16; the two bytes after it are padding.
+                let n = raw & 0xFFFF;
+                match n {
+                    0..=27 => Opcode::new(LIBC_CLASS, n),
+                    0x8001..=0x8003 => Opcode::new(LIBC_CLASS, n - 1),
+                    _ => Opcode(n),
+                }
+            }
+        }
+    }
+}
+
 impl fmt::Display for Opcode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.name() {
@@ -185,6 +219,28 @@ mod tests {
         ] {
             assert_eq!(Opcode(op).table_index(), None, "{op:#x}");
         }
+    }
+
+    #[test]
+    fn llvm19_numbers_map_onto_the_current_table() {
+        let n = Numbering::Llvm19;
+        assert_eq!(n.translate(0), Opcode::NOOP);
+        assert_eq!(n.translate(1), Opcode::EXIT);
+        assert_eq!(n.translate(7), Opcode::READ_FGETS);
+        assert_eq!(n.translate(21), Opcode::PRINTF_TO_STDOUT);
+        assert_eq!(n.translate(26), Opcode::PRINTF_TO_STREAM_PACKED);
+        assert_eq!(n.translate(27), Opcode::REMOVE);
+        assert_eq!(n.translate(0x8001), Opcode::TEST_INCREMENT);
+        assert_eq!(n.translate(0x8002), Opcode::TEST_INTERFACE);
+        assert_eq!(n.translate(0x8003), Opcode::TEST_STREAM);
+        // Padding above the u16 is ignored; numbers 19 did not have stay unknown.
+        assert_eq!(n.translate(0xABCD_0002), Opcode::WRITE_TO_STDOUT);
+        assert_eq!(n.translate(28).table_index(), None);
+        assert_eq!(n.translate(0x8000).table_index(), None);
+        assert_eq!(
+            Numbering::Current.translate(0x6300_0002),
+            Opcode::WRITE_TO_STDOUT
+        );
     }
 
     #[test]

@@ -107,6 +107,13 @@ pub trait Device: Send + Sync {
     fn name(&self) -> String;
     /// `L`: the warp / wavefront width.
     fn lane_size(&self) -> u32;
+    /// `L` for the mailbox of `image`: the wavefront its code was compiled for, where that can
+    /// differ from the device's (AMDGPU reads it from the code object); by default
+    /// [`Device::lane_size`].
+    fn image_lane_size(&self, image: &Self::Image) -> u32 {
+        let _ = image;
+        self.lane_size()
+    }
     /// `N` for a mailbox of `generation`: min(hardware parallelism, MAX_PORT_COUNT).
     fn port_count(&self, generation: Generation) -> u32;
 

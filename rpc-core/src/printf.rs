@@ -28,6 +28,21 @@ use std::fmt;
 use std::io::Write as _;
 use std::vec::Vec;
 
+/// Whose printf the output matches (issue 16: an image prints what LLVM's own loader of its
+/// generation prints).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// The host C library's, as LLVM 23+'s server prints (it hands each spec to `fprintf`).
+    #[default]
+    HostC,
+    /// LLVM libc's printf core, as LLVM 19-22's servers print, where it differs from glibc
+    /// on what a GPU can pass: a null `%p` is `(nullptr)` (padded to the width), and a null
+    /// `%s` is `(null)` cut to the precision (`%.3s` prints `(nu`). (LLVM 22's reordering of
+    /// null and fetched `%s` strings, its 16-byte `%Lf` and its `%n` writing host memory are
+    /// bugs not copied: docs/llvm-compat.md.)
+    LlvmLibc,
+}
+
 /// The largest width or precision honoured; larger ones (written or through `*`) are clamped.
 pub const MAX_FIELD: usize = 4096;
 
@@ -411,10 +426,22 @@ pub fn format_to(
     strings: &dyn Fn(u64) -> Option<Vec<u8>>,
     sink: &mut dyn FnMut(&[u8]),
 ) -> Result<(), FormatError> {
+    format_in(Dialect::HostC, pieces, args, packed, strings, sink)
+}
+
+/// [`format_to`] in `dialect`.
+pub fn format_in(
+    dialect: Dialect,
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<(), FormatError> {
     let mut out = Vec::with_capacity(output_bound(pieces, 0).min(CHUNK));
     walk(pieces, args, packed, |arg, piece| match (arg, piece) {
         (Some(arg), _) => {
-            convert(&mut out, &arg, strings);
+            convert(dialect, &mut out, &arg, strings);
             hand_on_full_chunks(&mut out, sink);
         }
         (None, Piece::Literal(bytes)) => push_literal(&mut out, bytes, sink),
@@ -472,9 +499,36 @@ pub fn output_bound(pieces: &[Piece], strings: usize) -> usize {
     })
 }
 
+/// `text` padded with spaces to `a`'s width (left-justified with `-`).
+fn padded(out: &mut Vec<u8>, a: &Resolved, text: &[u8]) {
+    let pad = a.width.unwrap_or(0).saturating_sub(text.len());
+    if !a.flags.left {
+        out.resize(out.len() + pad, b' ');
+    }
+    out.extend_from_slice(text);
+    if a.flags.left {
+        out.resize(out.len() + pad, b' ');
+    }
+}
+
 /// Appends one conversion.
-fn convert(out: &mut Vec<u8>, a: &Resolved, strings: &dyn Fn(u64) -> Option<Vec<u8>>) {
+fn convert(
+    dialect: Dialect,
+    out: &mut Vec<u8>,
+    a: &Resolved,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+) {
     let (v, wide) = (a.value, a.spec.length.wide());
+    match (dialect, a.spec.conversion) {
+        // LLVM libc: `ptr_converter.h` and `string_converter.h`.
+        (Dialect::LlvmLibc, b'p') if v == 0 => return padded(out, a, b"(nullptr)"),
+        (Dialect::LlvmLibc, b's') if v == 0 => {
+            let null = b"(null)";
+            let shown = a.precision.map_or(null.len(), |p| p.min(null.len()));
+            return padded(out, a, &null[..shown]);
+        }
+        _ => {}
+    }
     match a.spec.conversion {
         b'n' => {}
         // Flags, width and precision do nothing to it (glibc, LLVM).
@@ -886,6 +940,40 @@ mod tests {
             assert_eq!(size(f, false), unpacked, "{f}");
             assert_eq!(size(f, true), packed, "{f}");
         }
+    }
+
+    #[test]
+    fn llvm_libcs_dialect_prints_null_pointers_and_strings_as_llvm_22_does() {
+        let print = |dialect, format: &[u8], args: &[u8]| {
+            let pieces = parse(format).unwrap();
+            let mut out = Vec::new();
+            format_in(dialect, &pieces, args, false, &|_| None, &mut |b| {
+                out.extend_from_slice(b)
+            })
+            .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let null = [0u8; 8];
+        assert_eq!(print(Dialect::LlvmLibc, b"[%p]", &null), "[(nullptr)]");
+        assert_eq!(print(Dialect::LlvmLibc, b"[%12p]", &null), "[   (nullptr)]");
+        assert_eq!(
+            print(Dialect::LlvmLibc, b"[%-12p]", &null),
+            "[(nullptr)   ]"
+        );
+        assert_eq!(print(Dialect::HostC, b"[%p]", &null), "[(nil)]");
+        assert_eq!(print(Dialect::LlvmLibc, b"[%.3s]", &null), "[(nu]");
+        assert_eq!(print(Dialect::LlvmLibc, b"[%8s]", &null), "[  (null)]");
+        assert_eq!(print(Dialect::HostC, b"[%.3s]", &null), "[]");
+        // Everything else is the same in both.
+        let x = 0x1234u64.to_le_bytes();
+        assert_eq!(
+            print(
+                Dialect::LlvmLibc,
+                b"%p %d",
+                &[x, [7, 0, 0, 0, 0, 0, 0, 0]].concat()
+            ),
+            "0x1234 7"
+        );
     }
 
     #[test]

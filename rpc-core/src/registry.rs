@@ -236,6 +236,10 @@ impl Request {
             layout: self.mailbox.layout,
         }
     }
+    /// Whose printf the request's mailbox expects.
+    pub(crate) fn printf_dialect(&self) -> crate::printf::Dialect {
+        self.mailbox.printf
+    }
     pub fn context(&self) -> &ServerContext {
         &self.inner.context
     }

@@ -161,6 +161,10 @@ impl MailboxSource for RegionMailbox {
 pub(crate) struct Attached {
     pub(crate) id: MailboxId,
     pub(crate) layout: Layout,
+    /// How its clients number opcodes (LLVM 19 images differ); set once at attach.
+    pub(crate) numbering: crate::opcode::Numbering,
+    /// Whose printf its output matches; set once at attach.
+    pub(crate) printf: crate::printf::Dialect,
     source: Box<dyn MailboxSource>,
     locks: LockTable,
     #[cfg(not(loom))]
@@ -314,6 +318,8 @@ impl RpcServer {
             source,
             #[cfg(not(loom))]
             None,
+            crate::opcode::Numbering::Current,
+            crate::printf::Dialect::HostC,
         )
     }
 
@@ -339,7 +345,12 @@ impl RpcServer {
         source: Box<dyn MailboxSource>,
         bell: Box<dyn crate::plugin::Doorbell>,
     ) -> MailboxId {
-        self.attach_inner(source, Some(bell))
+        self.attach_inner(
+            source,
+            Some(bell),
+            crate::opcode::Numbering::Current,
+            crate::printf::Dialect::HostC,
+        )
     }
 
     /// [`RpcServer::attach_region`] with a doorbell.
@@ -355,10 +366,34 @@ impl RpcServer {
         Ok(self.attach_with_doorbell(Box::new(RegionMailbox { region, layout }), bell))
     }
 
+    /// [`RpcServer::attach_region`] with an optional doorbell, for clients that number their
+    /// opcodes as `numbering` says (an LLVM 19 image's: see [`crate::opcode::Numbering`]) and
+    /// expect the printf of `printf` (see [`crate::printf::Dialect`]).
+    #[cfg(not(loom))]
+    pub fn attach_region_for(
+        &self,
+        region: Box<dyn crate::plugin::SharedRegion>,
+        layout: Layout,
+        bell: Option<Box<dyn crate::plugin::Doorbell>>,
+        numbering: crate::opcode::Numbering,
+        printf: crate::printf::Dialect,
+    ) -> Result<MailboxId> {
+        // SAFETY: as in `attach_region`: a validating view only.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(self.attach_inner(
+            Box::new(RegionMailbox { region, layout }),
+            bell,
+            numbering,
+            printf,
+        ))
+    }
+
     fn attach_inner(
         &self,
         source: Box<dyn MailboxSource>,
         #[cfg(not(loom))] doorbell: Option<Box<dyn crate::plugin::Doorbell>>,
+        numbering: crate::opcode::Numbering,
+        printf: crate::printf::Dialect,
     ) -> MailboxId {
         let context = &self.inner.context;
         // RMW: hands out each id once.
@@ -369,6 +404,8 @@ impl RpcServer {
         let attached = Arc::new(Attached {
             id,
             layout,
+            numbering,
+            printf,
             source,
             locks: LockTable::new(layout.ports()),
             #[cfg(not(loom))]

@@ -2,8 +2,10 @@
 //! public methods do the bookkeeping, the plugin's hooks do the vendor work).
 //!
 //! - [`PluginRuntime::load_image`]: loads the image; if it has the client symbol
-//!   (`__llvm_rpc_client`, whose size names the generation: 552 -> v1, 2096 -> v2; or the older
-//!   `__llvm_libc_rpc_client`, a pointer to a v1 object), allocates the mailbox in memory the
+//!   (`__llvm_rpc_client`, whose size names the generation: 552 -> v1, 2096 -> v2; or LLVM 19's
+//!   `__llvm_libc_rpc_client`, a pointer to a v1 object, whose clients number opcodes 0, 1,
+//!   2... in 16 bits: [`crate::opcode::Numbering::Llvm19`]; any other size is refused as an
+//!   unknown generation), allocates the mailbox in memory the
 //!   device sees, writes the client object with the device's addresses, attaches the mailbox to
 //!   this plugin's server with the device's allocator for MALLOC, and starts the server
 //!   (idempotent). Images without the symbol get no mailbox and start nothing.
@@ -25,8 +27,9 @@
 //! A kernel's `exit(n)` or `abort()` ends the *host process* under the default
 //! [`crate::ExitPolicy::Process`], as LLVM's loader does; an embedding program that must outlive
 //! its kernels sets [`crate::ExitPolicy::Record`] (in [`ServerConfig::services`], or later with
-//! `server().context().services().set_exit_policy`): `synchronize` then returns
-//! [`Error::KernelExited`] for a status other than 0.
+//! `server().context().services().set_exit_policy`): `synchronize` then returns the exit as a
+//! value (`Ok(Some(KernelExit::Exit(status)))`, `exit(0)` included; an error is only a failed
+//! kernel or device).
 
 use std::boxed::Box;
 use std::string::{String, ToString};
@@ -34,6 +37,7 @@ use std::vec::Vec;
 
 use crate::error::{Error, Result};
 use crate::layout::{Generation, Layout};
+use crate::opcode::Numbering;
 use crate::plugin::{Device, Grid, Plugin, VendorError};
 use crate::rpc_server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};
 use crate::services::KernelExit;
@@ -191,7 +195,10 @@ impl<P: Plugin> PluginRuntime<P> {
         let image = dev.load_image(bytes).map_err(vendor(name, "load image"))?;
         let mailbox = match self.client_object_address(dev, &image)? {
             None => None,
-            Some((addr, generation)) => Some(self.attach_mailbox(dev, addr, generation)?),
+            Some((addr, generation, numbering)) => {
+                let lanes = dev.image_lane_size(&image);
+                Some(self.attach_mailbox(dev, addr, generation, numbering, lanes)?)
+            }
         };
         let mut images = lock(&self.images);
         images.push(Some(Loaded {
@@ -202,16 +209,18 @@ impl<P: Plugin> PluginRuntime<P> {
         Ok(ImageId(images.len() - 1))
     }
 
-    /// Where the image wants its client object, and of which generation; None without RPC.
+    /// Where the image wants its client object, of which generation and opcode numbering;
+    /// None without RPC.
     fn client_object_address(
         &self,
         dev: &P::Device,
         image: &<P::Device as Device>::Image,
-    ) -> Result<Option<(u64, Generation)>> {
+    ) -> Result<Option<(u64, Generation, Numbering)>> {
         if let Some(symbol) = dev.find_symbol(image, CLIENT_SYMBOL) {
             return Ok(Some((
                 symbol.addr,
                 Generation::from_client_object_size(symbol.size)?,
+                Numbering::Current,
             )));
         }
         let Some(symbol) = dev.find_symbol(image, LEGACY_CLIENT_SYMBOL) else {
@@ -223,8 +232,13 @@ impl<P: Plugin> PluginRuntime<P> {
         let mut pointer = [0u8; 8];
         dev.copy_from_device(symbol.addr, &mut pointer)
             .map_err(vendor(self.plugin.name(), "read client pointer"))?;
-        // Images old enough to use the pointer symbol speak the pre-doorbell layout.
-        Ok(Some((u64::from_le_bytes(pointer), Generation::V1)))
+        // Images old enough to use the pointer symbol (LLVM 19) speak the pre-doorbell layout
+        // with 16-bit opcodes.
+        Ok(Some((
+            u64::from_le_bytes(pointer),
+            Generation::V1,
+            Numbering::Llvm19,
+        )))
     }
 
     fn attach_mailbox(
@@ -232,9 +246,11 @@ impl<P: Plugin> PluginRuntime<P> {
         dev: &P::Device,
         object_addr: u64,
         generation: Generation,
+        numbering: Numbering,
+        lanes: u32,
     ) -> Result<MailboxId> {
         let name = self.plugin.name();
-        let layout = Layout::new(generation, dev.port_count(generation), dev.lane_size())?;
+        let layout = Layout::new(generation, dev.port_count(generation), lanes)?;
         let region = dev
             .alloc_mailbox(layout)
             .map_err(vendor(name, "allocate mailbox"))?;
@@ -256,12 +272,14 @@ impl<P: Plugin> PluginRuntime<P> {
         let object = layout.client_object(region.device_addr());
         dev.copy_to_device(object_addr, &object)
             .map_err(vendor(name, "write client object"))?;
-        let id = match bell {
-            Some(bell) => self
-                .server
-                .attach_region_with_doorbell(region, layout, bell)?,
-            None => self.server.attach_region(region, layout)?,
+        // LLVM 19-22's servers format with LLVM libc's printf core, 23+'s with the host's.
+        let printf = match generation {
+            Generation::V1 => crate::printf::Dialect::LlvmLibc,
+            Generation::V2 => crate::printf::Dialect::HostC,
         };
+        let id = self
+            .server
+            .attach_region_for(region, layout, bell, numbering, printf)?;
         self.server
             .context()
             .services()
@@ -273,6 +291,16 @@ impl<P: Plugin> PluginRuntime<P> {
             id.0
         );
         Ok(id)
+    }
+
+    /// A global variable of a loaded image (a loader fills some: NVPTX constructor tables).
+    pub fn find_symbol(&self, image: ImageId, name: &str) -> Option<crate::plugin::Symbol> {
+        let images = lock(&self.images);
+        let loaded = images.get(image.0)?.as_ref()?;
+        self.plugin
+            .devices()
+            .get(loaded.device)?
+            .find_symbol(&loaded.image, name)
     }
 
     /// The mailbox serving `image`, if it uses RPC.
@@ -312,9 +340,10 @@ impl<P: Plugin> PluginRuntime<P> {
         launched
     }
 
-    /// Waits for every launch on `device`; reports a failed kernel, and a kernel that called
-    /// EXIT or ABORT (under [`crate::ExitPolicy::Record`]).
-    pub fn synchronize(&self, device: usize) -> Result<()> {
+    /// Waits for every launch on `device`; reports a failed kernel as an error, and a kernel
+    /// that called EXIT or ABORT (under [`crate::ExitPolicy::Record`]) as a value: `exit(0)` is
+    /// `Ok(Some(KernelExit::Exit(0)))`, a kernel that just returned `Ok(None)`.
+    pub fn synchronize(&self, device: usize) -> Result<Option<KernelExit>> {
         let dev = self.device(device)?;
         dev.synchronize()
             .map_err(vendor(self.plugin.name(), "synchronize"))?;
@@ -332,15 +361,11 @@ impl<P: Plugin> PluginRuntime<P> {
                     id.0
                 );
             }
-            match self.server.context().services().take_exit(id) {
-                Some(KernelExit::Exit(status)) => {
-                    return Err(Error::KernelExited(std::format!("exit({status})")));
-                }
-                Some(KernelExit::Abort) => return Err(Error::KernelExited("abort()".into())),
-                None => {}
+            if let Some(exit) = self.server.context().services().take_exit(id) {
+                return Ok(Some(exit));
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Waits up to the deinit wait for running kernels and aborts those left, detaches every

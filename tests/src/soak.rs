@@ -27,7 +27,7 @@ use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target, Warp};
 use rpc_core::plugin::Grid;
 use rpc_core::runtime::PluginRuntime;
 use rpc_core::services::{FilePolicy, MALLOC_ALIGN};
-use rpc_core::{Error, ExitPolicy, Generation, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, Generation, KernelExit, Opcode, ServerConfig, ServicesConfig};
 
 /// The custom opcode both plugins register, each with its own answer.
 pub const CUSTOM: Opcode = Opcode::user(100);
@@ -461,7 +461,10 @@ pub fn run(seconds: u64) -> Result<Report, String> {
                         let args = (round * 0x1234_5677 + 1).to_le_bytes();
                         let launched = rt.runtime.launch(rt.image, "mix", &args, rt.grid);
                         let synced = launched.and_then(|()| rt.runtime.synchronize(0));
-                        if let Err(error) = synced {
+                        if let Err(error) = synced.and_then(|exit| match exit {
+                            None => Ok(()),
+                            Some(exit) => Err(Error::KernelExited(format!("{exit:?}"))),
+                        }) {
                             add(&counters.errors_unexpected, 1);
                             eprintln!("soak: {}: round {round}: {error}", rt.name);
                         }
@@ -472,7 +475,7 @@ pub fn run(seconds: u64) -> Result<Report, String> {
                                 .launch(rt.image, "exit", &[], Grid::linear(1, 1))
                                 .and_then(|()| rt.runtime.synchronize(0));
                             match synced {
-                                Err(Error::KernelExited(what)) if what == "exit(3)" => {
+                                Ok(Some(KernelExit::Exit(3))) => {
                                     counters.bad(true);
                                 }
                                 other => {

@@ -67,7 +67,7 @@ const DRIVER_BOUND: Duration = Duration::from_secs(600);
 const EXIT_BOUND: Duration = Duration::from_secs(60);
 
 /// Why a generation could not be run: `Unavailable` may be skipped with `--allow-skip`.
-enum Problem {
+pub(crate) enum Problem {
     Unavailable(String),
     Failed(String),
 }
@@ -197,12 +197,36 @@ pub fn run(args: &[String]) -> Result {
 /// the folder and the upstream version.
 fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Problem> {
     let cache = root.join(format!("target/llvm-src/llvm-{major}"));
+    fetch_source(major, &cache, FILES, false)
+}
+
+/// Parts of LLVM MAJOR's source tree in `cache`: the cached folder, or fetched from Debian's
+/// `llvm-toolchain-MAJOR` source package (verified against the signed index) and extracted
+/// into it. `members` are paths in the tree (with `wildcards`, tar patterns such as
+/// `libc/*`; the cache counts as complete when each pattern's folder exists). Returns the
+/// folder and the upstream version. Shared by `llvm-client` and `gpu-images`.
+pub(crate) fn fetch_source(
+    major: u32,
+    cache: &Path,
+    members: &[&str],
+    wildcards: bool,
+) -> std::result::Result<(PathBuf, String), Problem> {
+    let root = crate::project_root();
+    let cache = cache.to_path_buf();
     let stamp = cache.join("VERSION");
+    let present = |m: &&str| {
+        let path = cache.join(m.trim_end_matches("/*"));
+        if wildcards {
+            path.exists()
+        } else {
+            path.is_file()
+        }
+    };
     if let Ok(text) = std::fs::read_to_string(&stamp) {
-        if FILES.iter().all(|f| cache.join(f).is_file()) {
+        if members.iter().all(present) {
             let version = upstream_of(text.split_whitespace().nth(1).unwrap_or("?"));
             println!(
-                "llvm-client: LLVM {major}: cached in {} ({})",
+                "llvm-src: LLVM {major}: cached in {} ({})",
                 cache.display(),
                 text.trim()
             );
@@ -241,7 +265,7 @@ fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Pr
         let tarball = download.join(&orig.name);
         if !matches_hash(&tarball, &orig)? {
             println!(
-                "llvm-client: LLVM {major}: apt-get source --download-only {package}={version} \
+                "llvm-src: LLVM {major}: apt-get source --download-only {package}={version} \
                  ({} MB)",
                 orig.size / 1_000_000
             );
@@ -269,7 +293,7 @@ fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Pr
         }
         let fetched = begin.elapsed();
         let begin = Instant::now();
-        extract(&tarball, &orig.name, &cache)?;
+        extract(&tarball, &orig.name, &cache, members, wildcards)?;
         let stamp_text = format!("{package} {version} {} sha256:{}\n", orig.name, orig.sha256);
         std::fs::write(&stamp, &stamp_text)
             .map_err(|e| format!("writing {}: {e}", stamp.display()))?;
@@ -287,7 +311,7 @@ fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Pr
             }
         }
         println!(
-            "llvm-client: LLVM {major}: {} verified (sha256 {}), download {:.1} s, extract {:.1} \
+            "llvm-src: LLVM {major}: {} verified (sha256 {}), download {:.1} s, extract {:.1} \
              s, into {}",
             orig.name,
             &orig.sha256[..16],
@@ -417,8 +441,15 @@ fn matches_hash(path: &Path, orig: &Orig) -> std::result::Result<bool, Problem> 
     }
 }
 
-/// Takes [`FILES`] out of `tarball` into `cache` (replacing it), through a temporary folder.
-fn extract(tarball: &Path, name: &str, cache: &Path) -> std::result::Result<(), Problem> {
+/// Takes `members` out of `tarball` into `cache` (replacing it), through a temporary folder.
+/// Plain names stop the read once all are out (`--occurrence`); patterns read the whole file.
+fn extract(
+    tarball: &Path,
+    name: &str,
+    cache: &Path,
+    members: &[&str],
+    wildcards: bool,
+) -> std::result::Result<(), Problem> {
     let top = name.trim_end_matches(".orig.tar.xz");
     let partial = cache.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
@@ -429,8 +460,13 @@ fn extract(tarball: &Path, name: &str, cache: &Path) -> std::result::Result<(), 
         .arg(tarball)
         .arg("-C")
         .arg(&partial)
-        .args(["--strip-components=1", "--occurrence"])
-        .args(FILES.iter().map(|f| format!("{top}/{f}")))
+        .arg("--strip-components=1")
+        .arg(if wildcards {
+            "--wildcards"
+        } else {
+            "--occurrence"
+        })
+        .args(members.iter().map(|f| format!("{top}/{f}")))
         .output()
         .map_err(|e| format!("running tar: {e}"))?;
     if !output.status.success() {

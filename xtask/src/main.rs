@@ -8,10 +8,12 @@ mod bench;
 mod flags;
 mod fuzz;
 mod gpu_check;
+mod gpu_images;
 mod layout;
 mod llvm_client;
 mod nightly;
 mod plugins;
+mod run;
 mod sanitize;
 mod soak;
 mod stress;
@@ -43,6 +45,10 @@ commands:
   sanitize [thread|address]... [-- ARGS] rpc-core's tests under ThreadSanitizer/AddressSanitizer
   llvm-client [--allow-skip] [--gen v1|v2]
                                          LLVM's own client (Debian's LLVM 22 and 23) against rpc-serve
+  gpu-images [--allow-skip] [--target nvptx64|amdgcn]
+                                         build LLVM's GPU libc, its integration tests and a hello
+                                         world; check rpc-run --inspect reads them all
+  run [--release] -- [RPC-RUN ARGS]      build rpc-run and run a GPU executable (or --inspect it)
   help                                   this text";
 
 /// Why a command did not succeed.
@@ -118,6 +124,8 @@ fn run(args: &[String]) -> Result {
         "fuzz" => fuzz::run(rest),
         "sanitize" => sanitize::run(rest),
         "llvm-client" => llvm_client::run(rest),
+        "run" => run::run(rest),
+        "gpu-images" => gpu_images::run(rest),
         "help" | "--help" | "-h" => {
             println!("{USAGE}");
             Ok(())

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use plugin_cuda::{describe_plugin, CudaDevice, CudaPlugin};
 use rpc_core::plugin::{Device, Grid};
 use rpc_core::runtime::{ImageId, PluginRuntime};
-use rpc_core::{Error, ExitPolicy, Generation, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, Generation, KernelExit, ServerConfig, ServicesConfig};
 
 const USAGE: &str = "usage: cuda-gpu-check PTX [--quick] [--iterations-1warp N] \
                      [--iterations-many N] [--timeout-s S]";
@@ -204,8 +204,22 @@ impl Check<'_> {
     }
 
     /// Launches `kernel` and waits for it (and for the server to finish its requests); a kernel
-    /// still running after the timeout ends the process.
+    /// that ended the program with EXIT or ABORT is an error here.
     fn run(&self, kernel: &str, args: &[u64], grid: Grid) -> Result<Duration, Error> {
+        match self.run_to_end(kernel, args, grid)? {
+            (None, elapsed) => Ok(elapsed),
+            (Some(exit), _) => Err(Error::KernelExited(format!("{exit:?}"))),
+        }
+    }
+
+    /// Launches `kernel` and waits for it; how it ended itself, if it did. A kernel still
+    /// running after the timeout ends the process.
+    fn run_to_end(
+        &self,
+        kernel: &str,
+        args: &[u64],
+        grid: Grid,
+    ) -> Result<(Option<KernelExit>, Duration), Error> {
         let (done, watch) = mpsc::channel::<()>();
         let timeout = self.timeout;
         let name = kernel.to_owned();
@@ -228,7 +242,7 @@ impl Check<'_> {
         let elapsed = start.elapsed();
         let _ = done.send(());
         let _ = watchdog.join();
-        result.map(|()| elapsed)
+        result.map(|exit| (exit, elapsed))
     }
 
     fn threads(grid: Grid) -> usize {
@@ -319,10 +333,10 @@ impl Check<'_> {
     fn exit(&self) -> Result<String, String> {
         let grid = Grid::linear(1, WARP);
         let result = DeviceBuffer::zeroed(self.device(), WARP as usize * 4)?;
-        match self.run("rpc_exit", &[result.addr, 7], grid) {
-            Err(Error::KernelExited(what)) if what == "exit(7)" => {}
+        match self.run_to_end("rpc_exit", &[result.addr, 7], grid) {
+            Ok((Some(KernelExit::Exit(7)), _)) => {}
             Err(error) => return Err(format!("synchronize said {error}, expected exit(7)")),
-            Ok(_) => return Err("synchronize reported no exit".into()),
+            Ok((other, _)) => return Err(format!("synchronize reported {other:?}, not exit(7)")),
         }
         verdicts(&result.read_u32()?)?;
         // Recorded once: the next synchronize is clean.

@@ -29,7 +29,9 @@ use std::vec::Vec;
 use super::streams::Target;
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::opcode::Opcode;
-use crate::printf::{args_size, format_to, output_bound, parse, string_pointers, Piece, CHUNK};
+use crate::printf::{
+    args_size, format_in, output_bound, parse, string_pointers, Dialect, Piece, CHUNK,
+};
 use crate::registry::Request;
 use crate::Result;
 
@@ -59,6 +61,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     let context = super::context(&req);
     let services = &context.services;
     let mailbox = req.mailbox().id;
+    let dialect = req.printf_dialect();
     let mut refusals = Refusals::default();
 
     // 1. The stream of each lane.
@@ -192,7 +195,14 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             if let Some((pieces, target)) = &state.parsed {
                 record(
                     i,
-                    print(services, target, pieces, &args[i], packed, &state.strings),
+                    print(
+                        services,
+                        target,
+                        pieces,
+                        &args[i],
+                        (dialect, packed),
+                        &state.strings,
+                    ),
                 );
             }
         }
@@ -208,7 +218,14 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
                 let printed = parse(&formats[i]).map_err(|e| e.to_string());
                 let printed = printed.and_then(|pieces| {
                     let services = &context.services;
-                    print(services, &target, &pieces, &args[i], packed, &strings)
+                    print(
+                        services,
+                        &target,
+                        &pieces,
+                        &args[i],
+                        (dialect, packed),
+                        &strings,
+                    )
                 });
                 (i, printed)
             };
@@ -237,7 +254,7 @@ fn print(
     target: &Target,
     pieces: &[Piece],
     args: &[u8],
-    packed: bool,
+    (dialect, packed): (Dialect, bool),
     strings: &HashMap<u64, Vec<u8>>,
 ) -> Printed {
     let fetch = |p| strings.get(&p).cloned();
@@ -249,7 +266,7 @@ fn print(
             lost = n < chunk.len();
         }
     };
-    format_to(pieces, args, packed, &fetch, &mut sink).map_err(|e| e.to_string())?;
+    format_in(dialect, pieces, args, packed, &fetch, &mut sink).map_err(|e| e.to_string())?;
     Ok((!lost).then_some(written))
 }
 

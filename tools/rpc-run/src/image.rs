@@ -1,0 +1,405 @@
+//! What an image is and holds, read from its bytes with no GPU: its format (and so its
+//! plugin), its kernels with their argument sizes and stack needs, and its RPC client symbol
+//! (and so its generation and opcode numbering). `rpc-run --inspect` prints this.
+
+use std::fmt;
+
+use plugin_amdgpu::code_object;
+use rpc_core::opcode::Numbering;
+use rpc_core::runtime::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
+use rpc_core::Generation;
+
+use crate::ptx;
+
+/// An image format, and so the plugin that runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// PTX text (CUDA JIT-compiles it).
+    Ptx,
+    /// An NVIDIA ELF (`EM_CUDA`).
+    Cubin,
+    /// A CUDA fat binary (several cubins and PTX).
+    Fatbin,
+    /// An AMDGPU code object (`EM_AMDGPU`).
+    AmdGpu,
+}
+
+impl Format {
+    /// The plugin that runs this format.
+    pub fn plugin(self) -> &'static str {
+        match self {
+            Format::Ptx | Format::Cubin | Format::Fatbin => "cuda",
+            Format::AmdGpu => "amdgpu",
+        }
+    }
+}
+
+const EM_CUDA: u16 = 190;
+const FATBIN_MAGIC: u32 = 0xBA55_ED50;
+
+/// The format of `bytes`, if it is one.
+pub fn format_of(bytes: &[u8]) -> Option<Format> {
+    if bytes.starts_with(b"\x7fELF") && bytes.len() >= 20 {
+        return match u16::from_le_bytes([bytes[18], bytes[19]]) {
+            code_object::EM_AMDGPU => Some(Format::AmdGpu),
+            EM_CUDA => Some(Format::Cubin),
+            _ => None,
+        };
+    }
+    if bytes.len() >= 4
+        && u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) == FATBIN_MAGIC
+    {
+        return Some(Format::Fatbin);
+    }
+    ptx::is_ptx(bytes).then_some(Format::Ptx)
+}
+
+/// One kernel as the image describes it (`None`: the format does not say).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kernel {
+    pub name: String,
+    /// Bytes of the argument block the launch must fill (AMDGPU: explicit plus implicit).
+    pub kernarg_size: Option<u32>,
+    /// Stack bytes per thread the compiler knows of (AMDGPU: the private segment; PTX: the
+    /// kernel's own frame).
+    pub stack: Option<u32>,
+    /// Whether the stack is unbounded (AMDGPU `.uses_dynamic_stack`), or calls add frames the
+    /// PTX does not size (PTX: it has calls).
+    pub dynamic_stack: Option<bool>,
+    /// The wavefront size the kernel was compiled for (AMDGPU).
+    pub wavefront_size: Option<u32>,
+}
+
+/// The image's RPC client symbol and what it means.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Client {
+    /// No client symbol: the image uses no RPC.
+    None,
+    /// A known generation.
+    Known {
+        symbol: &'static str,
+        size: u64,
+        generation: Generation,
+        numbering: Numbering,
+    },
+    /// A client symbol of a size no generation has: refused.
+    Unknown { symbol: &'static str, size: u64 },
+    /// The format does not tell (a fat binary).
+    Unread,
+}
+
+impl Client {
+    fn of(symbol_size: impl Fn(&str) -> Option<u64>) -> Client {
+        if let Some(size) = symbol_size(CLIENT_SYMBOL) {
+            return match Generation::from_client_object_size(size as usize) {
+                Ok(generation) => Client::Known {
+                    symbol: CLIENT_SYMBOL,
+                    size,
+                    generation,
+                    numbering: Numbering::Current,
+                },
+                Err(_) => Client::Unknown {
+                    symbol: CLIENT_SYMBOL,
+                    size,
+                },
+            };
+        }
+        match symbol_size(LEGACY_CLIENT_SYMBOL) {
+            None => Client::None,
+            Some(8) => Client::Known {
+                symbol: LEGACY_CLIENT_SYMBOL,
+                size: 8,
+                generation: Generation::V1,
+                numbering: Numbering::Llvm19,
+            },
+            Some(size) => Client::Unknown {
+                symbol: LEGACY_CLIENT_SYMBOL,
+                size,
+            },
+        }
+    }
+
+    /// Which LLVM releases build images with this client.
+    pub fn llvm(&self) -> &'static str {
+        match self {
+            Client::Known {
+                numbering: Numbering::Llvm19,
+                ..
+            } => "LLVM 19",
+            Client::Known {
+                generation: Generation::V1,
+                ..
+            } => "LLVM 20-22",
+            Client::Known {
+                generation: Generation::V2,
+                ..
+            } => "LLVM 23+",
+            _ => "unknown",
+        }
+    }
+}
+
+/// What an image holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Inspection {
+    pub format: Format,
+    /// The target (`sm_90`, `amdgcn-amd-amdhsa--gfx942`), where the format says.
+    pub target: String,
+    /// The format version where it says (PTX `7.8`, code object `1.2`).
+    pub version: String,
+    /// Every kernel; empty where the format does not list them (cubin, fatbin).
+    pub kernels: Vec<Kernel>,
+    /// Whether `kernels` is the whole list (false: the format was not read that far).
+    pub kernels_known: bool,
+    pub client: Client,
+    /// `__init_array_object_*` / `__fini_array_object_*` globals (NVPTX constructors, which
+    /// LLVM's loader gathers into `__init_array_start..end` itself).
+    pub init_fini: Vec<String>,
+}
+
+impl Inspection {
+    pub fn kernel(&self, name: &str) -> Option<&Kernel> {
+        self.kernels.iter().find(|k| k.name == name)
+    }
+}
+
+/// Why an image cannot be inspected.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BadImage(pub String);
+
+impl fmt::Display for BadImage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Reads an image.
+pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
+    let format = format_of(bytes).ok_or_else(|| {
+        BadImage(
+            "not a GPU image: neither PTX text, a cubin, a CUDA fat binary nor an AMDGPU code \
+             object"
+                .into(),
+        )
+    })?;
+    match format {
+        Format::Ptx => {
+            let text = String::from_utf8_lossy(bytes.strip_suffix(b"\0").unwrap_or(bytes));
+            let module = ptx::read(&text);
+            let size = |name: &str| {
+                module
+                    .globals
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|&(_, s)| s)
+            };
+            Ok(Inspection {
+                format,
+                target: module.target.clone(),
+                version: module.version.clone(),
+                kernels: module
+                    .entries
+                    .iter()
+                    .map(|e| Kernel {
+                        name: e.name.clone(),
+                        kernarg_size: Some(e.params_size),
+                        stack: Some(e.frame),
+                        dynamic_stack: Some(e.calls),
+                        wavefront_size: Some(32),
+                    })
+                    .collect(),
+                kernels_known: true,
+                client: Client::of(size),
+                init_fini: init_fini(module.globals.iter().map(|(n, _)| n.as_str())),
+            })
+        }
+        Format::AmdGpu => {
+            let object = code_object::read(bytes)
+                .map_err(|e| BadImage(format!("AMDGPU code object: {e}")))?;
+            Ok(Inspection {
+                format,
+                target: object.target.clone(),
+                version: object
+                    .version
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join("."),
+                kernels: object
+                    .kernels
+                    .iter()
+                    .map(|k| Kernel {
+                        name: k.name.clone(),
+                        kernarg_size: Some(k.kernarg_segment_size),
+                        stack: Some(k.private_segment_fixed_size),
+                        dynamic_stack: Some(k.uses_dynamic_stack),
+                        wavefront_size: Some(k.wavefront_size),
+                    })
+                    .collect(),
+                kernels_known: true,
+                client: Client::of(|name| object.global(name).map(|g| g.size)),
+                init_fini: Vec::new(),
+            })
+        }
+        Format::Cubin | Format::Fatbin => Ok(Inspection {
+            format,
+            target: String::new(),
+            version: String::new(),
+            kernels: Vec::new(),
+            kernels_known: false,
+            client: Client::Unread,
+            init_fini: Vec::new(),
+        }),
+    }
+}
+
+/// The constructor and destructor globals among `names`.
+fn init_fini<'n>(names: impl Iterator<Item = &'n str>) -> Vec<String> {
+    names
+        .filter(|n| n.starts_with("__init_array_object_") || n.starts_with("__fini_array_object_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn or_unknown<T: fmt::Display>(value: &Option<T>) -> String {
+    value
+        .as_ref()
+        .map_or_else(|| "?".to_owned(), ToString::to_string)
+}
+
+/// The `--inspect` report: one `key=value` line per fact, stable for scripts.
+impl fmt::Display for Inspection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let format = match self.format {
+            Format::Ptx => "ptx",
+            Format::Cubin => "cubin",
+            Format::Fatbin => "fatbin",
+            Format::AmdGpu => "amdgpu",
+        };
+        writeln!(
+            f,
+            "image format={format} plugin={} target={} version={}",
+            self.format.plugin(),
+            if self.target.is_empty() {
+                "?"
+            } else {
+                &self.target
+            },
+            if self.version.is_empty() {
+                "?"
+            } else {
+                &self.version
+            },
+        )?;
+        match &self.client {
+            Client::None => writeln!(f, "client none (the image uses no RPC)")?,
+            Client::Unread => writeln!(f, "client ? (not read from this format)")?,
+            Client::Unknown { symbol, size } => {
+                writeln!(f, "client symbol={symbol} size={size} generation=unknown")?
+            }
+            known @ Client::Known {
+                symbol,
+                size,
+                generation,
+                numbering,
+            } => writeln!(
+                f,
+                "client symbol={symbol} size={size} generation={generation} opcodes={} llvm=\"{}\"",
+                match numbering {
+                    Numbering::Current => "class<<24|n",
+                    Numbering::Llvm19 => "16-bit",
+                },
+                known.llvm()
+            )?,
+        }
+        if !self.kernels_known {
+            writeln!(f, "kernels ? (not read from this format)")?;
+        }
+        for k in &self.kernels {
+            writeln!(
+                f,
+                "kernel name={} kernarg={} stack={} dynamic_stack={} wavefront={}",
+                k.name,
+                or_unknown(&k.kernarg_size),
+                or_unknown(&k.stack),
+                or_unknown(&k.dynamic_stack),
+                or_unknown(&k.wavefront_size),
+            )?;
+        }
+        for name in &self.init_fini {
+            writeln!(f, "init_fini {name}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ptx_with_client(decl: &str) -> String {
+        format!(
+            ".version 7.8\n.target sm_90\n{decl}\n.visible .entry _start(.param .u32 a, .param \
+             .u64 b, .param .u64 c, .param .u64 d)\n{{\nret;\n}}\n"
+        )
+    }
+
+    #[test]
+    fn the_client_symbol_names_the_generation() {
+        let cases = [
+            (
+                ".visible .global .align 8 .b8 __llvm_rpc_client[552];",
+                "generation=v1",
+                "LLVM 20-22",
+            ),
+            (
+                ".visible .global .align 8 .b8 __llvm_rpc_client[2096];",
+                "generation=v2",
+                "LLVM 23+",
+            ),
+            (
+                ".visible .global .align 8 .u64 __llvm_libc_rpc_client;",
+                "opcodes=16-bit",
+                "LLVM 19",
+            ),
+        ];
+        for (decl, generation, llvm) in cases {
+            let report = inspect(ptx_with_client(decl).as_bytes()).unwrap();
+            let text = report.to_string();
+            assert!(text.contains(generation), "{text}");
+            assert_eq!(report.client.llvm(), llvm);
+            assert!(
+                text.contains("kernel name=_start kernarg=32 stack=0"),
+                "{text}"
+            );
+        }
+        let unknown = inspect(ptx_with_client(".global .b8 __llvm_rpc_client[100];").as_bytes());
+        assert_eq!(
+            unknown.unwrap().client,
+            Client::Unknown {
+                symbol: CLIENT_SYMBOL,
+                size: 100
+            }
+        );
+        let none = inspect(ptx_with_client("").as_bytes()).unwrap();
+        assert_eq!(none.client, Client::None);
+    }
+
+    #[test]
+    fn formats_are_told_apart_by_their_first_bytes() {
+        assert_eq!(format_of(b".version 8.0\n"), Some(Format::Ptx));
+        assert_eq!(
+            format_of(&0xBA55_ED50u32.to_le_bytes()),
+            Some(Format::Fatbin)
+        );
+        let mut elf = b"\x7fELF".to_vec();
+        elf.resize(20, 0);
+        elf[18] = 190;
+        assert_eq!(format_of(&elf), Some(Format::Cubin));
+        elf[18] = 224;
+        assert_eq!(format_of(&elf), Some(Format::AmdGpu));
+        elf[18] = 62;
+        assert_eq!(format_of(&elf), None);
+        assert!(inspect(b"hello").is_err());
+    }
+}

@@ -1,0 +1,50 @@
+//! The `rpc-run` command: parses the command line, starts the watchdog, runs or inspects the
+//! image, and exits with the program's status or the failure's code (see the library).
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::mpsc;
+
+use rpc_run::{code, Failure, Options};
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match Options::parse(&args) {
+        Ok(options) => options,
+        Err(failure) => return fail(&failure),
+    };
+    if options.inspect {
+        return match rpc_run::read_image(&options.image) {
+            Ok((_, inspection)) => {
+                print!("{inspection}");
+                ExitCode::SUCCESS
+            }
+            Err(failure) => fail(&failure),
+        };
+    }
+    // The watchdog: a thread blocked on a channel until the run ends or the time is up.
+    let (_finished, watch) = mpsc::channel::<()>();
+    if let Some(timeout) = options.timeout {
+        std::thread::spawn(move || {
+            if watch.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout) {
+                let _ = std::io::stdout().flush();
+                eprintln!("rpc-run: timed out after {:.1} s", timeout.as_secs_f64());
+                std::process::exit(code::TIMEOUT.into());
+            }
+        });
+    }
+    match rpc_run::run_file(&options) {
+        // The status as the shell sees it: its low 8 bits, as exit(3) would give.
+        Ok(status) => {
+            let _ = std::io::stdout().flush();
+            ExitCode::from(status as u8)
+        }
+        Err(failure) => fail(&failure),
+    }
+}
+
+fn fail(failure: &Failure) -> ExitCode {
+    eprintln!("rpc-run: {failure}");
+    ExitCode::from(failure.code())
+}

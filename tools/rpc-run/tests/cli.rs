@@ -1,0 +1,145 @@
+//! The `rpc-run` binary as a user meets it: each failure class exits with its own code and a
+//! clear message, and `--inspect` reads the real images `cargo xtask gpu-images` built.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn rpc_run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rpc-run"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("rpc-run runs")
+}
+
+fn scratch(name: &str, text: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn ptx(client: &str, kernels: &[&str]) -> String {
+    let mut text = format!(".version 7.8\n.target sm_90\n.address_size 64\n{client}\n");
+    for k in kernels {
+        text.push_str(&format!(".visible .entry {k}()\n{{\nret;\n}}\n"));
+    }
+    text
+}
+
+fn expect(output: &Output, code: i32, says: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "stderr: {stderr}");
+    assert!(stderr.contains(says), "expected {says:?} in: {stderr}");
+}
+
+#[test]
+fn every_failure_class_exits_with_its_own_code_and_says_why() {
+    expect(&rpc_run(&["--bogus", "x"]), 64, "unknown option --bogus");
+    expect(&rpc_run(&[]), 64, "no IMAGE given");
+    expect(
+        &rpc_run(&["/nonexistent/image"]),
+        66,
+        "cannot read the image",
+    );
+    let text = scratch("not-an-image.txt", "hello\n");
+    expect(&rpc_run(&[text.to_str().unwrap()]), 65, "not a GPU image");
+    let client = ".visible .global .align 8 .b8 __llvm_rpc_client[552];";
+    let no_start = scratch("no-start.ptx", &ptx(client, &["_begin", "_end"]));
+    expect(
+        &rpc_run(&[no_start.to_str().unwrap()]),
+        67,
+        "no `_start` kernel",
+    );
+    let odd = ".visible .global .align 8 .b8 __llvm_rpc_client[600];";
+    let unknown = scratch("unknown.ptx", &ptx(odd, &["_begin", "_start", "_end"]));
+    expect(
+        &rpc_run(&[unknown.to_str().unwrap()]),
+        68,
+        "unknown RPC generation",
+    );
+    let wrong = scratch(
+        "wrong-plugin.ptx",
+        &ptx(client, &["_begin", "_start", "_end"]),
+    );
+    expect(
+        &rpc_run(&["--plugin", "amdgpu", wrong.to_str().unwrap()]),
+        65,
+        "cannot run on the amdgpu plugin",
+    );
+}
+
+/// Where this machine has a CUDA driver the run gets further; here it must be "no device".
+#[test]
+fn a_valid_image_without_a_gpu_is_no_device() {
+    if Path::new("/dev/nvidia0").exists() {
+        eprintln!("skipped: this machine has an NVIDIA GPU");
+        return;
+    }
+    let client = ".visible .global .align 8 .b8 __llvm_rpc_client[552];";
+    let image = scratch("valid.ptx", &ptx(client, &["_begin", "_start", "_end"]));
+    expect(
+        &rpc_run(&["--timeout", "60", image.to_str().unwrap()]),
+        69,
+        "no GPU to run on",
+    );
+}
+
+#[test]
+fn inspect_prints_the_generation_and_kernels() {
+    let client = ".visible .global .align 8 .u64 __llvm_libc_rpc_client;";
+    let image = scratch("llvm19.ptx", &ptx(client, &["_begin", "_start", "_end"]));
+    let output = rpc_run(&["--inspect", image.to_str().unwrap()]);
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.starts_with("image format=ptx plugin=cuda target=sm_90 version=7.8\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("client symbol=__llvm_libc_rpc_client size=8 generation=v1 opcodes=16-bit"),
+        "{text}"
+    );
+    assert!(text.contains("kernel name=_end kernarg=0"), "{text}");
+}
+
+/// The images `cargo xtask gpu-images` built (LLVM 22's GPU libc tests and our hello world),
+/// if it has run on this machine: each is read as LLVM 22's v1 client with the start kernels.
+/// The xtask checks them in more depth (against llvm-readelf).
+#[test]
+fn inspect_reads_the_built_gpu_images() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/gpu-images");
+    let Ok(targets) = std::fs::read_dir(&root) else {
+        eprintln!(
+            "no {} (run `cargo xtask gpu-images`): nothing to read",
+            root.display()
+        );
+        return;
+    };
+    let mut read = 0;
+    for target in targets.flatten() {
+        for image in std::fs::read_dir(target.path()).unwrap().flatten() {
+            let path = image.path();
+            if path.extension().is_some() {
+                continue; // logs
+            }
+            let output = rpc_run(&["--inspect", path.to_str().unwrap()]);
+            let text = String::from_utf8_lossy(&output.stdout);
+            assert!(output.status.success(), "{}: {output:?}", path.display());
+            assert!(
+                text.contains("client symbol=__llvm_rpc_client size=552 generation=v1"),
+                "{}: {text}",
+                path.display()
+            );
+            for kernel in ["_begin", "_start", "_end"] {
+                assert!(
+                    text.contains(&format!("kernel name={kernel} ")),
+                    "{}: {text}",
+                    path.display()
+                );
+            }
+            read += 1;
+        }
+    }
+    eprintln!("read {read} images under {}", root.display());
+}
