@@ -25,11 +25,8 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use libfuzzer_sys::fuzz_target;
 use rpc_core::plugin::{DeviceAllocator, VendorError};
-use rpc_core::services::FilePolicy;
-use rpc_core::{
-    ExitPolicy, Generation, Layout, MailboxMemory, RpcServer, ServerConfig, ServicesConfig,
-    UserGuard,
-};
+use rpc_core::FilePolicy;
+use rpc_core::{ExitPolicy, protocol::Generation, protocol::Layout, protocol::MailboxMemory, RpcServer, ServerConfig, ServicesConfig, UserGuard};
 
 /// Hands out addresses without memory behind them, so fuzzed MALLOC sizes cost nothing.
 #[derive(Default)]

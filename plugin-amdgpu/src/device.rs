@@ -22,8 +22,8 @@ use std::thread::JoinHandle;
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
 };
+use rpc_core::protocol::Generation;
 use rpc_core::sync::{AtomicU32, Ordering};
-use rpc_core::Generation;
 
 use crate::aql::{kernarg_bytes, kernarg_layout, KernelDispatchPacket, PACKET_SIZE};
 use crate::doorbell::Doorbell;

@@ -45,7 +45,7 @@ pub mod loader;
 pub mod memory;
 
 use rpc_core::plugin::{Device, Plugin, VendorError};
-use rpc_core::Generation;
+use rpc_core::protocol::Generation;
 
 pub use device::AmdGpuDevice;
 pub use doorbell::Doorbell;

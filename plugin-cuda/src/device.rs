@@ -23,10 +23,10 @@ use std::ffi::c_void;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 
-use rpc_core::layout::Generation;
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
 };
+use rpc_core::protocol::layout::Generation;
 use rpc_core::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 
 use crate::error::{code_name, CudaError, Result};

@@ -49,8 +49,8 @@ mod tests;
 
 use std::sync::Arc;
 
-use rpc_core::layout::Generation;
 use rpc_core::plugin::{Device, Plugin, VendorError};
+use rpc_core::protocol::layout::Generation;
 
 pub use device::CudaDevice;
 pub use error::CudaError;

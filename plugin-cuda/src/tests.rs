@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use rpc_core::layout::Generation;
 use rpc_core::plugin::{Completion, Device, Grid, Plugin};
+use rpc_core::protocol::layout::Generation;
 use rpc_core::sync::{AtomicUsize, Ordering};
 
 use crate::fake::{FakeDriver, FakeGpu};

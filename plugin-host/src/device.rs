@@ -9,13 +9,16 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
+use rpc_core::plugin::runtime::CLIENT_SYMBOL;
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Doorbell, Grid, SharedRegion, Symbol, VendorError,
 };
-use rpc_core::runtime::CLIENT_SYMBOL;
+use rpc_core::protocol::ClientDoorbell;
 use rpc_core::sync::lock;
-use rpc_core::ClientDoorbell;
-use rpc_core::{Client, Generation, HostAllocator, Layout, Mailbox};
+use rpc_core::{
+    protocol::Client, protocol::Generation, protocol::Layout, protocol::Mailbox,
+    services::HostAllocator,
+};
 
 use crate::error::HostError;
 use crate::image::LoadedImage;
@@ -53,7 +56,7 @@ struct Launches {
 /// The wait of every warp's client: backs off, and gives up once the device was aborted.
 struct Abortable(Arc<Launches>);
 
-impl rpc_core::port::Wait for Abortable {
+impl rpc_core::protocol::port::Wait for Abortable {
     fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
         // Relaxed: a flag read on its own; a late sight costs one more back-off step.
         if self.0.aborted.load(Ordering::Relaxed) {
@@ -62,7 +65,7 @@ impl rpc_core::port::Wait for Abortable {
                 reason: "the device was aborted",
             });
         }
-        rpc_core::port::Backoff::step(attempt);
+        rpc_core::protocol::port::Backoff::step(attempt);
         Ok(())
     }
 }
@@ -440,7 +443,7 @@ impl Job {
                         }));
                         if let Err(payload) = result {
                             if payload.downcast_ref::<KernelEnded>().is_none() {
-                                let text = rpc_core::rpc_server::panic_message(payload.as_ref());
+                                let text = rpc_core::plugin::panic_message(payload.as_ref());
                                 lock(failures).push(format!(
                                     "{name}: block {block} warp {warp} panicked: {text}"
                                 ));

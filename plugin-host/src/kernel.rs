@@ -8,10 +8,10 @@
 
 use std::collections::HashMap;
 
-use rpc_core::opcode::Opcode;
-use rpc_core::port::lanes;
-use rpc_core::printf::{parse, Count, Piece};
-use rpc_core::{Client, ClientPort, Error, Result};
+use rpc_core::protocol::opcode::Opcode;
+use rpc_core::protocol::port::lanes;
+use rpc_core::services::printf::{parse, Count, Piece};
+use rpc_core::{protocol::Client, protocol::ClientPort, Error, Result};
 
 /// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6).
 pub const STDIN: u64 = 1;

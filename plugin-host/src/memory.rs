@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use rpc_core::plugin::SharedRegion;
 use rpc_core::sync::lock;
-use rpc_core::{Generation, Layout};
+use rpc_core::{protocol::Generation, protocol::Layout};
 
 /// A zeroed, 64-byte-aligned allocation, only ever accessed through atomics once shared, each
 /// word with one size (see the module docs).

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
-use rpc_core::runtime::PluginRuntime;
-use rpc_core::{Error, ExitPolicy, Generation, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::PluginRuntime;
+use rpc_core::{protocol::Generation, Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
 
 /// A writer the test can read back.
 #[derive(Clone, Default)]

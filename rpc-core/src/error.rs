@@ -1,7 +1,7 @@
 //! The crate's one error type.
 
-use crate::layout::Generation;
-use crate::opcode::Opcode;
+use crate::protocol::layout::Generation;
+use crate::protocol::opcode::Opcode;
 
 /// Everything in `rpc-core` that can fail says so with one of these.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -103,3 +103,7 @@ pub type RefusalText = &'static str;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+#[cfg(feature = "std")]
+/// A vendor error, kept whole as the source of the glue's errors.
+pub type VendorError = Box<dyn std::error::Error + Send + Sync + 'static>;

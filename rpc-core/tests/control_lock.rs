@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use rpc_core::plugin::Doorbell;
 use rpc_core::{
-    Generation, Layout, MailboxMemory, RpcServer, ServerConfig, ShutdownPolicy, Stopped,
+    protocol::Generation, protocol::Layout, protocol::MailboxMemory, RpcServer, ServerConfig,
+    ShutdownPolicy, Stopped,
 };
 
 /// The server the logger asks for its users on every line it gets.

@@ -18,12 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Device;
-use rpc_core::port::Deadline;
-use rpc_core::services::{ExitPolicy, FilePolicy, ServicesConfig};
+use rpc_core::protocol::port::Deadline;
 use rpc_core::{
-    Client, ClientPort, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer,
-    ServerConfig, StatsSnapshot, UserGuard,
+    protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
+    protocol::LockTable, protocol::MailboxMemory, Opcode, RpcServer, ServerConfig, StatsSnapshot,
+    UserGuard,
 };
+use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
 
 /// (L, mask) pairs every test runs with.
 const CONFIGS: [(u32, u64); 2] = [(1, 1), (32, 0x8000_1235)];
@@ -83,7 +84,7 @@ impl Fx {
     }
 
     fn lanes(&self) -> Vec<u32> {
-        rpc_core::port::lanes(self.mask).collect()
+        rpc_core::protocol::port::lanes(self.mask).collect()
     }
 
     fn path(&self, name: &str) -> PathBuf {

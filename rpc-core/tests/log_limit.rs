@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rpc_core::port::Deadline;
-use rpc_core::rpc_server::MailboxSource;
+use rpc_core::protocol::port::Deadline;
+use rpc_core::server::MailboxSource;
 use rpc_core::{
-    Client, Generation, Layout, Limits, LockTable, Mailbox, MailboxMemory, Opcode, RpcServer,
-    ServerConfig,
+    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
+    protocol::Mailbox, protocol::MailboxMemory, Limits, Opcode, RpcServer, ServerConfig,
 };
 
 static UNKNOWN_LINES: AtomicUsize = AtomicUsize::new(0);

@@ -13,16 +13,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{slices, Device};
-use rpc_core::port::Deadline;
-use rpc_core::rpc_server::MailboxSource;
-use rpc_core::services::{
-    ExitPolicy, FilePolicy, HostAllocator, KernelExit, ServicesConfig, HOST_CALL_REFUSED,
-    MALLOC_ALIGN,
-};
+use rpc_core::protocol::port::Deadline;
+use rpc_core::server::MailboxSource;
+use rpc_core::services::{HostAllocator, HOST_CALL_REFUSED, MALLOC_ALIGN};
 use rpc_core::{
-    Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxId, MailboxMemory, Opcode,
-    RpcServer, ServerConfig, UserGuard,
+    protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
+    protocol::LockTable, protocol::Mailbox, protocol::MailboxMemory, MailboxId, Opcode, RpcServer,
+    ServerConfig, UserGuard,
 };
+use rpc_core::{ExitPolicy, FilePolicy, KernelExit, ServicesConfig};
 
 /// The stream bound the fixtures configure.
 const BOUND: u64 = 4096;
@@ -1455,7 +1454,7 @@ fn a_long_printf_goes_out_in_pieces() {
     assert_eq!(writes.iter().sum::<usize>(), 4096 * SPECS);
     let largest = writes.iter().copied().max().unwrap();
     assert!(
-        largest <= rpc_core::printf::CHUNK + rpc_core::printf::MAX_FIELD,
+        largest <= rpc_core::services::printf::CHUNK + rpc_core::services::printf::MAX_FIELD,
         "one write of {largest} bytes"
     );
     fx.expect_counts(0, 0);

@@ -20,15 +20,15 @@
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
-use rpc_core::layout::{BUFFER_SIZE, FIRST_PACKET_BYTES};
+use rpc_core::protocol::layout::{BUFFER_SIZE, FIRST_PACKET_BYTES};
 use rpc_core::sync::{fence, lock, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
-use rpc_core::{Layout, MailboxId, MailboxMemory};
+use rpc_core::{protocol::Layout, protocol::MailboxMemory, MailboxId};
 
 /// One step of an adversarial script on one port.
 ///
 /// The raw steps (`Header` to `Abandon`) write words with no regard for whose turn it is. The
 /// honest steps (`Open` to `Strings`) follow the client's side of the protocol as
-/// `rpc_core::Client` does (wait for the buffer, write, flip; a receive after a receive first
+/// `rpc_core::protocol::Client` does (wait for the buffer, write, flip; a receive after a receive first
 /// hands the buffer back), each wait bounded by its `ms`: a wait that runs out ends the script
 /// there, as a warp that gave up would. What they send may still be anything.
 #[derive(Clone, Debug)]
@@ -307,7 +307,7 @@ impl<'a> RawMailbox<'a> {
             if Instant::now() >= deadline {
                 return false;
             }
-            rpc_core::port::Backoff::step(attempt);
+            rpc_core::protocol::port::Backoff::step(attempt);
             attempt = attempt.saturating_add(1);
         }
     }
@@ -334,7 +334,7 @@ impl<'a> RawMailbox<'a> {
     /// The lanes of `talk.mask` (lane 0 if none: a bad mask's reply is read from lane 0).
     fn active(&self, talk: &Talk) -> impl Iterator<Item = u32> {
         let mask = if talk.mask == 0 { 1 } else { talk.mask };
-        rpc_core::port::lanes(mask)
+        rpc_core::protocol::port::lanes(mask)
     }
 
     /// The client's send: waits for the buffer, lets `fill` write it, flips.

@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 use plugin_host::kernel::{STDIN, STDOUT};
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target, Warp};
 use rpc_core::plugin::Grid;
-use rpc_core::runtime::PluginRuntime;
-use rpc_core::services::{FilePolicy, MALLOC_ALIGN};
-use rpc_core::{Error, ExitPolicy, Generation, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::services::MALLOC_ALIGN;
+use rpc_core::FilePolicy;
+use rpc_core::PluginRuntime;
+use rpc_core::{protocol::Generation, Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
 
 /// The custom opcode both plugins register, each with its own answer.
 pub const CUSTOM: Opcode = Opcode::user(100);
@@ -353,7 +354,7 @@ impl Soak {
 /// One plugin-host runtime of the soak.
 struct Runtime {
     runtime: PluginRuntime<HostPlugin>,
-    image: rpc_core::runtime::ImageId,
+    image: rpc_core::ImageId,
     out: CountingSink,
     grid: Grid,
     name: &'static str,

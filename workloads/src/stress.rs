@@ -20,10 +20,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::port::Deadline;
+use rpc_core::protocol::port::Deadline;
 use rpc_core::{
-    Client, Error, Generation, Layout, LockTable, MailboxId, MailboxMemory, Opcode, RpcServer,
-    ServerConfig, ShutdownPolicy, Started, Stopped, UserGuard,
+    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
+    protocol::MailboxMemory, Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy,
+    Started, Stopped, UserGuard,
 };
 
 /// Client threads doing round trips on the traffic mailbox.

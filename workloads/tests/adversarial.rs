@@ -1,4 +1,4 @@
-//! Property tests: thousands of adversarial clients (`tests::adversary`) against a running
+//! Property tests: thousands of adversarial clients (`workloads::adversary`) against a running
 //! `RpcServer` with small limits, a sandbox directory of real files and a real stdin pipe.
 //! Whatever a device writes into its mailboxes, the server
 //! - never panics out of a handler (`stats().panics == 0`: none is injected here),
@@ -38,14 +38,16 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rpc_core::plugin::{DeviceAllocator, VendorError};
-use rpc_core::port::Deadline;
-use rpc_core::services::{FilePolicy, HostAllocator};
+use rpc_core::protocol::port::Deadline;
+use rpc_core::services::HostAllocator;
 use rpc_core::sync::Ordering;
+use rpc_core::FilePolicy;
 use rpc_core::{
-    Client, ExitPolicy, Generation, Layout, Limits, LockTable, MailboxId, MailboxMemory, Opcode,
-    RpcServer, ServerConfig, ServicesConfig,
+    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
+    protocol::MailboxMemory, ExitPolicy, Limits, MailboxId, Opcode, RpcServer, ServerConfig,
+    ServicesConfig,
 };
-use tests::adversary::{Kind, Loot, RawMailbox, Seat, Step, Value};
+use workloads::adversary::{Kind, Loot, RawMailbox, Seat, Step, Value};
 
 /// Stream bound of the server under attack: small, so lengths just inside it make the server
 /// wait for many packets that never come.

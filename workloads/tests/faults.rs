@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use plugin_host::kernel::{encode_printf, PrintfCall};
 use plugin_host::Arg;
-use rpc_core::port::{lanes, Backoff, Deadline};
+use rpc_core::protocol::port::{lanes, Backoff, Deadline};
 use rpc_core::sync::Ordering;
 use rpc_core::{
-    Client, ClientPort, ExitPolicy, Generation, Layout, LockTable, MailboxId, MailboxMemory,
-    Opcode, RpcServer, ServerConfig, ServicesConfig, ShutdownPolicy, StatsSnapshot,
+    protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
+    protocol::LockTable, protocol::MailboxMemory, ExitPolicy, MailboxId, Opcode, RpcServer,
+    ServerConfig, ServicesConfig, ShutdownPolicy, StatsSnapshot,
 };
 
 const LANES: u32 = 32;

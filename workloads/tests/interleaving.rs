@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use plugin_host::kernel::{self, encode_printf, PrintfCall};
 use plugin_host::{Arg, Target};
-use rpc_core::port::{lanes, Backoff, Deadline, Wait};
+use rpc_core::protocol::port::{lanes, Backoff, Deadline, Wait};
 use rpc_core::sync::Ordering;
 use rpc_core::{
-    Client, ClientPort, Error, ExitPolicy, Generation, Layout, LockTable, MailboxMemory, Opcode,
-    RpcServer, ServerConfig, ServicesConfig,
+    protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
+    protocol::LockTable, protocol::MailboxMemory, Error, ExitPolicy, Opcode, RpcServer,
+    ServerConfig, ServicesConfig,
 };
 
 /// Generous liveness bound for a loaded 2-core machine (sanitizer builds included).

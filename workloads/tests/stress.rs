@@ -1,7 +1,7 @@
 //! The server's life cycle under stress: random start / shutdown / attach / detach / guard
 //! operations from many threads while clients send requests.
 
-use tests::stress::{self, StressConfig};
+use workloads::stress::{self, StressConfig};
 
 /// The figure: 8 threads x 2,000 random operations with client traffic running;
 /// afterwards no worker thread is left and every request was answered.

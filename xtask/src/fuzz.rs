@@ -8,7 +8,7 @@ use std::process::Command;
 
 use crate::flags::Flags;
 use crate::project_root;
-use rpc_core::{Generation, Layout, Opcode};
+use rpc_core::{protocol::Generation, protocol::Layout, Opcode};
 
 const TARGETS: [&str; 2] = ["mailbox", "printf"];
 

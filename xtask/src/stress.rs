@@ -1,5 +1,5 @@
-//! `cargo xtask stress [--threads T] [--ops N]`: the server life-cycle stress of the `tests`
-//! crate ([`tests::stress`]) at the given size; the last line is its summary.
+//! `cargo xtask stress [--threads T] [--ops N]`: the server life-cycle stress of the `workloads`
+//! crate ([`workloads::stress`]) at the given size; the last line is its summary.
 
 use crate::flags::Flags;
 use crate::{Failure, Result};
@@ -13,7 +13,7 @@ pub fn run(args: &[String]) -> Result {
             "stress: --threads must be at least 1".into(),
         ));
     }
-    let report = tests::stress::run(threads, ops);
+    let report = workloads::stress::run(threads, ops);
     println!("{}", report.details());
     for problem in report.problems() {
         println!("problem: {problem}");

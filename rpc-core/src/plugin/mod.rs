@@ -1,4 +1,4 @@
-//! The interface a vendor plugin implements (STYLE 3: the generic glue in [`crate::runtime`]
+//! The interface a vendor plugin implements (STYLE 3: the generic glue in [`crate::plugin::runtime`]
 //! does the bookkeeping, these hooks do the vendor work).
 //!
 //! A plugin is found, initialised (enumerating its devices), used, and deinitialised. Each
@@ -10,57 +10,16 @@ use std::boxed::Box;
 use std::string::String;
 use std::sync::Arc;
 
-use crate::layout::{Generation, Layout};
+use crate::protocol::layout::{Generation, Layout};
 
-/// A vendor error, kept whole as the source of the glue's errors.
-pub type VendorError = Box<dyn std::error::Error + Send + Sync + 'static>;
+pub use crate::error::VendorError;
+pub use crate::server::{panic_message, Doorbell, SharedRegion};
+pub use crate::services::DeviceAllocator;
 
-/// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
-/// 64-byte aligned when allocated; freed when dropped.
-///
-/// # Safety
-/// The server turns this memory into atomic views (`&[AtomicU32]`, `&[AtomicU64]`) and keeps
-/// them while the mailbox is attached, so an implementation promises, for as long as the value
-/// lives:
-/// - `host_ptr()` is non-null, 64-byte aligned, and valid for reads and writes of `len()`
-///   bytes, always the same pointer and length;
-/// - the memory stays allocated at that address until the value is dropped;
-/// - within this process, while the value is attached, the memory is accessed only through
-///   atomics of the same size as the server's (`u32` flags, `u64` headers and packets). The
-///   device and other processes may write it as they like: that is only garbage to the server.
-pub unsafe trait SharedRegion: Send + Sync {
-    /// The host address.
-    fn host_ptr(&self) -> *mut u8;
-    /// The same memory as the device addresses it.
-    fn device_addr(&self) -> u64;
-    /// Bytes in the region.
-    fn len(&self) -> usize;
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// The v2 doorbell of a mailbox (PROTOCOL section 9): a counter of open requests the device
-/// increments after each open (ringing an interrupt on 0 -> 1) and the server decrements at each
-/// close, so the worker can sleep while it is 0 and wake when the device rings. The worker still
-/// polls on a timeout: interrupt-only wake-ups lose requests.
-pub trait Doorbell: Send + Sync {
-    /// The 64-byte record written at the start of the mailbox: `value` pointer at 0, `mailbox`
-    /// pointer at 8, `event_id` at 16, in device addresses.
-    fn record(&self) -> [u8; 64];
-    /// The host's view of `*value`.
-    fn counter(&self) -> &std::sync::atomic::AtomicU64;
-    /// Blocks until the counter is non-zero (true) or `timeout` passes (false).
-    fn wait(&self, timeout: std::time::Duration) -> bool;
-}
-
-/// Device-accessible memory for the MALLOC/FREE services.
-pub trait DeviceAllocator: Send + Sync {
-    /// `size` bytes aligned to `align` (a power of two); returns the device address.
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError>;
-    /// Frees an address `allocate` returned (the server only passes such addresses).
-    fn deallocate(&self, addr: u64) -> Result<(), VendorError>;
-}
+#[cfg(not(loom))]
+pub mod runtime;
+#[cfg(not(loom))]
+pub use runtime::{ImageId, PluginRuntime, CLIENT_SYMBOL};
 
 /// A global variable of a loaded image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -33,9 +33,9 @@ use std::string::{String, ToString};
 use std::vec::Vec;
 
 use crate::error::{Error, Result};
-use crate::layout::{Generation, Layout};
 use crate::plugin::{Device, Grid, Plugin, VendorError};
-use crate::rpc_server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};
+use crate::protocol::layout::{Generation, Layout};
+use crate::server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};
 use crate::services::KernelExit;
 use crate::sync::{lock, Arc, Mutex};
 use std::sync::Condvar;
@@ -243,7 +243,7 @@ impl<P: Plugin> PluginRuntime<P> {
             .map_err(vendor(name, "create doorbell"))?;
         // The region's size and alignment, checked before anything is written to it.
         // SAFETY: a validating view only; the region outlives this statement.
-        unsafe { crate::Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        unsafe { crate::protocol::Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
         if let Some(bell) = &bell {
             let record = bell.record();
             // SAFETY: the region is ours, at least the layout's size (checked above; a v2 layout

@@ -2,9 +2,9 @@
 //! warp each (plugin-host's kernels, tests, other processes over a shared file). `no_std`.
 
 use crate::error::{Error, Result};
-use crate::mailbox::{lock_words, try_lock, unlock, Mailbox};
-use crate::opcode::Opcode;
-use crate::port::{normalize, ClientPort, Port, Wait, DEFAULT_WAIT};
+use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
+use crate::protocol::opcode::Opcode;
+use crate::protocol::port::{normalize, ClientPort, Port, Wait, DEFAULT_WAIT};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// A client of one mailbox. Every client thread of the mailbox must share one lock table (the

@@ -9,9 +9,9 @@
 
 use std::vec::Vec;
 
-use crate::port::Spin;
+use crate::protocol::port::Spin;
+use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory, Opcode, ServerEnd};
 use crate::sync::{thread, Arc, AtomicU32, Ordering};
-use crate::{Client, Generation, Layout, LockTable, MailboxMemory, Opcode, Server};
 
 struct Fixture {
     memory: MailboxMemory,
@@ -30,7 +30,7 @@ fn fixture(ports: u32) -> Arc<Fixture> {
 
 /// Serves one TEST_INCREMENT request; returns false if no port was pending.
 fn serve_one(f: &Fixture) -> bool {
-    let server = Server::new(f.memory.view(), f.server_locks.words()).unwrap();
+    let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
     let Some(mut port) = server.open_next(0, &Spin) else {
         return false;
     };
@@ -46,7 +46,7 @@ fn exchange_with_recv_after_recv() {
         let server = {
             let f = f.clone();
             thread::spawn(move || {
-                let server = Server::new(f.memory.view(), f.server_locks.words()).unwrap();
+                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
                 let mut port = loop {
                     if let Some(port) = server.open_next(0, &Spin) {
                         break port;
@@ -158,7 +158,7 @@ fn a_port_reopened_after_a_request_without_answer_is_ordered_after_the_servers_r
         let server = {
             let f = f.clone();
             thread::spawn(move || {
-                let server = Server::new(f.memory.view(), f.server_locks.words()).unwrap();
+                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
                 let mut port = loop {
                     if let Some(port) = server.open_next(0, &Spin) {
                         break port;

@@ -9,7 +9,7 @@
 //! On x86-64 and AArch64 a relaxed load or store compiles to a plain move, so this costs nothing.
 
 use crate::error::{Error, Result};
-use crate::layout::Layout;
+use crate::protocol::layout::Layout;
 use crate::sync::{AtomicU32, DataWord};
 
 /// A view of one mailbox: the arrays of PROTOCOL section 2 as atomics.

@@ -13,7 +13,7 @@
 //! # Waiting: blocking or resumable
 //! Every operation is written once, as an `async fn` (`*_async`), whose only suspension point is
 //! `Port::poll_take`: "is the buffer ours yet?". A blocking [`Wait`] (a client warp, the raw
-//! protocol [`crate::Server`]) pauses inside that poll until it is, so the future completes in
+//! protocol [`crate::protocol::ServerEnd`]) pauses inside that poll until it is, so the future completes in
 //! its first poll and the synchronous methods (`send`, `recv`, ...) just poll it once. A
 //! resumable wait ([`Resumable`], the [`crate::RpcServer`]'s exchanges) returns `Pending`
 //! instead, and the server thread's executor polls the exchange again on a later pass while it
@@ -27,9 +27,9 @@
 //! | header, packets | only while `owns` (or, for the client, between open and its first send) |
 
 use crate::error::{Error, Result};
-use crate::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
-use crate::mailbox::unlock;
-use crate::opcode::Opcode;
+use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
+use crate::protocol::mailbox::unlock;
+use crate::protocol::opcode::Opcode;
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
 use core::future::Future;
 use core::task::{Context, Poll, Waker};
@@ -624,7 +624,7 @@ impl<'a> Port<'a, true> {
     }
 
     /// Leaves the port as it is, locked: neither flag changes and the lock bit stays set, so
-    /// nobody serves the rest of this exchange as a new request (see [`crate::dispatch`]). The
+    /// nobody serves the rest of this exchange as a new request (see [`crate::server::dispatch`]). The
     /// doorbell still counts the request as closed. Returns whether we owned the buffer.
     #[cfg(feature = "std")]
     pub(crate) fn quarantine(self) -> bool {

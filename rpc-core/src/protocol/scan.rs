@@ -27,10 +27,10 @@
 //! ways. A port that becomes pending after we looked is found by the next pass (or the next
 //! hot-port check). A port we report but that is not pending any more (or was never pending:
 //! a block's fast check and the per-port check read the words at different times) is re-checked
-//! by [`crate::Server::try_open`] under the port's lock, which also supplies the ordering (its
+//! by [`crate::protocol::ServerEnd::try_open`] under the port's lock, which also supplies the ordering (its
 //! acquire fence pairs with the client's release fence); nothing read here orders anything.
 
-use crate::port::normalize;
+use crate::protocol::port::normalize;
 use crate::sync::{AtomicU32, Ordering};
 
 /// Ports compared per step of a scan (8 words: 4 of each array). Measured on the Zen 5 of

@@ -1,22 +1,22 @@
 //! The server side of the port protocol over one mailbox: finding pending ports and opening
-//! them. The thread that drives it is [`crate::server_thread`]; handlers run the port scripts.
+//! them. The thread that drives it is [`crate::server::thread`]; handlers run the port scripts.
 
 use crate::error::{Error, Result};
-use crate::mailbox::{lock_words, try_lock, unlock, Mailbox};
-use crate::opcode::Opcode;
-use crate::port::{normalize, store_own_word, Port, ServerPort, Wait};
+use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
+use crate::protocol::opcode::Opcode;
+use crate::protocol::port::{normalize, store_own_word, Port, ServerPort, Wait};
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
 /// or two threads can open one port.
 #[derive(Clone, Copy)]
-pub struct Server<'a> {
+pub struct ServerEnd<'a> {
     mailbox: Mailbox<'a>,
     locks: &'a [AtomicU32],
     doorbell: Option<&'a AtomicU64>,
 }
 
-impl<'a> Server<'a> {
+impl<'a> ServerEnd<'a> {
     /// A server over `mailbox` using `locks` (at least `ceil(N / 32)` words).
     pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self> {
         let need = lock_words(mailbox.layout().ports());
@@ -27,7 +27,7 @@ impl<'a> Server<'a> {
                 need: need * 4,
             });
         }
-        Ok(Server {
+        Ok(ServerEnd {
             mailbox,
             locks,
             doorbell: None,
@@ -88,15 +88,18 @@ impl<'a> Server<'a> {
 
     /// The first pending port at or after `from`.
     pub fn next_pending(&self, from: u32) -> Option<u32> {
-        crate::scan::next_pending(self.mailbox.primary, self.mailbox.secondary, from)
+        crate::protocol::scan::next_pending(self.mailbox.primary, self.mailbox.secondary, from)
     }
 
     /// One pass's walk over the ports, re-checking `hot` (the recently served ports) on the way.
-    pub(crate) fn sweep<'h>(&self, hot: &'h mut crate::scan::HotPorts) -> crate::scan::Sweep<'h>
+    pub(crate) fn sweep<'h>(
+        &self,
+        hot: &'h mut crate::protocol::scan::HotPorts,
+    ) -> crate::protocol::scan::Sweep<'h>
     where
         'a: 'h,
     {
-        crate::scan::Sweep::new(self.mailbox.primary, self.mailbox.secondary, hot)
+        crate::protocol::scan::Sweep::new(self.mailbox.primary, self.mailbox.secondary, hot)
     }
 
     /// Opens port `index` if it is pending and no other server thread holds it.

@@ -5,7 +5,7 @@
 //! A port's exchange is a script of packets. A packet handler's script is one packet each way
 //! and runs to completion when the port opens (the client's packet is already there). A script
 //! handler's exchange is a future (an `async` function of its [`Request`], see
-//! [`crate::registry`]): it runs until it needs a packet the client has not sent yet (or the
+//! [`crate::server::registry`]): it runs until it needs a packet the client has not sent yet (or the
 //! result of a call on the I/O threads), and then *suspends*. The pass keeps it in flight and
 //! moves on to the other ports; every later pass polls it again, at the start and at every
 //! checkpoint of the scan (`scan::HOT_STRIDE` ports), so an exchange whose client
@@ -55,13 +55,13 @@ use std::time::Instant;
 use std::vec::Vec;
 
 use crate::error::Error;
-use crate::limits::device_warn;
-use crate::opcode::Opcode;
-use crate::port::WAITING_ON_PORT;
-use crate::registry::{Exchange, Handler, Registry, Request};
-use crate::rpc_server::{panic_message, Attached, Inner, ServerContext};
-use crate::scan::{HotPorts, Step};
-use crate::stats::bump;
+use crate::protocol::opcode::Opcode;
+use crate::protocol::port::WAITING_ON_PORT;
+use crate::protocol::scan::{HotPorts, Step};
+use crate::server::limits::device_warn;
+use crate::server::registry::{Exchange, Handler, Registry, Request};
+use crate::server::stats::bump;
+use crate::server::{panic_message, Attached, Inner, ServerContext};
 use crate::sync::{lock, Arc, Ordering};
 use crate::Result;
 
@@ -314,7 +314,8 @@ impl Inner {
                     if mailbox.has_in_flight(index) {
                         continue;
                     }
-                    let Some(port) = server.try_open(index, &crate::port::Resumable) else {
+                    let Some(port) = server.try_open(index, &crate::protocol::port::Resumable)
+                    else {
                         continue;
                     };
                     // Read once the port is open, after `try_open`'s acquire fence: the kernel that
@@ -357,7 +358,7 @@ impl Inner {
     /// Starts serving a port just opened; returns its exchange if it suspended.
     fn start(
         inner: &Arc<Inner>,
-        mut port: crate::ServerPort<'_>,
+        mut port: crate::protocol::ServerPort<'_>,
         mailbox: &Arc<Attached>,
         marks: Marks,
         registry: &Registry,
@@ -487,7 +488,7 @@ impl Inner {
     fn poll_exchanges_of(
         &self,
         mailbox: &Arc<Attached>,
-        server: &crate::Server<'_>,
+        server: &crate::protocol::ServerEnd<'_>,
         in_flight: &mut Vec<InFlight>,
         repolls: &mut u32,
     ) -> usize {

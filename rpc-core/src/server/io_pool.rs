@@ -25,8 +25,8 @@ use std::string::String;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
-use crate::rpc_server::{panic_message, Inner, ServerContext};
-use crate::stats::bump;
+use crate::server::stats::bump;
+use crate::server::{panic_message, Inner, ServerContext};
 use crate::sync::{lock, Arc, Condvar, Mutex};
 
 type Call = Box<dyn FnOnce() + Send>;
@@ -94,7 +94,7 @@ impl IoPool {
         let generation = state.generation;
         let thread_inner = inner.clone();
         let name = std::format!("rpc-{}-io", inner.context.config.name);
-        match crate::server_thread::spawn(name, move || io_thread(thread_inner, generation)) {
+        match crate::server::thread::spawn(name, move || io_thread(thread_inner, generation)) {
             Ok(_detached) => {
                 state.threads += 1;
                 Ok(())

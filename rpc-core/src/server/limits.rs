@@ -1,15 +1,81 @@
 //! Every bound the server keeps on what a device can make the host hold or do
-//! ([`Limits`], part of [`crate::ServerConfig`]), and the rate limit on log lines a device
-//! causes ([`LogLimit`]).
+//! ([`Limits`], part of [`crate::ServerConfig`]), the policies of the standard services (what
+//! EXIT, the file opcodes and SYSTEM may do: [`ServicesConfig`]), and the rate limit on log
+//! lines a device causes ([`LogLimit`]).
 //!
 //! Over a limit the device gets the error value of the C function (or, for a stream claim,
 //! the exchange ends at once: see [`crate::services`]), the server logs one line (rate-limited)
 //! and counts it, and nothing is held beyond the bound. `docs/reliability.md` lists the
 //! limits with the attacks they answer.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::sync::{lock, Mutex};
+
+/// What EXIT and ABORT do once their script is complete.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExitPolicy {
+    /// LLVM's behaviour: flush the standard streams, then end the host process
+    /// (`std::process::exit(status)` or `std::process::abort()`).
+    #[default]
+    Process,
+    /// Record the exit per mailbox, for the launcher to collect with `Services::take_exit`.
+    Record,
+}
+
+/// Which paths OPEN_FILE, REMOVE and RENAME may touch (the machinery is in
+/// `services/files.rs`).
+///
+/// Whatever the policy, the server never opens anything in `/proc`, `/sys` or `/dev` (but
+/// `/dev/null`), anything on the kernel's pseudo file systems, anything but a regular file
+/// (no directory, FIFO, socket or device), nor a protected file (`Services::protect_file`),
+/// nor, for writing, a file mapped into the process (its program, libraries, a mailbox file),
+/// and never removes or renames in those places or a protected file: `/proc/self/mem` alone
+/// would hand the device the whole host process. These are checked on the descriptor actually
+/// opened (its file system, device and real path), not only on the path as written. Opening
+/// never blocks on a FIFO and never truncates a file that is then refused.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum FilePolicy {
+    /// None: OPEN_FILE answers 0, REMOVE and RENAME -1 (refusals).
+    Deny,
+    /// Only paths beneath this directory: a relative path resolves from it, an absolute path
+    /// must lie inside it (its real, canonical path or the path as given here). Resolved by the
+    /// kernel (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, so no `..`, symbolic
+    /// link or rename racing the request leads outside); where `openat2` is missing or
+    /// filtered, one component at a time with `O_NOFOLLOW`, refusing every `..` and symbolic
+    /// link. What a server facing an untrusted device should use (`rpc-serve`'s default is its
+    /// working directory).
+    Sandbox(PathBuf),
+    /// Any path the host process may use, minus the never-list above. The default for an
+    /// embedding runtime: its kernel is part of the program, and behaves like a CPU program
+    /// with the user's own rights would.
+    #[default]
+    Allow,
+}
+
+/// The policies of the standard services; part of [`ServerConfig`](crate::server::ServerConfig),
+/// changeable later through the server's `Services`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicesConfig {
+    /// EXIT and ABORT. Default: end the process, as LLVM does.
+    pub exit: ExitPolicy,
+    /// OPEN_FILE, REMOVE, RENAME. Default: [`FilePolicy::Allow`] (minus what is never
+    /// touched).
+    pub files: FilePolicy,
+    /// Whether SYSTEM runs commands. Default: no (it answers -1).
+    pub allow_system: bool,
+}
+
+impl Default for ServicesConfig {
+    fn default() -> Self {
+        ServicesConfig {
+            exit: ExitPolicy::Process,
+            files: FilePolicy::Allow,
+            allow_system: false,
+        }
+    }
+}
 
 /// The bounds of one server. Per request: what one request of one port may make the server
 /// hold at once; per mailbox: what the kernels of one mailbox may hold together.

@@ -11,9 +11,9 @@
 
 use std::boxed::Box;
 
-use crate::dispatch::{Fate, PassCache};
-use crate::port::Spin;
-use crate::rpc_server::Inner;
+use crate::protocol::port::Spin;
+use crate::server::dispatch::{Fate, PassCache};
+use crate::server::Inner;
 use crate::sync::{thread, Arc, AtomicBool, Ordering};
 use crate::{Client, Generation, Layout, LockTable, MailboxId, MailboxMemory, Opcode, RpcServer};
 

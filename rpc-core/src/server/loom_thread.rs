@@ -3,7 +3,7 @@
 use std::boxed::Box;
 use std::vec::Vec;
 
-use crate::port::Spin;
+use crate::protocol::port::Spin;
 use crate::sync::{thread, Arc};
 use crate::{
     Client, Error, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer, ServerConfig,

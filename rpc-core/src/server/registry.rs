@@ -9,7 +9,7 @@
 //!   is there when the port opens, so it runs to completion at once, on the server thread;
 //! - a **script**, an `async` function of a [`Request`] for everything else. Each `.await` on a
 //!   port operation suspends the exchange until the client has answered, and the server thread
-//!   serves the other ports meanwhile (see [`crate::dispatch`]); [`Request::blocking`] runs a
+//!   serves the other ports meanwhile (see [`crate::server::dispatch`]); [`Request::blocking`] runs a
 //!   call that may block (a file, a FIFO, a terminal, a command) on the server's I/O threads.
 
 use std::boxed::Box;
@@ -20,12 +20,12 @@ use std::string::String;
 use std::vec::Vec;
 
 use crate::error::Result;
-use crate::layout::Layout;
-use crate::opcode::Opcode;
-use crate::port::Packet;
-use crate::rpc_server::{Attached, Inner, MailboxId, ServerContext};
+use crate::protocol::layout::Layout;
+use crate::protocol::opcode::Opcode;
+use crate::protocol::port::Packet;
+use crate::protocol::ServerPort;
+use crate::server::{Attached, Inner, MailboxId, ServerContext};
 use crate::sync::Arc;
-use crate::ServerPort;
 
 /// What a script handler returns: the rest of the exchange, polled by the server thread.
 pub type Exchange = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
@@ -191,7 +191,7 @@ pub struct Request {
 
 impl Drop for Request {
     /// Leaves the port locked as it is: the server closes, resets or quarantines it once the
-    /// exchange has ended (see [`crate::dispatch`]). A request must therefore not outlive its
+    /// exchange has ended (see [`crate::server::dispatch`]). A request must therefore not outlive its
     /// handler's exchange.
     fn drop(&mut self) {
         // SAFETY: the port is taken exactly once, here, and the field is not used afterwards.
@@ -315,7 +315,7 @@ impl Request {
         &self,
         call: impl FnOnce(&ServerContext) -> R + Send + 'static,
     ) -> Result<R> {
-        crate::io_pool::run(&self.inner, call).await
+        crate::server::io_pool::run(&self.inner, call).await
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::vec::Vec;
 
-use crate::opcode::Opcode;
+use crate::protocol::opcode::Opcode;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// Live counters of one server.

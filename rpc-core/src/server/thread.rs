@@ -16,7 +16,7 @@
 //! | field | written by | when |
 //! |---|---|---|
 //! | `state`, `handle` | start / shutdown | under `control` |
-//! | `users` | `UserGuard` new / drop | under `control` |
+//! | `users`, `epoch` | `add_user` / `remove_user` (a `UserGuard`'s new / drop) | under `control` |
 //! | `tid` | the worker | under `control`, at start and exit |
 //!
 //! # What runs under `control`
@@ -50,7 +50,7 @@
 //! exits). A shutdown also sets `stopping`, which the worker reads before every pass, so it
 //! leaves even while every pass finds work (steady traffic never lets it go idle).
 //!
-//! Exchanges suspended in flight (see [`crate::dispatch`]) never outlive a stretch of serving:
+//! Exchanges suspended in flight (see [`crate::server::dispatch`]) never outlive a stretch of serving:
 //! after the last pass, with no user left every one of them belongs to a kernel that is gone
 //! (so they are ended and their ports reset), and at a shutdown they lose their server (ended,
 //! ports quarantined). So a sleeping or exited worker holds no mailbox, and `detach` never
@@ -59,10 +59,12 @@
 
 use std::string::String;
 
-use crate::dispatch::{Fate, PassCache};
 use crate::error::{Error, Result};
-use crate::rpc_server::{Inner, ShutdownPolicy};
-use crate::stats::bump;
+use crate::server::dispatch::{Fate, PassCache};
+use crate::server::mailboxes::Attached;
+use crate::server::stats::bump;
+use crate::server::users::Coverage;
+use crate::server::{Inner, ShutdownPolicy};
 use crate::sync::{lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
 /// The worker's states.
@@ -164,6 +166,52 @@ impl ServerThread {
     }
     pub(crate) fn worker_tid(&self) -> Option<i32> {
         lock(&self.control).tid
+    }
+
+    /// Live users.
+    pub(crate) fn users(&self) -> usize {
+        lock(&self.control).users
+    }
+
+    /// A new user covered by `covered`: counted, given its ticket, and the worker woken if it
+    /// is the first (see "Sleep and wake" above). Returns the ticket.
+    pub(crate) fn add_user(&self, covered: &Coverage) -> u64 {
+        let mut control = lock(&self.control);
+        control.users += 1;
+        control.epoch += 1;
+        let ticket = covered.arrive();
+        if control.users == 1 {
+            self.cv.notify_all();
+        }
+        ticket
+    }
+
+    /// The user holding `ticket` in `covered` is gone; the last one wakes a shutdown waiting
+    /// for the users to go (the worker notices by itself).
+    pub(crate) fn remove_user(&self, covered: &Coverage, ticket: u64) {
+        let mut control = lock(&self.control);
+        control.users -= 1;
+        covered.leave(ticket);
+        if control.users == 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// Wakes the worker and waits until it lets go of a detached mailbox: at its next pass
+    /// (its copy of the list, and the exchanges in flight on it) or before it sleeps, after
+    /// which it notifies `cv`. The count drops outside the lock, so the wait is also timed: a
+    /// notification that comes between the check and the wait costs at most a millisecond,
+    /// never a hang.
+    pub(crate) fn wait_released(&self, attached: &Arc<Attached>) {
+        let mut control = lock(&self.control);
+        self.cv.notify_all();
+        while Arc::strong_count(attached) > 1 {
+            control = self
+                .cv
+                .wait_timeout(control, std::time::Duration::from_millis(1))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
     }
 
     /// Waits while another caller is stopping the worker.
@@ -409,7 +457,7 @@ fn guarded(inner: &Inner, body: impl FnOnce()) {
         log::error!(
             "{}: the server thread caught a panic outside any handler: {}",
             inner.context.config.name,
-            crate::rpc_server::panic_message(panic.as_ref())
+            crate::server::panic_message(panic.as_ref())
         );
         bump(&inner.context.stats.panics);
     }

@@ -8,12 +8,20 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use super::{active, per_lane, recv_words, send_word0, Refusals};
-use crate::limits::device_warn;
-use crate::plugin::{DeviceAllocator, VendorError};
-use crate::registry::Request;
-use crate::rpc_server::MailboxId;
+use crate::error::VendorError;
+use crate::server::limits::device_warn;
+use crate::server::registry::Request;
+use crate::server::MailboxId;
 use crate::sync::{lock, Mutex};
 use crate::Result;
+
+/// Device-accessible memory for the MALLOC/FREE services.
+pub trait DeviceAllocator: Send + Sync {
+    /// `size` bytes aligned to `align` (a power of two); returns the device address.
+    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError>;
+    /// Frees an address `allocate` returned (the server only passes such addresses).
+    fn deallocate(&self, addr: u64) -> Result<(), VendorError>;
+}
 
 /// The alignment of MALLOC's memory: LLVM's GPU allocator requires 2 MiB.
 pub const MALLOC_ALIGN: u64 = 2 << 20;
@@ -119,7 +127,7 @@ impl Allocations {
 pub(crate) async fn malloc(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let services = &context.services;
+    let services = &context.services();
     let mailbox = req.mailbox().id;
     let quota = context.config.limits.malloc_bytes;
     let allocator = services.allocator_for(mailbox);
@@ -178,7 +186,7 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
 pub(crate) async fn free(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let services = &context.services;
+    let services = &context.services();
     let mut refusals = Refusals::default();
     for lane in active(&req) {
         let addr = words[lane as usize][0];

@@ -26,9 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use plugin_cuda::{describe_plugin, CudaDevice, CudaPlugin};
+use rpc_core::plugin::runtime::{ImageId, PluginRuntime};
 use rpc_core::plugin::{Device, Grid};
-use rpc_core::runtime::{ImageId, PluginRuntime};
-use rpc_core::{Error, ExitPolicy, Generation, ServerConfig, ServicesConfig};
+use rpc_core::{protocol::Generation, Error, ExitPolicy, ServerConfig, ServicesConfig};
 
 const USAGE: &str = "usage: cuda-gpu-check PTX [--quick] [--iterations-1warp N] \
                      [--iterations-many N] [--timeout-s S]";

@@ -44,8 +44,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_core::{
-    ExitPolicy, FilePolicy, Generation, HostAllocator, Layout, Limits, RpcServer, ServerConfig,
-    ServicesConfig,
+    protocol::Generation, protocol::Layout, services::HostAllocator, ExitPolicy, FilePolicy,
+    Limits, RpcServer, ServerConfig, ServicesConfig,
 };
 
 mod mailbox;

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 
 use plugin_host::kernel::{STDIN, STDOUT};
 use plugin_host::{Arg, Target, Warp};
-use rpc_core::{Generation, Layout, LockTable, Opcode};
+use rpc_core::{protocol::Generation, protocol::Layout, protocol::LockTable, Opcode};
 
 struct Served {
     child: Child,
@@ -149,7 +149,7 @@ fn rpc_serve_serves_another_process_for_v1_v2_and_l_1_32() {
 }
 
 fn warp_lines(mask: u64) -> String {
-    rpc_core::port::lanes(mask)
+    rpc_core::protocol::port::lanes(mask)
         .map(|l| format!("lane {l}  1.50|\n"))
         .collect()
 }

@@ -14,8 +14,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{map, Killing};
-use rpc_core::port::Deadline;
-use rpc_core::{Client, Generation, Layout, LockTable, Mailbox, Opcode};
+use rpc_core::protocol::port::Deadline;
+use rpc_core::{
+    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
+    protocol::Mailbox, Opcode,
+};
 
 const CHILD_ENV: &str = "RPC_FAULT_CHILD_FILE";
 const PORTS: u32 = 4;

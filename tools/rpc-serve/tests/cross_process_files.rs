@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use plugin_host::{Target, Warp};
-use rpc_core::{Client, Generation, Layout, LockTable, Mailbox, Opcode};
+use rpc_core::{
+    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
+    protocol::Mailbox, Opcode,
+};
 
 const PORTS: u32 = 4;
 

@@ -19,8 +19,8 @@ use std::os::unix::process::ExitStatusExt;
 
 use common::{increment, layout, scratch, serve, BOUND, PORTS};
 use plugin_host::Target;
-use rpc_core::port::Deadline;
-use rpc_core::LockTable;
+use rpc_core::protocol::port::Deadline;
+use rpc_core::protocol::LockTable;
 
 #[test]
 fn a_truncated_mailbox_file_ends_rpc_serve_with_status_1_not_sigbus() {

@@ -15,8 +15,8 @@ use std::time::Instant;
 use common::{layout, serve, serve_with_stdin, Serve, BOUND, PORTS};
 use plugin_host::kernel::STDIN;
 use plugin_host::{Arg, Warp};
-use rpc_core::port::Deadline;
-use rpc_core::{LockTable, Opcode};
+use rpc_core::protocol::port::Deadline;
+use rpc_core::{protocol::LockTable, Opcode};
 
 /// Peak resident memory of rpc-serve so far, in bytes.
 fn peak_rss(serve: &Serve) -> u64 {

@@ -12,8 +12,11 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use plugin_host::Warp;
-use rpc_core::port::{Deadline, Wait};
-use rpc_core::{Client, Generation, Layout, LockTable, Mailbox, Opcode};
+use rpc_core::protocol::port::{Deadline, Wait};
+use rpc_core::{
+    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
+    protocol::Mailbox, Opcode,
+};
 
 /// A child process killed (and reaped) when dropped, so that a failed test leaves no server
 /// running (it would hold our output pipes).
