@@ -23,7 +23,7 @@ use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
 };
 use rpc_core::protocol::Generation;
-use rpc_core::sync::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::aql::{kernarg_bytes, kernarg_layout, KernelDispatchPacket, PACKET_SIZE};
 use crate::doorbell::Doorbell;

@@ -26,7 +26,7 @@
 
 use core::time::Duration;
 
-use rpc_core::sync::AtomicU64;
+use std::sync::atomic::AtomicU64;
 
 use crate::error::HsaError;
 use crate::loader::{

@@ -26,8 +26,9 @@ use std::sync::{Arc, OnceLock};
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
 };
-use rpc_core::protocol::layout::Generation;
-use rpc_core::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
+use rpc_core::protocol::Generation;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::error::{code_name, CudaError, Result};
 use crate::image::CudaImage;

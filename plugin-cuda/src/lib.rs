@@ -50,7 +50,7 @@ mod tests;
 use std::sync::Arc;
 
 use rpc_core::plugin::{Device, Plugin, VendorError};
-use rpc_core::protocol::layout::Generation;
+use rpc_core::protocol::Generation;
 
 pub use device::CudaDevice;
 pub use error::CudaError;

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use rpc_core::plugin::{Completion, Device, Grid, Plugin};
-use rpc_core::protocol::layout::Generation;
-use rpc_core::sync::{AtomicUsize, Ordering};
+use rpc_core::protocol::Generation;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::fake::{FakeDriver, FakeGpu};
 use crate::memory::DEVICE_ALIGN;

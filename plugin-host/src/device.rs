@@ -9,12 +9,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
+use crate::lock;
 use rpc_core::plugin::runtime::CLIENT_SYMBOL;
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Doorbell, Grid, SharedRegion, Symbol, VendorError,
 };
 use rpc_core::protocol::ClientDoorbell;
-use rpc_core::sync::lock;
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::Mailbox,
     services::HostAllocator,
@@ -56,7 +56,7 @@ struct Launches {
 /// The wait of every warp's client: backs off, and gives up once the device was aborted.
 struct Abortable(Arc<Launches>);
 
-impl rpc_core::protocol::port::Wait for Abortable {
+impl rpc_core::protocol::Wait for Abortable {
     fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
         // Relaxed: a flag read on its own; a late sight costs one more back-off step.
         if self.0.aborted.load(Ordering::Relaxed) {
@@ -65,7 +65,7 @@ impl rpc_core::protocol::port::Wait for Abortable {
                 reason: "the device was aborted",
             });
         }
-        rpc_core::protocol::port::Backoff::step(attempt);
+        rpc_core::protocol::Backoff::step(attempt);
         Ok(())
     }
 }

@@ -8,8 +8,8 @@
 
 use std::collections::HashMap;
 
-use rpc_core::protocol::opcode::Opcode;
-use rpc_core::protocol::port::lanes;
+use rpc_core::protocol::lanes;
+use rpc_core::protocol::Opcode;
 use rpc_core::services::printf::{parse, Count, Piece};
 use rpc_core::{protocol::Client, protocol::ClientPort, Error, Result};
 

@@ -34,6 +34,15 @@ pub use error::HostError;
 pub use image::HostImage;
 pub use kernel::{Arg, Target, Warp};
 
+/// Locks a mutex, ignoring poisoning: a warp that panics (a failed launch) must not take the
+/// device's tables down with it, and every critical section here leaves its data consistent
+/// before anything that can panic.
+pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// The host plugin's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostConfig {
@@ -82,7 +91,7 @@ impl Plugin for HostPlugin {
             lanes,
             ports,
         } = self.config;
-        if !rpc_core::protocol::layout::LANE_SIZES.contains(&lanes) || ports == 0 {
+        if !rpc_core::protocol::LANE_SIZES.contains(&lanes) || ports == 0 {
             return Err(HostError::Config(format!(
                 "lanes {lanes} (1, 32 or 64) and ports {ports} (>= 1)"
             ))

@@ -22,8 +22,8 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use crate::lock;
 use rpc_core::plugin::SharedRegion;
-use rpc_core::sync::lock;
 use rpc_core::{protocol::Generation, protocol::Layout};
 
 /// A zeroed, 64-byte-aligned allocation, only ever accessed through atomics once shared, each

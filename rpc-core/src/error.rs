@@ -13,8 +13,11 @@ pub enum Error {
     /// Port count outside `1..=MAX_PORT_COUNT` of the generation.
     #[error("port count {ports} is outside 1..={max} for layout {generation}")]
     BadPortCount {
+        /// The port count asked for.
         ports: u32,
+        /// The generation's most ports.
         max: u32,
+        /// The generation asked for.
         generation: Generation,
     },
     /// A client object size that is neither 552 (v1) nor 2096 (v2).
@@ -25,8 +28,11 @@ pub enum Error {
         "mailbox memory at {addr:#x} ({len} bytes) is not a 64-byte-aligned region of {need} bytes"
     )]
     BadRegion {
+        /// The region's host address.
         addr: usize,
+        /// Its length in bytes.
         len: usize,
+        /// The bytes the layout needs.
         need: usize,
     },
     /// An unknown layout generation name.
@@ -34,27 +40,55 @@ pub enum Error {
     BadGeneration(RefusalText),
     /// A header lane mask that is empty or has bits at or above the lane size.
     #[error("lane mask {mask:#x} is empty or has bits at or above the lane size {lanes}")]
-    BadMask { mask: u64, lanes: u32 },
+    BadMask {
+        /// The mask.
+        mask: u64,
+        /// The lane size.
+        lanes: u32,
+    },
     /// A lane claimed a stream longer than the bound.
     #[error("lane {lane} sent a length of {len} bytes, above the bound of {bound}")]
-    TooLong { lane: u32, len: u64, bound: u64 },
+    TooLong {
+        /// The lane.
+        lane: u32,
+        /// The length it claimed.
+        len: u64,
+        /// The bound.
+        bound: u64,
+    },
     /// A request's streams claimed more bytes, all lanes together, than it has left.
     #[error("the request's streams claim {len} bytes, above its remaining {bound}")]
-    RequestTooLong { len: u64, bound: u64 },
+    RequestTooLong {
+        /// The bytes claimed.
+        len: u64,
+        /// What the request has left.
+        bound: u64,
+    },
     /// Fixed-size data whose length differs between lanes or from the expected size.
     #[error("lane {lane} has {len} bytes where {expected} were expected")]
     BadLength {
+        /// The lane.
         lane: u32,
+        /// The bytes it has.
         len: usize,
+        /// The bytes expected.
         expected: usize,
     },
     /// The other side stopped answering and the wait was abandoned.
     #[error("wait abandoned on port {port}: {reason}")]
-    Abandoned { port: u32, reason: &'static str },
+    Abandoned {
+        /// The port.
+        port: u32,
+        /// Why.
+        reason: &'static str,
+    },
     /// A synchronous operation on a resumable port found the buffer not ours yet: a handler
     /// that waits for a client's next packet must be an async one (`RpcServer::register`).
     #[error("port {port}: the client has not answered yet; a plain handler cannot wait (register an async one)")]
-    WouldBlock { port: u32 },
+    WouldBlock {
+        /// The port.
+        port: u32,
+    },
     /// A handler panicked (the panic's message).
     #[error("the handler panicked: {0}")]
     Panicked(RefusalText),
@@ -73,8 +107,11 @@ pub enum Error {
     /// A vendor plugin's hook failed (the vendor error's text, with its code and name).
     #[error("{plugin}: {what}: {message}")]
     Vendor {
+        /// The plugin (`cuda`, `amdgpu`, `host`).
         plugin: &'static str,
+        /// What it was doing.
         what: &'static str,
+        /// The vendor error's text.
         message: RefusalText,
     },
     /// A device index, image or kernel that does not exist.

@@ -29,10 +29,10 @@ pub mod error;
 pub mod plugin;
 pub mod protocol;
 #[cfg(feature = "std")]
-pub mod server;
+mod server;
 #[cfg(feature = "std")]
 pub mod services;
-pub mod sync;
+pub(crate) mod sync;
 
 pub use error::{Error, Result};
 #[cfg(all(feature = "std", not(loom)))]
@@ -41,12 +41,12 @@ pub use protocol::Opcode;
 #[cfg(feature = "std")]
 pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]
-pub use server::registry::{Handler, Request};
+pub use server::registry::Request;
 #[cfg(feature = "std")]
 pub use server::stats::StatsSnapshot;
 #[cfg(feature = "std")]
 pub use server::thread::{Started, Stopped};
 #[cfg(feature = "std")]
-pub use server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy, UserGuard};
-#[cfg(feature = "std")]
-pub use services::{KernelExit, Services};
+pub use server::{
+    MailboxId, MailboxSource, RpcServer, ServerConfig, ServerContext, ShutdownPolicy, UserGuard,
+};

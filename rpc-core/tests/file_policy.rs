@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Device;
-use rpc_core::protocol::port::Deadline;
+use rpc_core::protocol::Deadline;
 use rpc_core::{
     protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
     protocol::LockTable, protocol::MailboxMemory, Opcode, RpcServer, ServerConfig, StatsSnapshot,
@@ -84,7 +84,7 @@ impl Fx {
     }
 
     fn lanes(&self) -> Vec<u32> {
-        rpc_core::protocol::port::lanes(self.mask).collect()
+        rpc_core::protocol::lanes(self.mask).collect()
     }
 
     fn path(&self, name: &str) -> PathBuf {

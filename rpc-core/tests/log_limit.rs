@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::port::Deadline;
-use rpc_core::server::MailboxSource;
+use rpc_core::protocol::Deadline;
+use rpc_core::MailboxSource;
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
     protocol::Mailbox, protocol::MailboxMemory, Limits, Opcode, RpcServer, ServerConfig,

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use rpc_core::protocol::port::Backoff;
+use rpc_core::protocol::Backoff;
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
     protocol::MailboxMemory, protocol::ServerEnd, protocol::ServerPort, Error, Opcode,
@@ -204,7 +204,7 @@ fn interface(client: &Client<'_>, mask: u64, end_with_recv: bool) {
     } else {
         port.recv(|l, p| check(&mut cnt, l, p.word(0))).unwrap();
     }
-    for lane in rpc_core::protocol::port::lanes(mask) {
+    for lane in rpc_core::protocol::lanes(mask) {
         assert_eq!(cnt[lane as usize], 8, "every step counted once");
     }
 }

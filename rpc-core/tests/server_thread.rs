@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::port::Backoff;
+use rpc_core::protocol::Backoff;
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
     protocol::MailboxMemory, Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy,
@@ -525,7 +525,7 @@ fn panics_outside_handlers_are_caught_and_cost_only_what_they_touch() {
     let mailbox = Mailbox::attach(&server, 2, 1);
     /// A memory source that panics once told to.
     struct Flaky(Arc<MailboxMemory>, Arc<AtomicBool>);
-    impl rpc_core::server::MailboxSource for Flaky {
+    impl rpc_core::MailboxSource for Flaky {
         fn view(&self) -> rpc_core::protocol::Mailbox<'_> {
             assert!(!self.1.load(Ordering::Relaxed), "source bug");
             self.0.view()
@@ -744,7 +744,7 @@ fn a_shutdown_abandons_the_exchanges_in_flight_and_their_ports_serve_once_the_ke
     let _ = server.start().unwrap();
     let _kernel = server.user_for(mailbox.id);
     let fresh = LockTable::new(1);
-    let wait = rpc_core::protocol::port::Deadline::after(Duration::from_secs(60));
+    let wait = rpc_core::protocol::Deadline::after(Duration::from_secs(60));
     let other = Client::new(mailbox.memory.view(), fresh.words())
         .unwrap()
         .with_wait(&wait);
@@ -760,7 +760,7 @@ fn a_restarted_server_serves_again() {
     assert_eq!(server.shutdown(), Ok(Stopped::Stopped));
     assert_eq!(server.start(), Ok(Started::Started));
     let _kernel = server.user();
-    let wait = rpc_core::protocol::port::Deadline::after(Duration::from_secs(60));
+    let wait = rpc_core::protocol::Deadline::after(Duration::from_secs(60));
     let client = mailbox.client().with_wait(&wait);
     let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
     let mut got = 0;

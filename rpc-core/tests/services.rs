@@ -13,15 +13,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{slices, Device};
-use rpc_core::protocol::port::Deadline;
-use rpc_core::server::MailboxSource;
+use rpc_core::protocol::Deadline;
+use rpc_core::services::KernelExit;
 use rpc_core::services::{HostAllocator, HOST_CALL_REFUSED, MALLOC_ALIGN};
+use rpc_core::MailboxSource;
 use rpc_core::{
     protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
     protocol::LockTable, protocol::Mailbox, protocol::MailboxMemory, MailboxId, Opcode, RpcServer,
     ServerConfig, UserGuard,
 };
-use rpc_core::{ExitPolicy, FilePolicy, KernelExit, ServicesConfig};
+use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
 
 /// The stream bound the fixtures configure.
 const BOUND: u64 = 4096;

@@ -20,8 +20,11 @@
 use std::marker::PhantomData;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::layout::{BUFFER_SIZE, FIRST_PACKET_BYTES};
-use rpc_core::sync::{fence, lock, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
+use rpc_core::protocol::{BUFFER_SIZE, FIRST_PACKET_BYTES};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use plugin_host::lock;
 use rpc_core::{protocol::Layout, protocol::MailboxMemory, MailboxId};
 
 /// One step of an adversarial script on one port.
@@ -307,7 +310,7 @@ impl<'a> RawMailbox<'a> {
             if Instant::now() >= deadline {
                 return false;
             }
-            rpc_core::protocol::port::Backoff::step(attempt);
+            rpc_core::protocol::Backoff::step(attempt);
             attempt = attempt.saturating_add(1);
         }
     }
@@ -334,7 +337,7 @@ impl<'a> RawMailbox<'a> {
     /// The lanes of `talk.mask` (lane 0 if none: a bad mask's reply is read from lane 0).
     fn active(&self, talk: &Talk) -> impl Iterator<Item = u32> {
         let mask = if talk.mask == 0 { 1 } else { talk.mask };
-        rpc_core::protocol::port::lanes(mask)
+        rpc_core::protocol::lanes(mask)
     }
 
     /// The client's send: waits for the buffer, lets `fill` write it, flips.

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::port::Deadline;
+use rpc_core::protocol::Deadline;
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
     protocol::MailboxMemory, Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy,

@@ -38,15 +38,15 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rpc_core::plugin::{DeviceAllocator, VendorError};
-use rpc_core::protocol::port::Deadline;
+use rpc_core::protocol::Deadline;
 use rpc_core::services::HostAllocator;
-use rpc_core::sync::Ordering;
 use rpc_core::FilePolicy;
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
     protocol::MailboxMemory, ExitPolicy, Limits, MailboxId, Opcode, RpcServer, ServerConfig,
     ServicesConfig,
 };
+use std::sync::atomic::Ordering;
 use workloads::adversary::{Kind, Loot, RawMailbox, Seat, Step, Value};
 
 /// Stream bound of the server under attack: small, so lengths just inside it make the server

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 
 use plugin_host::kernel::{encode_printf, PrintfCall};
 use plugin_host::Arg;
-use rpc_core::protocol::port::{lanes, Backoff, Deadline};
-use rpc_core::sync::Ordering;
+use rpc_core::protocol::{lanes, Backoff, Deadline};
 use rpc_core::{
     protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
     protocol::LockTable, protocol::MailboxMemory, ExitPolicy, MailboxId, Opcode, RpcServer,
     ServerConfig, ServicesConfig, ShutdownPolicy, StatsSnapshot,
 };
+use std::sync::atomic::Ordering;
 
 const LANES: u32 = 32;
 /// Lanes 0, 1 and 3: a partial warp, so inactive lanes are exercised too.

@@ -340,7 +340,7 @@ fn pipelined(
     let _user = setup.server.user();
     let client = Client::new(setup.memory.view(), setup.locks.words())
         .map_err(|e| e.to_string())?
-        .with_wait(&rpc_core::protocol::port::Resumable);
+        .with_wait(&rpc_core::protocol::Resumable);
     let format: &[u8] = b"%d %d %d\n\0";
     let args = [7u8; 12];
     let op = if printf {

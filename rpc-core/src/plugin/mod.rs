@@ -14,7 +14,7 @@ use crate::protocol::layout::{Generation, Layout};
 
 pub use crate::error::VendorError;
 pub use crate::server::{panic_message, Doorbell, SharedRegion};
-pub use crate::services::DeviceAllocator;
+pub use crate::services::memory::DeviceAllocator;
 
 #[cfg(not(loom))]
 pub mod runtime;
@@ -33,7 +33,9 @@ pub struct Symbol {
 /// Launch dimensions: blocks (work-groups) and threads per block, as CUDA and HSA count them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grid {
+    /// Blocks in x, y, z.
     pub blocks: [u32; 3],
+    /// Threads per block in x, y, z.
     pub threads: [u32; 3],
 }
 
@@ -45,9 +47,11 @@ impl Grid {
             threads: [threads, 1, 1],
         }
     }
+    /// Blocks in the grid.
     pub fn total_blocks(&self) -> u64 {
         self.blocks.iter().map(|&b| u64::from(b)).product()
     }
+    /// Threads in one block.
     pub fn threads_per_block(&self) -> u64 {
         self.threads.iter().map(|&t| u64::from(t)).product()
     }
@@ -121,6 +125,7 @@ pub trait Device: Send + Sync {
 
 /// A vendor plugin: one per vendor per process (per runtime instance).
 pub trait Plugin: Send + Sync {
+    /// The plugin's device type.
     type Device: Device;
 
     /// `host`, `cuda` or `amdgpu`.

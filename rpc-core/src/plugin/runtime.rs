@@ -162,9 +162,11 @@ impl<P: Plugin> PluginRuntime<P> {
         self.deinit_wait = wait;
     }
 
+    /// The plugin this runtime drives.
     pub fn plugin(&self) -> &P {
         &self.plugin
     }
+    /// The plugin's devices, in index order.
     pub fn devices(&self) -> &[P::Device] {
         self.plugin.devices()
     }

@@ -21,9 +21,13 @@ pub struct Client<'a> {
 /// in `value`; on the 0 -> 1 transition store `event_id` into `mailbox` and raise the interrupt.
 #[derive(Clone, Copy)]
 pub struct ClientDoorbell<'a> {
+    /// The open-request counter (the doorbell record's `value`).
     pub value: &'a AtomicU64,
+    /// The word the event id is stored into (the record's `mailbox`).
     pub mailbox: &'a AtomicU64,
+    /// The event id stored on the 0 -> 1 transition.
     pub event_id: u32,
+    /// Raises the interrupt.
     pub raise: &'a (dyn Fn() + Sync),
 }
 
@@ -58,6 +62,7 @@ impl<'a> Client<'a> {
         self
     }
 
+    /// The mailbox this client opens ports in.
     pub fn mailbox(&self) -> &Mailbox<'a> {
         &self.mailbox
     }

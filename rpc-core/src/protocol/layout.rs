@@ -29,6 +29,7 @@ use crate::error::{Error, Result};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C, align(8))]
 pub struct Buffer {
+    /// The words, as the lane wrote them.
     pub data: [u64; 8],
 }
 
@@ -36,8 +37,11 @@ pub struct Buffer {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct Header {
+    /// The lanes of the request, one bit each.
     pub mask: u64,
+    /// The opcode.
     pub opcode: u32,
+    /// Unused; keeps LLVM's 16-byte header.
     pub _padding: u32,
 }
 
@@ -167,6 +171,7 @@ impl Layout {
         })
     }
 
+    /// The generation.
     pub const fn generation(&self) -> Generation {
         self.generation
     }

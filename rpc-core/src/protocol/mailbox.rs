@@ -100,6 +100,7 @@ impl<'a> Mailbox<'a> {
         }
     }
 
+    /// The mailbox's layout.
     pub fn layout(&self) -> Layout {
         self.layout
     }
@@ -112,7 +113,7 @@ impl<'a> Mailbox<'a> {
 }
 
 /// Number of `u32` lock words for `ports` ports.
-pub const fn lock_words(ports: u32) -> usize {
+pub(crate) const fn lock_words(ports: u32) -> usize {
     ports.div_ceil(32) as usize
 }
 
@@ -139,11 +140,13 @@ pub struct LockTable {
 
 #[cfg(feature = "std")]
 impl LockTable {
+    /// Lock bits for `ports` ports, all unlocked.
     pub fn new(ports: u32) -> Self {
         LockTable {
             words: (0..lock_words(ports)).map(|_| AtomicU32::new(0)).collect(),
         }
     }
+    /// The lock words, 32 ports each.
     pub fn words(&self) -> &[AtomicU32] {
         &self.words
     }
@@ -167,6 +170,7 @@ pub struct MailboxMemory {
 
 #[cfg(feature = "std")]
 impl MailboxMemory {
+    /// Zeroed, 64-byte-aligned host memory for a mailbox of `layout`.
     pub fn new(layout: Layout) -> Self {
         #[cfg(not(loom))]
         {
@@ -192,6 +196,7 @@ impl MailboxMemory {
         }
     }
 
+    /// The memory's layout.
     pub fn layout(&self) -> Layout {
         self.layout
     }
@@ -202,6 +207,7 @@ impl MailboxMemory {
         self.region.ptr
     }
 
+    /// The memory as a mailbox.
     pub fn view(&self) -> Mailbox<'_> {
         #[cfg(not(loom))]
         {

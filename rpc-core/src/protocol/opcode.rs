@@ -11,16 +11,19 @@ use core::fmt;
 pub struct Opcode(pub u32);
 
 /// The libc class byte `'c'`.
-pub const LIBC_CLASS: u8 = b'c';
+pub(crate) const LIBC_CLASS: u8 = b'c';
 /// The offload runtime's class byte `'o'`.
-pub const OFFLOAD_CLASS: u8 = b'o';
+pub(crate) const OFFLOAD_CLASS: u8 = b'o';
 /// The class byte [`Opcode::user`] uses.
-pub const USER_CLASS: u8 = b'u';
+pub(crate) const USER_CLASS: u8 = b'u';
 
 macro_rules! opcodes {
     ($($name:ident = $value:expr,)*) => {
         impl Opcode {
-            $(pub const $name: Opcode = Opcode($value);)*
+            $(
+                #[doc = concat!("`", stringify!($name), "` (", stringify!($value), ").")]
+                pub const $name: Opcode = Opcode($value);
+            )*
 
             /// Every opcode the table names, in table order.
             pub const ALL: &'static [Opcode] = &[$(Opcode::$name,)*];

@@ -92,10 +92,10 @@ pub struct Backoff;
 
 /// Polls spent spinning before [`Backoff`] starts yielding.
 #[cfg(feature = "std")]
-pub const SPIN_POLLS: u32 = 64;
+pub(crate) const SPIN_POLLS: u32 = 64;
 /// Polls (counted from the start) after which [`Backoff`] naps instead of yielding.
 #[cfg(feature = "std")]
-pub const YIELD_POLLS: u32 = SPIN_POLLS + 512;
+pub(crate) const YIELD_POLLS: u32 = SPIN_POLLS + 512;
 
 #[cfg(feature = "std")]
 impl Backoff {
@@ -156,7 +156,7 @@ impl Wait for Deadline {
 
 /// The default wait of a side: [`Backoff`] with `std`, [`Spin`] without.
 #[cfg(feature = "std")]
-pub static DEFAULT_WAIT: Backoff = Backoff;
+pub(crate) static DEFAULT_WAIT: Backoff = Backoff;
 /// The default wait of a side: [`Backoff`] with `std`, [`Spin`] without.
 #[cfg(not(feature = "std"))]
 pub static DEFAULT_WAIT: Spin = Spin;
@@ -203,16 +203,19 @@ impl<'a> Packet<'a> {
     }
 
     #[inline]
+    /// Writes word `i`.
     pub fn set_word(&self, i: usize, value: u64) {
         self.words[i].store(value.to_le(), Ordering::Relaxed)
     }
 
+    /// The whole packet.
     pub fn read(&self) -> Buffer {
         Buffer {
             data: core::array::from_fn(|i| self.word(i)),
         }
     }
 
+    /// Writes the whole packet.
     pub fn write(&self, buffer: &Buffer) {
         for (i, &word) in buffer.data.iter().enumerate() {
             self.set_word(i, word);

@@ -59,7 +59,11 @@ fn first_pending(primary: &[AtomicU32], secondary: &[AtomicU32]) -> Option<usize
 }
 
 /// The first port at or after `from` whose client word differs from the server's.
-pub fn next_pending(primary: &[AtomicU32], secondary: &[AtomicU32], from: u32) -> Option<u32> {
+pub(crate) fn next_pending(
+    primary: &[AtomicU32],
+    secondary: &[AtomicU32],
+    from: u32,
+) -> Option<u32> {
     next_pending_in(primary, secondary, from as usize, usize::MAX).map(|i| i as u32)
 }
 

@@ -40,6 +40,7 @@ impl<'a> ServerEnd<'a> {
         self
     }
 
+    /// The mailbox this end serves.
     pub fn mailbox(&self) -> &Mailbox<'a> {
         &self.mailbox
     }

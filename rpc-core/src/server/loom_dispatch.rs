@@ -12,10 +12,11 @@
 use std::boxed::Box;
 
 use crate::protocol::port::Spin;
+use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use crate::server::dispatch::{Fate, PassCache};
 use crate::server::Inner;
 use crate::sync::{thread, Arc, AtomicBool, Ordering};
-use crate::{Client, Generation, Layout, LockTable, MailboxId, MailboxMemory, Opcode, RpcServer};
+use crate::{MailboxId, Opcode, RpcServer};
 
 struct Fixture {
     server: RpcServer,

@@ -4,11 +4,9 @@ use std::boxed::Box;
 use std::vec::Vec;
 
 use crate::protocol::port::Spin;
+use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use crate::sync::{thread, Arc};
-use crate::{
-    Client, Error, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer, ServerConfig,
-};
-use crate::{ShutdownPolicy, Started, Stopped};
+use crate::{Error, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
 
 fn server() -> Arc<RpcServer> {
     Arc::new(RpcServer::new(ServerConfig::default()))

@@ -34,6 +34,7 @@ pub unsafe trait SharedRegion: Send + Sync {
     fn device_addr(&self) -> u64;
     /// Bytes in the region.
     fn len(&self) -> usize;
+    /// True if the region has no bytes.
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -59,6 +60,7 @@ pub struct MailboxId(pub u64);
 
 /// Memory holding one mailbox, as the server reads it.
 pub trait MailboxSource: Send + Sync {
+    /// The memory as a mailbox (the same every call).
     fn view(&self) -> Mailbox<'_>;
 }
 

@@ -40,14 +40,14 @@ use crate::server::users::Coverage;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use std::future::Future;
 
-pub mod dispatch;
-mod io_pool;
-pub mod limits;
-mod mailboxes;
-pub mod registry;
-pub mod stats;
-pub mod thread;
-mod users;
+pub(crate) mod dispatch;
+pub(crate) mod io_pool;
+pub(crate) mod limits;
+pub(crate) mod mailboxes;
+pub(crate) mod registry;
+pub(crate) mod stats;
+pub(crate) mod thread;
+pub(crate) mod users;
 
 #[cfg(all(test, loom))]
 mod loom_dispatch;
@@ -150,9 +150,11 @@ pub struct ServerContext {
 }
 
 impl ServerContext {
+    /// The server's settings.
     pub fn config(&self) -> &ServerConfig {
         &self.config
     }
+    /// The server's counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
     }
@@ -209,12 +211,15 @@ impl RpcServer {
         RpcServer { inner }
     }
 
+    /// The server's name (`ServerConfig::name`).
     pub fn name(&self) -> &str {
         &self.inner.context.config.name
     }
+    /// What the handlers share: settings, statistics, services.
     pub fn context(&self) -> &ServerContext {
         &self.inner.context
     }
+    /// A snapshot of the statistics.
     pub fn stats(&self) -> StatsSnapshot {
         self.inner.context.stats.snapshot()
     }

@@ -28,16 +28,16 @@ use crate::server::{Attached, Inner, MailboxId, ServerContext};
 use crate::sync::Arc;
 
 /// What a script handler returns: the rest of the exchange, polled by the server thread.
-pub type Exchange = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
+pub(crate) type Exchange = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
 
 /// A packet handler as the server runs it: the whole one-packet script over the open port (it
 /// never waits: the client's packet is there when the port opens). Built by [`Handler::packet`]
 /// from a per-lane closure, which is called directly (one dynamic call per request, not per
 /// lane).
-pub type PacketFn = dyn Fn(&mut ServerPort<'_>) -> Result<()> + Send + Sync;
+pub(crate) type PacketFn = dyn Fn(&mut ServerPort<'_>) -> Result<()> + Send + Sync;
 
 /// A script handler: starts the exchange of one request.
-pub type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
+pub(crate) type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
 
 /// The two kinds of handler (see the module docs).
 #[derive(Clone)]
@@ -86,7 +86,7 @@ impl Matcher {
 
 /// One registered handler.
 #[derive(Clone)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub(crate) name: String,
     pub(crate) matcher: Matcher,
     pub(crate) handler: Handler,
@@ -94,7 +94,7 @@ pub struct Entry {
 
 /// The ordered handlers of one server.
 #[derive(Clone, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     user: Vec<Entry>,
     standard: Vec<Entry>,
     /// For each opcode of the table (by [`Opcode::table_index`]), the first standard entry
@@ -140,7 +140,7 @@ impl Registry {
         earlier.or_else(|| indexed.map(|i| &self.standard[i]))
     }
     /// Names of the handlers, in lookup order.
-    pub fn names(&self) -> Vec<&str> {
+    pub(crate) fn names(&self) -> Vec<&str> {
         self.user
             .iter()
             .chain(&self.standard)
@@ -230,12 +230,14 @@ impl Request {
         }
     }
 
+    /// The request's mailbox.
     pub fn mailbox(&self) -> MailboxInfo {
         MailboxInfo {
             id: self.mailbox.id,
             layout: self.mailbox.layout,
         }
     }
+    /// The server's shared state.
     pub fn context(&self) -> &ServerContext {
         &self.inner.context
     }
@@ -244,9 +246,11 @@ impl Request {
     pub fn shared(&self) -> SharedContext {
         SharedContext(self.inner.clone())
     }
+    /// The port's index.
     pub fn index(&self) -> u32 {
         self.port.index()
     }
+    /// The request's opcode.
     pub fn opcode(&self) -> Opcode {
         self.port.opcode()
     }

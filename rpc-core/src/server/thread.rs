@@ -69,7 +69,7 @@ use crate::sync::{lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Or
 
 /// The worker's states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     Stopped,
     Running,
     Stopping,

@@ -224,6 +224,7 @@ pub struct HostAllocator {
 }
 
 impl HostAllocator {
+    /// An allocator with nothing allocated yet.
     pub fn new() -> Self {
         Self::default()
     }

@@ -79,7 +79,7 @@ use crate::sync::{lock, AtomicBool, Mutex, Ordering};
 use crate::{Opcode, Result};
 
 mod files;
-mod memory;
+pub(crate) mod memory;
 pub mod print;
 pub mod printf;
 mod process;
@@ -87,7 +87,8 @@ mod stdio;
 pub mod streams;
 mod test_ops;
 
-pub use memory::{Allocation, DeviceAllocator, HostAllocator, MALLOC_ALIGN};
+pub(crate) use memory::DeviceAllocator;
+pub use memory::{Allocation, HostAllocator, MALLOC_ALIGN};
 pub use process::HOST_CALL_REFUSED;
 
 use streams::{FileTable, Input, Output, Target};
@@ -149,12 +150,15 @@ impl Services {
     pub fn config(&self) -> ServicesConfig {
         lock(&self.policy).clone()
     }
+    /// Sets what EXIT and ABORT do.
     pub fn set_exit_policy(&self, exit: ExitPolicy) {
         lock(&self.policy).exit = exit;
     }
+    /// Sets which paths the file opcodes may touch.
     pub fn set_file_policy(&self, files: FilePolicy) {
         lock(&self.policy).files = files;
     }
+    /// Sets whether SYSTEM runs commands.
     pub fn set_system_allowed(&self, allowed: bool) {
         lock(&self.policy).allow_system = allowed;
     }
@@ -205,6 +209,7 @@ impl Services {
         specific.or_else(|| lock(&self.allocator).clone())
     }
 
+    /// Drops the default allocator: MALLOC answers null until one is set.
     pub fn clear_allocator(&self) {
         *lock(&self.allocator) = None;
     }

@@ -45,10 +45,15 @@ pub enum Piece<'f> {
 /// The flags of a specification: `-` (left), `+` (plus), ` ` (space), `#` (alt), `0` (zero).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Flags {
+    /// `-`: left-justify.
     pub left: bool,
+    /// `+`: always a sign.
     pub plus: bool,
+    /// ` `: a space for a missing sign.
     pub space: bool,
+    /// `#`: the alternate form.
     pub alt: bool,
+    /// `0`: pad with zeros.
     pub zero: bool,
 }
 
@@ -66,14 +71,23 @@ pub enum Count {
 /// A length modifier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Length {
+    /// None: `int`, `double`.
     None,
+    /// `hh`: `char`.
     Hh,
+    /// `h`: `short`.
     H,
+    /// `l`: `long`.
     L,
+    /// `ll`: `long long`.
     Ll,
+    /// `j`: `intmax_t`.
     J,
+    /// `z`: `size_t`.
     Z,
+    /// `t`: `ptrdiff_t`.
     T,
+    /// `q`: BSD's `long long`.
     Q,
     /// `L`
     BigL,
@@ -89,9 +103,13 @@ impl Length {
 /// One conversion specification.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
+    /// The flags.
     pub flags: Flags,
+    /// The width.
     pub width: Count,
+    /// The precision.
     pub precision: Count,
+    /// The length modifier.
     pub length: Length,
     /// The conversion byte, one of `d i o u x X b B c s p n f F e E g G a A`, or `%` for a
     /// spec with something between its two `%`s (`%5%`, `%*%`: plain `%%` is a
@@ -121,11 +139,24 @@ impl Spec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FormatError {
     /// The format ends inside the specification whose `%` is at byte `at`.
-    Unterminated { at: usize },
+    Unterminated {
+        /// Offset of the `%`.
+        at: usize,
+    },
     /// Byte `at` ends a specification but is no supported conversion.
-    UnknownConversion { at: usize, conversion: u8 },
+    UnknownConversion {
+        /// Offset of the byte.
+        at: usize,
+        /// The byte.
+        conversion: u8,
+    },
     /// The format needs `needed` bytes of arguments; only `available` were sent.
-    MissingArguments { needed: usize, available: usize },
+    MissingArguments {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes sent.
+        available: usize,
+    },
 }
 
 impl fmt::Display for FormatError {

@@ -149,7 +149,7 @@ fn rpc_serve_serves_another_process_for_v1_v2_and_l_1_32() {
 }
 
 fn warp_lines(mask: u64) -> String {
-    rpc_core::protocol::port::lanes(mask)
+    rpc_core::protocol::lanes(mask)
         .map(|l| format!("lane {l}  1.50|\n"))
         .collect()
 }

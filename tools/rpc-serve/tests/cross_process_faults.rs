@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{map, Killing};
-use rpc_core::protocol::port::Deadline;
+use rpc_core::protocol::Deadline;
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
     protocol::Mailbox, Opcode,
@@ -106,7 +106,7 @@ fn a_client_process_killed_mid_exchange_loses_only_its_port_until_the_client_tim
     // Another client process sharing the mailbox by convention: port 0 was the victim's, so its
     // lock bit is set here (two clients of one mailbox must never share a port).
     let locks = LockTable::new(PORTS);
-    locks.words()[0].fetch_or(1, rpc_core::sync::Ordering::Relaxed);
+    locks.words()[0].fetch_or(1, std::sync::atomic::Ordering::Relaxed);
     let wait = Deadline(Instant::now() + Duration::from_secs(10));
     let client = Client::new(view(&map), locks.words())
         .unwrap()

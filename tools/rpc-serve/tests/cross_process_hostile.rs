@@ -19,7 +19,7 @@ use std::os::unix::process::ExitStatusExt;
 
 use common::{increment, layout, scratch, serve, BOUND, PORTS};
 use plugin_host::Target;
-use rpc_core::protocol::port::Deadline;
+use rpc_core::protocol::Deadline;
 use rpc_core::protocol::LockTable;
 
 #[test]

@@ -15,7 +15,7 @@ use std::time::Instant;
 use common::{layout, serve, serve_with_stdin, Serve, BOUND, PORTS};
 use plugin_host::kernel::STDIN;
 use plugin_host::{Arg, Warp};
-use rpc_core::protocol::port::Deadline;
+use rpc_core::protocol::Deadline;
 use rpc_core::{protocol::LockTable, Opcode};
 
 /// Peak resident memory of rpc-serve so far, in bytes.

@@ -12,7 +12,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use plugin_host::Warp;
-use rpc_core::protocol::port::{Deadline, Wait};
+use rpc_core::protocol::{Deadline, Wait};
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
     protocol::Mailbox, Opcode,
