@@ -41,7 +41,7 @@ pub use protocol::Opcode;
 #[cfg(feature = "std")]
 pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]
-pub use server::registry::Request;
+pub use server::registry::{MailboxInfo, Request};
 #[cfg(feature = "std")]
 pub use server::stats::StatsSnapshot;
 #[cfg(feature = "std")]

@@ -28,7 +28,7 @@ pub struct Mailbox<'a> {
 
 impl<'a> Mailbox<'a> {
     /// A view over arrays owned elsewhere (the loom models and [`MailboxMemory`] use this).
-    pub fn from_parts(
+    pub(crate) fn from_parts(
         layout: Layout,
         primary: &'a [AtomicU32],
         secondary: &'a [AtomicU32],

@@ -93,8 +93,9 @@ pub struct Backoff;
 /// Polls spent spinning before [`Backoff`] starts yielding.
 #[cfg(feature = "std")]
 pub(crate) const SPIN_POLLS: u32 = 64;
-/// Polls (counted from the start) after which [`Backoff`] naps instead of yielding.
-#[cfg(feature = "std")]
+/// Polls (counted from the start) after which [`Backoff`] naps instead of yielding (not under
+/// loom, where a step is only a spin hint).
+#[cfg(all(feature = "std", not(loom)))]
 pub(crate) const YIELD_POLLS: u32 = SPIN_POLLS + 512;
 
 #[cfg(feature = "std")]

@@ -154,10 +154,6 @@ impl ServerContext {
     pub fn config(&self) -> &ServerConfig {
         &self.config
     }
-    /// The server's counters.
-    pub fn stats(&self) -> &Stats {
-        &self.stats
-    }
 }
 
 /// State the layer above the server keeps for it (the standard services' tables), told when a
@@ -287,7 +283,7 @@ impl RpcServer {
     }
 
     /// Registers `handler` for the opcodes `matcher` accepts, under `name`.
-    pub fn register_handler(&self, matcher: Matcher, name: String, handler: Handler) {
+    pub(crate) fn register_handler(&self, matcher: Matcher, name: String, handler: Handler) {
         self.register_entry(entry(name, matcher, handler));
     }
 

@@ -41,7 +41,7 @@ pub(crate) type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
 
 /// The two kinds of handler (see the module docs).
 #[derive(Clone)]
-pub enum Handler {
+pub(crate) enum Handler {
     /// One packet in, one packet out per lane, run at once.
     Packet(std::sync::Arc<PacketFn>),
     /// A multi-packet script, resumable.
@@ -50,7 +50,7 @@ pub enum Handler {
 
 impl Handler {
     /// A script handler from an async function or closure.
-    pub fn script<F, Fut>(script: F) -> Self
+    pub(crate) fn script<F, Fut>(script: F) -> Self
     where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<()>> + Send + 'static,
@@ -61,7 +61,7 @@ impl Handler {
     }
 
     /// A packet handler from a closure that rewrites each active lane's packet in place.
-    pub fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
+    pub(crate) fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
         Handler::Packet(std::sync::Arc::new(move |port: &mut ServerPort<'_>| {
             port.recv_and_send(&reply)
         }))
@@ -70,7 +70,7 @@ impl Handler {
 
 /// Which opcodes a handler accepts.
 #[derive(Clone)]
-pub enum Matcher {
+pub(crate) enum Matcher {
     Opcode(Opcode),
     Predicate(std::sync::Arc<dyn Fn(Opcode) -> bool + Send + Sync>),
 }
@@ -161,13 +161,15 @@ pub(crate) fn entry(name: impl Into<String>, matcher: Matcher, handler: Handler)
 /// Which mailbox a request came from.
 #[derive(Clone, Copy, Debug)]
 pub struct MailboxInfo {
+    /// Its id.
     pub id: MailboxId,
+    /// Its layout.
     pub layout: Layout,
 }
 
 /// A handle on a server's [`ServerContext`] (see [`Request::shared`]).
 #[derive(Clone)]
-pub struct SharedContext(Arc<Inner>);
+pub(crate) struct SharedContext(Arc<Inner>);
 
 impl core::ops::Deref for SharedContext {
     type Target = ServerContext;
@@ -243,7 +245,7 @@ impl Request {
     }
     /// The server's shared state as a handle of its own, to keep across the request's `&mut`
     /// operations (and to give to an I/O call).
-    pub fn shared(&self) -> SharedContext {
+    pub(crate) fn shared(&self) -> SharedContext {
         SharedContext(self.inner.clone())
     }
     /// The port's index.

@@ -11,7 +11,7 @@ use crate::protocol::opcode::Opcode;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// Live counters of one server.
-pub struct Stats {
+pub(crate) struct Stats {
     /// Served requests per opcode of the table, indexed like [`Opcode::ALL`].
     known: Vec<AtomicU64>,
     /// Served requests of opcodes outside the table (user opcodes).
@@ -70,7 +70,7 @@ impl Stats {
     }
 
     /// A consistent-enough copy of every counter.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut served: BTreeMap<Opcode, u64> = Opcode::ALL
             .iter()
