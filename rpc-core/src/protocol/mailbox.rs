@@ -27,7 +27,9 @@ pub struct Mailbox<'a> {
 }
 
 impl<'a> Mailbox<'a> {
-    /// A view over arrays owned elsewhere (the loom models and [`MailboxMemory`] use this).
+    /// A view over arrays owned elsewhere ([`MailboxMemory`] under loom, which cannot wrap
+    /// foreign memory).
+    #[cfg(loom)]
     pub(crate) fn from_parts(
         layout: Layout,
         primary: &'a [AtomicU32],
