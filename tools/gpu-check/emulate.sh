@@ -12,7 +12,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-(cd "$root" && cargo build --quiet -p plugin-host --bin rpc-serve)
+(cd "$root" && cargo build --quiet -p rpc-serve)
 g++ -std=c++17 -O1 -pthread -Wall -Wextra -o "$work/emulate" "$here/emulate.cpp"
 "$root/target/debug/rpc-serve" --file "$work/mailbox" --gen v1 --ports "$ports" --lanes 32 \
   --stdout "$work/stdout" > "$work/serve.log" 2>&1 &

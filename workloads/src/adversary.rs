@@ -8,7 +8,7 @@
 //! addresses: [`Loot`]) and use it, forged or on another mailbox, and be slow between packets.
 //!
 //! The server must survive all of it: no panic out of a handler, no hang, no leak, and a
-//! well-formed request served correctly afterwards (`tests/tests/adversarial.rs`).
+//! well-formed request served correctly afterwards (`workloads/tests/adversarial.rs`).
 //!
 //! # Memory ordering
 //! Every access is atomic (the server only ever reads the region through atomics too), so the

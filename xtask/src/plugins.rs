@@ -90,7 +90,7 @@ pub fn build(args: &[String]) -> Result {
     status(&mut demo, "cargo build (rpc-demo)")?;
     if chosen.contains(&"host") {
         let mut serve = Command::new(cargo());
-        serve.args(["build", "-p", "plugin-host", "--bin", "rpc-serve"]);
+        serve.args(["build", "-p", "rpc-serve"]);
         with_profile(&mut serve);
         status(&mut serve, "cargo build (rpc-serve)")?;
     }

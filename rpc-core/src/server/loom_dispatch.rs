@@ -2,7 +2,7 @@
 //! while another is served, an exchange abandoned once its kernel is gone (its port then
 //! serving a new kernel), and `detach` against a pass (it returns only once no pass holds the
 //! mailbox). The hand-off to the I/O threads is not modelled here (a model of it
-//! did not finish in loom within minutes); `tests/tests/interleaving.rs` covers it with real
+//! did not finish in loom within minutes); `workloads/tests/interleaving.rs` covers it with real
 //! threads.
 //!
 //! The passes run on a model thread of their own, as the worker runs them but without its

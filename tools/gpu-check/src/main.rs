@@ -3,7 +3,7 @@
 //! ```text
 //! cuda-gpu-check PTX [--quick] [--iterations-1warp N] [--iterations-many N] [--timeout-s S]
 //! ```
-//! PTX is `plugin-cuda/gpu-check/rpc_client.cu` compiled by nvcc (or clang): a CUDA client of
+//! PTX is `tools/gpu-check/rpc_client.cu` compiled by nvcc (or clang): a CUDA client of
 //! the protocol and its test kernels. The check initialises [`CudaPlugin`] through
 //! [`PluginRuntime`] (EXIT recorded, not ending the process; the device's stdout captured and
 //! echoed), loads the PTX (which must carry `__llvm_rpc_client`, so a mailbox is attached),
