@@ -83,3 +83,21 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Spawns a named thread (loom's threads have no names).
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) fn spawn(
+    name: std::string::String,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<thread::JoinHandle<()>> {
+    thread::Builder::new().name(name).spawn(body)
+}
+
+/// Spawns a thread (loom's threads have no names).
+#[cfg(all(feature = "std", loom))]
+pub(crate) fn spawn(
+    _name: String,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<thread::JoinHandle<()>> {
+    Ok(thread::spawn(body))
+}

@@ -554,12 +554,7 @@ impl DriverBuild {
 fn build_rpc_serve(root: &Path) -> Result<PathBuf> {
     let status = Command::new(cargo())
         .current_dir(root)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "rpc-serve",
-        ])
+        .args(["build", "--quiet", "-p", "rpc-serve"])
         .status()
         .map_err(|e| format!("llvm-client: running cargo: {e}"))?;
     if !status.success() {

@@ -60,7 +60,15 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 "detect_leaks=1 detect_stack_use_after_return=1",
             )
             .args(["+nightly", "test", "-Zbuild-std", "--target", TARGET])
-            .args(["-p", "rpc-core", "-p", "workloads", "--lib", "--tests", "--"]);
+            .args([
+                "-p",
+                "rpc-core",
+                "-p",
+                "workloads",
+                "--lib",
+                "--tests",
+                "--",
+            ]);
         let only_thread = if sanitizer == "thread" {
             SKIP_THREAD
         } else {

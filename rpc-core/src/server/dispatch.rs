@@ -238,7 +238,7 @@ impl PassCache {
     /// in any (each counter 0). Then an open request rings one of them (waiting on the first,
     /// the others are seen at the next poll, at most `doorbell_sleep` later).
     #[cfg(not(loom))]
-    pub(crate) fn quiet_doorbell(&self) -> Option<&dyn crate::plugin::Doorbell> {
+    pub(crate) fn quiet_doorbell(&self) -> Option<&dyn crate::server::mailboxes::Doorbell> {
         let mailboxes = self.mailboxes.as_ref()?;
         let mut bells = mailboxes.iter().map(|m| m.doorbell());
         let first = bells.next()??;
@@ -249,7 +249,7 @@ impl PassCache {
     }
 
     #[cfg(loom)]
-    pub(crate) fn quiet_doorbell(&self) -> Option<&'static dyn crate::plugin::Doorbell> {
+    pub(crate) fn quiet_doorbell(&self) -> Option<&'static dyn crate::server::mailboxes::Doorbell> {
         None
     }
 

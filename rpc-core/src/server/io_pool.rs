@@ -94,7 +94,7 @@ impl IoPool {
         let generation = state.generation;
         let thread_inner = inner.clone();
         let name = std::format!("rpc-{}-io", inner.context.config.name);
-        match crate::server::thread::spawn(name, move || io_thread(thread_inner, generation)) {
+        match crate::sync::spawn(name, move || io_thread(thread_inner, generation)) {
             Ok(_detached) => {
                 state.threads += 1;
                 Ok(())

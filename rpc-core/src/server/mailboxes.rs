@@ -80,7 +80,7 @@ impl MailboxSource for Arc<MailboxMemory> {
 /// A plugin's shared region holding a mailbox of `layout`.
 #[cfg(not(loom))]
 struct RegionMailbox {
-    region: Box<dyn crate::plugin::SharedRegion>,
+    region: Box<dyn SharedRegion>,
     layout: Layout,
 }
 
@@ -103,7 +103,7 @@ pub(crate) struct Attached {
     source: Box<dyn MailboxSource>,
     locks: LockTable,
     #[cfg(not(loom))]
-    doorbell: Option<Box<dyn crate::plugin::Doorbell>>,
+    doorbell: Option<Box<dyn Doorbell>>,
     /// Set by `detach`: the worker stops touching the mailbox and abandons waits on it.
     pub(crate) detached: AtomicBool,
     /// User guards covering this mailbox.
@@ -122,7 +122,7 @@ pub(crate) struct Attached {
 
 impl Attached {
     #[cfg(not(loom))]
-    pub(crate) fn doorbell(&self) -> Option<&dyn crate::plugin::Doorbell> {
+    pub(crate) fn doorbell(&self) -> Option<&dyn Doorbell> {
         self.doorbell.as_deref()
     }
 
@@ -182,7 +182,7 @@ impl RpcServer {
     #[cfg(not(loom))]
     pub fn attach_region(
         &self,
-        region: Box<dyn crate::plugin::SharedRegion>,
+        region: Box<dyn SharedRegion>,
         layout: Layout,
     ) -> Result<MailboxId> {
         // Checks alignment and size once; `RegionMailbox::view` relies on it.
@@ -198,7 +198,7 @@ impl RpcServer {
     pub fn attach_with_doorbell(
         &self,
         source: Box<dyn MailboxSource>,
-        bell: Box<dyn crate::plugin::Doorbell>,
+        bell: Box<dyn Doorbell>,
     ) -> MailboxId {
         self.attach_inner(source, Some(bell))
     }
@@ -207,9 +207,9 @@ impl RpcServer {
     #[cfg(not(loom))]
     pub fn attach_region_with_doorbell(
         &self,
-        region: Box<dyn crate::plugin::SharedRegion>,
+        region: Box<dyn SharedRegion>,
         layout: Layout,
-        bell: Box<dyn crate::plugin::Doorbell>,
+        bell: Box<dyn Doorbell>,
     ) -> Result<MailboxId> {
         // SAFETY: as in `attach_region`: a validating view only.
         unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
@@ -219,7 +219,7 @@ impl RpcServer {
     fn attach_inner(
         &self,
         source: Box<dyn MailboxSource>,
-        #[cfg(not(loom))] doorbell: Option<Box<dyn crate::plugin::Doorbell>>,
+        #[cfg(not(loom))] doorbell: Option<Box<dyn Doorbell>>,
     ) -> MailboxId {
         let context = &self.inner.context;
         // RMW: hands out each id once.

@@ -336,7 +336,10 @@ mod tests {
     #[test]
     fn user_handlers_come_first_then_standard_in_order() {
         let mut registry = Registry::default();
-        crate::services::register_standard(&mut registry);
+        registry.push_standard(named(
+            "TEST_INCREMENT",
+            Matcher::Opcode(Opcode::TEST_INCREMENT),
+        ));
         let found = |r: &Registry, op| r.find(op).map(|e| e.name.clone());
         assert_eq!(
             found(&registry, Opcode::TEST_INCREMENT).as_deref(),

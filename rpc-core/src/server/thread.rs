@@ -65,7 +65,7 @@ use crate::server::mailboxes::Attached;
 use crate::server::stats::bump;
 use crate::server::users::Coverage;
 use crate::server::{Inner, ShutdownPolicy};
-use crate::sync::{lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
 /// The worker's states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -241,8 +241,8 @@ impl ServerThread {
         }
         let worker_inner = inner.clone();
         let name: String = std::format!("rpc-{}", inner.context.config.name);
-        let handle =
-            spawn(name, move || worker(worker_inner)).map_err(|e| Error::Spawn(e.to_string()))?;
+        let handle = sync::spawn(name, move || worker(worker_inner))
+            .map_err(|e| Error::Spawn(e.to_string()))?;
         // RMW: one more live worker, counted from its spawn (the worker counts itself out).
         let alive = this.alive.fetch_add(1, Ordering::SeqCst) + 1;
         this.max_alive.fetch_max(alive, Ordering::SeqCst);
@@ -330,22 +330,6 @@ impl ServerThread {
         }
         Ok(Stopped::Stopped)
     }
-}
-
-#[cfg(not(loom))]
-pub(crate) fn spawn(
-    name: String,
-    body: impl FnOnce() + Send + 'static,
-) -> std::io::Result<thread::JoinHandle<()>> {
-    thread::Builder::new().name(name).spawn(body)
-}
-
-#[cfg(loom)]
-pub(crate) fn spawn(
-    _name: String,
-    body: impl FnOnce() + Send + 'static,
-) -> std::io::Result<thread::JoinHandle<()>> {
-    Ok(thread::spawn(body))
 }
 
 /// The kernel's id for the calling thread (Linux), to read its CPU time from /proc. Not under
