@@ -11,7 +11,8 @@
 //!    │        thread and its dispatch passes, the I/O threads, statistics and limits
 //!  protocol   layouts, opcodes, the mailbox, ports, the client and the server's end
 //! ```
-//! plus [`error`] and the one sync shim (`sync`, std or loom), which every layer uses.
+//! plus the one sync shim (`sync`, std or loom), which every layer uses. The errors ([`Error`])
+//! are the protocol layer's, so that every layer can name them.
 //!
 //! # Front door
 //! - An embedder needs the names at the root: [`PluginRuntime`] (or a bare [`RpcServer`] with
@@ -19,12 +20,11 @@
 //! - A vendor plugin author implements [`plugin`]'s traits.
 //! - A client (a host-side warp, another process) uses [`protocol`].
 //!
-//! Without the `std` feature only [`protocol`] and [`error`] remain, so the client builds for
+//! Without the `std` feature only [`protocol`] (and [`Error`]) remains, so the client builds for
 //! `no_std` targets.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs, unreachable_pub)]
 
-pub mod error;
 #[cfg(feature = "std")]
 pub mod plugin;
 pub mod protocol;
@@ -34,7 +34,9 @@ mod server;
 pub mod services;
 pub(crate) mod sync;
 
-pub use error::{Error, Result};
+pub use protocol::error::{Error, Result};
+#[cfg(feature = "std")]
+pub use protocol::error::VendorError;
 #[cfg(all(feature = "std", not(loom)))]
 pub use plugin::runtime::{ImageId, PluginRuntime};
 pub use protocol::Opcode;

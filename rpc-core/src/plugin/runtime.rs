@@ -32,7 +32,7 @@ use std::boxed::Box;
 use std::string::{String, ToString};
 use std::vec::Vec;
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::plugin::{Device, Grid, Plugin, VendorError};
 use crate::protocol::layout::{Generation, Layout};
 use crate::server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};

@@ -1,7 +1,7 @@
 //! The client side of the port protocol: what a GPU warp does, for host threads acting as one
 //! warp each (plugin-host's kernels, tests, other processes over a shared file). `no_std`.
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, ClientPort, Port, Wait, DEFAULT_WAIT};

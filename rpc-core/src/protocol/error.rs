@@ -133,10 +133,10 @@ pub enum Error {
 
 /// The text of a refusal. A `String` with `std`, a static text without.
 #[cfg(feature = "std")]
-pub type RefusalText = std::string::String;
+pub(crate) type RefusalText = std::string::String;
 /// The text of a refusal. A `String` with `std`, a static text without.
 #[cfg(not(feature = "std"))]
-pub type RefusalText = &'static str;
+pub(crate) type RefusalText = &'static str;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = core::result::Result<T, E>;

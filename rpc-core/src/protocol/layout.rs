@@ -23,7 +23,7 @@ use core::str::FromStr;
 
 use static_assertions::const_assert_eq;
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 
 /// One lane's packet: 8 little-endian `u64` words.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

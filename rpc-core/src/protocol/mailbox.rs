@@ -8,7 +8,7 @@
 //! packet word always a `u64` one (the scan, the ports, plugin-host's copies alike).
 //! On x86-64 and AArch64 a relaxed load or store compiles to a plain move, so this costs nothing.
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::protocol::layout::Layout;
 use crate::sync::{AtomicU32, DataWord};
 

@@ -13,9 +13,10 @@
 //! - `server_end.rs`: the server's end of one mailbox: finding pending ports and opening them
 //!   ([`ServerEnd`]; `scan.rs` finds them a word at a time).
 //!
-//! Depends on nothing else in the crate but [`crate::error`] and [`crate::sync`].
+//! Depends on nothing else in the crate but [`crate::protocol::error`] and [`crate::sync`].
 
 pub(crate) mod client;
+pub(crate) mod error;
 pub(crate) mod layout;
 pub(crate) mod mailbox;
 pub(crate) mod opcode;

@@ -26,7 +26,7 @@
 //! | other word (`inbox`) | read only |
 //! | header, packets | only while `owns` (or, for the client, between open and its first send) |
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::protocol::mailbox::unlock;
 use crate::protocol::opcode::Opcode;

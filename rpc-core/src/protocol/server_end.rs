@@ -1,7 +1,7 @@
 //! The server side of the port protocol over one mailbox: finding pending ports and opening
 //! them. The thread that drives it is [`crate::server::thread`]; handlers run the port scripts.
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, store_own_word, Port, ServerPort, Wait};

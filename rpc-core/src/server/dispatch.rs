@@ -54,13 +54,14 @@
 use std::time::Instant;
 use std::vec::Vec;
 
-use crate::error::Error;
+use crate::protocol::error::Error;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::WAITING_ON_PORT;
 use crate::protocol::scan::{HotPorts, Step};
 use crate::server::limits::device_warn;
 use crate::server::registry::{Exchange, Handler, Registry, Request};
 use crate::server::stats::bump;
+use crate::server::mailboxes::{Marks, Quarantined};
 use crate::server::{panic_message, Attached, Inner, ServerContext};
 use crate::sync::{lock, Arc, Ordering};
 use crate::Result;
@@ -148,27 +149,6 @@ impl Attached {
             );
             false
         });
-    }
-}
-
-/// A port left locked mid-exchange, and the users that could still be inside that exchange.
-pub(crate) struct Quarantined {
-    index: u32,
-    marks: Marks,
-}
-
-/// The arrival marks of a mailbox's users and of the all-mailbox users when a port was opened:
-/// the kernel owning the port is among the users that had arrived by then (see `Coverage`).
-#[derive(Clone, Copy)]
-struct Marks(u64, u64);
-
-impl Marks {
-    fn now(mailbox: &Attached, context: &ServerContext) -> Self {
-        Marks(mailbox.users.mark(), context.any_users.mark())
-    }
-    /// True once no kernel that could answer the port runs any more.
-    fn gone(self, mailbox: &Attached, context: &ServerContext) -> bool {
-        mailbox.users.gone_since(self.0) && context.any_users.gone_since(self.1)
     }
 }
 

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 use std::string::String;
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::server::stats::bump;
 use crate::server::{panic_message, Inner, ServerContext};
 use crate::sync::{lock, Arc, Condvar, Mutex};

@@ -5,13 +5,13 @@ use std::boxed::Box;
 use std::time::{Duration, Instant};
 use std::vec::Vec;
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::protocol::layout::Layout;
 use crate::protocol::mailbox::{LockTable, Mailbox, MailboxMemory};
 use crate::protocol::port::Backoff;
 use crate::protocol::server_end::ServerEnd;
 use crate::server::users::Coverage;
-use crate::server::RpcServer;
+use crate::server::{RpcServer, ServerContext};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
@@ -112,7 +112,7 @@ pub(crate) struct Attached {
     pub(crate) owned: Box<[AtomicBool]>,
     /// Ports left locked mid-exchange, each released once the kernels that could still be
     /// inside its exchange are gone (see [`crate::server::dispatch`]).
-    pub(crate) quarantine: Mutex<Vec<crate::server::dispatch::Quarantined>>,
+    pub(crate) quarantine: Mutex<Vec<Quarantined>>,
     /// How many ports `quarantine` holds, read without its lock.
     pub(crate) quarantined: AtomicUsize,
     /// One bit per port with an exchange in flight (written by the worker only), so that a
@@ -134,6 +134,27 @@ impl Attached {
             return server.with_doorbell(bell.counter());
         }
         server
+    }
+}
+
+/// A port left locked mid-exchange, and the users that could still be inside that exchange.
+pub(crate) struct Quarantined {
+    pub(crate) index: u32,
+    pub(crate) marks: Marks,
+}
+
+/// The arrival marks of a mailbox's users and of the all-mailbox users when a port was opened:
+/// the kernel owning the port is among the users that had arrived by then (see `Coverage`).
+#[derive(Clone, Copy)]
+pub(crate) struct Marks(u64, u64);
+
+impl Marks {
+    pub(crate) fn now(mailbox: &Attached, context: &ServerContext) -> Self {
+        Marks(mailbox.users.mark(), context.any_users.mark())
+    }
+    /// True once no kernel that could answer the port runs any more.
+    pub(crate) fn gone(self, mailbox: &Attached, context: &ServerContext) -> bool {
+        mailbox.users.gone_since(self.0) && context.any_users.gone_since(self.1)
     }
 }
 

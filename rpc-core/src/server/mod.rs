@@ -30,7 +30,7 @@ use std::string::{String, ToString};
 use std::time::Duration;
 use std::vec::Vec;
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::protocol::opcode::Opcode;
 use crate::server::mailboxes::{Attached, Snapshot};
 use crate::server::registry::{entry, Entry, Handler, Matcher, Registry, Request};

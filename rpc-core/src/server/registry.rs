@@ -19,7 +19,7 @@ use std::pin::Pin;
 use std::string::String;
 use std::vec::Vec;
 
-use crate::error::Result;
+use crate::protocol::error::Result;
 use crate::protocol::layout::Layout;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::Packet;

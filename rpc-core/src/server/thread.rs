@@ -59,7 +59,7 @@
 
 use std::string::String;
 
-use crate::error::{Error, Result};
+use crate::protocol::error::{Error, Result};
 use crate::server::dispatch::{Fate, PassCache};
 use crate::server::mailboxes::Attached;
 use crate::server::stats::bump;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use super::{active, per_lane, recv_words, send_word0, Refusals};
-use crate::error::VendorError;
+use crate::protocol::error::VendorError;
 use crate::server::limits::device_warn;
 use crate::server::registry::Request;
 use crate::server::MailboxId;

@@ -70,7 +70,7 @@ use std::string::String;
 use std::sync::Arc;
 use std::vec::Vec;
 
-use crate::error::Error;
+use crate::protocol::error::Error;
 use crate::protocol::port::lanes;
 use crate::server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
