@@ -268,7 +268,7 @@ async fn on_stream(
     let mut targets = Vec::new();
     for lane in active(&req) {
         let words = &words[lane as usize];
-        match handle(&context.services(), mailbox, words[at]) {
+        match handle(context.services(), mailbox, words[at]) {
             Some(target) => targets.push((lane, target)),
             None => refusals.lane(
                 lane,
@@ -281,7 +281,7 @@ async fn on_stream(
         targets
             .into_iter()
             .map(|(lane, target)| {
-                let reply = op(&context.services(), mailbox, &target, &words[lane as usize]);
+                let reply = op(context.services(), mailbox, &target, &words[lane as usize]);
                 (lane, reply)
             })
             .collect::<Vec<_>>()
