@@ -67,7 +67,7 @@ fn run_gpu<P: Plugin>(plugin: P, args: &Args) -> Result<(), String> {
             "{name} device {i}: {} (lanes {}, ports {})",
             d.name(),
             d.lane_size(),
-            d.port_count(rpc_core::protocol::Generation::V2)
+            rpc_core::protocol::Generation::V2.ports_for(d.parallelism())
         );
     }
     let Some(path) = &args.image else {

@@ -198,8 +198,8 @@ fn describe_plugin(plugin: &AmdGpuPlugin) -> String {
                 "{}: wave{}, {} ports v1 / {} v2",
                 d.name(),
                 d.lane_size(),
-                d.port_count(Generation::V1),
-                d.port_count(Generation::V2)
+                Generation::V1.ports_for(d.parallelism()),
+                Generation::V2.ports_for(d.parallelism())
             )
         })
         .collect();

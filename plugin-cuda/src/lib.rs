@@ -220,8 +220,8 @@ pub fn describe_plugin(plugin: &CudaPlugin) -> String {
                 "{}: sm_{major}{minor}, L={}, ports v1={} v2={}",
                 d.name(),
                 d.lane_size(),
-                d.port_count(Generation::V1),
-                d.port_count(Generation::V2)
+                Generation::V1.ports_for(d.parallelism()),
+                Generation::V2.ports_for(d.parallelism())
             )
         })
         .collect();

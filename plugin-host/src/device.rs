@@ -145,8 +145,8 @@ impl Device for HostDevice {
     fn lane_size(&self) -> u32 {
         self.lanes
     }
-    fn port_count(&self, generation: Generation) -> u32 {
-        self.ports.clamp(1, generation.max_port_count())
+    fn parallelism(&self) -> u32 {
+        self.ports
     }
 
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {

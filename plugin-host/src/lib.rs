@@ -147,7 +147,7 @@ pub fn describe(config: HostConfig) -> String {
                         "{}, lanes {}, ports {}",
                         d.name(),
                         d.lane_size(),
-                        d.port_count(rpc_core::protocol::Generation::V2)
+                        rpc_core::protocol::Generation::V2.ports_for(d.parallelism())
                     )
                 })
                 .collect();

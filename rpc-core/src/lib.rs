@@ -34,11 +34,11 @@ mod server;
 pub mod services;
 pub(crate) mod sync;
 
-pub use protocol::error::{Error, Result};
-#[cfg(feature = "std")]
-pub use protocol::error::VendorError;
 #[cfg(all(feature = "std", not(loom)))]
 pub use plugin::runtime::{ImageId, PluginRuntime};
+#[cfg(feature = "std")]
+pub use protocol::error::VendorError;
+pub use protocol::error::{Error, Result};
 pub use protocol::Opcode;
 #[cfg(feature = "std")]
 pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};

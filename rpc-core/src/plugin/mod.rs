@@ -70,8 +70,10 @@ pub trait Device: Send + Sync {
     fn name(&self) -> String;
     /// `L`: the warp / wavefront width.
     fn lane_size(&self) -> u32;
-    /// `N` for a mailbox of `generation`: min(hardware parallelism, MAX_PORT_COUNT).
-    fn port_count(&self, generation: Generation) -> u32;
+    /// How many warps the device runs at once (its resident warps or waves), as the hardware
+    /// reports it: the glue gives its mailbox that many ports, within the generation's bounds
+    /// ([`Generation::ports_for`](crate::protocol::Generation::ports_for)).
+    fn parallelism(&self) -> u32;
 
     /// Zeroed, 64-byte-aligned host memory the device sees coherently.
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError>;

@@ -32,8 +32,8 @@ use std::boxed::Box;
 use std::string::{String, ToString};
 use std::vec::Vec;
 
-use crate::protocol::error::{Error, Result};
 use crate::plugin::{Device, Grid, Plugin, VendorError};
+use crate::protocol::error::{Error, Result};
 use crate::protocol::layout::{Generation, Layout};
 use crate::server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};
 use crate::services::KernelExit;
@@ -236,7 +236,11 @@ impl<P: Plugin> PluginRuntime<P> {
         generation: Generation,
     ) -> Result<MailboxId> {
         let name = self.plugin.name();
-        let layout = Layout::new(generation, dev.port_count(generation), dev.lane_size())?;
+        let layout = Layout::new(
+            generation,
+            generation.ports_for(dev.parallelism()),
+            dev.lane_size(),
+        )?;
         let region = dev
             .alloc_mailbox(layout)
             .map_err(vendor(name, "allocate mailbox"))?;

@@ -85,6 +85,21 @@ impl Generation {
         }
     }
 
+    /// The port count of a mailbox for a device that runs `parallelism` warps at once: one
+    /// port per resident warp (fewer can deadlock a GPU whose resident warps all wait, LLVM PR
+    /// #79200), at most this generation's maximum, at least one. The one place a plugin's
+    /// hardware figure becomes `N`.
+    pub const fn ports_for(self, parallelism: u32) -> u32 {
+        let max = self.max_port_count();
+        if parallelism == 0 {
+            1
+        } else if parallelism > max {
+            max
+        } else {
+            parallelism
+        }
+    }
+
     /// Size of the device-side client object (`__llvm_rpc_client`).
     pub const fn client_object_size(self) -> usize {
         self.client_object_locks() + 4 * (self.max_port_count() as usize / 32)

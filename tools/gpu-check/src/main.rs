@@ -424,7 +424,7 @@ fn run(options: &Options) -> Result<bool, String> {
         .load_image(0, &ptx)
         .map_err(|e| format!("loading {}: {e}", options.ptx))?;
     let device = &runtime.devices()[0];
-    let ports = device.port_count(Generation::V1);
+    let ports = Generation::V1.ports_for(device.parallelism());
     if runtime.mailbox(image).is_none() {
         return Err(format!(
             "{} has no __llvm_rpc_client: no mailbox attached",
