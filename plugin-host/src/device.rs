@@ -15,14 +15,12 @@ use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Doorbell, Grid, SharedRegion, Symbol, VendorError,
 };
 use rpc_core::protocol::ClientDoorbell;
-use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::Mailbox,
-    services::HostAllocator,
-};
+use rpc_core::protocol::{Client, Generation, Layout, Mailbox};
 
 use crate::error::HostError;
 use crate::image::LoadedImage;
 use crate::kernel::{KernelEnded, Warp};
+use crate::memory::HostAllocator;
 use crate::memory::{HostDoorbell, HostShared, MemoryMap, RawMemory, Signal};
 
 /// Most warps (threads) one launch may run.

@@ -33,6 +33,7 @@ pub use device::HostDevice;
 pub use error::HostError;
 pub use image::HostImage;
 pub use kernel::{Arg, Target, Warp};
+pub use memory::HostAllocator;
 
 /// Locks a mutex, ignoring poisoning: a warp that panics (a failed launch) must not take the
 /// device's tables down with it, and every critical section here leaves its data consistent

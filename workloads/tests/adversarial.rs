@@ -35,11 +35,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use plugin_host::HostAllocator;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rpc_core::plugin::{DeviceAllocator, VendorError};
 use rpc_core::protocol::Deadline;
-use rpc_core::services::HostAllocator;
 use rpc_core::FilePolicy;
 use rpc_core::{
     protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,

@@ -88,7 +88,7 @@ pub mod streams;
 mod test_ops;
 
 pub(crate) use memory::DeviceAllocator;
-pub use memory::{Allocation, HostAllocator, MALLOC_ALIGN};
+pub use memory::{Allocation, MALLOC_ALIGN};
 pub use process::HOST_CALL_REFUSED;
 
 use streams::{FileTable, Input, Output, Target};

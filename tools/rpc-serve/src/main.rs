@@ -44,14 +44,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rpc_core::{
-    protocol::Generation, protocol::Layout, services::HostAllocator, ExitPolicy, FilePolicy,
-    Limits, RpcServer, ServerConfig, ServicesConfig,
+    protocol::Generation, protocol::Layout, ExitPolicy, FilePolicy, Limits, RpcServer,
+    ServerConfig, ServicesConfig,
 };
 
 mod mailbox;
 mod sigbus;
 
 use mailbox::{Backing, Mapped};
+use plugin_host::HostAllocator;
 
 const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L \
                      [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE] \
