@@ -10,8 +10,9 @@ use std::collections::HashMap;
 
 use rpc_core::protocol::lanes;
 use rpc_core::protocol::Opcode;
+use rpc_core::protocol::{Client, ClientPort};
 use rpc_core::services::printf::{parse, Count, Piece};
-use rpc_core::{protocol::Client, protocol::ClientPort, Error, Result};
+use rpc_core::{Error, Result};
 
 /// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6).
 pub const STDIN: u64 = 1;

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::lock;
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
-use rpc_core::{protocol::Generation, protocol::Layout};
+use rpc_core::protocol::{Generation, Layout};
 
 /// A zeroed, 64-byte-aligned allocation, only ever accessed through atomics once shared, each
 /// word with one size (see the module docs).

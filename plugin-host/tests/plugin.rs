@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
+use rpc_core::protocol::Generation;
 use rpc_core::PluginRuntime;
-use rpc_core::{protocol::Generation, Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
 
 /// A writer the test can read back.
 #[derive(Clone, Default)]

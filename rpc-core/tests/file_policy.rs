@@ -19,12 +19,9 @@ use std::time::Duration;
 
 use common::Device;
 use rpc_core::protocol::Deadline;
-use rpc_core::{
-    protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
-    protocol::LockTable, protocol::MailboxMemory, Opcode, RpcServer, ServerConfig, StatsSnapshot,
-    UserGuard,
-};
+use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
+use rpc_core::{Opcode, RpcServer, ServerConfig, StatsSnapshot, UserGuard};
 
 /// (L, mask) pairs every test runs with.
 const CONFIGS: [(u32, u64); 2] = [(1, 1), (32, 0x8000_1235)];

@@ -8,11 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_core::protocol::Deadline;
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox, MailboxMemory};
 use rpc_core::MailboxSource;
-use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::Mailbox, protocol::MailboxMemory, Limits, Opcode, RpcServer, ServerConfig,
-};
+use rpc_core::{Limits, Opcode, RpcServer, ServerConfig};
 
 static UNKNOWN_LINES: AtomicUsize = AtomicUsize::new(0);
 static DROP_REPORTS: AtomicUsize = AtomicUsize::new(0);

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::thread;
 
 use rpc_core::protocol::Backoff;
-use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::MailboxMemory, protocol::ServerEnd, protocol::ServerPort, Error, Opcode,
+use rpc_core::protocol::{
+    Client, Generation, Layout, LockTable, MailboxMemory, ServerEnd, ServerPort,
 };
+use rpc_core::{Error, Opcode};
 
 /// A mailbox with a client lock table and a server lock table.
 struct Fixture {

@@ -8,10 +8,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rpc_core::protocol::Backoff;
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::MailboxMemory, Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy,
-    Started, Stopped,
+    Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped,
 };
 
 /// A mailbox attached to a server, with the client's lock table.

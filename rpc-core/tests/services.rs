@@ -14,15 +14,14 @@ use std::time::{Duration, Instant};
 
 use common::{slices, Device, HeapAllocator};
 use rpc_core::protocol::Deadline;
+use rpc_core::protocol::{
+    Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxMemory,
+};
 use rpc_core::services::KernelExit;
 use rpc_core::services::{HOST_CALL_REFUSED, MALLOC_ALIGN};
 use rpc_core::MailboxSource;
-use rpc_core::{
-    protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
-    protocol::LockTable, protocol::Mailbox, protocol::MailboxMemory, MailboxId, Opcode, RpcServer,
-    ServerConfig, UserGuard,
-};
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
+use rpc_core::{MailboxId, Opcode, RpcServer, ServerConfig, UserGuard};
 
 /// The stream bound the fixtures configure.
 const BOUND: u64 = 4096;

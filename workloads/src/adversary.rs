@@ -25,7 +25,8 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use plugin_host::lock;
-use rpc_core::{protocol::Layout, protocol::MailboxMemory, MailboxId};
+use rpc_core::protocol::{Layout, MailboxMemory};
+use rpc_core::MailboxId;
 
 /// One step of an adversarial script on one port.
 ///

@@ -25,10 +25,11 @@ use std::time::{Duration, Instant};
 use plugin_host::kernel::{STDIN, STDOUT};
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target, Warp};
 use rpc_core::plugin::Grid;
+use rpc_core::protocol::Generation;
 use rpc_core::services::MALLOC_ALIGN;
 use rpc_core::FilePolicy;
 use rpc_core::PluginRuntime;
-use rpc_core::{protocol::Generation, Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
 
 /// The custom opcode both plugins register, each with its own answer.
 pub const CUSTOM: Opcode = Opcode::user(100);

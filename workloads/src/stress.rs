@@ -21,10 +21,9 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rpc_core::protocol::Deadline;
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::MailboxMemory, Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy,
-    Started, Stopped, UserGuard,
+    Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped, UserGuard,
 };
 
 /// Client threads doing round trips on the traffic mailbox.

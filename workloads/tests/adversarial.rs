@@ -40,12 +40,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rpc_core::plugin::{DeviceAllocator, VendorError};
 use rpc_core::protocol::Deadline;
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::FilePolicy;
-use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::MailboxMemory, ExitPolicy, Limits, MailboxId, Opcode, RpcServer, ServerConfig,
-    ServicesConfig,
-};
+use rpc_core::{ExitPolicy, Limits, MailboxId, Opcode, RpcServer, ServerConfig, ServicesConfig};
 use std::sync::atomic::Ordering;
 use workloads::adversary::{Kind, Loot, RawMailbox, Seat, Step, Value};
 

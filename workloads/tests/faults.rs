@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use plugin_host::kernel::{encode_printf, PrintfCall};
 use plugin_host::Arg;
 use rpc_core::protocol::{lanes, Backoff, Deadline};
+use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{
-    protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
-    protocol::LockTable, protocol::MailboxMemory, ExitPolicy, MailboxId, Opcode, RpcServer,
-    ServerConfig, ServicesConfig, ShutdownPolicy, StatsSnapshot,
+    ExitPolicy, MailboxId, Opcode, RpcServer, ServerConfig, ServicesConfig, ShutdownPolicy,
+    StatsSnapshot,
 };
 use std::sync::atomic::Ordering;
 

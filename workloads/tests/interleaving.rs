@@ -12,11 +12,8 @@ use std::time::{Duration, Instant};
 use plugin_host::kernel::{self, encode_printf, PrintfCall};
 use plugin_host::{Arg, Target};
 use rpc_core::protocol::{lanes, Backoff, Deadline, Wait};
-use rpc_core::{
-    protocol::Client, protocol::ClientPort, protocol::Generation, protocol::Layout,
-    protocol::LockTable, protocol::MailboxMemory, Error, ExitPolicy, Opcode, RpcServer,
-    ServerConfig, ServicesConfig,
-};
+use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::{Error, ExitPolicy, Opcode, RpcServer, ServerConfig, ServicesConfig};
 use std::sync::atomic::Ordering;
 
 /// Generous liveness bound for a loaded 2-core machine (sanitizer builds included).

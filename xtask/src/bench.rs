@@ -32,10 +32,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::MailboxMemory, Opcode, RpcServer, ServerConfig, UserGuard,
-};
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::{Opcode, RpcServer, ServerConfig, UserGuard};
 
 use crate::project_root;
 

@@ -35,7 +35,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use rpc_core::{protocol::Generation, protocol::Layout};
+use rpc_core::protocol::{Generation, Layout};
 
 use crate::{cargo, project_root, Failure, Result};
 

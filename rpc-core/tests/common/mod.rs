@@ -5,7 +5,8 @@
 // Each test file is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
-use rpc_core::{protocol::ClientPort, Opcode};
+use rpc_core::protocol::ClientPort;
+use rpc_core::Opcode;
 
 /// The data of each lane as the slices `send_n` takes.
 pub fn slices(data: &[Vec<u8>]) -> Vec<&[u8]> {

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use plugin_cuda::{describe_plugin, CudaDevice, CudaPlugin};
 use rpc_core::plugin::runtime::{ImageId, PluginRuntime};
 use rpc_core::plugin::{Device, Grid};
-use rpc_core::{protocol::Generation, Error, ExitPolicy, ServerConfig, ServicesConfig};
+use rpc_core::protocol::Generation;
+use rpc_core::{Error, ExitPolicy, ServerConfig, ServicesConfig};
 
 const USAGE: &str = "usage: cuda-gpu-check PTX [--quick] [--iterations-1warp N] \
                      [--iterations-many N] [--timeout-s S]";

@@ -43,10 +43,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpc_core::{
-    protocol::Generation, protocol::Layout, ExitPolicy, FilePolicy, Limits, RpcServer,
-    ServerConfig, ServicesConfig,
-};
+use rpc_core::protocol::{Generation, Layout};
+use rpc_core::{ExitPolicy, FilePolicy, Limits, RpcServer, ServerConfig, ServicesConfig};
 
 mod mailbox;
 mod sigbus;

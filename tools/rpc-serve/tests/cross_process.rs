@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 
 use plugin_host::kernel::{STDIN, STDOUT};
 use plugin_host::{Arg, Target, Warp};
-use rpc_core::{protocol::Generation, protocol::Layout, protocol::LockTable, Opcode};
+use rpc_core::protocol::{Generation, Layout, LockTable};
+use rpc_core::Opcode;
 
 struct Served {
     child: Child,

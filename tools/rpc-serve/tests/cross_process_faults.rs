@@ -15,10 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::{map, Killing};
 use rpc_core::protocol::Deadline;
-use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::Mailbox, Opcode,
-};
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox};
+use rpc_core::Opcode;
 
 const CHILD_ENV: &str = "RPC_FAULT_CHILD_FILE";
 const PORTS: u32 = 4;

@@ -7,10 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use plugin_host::{Target, Warp};
-use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::Mailbox, Opcode,
-};
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox};
+use rpc_core::Opcode;
 
 const PORTS: u32 = 4;
 

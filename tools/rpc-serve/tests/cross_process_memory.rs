@@ -16,7 +16,8 @@ use common::{layout, serve, serve_with_stdin, Serve, BOUND, PORTS};
 use plugin_host::kernel::STDIN;
 use plugin_host::{Arg, Warp};
 use rpc_core::protocol::Deadline;
-use rpc_core::{protocol::LockTable, Opcode};
+use rpc_core::protocol::LockTable;
+use rpc_core::Opcode;
 
 /// Peak resident memory of rpc-serve so far, in bytes.
 fn peak_rss(serve: &Serve) -> u64 {

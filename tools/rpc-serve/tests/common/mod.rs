@@ -12,11 +12,9 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use plugin_host::Warp;
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox};
 use rpc_core::protocol::{Deadline, Wait};
-use rpc_core::{
-    protocol::Client, protocol::Generation, protocol::Layout, protocol::LockTable,
-    protocol::Mailbox, Opcode,
-};
+use rpc_core::Opcode;
 
 /// A child process killed (and reaped) when dropped, so that a failed test leaves no server
 /// running (it would hold our output pipes).
