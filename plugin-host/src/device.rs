@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::lock;
-use rpc_core::plugin::runtime::CLIENT_SYMBOL;
+use rpc_core::plugin::CLIENT_SYMBOL;
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Doorbell, Grid, SharedRegion, Symbol, VendorError,
 };

@@ -1,5 +1,6 @@
-//! The interface a vendor plugin implements (STYLE 3: the generic glue in [`crate::plugin::runtime`]
-//! does the bookkeeping, these hooks do the vendor work).
+//! The interface a vendor plugin implements (STYLE 3: the generic glue,
+//! [`PluginRuntime`](crate::PluginRuntime), does the bookkeeping, these hooks do the vendor
+//! work).
 //!
 //! A plugin is found, initialised (enumerating its devices), used, and deinitialised. Each
 //! device loads images, allocates memory the device sees, copies to device addresses and
@@ -17,9 +18,9 @@ pub use crate::server::{panic_message, Doorbell, SharedRegion};
 pub use crate::services::memory::DeviceAllocator;
 
 #[cfg(not(loom))]
-pub mod runtime;
+pub(crate) mod runtime;
 #[cfg(not(loom))]
-pub use runtime::{ImageId, PluginRuntime, CLIENT_SYMBOL};
+pub use runtime::CLIENT_SYMBOL;
 
 /// A global variable of a loaded image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

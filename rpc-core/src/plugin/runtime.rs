@@ -44,13 +44,13 @@ use std::time::{Duration, Instant};
 /// The client symbol of current images.
 pub const CLIENT_SYMBOL: &str = "__llvm_rpc_client";
 /// The older symbol: a pointer to the client object.
-pub const LEGACY_CLIENT_SYMBOL: &str = "__llvm_libc_rpc_client";
+pub(crate) const LEGACY_CLIENT_SYMBOL: &str = "__llvm_libc_rpc_client";
 
 /// How long `synchronize` waits for the server to finish a completed kernel's last requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long `deinit` waits for running kernels by default.
-pub const DEFAULT_DEINIT_WAIT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_DEINIT_WAIT: Duration = Duration::from_secs(10);
 
 /// A launch not yet complete.
 struct Running {

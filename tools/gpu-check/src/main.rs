@@ -26,10 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use plugin_cuda::{describe_plugin, CudaDevice, CudaPlugin};
-use rpc_core::plugin::runtime::{ImageId, PluginRuntime};
 use rpc_core::plugin::{Device, Grid};
 use rpc_core::protocol::Generation;
 use rpc_core::{Error, ExitPolicy, ServerConfig, ServicesConfig};
+use rpc_core::{ImageId, PluginRuntime};
 
 const USAGE: &str = "usage: cuda-gpu-check PTX [--quick] [--iterations-1warp N] \
                      [--iterations-many N] [--timeout-s S]";
