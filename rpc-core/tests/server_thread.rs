@@ -199,9 +199,10 @@ fn a_panicking_handler_is_caught_and_the_worker_goes_on() {
     assert_eq!(port.index(), 0);
     port.send(|_, p| p.set_word(0, 5)).unwrap();
     drop(port);
-    // Port 0 is quarantined (its script stopped midway); port 1 serves.
+    // Port 0 is quarantined (its script stopped midway); port 1 serves. A pass may serve
+    // port 1 before it reaches port 0 (miri's scheduler found one), so the panic is awaited.
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 9), 10);
-    assert_eq!(server.stats().panics, 1);
+    eventually("the panic is counted", || server.stats().panics == 1);
     // Once the kernel that was inside the exchange is gone, port 0 serves again.
     drop(user);
     let _user = server.user();
