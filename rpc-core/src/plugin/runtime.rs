@@ -415,3 +415,63 @@ impl<P: Plugin> Drop for PluginRuntime<P> {
         }
     }
 }
+
+/// A runtime of any plugin, as an embedder drives it: object-safe, so that one program can hold
+/// a host, a CUDA and an AMD GPU runtime side by side (`Vec<Box<dyn Runtime>>`). Each method is
+/// [`PluginRuntime`]'s of the same name; what needs the plugin's own types (`plugin()`,
+/// `devices()`) stays on [`PluginRuntime`].
+pub trait Runtime: Send + Sync {
+    /// The plugin's name (`host`, `cuda`, `amdgpu`).
+    fn plugin_name(&self) -> &'static str;
+    /// How many devices the plugin found.
+    fn device_count(&self) -> usize;
+    /// Device `device`'s name, if it exists.
+    fn device_name(&self, device: usize) -> Option<String>;
+    /// Why the plugin found no device, if it found none.
+    fn reason(&self) -> Option<String>;
+    /// The plugin's server.
+    fn server(&self) -> &RpcServer;
+    /// See [`PluginRuntime::load_image`].
+    fn load_image(&self, device: usize, bytes: &[u8]) -> Result<ImageId>;
+    /// See [`PluginRuntime::mailbox`].
+    fn mailbox(&self, image: ImageId) -> Option<MailboxId>;
+    /// See [`PluginRuntime::launch`].
+    fn launch(&self, image: ImageId, kernel: &str, args: &[u8], grid: Grid) -> Result<()>;
+    /// See [`PluginRuntime::synchronize`].
+    fn synchronize(&self, device: usize) -> Result<()>;
+    /// See [`PluginRuntime::deinit`].
+    fn deinit(&mut self) -> Result<()>;
+}
+
+impl<P: Plugin> Runtime for PluginRuntime<P> {
+    fn plugin_name(&self) -> &'static str {
+        self.plugin().name()
+    }
+    fn device_count(&self) -> usize {
+        self.devices().len()
+    }
+    fn device_name(&self, device: usize) -> Option<String> {
+        self.devices().get(device).map(Device::name)
+    }
+    fn reason(&self) -> Option<String> {
+        PluginRuntime::reason(self)
+    }
+    fn server(&self) -> &RpcServer {
+        PluginRuntime::server(self)
+    }
+    fn load_image(&self, device: usize, bytes: &[u8]) -> Result<ImageId> {
+        PluginRuntime::load_image(self, device, bytes)
+    }
+    fn mailbox(&self, image: ImageId) -> Option<MailboxId> {
+        PluginRuntime::mailbox(self, image)
+    }
+    fn launch(&self, image: ImageId, kernel: &str, args: &[u8], grid: Grid) -> Result<()> {
+        PluginRuntime::launch(self, image, kernel, args, grid)
+    }
+    fn synchronize(&self, device: usize) -> Result<()> {
+        PluginRuntime::synchronize(self, device)
+    }
+    fn deinit(&mut self) -> Result<()> {
+        PluginRuntime::deinit(self)
+    }
+}
