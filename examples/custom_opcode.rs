@@ -6,7 +6,7 @@
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin};
 use rpc_core::plugin::Grid;
-use rpc_core::runtime::PluginRuntime;
+use rpc_core::PluginRuntime;
 use rpc_core::{Opcode, ServerConfig};
 
 /// The example's own opcode (class `u`, so it never meets libc's).

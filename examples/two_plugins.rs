@@ -7,7 +7,7 @@
 
 use plugin_host::{HostConfig, HostImage, HostPlugin};
 use rpc_core::plugin::Grid;
-use rpc_core::runtime::PluginRuntime;
+use rpc_core::PluginRuntime;
 use rpc_core::{Opcode, ServerConfig};
 
 const OP: Opcode = Opcode::user(7);

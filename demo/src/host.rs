@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
-use rpc_core::runtime::PluginRuntime;
+use rpc_core::PluginRuntime;
 use rpc_core::{FilePolicy, Opcode};
 
 /// The demo's own opcode: the server answers `buf[0]` squared.

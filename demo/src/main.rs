@@ -8,7 +8,7 @@
 use std::process::ExitCode;
 
 use rpc_core::plugin::{Device, Grid, Plugin};
-use rpc_core::runtime::PluginRuntime;
+use rpc_core::PluginRuntime;
 use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
 
 #[cfg(feature = "host")]
@@ -95,7 +95,7 @@ fn run_gpu<P: Plugin>(plugin: P, args: &Args) -> Result<(), String> {
             "{name} device {i}: {} (lanes {}, ports {})",
             d.name(),
             d.lane_size(),
-            d.port_count(rpc_core::Generation::V2)
+            rpc_core::protocol::Generation::V2.ports_for(d.parallelism())
         );
     }
     let Some(path) = &args.image else {

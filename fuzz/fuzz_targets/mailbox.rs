@@ -25,11 +25,9 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use libfuzzer_sys::fuzz_target;
 use rpc_core::plugin::{DeviceAllocator, VendorError};
-use rpc_core::services::FilePolicy;
-use rpc_core::{
-    ExitPolicy, Generation, Layout, MailboxMemory, RpcServer, ServerConfig, ServicesConfig,
-    UserGuard,
-};
+use rpc_core::protocol::{Generation, Layout, MailboxMemory};
+use rpc_core::FilePolicy;
+use rpc_core::{ExitPolicy, RpcServer, ServerConfig, ServicesConfig, UserGuard};
 
 /// Hands out addresses without memory behind them, so fuzzed MALLOC sizes cost nothing.
 #[derive(Default)]

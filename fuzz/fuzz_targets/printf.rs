@@ -1,4 +1,4 @@
-//! The printf format parser and formatter (`rpc_core::printf`) on fuzzed formats and argument
+//! The printf format parser and formatter (`rpc_core::services::printf`) on fuzzed formats and argument
 //! buffers. Input: one flags byte (bit 0: packed), then the format up to the first NUL, then the
 //! raw argument buffer. A `%s` pointer's string is made from the pointer: none for a multiple of
 //! 7 (printed as null), 70,000 bytes (above `CHUNK`) for a multiple of 61, else up to 600.
@@ -12,7 +12,7 @@
 use std::cell::RefCell;
 
 use libfuzzer_sys::fuzz_target;
-use rpc_core::printf::{
+use rpc_core::services::printf::{
     args_size, format, format_to, parse, string_pointers, Piece, CHUNK, MAX_FIELD,
 };
 

@@ -24,8 +24,8 @@
 use core::mem::{offset_of, size_of};
 
 use rpc_core::plugin::Grid;
-use rpc_core::sync::{AtomicU32, Ordering};
 use static_assertions::const_assert_eq;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::HsaError;
 

@@ -22,8 +22,8 @@ use std::thread::JoinHandle;
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
 };
-use rpc_core::sync::{AtomicU32, Ordering};
-use rpc_core::Generation;
+use rpc_core::protocol::Generation;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::aql::{kernarg_bytes, kernarg_layout, KernelDispatchPacket, PACKET_SIZE};
 use crate::doorbell::Doorbell;
@@ -37,12 +37,10 @@ pub const WAIT_SLICE: Duration = Duration::from_millis(100);
 /// The most packets a device's queue holds (capped by the agent's maximum).
 pub const QUEUE_PACKETS: u32 = 4096;
 
-/// `N` for a GPU with `compute_units` CUs of `waves_per_cu` waves: one port per resident
-/// wave (PROTOCOL section 1, PR #79200), at most the generation's maximum, at least 1.
-pub fn port_count(compute_units: u32, waves_per_cu: u32, generation: Generation) -> u32 {
-    compute_units
-        .saturating_mul(waves_per_cu)
-        .clamp(1, generation.max_port_count())
+/// The waves resident at once on a GPU with `compute_units` CUs of `waves_per_cu` waves (the
+/// glue makes it the port count, within the generation's bounds: PROTOCOL section 1).
+pub fn resident_waves(compute_units: u32, waves_per_cu: u32) -> u32 {
+    compute_units.saturating_mul(waves_per_cu)
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -474,8 +472,8 @@ impl Device for AmdGpuDevice {
         image.wavefront_size().unwrap_or(self.lanes)
     }
 
-    fn port_count(&self, generation: Generation) -> u32 {
-        port_count(self.compute_units, self.waves_per_cu, generation)
+    fn parallelism(&self) -> u32 {
+        resident_waves(self.compute_units, self.waves_per_cu)
     }
 
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {
@@ -674,6 +672,8 @@ mod tests {
 
     #[test]
     fn port_count_is_waves_capped_by_the_generation() {
+        let port_count =
+            |cus, waves, generation: Generation| generation.ports_for(resident_waves(cus, waves));
         // MI300X: 304 CUs x 32 waves = 9728.
         assert_eq!(port_count(304, 32, Generation::V1), 4096);
         assert_eq!(port_count(304, 32, Generation::V2), 9728);

@@ -26,7 +26,7 @@
 
 use core::time::Duration;
 
-use rpc_core::sync::AtomicU64;
+use std::sync::atomic::AtomicU64;
 
 use crate::error::HsaError;
 use crate::loader::{
@@ -171,7 +171,7 @@ mod tests {
     #[test]
     fn record_bytes_follow_the_v2_layout() {
         let r = record_bytes(0x0000_7f12_3456_7808, 0x0000_7f00_dead_b000, 0x0102_0304);
-        assert_eq!(r.len(), rpc_core::Generation::V2.prefix());
+        assert_eq!(r.len(), rpc_core::protocol::Generation::V2.prefix());
         assert_eq!(
             &r[0..8],
             &[0x08, 0x78, 0x56, 0x34, 0x12, 0x7f, 0, 0],

@@ -50,7 +50,7 @@ pub mod loader;
 pub mod memory;
 
 use rpc_core::plugin::{Device, Plugin, VendorError};
-use rpc_core::Generation;
+use rpc_core::protocol::Generation;
 
 pub use device::AmdGpuDevice;
 pub use doorbell::Doorbell;
@@ -203,8 +203,8 @@ fn describe_plugin(plugin: &AmdGpuPlugin) -> String {
                 "{}: wave{}, {} ports v1 / {} v2",
                 d.name(),
                 d.lane_size(),
-                d.port_count(Generation::V1),
-                d.port_count(Generation::V2)
+                Generation::V1.ports_for(d.parallelism()),
+                Generation::V2.ports_for(d.parallelism())
             )
         })
         .collect();

@@ -23,11 +23,11 @@ use std::ffi::c_void;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 
-use rpc_core::layout::Generation;
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Grid, SharedRegion, Symbol, VendorError,
 };
-use rpc_core::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::error::{code_name, CudaError, Result};
 use crate::image::CudaImage;
@@ -39,12 +39,10 @@ use crate::memory::{CudaAllocator, PinnedRegion};
 /// NVPTX warps have 32 lanes.
 pub const LANE_SIZE: u32 = 32;
 
-/// `N` for a device with `sms` multiprocessors of `max_threads_per_sm` resident threads each:
-/// every warp that can be resident at once gets a port (fewer can deadlock a GPU whose resident
-/// warps all wait, PR #79200), capped at the generation's MAX_PORT_COUNT, and at least one.
-pub fn port_count_for(sms: u32, max_threads_per_sm: u32, generation: Generation) -> u32 {
-    let warps = sms.saturating_mul(max_threads_per_sm / LANE_SIZE);
-    warps.clamp(1, generation.max_port_count())
+/// The warps resident at once on a device with `sms` multiprocessors of `max_threads_per_sm`
+/// resident threads each (the glue makes it the port count, within the generation's bounds).
+pub fn resident_warps(sms: u32, max_threads_per_sm: u32) -> u32 {
+    sms.saturating_mul(max_threads_per_sm / LANE_SIZE)
 }
 
 /// What the device, its images, regions and allocator share: the driver, the device and its
@@ -426,12 +424,8 @@ impl Device for CudaDevice {
         LANE_SIZE
     }
 
-    fn port_count(&self, generation: Generation) -> u32 {
-        port_count_for(
-            self.multiprocessors,
-            self.max_threads_per_multiprocessor,
-            generation,
-        )
+    fn parallelism(&self) -> u32 {
+        resident_warps(self.multiprocessors, self.max_threads_per_multiprocessor)
     }
 
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {

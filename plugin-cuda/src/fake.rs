@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 
 use rpc_core::plugin::Grid;
-use rpc_core::sync::Mutex;
+use std::sync::Mutex;
 
 use crate::loader::{
     Attribute, Code, Context, CuDevice, DriverApi, DriverResult, Function, HostFn, Module, Stream,

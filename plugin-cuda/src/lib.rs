@@ -50,8 +50,8 @@ mod tests;
 
 use std::sync::Arc;
 
-use rpc_core::layout::Generation;
 use rpc_core::plugin::{Device, Plugin, VendorError};
+use rpc_core::protocol::Generation;
 
 pub use device::CudaDevice;
 pub use error::CudaError;
@@ -221,8 +221,8 @@ pub fn describe_plugin(plugin: &CudaPlugin) -> String {
                 "{}: sm_{major}{minor}, L={}, ports v1={} v2={}",
                 d.name(),
                 d.lane_size(),
-                d.port_count(Generation::V1),
-                d.port_count(Generation::V2)
+                Generation::V1.ports_for(d.parallelism()),
+                Generation::V2.ports_for(d.parallelism())
             )
         })
         .collect();

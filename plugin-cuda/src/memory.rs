@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
-use rpc_core::sync::Mutex;
+use std::sync::Mutex;
 
 use crate::device::Core;
 use crate::error::{CudaError, Result};

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use rpc_core::layout::Generation;
 use rpc_core::plugin::{Completion, Device, Grid, Plugin};
-use rpc_core::sync::{AtomicUsize, Ordering};
+use rpc_core::protocol::Generation;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::fake::{FakeDriver, FakeGpu};
 use crate::memory::DEVICE_ALIGN;
@@ -107,7 +107,9 @@ fn devices_are_enumerated_with_name_lane_width_and_ports() {
 
 #[test]
 fn port_count_is_resident_warps_capped_by_the_generation() {
-    use crate::device::port_count_for;
+    let port_count_for = |sms, threads, generation: Generation| {
+        generation.ports_for(crate::device::resident_warps(sms, threads))
+    };
     // H200: 132 SMs x 64 warps = 8448.
     assert_eq!(port_count_for(132, 2048, Generation::V1), 4096);
     assert_eq!(port_count_for(132, 2048, Generation::V2), 8448);

@@ -9,17 +9,18 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
+use crate::lock;
+use rpc_core::plugin::CLIENT_SYMBOL;
 use rpc_core::plugin::{
     Completion, Device, DeviceAllocator, Doorbell, Grid, SharedRegion, Symbol, VendorError,
 };
-use rpc_core::runtime::CLIENT_SYMBOL;
-use rpc_core::sync::lock;
-use rpc_core::ClientDoorbell;
-use rpc_core::{Client, Generation, HostAllocator, Layout, Mailbox};
+use rpc_core::protocol::ClientDoorbell;
+use rpc_core::protocol::{Client, Generation, Layout, Mailbox};
 
 use crate::error::HostError;
 use crate::image::LoadedImage;
 use crate::kernel::{KernelEnded, Warp};
+use crate::memory::HostAllocator;
 use crate::memory::{HostDoorbell, HostShared, MemoryMap, RawMemory, Signal};
 
 /// Most warps (threads) one launch may run.
@@ -53,7 +54,7 @@ struct Launches {
 /// The wait of every warp's client: backs off, and gives up once the device was aborted.
 struct Abortable(Arc<Launches>);
 
-impl rpc_core::port::Wait for Abortable {
+impl rpc_core::protocol::Wait for Abortable {
     fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
         // Relaxed: a flag read on its own; a late sight costs one more back-off step.
         if self.0.aborted.load(Ordering::Relaxed) {
@@ -62,7 +63,7 @@ impl rpc_core::port::Wait for Abortable {
                 reason: "the device was aborted",
             });
         }
-        rpc_core::port::Backoff::step(attempt);
+        rpc_core::protocol::Backoff::step(attempt);
         Ok(())
     }
 }
@@ -142,8 +143,8 @@ impl Device for HostDevice {
     fn lane_size(&self) -> u32 {
         self.lanes
     }
-    fn port_count(&self, generation: Generation) -> u32 {
-        self.ports.clamp(1, generation.max_port_count())
+    fn parallelism(&self) -> u32 {
+        self.ports
     }
 
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {
@@ -440,7 +441,7 @@ impl Job {
                         }));
                         if let Err(payload) = result {
                             if payload.downcast_ref::<KernelEnded>().is_none() {
-                                let text = rpc_core::rpc_server::panic_message(payload.as_ref());
+                                let text = rpc_core::plugin::panic_message(payload.as_ref());
                                 lock(failures).push(format!(
                                     "{name}: block {block} warp {warp} panicked: {text}"
                                 ));

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use rpc_core::Generation;
+use rpc_core::protocol::Generation;
 
 use crate::kernel::Warp;
 use crate::memory::RawMemory;

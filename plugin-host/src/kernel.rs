@@ -8,10 +8,11 @@
 
 use std::collections::HashMap;
 
-use rpc_core::opcode::Opcode;
-use rpc_core::port::lanes;
-use rpc_core::printf::{parse, Count, Piece};
-use rpc_core::{Client, ClientPort, Error, Result};
+use rpc_core::protocol::lanes;
+use rpc_core::protocol::Opcode;
+use rpc_core::protocol::{Client, ClientPort};
+use rpc_core::services::printf::{parse, Count, Piece};
+use rpc_core::{Error, Result};
 
 /// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6).
 pub const STDIN: u64 = 1;

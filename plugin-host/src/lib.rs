@@ -15,8 +15,10 @@
 //! - [`loader`]: image bytes name an image registered in this process.
 //! - [`kernel::Warp`]: what GPU libc offers a kernel (printf, puts, fwrite, fopen, fclose,
 //!   fread, fgets, malloc, free, exit, abort, any opcode), each through the real client protocol.
-//! - `rpc-serve` (src/bin/rpc-serve): serves a mailbox in shared memory (a sealed memfd, or a
-//!   file that survives being truncated by another process) for clients in other processes.
+//!
+//! `rpc-serve` (tools/rpc-serve), which serves a mailbox in shared memory for clients in other
+//! processes, is a crate of its own, so that embedders of this plugin build none of its
+//! dependencies.
 
 pub mod device;
 pub mod error;
@@ -31,6 +33,16 @@ pub use device::HostDevice;
 pub use error::HostError;
 pub use image::HostImage;
 pub use kernel::{Arg, Target, Warp};
+pub use memory::HostAllocator;
+
+/// Locks a mutex, ignoring poisoning: a warp that panics (a failed launch) must not take the
+/// device's tables down with it, and every critical section here leaves its data consistent
+/// before anything that can panic.
+pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The host plugin's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +92,7 @@ impl Plugin for HostPlugin {
             lanes,
             ports,
         } = self.config;
-        if !rpc_core::layout::LANE_SIZES.contains(&lanes) || ports == 0 {
+        if !rpc_core::protocol::LANE_SIZES.contains(&lanes) || ports == 0 {
             return Err(HostError::Config(format!(
                 "lanes {lanes} (1, 32 or 64) and ports {ports} (>= 1)"
             ))
@@ -136,7 +148,7 @@ pub fn describe(config: HostConfig) -> String {
                         "{}, lanes {}, ports {}",
                         d.name(),
                         d.lane_size(),
-                        d.port_count(rpc_core::Generation::V2)
+                        rpc_core::protocol::Generation::V2.ports_for(d.parallelism())
                     )
                 })
                 .collect();

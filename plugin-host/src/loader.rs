@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use rpc_core::sync::lock;
+use crate::lock;
 
 use crate::error::HostError;
 use crate::image::HostImage;

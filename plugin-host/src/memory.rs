@@ -18,13 +18,15 @@
 //! the server gets a mailbox through `attach`'s lock). Each word only needs to be atomic, so
 //! that a copy racing with a kernel is a garbage value, never undefined behaviour.
 
+use std::alloc::Layout as AllocLayout;
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use rpc_core::plugin::SharedRegion;
-use rpc_core::sync::lock;
-use rpc_core::{Generation, Layout};
+use crate::lock;
+use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
+use rpc_core::protocol::{Generation, Layout};
 
 /// A zeroed, 64-byte-aligned allocation, only ever accessed through atomics once shared, each
 /// word with one size (see the module docs).
@@ -430,5 +432,78 @@ mod tests {
         let mut out = [0; 13];
         memory.read(0, &mut out);
         assert_eq!(out, [0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4]);
+    }
+}
+
+/// Host memory as "device" memory for MALLOC (`std::alloc` with the requested alignment): the
+/// device is the host. Memory still allocated when it is dropped is
+/// freed then.
+#[derive(Default)]
+pub struct HostAllocator {
+    live: Mutex<HashMap<u64, AllocLayout>>,
+}
+
+impl HostAllocator {
+    /// An allocator with nothing allocated yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Allocations not yet freed.
+    pub fn live(&self) -> usize {
+        lock(&self.live).len()
+    }
+}
+
+impl DeviceAllocator for HostAllocator {
+    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError> {
+        let size = usize::try_from(size.max(1))?;
+        let align = usize::try_from(align.max(1))?;
+        let layout = AllocLayout::from_size_align(size, align)?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(format!("out of host memory for {size} bytes").into());
+        }
+        let addr = ptr as u64;
+        lock(&self.live).insert(addr, layout);
+        Ok(addr)
+    }
+
+    fn deallocate(&self, addr: u64) -> Result<(), VendorError> {
+        let layout = lock(&self.live)
+            .remove(&addr)
+            .ok_or_else(|| format!("{addr:#x} was not allocated here"))?;
+        // SAFETY: `addr` came from `alloc` with `layout` (recorded together above) and was not
+        // freed since (it was still in the table, which we just removed it from).
+        unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
+        Ok(())
+    }
+}
+
+impl Drop for HostAllocator {
+    fn drop(&mut self) {
+        for (addr, layout) in lock(&self.live).drain() {
+            // SAFETY: as in `deallocate`: allocated with `layout`, not freed since.
+            unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod allocator_tests {
+    use super::*;
+    use rpc_core::services::MALLOC_ALIGN;
+
+    #[test]
+    fn host_allocator_aligns_and_refuses_unknown_addresses() {
+        let allocator = HostAllocator::new();
+        let addr = allocator.allocate(100, MALLOC_ALIGN).unwrap();
+        assert_eq!(addr % MALLOC_ALIGN, 0);
+        assert_eq!(allocator.live(), 1);
+        assert!(allocator.deallocate(addr + 8).is_err());
+        allocator.deallocate(addr).unwrap();
+        assert!(allocator.deallocate(addr).is_err());
+        assert!(allocator.allocate(u64::MAX, MALLOC_ALIGN).is_err());
+        let _leak = allocator.allocate(1, 64).unwrap();
     }
 }

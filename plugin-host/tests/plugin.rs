@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
-use rpc_core::runtime::PluginRuntime;
-use rpc_core::{Error, ExitPolicy, Generation, KernelExit, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::protocol::Generation;
+use rpc_core::services::KernelExit;
+use rpc_core::{Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::{PluginRuntime, Runtime};
 
 /// A writer the test can read back.
 #[derive(Clone, Default)]
@@ -95,6 +97,47 @@ fn four_devices_one_server_thread_and_deinit_twice() {
     assert_eq!(runtime.server().live_workers(), 0);
     assert!(runtime.server().mailboxes().is_empty());
     runtime.deinit().unwrap();
+}
+
+/// Runtimes of different plugins (here two host plugins, a 32-lane and a 64-lane one) side by
+/// side in one `Vec` through the object-safe `Runtime`, each with its own server.
+#[test]
+fn runtimes_held_as_dyn_runtime_each_serve_their_own_kernels() {
+    let (narrow, narrow_out) = runtime(HostConfig {
+        devices: 1,
+        lanes: 32,
+        ports: 8,
+    });
+    let (wide, wide_out) = runtime(HostConfig {
+        devices: 2,
+        lanes: 64,
+        ports: 8,
+    });
+    let mut runtimes: Vec<Box<dyn Runtime>> = vec![Box::new(narrow), Box::new(wide)];
+    let bytes = hello_image();
+    for runtime in &runtimes {
+        assert_eq!(runtime.plugin_name(), "host");
+        assert_eq!(runtime.reason(), None);
+        let image = runtime.load_image(0, &bytes).unwrap();
+        assert!(runtime.mailbox(image).is_some());
+        runtime
+            .launch(image, "hello", &[], Grid::linear(1, 64))
+            .unwrap();
+        runtime.synchronize(0).unwrap();
+    }
+    assert_eq!(runtimes[1].device_count(), 2);
+    assert_eq!(runtimes[1].device_name(1).as_deref(), Some("cpu1"));
+    assert_eq!(runtimes[1].device_name(2), None);
+    // 64 threads: two 32-lane warps on one, one 64-lane warp on the other; each server printed
+    // only its own runtime's lines.
+    assert_eq!(narrow_out.text().lines().count(), 64);
+    assert!(narrow_out.text().contains("warp 1 lane 31: hello\n"));
+    assert_eq!(wide_out.text().lines().count(), 64);
+    assert!(wide_out.text().contains("warp 0 lane 63: hello\n"));
+    for runtime in &mut runtimes {
+        runtime.deinit().unwrap();
+        assert!(runtime.server().mailboxes().is_empty());
+    }
 }
 
 #[test]

@@ -1,84 +1,54 @@
 //! `rpc-core`: the host side of LLVM libc's GPU RPC protocol.
 //!
-//! - [`layout`]: mailbox layouts of both generations and the device client object;
-//! - [`opcode`]: the opcode table;
-//! - [`mailbox`], [`port`], [`client`], [`server`]: the port protocol for both sides over memory
-//!   handed in from outside;
-//! - [`rpc_server`], [`server_thread`], [`dispatch`]: the server of one plugin instance
-//!   (attached mailboxes, users, statistics), the state machine of its one worker thread, and
-//!   the passes that serve every port with resumable exchanges (blocking calls run on the
-//!   server's I/O threads);
-//! - [`registry`], [`services`], [`printf`]: the handlers, user ones first, then the standard
-//!   services of every libc opcode;
-//! - [`plugin`], [`runtime`]: the traits a vendor plugin implements and the glue that gives each
-//!   plugin instance its own server.
+//! The crate is built in layers, each depending only on the ones below it:
 //!
-//! Without the `std` feature only the layout, the opcode table and the client remain (plus
-//! `alloc` for `recv_n`), so the client builds for `no_std` targets.
+//! ```text
+//!  plugin     the traits a vendor implements, and PluginRuntime, the glue over them
+//!    │
+//!  services   the standard opcodes (print, files, memory, exit, host calls) and their policies
+//!    │
+//!  server     RpcServer: attached mailboxes, users, the handler registry, the one worker
+//!    │        thread and its dispatch passes, the I/O threads, statistics and limits
+//!  protocol   layouts, opcodes, the mailbox, ports, the client and the server's end
+//! ```
+//! plus the one sync shim (`sync`, std or loom), which every layer uses. The errors ([`Error`])
+//! are the protocol layer's, so that every layer can name them.
+//!
+//! # Front door
+//! - An embedder needs the names at the root: [`PluginRuntime`] (or a bare [`RpcServer`] with
+//!   its [`ServerConfig`]), handlers of a [`Request`], the policies, the statistics, the errors.
+//! - A vendor plugin author implements [`plugin`]'s traits.
+//! - A client (a host-side warp, another process) uses [`protocol`].
+//!
+//! Without the `std` feature only [`protocol`] (and [`Error`]) remains, so the client builds for
+//! `no_std` targets.
 #![cfg_attr(not(feature = "std"), no_std)]
+#![warn(missing_docs, unreachable_pub)]
 
-pub mod client;
-#[cfg(feature = "std")]
-pub mod dispatch;
-pub mod error;
-#[cfg(feature = "std")]
-mod io_pool;
-pub mod layout;
-#[cfg(feature = "std")]
-pub mod limits;
-pub mod mailbox;
-pub mod opcode;
 #[cfg(feature = "std")]
 pub mod plugin;
-pub mod port;
+pub mod protocol;
 #[cfg(feature = "std")]
-pub mod printf;
-#[cfg(feature = "std")]
-pub mod registry;
-#[cfg(feature = "std")]
-pub mod rpc_server;
-#[cfg(all(feature = "std", not(loom)))]
-pub mod runtime;
-#[cfg(feature = "std")]
-mod scan;
-#[cfg(feature = "std")]
-pub mod server;
-#[cfg(feature = "std")]
-pub mod server_thread;
+mod server;
 #[cfg(feature = "std")]
 pub mod services;
-#[cfg(feature = "std")]
-pub mod stats;
-pub mod sync;
+pub(crate) mod sync;
 
-#[cfg(all(test, loom))]
-mod loom_dispatch;
-#[cfg(all(test, loom))]
-mod loom_io_pool;
-#[cfg(all(test, loom))]
-mod loom_protocol;
-#[cfg(all(test, loom))]
-mod loom_server_thread;
-
-pub use client::{Client, ClientDoorbell};
-pub use error::{Error, Result};
-pub use layout::{Buffer, Generation, Header, Layout};
+#[cfg(all(feature = "std", not(loom)))]
+pub use plugin::runtime::{ImageId, PluginRuntime, Runtime};
 #[cfg(feature = "std")]
-pub use limits::Limits;
-pub use mailbox::Mailbox;
+pub use protocol::error::VendorError;
+pub use protocol::error::{Error, Result};
+pub use protocol::Opcode;
 #[cfg(feature = "std")]
-pub use mailbox::{LockTable, MailboxMemory};
-pub use opcode::Opcode;
-pub use port::{ClientPort, Packet, ServerPort, Wait};
+pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]
-pub use registry::{Handler, Request};
+pub use server::registry::{MailboxInfo, Request};
 #[cfg(feature = "std")]
-pub use rpc_server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy, UserGuard};
+pub use server::stats::StatsSnapshot;
 #[cfg(feature = "std")]
-pub use server::Server;
+pub use server::thread::{Started, Stopped};
 #[cfg(feature = "std")]
-pub use server_thread::{Started, Stopped};
-#[cfg(feature = "std")]
-pub use services::{ExitPolicy, FilePolicy, HostAllocator, KernelExit, Services, ServicesConfig};
-#[cfg(feature = "std")]
-pub use stats::StatsSnapshot;
+pub use server::{
+    MailboxId, MailboxSource, RpcServer, ServerConfig, ServerContext, ShutdownPolicy, UserGuard,
+};

@@ -3,21 +3,21 @@
 //! explore every interleaving of a small model.
 
 #[cfg(loom)]
-pub use loom::sync::atomic::{
-    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+pub(crate) use loom::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 #[cfg(all(feature = "std", loom))]
-pub use loom::{
+pub(crate) use loom::{
     sync::{Arc, Condvar, Mutex, MutexGuard},
     thread,
 };
 
 #[cfg(not(loom))]
-pub use core::sync::atomic::{
-    fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+pub(crate) use core::sync::atomic::{
+    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
 #[cfg(all(feature = "std", not(loom)))]
-pub use std::{
+pub(crate) use std::{
     sync::{Arc, Condvar, Mutex, MutexGuard},
     thread,
 };
@@ -26,7 +26,7 @@ pub use std::{
 /// the other. Outside loom it is an `AtomicU64` (relaxed loads and stores, ordered by the
 /// fences around the flags: see `port`'s memory-ordering note).
 #[cfg(not(loom))]
-pub type DataWord = AtomicU64;
+pub(crate) type DataWord = AtomicU64;
 
 /// A word of a port's header or packets, under loom: the atomic, shadowed by a
 /// `loom::cell::UnsafeCell` that every load reads and every store writes. Relaxed atomics
@@ -35,7 +35,7 @@ pub type DataWord = AtomicU64;
 /// side's last one (a missing or misplaced acquire or release fence) is a data race on the
 /// cell, which loom reports in the interleaving where it happens.
 #[cfg(loom)]
-pub struct DataWord {
+pub(crate) struct DataWord {
     value: AtomicU64,
     shadow: loom::cell::UnsafeCell<()>,
 }
@@ -47,19 +47,19 @@ unsafe impl Sync for DataWord {}
 
 #[cfg(loom)]
 impl DataWord {
-    pub fn new(value: u64) -> Self {
+    pub(crate) fn new(value: u64) -> Self {
         DataWord {
             value: AtomicU64::new(value),
             shadow: loom::cell::UnsafeCell::new(()),
         }
     }
     #[track_caller]
-    pub fn load(&self, order: Ordering) -> u64 {
+    pub(crate) fn load(&self, order: Ordering) -> u64 {
         self.shadow.with(|_| ());
         self.value.load(order)
     }
     #[track_caller]
-    pub fn store(&self, value: u64, order: Ordering) {
+    pub(crate) fn store(&self, value: u64, order: Ordering) {
         self.shadow.with_mut(|_| ());
         self.value.store(value, order)
     }
@@ -68,7 +68,7 @@ impl DataWord {
 /// One step of a busy wait. Under loom this yields, so the model checker can run the thread
 /// being waited for; elsewhere it is a CPU spin hint.
 #[inline]
-pub fn spin_hint() {
+pub(crate) fn spin_hint() {
     #[cfg(loom)]
     loom::thread::yield_now();
     #[cfg(not(loom))]
@@ -78,8 +78,26 @@ pub fn spin_hint() {
 /// Locks a mutex, ignoring poisoning: every critical section in this crate leaves its data
 /// consistent before anything that can panic, so a poisoned lock holds valid data.
 #[cfg(feature = "std")]
-pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Spawns a named thread (loom's threads have no names).
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) fn spawn(
+    name: std::string::String,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<thread::JoinHandle<()>> {
+    thread::Builder::new().name(name).spawn(body)
+}
+
+/// Spawns a thread (loom's threads have no names).
+#[cfg(all(feature = "std", loom))]
+pub(crate) fn spawn(
+    _name: String,
+    body: impl FnOnce() + Send + 'static,
+) -> std::io::Result<thread::JoinHandle<()>> {
+    Ok(thread::spawn(body))
 }

@@ -10,9 +10,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use rpc_core::plugin::Doorbell;
-use rpc_core::{
-    Generation, Layout, MailboxMemory, RpcServer, ServerConfig, ShutdownPolicy, Stopped,
-};
+use rpc_core::protocol::{Generation, Layout, MailboxMemory};
+use rpc_core::{RpcServer, ServerConfig, ShutdownPolicy, Stopped};
 
 /// The server the logger asks for its users on every line it gets.
 static ASKED: Mutex<Option<Weak<RpcServer>>> = Mutex::new(None);

@@ -18,12 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::Device;
-use rpc_core::port::Deadline;
-use rpc_core::services::{ExitPolicy, FilePolicy, ServicesConfig};
-use rpc_core::{
-    Client, ClientPort, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer,
-    ServerConfig, StatsSnapshot, UserGuard,
-};
+use rpc_core::protocol::Deadline;
+use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
+use rpc_core::{Opcode, RpcServer, ServerConfig, StatsSnapshot, UserGuard};
 
 /// (L, mask) pairs every test runs with.
 const CONFIGS: [(u32, u64); 2] = [(1, 1), (32, 0x8000_1235)];
@@ -83,7 +81,7 @@ impl Fx {
     }
 
     fn lanes(&self) -> Vec<u32> {
-        rpc_core::port::lanes(self.mask).collect()
+        rpc_core::protocol::lanes(self.mask).collect()
     }
 
     fn path(&self, name: &str) -> PathBuf {

@@ -7,12 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rpc_core::port::Deadline;
-use rpc_core::rpc_server::MailboxSource;
-use rpc_core::{
-    Client, Generation, Layout, Limits, LockTable, Mailbox, MailboxMemory, Opcode, RpcServer,
-    ServerConfig,
-};
+use rpc_core::protocol::Deadline;
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox, MailboxMemory};
+use rpc_core::MailboxSource;
+use rpc_core::{Limits, Opcode, RpcServer, ServerConfig};
 
 static UNKNOWN_LINES: AtomicUsize = AtomicUsize::new(0);
 static DROP_REPORTS: AtomicUsize = AtomicUsize::new(0);

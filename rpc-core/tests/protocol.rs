@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use rpc_core::port::Backoff;
-use rpc_core::{
-    Client, Error, Generation, Layout, LockTable, MailboxMemory, Opcode, Server, ServerPort,
+use rpc_core::protocol::Backoff;
+use rpc_core::protocol::{
+    Client, Generation, Layout, LockTable, MailboxMemory, ServerEnd, ServerPort,
 };
+use rpc_core::{Error, Opcode};
 
 /// A mailbox with a client lock table and a server lock table.
 struct Fixture {
@@ -30,8 +31,8 @@ impl Fixture {
     fn client(&self) -> Client<'_> {
         Client::new(self.memory.view(), self.client_locks.words()).unwrap()
     }
-    fn server(&self) -> Server<'_> {
-        Server::new(self.memory.view(), self.server_locks.words()).unwrap()
+    fn server(&self) -> ServerEnd<'_> {
+        ServerEnd::new(self.memory.view(), self.server_locks.words()).unwrap()
     }
 }
 
@@ -203,7 +204,7 @@ fn interface(client: &Client<'_>, mask: u64, end_with_recv: bool) {
     } else {
         port.recv(|l, p| check(&mut cnt, l, p.word(0))).unwrap();
     }
-    for lane in rpc_core::port::lanes(mask) {
+    for lane in rpc_core::protocol::lanes(mask) {
         assert_eq!(cnt[lane as usize], 8, "every step counted once");
     }
 }
@@ -482,7 +483,7 @@ fn send_n_above_the_bound_is_an_error_and_the_server_goes_on() {
 #[test]
 fn a_wait_can_give_up() {
     struct GiveUp;
-    impl rpc_core::Wait for GiveUp {
+    impl rpc_core::protocol::Wait for GiveUp {
         fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
             if attempt > 100 {
                 return Err(Error::Abandoned {
@@ -522,7 +523,7 @@ fn a_wait_can_give_up() {
 /// A wait that gives up at once.
 struct GiveUp;
 
-impl rpc_core::Wait for GiveUp {
+impl rpc_core::protocol::Wait for GiveUp {
     fn pause(&self, port: u32, _attempt: u32) -> rpc_core::Result<()> {
         Err(Error::Abandoned {
             port,

@@ -12,17 +12,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{slices, Device};
-use rpc_core::port::Deadline;
-use rpc_core::rpc_server::MailboxSource;
-use rpc_core::services::{
-    ExitPolicy, FilePolicy, HostAllocator, KernelExit, ServicesConfig, HOST_CALL_REFUSED,
-    MALLOC_ALIGN,
+use common::{slices, Device, HeapAllocator};
+use rpc_core::protocol::Deadline;
+use rpc_core::protocol::{
+    Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxMemory,
 };
-use rpc_core::{
-    Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxId, MailboxMemory, Opcode,
-    RpcServer, ServerConfig, UserGuard,
-};
+use rpc_core::services::KernelExit;
+use rpc_core::services::{HOST_CALL_REFUSED, MALLOC_ALIGN};
+use rpc_core::MailboxSource;
+use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
+use rpc_core::{MailboxId, Opcode, RpcServer, ServerConfig, UserGuard};
 
 /// The stream bound the fixtures configure.
 const BOUND: u64 = 4096;
@@ -636,7 +635,7 @@ fn malloc_and_free_through_the_plugin_allocator() {
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
         fx.expect_counts(1, 0);
 
-        let allocator = Arc::new(HostAllocator::new());
+        let allocator = Arc::new(HeapAllocator::default());
         fx.services().set_allocator(allocator.clone());
         let out = fx.words(Opcode::MALLOC, |l| vec![100 + u64::from(l)]);
         let mut live = Vec::new();
@@ -911,7 +910,7 @@ fn bad_stream_handles_get_error_results() {
 fn free_of_foreign_or_freed_pointers_is_refused() {
     for (lanes, mask) in CONFIGS {
         let fx = Fx::new("bad-free", lanes, mask);
-        let allocator = Arc::new(HostAllocator::new());
+        let allocator = Arc::new(HeapAllocator::default());
         fx.services().set_allocator(allocator.clone());
         let out = fx.words(Opcode::MALLOC, |_| vec![10]);
         let frees = std::cell::Cell::new(0);
@@ -1455,7 +1454,7 @@ fn a_long_printf_goes_out_in_pieces() {
     assert_eq!(writes.iter().sum::<usize>(), 4096 * SPECS);
     let largest = writes.iter().copied().max().unwrap();
     assert!(
-        largest <= rpc_core::printf::CHUNK + rpc_core::printf::MAX_FIELD,
+        largest <= rpc_core::services::printf::CHUNK + rpc_core::services::printf::MAX_FIELD,
         "one write of {largest} bytes"
     );
     fx.expect_counts(0, 0);
@@ -1559,7 +1558,7 @@ fn each_mailbox_has_its_own_files_allocations_and_quotas() {
         c.limits.open_files = 2;
         c.limits.malloc_bytes = 3 << 20;
     });
-    let allocator = Arc::new(HostAllocator::new());
+    let allocator = Arc::new(HeapAllocator::default());
     fx.services().set_allocator(allocator.clone());
     let other = fx.second_mailbox();
     let file = |name: &str| per_lane(|_| cpath(&fx.path(name)));
@@ -1653,7 +1652,7 @@ const LIVENESS: Duration = Duration::from_secs(30);
 /// A device allocator whose `allocate` tells the test it was entered, then waits until the
 /// test lets it go.
 struct GatedAllocator {
-    inner: HostAllocator,
+    inner: HeapAllocator,
     entered: Mutex<std::sync::mpsc::Sender<()>>,
     go: Mutex<std::sync::mpsc::Receiver<()>>,
 }
@@ -1680,7 +1679,7 @@ fn an_allocation_made_while_its_mailbox_detaches_is_freed() {
     let (entered_tx, entered) = std::sync::mpsc::channel();
     let (go, go_rx) = std::sync::mpsc::channel();
     let gate = Arc::new(GatedAllocator {
-        inner: HostAllocator::new(),
+        inner: HeapAllocator::default(),
         entered: Mutex::new(entered_tx),
         go: Mutex::new(go_rx),
     });

@@ -5,11 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rpc_core::port::Deadline;
-use rpc_core::rpc_server::MailboxSource;
-use rpc_core::{
-    Client, Generation, Layout, LockTable, Mailbox, MailboxMemory, Opcode, RpcServer, ServerConfig,
-};
+use rpc_core::protocol::{Client, Deadline, Generation, Layout, LockTable, Mailbox, MailboxMemory};
+use rpc_core::{MailboxSource, Opcode, RpcServer, ServerConfig};
 
 static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 

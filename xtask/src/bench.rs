@@ -1,6 +1,6 @@
 //! `cargo xtask bench [--quick]`: the performance table of DESIGN.md ("Performance targets").
 //!
-//! Every benchmark speaks the real protocol: client threads (`rpc_core::Client`) over a real
+//! Every benchmark speaks the real protocol: client threads (`rpc_core::protocol::Client`) over a real
 //! mailbox in host memory, served by a real `RpcServer` worker. The machine this runs on is
 //! shared and noisy, so every latency target is a ratio against a reference measured in the
 //! same run, and the latency rows are measured in interleaved rounds (one repetition of each row
@@ -32,10 +32,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::{
-    Client, Generation, Layout, LockTable, MailboxMemory, Opcode, RpcServer, ServerConfig,
-    UserGuard,
-};
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::{Opcode, RpcServer, ServerConfig, UserGuard};
 
 use crate::flags::Flags;
 use crate::project_root;
@@ -168,7 +166,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// sleeping client would add its own timer latency to what we measure of the server.
 struct SpinThenYield;
 
-impl rpc_core::Wait for SpinThenYield {
+impl rpc_core::protocol::Wait for SpinThenYield {
     fn pause(&self, _port: u32, attempt: u32) -> rpc_core::Result<()> {
         spin_then_yield(attempt);
         Ok(())
@@ -325,7 +323,7 @@ fn pipelined(
     let _user = setup.server.user();
     let client = Client::new(setup.memory.view(), setup.locks.words())
         .map_err(|e| e.to_string())?
-        .with_wait(&rpc_core::port::Resumable);
+        .with_wait(&rpc_core::protocol::Resumable);
     let format: &[u8] = b"%d %d %d\n\0";
     let args = [7u8; 12];
     let op = if printf {
@@ -334,7 +332,8 @@ fn pipelined(
         Opcode::TEST_INCREMENT
     };
     // Per port: the open exchange, its next step, and when that step may be sent.
-    let mut open: Vec<Option<(rpc_core::ClientPort<'_>, u8)>> = (0..ports).map(|_| None).collect();
+    let mut open: Vec<Option<(rpc_core::protocol::ClientPort<'_>, u8)>> =
+        (0..ports).map(|_| None).collect();
     let mut ready = vec![Instant::now(); ports as usize];
     let blocked = |r: rpc_core::Result<()>| match r {
         Ok(()) => Ok(true),
@@ -508,7 +507,7 @@ fn roundtrip(setup: &Setup, index: u32, mask: u64, window: Duration) -> Result<f
     time_per_op(window, |x| increment(&client, index, mask, x))
 }
 
-/// One repetition of TEST_INCREMENT round trips against a bare `rpc_core::Server` loop (a
+/// One repetition of TEST_INCREMENT round trips against a bare `rpc_core::protocol::ServerEnd` loop (a
 /// thread that only opens pending ports and answers them: no `RpcServer`, registry, statistics
 /// or back-off): ns per round trip. The gap to `roundtrip` is the cost of the real server's
 /// per-pass and per-request work; the gap to `pingpong` that of the protocol itself.
@@ -520,7 +519,7 @@ fn bare_roundtrip(window: Duration) -> Result<f64, String> {
     thread::scope(|scope| {
         scope.spawn(|| {
             pin_server(0);
-            let server = rpc_core::Server::new(memory.view(), server_locks.words())
+            let server = rpc_core::protocol::ServerEnd::new(memory.view(), server_locks.words())
                 .expect("lock table sized for the mailbox");
             let mut idle = 0;
             while !stop.load(Ordering::Relaxed) {

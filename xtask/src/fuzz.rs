@@ -8,7 +8,8 @@ use std::process::Command;
 
 use crate::flags::Flags;
 use crate::project_root;
-use rpc_core::{Generation, Layout, Opcode};
+use rpc_core::protocol::{Generation, Layout};
+use rpc_core::Opcode;
 
 const TARGETS: [&str; 2] = ["mailbox", "printf"];
 

@@ -1,8 +1,8 @@
 //! `cargo xtask gpu-check [--no-clang]`: prepares the GPU check for a machine with an NVIDIA GPU
 //! but no Rust toolchain (docs/gpu-check.md).
 //!
-//! Builds `cuda-gpu-check` (plugin-cuda) in release for x86-64 Linux, and puts it, the CUDA client
-//! `plugin-cuda/gpu-check/rpc_client.cu` and `run.sh` into `target/gpu-check/`. Where clang is
+//! Builds `cuda-gpu-check` (tools/gpu-check) in release for x86-64 Linux, and puts it, the CUDA
+//! client `tools/gpu-check/rpc_client.cu` and `run.sh` into `target/gpu-check/`. Where clang is
 //! installed (and `--no-clang` is not given) it also compiles the client to
 //! `rpc_client.clang.ptx` here, which checks the source and gives run.sh a PTX for a machine
 //! without nvcc. Prints the one command to run on the GPU machine from the workspace root:
@@ -34,7 +34,7 @@ pub fn run(args: &[String]) -> crate::Result {
 /// Builds and gathers the kit in `target/gpu-check/`.
 fn prepare(use_clang: bool) -> Result<(), String> {
     let root = workspace_root();
-    let sources = root.join("plugin-cuda/gpu-check");
+    let sources = root.join("tools/gpu-check");
     let out = root.join("target/gpu-check");
 
     // Natively where this is x86-64 Linux; otherwise cross (needs the target's std and linker).
@@ -45,7 +45,7 @@ fn prepare(use_clang: bool) -> Result<(), String> {
         "build",
         "--release",
         "-p",
-        "plugin-cuda",
+        "gpu-check",
         "--bin",
         "cuda-gpu-check",
     ]);

@@ -427,7 +427,7 @@ fn check_image(image: &Path) -> std::result::Result<String, String> {
     match &inspection.client {
         rpc_run::image::Client::Known {
             size: 552,
-            generation: rpc_core::Generation::V1,
+            generation: rpc_core::protocol::Generation::V1,
             ..
         } => {}
         other => {

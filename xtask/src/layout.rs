@@ -1,7 +1,7 @@
 //! `cargo xtask layout --gen v1|v2 --ports N --lanes L`: one line with the mailbox's offsets and
-//! sizes in bytes, from [`rpc_core::Layout`] (PROTOCOL section 2).
+//! sizes in bytes, from [`rpc_core::protocol::Layout`] (PROTOCOL section 2).
 
-use rpc_core::{Generation, Layout};
+use rpc_core::protocol::{Generation, Layout};
 
 use crate::flags::Flags;
 use crate::{Failure, Result};

@@ -11,7 +11,7 @@
 //!    reading once it has them). They are kept in `target/llvm-src/llvm-MAJOR/` (with a
 //!    `VERSION` file) and the tarball is deleted: a rerun downloads nothing. Nothing from LLVM is
 //!    committed.
-//! 2. **Build.** Our driver, `tests/llvm-client/driver.cpp`, compiled for the host (a CPU
+//! 2. **Build.** Our driver, `workloads/llvm-client/driver.cpp`, compiled for the host (a CPU
 //!    client: lane size one) against each generation's headers with `$CXX` (else g++, c++ or
 //!    clang++), and `rpc-serve` (debug, as the tests build it).
 //! 3. **Run.** For each generation and each run of [`RUNS`]: a fresh `rpc-serve` in a scratch
@@ -35,7 +35,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
 
-use rpc_core::{Generation, Layout};
+use rpc_core::protocol::{Generation, Layout};
 
 use crate::{cargo, project_root, Failure, Result};
 
@@ -520,7 +520,7 @@ fn start_driver_build(
     if let Some(dir) = binary.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
-    let source = root.join("tests/llvm-client/driver.cpp");
+    let source = root.join("workloads/llvm-client/driver.cpp");
     // -O1: the driver waits on rpc-serve, and -O2 doubles the build. LLVM's headers as system
     // headers: their warnings are not ours to fail on.
     let child = Command::new(compiler)
@@ -576,14 +576,7 @@ impl DriverBuild {
 fn build_rpc_serve(root: &Path) -> Result<PathBuf> {
     let status = Command::new(cargo())
         .current_dir(root)
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "plugin-host",
-            "--bin",
-            "rpc-serve",
-        ])
+        .args(["build", "--quiet", "-p", "rpc-serve"])
         .status()
         .map_err(|e| format!("llvm-client: running cargo: {e}"))?;
     if !status.success() {

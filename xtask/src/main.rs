@@ -18,6 +18,7 @@ mod sanitize;
 mod soak;
 mod stress;
 mod test;
+mod tidy;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -29,8 +30,9 @@ usage: cargo xtask <command> [flags]
 commands:
   demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]
                                          the main job: a small offload program (host plugin)
-  test                                   fmt, clippy, the tests, loom, miri (where nightly has it),
-                                         the no_std build, a 30 s soak
+  test                                   tidy, fmt, clippy, the tests, loom, miri (where nightly has
+                                         it), the no_std build, a 30 s soak
+  tidy                                   the layering and file rules ARCHITECTURE.md states
   devices                                one line per plugin: its devices or why there are none
   build --plugin host|cuda|amdgpu|all [--release]
                                          build the binaries embedding those plugins
@@ -116,6 +118,7 @@ fn run(args: &[String]) -> Result {
         "devices" => plugins::devices(rest),
         "build" => plugins::build(rest),
         "test" => test::run(rest),
+        "tidy" => tidy::run(rest),
         "layout" => layout::run(rest),
         "stress" => stress::run(rest),
         "bench" => bench::run(rest),

@@ -108,7 +108,7 @@ pub fn build(args: &[String]) -> Result {
     );
     if chosen.contains(&"host") {
         status(
-            &mut cargo_build("plugin-host", "rpc-serve"),
+            &mut cargo_build("rpc-serve", "rpc-serve"),
             "cargo build (rpc-serve)",
         )?;
         println!("built {}", dir.join("rpc-serve").display());

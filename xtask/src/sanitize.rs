@@ -1,5 +1,5 @@
 //! `cargo xtask sanitize [thread|address]... [-- TEST ARGS]`: rpc-core's tests (unit and
-//! integration, not doctests) and the `tests` crate's (adversarial clients, faults,
+//! integration, not doctests) and the `workloads` crate's (adversarial clients, faults,
 //! interleaving, stress) under ThreadSanitizer and AddressSanitizer (default: both, one after
 //! the other), on the nightly toolchain with the standard library rebuilt instrumented
 //! (`-Zbuild-std`, which needs the `rust-src` component: added when missing). Each sanitizer
@@ -60,7 +60,15 @@ pub fn run(args: &[String]) -> crate::Result {
                 "detect_leaks=1 detect_stack_use_after_return=1",
             )
             .args(["+nightly", "test", "-Zbuild-std", "--target", TARGET])
-            .args(["-p", "rpc-core", "-p", "tests", "--lib", "--tests", "--"]);
+            .args([
+                "-p",
+                "rpc-core",
+                "-p",
+                "workloads",
+                "--lib",
+                "--tests",
+                "--",
+            ]);
         let only_thread = if sanitizer == "thread" {
             SKIP_THREAD
         } else {

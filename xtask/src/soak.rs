@@ -2,8 +2,8 @@
 //! seconds (default 30), then exactly one line on stdout:
 //! `requests=.. answered=.. lost=0 errors_expected=.. errors_unexpected=0 leaked=0`, or with
 //! `--json` one JSON object with the same fields and `"clean"`. Fails (exit 1) if anything was
-//! lost, failed unexpectedly or leaked. The soak itself lives in the `tests` crate
-//! (`tests::soak`), beside the other reliability tests.
+//! lost, failed unexpectedly or leaked. The soak itself lives in the `workloads`
+//! crate (`workloads::soak`), beside the other reliability tests.
 
 use crate::flags::Flags;
 use crate::Result;
@@ -11,7 +11,7 @@ use crate::Result;
 pub fn run(args: &[String]) -> Result {
     let flags = Flags::parse_with("soak", args, &["seconds"], &["json"])?;
     let seconds = flags.number("seconds", Some(30), 1, 86_400)?;
-    let report = ::tests::soak::run(seconds)?;
+    let report = workloads::soak::run(seconds)?;
     if flags.switch("json") {
         println!("{}", json(&report));
     } else {
@@ -26,7 +26,7 @@ pub fn run(args: &[String]) -> Result {
     }
 }
 
-fn json(report: &::tests::soak::Report) -> serde_json::Value {
+fn json(report: &workloads::soak::Report) -> serde_json::Value {
     serde_json::json!({
         "requests": report.requests,
         "answered": report.answered,
@@ -42,7 +42,7 @@ fn json(report: &::tests::soak::Report) -> serde_json::Value {
 mod tests {
     #[test]
     fn the_json_line_has_every_field_of_the_text_line() {
-        let report = ::tests::soak::Report {
+        let report = workloads::soak::Report {
             requests: 10,
             answered: 9,
             lost: 1,

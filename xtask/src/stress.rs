@@ -1,5 +1,5 @@
-//! `cargo xtask stress [--threads T] [--ops N]`: the server life-cycle stress of the `tests`
-//! crate ([`tests::stress`]) at the given size; the last line is its summary.
+//! `cargo xtask stress [--threads T] [--ops N]`: the server life-cycle stress of the `workloads`
+//! crate ([`workloads::stress`]) at the given size; the last line is its summary.
 
 use crate::flags::{env_number, Flags};
 use crate::{Failure, Result};
@@ -11,8 +11,8 @@ pub fn run(args: &[String]) -> Result {
     let ops = flags.number("ops", Some(2000), 1, 10_000_000)? as usize;
     // Checked here first, so a bad seed is a usage error rather than the stress's panic.
     env_number("stress", "RPC_STRESS_SEED")?;
-    let config = tests::stress::StressConfig::new(threads, ops);
-    let report = tests::stress::run_with(&config);
+    let config = workloads::stress::StressConfig::new(threads, ops);
+    let report = workloads::stress::run_with(&config);
     println!("{}", report.details());
     for problem in report.problems() {
         println!("problem: {problem}");

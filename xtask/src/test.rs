@@ -63,6 +63,9 @@ const MIRI_ARGS: &[&str] = &[
 const MIRI_ENV: &[(&str, &str)] = &[("MIRIFLAGS", "-Zmiri-seed=1")];
 
 const STEPS: &[Step] = &[
+    // First: the layering and file rules (`tidy.rs`), which take a second and explain
+    // themselves where a later step's failure would not.
+    step("tidy", &["run", "--quiet", "-p", "xtask", "--", "tidy"]),
     step("fmt", &["fmt", "--all", "--", "--check"]),
     step(
         "clippy",

@@ -2,18 +2,25 @@
 //! live allocations per mailbox: FREE frees only what MALLOC handed out to the same mailbox and
 //! is still live, and a mailbox holds at most `Limits::malloc_bytes`.
 
-use std::alloc::Layout as AllocLayout;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::vec::Vec;
 
 use super::{active, per_lane, recv_words, send_word0, Refusals};
-use crate::limits::device_warn;
-use crate::plugin::{DeviceAllocator, VendorError};
-use crate::registry::Request;
-use crate::rpc_server::MailboxId;
-use crate::sync::{lock, Mutex};
+use crate::protocol::error::VendorError;
+use crate::server::limits::device_warn;
+use crate::server::registry::Request;
+use crate::server::MailboxId;
+use crate::sync::lock;
 use crate::Result;
+
+/// Device-accessible memory for the MALLOC/FREE services.
+pub trait DeviceAllocator: Send + Sync {
+    /// `size` bytes aligned to `align` (a power of two); returns the device address.
+    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError>;
+    /// Frees an address `allocate` returned (the server only passes such addresses).
+    fn deallocate(&self, addr: u64) -> Result<(), VendorError>;
+}
 
 /// The alignment of MALLOC's memory: LLVM's GPU allocator requires 2 MiB.
 pub const MALLOC_ALIGN: u64 = 2 << 20;
@@ -119,7 +126,7 @@ impl Allocations {
 pub(crate) async fn malloc(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let services = &context.services;
+    let services = &context.services();
     let mailbox = req.mailbox().id;
     let quota = context.config.limits.malloc_bytes;
     let allocator = services.allocator_for(mailbox);
@@ -178,7 +185,7 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
 pub(crate) async fn free(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let services = &context.services;
+    let services = &context.services();
     let mut refusals = Refusals::default();
     for lane in active(&req) {
         let addr = words[lane as usize][0];
@@ -205,75 +212,4 @@ pub(crate) async fn free(mut req: Request) -> Result<()> {
         }
     }
     refusals.finish()
-}
-
-/// Host memory as "device" memory (`std::alloc` with the requested alignment): for plugin-host,
-/// where the device is the host, and for tests. Memory still allocated when it is dropped is
-/// freed then.
-#[derive(Default)]
-pub struct HostAllocator {
-    live: Mutex<HashMap<u64, AllocLayout>>,
-}
-
-impl HostAllocator {
-    pub fn new() -> Self {
-        Self::default()
-    }
-    /// Allocations not yet freed.
-    pub fn live(&self) -> usize {
-        lock(&self.live).len()
-    }
-}
-
-impl DeviceAllocator for HostAllocator {
-    fn allocate(&self, size: u64, align: u64) -> core::result::Result<u64, VendorError> {
-        let size = usize::try_from(size.max(1))?;
-        let align = usize::try_from(align.max(1))?;
-        let layout = AllocLayout::from_size_align(size, align)?;
-        // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
-            return Err(std::format!("out of host memory for {size} bytes").into());
-        }
-        let addr = ptr as u64;
-        lock(&self.live).insert(addr, layout);
-        Ok(addr)
-    }
-
-    fn deallocate(&self, addr: u64) -> core::result::Result<(), VendorError> {
-        let layout = lock(&self.live)
-            .remove(&addr)
-            .ok_or_else(|| std::format!("{addr:#x} was not allocated here"))?;
-        // SAFETY: `addr` came from `alloc` with `layout` (recorded together above) and was not
-        // freed since (it was still in the table, which we just removed it from).
-        unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
-        Ok(())
-    }
-}
-
-impl Drop for HostAllocator {
-    fn drop(&mut self) {
-        for (addr, layout) in lock(&self.live).drain() {
-            // SAFETY: as in `deallocate`: allocated with `layout`, not freed since.
-            unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
-        }
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn host_allocator_aligns_and_refuses_unknown_addresses() {
-        let allocator = HostAllocator::new();
-        let addr = allocator.allocate(100, MALLOC_ALIGN).unwrap();
-        assert_eq!(addr % MALLOC_ALIGN, 0);
-        assert_eq!(allocator.live(), 1);
-        assert!(allocator.deallocate(addr + 8).is_err());
-        allocator.deallocate(addr).unwrap();
-        assert!(allocator.deallocate(addr).is_err());
-        assert!(allocator.allocate(u64::MAX, MALLOC_ALIGN).is_err());
-        let _leak = allocator.allocate(1, 64).unwrap();
-    }
 }

@@ -11,7 +11,7 @@
 //! (`request_bytes`): a claim above them ends the exchange at once ([`Error::TooLong`],
 //! [`Error::RequestTooLong`], logged and counted in `errors`); the rest is not drained on the
 //! server's time, and the port stays locked until the kernel is gone (see
-//! [`crate::dispatch`]). printf's output goes to its stream in pieces, never whole in memory;
+//! [`crate::server::dispatch`]). printf's output goes to its stream in pieces, never whole in memory;
 //! reads are served in parts of at most `read_bytes`.
 //!
 //! Each mailbox's kernels have their own open files and allocations: a handle or an address
@@ -65,43 +65,33 @@ use std::boxed::Box;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::string::String;
 use std::sync::Arc;
 use std::vec::Vec;
 
-use crate::error::Error;
-use crate::limits::Limits;
-use crate::plugin::DeviceAllocator;
-use crate::port::lanes;
-use crate::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
-use crate::rpc_server::{MailboxId, ServerConfig, ServerContext};
+use crate::protocol::error::Error;
+use crate::protocol::port::lanes;
+use crate::server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
+use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
+use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};
 use crate::{Opcode, Result};
 
 mod files;
-mod memory;
+pub(crate) mod memory;
 pub mod print;
+pub mod printf;
 mod process;
 mod stdio;
 pub mod streams;
 mod test_ops;
 
-pub use memory::{Allocation, HostAllocator, MALLOC_ALIGN};
+pub(crate) use memory::DeviceAllocator;
+pub use memory::{Allocation, MALLOC_ALIGN};
 pub use process::HOST_CALL_REFUSED;
 
 use streams::{FileTable, Input, Output, Target};
-
-/// What EXIT and ABORT do once their script is complete.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ExitPolicy {
-    /// LLVM's behaviour: flush the standard streams, then end the host process
-    /// (`std::process::exit(status)` or `std::process::abort()`).
-    #[default]
-    Process,
-    /// Record the exit per mailbox, for the launcher to collect with [`Services::take_exit`].
-    Record,
-}
 
 /// How a kernel ended itself, as recorded under [`ExitPolicy::Record`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,59 +100,6 @@ pub enum KernelExit {
     Exit(i32),
     /// ABORT.
     Abort,
-}
-
-/// Which paths OPEN_FILE, REMOVE and RENAME may touch (the machinery is in
-/// `services/files.rs`).
-///
-/// Whatever the policy, the server never opens anything in `/proc`, `/sys` or `/dev` (but
-/// `/dev/null`), anything on the kernel's pseudo file systems, anything but a regular file
-/// (no directory, FIFO, socket or device), nor a protected file ([`Services::protect_file`]),
-/// nor, for writing, a file mapped into the process (its program, libraries, a mailbox file),
-/// and never removes or renames in those places or a protected file: `/proc/self/mem` alone
-/// would hand the device the whole host process. These are checked on the descriptor actually
-/// opened (its file system, device and real path), not only on the path as written. Opening
-/// never blocks on a FIFO and never truncates a file that is then refused.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum FilePolicy {
-    /// None: OPEN_FILE answers 0, REMOVE and RENAME -1 (refusals).
-    Deny,
-    /// Only paths beneath this directory: a relative path resolves from it, an absolute path
-    /// must lie inside it (its real, canonical path or the path as given here). Resolved by the
-    /// kernel (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, so no `..`, symbolic
-    /// link or rename racing the request leads outside); where `openat2` is missing or
-    /// filtered, one component at a time with `O_NOFOLLOW`, refusing every `..` and symbolic
-    /// link. What a server facing an untrusted device should use (`rpc-serve`'s default is its
-    /// working directory).
-    Sandbox(PathBuf),
-    /// Any path the host process may use, minus the never-list above. The default for an
-    /// embedding runtime: its kernel is part of the program, and behaves like a CPU program
-    /// with the user's own rights would.
-    #[default]
-    Allow,
-}
-
-/// The policies of the standard services; part of [`ServerConfig`], changeable later through
-/// [`Services`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServicesConfig {
-    /// EXIT and ABORT. Default: end the process, as LLVM does.
-    pub exit: ExitPolicy,
-    /// OPEN_FILE, REMOVE, RENAME. Default: [`FilePolicy::Allow`] (minus what is never
-    /// touched).
-    pub files: FilePolicy,
-    /// Whether SYSTEM runs commands. Default: no (it answers -1).
-    pub allow_system: bool,
-}
-
-impl Default for ServicesConfig {
-    fn default() -> Self {
-        ServicesConfig {
-            exit: ExitPolicy::Process,
-            files: FilePolicy::Allow,
-            allow_system: false,
-        }
-    }
 }
 
 /// A host function HOST_CALL may call: it gets the lane's argument block, returns the reply.
@@ -213,12 +150,15 @@ impl Services {
     pub fn config(&self) -> ServicesConfig {
         lock(&self.policy).clone()
     }
+    /// Sets what EXIT and ABORT do.
     pub fn set_exit_policy(&self, exit: ExitPolicy) {
         lock(&self.policy).exit = exit;
     }
+    /// Sets which paths the file opcodes may touch.
     pub fn set_file_policy(&self, files: FilePolicy) {
         lock(&self.policy).files = files;
     }
+    /// Sets whether SYSTEM runs commands.
     pub fn set_system_allowed(&self, allowed: bool) {
         lock(&self.policy).allow_system = allowed;
     }
@@ -269,6 +209,7 @@ impl Services {
         specific.or_else(|| lock(&self.allocator).clone())
     }
 
+    /// Drops the default allocator: MALLOC answers null until one is set.
     pub fn clear_allocator(&self) {
         *lock(&self.allocator) = None;
     }
@@ -358,8 +299,40 @@ impl fmt::Debug for Services {
     }
 }
 
+impl RpcServer {
+    /// A stopped server with the standard handlers registered.
+    pub fn new(config: ServerConfig) -> Self {
+        let services = Services::new(&config);
+        let mut registry = Registry::default();
+        register_standard(&mut registry);
+        RpcServer::assemble(config, registry, Box::new(services))
+    }
+}
+
+impl ServerContext {
+    /// The standard services' state: streams, policies, allocations, host functions.
+    pub fn services(&self) -> &Services {
+        self.extension
+            .as_any()
+            .downcast_ref()
+            .expect("every server is made by `RpcServer::new`, with the standard services")
+    }
+}
+
+impl Extension for Services {
+    fn mailbox_attached(&self, id: MailboxId) {
+        self.register_mailbox(id);
+    }
+    fn mailbox_detached(&self, id: MailboxId) {
+        self.forget_mailbox(id);
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// Registers the standard handlers, in lookup order after the user's. The one-packet opcodes
-/// are packet handlers (run at once); the rest are scripts (resumable, see `crate::dispatch`).
+/// are packet handlers (run at once); the rest are scripts (resumable, see `crate::server::dispatch`).
 pub(crate) fn register_standard(registry: &mut Registry) {
     let mut add = |op: Opcode, handler: Handler| {
         registry.push_standard(entry(
@@ -515,7 +488,7 @@ impl StdinTurn {
         core::future::poll_fn(|_| {
             // RMW: stdin_busy false -> true (taken), or no change while another holds it.
             let taken = context
-                .services
+                .services()
                 .stdin_busy
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok();
@@ -532,7 +505,7 @@ impl StdinTurn {
 
 impl Drop for StdinTurn {
     fn drop(&mut self) {
-        self.0.services.stdin_busy.store(false, Ordering::Release);
+        self.0.services().stdin_busy.store(false, Ordering::Release);
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! 1. STREAM variants: C send buf\[0\] = raw stream handle.
 //! 2. C send_n(format incl. NUL).
-//! 3. S send buf\[0\] = bytes of arguments the format needs ([`crate::printf::args_size`]);
+//! 3. S send buf\[0\] = bytes of arguments the format needs ([`crate::services::printf::args_size`]);
 //!    0 for a lane whose handle or format is refused.
 //! 4. C send_n(argument buffer).
 //! 5. While any lane has a non-null `%s` pointer not yet fetched: S send {buf\[0\] = 0,
@@ -28,11 +28,11 @@ use std::vec::Vec;
 
 use super::streams::Target;
 use super::{active, c_result, per_lane, recv_words, Refusals};
-use crate::opcode::Opcode;
-use crate::printf::{
+use crate::protocol::opcode::Opcode;
+use crate::server::registry::Request;
+use crate::services::printf::{
     args_size, format_in, output_bound, parse, string_pointers, Dialect, Piece, CHUNK,
 };
-use crate::registry::Request;
 use crate::Result;
 
 /// One lane of a printf request.
@@ -59,7 +59,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             | Opcode::PRINTF_TO_STREAM_PACKED
     );
     let context = super::context(&req);
-    let services = &context.services;
+    let services = &context.services();
     let mailbox = req.mailbox().id;
     let dialect = req.printf_dialect();
     let mut refusals = Refusals::default();
@@ -217,7 +217,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             let run = |(i, target, strings): (usize, Target, HashMap<u64, Vec<u8>>)| {
                 let printed = parse(&formats[i]).map_err(|e| e.to_string());
                 let printed = printed.and_then(|pieces| {
-                    let services = &context.services;
+                    let services = context.services();
                     print(
                         services,
                         &target,

@@ -7,7 +7,7 @@ use super::{
     active, c_result, io, per_lane, recv_words, send_word0, until_nul, ExitPolicy, KernelExit,
     Refusals,
 };
-use crate::registry::Request;
+use crate::server::registry::Request;
 use crate::sync::lock;
 use crate::Result;
 
@@ -23,7 +23,7 @@ async fn handshake(req: &mut Request) -> Result<()> {
 /// Ends the kernel per the policy: the process (after flushing the device's output), or a
 /// record for the launcher.
 fn finish(req: &Request, how: KernelExit) -> Result<()> {
-    let services = &req.context().services;
+    let services = &req.context().services();
     match services.config().exit {
         ExitPolicy::Record => {
             log::info!("mailbox {}: kernel ended with {how:?}", req.mailbox().id.0);
@@ -74,7 +74,7 @@ pub(crate) async fn host_call(mut req: Request) -> Result<()> {
     for lane in active(&req) {
         let i = lane as usize;
         let addr = words[i][0];
-        let function = lock(&context.services.host_functions).get(&addr).cloned();
+        let function = lock(&context.services().host_functions).get(&addr).cloned();
         match function {
             Some(function) => calls.push((lane, addr, function)),
             None => refusals.lane(
@@ -110,7 +110,7 @@ pub(crate) async fn host_call(mut req: Request) -> Result<()> {
 pub(crate) async fn system(mut req: Request) -> Result<()> {
     let commands = req.recv_n().await?;
     let context = super::context(&req);
-    let allowed = context.services.config().allow_system;
+    let allowed = context.services().config().allow_system;
     let mut refusals = Refusals::default();
     let mut run = Vec::new();
     for lane in active(&req) {
@@ -129,7 +129,7 @@ pub(crate) async fn system(mut req: Request) -> Result<()> {
         run.push((lane, CString::new(command).unwrap_or_default()));
     }
     let statuses = io(&req, !run.is_empty(), move |context| {
-        context.services.flush_std();
+        context.services().flush_std();
         run.into_iter()
             .map(|(lane, command)| {
                 // SAFETY: `command` is a valid NUL-terminated string for the duration of the

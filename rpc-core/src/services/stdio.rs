@@ -11,8 +11,8 @@ use super::{
     active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, Touches,
     EOF_WORD,
 };
-use crate::registry::Request;
-use crate::rpc_server::MailboxId;
+use crate::server::registry::Request;
+use crate::server::MailboxId;
 use crate::Result;
 
 /// Writes each lane's bytes to its target (on an I/O thread if any target is a file); replies
@@ -41,9 +41,9 @@ async fn write_lanes(
                     let mut line = Vec::with_capacity(bytes.len() + 1);
                     line.extend_from_slice(bytes);
                     line.push(b'\n');
-                    context.services.write(&target, &line)
+                    context.services().write(&target, &line)
                 } else {
-                    context.services.write(&target, bytes)
+                    context.services().write(&target, bytes)
                 };
                 (lane, written as u64)
             })
@@ -89,7 +89,7 @@ pub(crate) async fn write_to_stream(mut req: Request) -> Result<()> {
     write_lanes(
         &mut req,
         data,
-        |lane| context.services.raw(mailbox, handles[lane as usize][0]),
+        |lane| context.services().raw(mailbox, handles[lane as usize][0]),
         false,
         &mut refusals,
     )
@@ -117,7 +117,7 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
     let mut reads = Vec::new();
     for lane in active(&req) {
         let [max, handle, ..] = words[lane as usize];
-        match context.services.tagged(mailbox, handle) {
+        match context.services().tagged(mailbox, handle) {
             Some(target) => reads.push((lane, target, take_budget(&mut budget, max))),
             None => refusals.lane(lane, "not a live stream handle"),
         }
@@ -126,7 +126,7 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
     let data = io(&req, touches, move |context| {
         let mut data: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
         for (lane, target, max) in reads {
-            data[lane as usize] = context.services.read(&target, max);
+            data[lane as usize] = context.services().read(&target, max);
         }
         data
     })
@@ -153,7 +153,7 @@ pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
     let mut reads = Vec::new();
     for lane in active(&req) {
         let [count, handle, ..] = words[lane as usize];
-        match context.services.tagged(mailbox, handle) {
+        match context.services().tagged(mailbox, handle) {
             Some(target) => {
                 let count = count.min(c_int::MAX as u64);
                 reads.push((lane, target, take_budget(&mut budget, count)));
@@ -165,7 +165,7 @@ pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
     let lines = io(&req, touches, move |context| {
         let mut lines: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
         for (lane, target, count) in reads {
-            lines[lane as usize] = context.services.gets(&target, count).unwrap_or_default();
+            lines[lane as usize] = context.services().gets(&target, count).unwrap_or_default();
         }
         lines
     })
@@ -210,7 +210,7 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
     }
     let mailbox = req.mailbox().id;
     let opened = io(&req, !opens.is_empty(), move |context| {
-        let services = &context.services;
+        let services = &context.services();
         opens
             .into_iter()
             .map(|(lane, c_path, c_mode)| {
@@ -268,7 +268,7 @@ async fn on_stream(
     let mut targets = Vec::new();
     for lane in active(&req) {
         let words = &words[lane as usize];
-        match handle(&context.services, mailbox, words[at]) {
+        match handle(context.services(), mailbox, words[at]) {
             Some(target) => targets.push((lane, target)),
             None => refusals.lane(
                 lane,
@@ -281,7 +281,7 @@ async fn on_stream(
         targets
             .into_iter()
             .map(|(lane, target)| {
-                let reply = op(&context.services, mailbox, &target, &words[lane as usize]);
+                let reply = op(context.services(), mailbox, &target, &words[lane as usize]);
                 (lane, reply)
             })
             .collect::<Vec<_>>()
@@ -346,7 +346,7 @@ pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
     let mut targets = Vec::new();
     for lane in active(&req) {
         let handle = words[lane as usize][0];
-        match context.services.tagged(mailbox, handle) {
+        match context.services().tagged(mailbox, handle) {
             Some(target) => targets.push(target),
             None => refusals.lane(
                 lane,
@@ -356,7 +356,7 @@ pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
     }
     io(&req, Touches::streams(&targets), move |context| {
         for target in &targets {
-            context.services.clear_error(target);
+            context.services().clear_error(target);
         }
     })
     .await?;
@@ -424,7 +424,7 @@ async fn on_paths(
     let lanes: Vec<u32> = active(&req).collect();
     let opcode = req.opcode();
     let results = io(&req, true, move |context| {
-        let rules = context.services.file_rules();
+        let rules = context.services().file_rules();
         lanes
             .into_iter()
             .map(|lane| {

@@ -33,7 +33,7 @@ use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 use std::vec::Vec;
 
-use crate::rpc_server::MailboxId;
+use crate::server::MailboxId;
 use crate::sync::{lock, Mutex};
 
 /// Tagged value of stdin.

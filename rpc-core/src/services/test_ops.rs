@@ -2,8 +2,8 @@
 
 use std::vec::Vec;
 
-use crate::port::Packet;
-use crate::registry::Request;
+use crate::protocol::port::Packet;
+use crate::server::registry::Request;
 use crate::Result;
 
 /// NOOP: C send(any). S recv.

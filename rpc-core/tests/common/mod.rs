@@ -5,7 +5,8 @@
 // Each test file is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
-use rpc_core::{ClientPort, Opcode};
+use rpc_core::protocol::ClientPort;
+use rpc_core::Opcode;
 
 /// The data of each lane as the slices `send_n` takes.
 pub fn slices(data: &[Vec<u8>]) -> Vec<&[u8]> {
@@ -104,5 +105,56 @@ pub trait Device {
         let mut out = [0u64; 64];
         port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
         out
+    }
+}
+
+/// The tests' device memory for MALLOC: the heap, as plugin-host's `HostAllocator` serves it
+/// (rpc-core's tests cannot depend on a plugin). Memory still allocated when it is dropped is
+/// freed then.
+#[derive(Default)]
+pub struct HeapAllocator {
+    live: std::sync::Mutex<std::collections::HashMap<u64, std::alloc::Layout>>,
+}
+
+impl HeapAllocator {
+    /// Allocations not yet freed.
+    pub fn live(&self) -> usize {
+        self.live.lock().unwrap().len()
+    }
+}
+
+impl rpc_core::plugin::DeviceAllocator for HeapAllocator {
+    fn allocate(&self, size: u64, align: u64) -> Result<u64, rpc_core::VendorError> {
+        let layout =
+            std::alloc::Layout::from_size_align(usize::try_from(size.max(1))?, align as usize)?;
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(format!("out of host memory for {size} bytes").into());
+        }
+        self.live.lock().unwrap().insert(ptr as u64, layout);
+        Ok(ptr as u64)
+    }
+
+    fn deallocate(&self, addr: u64) -> Result<(), rpc_core::VendorError> {
+        let layout = self
+            .live
+            .lock()
+            .unwrap()
+            .remove(&addr)
+            .ok_or_else(|| format!("{addr:#x} was not allocated here"))?;
+        // SAFETY: `addr` came from `alloc` with `layout` and was not freed since (it was in the
+        // table, which it just left).
+        unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
+        Ok(())
+    }
+}
+
+impl Drop for HeapAllocator {
+    fn drop(&mut self) {
+        for (addr, layout) in self.live.lock().unwrap().drain() {
+            // SAFETY: as in `deallocate`: allocated with `layout`, not freed since.
+            unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
+        }
     }
 }

@@ -5,9 +5,9 @@
 use std::fmt;
 
 use plugin_amdgpu::code_object;
-use rpc_core::opcode::Numbering;
-use rpc_core::runtime::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
-use rpc_core::Generation;
+use rpc_core::plugin::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
+use rpc_core::protocol::Generation;
+use rpc_core::protocol::Numbering;
 
 use crate::ptx;
 

@@ -25,7 +25,7 @@ use std::fmt;
 use std::time::Duration;
 
 use rpc_core::plugin::{Grid, Plugin};
-use rpc_core::runtime::PluginRuntime;
+use rpc_core::PluginRuntime;
 use rpc_core::ServerConfig;
 
 use image::{Client, Format, Inspection};

@@ -22,10 +22,10 @@
 //! program's output and ends this process with `n`, as LLVM's loader does; under
 //! `ExitPolicy::Record` (the tests) `synchronize` returns it and [`run`] returns `n`.
 
-use rpc_core::opcode::Numbering;
 use rpc_core::plugin::{Device, Grid, Plugin};
-use rpc_core::runtime::PluginRuntime;
-use rpc_core::KernelExit;
+use rpc_core::protocol::Numbering;
+use rpc_core::services::KernelExit;
+use rpc_core::PluginRuntime;
 
 use crate::Failure;
 
@@ -133,7 +133,7 @@ pub fn constructor_tables<'n>(
 fn fill_constructor_tables<P: Plugin>(
     runtime: &PluginRuntime<P>,
     dev: &P::Device,
-    image: rpc_core::runtime::ImageId,
+    image: rpc_core::ImageId,
     objects: &[String],
 ) -> Result<Option<Box<dyn rpc_core::plugin::SharedRegion>>, Failure> {
     let (init, fini) = constructor_tables(objects.iter().map(String::as_str))?;

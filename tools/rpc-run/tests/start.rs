@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Warp};
-use rpc_core::opcode::Numbering;
 use rpc_core::plugin::Grid;
-use rpc_core::runtime::PluginRuntime;
-use rpc_core::{ExitPolicy, Generation, ServerConfig, ServicesConfig};
+use rpc_core::protocol::Generation;
+use rpc_core::protocol::Numbering;
+use rpc_core::PluginRuntime;
+use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
 use rpc_run::start::{self, Program};
 
 fn word(args: &[u8], at: usize) -> u64 {

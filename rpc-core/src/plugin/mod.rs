@@ -1,0 +1,151 @@
+//! The interface a vendor plugin implements (STYLE 3: the generic glue,
+//! [`PluginRuntime`](crate::PluginRuntime), does the bookkeeping, these hooks do the vendor
+//! work).
+//!
+//! A plugin is found, initialised (enumerating its devices), used, and deinitialised. Each
+//! device loads images, allocates memory the device sees, copies to device addresses and
+//! launches kernels. Whether an image uses RPC, the mailbox, the client object and the user
+//! guards of launches are handled by the glue, identically for every vendor.
+
+use std::boxed::Box;
+use std::string::String;
+use std::sync::Arc;
+
+use crate::protocol::layout::{Generation, Layout};
+
+pub use crate::protocol::error::VendorError;
+pub use crate::server::{panic_message, Doorbell, SharedRegion};
+pub use crate::services::memory::DeviceAllocator;
+
+#[cfg(not(loom))]
+pub(crate) mod runtime;
+#[cfg(not(loom))]
+pub use runtime::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
+
+/// A global variable of a loaded image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    /// Device address.
+    pub addr: u64,
+    /// Size in bytes.
+    pub size: usize,
+}
+
+/// Launch dimensions: blocks (work-groups) and threads per block, as CUDA and HSA count them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grid {
+    /// Blocks in x, y, z.
+    pub blocks: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub threads: [u32; 3],
+}
+
+impl Grid {
+    /// A one-dimensional grid.
+    pub const fn linear(blocks: u32, threads: u32) -> Self {
+        Grid {
+            blocks: [blocks, 1, 1],
+            threads: [threads, 1, 1],
+        }
+    }
+    /// Blocks in the grid.
+    pub fn total_blocks(&self) -> u64 {
+        self.blocks.iter().map(|&b| u64::from(b)).product()
+    }
+    /// Threads in one block.
+    pub fn threads_per_block(&self) -> u64 {
+        self.threads.iter().map(|&t| u64::from(t)).product()
+    }
+}
+
+/// Called exactly once when a launched kernel has completed (successfully or not). The glue
+/// uses it to release the launch's user guard.
+pub type Completion = Box<dyn FnOnce() + Send + 'static>;
+
+/// One device of a plugin.
+pub trait Device: Send + Sync {
+    /// A loaded image (module / executable).
+    type Image: Send + Sync;
+
+    /// A human-readable name ("NVIDIA H200", "cpu0", ...).
+    fn name(&self) -> String;
+    /// `L`: the warp / wavefront width.
+    fn lane_size(&self) -> u32;
+    /// `L` for the mailbox of `image`: the wavefront its code was compiled for, where that can
+    /// differ from the device's (AMDGPU reads it from the code object); by default
+    /// [`Device::lane_size`].
+    fn image_lane_size(&self, image: &Self::Image) -> u32 {
+        let _ = image;
+        self.lane_size()
+    }
+    /// How many warps the device runs at once (its resident warps or waves), as the hardware
+    /// reports it: the glue gives its mailbox that many ports, within the generation's bounds
+    /// ([`Generation::ports_for`](crate::protocol::Generation::ports_for)).
+    fn parallelism(&self) -> u32;
+
+    /// Zeroed, 64-byte-aligned host memory the device sees coherently.
+    fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError>;
+    /// The memory of a mailbox of `layout` (what the glue allocates):
+    /// [`Device::alloc_shared`] of its size, unless the plugin must know what the memory holds
+    /// (plugin-host does: its copies access each word with the size the server uses).
+    fn alloc_mailbox(&self, layout: Layout) -> Result<Box<dyn SharedRegion>, VendorError> {
+        self.alloc_shared(layout.total_size())
+    }
+    /// The allocator behind MALLOC/FREE for kernels of this device.
+    fn allocator(&self) -> Arc<dyn DeviceAllocator>;
+
+    /// Loads an image from its bytes (PTX, cubin, code object, ...).
+    fn load_image(&self, bytes: &[u8]) -> Result<Self::Image, VendorError>;
+    /// A global variable of `image`, if it has one of that name.
+    fn find_symbol(&self, image: &Self::Image, name: &str) -> Option<Symbol>;
+    /// Copies `bytes` to device address `dst`.
+    fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError>;
+    /// Copies from device address `src` into `out`.
+    fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError>;
+
+    /// A doorbell for a new mailbox of `generation` (only v2 has one), if the device can raise
+    /// interrupts; `None` means pure polling, which is always correct.
+    fn create_doorbell(
+        &self,
+        generation: Generation,
+    ) -> Result<Option<Box<dyn Doorbell>>, VendorError> {
+        let _ = generation;
+        Ok(None)
+    }
+
+    /// Launches kernel `kernel` of `image` with the packed argument block `args`; calls `done`
+    /// once the kernel has completed (also if it failed). On an error return, `done` has been
+    /// called or dropped.
+    fn launch(
+        &self,
+        image: &Self::Image,
+        kernel: &str,
+        args: &[u8],
+        grid: Grid,
+        done: Completion,
+    ) -> Result<(), VendorError>;
+    /// Waits for every launch on this device to complete; reports a kernel's failure.
+    fn synchronize(&self) -> Result<(), VendorError>;
+    /// Ends the launches still running, as a device reset does: the runtime's `deinit` calls
+    /// it when kernels outlive its wait. Afterwards `synchronize` and the plugin's `deinit`
+    /// return without waiting for those kernels (which report failure), and their `done`
+    /// callbacks may never run.
+    fn abort_launches(&self);
+}
+
+/// A vendor plugin: one per vendor per process (per runtime instance).
+pub trait Plugin: Send + Sync {
+    /// The plugin's device type.
+    type Device: Device;
+
+    /// `host`, `cuda` or `amdgpu`.
+    fn name(&self) -> &'static str;
+    /// Finds the devices. No driver is not an error: it is zero devices and [`Plugin::reason`].
+    fn init(&mut self) -> Result<(), VendorError>;
+    /// The devices found by `init`.
+    fn devices(&self) -> &[Self::Device];
+    /// Why there are no devices, when there are none.
+    fn reason(&self) -> Option<String>;
+    /// Releases the devices. The glue has detached every mailbox before calling this.
+    fn deinit(&mut self) -> Result<(), VendorError>;
+}

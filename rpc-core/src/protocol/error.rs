@@ -1,0 +1,150 @@
+//! The crate's one error type.
+
+use crate::protocol::layout::Generation;
+use crate::protocol::opcode::Opcode;
+
+/// Everything in `rpc-core` that can fail says so with one of these.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Lane size other than 1, 32 or 64.
+    #[error("lane size {0} is not 1, 32 or 64")]
+    BadLaneSize(u32),
+    /// Port count outside `1..=MAX_PORT_COUNT` of the generation.
+    #[error("port count {ports} is outside 1..={max} for layout {generation}")]
+    BadPortCount {
+        /// The port count asked for.
+        ports: u32,
+        /// The generation's most ports.
+        max: u32,
+        /// The generation asked for.
+        generation: Generation,
+    },
+    /// A client object size of no known generation: neither 552 (v1) nor 2096 (v2).
+    #[error(
+        "unknown RPC generation: a client object of {0} bytes (known: `__llvm_rpc_client` of 552 \
+         bytes, LLVM 20-22, or 2096 bytes, LLVM 23+; `__llvm_libc_rpc_client`, an 8-byte \
+         pointer, LLVM 19)"
+    )]
+    BadClientObjectSize(usize),
+    /// Mailbox memory that is not 64-byte aligned or has the wrong size.
+    #[error(
+        "mailbox memory at {addr:#x} ({len} bytes) is not a 64-byte-aligned region of {need} bytes"
+    )]
+    BadRegion {
+        /// The region's host address.
+        addr: usize,
+        /// Its length in bytes.
+        len: usize,
+        /// The bytes the layout needs.
+        need: usize,
+    },
+    /// An unknown layout generation name.
+    #[error("unknown layout generation {0:?} (expected v1 or v2)")]
+    BadGeneration(RefusalText),
+    /// A header lane mask that is empty or has bits at or above the lane size.
+    #[error("lane mask {mask:#x} is empty or has bits at or above the lane size {lanes}")]
+    BadMask {
+        /// The mask.
+        mask: u64,
+        /// The lane size.
+        lanes: u32,
+    },
+    /// A lane claimed a stream longer than the bound.
+    #[error("lane {lane} sent a length of {len} bytes, above the bound of {bound}")]
+    TooLong {
+        /// The lane.
+        lane: u32,
+        /// The length it claimed.
+        len: u64,
+        /// The bound.
+        bound: u64,
+    },
+    /// A request's streams claimed more bytes, all lanes together, than it has left.
+    #[error("the request's streams claim {len} bytes, above its remaining {bound}")]
+    RequestTooLong {
+        /// The bytes claimed.
+        len: u64,
+        /// What the request has left.
+        bound: u64,
+    },
+    /// Fixed-size data whose length differs between lanes or from the expected size.
+    #[error("lane {lane} has {len} bytes where {expected} were expected")]
+    BadLength {
+        /// The lane.
+        lane: u32,
+        /// The bytes it has.
+        len: usize,
+        /// The bytes expected.
+        expected: usize,
+    },
+    /// The other side stopped answering and the wait was abandoned.
+    #[error("wait abandoned on port {port}: {reason}")]
+    Abandoned {
+        /// The port.
+        port: u32,
+        /// Why.
+        reason: &'static str,
+    },
+    /// A synchronous operation on a resumable port found the buffer not ours yet: a handler
+    /// that waits for a client's next packet must be an async one (`RpcServer::register`).
+    #[error("port {port}: the client has not answered yet; a plain handler cannot wait (register an async one)")]
+    WouldBlock {
+        /// The port.
+        port: u32,
+    },
+    /// A handler panicked (the panic's message).
+    #[error("the handler panicked: {0}")]
+    Panicked(RefusalText),
+    /// No handler accepted the opcode.
+    #[error("no handler for opcode {0}")]
+    UnknownOpcode(Opcode),
+    /// `shutdown` found kernels still holding user guards and the policy refused.
+    #[error("{0} user guard(s) still live: kernels are running")]
+    LiveUsers(usize),
+    /// No attached mailbox has this id.
+    #[error("no mailbox {0} is attached")]
+    NoSuchMailbox(u64),
+    /// The worker thread could not be spawned.
+    #[error("could not spawn the server thread: {0}")]
+    Spawn(RefusalText),
+    /// A vendor plugin's hook failed (the vendor error's text, with its code and name).
+    #[error("{plugin}: {what}: {message}")]
+    Vendor {
+        /// The plugin (`cuda`, `amdgpu`, `host`).
+        plugin: &'static str,
+        /// What it was doing.
+        what: &'static str,
+        /// The vendor error's text.
+        message: RefusalText,
+    },
+    /// A device index, image or kernel that does not exist.
+    #[error("{0}")]
+    NotFound(RefusalText),
+    /// `deinit` found kernels still running after its wait; they were aborted (named here).
+    #[error("kernels still running at deinit were aborted: {0}")]
+    KernelsAborted(RefusalText),
+    /// The server of a runtime that was deinitialised: it cannot start again.
+    #[error("the runtime was deinitialised: its server cannot start again")]
+    Deinitialised,
+    /// A kernel ended through EXIT or ABORT under the record policy.
+    #[error("a kernel ended the program: {0}")]
+    KernelExited(RefusalText),
+    /// A request the server refused (bad handle, policy, ...).
+    #[error("request refused: {0}")]
+    Refused(RefusalText),
+}
+
+/// The text of a refusal. A `String` with `std`, a static text without.
+#[cfg(feature = "std")]
+pub(crate) type RefusalText = std::string::String;
+/// The text of a refusal. A `String` with `std`, a static text without.
+#[cfg(not(feature = "std"))]
+pub(crate) type RefusalText = &'static str;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+#[cfg(feature = "std")]
+/// A vendor error, kept whole as the source of the glue's errors.
+pub type VendorError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -1,0 +1,264 @@
+//! A typed view of a mailbox region, and owned regions for host-side use.
+//!
+//! The region is shared with another party (a GPU, another process, a client thread) that this
+//! process cannot make obey Rust's rules, so every access to it is atomic: the flags with the
+//! orderings of PROTOCOL section 3, headers and packet words `Relaxed` (ordered by those flags'
+//! fences). A misbehaving peer can then only make us read garbage values, never cause a data race.
+//! Every access in this process is also same-size: a flag is always a `u32` atomic, a header or
+//! packet word always a `u64` one (the scan, the ports, plugin-host's copies alike).
+//! On x86-64 and AArch64 a relaxed load or store compiles to a plain move, so this costs nothing.
+
+use crate::protocol::error::{Error, Result};
+use crate::protocol::layout::Layout;
+use crate::sync::{AtomicU32, DataWord};
+
+/// A view of one mailbox: the arrays of PROTOCOL section 2 as atomics.
+#[derive(Clone, Copy)]
+pub struct Mailbox<'a> {
+    layout: Layout,
+    /// Server-written words, one per port.
+    pub(crate) primary: &'a [AtomicU32],
+    /// Client-written words, one per port.
+    pub(crate) secondary: &'a [AtomicU32],
+    /// Two words per port: `mask`, then `opcode` in the low 32 bits (padding above).
+    pub(crate) header: &'a [DataWord],
+    /// `8 * L` words per port.
+    pub(crate) packet: &'a [DataWord],
+}
+
+impl<'a> Mailbox<'a> {
+    /// A view over arrays owned elsewhere ([`MailboxMemory`] under loom, which cannot wrap
+    /// foreign memory).
+    #[cfg(loom)]
+    pub(crate) fn from_parts(
+        layout: Layout,
+        primary: &'a [AtomicU32],
+        secondary: &'a [AtomicU32],
+        header: &'a [DataWord],
+        packet: &'a [DataWord],
+    ) -> Result<Self> {
+        let n = layout.ports() as usize;
+        let lengths_ok = primary.len() == n
+            && secondary.len() == n
+            && header.len() == 2 * n
+            && packet.len() == 8 * layout.lanes() as usize * n;
+        if !lengths_ok {
+            return Err(Error::BadRegion {
+                addr: 0,
+                len: 0,
+                need: layout.total_size(),
+            });
+        }
+        Ok(Mailbox {
+            layout,
+            primary,
+            secondary,
+            header,
+            packet,
+        })
+    }
+
+    /// A view over raw memory laid out as `layout`.
+    ///
+    /// Errors if `base` is not 64-byte aligned or `len` is smaller than the layout's size.
+    ///
+    /// # Safety
+    /// - `base..base + len` is valid for reads and writes for `'a` (it stays allocated).
+    /// - Within this process, while the view lives, every access to the region is atomic and
+    ///   same-size: each word only through an atomic of the size this view gives it (`u32`
+    ///   for `primary` and `secondary`, `u64` for the headers and packets; Rust's memory model
+    ///   does not allow racing atomic accesses of different sizes to the same bytes), and
+    ///   nothing non-atomic. Other processes and devices may write it as they like: that is
+    ///   only garbage to us.
+    #[cfg(not(loom))]
+    pub unsafe fn from_raw(base: *mut u8, len: usize, layout: Layout) -> Result<Self> {
+        let need = layout.total_size();
+        if base.is_null() || base as usize % 64 != 0 || len < need {
+            return Err(Error::BadRegion {
+                addr: base as usize,
+                len,
+                need,
+            });
+        }
+        let n = layout.ports() as usize;
+        // SAFETY: each array lies inside the region (the offsets and sizes come from `layout`,
+        // whose total size `len` covers), is aligned for its type (the region is 64-aligned and
+        // the offsets are multiples of 4 and 8 respectively), and atomics have the size and bit
+        // validity of the integers they wrap, so any bytes there are valid. The caller promises
+        // the region lives for 'a and is only accessed atomically, with these sizes, in this
+        // process.
+        unsafe {
+            let at = |offset: usize| base.add(offset);
+            Ok(Mailbox {
+                layout,
+                primary: core::slice::from_raw_parts(at(layout.primary()).cast(), n),
+                secondary: core::slice::from_raw_parts(at(layout.secondary()).cast(), n),
+                header: core::slice::from_raw_parts(at(layout.header()).cast(), 2 * n),
+                packet: core::slice::from_raw_parts(
+                    at(layout.packet()).cast(),
+                    8 * layout.lanes() as usize * n,
+                ),
+            })
+        }
+    }
+
+    /// The mailbox's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// This port's `8 * L` packet words.
+    pub(crate) fn packets(&self, index: u32) -> &'a [DataWord] {
+        let per_port = 8 * self.layout.lanes() as usize;
+        &self.packet[index as usize * per_port..][..per_port]
+    }
+}
+
+/// Number of `u32` lock words for `ports` ports.
+pub(crate) const fn lock_words(ports: u32) -> usize {
+    ports.div_ceil(32) as usize
+}
+
+/// Takes port `index`'s lock bit. `Acquire` pairs with the `Release` of the last [`unlock`], so
+/// everything the previous holder did with the port (its flips of its own word) is visible.
+pub(crate) fn try_lock(locks: &[AtomicU32], index: u32) -> bool {
+    let bit = 1 << (index % 32);
+    // RMW: sets the bit (unlocked -> locked); we hold the lock iff it was clear before.
+    locks[index as usize / 32].fetch_or(bit, crate::sync::Ordering::Acquire) & bit == 0
+}
+
+/// Releases port `index`'s lock bit. `Release` publishes the holder's work to the next holder.
+pub(crate) fn unlock(locks: &[AtomicU32], index: u32) {
+    // RMW: clears our bit (locked -> unlocked) without touching the other ports' bits.
+    locks[index as usize / 32].fetch_and(!(1 << (index % 32)), crate::sync::Ordering::Release);
+}
+
+/// A table of port lock bits, to be shared by every thread serving (or every client thread
+/// using) one mailbox.
+#[cfg(feature = "std")]
+pub struct LockTable {
+    words: std::boxed::Box<[AtomicU32]>,
+}
+
+#[cfg(feature = "std")]
+impl LockTable {
+    /// Lock bits for `ports` ports, all unlocked.
+    pub fn new(ports: u32) -> Self {
+        LockTable {
+            words: (0..lock_words(ports)).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+    /// The lock words, 32 ports each.
+    pub fn words(&self) -> &[AtomicU32] {
+        &self.words
+    }
+}
+
+/// A zeroed, 64-byte-aligned mailbox region owned by this process (plugin-host's device memory,
+/// tests, benchmarks). Under loom the arrays are loom atomics instead of one raw region.
+#[cfg(feature = "std")]
+pub struct MailboxMemory {
+    layout: Layout,
+    #[cfg(not(loom))]
+    region: RawRegion,
+    #[cfg(loom)]
+    arrays: (
+        std::vec::Vec<AtomicU32>,
+        std::vec::Vec<AtomicU32>,
+        std::vec::Vec<DataWord>,
+        std::vec::Vec<DataWord>,
+    ),
+}
+
+#[cfg(feature = "std")]
+impl MailboxMemory {
+    /// Zeroed, 64-byte-aligned host memory for a mailbox of `layout`.
+    pub fn new(layout: Layout) -> Self {
+        #[cfg(not(loom))]
+        {
+            MailboxMemory {
+                layout,
+                region: RawRegion::zeroed(layout.total_size()),
+            }
+        }
+        #[cfg(loom)]
+        {
+            let n = layout.ports() as usize;
+            let u32s = |k: usize| (0..k).map(|_| AtomicU32::new(0)).collect();
+            let u64s = |k: usize| (0..k).map(|_| DataWord::new(0)).collect();
+            MailboxMemory {
+                layout,
+                arrays: (
+                    u32s(n),
+                    u32s(n),
+                    u64s(2 * n),
+                    u64s(8 * layout.lanes() as usize * n),
+                ),
+            }
+        }
+    }
+
+    /// The memory's layout.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The region's address (also its "device" address for host-side clients).
+    #[cfg(not(loom))]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.region.ptr
+    }
+
+    /// The memory as a mailbox.
+    pub fn view(&self) -> Mailbox<'_> {
+        #[cfg(not(loom))]
+        {
+            // SAFETY: the region is ours, 64-aligned, of the layout's size, lives as long as the
+            // returned borrow of `self`, and is only ever accessed through such atomic views
+            // (same-size: no other view of it exists).
+            unsafe { Mailbox::from_raw(self.region.ptr, self.region.len, self.layout) }
+                .expect("an owned region matches its layout")
+        }
+        #[cfg(loom)]
+        {
+            let (p, s, h, k) = &self.arrays;
+            Mailbox::from_parts(self.layout, p, s, h, k).expect("arrays sized from the layout")
+        }
+    }
+}
+
+/// A zeroed heap allocation aligned to 64 bytes.
+#[cfg(all(feature = "std", not(loom)))]
+struct RawRegion {
+    ptr: *mut u8,
+    len: usize,
+}
+
+#[cfg(all(feature = "std", not(loom)))]
+impl RawRegion {
+    fn zeroed(len: usize) -> Self {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 64).expect("valid size");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        RawRegion { ptr, len }
+    }
+}
+
+#[cfg(all(feature = "std", not(loom)))]
+impl Drop for RawRegion {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len.max(1), 64).expect("valid size");
+        // SAFETY: allocated in `zeroed` with this same layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, layout) }
+    }
+}
+
+// SAFETY: the region is plain memory only ever accessed through atomics.
+#[cfg(all(feature = "std", not(loom)))]
+unsafe impl Send for RawRegion {}
+// SAFETY: as above: shared access is atomic access.
+#[cfg(all(feature = "std", not(loom)))]
+unsafe impl Sync for RawRegion {}

@@ -1,0 +1,42 @@
+//! The protocol layer: LLVM libc's GPU RPC protocol over memory handed in from outside, both
+//! ends of it, with no server behind it. It builds without the `std` feature (plus `alloc` for
+//! `recv_n`), so the client builds for `no_std` targets.
+//!
+//! - `layout.rs`: mailbox layouts of both generations and the device client object
+//!   ([`Layout`], [`Generation`]);
+//! - `opcode.rs`: the opcode table ([`Opcode`]);
+//! - `mailbox.rs`: a region viewed as the protocol's atomic arrays ([`Mailbox`],
+//!   [`MailboxMemory`]), and the port lock bits ([`LockTable`]);
+//! - `port.rs`: the per-port state machine both sides share ([`ClientPort`], [`ServerPort`]),
+//!   and the ways to wait ([`Wait`]);
+//! - `client.rs`: opening ports as a GPU warp does ([`Client`]);
+//! - `server_end.rs`: the server's end of one mailbox: finding pending ports and opening them
+//!   ([`ServerEnd`]; `scan.rs` finds them a word at a time).
+//!
+//! Depends on nothing else in the crate but [`crate::protocol::error`] and [`crate::sync`].
+
+pub(crate) mod client;
+pub(crate) mod error;
+pub(crate) mod layout;
+pub(crate) mod mailbox;
+pub(crate) mod opcode;
+pub(crate) mod port;
+// Parts of it (the hot-port cache) serve only the server, which needs `std`.
+#[cfg_attr(not(feature = "std"), allow(dead_code))]
+pub(crate) mod scan;
+#[cfg_attr(not(feature = "std"), allow(dead_code))]
+pub(crate) mod server_end;
+
+#[cfg(all(test, loom))]
+mod loom;
+
+pub use client::{Client, ClientDoorbell};
+pub use layout::{Buffer, Generation, Header, Layout, BUFFER_SIZE, FIRST_PACKET_BYTES, LANE_SIZES};
+pub use mailbox::Mailbox;
+#[cfg(feature = "std")]
+pub use mailbox::{LockTable, MailboxMemory};
+pub use opcode::{Dialect, Numbering, Opcode};
+pub use port::{lanes, ClientPort, Packet, ServerPort, Spin, Wait};
+#[cfg(feature = "std")]
+pub use port::{Backoff, Deadline, Resumable};
+pub use server_end::ServerEnd;

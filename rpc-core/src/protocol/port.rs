@@ -1,0 +1,683 @@
+//! An open port and its state machine, the same for both sides (PROTOCOL sections 3-5).
+//!
+//! # Memory ordering
+//! Ownership of a port's header and packets moves by flipping one's own word:
+//! - before a flip, `fence(Release)` then a `Relaxed` store (`Port::hand_over`): every header
+//!   and packet write before it is visible to whoever sees the flip;
+//! - waiting for the other side's flip uses `Relaxed` loads, then `fence(Acquire)`
+//!   (`Port::take_buffer`), which pairs with that side's release fence, so its writes are
+//!   visible before we read or overwrite the buffers.
+//!
+//! Packet and header words themselves are `Relaxed`: the fences order them.
+//!
+//! # Waiting: blocking or resumable
+//! Every operation is written once, as an `async fn` (`*_async`), whose only suspension point is
+//! `Port::poll_take`: "is the buffer ours yet?". A blocking [`Wait`] (a client warp, the raw
+//! protocol [`crate::protocol::ServerEnd`]) pauses inside that poll until it is, so the future completes in
+//! its first poll and the synchronous methods (`send`, `recv`, ...) just poll it once. A
+//! resumable wait ([`Resumable`], the [`crate::RpcServer`]'s exchanges) returns `Pending`
+//! instead, and the server thread's executor polls the exchange again on a later pass while it
+//! serves the other ports. Closures get each packet with a fresh lifetime (`Packet<'_>`), so no
+//! reference into the mailbox outlives the call that lent it.
+//!
+//! | field | who touches it |
+//! |---|---|
+//! | own word (`outbox`) | only this side, only while holding the port's lock |
+//! | other word (`inbox`) | read only |
+//! | header, packets | only while `owns` (or, for the client, between open and its first send) |
+
+use crate::protocol::error::{Error, Result};
+use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
+use crate::protocol::mailbox::unlock;
+use crate::protocol::opcode::Opcode;
+use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
+use core::future::Future;
+use core::task::{Context, Poll, Waker};
+
+#[cfg(feature = "std")]
+use std::vec::Vec;
+#[cfg(not(feature = "std"))]
+extern crate alloc;
+#[cfg(not(feature = "std"))]
+use alloc::vec::Vec;
+
+/// How a side waits for the other: called after each poll that found the buffer not yet ours.
+pub trait Wait: Sync {
+    /// Pause before the next poll of `port` (`attempt` counts from 0), or give up with an error
+    /// (usually [`Error::Abandoned`]).
+    fn pause(&self, port: u32, attempt: u32) -> Result<()>;
+    /// True if a port should not wait at all but suspend its operation (`Poll::Pending`), to be
+    /// polled again later; `pause` is then never called. Only [`Resumable`] says yes.
+    fn resumable(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(feature = "std")]
+std::thread_local! {
+    /// Set when a resumable port operation suspends because the other side has not answered:
+    /// the executor then knows the exchange waits for its port, not for something else, and
+    /// need not poll it again until the port's flags say the client answered.
+    pub(crate) static WAITING_ON_PORT: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// The wait of a resumable exchange: never pauses, suspends instead (see the module docs). The
+/// synchronous operations of a port with this wait fail with [`Error::WouldBlock`] rather than
+/// wait.
+pub struct Resumable;
+
+impl Wait for Resumable {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<()> {
+        Ok(())
+    }
+    fn resumable(&self) -> bool {
+        true
+    }
+}
+
+/// Spins forever; the only wait available without `std`.
+pub struct Spin;
+
+impl Wait for Spin {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<()> {
+        crate::sync::spin_hint();
+        Ok(())
+    }
+}
+
+/// Spins briefly, then yields, then sleeps in short naps; never gives up. On a 2-core machine a
+/// waiter that only spins can starve the very thread it waits for, hence the yield and naps.
+#[cfg(feature = "std")]
+pub struct Backoff;
+
+/// Polls spent spinning before [`Backoff`] starts yielding.
+#[cfg(feature = "std")]
+pub(crate) const SPIN_POLLS: u32 = 64;
+/// Polls (counted from the start) after which [`Backoff`] naps instead of yielding (not under
+/// loom, where a step is only a spin hint).
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) const YIELD_POLLS: u32 = SPIN_POLLS + 512;
+
+#[cfg(feature = "std")]
+impl Backoff {
+    /// One back-off step for poll `attempt`: spin, yield or nap.
+    pub fn step(attempt: u32) {
+        #[cfg(loom)]
+        {
+            let _ = attempt;
+            crate::sync::spin_hint();
+        }
+        #[cfg(not(loom))]
+        if attempt < SPIN_POLLS {
+            crate::sync::spin_hint();
+        } else if attempt < YIELD_POLLS {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(20));
+        }
+    }
+}
+
+#[cfg(feature = "std")]
+impl Wait for Backoff {
+    fn pause(&self, _port: u32, attempt: u32) -> Result<()> {
+        Backoff::step(attempt);
+        Ok(())
+    }
+}
+
+/// Backs off like [`Backoff`], and gives up ([`Error::Abandoned`]) once the instant has
+/// passed: for a client that must not wait forever on a server that may be gone (tests, tools,
+/// other processes).
+#[cfg(feature = "std")]
+pub struct Deadline(pub std::time::Instant);
+
+#[cfg(feature = "std")]
+impl Deadline {
+    /// A deadline `timeout` from now.
+    pub fn after(timeout: std::time::Duration) -> Self {
+        Deadline(std::time::Instant::now() + timeout)
+    }
+}
+
+#[cfg(feature = "std")]
+impl Wait for Deadline {
+    fn pause(&self, port: u32, attempt: u32) -> Result<()> {
+        // Reading the clock costs more than a spin: only once the spinning is over.
+        if attempt >= SPIN_POLLS && std::time::Instant::now() >= self.0 {
+            return Err(Error::Abandoned {
+                port,
+                reason: "deadline passed",
+            });
+        }
+        Backoff::step(attempt);
+        Ok(())
+    }
+}
+
+/// The default wait of a side: [`Backoff`] with `std`, [`Spin`] without.
+#[cfg(feature = "std")]
+pub(crate) static DEFAULT_WAIT: Backoff = Backoff;
+/// The default wait of a side: [`Backoff`] with `std`, [`Spin`] without.
+#[cfg(not(feature = "std"))]
+pub static DEFAULT_WAIT: Spin = Spin;
+
+/// A mailbox word as the protocol reads it: any non-zero value counts as 1 (robustness: a peer
+/// that writes garbage cannot push us outside the two states).
+#[inline]
+pub(crate) fn normalize(word: u32) -> u32 {
+    (word != 0) as u32
+}
+
+/// Stores this side's word (a flip, or a reset to the other side's value): `fence(Release)`
+/// first, so every header and packet write before it is visible to whoever sees the new word
+/// (see the module's memory-ordering note). The one place a side's word is written after open.
+#[inline]
+pub(crate) fn store_own_word(word: &AtomicU32, value: u32) {
+    fence(Ordering::Release);
+    word.store(value, Ordering::Relaxed);
+}
+
+/// The lanes whose bits are set in `mask`, lowest first.
+pub fn lanes(mut mask: u64) -> impl Iterator<Item = u32> {
+    core::iter::from_fn(move || {
+        if mask == 0 {
+            return None;
+        }
+        let lane = mask.trailing_zeros();
+        mask &= mask - 1;
+        Some(lane)
+    })
+}
+
+/// One lane's 64-byte packet in shared memory.
+#[derive(Clone, Copy)]
+pub struct Packet<'a> {
+    words: &'a [DataWord],
+}
+
+impl<'a> Packet<'a> {
+    /// Word `i` (0..8), little-endian on the wire.
+    #[inline]
+    pub fn word(&self, i: usize) -> u64 {
+        u64::from_le(self.words[i].load(Ordering::Relaxed))
+    }
+
+    #[inline]
+    /// Writes word `i`.
+    pub fn set_word(&self, i: usize, value: u64) {
+        self.words[i].store(value.to_le(), Ordering::Relaxed)
+    }
+
+    /// The whole packet.
+    pub fn read(&self) -> Buffer {
+        Buffer {
+            data: core::array::from_fn(|i| self.word(i)),
+        }
+    }
+
+    /// Writes the whole packet.
+    pub fn write(&self, buffer: &Buffer) {
+        for (i, &word) in buffer.data.iter().enumerate() {
+            self.set_word(i, word);
+        }
+    }
+
+    /// Copies `out.len()` bytes starting at byte `offset` out of the packet.
+    /// Panics if the range leaves the packet (a bug of this crate, never input-driven).
+    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) {
+        assert!(
+            offset + out.len() <= BUFFER_SIZE,
+            "byte range outside the packet"
+        );
+        let mut done = 0;
+        while done < out.len() {
+            let at = offset + done;
+            let bytes = self.word(at / 8).to_le_bytes();
+            let take = (8 - at % 8).min(out.len() - done);
+            out[done..done + take].copy_from_slice(&bytes[at % 8..at % 8 + take]);
+            done += take;
+        }
+    }
+
+    /// Copies `data` into the packet starting at byte `offset`; the other bytes keep their values.
+    /// Panics if the range leaves the packet (a bug of this crate, never input-driven).
+    pub fn write_bytes(&self, offset: usize, data: &[u8]) {
+        assert!(
+            offset + data.len() <= BUFFER_SIZE,
+            "byte range outside the packet"
+        );
+        let mut done = 0;
+        while done < data.len() {
+            let at = offset + done;
+            let take = (8 - at % 8).min(data.len() - done);
+            let mut bytes = if take == 8 {
+                [0; 8]
+            } else {
+                self.word(at / 8).to_le_bytes()
+            };
+            bytes[at % 8..at % 8 + take].copy_from_slice(&data[done..done + take]);
+            self.set_word(at / 8, u64::from_le_bytes(bytes));
+            done += take;
+        }
+    }
+}
+
+/// An open port. `SERVER` picks the side: it decides who owns the buffer for a pair of words and
+/// whether `close` hands the buffer back. Dropping a port closes it.
+pub struct Port<'a, const SERVER: bool> {
+    pub(crate) index: u32,
+    /// The other side's word.
+    pub(crate) inbox: &'a AtomicU32,
+    /// This side's word.
+    pub(crate) outbox: &'a AtomicU32,
+    pub(crate) packets: &'a [DataWord],
+    pub(crate) locks: &'a [AtomicU32],
+    /// Active lanes: the header mask restricted to real lanes.
+    pub(crate) mask: u64,
+    /// The mask as found in (or written to) the header.
+    pub(crate) header_mask: u64,
+    pub(crate) lanes: u32,
+    pub(crate) opcode: Opcode,
+    /// The value of our own word.
+    pub(crate) out: u32,
+    pub(crate) owns: bool,
+    pub(crate) receive: bool,
+    pub(crate) wait: &'a dyn Wait,
+    /// v2 doorbell counter, decremented once when a server port closes.
+    pub(crate) doorbell: Option<&'a AtomicU64>,
+    /// Set when a wait gave up or `recv_n` refused a length: the exchange stopped midway, so
+    /// the other side may still be inside it (see `Drop`).
+    pub(crate) gave_up: bool,
+}
+
+/// A port opened by a client warp.
+pub type ClientPort<'a> = Port<'a, false>;
+/// A port opened by the server.
+pub type ServerPort<'a> = Port<'a, true>;
+
+impl<'a, const SERVER: bool> Port<'a, SERVER> {
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+    pub fn opcode(&self) -> Opcode {
+        self.opcode
+    }
+    /// The active lanes (header mask bits below `L`).
+    pub fn mask(&self) -> u64 {
+        self.mask
+    }
+    /// The lane size `L`.
+    pub fn lane_size(&self) -> u32 {
+        self.lanes
+    }
+    /// The first active lane (0 when the mask is empty).
+    pub fn first_lane(&self) -> u32 {
+        self.mask.trailing_zeros().min(self.lanes.saturating_sub(1))
+    }
+
+    #[inline]
+    fn owned(&self, inbox: u32) -> bool {
+        // Client owns iff the words are equal; server owns iff they differ.
+        (inbox != self.out) == SERVER
+    }
+
+    #[inline]
+    fn packet(&self, lane: u32) -> Packet<'a> {
+        Packet {
+            words: &self.packets[8 * lane as usize..][..8],
+        }
+    }
+
+    /// Whether this side owns the buffer now, taking it if so (see the module's memory-ordering
+    /// note). A blocking wait pauses here until it does (or gives up); a resumable one returns
+    /// `Pending` at once.
+    pub(crate) fn poll_take(&mut self) -> Poll<Result<()>> {
+        if self.owns {
+            return Poll::Ready(Ok(()));
+        }
+        let mut attempt = 0;
+        while !self.owned(normalize(self.inbox.load(Ordering::Relaxed))) {
+            if self.wait.resumable() {
+                #[cfg(feature = "std")]
+                WAITING_ON_PORT.with(|waiting| waiting.set(true));
+                return Poll::Pending;
+            }
+            if let Err(error) = self.wait.pause(self.index, attempt) {
+                self.gave_up = true;
+                return Poll::Ready(Err(error));
+            }
+            attempt = attempt.saturating_add(1);
+        }
+        // Pairs with the other side's release fence before its flip.
+        fence(Ordering::Acquire);
+        self.owns = true;
+        Poll::Ready(Ok(()))
+    }
+
+    /// Waits (or suspends) until this side owns the buffer.
+    async fn take_buffer(&mut self) -> Result<()> {
+        core::future::poll_fn(|_| self.poll_take()).await
+    }
+
+    /// Hands the buffer to the other side by flipping our own word.
+    fn hand_over(&mut self) {
+        self.out ^= 1;
+        store_own_word(self.outbox, self.out);
+        self.owns = false;
+    }
+
+    /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
+    pub(crate) async fn send_async(&mut self, mut fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        self.take_buffer().await?;
+        for lane in lanes(self.mask) {
+            fill(lane, self.packet(lane));
+        }
+        self.hand_over();
+        self.receive = false;
+        Ok(())
+    }
+
+    /// Waits for the other side's packet and lets `use_` read each active lane's. A recv right
+    /// after a recv first hands the buffer back as an empty acknowledgement.
+    pub(crate) async fn recv_async(&mut self, mut use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        if self.receive {
+            self.hand_over();
+        }
+        self.take_buffer().await?;
+        for lane in lanes(self.mask) {
+            use_(lane, self.packet(lane));
+        }
+        self.receive = true;
+        Ok(())
+    }
+
+    /// `send(fill)` then `recv(use_)`.
+    pub(crate) async fn send_and_recv_async(
+        &mut self,
+        fill: impl FnMut(u32, Packet<'_>),
+        use_: impl FnMut(u32, Packet<'_>),
+    ) -> Result<()> {
+        self.send_async(fill).await?;
+        self.recv_async(use_).await
+    }
+
+    /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
+    pub(crate) async fn recv_and_send_async(
+        &mut self,
+        work: impl FnMut(u32, Packet<'_>),
+    ) -> Result<()> {
+        self.recv_async(|_, _| {}).await?;
+        self.send_async(work).await
+    }
+
+    /// Sends a byte string per lane (`data[lane]`; lanes past `data.len()` send 0 bytes):
+    /// first packet `buf[0] = n` and up to 56 bytes, then 64-byte packets (PROTOCOL section 5).
+    pub(crate) async fn send_n_async(&mut self, data: &[&[u8]]) -> Result<()> {
+        let lane_data = |lane: u32| data.get(lane as usize).copied().unwrap_or(&[]);
+        self.send_async(|lane, packet| {
+            let bytes = lane_data(lane);
+            packet.set_word(0, bytes.len() as u64);
+            packet.write_bytes(8, &bytes[..bytes.len().min(FIRST_PACKET_BYTES)]);
+        })
+        .await?;
+        let longest = lanes(self.mask)
+            .map(|lane| lane_data(lane).len())
+            .max()
+            .unwrap_or(0);
+        let mut offset = FIRST_PACKET_BYTES;
+        while offset < longest {
+            self.send_async(|lane, packet| {
+                let bytes = lane_data(lane);
+                if offset < bytes.len() {
+                    packet.write_bytes(0, &bytes[offset..bytes.len().min(offset + BUFFER_SIZE)]);
+                }
+            })
+            .await?;
+            offset += BUFFER_SIZE;
+        }
+        Ok(())
+    }
+
+    /// Receives a byte string per lane (index = lane; inactive lanes get empty vectors).
+    /// A lane claiming more than `bound` bytes ends the exchange with [`Error::TooLong`]; memory
+    /// grows with the bytes actually received, never with the claimed length.
+    pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
+        self.recv_n_within_async(bound, u64::MAX).await
+    }
+
+    /// `recv_n_async` whose lanes together may claim at most `total` bytes (a request's
+    /// budget): above it the script stops as above a lane's `bound`.
+    pub(crate) async fn recv_n_within_async(
+        &mut self,
+        bound: u64,
+        total: u64,
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
+        let mut lengths = [0usize; 64];
+        let mut too_long = None;
+        let mut claimed = 0u64;
+        self.recv_async(|lane, packet| {
+            let len = packet.word(0);
+            if len > bound {
+                too_long.get_or_insert(Error::TooLong { lane, len, bound });
+                return;
+            }
+            claimed = claimed.saturating_add(len);
+            if claimed > total {
+                too_long.get_or_insert(Error::RequestTooLong {
+                    len: claimed,
+                    bound: total,
+                });
+                return;
+            }
+            let len = len as usize; // `bound` fits in usize on every host we build for.
+            lengths[lane as usize] = len;
+            let first = len.min(FIRST_PACKET_BYTES);
+            let bytes = &mut out[lane as usize];
+            bytes.reserve(len.min(1 << 16));
+            bytes.resize(first, 0);
+            packet.read_bytes(8, bytes);
+        })
+        .await?;
+        if let Some(error) = too_long {
+            // The script stops here although the other side goes on sending: as after a wait
+            // that gave up, the port must not be reused by this client (see `Drop`).
+            self.gave_up = true;
+            return Err(error);
+        }
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let mut offset = FIRST_PACKET_BYTES;
+        while offset < longest {
+            self.recv_async(|lane, packet| {
+                let len = lengths[lane as usize];
+                if offset < len {
+                    let take = (len - offset).min(BUFFER_SIZE);
+                    let bytes = &mut out[lane as usize];
+                    bytes.resize(offset + take, 0);
+                    packet.read_bytes(0, &mut bytes[offset..]);
+                }
+            })
+            .await?;
+            offset += BUFFER_SIZE;
+        }
+        Ok(out)
+    }
+
+    /// Sends `size` bytes per active lane in `ceil(size / 64)` packets, without a length word
+    /// (the fixed-size object variant). Every active lane's slice must have `size` bytes.
+    pub(crate) async fn send_fixed_async(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+        for lane in lanes(self.mask) {
+            let len = data.get(lane as usize).map_or(0, |d| d.len());
+            if len != size {
+                return Err(Error::BadLength {
+                    lane,
+                    len,
+                    expected: size,
+                });
+            }
+        }
+        for offset in (0..size).step_by(BUFFER_SIZE) {
+            let end = size.min(offset + BUFFER_SIZE);
+            self.send_async(|lane, packet| {
+                packet.write_bytes(0, &data[lane as usize][offset..end])
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Receives `size` bytes per active lane sent by [`Port::send_fixed`].
+    pub(crate) async fn recv_fixed_async(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+        let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
+        for lane in lanes(self.mask) {
+            out[lane as usize] = alloc_vec(size);
+        }
+        for offset in (0..size).step_by(BUFFER_SIZE) {
+            let end = size.min(offset + BUFFER_SIZE);
+            self.recv_async(|lane, packet| {
+                packet.read_bytes(0, &mut out[lane as usize][offset..end])
+            })
+            .await?;
+        }
+        Ok(out)
+    }
+
+    /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
+    pub fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        complete(self.index, self.send_async(fill))
+    }
+
+    /// Waits for the other side's packet and lets `use_` read each active lane's. A recv right
+    /// after a recv first hands the buffer back as an empty acknowledgement.
+    pub fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        complete(self.index, self.recv_async(use_))
+    }
+
+    /// `send(fill)` then `recv(use_)`.
+    pub fn send_and_recv(
+        &mut self,
+        fill: impl FnMut(u32, Packet<'_>),
+        use_: impl FnMut(u32, Packet<'_>),
+    ) -> Result<()> {
+        complete(self.index, self.send_and_recv_async(fill, use_))
+    }
+
+    /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
+    pub fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        complete(self.index, self.recv_and_send_async(work))
+    }
+
+    /// Sends a byte string per lane (see `send_n_async`, PROTOCOL section 5).
+    pub fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
+        complete(self.index, self.send_n_async(data))
+    }
+
+    /// Receives a byte string per lane, each at most `bound` bytes (see `recv_n_async`).
+    pub fn recv_n(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
+        complete(self.index, self.recv_n_async(bound))
+    }
+
+    /// Sends `size` bytes per active lane without a length word (see `send_fixed_async`).
+    pub fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+        complete(self.index, self.send_fixed_async(size, data))
+    }
+
+    /// Receives `size` bytes per active lane sent by [`Port::send_fixed`].
+    pub fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+        complete(self.index, self.recv_fixed_async(size))
+    }
+
+    /// Closes the port (the same as dropping it).
+    pub fn close(self) {}
+}
+
+/// Runs a port operation to completion in one poll: a blocking wait never suspends, so only a
+/// [`Resumable`] port can be `Pending` here, and then the operation stops with
+/// [`Error::WouldBlock`] (the exchange is left midway, as after a wait that gave up).
+fn complete<T>(port: u32, operation: impl Future<Output = Result<T>>) -> Result<T> {
+    let mut operation = core::pin::pin!(operation);
+    match operation
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(result) => result,
+        Poll::Pending => Err(Error::WouldBlock { port }),
+    }
+}
+
+fn alloc_vec(size: usize) -> Vec<u8> {
+    core::iter::repeat_n(0, size).collect()
+}
+
+impl<'a> Port<'a, true> {
+    /// The header's lane mask as the client wrote it.
+    pub fn header_mask(&self) -> u64 {
+        self.header_mask
+    }
+
+    /// Checks the header mask: non-empty, no bits at or above `L`.
+    pub fn check_mask(&self) -> Result<()> {
+        if self.header_mask == 0 || self.header_mask != self.mask {
+            return Err(Error::BadMask {
+                mask: self.header_mask,
+                lanes: self.lanes,
+            });
+        }
+        Ok(())
+    }
+
+    /// Leaves the port as it is, locked: neither flag changes and the lock bit stays set, so
+    /// nobody serves the rest of this exchange as a new request (see [`crate::server::dispatch`]). The
+    /// doorbell still counts the request as closed. Returns whether we owned the buffer.
+    #[cfg(feature = "std")]
+    pub(crate) fn quarantine(self) -> bool {
+        let owned = self.owns;
+        self.count_closed();
+        core::mem::forget(self);
+        owned
+    }
+
+    /// Abandons the exchange: sets our word equal to the client's (the client-owns state of a
+    /// finished exchange) and releases the port, whatever step the script was at.
+    pub fn reset(mut self) {
+        self.out = normalize(self.inbox.load(Ordering::Relaxed));
+        store_own_word(self.outbox, self.out);
+        self.owns = false;
+    }
+}
+
+impl<const SERVER: bool> Port<'_, SERVER> {
+    /// Counts the request closed in the v2 doorbell (server ports only have one).
+    fn count_closed(&self) {
+        if let Some(counter) = self.doorbell {
+            // RMW: one open request fewer (PROTOCOL section 9). Saturating, because the device
+            // may have written anything there; Relaxed, as the counter orders no other data.
+            let _ =
+                counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+        }
+    }
+}
+
+impl<const SERVER: bool> Drop for Port<'_, SERVER> {
+    fn drop(&mut self) {
+        // A client that dies mid-exchange keeps its lock, as a trapped GPU warp does (its lock
+        // bit is device memory nobody clears): the server may still be inside the exchange,
+        // and a new client on the port would have its packets read as the old script's. So
+        // does a client whose wait gave up, or whose `recv_n` refused a length: it stopped
+        // midway just the same.
+        if !SERVER && self.gave_up {
+            return;
+        }
+        #[cfg(feature = "std")]
+        if !SERVER && std::thread::panicking() {
+            return;
+        }
+        // Only the server returns a buffer it still owns; the client just unlocks.
+        if SERVER && self.owns {
+            self.hand_over();
+        }
+        self.count_closed();
+        unlock(self.locks, self.index);
+    }
+}

@@ -1,0 +1,683 @@
+//! Serving requests: one pass over every attached mailbox, and the exchanges kept in flight
+//! between passes.
+//!
+//! # Resumable exchanges
+//! A port's exchange is a script of packets. A packet handler's script is one packet each way
+//! and runs to completion when the port opens (the client's packet is already there). A script
+//! handler's exchange is a future (an `async` function of its [`Request`], see
+//! [`crate::server::registry`]): it runs until it needs a packet the client has not sent yet (or the
+//! result of a call on the I/O threads), and then *suspends*. The pass keeps it in flight and
+//! moves on to the other ports; every later pass polls it again, at the start and at every
+//! checkpoint of the scan (`scan::HOT_STRIDE` ports), so an exchange whose client
+//! answers quickly still advances about as fast as if it had the thread alone, while one whose
+//! client is slow costs a poll per pass and its port's slot, and nobody waits for it.
+//!
+//! We poll rather than wake: a device cannot signal the host, so the pass looks at every port
+//! anyway. Polls run with a no-op waker. An exchange suspended in a port operation is not
+//! polled again until its port is pending (the client answered), which costs two loads; one
+//! suspended on something else (an I/O call's result, a user's future) is polled every time.
+//! An exchange alone in flight that just advanced is re-polled for a few spins, so a lone
+//! stream is not held to one packet per pass.
+//!
+//! A port looks free from outside while its exchange waits for the client (both flags equal).
+//! A client that takes such a port with lock bits of its own (a new process; never a GPU, whose
+//! dead warps keep their lock bits set in device memory) would have its packets read as the old
+//! exchange's next ones: it must wait until the server has ended that exchange (for rpc-serve,
+//! the client timeout; the server logs it).
+//!
+//! # Ending an exchange
+//! | how it ends | the port | counted |
+//! |---|---|---|
+//! | completed, or refused with its script complete | closed: our buffer handed back, unlocked | `served` (+ `refused`) |
+//! | an error or a panic midway | quarantined | `errors` / `panics` |
+//! | no kernel that could answer runs any more | reset for the next client | `abandoned` |
+//! | the client timed out (`client_timeout`, rpc-serve; counted only while the exchange waits on its port) | closed as the exchange left it (free for the next client) | `abandoned` |
+//! | server shutting down, or mailbox detached | quarantined (detached: left untouched) | `abandoned` |
+//!
+//! A *quarantined* port keeps the server's lock bit and both flags as they are, so no later
+//! pass (nor a new worker after a restart) serves what the client sends next as a new request,
+//! and the client is never handed a buffer it would misread: it waits, as a warp whose server
+//! stopped does. Once every kernel that could be inside that exchange is gone, a pass resets
+//! the port (our word set equal to the client's, as after a finished exchange) and unlocks it.
+//! A *reset* does the same at once, when the client is known gone.
+//!
+//! A request's port outlives nothing: the exchange's future owns the request, and the request
+//! is dropped when the script returns (inside the poll that completes it) or when the pass drops
+//! a suspended exchange. Dropping it leaves the port locked, as it is, noting whether it owned
+//! the buffer; the pass then carries out the port's `Fate`: closing hands a buffer we owned
+//! back (a flip of our word) and unlocks; resetting sets our word equal to the client's and
+//! unlocks (only when no kernel that could write the port runs: a live client may already
+//! have flipped its word for its next request, which a reset would swallow). A timed-out
+//! client process is gone, but other processes may take the port the moment it looks free,
+//! so its exchange is closed, not reset.
+
+use std::time::Instant;
+use std::vec::Vec;
+
+use crate::protocol::error::Error;
+use crate::protocol::opcode::Opcode;
+use crate::protocol::port::WAITING_ON_PORT;
+use crate::protocol::scan::{HotPorts, Step};
+use crate::server::limits::device_warn;
+use crate::server::mailboxes::{Marks, Quarantined};
+use crate::server::registry::{Exchange, Handler, Registry, Request};
+use crate::server::stats::bump;
+use crate::server::{panic_message, Attached, Inner, ServerContext};
+use crate::sync::{lock, Arc, Ordering};
+use crate::Result;
+
+/// Re-polls of an exchange alone in flight per call of `poll_in_flight`, and the spins before
+/// each (about 64 packets of a stream, each waited for at most some 0.3 µs).
+const ALONE_REPOLLS: u32 = 64;
+const ALONE_SPINS: u32 = 128;
+
+/// What ending an exchange does to its port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Close it: hand back a buffer we own, unlock.
+    Close,
+    /// Reset it for a new client (the old one is gone), unlock.
+    Reset,
+    /// Leave it locked and untouched (see the module docs).
+    Quarantine,
+}
+
+impl Attached {
+    /// Marks port `index` as having (or no longer having) an exchange in flight. Relaxed: only
+    /// the worker writes and reads these bits; they order nothing.
+    fn set_in_flight(&self, index: u32, on: bool) {
+        let (word, bit) = (&self.in_flight[index as usize / 64], 1u64 << (index % 64));
+        if on {
+            // RMW: sets this port's bit.
+            word.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            // RMW: clears this port's bit.
+            word.fetch_and(!bit, Ordering::Relaxed);
+        }
+    }
+
+    fn has_in_flight(&self, index: u32) -> bool {
+        self.in_flight[index as usize / 64].load(Ordering::Relaxed) & (1 << (index % 64)) != 0
+    }
+
+    /// Records whether port `index`'s request owned the buffer when it was dropped. Relaxed: set
+    /// and read by the worker, in that order, on the same thread (a request a handler moved
+    /// elsewhere may leave a stale value; the protocol then only sees a late or a missing flip).
+    pub(crate) fn note_owned(&self, index: u32, owned: bool) {
+        self.owned[index as usize].store(owned, Ordering::Relaxed);
+    }
+
+    /// Stops serving a mailbox whose part of a pass panicked (a plugin's memory source, say):
+    /// logged once and counted in `panics`; its exchanges end as if it were detached (its
+    /// memory untouched), and the other mailboxes are served on. The owner should detach it.
+    fn fail(&self, context: &ServerContext, panic: &(dyn std::any::Any + Send)) {
+        log::error!(
+            "{}: mailbox {} panicked while being served ({}); it is no longer served",
+            context.config.name,
+            self.id.0,
+            panic_message(panic)
+        );
+        bump(&context.stats.panics);
+        // Release: as `detach`'s store (the flag is all that changes).
+        self.detached.store(true, Ordering::Release);
+    }
+
+    /// Releases the quarantined ports whose kernels are all gone.
+    fn release_quarantined(&self, context: &ServerContext) {
+        // Relaxed: a hint that saves the lock on every pass; a port quarantined meanwhile is
+        // looked at in the next pass.
+        if self.quarantined.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut quarantine = lock(&self.quarantine);
+        if quarantine.is_empty() {
+            return;
+        }
+        let server = self.server();
+        quarantine.retain(|q| {
+            if !q.marks.gone(self, context) {
+                return true;
+            }
+            server.release(q.index);
+            // RMW: one quarantined port fewer (written only under `quarantine`'s lock).
+            self.quarantined.fetch_sub(1, Ordering::Relaxed);
+            log::debug!(
+                "{}: mailbox {} port {}: quarantine lifted, its kernels are gone",
+                context.config.name,
+                self.id.0,
+                q.index
+            );
+            false
+        });
+    }
+}
+
+/// One exchange in flight.
+struct InFlight {
+    /// The rest of the script; owns its `Request` and so the port.
+    exchange: Exchange,
+    mailbox: Arc<Attached>,
+    index: u32,
+    opcode: Opcode,
+    marks: Marks,
+    /// Both flags of the port when last seen changing, and when (for `client_timeout`).
+    flags: (u32, u32),
+    since: Instant,
+    /// The last poll suspended in a port operation: no use polling again until the client
+    /// has answered (the port is pending again).
+    on_port: bool,
+}
+
+/// The worker's state between passes: its copies of the mailbox list and the registry
+/// (refreshed when they change) and the exchanges in flight.
+pub(crate) struct PassCache {
+    mailboxes: Option<Arc<Vec<Arc<Attached>>>>,
+    registry: Option<Arc<Registry>>,
+    /// The recently served ports of each mailbox of `mailboxes`, in the same order.
+    hot: Vec<HotPorts>,
+    /// The ports of all of `mailboxes` together (what one pass scans).
+    ports: usize,
+    versions: (u64, u64),
+    in_flight: Vec<InFlight>,
+}
+
+impl PassCache {
+    pub(crate) fn new() -> Self {
+        PassCache {
+            mailboxes: None,
+            registry: None,
+            hot: Vec::new(),
+            ports: 0,
+            versions: (u64::MAX, u64::MAX),
+            in_flight: Vec::new(),
+        }
+    }
+
+    /// Takes new copies if the list or the registry changed; true if the mailbox list did
+    /// (the old copy, and with it any detached mailbox, is let go).
+    fn refresh(&mut self, context: &ServerContext) -> bool {
+        let versions = (context.mailboxes.version(), context.registry.version());
+        let changed = versions.0 != self.versions.0;
+        if self.mailboxes.is_none() || versions != self.versions {
+            let mailboxes = context.mailboxes.get();
+            self.hot = std::vec![Default::default(); mailboxes.len()];
+            self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
+            self.mailboxes = Some(mailboxes);
+            self.registry = Some(context.registry.get());
+            self.versions = versions;
+        }
+        changed
+    }
+
+    /// The ports one pass scans (as of the last pass).
+    pub(crate) fn ports(&self) -> usize {
+        self.ports
+    }
+
+    /// A doorbell to sleep on: only when every attached mailbox has one and no request is open
+    /// in any (each counter 0). Then an open request rings one of them (waiting on the first,
+    /// the others are seen at the next poll, at most `doorbell_sleep` later).
+    #[cfg(not(loom))]
+    pub(crate) fn quiet_doorbell(&self) -> Option<&dyn crate::server::mailboxes::Doorbell> {
+        let mailboxes = self.mailboxes.as_ref()?;
+        let mut bells = mailboxes.iter().map(|m| m.doorbell());
+        let first = bells.next()??;
+        let all_quiet = std::iter::once(Some(first))
+            .chain(bells)
+            .all(|bell| bell.is_some_and(|b| b.counter().load(Ordering::Relaxed) == 0));
+        all_quiet.then_some(first)
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn quiet_doorbell(&self) -> Option<&'static dyn crate::server::mailboxes::Doorbell> {
+        None
+    }
+
+    /// Ends every exchange still in flight with `reason` (the worker is about to sleep, with no
+    /// user left, or to exit) and lets go of every mailbox, so `detach` never waits on a
+    /// sleeping or finished worker.
+    pub(crate) fn clear(&mut self, context: &ServerContext, fate: Fate, reason: &str) {
+        for exchange in std::mem::take(&mut self.in_flight) {
+            abandon(context, exchange, fate, reason);
+        }
+        self.mailboxes = None;
+    }
+}
+
+impl Inner {
+    /// One pass: the exchanges in flight, then every attached mailbox's pending ports (unless a
+    /// shutdown is under way: those wait for the next worker). Returns how many exchanges made
+    /// progress (opened, advanced or ended).
+    /// (An associated function: loom's `Arc` cannot be a method receiver.)
+    pub(crate) fn serve_pass(inner: &Arc<Inner>, cache: &mut PassCache) -> usize {
+        let context = &inner.context;
+        if cache.refresh(context) {
+            // A `detach` may be waiting for us to let go of its mailbox.
+            inner.thread.notify();
+        }
+        let PassCache {
+            mailboxes,
+            registry,
+            hot,
+            in_flight,
+            ..
+        } = cache;
+        let (Some(mailboxes), Some(registry)) = (mailboxes, registry) else {
+            return 0;
+        };
+        let mut progress = inner.poll_in_flight(mailboxes, in_flight);
+        let stopping = context.stopping.load(Ordering::Relaxed);
+        for (mailbox, hot) in mailboxes.iter().zip(hot.iter_mut()) {
+            if stopping || mailbox.detached.load(Ordering::Acquire) {
+                continue;
+            }
+            // A panic in this mailbox's part of the pass (its memory source, a matcher) costs
+            // this mailbox only: see `Attached::fail`.
+            let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let mut found = 0;
+                mailbox.release_quarantined(context);
+                let server = mailbox.server();
+                // Every pending port in index order, plus the recently served ports re-checked on
+                // the way, and the exchanges in flight polled at each checkpoint (see `scan`).
+                let mut sweep = server.sweep(hot);
+                while !mailbox.detached.load(Ordering::Acquire) {
+                    let index = match sweep.next() {
+                        None => break,
+                        Some(Step::Checkpoint) => {
+                            found += inner.poll_in_flight(mailboxes, in_flight);
+                            continue;
+                        }
+                        Some(Step::Pending(index)) => index,
+                    };
+                    // A port whose exchange is in flight looks pending each time its client
+                    // answers; the exchange is polled, not opened again.
+                    if mailbox.has_in_flight(index) {
+                        continue;
+                    }
+                    let Some(mut port) = server.try_open(index, &crate::protocol::port::Resumable)
+                    else {
+                        continue;
+                    };
+                    // Everything after this sees the opcode in today's numbering.
+                    port.opcode = mailbox.numbering.translate(port.opcode.0);
+                    // Read once the port is open, after `try_open`'s acquire fence: the kernel that
+                    // sent the request took its ticket before its flip (release), so the marks
+                    // include it; read before, a stale mark could make a live kernel look gone.
+                    let marks = Marks::now(mailbox, context);
+                    sweep.served(index);
+                    found += 1;
+                    let opcode = port.opcode();
+                    if let Some((exchange, on_port)) =
+                        Inner::start(inner, port, mailbox, marks, registry)
+                    {
+                        let flags = server.flags(index);
+                        mailbox.set_in_flight(index, true);
+                        in_flight.push(InFlight {
+                            exchange,
+                            on_port,
+                            mailbox: mailbox.clone(),
+                            index,
+                            opcode,
+                            marks,
+                            flags,
+                            since: Instant::now(),
+                        });
+                    }
+                }
+                found
+            }));
+            match swept {
+                Ok(found) => progress += found,
+                Err(panic) => mailbox.fail(context, panic.as_ref()),
+            }
+        }
+        // Only the worker writes this counter: a plain load and store, no RMW needed.
+        let passes = &context.stats.passes;
+        passes.store(passes.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        progress
+    }
+
+    /// Starts serving a port just opened; returns its exchange if it suspended.
+    fn start(
+        inner: &Arc<Inner>,
+        mut port: crate::protocol::ServerPort<'_>,
+        mailbox: &Arc<Attached>,
+        marks: Marks,
+        registry: &Registry,
+    ) -> Option<(Exchange, bool)> {
+        let context = &inner.context;
+        let name = &context.config.name;
+        let (opcode, index) = (port.opcode(), port.index());
+        if let Err(error) = port.check_mask() {
+            device_warn!(
+                context,
+                "{name}: mailbox {} port {index}: {opcode}: {error}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.bad_headers);
+            return None; // Dropping the port closes it: the client reads its own request back.
+        }
+        // A user's matcher may panic: that request alone goes unanswered, as an unknown one.
+        let found = catch(|| Ok(registry.find(opcode)));
+        let entry = match found {
+            Ok(entry) => entry,
+            Err(error) => {
+                log::error!(
+                    "{name}: mailbox {} port {index}: finding the handler for {opcode}: {error}; \
+                     closed unanswered",
+                    mailbox.id.0
+                );
+                bump(&context.stats.panics);
+                return None;
+            }
+        };
+        let Some(entry) = entry else {
+            device_warn!(
+                context,
+                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.unknown);
+            return None;
+        };
+        log::debug!(
+            "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
+            mailbox.id.0,
+            port.mask()
+        );
+        let mut exchange = match &entry.handler {
+            Handler::Packet(reply) => {
+                // The client's packet is there (the port opened because it flipped), and the
+                // reply only needs the buffer we hold: this never suspends.
+                let result = catch(|| reply(&mut port));
+                if inner.finish(mailbox, index, opcode, result) == Fate::Quarantine {
+                    port.quarantine();
+                    carry_out(mailbox, index, marks, Fate::Quarantine);
+                }
+                return None;
+            }
+            Handler::Script(script) => {
+                // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
+                // mailbox's region, lock table and doorbell, all owned by `*mailbox`.
+                let request = unsafe { Request::new(port, mailbox.clone(), inner.clone()) };
+                match catch(|| Ok(script(request))) {
+                    Ok(exchange) => exchange,
+                    Err(error) => {
+                        // The request went in the unwinding, leaving the port locked.
+                        let fate = inner.finish(mailbox, index, opcode, Err(error));
+                        carry_out(mailbox, index, marks, fate);
+                        return None;
+                    }
+                }
+            }
+        };
+        match poll(&mut exchange) {
+            Polled::OnPort => Some((exchange, true)),
+            Polled::Elsewhere => Some((exchange, false)),
+            Polled::Done(result) => {
+                inner.end(mailbox, index, opcode, marks, exchange, result);
+                None
+            }
+        }
+    }
+
+    /// Polls every exchange in flight once, ending those that completed or can no longer be
+    /// answered. Returns how many made progress.
+    fn poll_in_flight(&self, mailboxes: &[Arc<Attached>], in_flight: &mut Vec<InFlight>) -> usize {
+        if in_flight.is_empty() {
+            return 0;
+        }
+        let context = &self.context;
+        let mut progress = 0;
+        // First the exchanges of detached mailboxes: no pass touches their memory again.
+        let mut k = 0;
+        while k < in_flight.len() {
+            if in_flight[k].mailbox.detached.load(Ordering::Acquire) {
+                abandon(
+                    context,
+                    in_flight.swap_remove(k),
+                    Fate::Quarantine,
+                    "mailbox detached",
+                );
+                progress += 1;
+            } else {
+                k += 1;
+            }
+        }
+        if progress > 0 {
+            // A `detach` may be waiting for these exchanges to let go of its mailbox.
+            self.thread.notify();
+        }
+        // Then mailbox by mailbox, with one view of each.
+        let mut repolls = ALONE_REPOLLS;
+        for mailbox in mailboxes {
+            if mailbox.detached.load(Ordering::Acquire) {
+                continue;
+            }
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let server = mailbox.server();
+                self.poll_exchanges_of(mailbox, &server, in_flight, &mut repolls)
+            }));
+            match polled {
+                Ok(found) => progress += found,
+                Err(panic) => mailbox.fail(context, panic.as_ref()),
+            }
+        }
+        progress
+    }
+
+    /// [`Inner::poll_in_flight`] for the exchanges of one attached mailbox.
+    fn poll_exchanges_of(
+        &self,
+        mailbox: &Arc<Attached>,
+        server: &crate::protocol::ServerEnd<'_>,
+        in_flight: &mut Vec<InFlight>,
+        repolls: &mut u32,
+    ) -> usize {
+        let context = &self.context;
+        let client_timeout = context.config.client_timeout;
+        let mut progress = 0;
+        let mut k = 0;
+        while k < in_flight.len() {
+            let alone = in_flight.len() == 1;
+            let flight = &mut in_flight[k];
+            if !Arc::ptr_eq(&flight.mailbox, mailbox) {
+                k += 1;
+                continue;
+            }
+            // Polled before asking whether its kernel is gone: a kernel's last packet (EXIT's
+            // status) may come just before it ends. Not polled while it waits for a client that
+            // has not answered (the port not pending): that poll could only suspend again.
+            let polled = if flight.on_port && !server.is_pending(flight.index) {
+                Polled::OnPort
+            } else {
+                poll(&mut flight.exchange)
+            };
+            flight.on_port = !matches!(polled, Polled::Elsewhere);
+            if !flight.on_port && client_timeout.is_some() {
+                // The client is timed only while the exchange waits on its port: time spent on
+                // an I/O thread (a 400 MB printf, a slow file) is the server's, not the client's.
+                flight.since = Instant::now();
+            }
+            if let Polled::Done(result) = polled {
+                let flight = in_flight.swap_remove(k);
+                self.end(
+                    &flight.mailbox,
+                    flight.index,
+                    flight.opcode,
+                    flight.marks,
+                    flight.exchange,
+                    result,
+                );
+                progress += 1;
+                continue;
+            }
+            let flags = server.flags(flight.index);
+            if flags != flight.flags {
+                flight.flags = flags;
+                if client_timeout.is_some() {
+                    flight.since = Instant::now();
+                }
+                progress += 1;
+                // Alone in flight and advancing: its client (a stream, say) usually answers
+                // within a cross-core transfer, so look again for a few polls before moving on,
+                // instead of a whole pass later (bounded per pass, so new requests wait at most
+                // `ALONE_REPOLLS` short spins).
+                if alone && *repolls > 0 {
+                    *repolls -= 1;
+                    let mut spins = 0;
+                    while !server.is_pending(flight.index) && spins < ALONE_SPINS {
+                        crate::sync::spin_hint();
+                        spins += 1;
+                    }
+                    continue;
+                }
+            } else if flight.marks.gone(mailbox, context) {
+                let flight = in_flight.swap_remove(k);
+                abandon(context, flight, Fate::Reset, "no running kernel can answer");
+                progress += 1;
+                continue;
+            } else if client_timeout.is_some_and(|t| flight.since.elapsed() > t) {
+                // Closed as the exchange left it, not reset to the client's word as it reads
+                // now: other client processes may use the port from the moment it looks free,
+                // and a reset would swallow a request one of them just made.
+                let flight = in_flight.swap_remove(k);
+                abandon(context, flight, Fate::Close, "the client timed out");
+                continue;
+            }
+            k += 1;
+        }
+        progress
+    }
+
+    /// Ends a completed exchange: logs and counts its result, then drops it with the fate that
+    /// result calls for.
+    fn end(
+        &self,
+        mailbox: &Arc<Attached>,
+        index: u32,
+        opcode: Opcode,
+        marks: Marks,
+        exchange: Exchange,
+        result: Result<()>,
+    ) {
+        let fate = self.finish(mailbox, index, opcode, result);
+        drop(exchange);
+        carry_out(mailbox, index, marks, fate);
+    }
+
+    /// Logs and counts how a request ended; the fate of its port.
+    fn finish(&self, mailbox: &Attached, index: u32, opcode: Opcode, result: Result<()>) -> Fate {
+        let context = &self.context;
+        let name = &context.config.name;
+        let id = mailbox.id.0;
+        match result {
+            Ok(()) => {
+                context.stats.served(opcode);
+                Fate::Close
+            }
+            Err(Error::Refused(why)) => {
+                device_warn!(
+                    context,
+                    "{name}: mailbox {id} port {index}: {opcode} refused: {why}"
+                );
+                bump(&context.stats.refused);
+                context.stats.served(opcode);
+                Fate::Close
+            }
+            Err(Error::Panicked(text)) => {
+                log::error!(
+                    "{name}: mailbox {id} port {index}: handler for {opcode} panicked: {text}; \
+                     port quarantined"
+                );
+                bump(&context.stats.panics);
+                Fate::Quarantine
+            }
+            Err(error) => {
+                log::error!(
+                    "{name}: mailbox {id} port {index}: {opcode} failed: {error}; port quarantined"
+                );
+                bump(&context.stats.errors);
+                Fate::Quarantine
+            }
+        }
+    }
+}
+
+/// Ends an exchange that can no longer go on, logging and counting it.
+fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) {
+    let InFlight {
+        exchange,
+        mailbox,
+        index,
+        opcode,
+        marks,
+        ..
+    } = flight;
+    let action = match fate {
+        Fate::Reset => "port reset",
+        Fate::Close => "port freed",
+        Fate::Quarantine => "port left locked",
+    };
+    drop(exchange);
+    carry_out(&mailbox, index, marks, fate);
+    // Logged once done, so whoever reads the line finds the port as it says.
+    log::warn!(
+        "{}: mailbox {} port {index}: {opcode} abandoned: {reason}; {action}",
+        context.config.name,
+        mailbox.id.0
+    );
+    bump(&context.stats.abandoned);
+}
+
+/// Does to the port what its fate says, once its request is gone (see the module docs). A
+/// detached mailbox's ports are left untouched: the server no longer writes that memory.
+fn carry_out(mailbox: &Attached, index: u32, marks: Marks, fate: Fate) {
+    mailbox.set_in_flight(index, false);
+    if mailbox.detached.load(Ordering::Acquire) {
+        return;
+    }
+    match fate {
+        Fate::Close => {
+            let owned = mailbox.owned[index as usize].load(Ordering::Relaxed);
+            mailbox.server().close(index, owned)
+        }
+        Fate::Reset => mailbox.server().release(index),
+        Fate::Quarantine => {
+            let mut quarantine = lock(&mailbox.quarantine);
+            quarantine.push(Quarantined { index, marks });
+            // RMW: one quarantined port more, under the lock (see `release_quarantined`).
+            mailbox.quarantined.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// How a poll of an exchange went.
+enum Polled {
+    Done(Result<()>),
+    /// Suspended in a port operation: the client has not answered.
+    OnPort,
+    /// Suspended on something else (an I/O call, a user's future).
+    Elsewhere,
+}
+
+/// Polls an exchange once (no-op waker: see the module docs). A panic inside it ends it as
+/// [`Error::Panicked`].
+fn poll(exchange: &mut Exchange) -> Polled {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    WAITING_ON_PORT.with(|waiting| waiting.set(false));
+    match catch(|| Ok(exchange.as_mut().poll(&mut cx))) {
+        Ok(std::task::Poll::Pending) if WAITING_ON_PORT.with(|waiting| waiting.get()) => {
+            Polled::OnPort
+        }
+        Ok(std::task::Poll::Pending) => Polled::Elsewhere,
+        Ok(std::task::Poll::Ready(result)) => Polled::Done(result),
+        Err(error) => Polled::Done(Err(error)),
+    }
+}
+
+/// Runs `f`, turning a panic into [`Error::Panicked`] with its message.
+fn catch<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|panic| Err(Error::Panicked(panic_message(panic.as_ref()))))
+}

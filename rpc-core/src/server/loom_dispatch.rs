@@ -1,0 +1,180 @@
+//! loom models of the resumable exchanges (see `dispatch.rs`): a port waiting for its client
+//! while another is served, an exchange abandoned once its kernel is gone (its port then
+//! serving a new kernel), and `detach` against a pass (it returns only once no pass holds the
+//! mailbox). The hand-off to the I/O threads is modelled on the pool alone in `loom_io_pool`
+//! (a model with the passes too did not finish in loom within minutes);
+//! `workloads/tests/interleaving.rs` covers the two together with real threads.
+//!
+//! The passes run on a model thread of their own, as the worker runs them but without its
+//! sleeping and back-off (`loom_thread` models those): the state here is the per-port
+//! one of `dispatch`.
+
+use std::boxed::Box;
+
+use crate::protocol::port::Spin;
+use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use crate::server::dispatch::{Fate, PassCache};
+use crate::server::Inner;
+use crate::sync::{thread, Arc, AtomicBool, Ordering};
+use crate::{MailboxId, Opcode, RpcServer};
+
+struct Fixture {
+    server: RpcServer,
+    memory: Arc<MailboxMemory>,
+    id: MailboxId,
+    locks: LockTable,
+}
+
+/// A server with one mailbox of `ports` ports and a script for `user(1)`: two packets in,
+/// their sum back (the second recv suspends until the client sends it).
+fn fixture(ports: u32) -> Arc<Fixture> {
+    let server = RpcServer::new(Default::default());
+    server.register(Opcode::user(1), |mut req| async move {
+        let (mut a, mut b) = (0, 0);
+        req.recv(|_, p| a = p.word(0)).await?;
+        req.recv(|_, p| b = p.word(0)).await?;
+        req.send(|_, p| p.set_word(0, a + b)).await
+    });
+    let memory = Arc::new(MailboxMemory::new(
+        Layout::new(Generation::V1, ports, 1).unwrap(),
+    ));
+    let id = server.attach(Box::new(memory.clone()));
+    Arc::new(Fixture {
+        server,
+        memory,
+        id,
+        locks: LockTable::new(ports),
+    })
+}
+
+impl Fixture {
+    fn client<'a>(&'a self, locks: &'a LockTable) -> Client<'a> {
+        Client::new(self.memory.view(), locks.words())
+            .unwrap()
+            .with_wait(&Spin)
+    }
+}
+
+/// A model thread serving passes until `done`; the exchanges still in flight then end.
+fn passes(f: &Arc<Fixture>, done: &Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    let (inner, done) = (f.server.inner.clone(), done.clone());
+    thread::spawn(move || {
+        let mut cache = PassCache::new();
+        while !done.load(Ordering::Acquire) {
+            Inner::serve_pass(&inner, &mut cache);
+            thread::yield_now();
+        }
+        cache.clear(&inner.context, Fate::Reset, "model over");
+    })
+}
+
+/// `loom::model` with room for the passes that poll an exchange while it waits (a pass is a
+/// few dozen atomic operations; loom's default allows 1000 per execution).
+fn model(body: impl Fn() + Sync + Send + 'static) {
+    let mut model = loom::model::Builder::new();
+    model.max_branches = 10_000;
+    model.check(body);
+}
+
+/// TEST_INCREMENT on `index`, waiting (yielding) until the port is free.
+fn increment(client: &Client<'_>, index: u32, x: u64) -> u64 {
+    let mut port = loop {
+        if let Some(port) = client
+            .try_open_at(index, Opcode::TEST_INCREMENT, 1)
+            .unwrap()
+        {
+            break port;
+        }
+        thread::yield_now();
+    };
+    let mut got = 0;
+    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
+        .unwrap();
+    got
+}
+
+#[test]
+fn a_suspended_exchange_does_not_hold_up_another_port() {
+    model(|| {
+        let f = fixture(2);
+        let _user = f.server.user();
+        let done = Arc::new(AtomicBool::new(false));
+        let server = passes(&f, &done);
+        let client = f.client(&f.locks);
+        let mut slow = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
+        slow.send(|_, p| p.set_word(0, 40)).unwrap();
+        // Port 0's exchange now waits for its second packet, which comes only after port 1
+        // was served: a server that waited for it would never serve port 1 (loom reports it).
+        assert_eq!(increment(&client, 1, 6), 7);
+        let mut sum = 0;
+        slow.send_and_recv(|_, p| p.set_word(0, 2), |_, p| sum = p.word(0))
+            .unwrap();
+        assert_eq!(sum, 42);
+        done.store(true, Ordering::Release);
+        server.join().unwrap();
+    });
+}
+
+#[test]
+fn an_exchange_whose_kernel_is_gone_is_abandoned_and_its_port_serves_again() {
+    model(|| {
+        let f = fixture(1);
+        let done = Arc::new(AtomicBool::new(false));
+        let server = passes(&f, &done);
+        {
+            let _kernel = f.server.user();
+            let client = f.client(&f.locks);
+            let mut port = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
+            port.send(|_, p| p.set_word(0, 40)).unwrap();
+            // The kernel dies mid-exchange: its port is never closed (its lock bit stays set).
+            core::mem::forget(port);
+        }
+        // Once the server has ended the dead exchange (not before: until then the port looks
+        // free from outside, and a new client's packet would be read as the old exchange's
+        // next one; on a GPU the dead warp's lock bit stays set, so no new kernel comes), a
+        // new kernel with its own lock bits gets the port, reset.
+        while f
+            .server
+            .inner
+            .context
+            .stats
+            .abandoned
+            .load(Ordering::Relaxed)
+            == 0
+        {
+            thread::yield_now();
+        }
+        let _kernel = f.server.user();
+        let fresh = LockTable::new(1);
+        assert_eq!(increment(&f.client(&fresh), 0, 41), 42);
+        done.store(true, Ordering::Release);
+        server.join().unwrap();
+        assert_eq!(f.server.stats().abandoned, 1);
+    });
+}
+
+/// `detach` against a pass: it returns only once no pass holds the mailbox (its copy of the
+/// list, an exchange suspended on it), so the memory is the caller's alone afterwards. Here the
+/// detached mailbox has an exchange waiting for its client, which never answers: the pass
+/// abandons it because the mailbox is marked detached, leaving its memory untouched.
+#[test]
+fn detach_returns_once_no_pass_holds_the_mailbox() {
+    model(|| {
+        let f = fixture(1);
+        let _user = f.server.user();
+        let done = Arc::new(AtomicBool::new(false));
+        let server = passes(&f, &done);
+        let client = f.client(&f.locks);
+        let mut port = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
+        port.send(|_, p| p.set_word(0, 40)).unwrap();
+        f.server.detach(f.id).unwrap();
+        assert_eq!(
+            Arc::strong_count(&f.memory),
+            1,
+            "detach returned while a pass still held the mailbox"
+        );
+        done.store(true, Ordering::Release);
+        server.join().unwrap();
+        drop(port);
+    });
+}

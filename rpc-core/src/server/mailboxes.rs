@@ -1,0 +1,375 @@
+//! The mailboxes a server serves: attaching and detaching them, and what the worker keeps per
+//! attached mailbox.
+
+use std::boxed::Box;
+use std::time::{Duration, Instant};
+use std::vec::Vec;
+
+use crate::protocol::error::{Error, Result};
+use crate::protocol::layout::Layout;
+use crate::protocol::mailbox::{LockTable, Mailbox, MailboxMemory};
+use crate::protocol::opcode::{Dialect, Numbering};
+use crate::protocol::port::Backoff;
+use crate::protocol::server_end::ServerEnd;
+use crate::server::users::Coverage;
+use crate::server::{RpcServer, ServerContext};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+
+/// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
+/// 64-byte aligned when allocated; freed when dropped.
+///
+/// # Safety
+/// The server turns this memory into atomic views (`&[AtomicU32]`, `&[AtomicU64]`) and keeps
+/// them while the mailbox is attached, so an implementation promises, for as long as the value
+/// lives:
+/// - `host_ptr()` is non-null, 64-byte aligned, and valid for reads and writes of `len()`
+///   bytes, always the same pointer and length;
+/// - the memory stays allocated at that address until the value is dropped;
+/// - within this process, while the value is attached, the memory is accessed only through
+///   atomics of the same size as the server's (`u32` flags, `u64` headers and packets). The
+///   device and other processes may write it as they like: that is only garbage to the server.
+pub unsafe trait SharedRegion: Send + Sync {
+    /// The host address.
+    fn host_ptr(&self) -> *mut u8;
+    /// The same memory as the device addresses it.
+    fn device_addr(&self) -> u64;
+    /// Bytes in the region.
+    fn len(&self) -> usize;
+    /// True if the region has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The v2 doorbell of a mailbox (PROTOCOL section 9): a counter of open requests the device
+/// increments after each open (ringing an interrupt on 0 -> 1) and the server decrements at each
+/// close, so the worker can sleep while it is 0 and wake when the device rings. The worker still
+/// polls on a timeout: interrupt-only wake-ups lose requests.
+pub trait Doorbell: Send + Sync {
+    /// The 64-byte record written at the start of the mailbox: `value` pointer at 0, `mailbox`
+    /// pointer at 8, `event_id` at 16, in device addresses.
+    fn record(&self) -> [u8; 64];
+    /// The host's view of `*value`.
+    fn counter(&self) -> &crate::sync::AtomicU64;
+    /// Blocks until the counter is non-zero (true) or `timeout` passes (false).
+    fn wait(&self, timeout: std::time::Duration) -> bool;
+}
+
+/// Names an attached mailbox within its server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MailboxId(pub u64);
+
+/// Memory holding one mailbox, as the server reads it.
+pub trait MailboxSource: Send + Sync {
+    /// The memory as a mailbox (the same every call).
+    fn view(&self) -> Mailbox<'_>;
+}
+
+impl MailboxSource for MailboxMemory {
+    fn view(&self) -> Mailbox<'_> {
+        MailboxMemory::view(self)
+    }
+}
+
+/// A mailbox the server shares with whoever else holds the `Arc` (host-side clients).
+impl MailboxSource for Arc<MailboxMemory> {
+    fn view(&self) -> Mailbox<'_> {
+        MailboxMemory::view(self)
+    }
+}
+
+/// A plugin's shared region holding a mailbox of `layout`.
+#[cfg(not(loom))]
+struct RegionMailbox {
+    region: Box<dyn SharedRegion>,
+    layout: Layout,
+}
+
+#[cfg(not(loom))]
+impl MailboxSource for RegionMailbox {
+    fn view(&self) -> Mailbox<'_> {
+        // SAFETY: the region is owned by `self` (so it lives as long as the view), and this
+        // process only accesses mailbox memory through same-size atomic views (the region's
+        // `SharedRegion` contract); `attach_region` checked alignment and size once, and the
+        // region never changes.
+        unsafe { Mailbox::from_raw(self.region.host_ptr(), self.region.len(), self.layout) }
+            .expect("checked when attached")
+    }
+}
+
+/// One attached mailbox.
+pub(crate) struct Attached {
+    pub(crate) id: MailboxId,
+    pub(crate) layout: Layout,
+    /// How its clients number opcodes (LLVM 19 images differ); set once at attach.
+    pub(crate) numbering: Numbering,
+    /// Whose printf its output matches; set once at attach.
+    pub(crate) printf: Dialect,
+    source: Box<dyn MailboxSource>,
+    locks: LockTable,
+    #[cfg(not(loom))]
+    doorbell: Option<Box<dyn Doorbell>>,
+    /// Set by `detach`: the worker stops touching the mailbox and abandons waits on it.
+    pub(crate) detached: AtomicBool,
+    /// User guards covering this mailbox.
+    pub(crate) users: Arc<Coverage>,
+    /// Per port: whether the last request dropped owned the buffer (see `dispatch`).
+    pub(crate) owned: Box<[AtomicBool]>,
+    /// Ports left locked mid-exchange, each released once the kernels that could still be
+    /// inside its exchange are gone (see [`crate::server::dispatch`]).
+    pub(crate) quarantine: Mutex<Vec<Quarantined>>,
+    /// How many ports `quarantine` holds, read without its lock.
+    pub(crate) quarantined: AtomicUsize,
+    /// One bit per port with an exchange in flight (written by the worker only), so that a
+    /// pass does not try to open those ports again when their clients answer.
+    pub(crate) in_flight: Box<[AtomicU64]>,
+}
+
+impl Attached {
+    #[cfg(not(loom))]
+    pub(crate) fn doorbell(&self) -> Option<&dyn Doorbell> {
+        self.doorbell.as_deref()
+    }
+
+    pub(crate) fn server(&self) -> ServerEnd<'_> {
+        let server = ServerEnd::new(self.source.view(), self.locks.words())
+            .expect("lock table sized for the layout");
+        #[cfg(not(loom))]
+        if let Some(bell) = &self.doorbell {
+            return server.with_doorbell(bell.counter());
+        }
+        server
+    }
+}
+
+/// A port left locked mid-exchange, and the users that could still be inside that exchange.
+pub(crate) struct Quarantined {
+    pub(crate) index: u32,
+    pub(crate) marks: Marks,
+}
+
+/// The arrival marks of a mailbox's users and of the all-mailbox users when a port was opened:
+/// the kernel owning the port is among the users that had arrived by then (see `Coverage`).
+#[derive(Clone, Copy)]
+pub(crate) struct Marks(u64, u64);
+
+impl Marks {
+    pub(crate) fn now(mailbox: &Attached, context: &ServerContext) -> Self {
+        Marks(mailbox.users.mark(), context.any_users.mark())
+    }
+    /// True once no kernel that could answer the port runs any more.
+    pub(crate) fn gone(self, mailbox: &Attached, context: &ServerContext) -> bool {
+        mailbox.users.gone_since(self.0) && context.any_users.gone_since(self.1)
+    }
+}
+
+/// A versioned, copy-on-write list the worker reads without locking on every pass.
+pub(crate) struct Snapshot<T> {
+    current: Mutex<Arc<T>>,
+    /// Bumped (Release) after each change; the worker compares (Acquire) to know to refresh.
+    version: AtomicU64,
+}
+
+impl<T: Clone> Snapshot<T> {
+    pub(super) fn new(value: T) -> Self {
+        Snapshot {
+            current: Mutex::new(Arc::new(value)),
+            version: AtomicU64::new(0),
+        }
+    }
+    pub(crate) fn get(&self) -> Arc<T> {
+        lock(&self.current).clone()
+    }
+    pub(super) fn update<R>(&self, change: impl FnOnce(&mut T) -> R) -> R {
+        let mut current = lock(&self.current);
+        let mut next = T::clone(&current);
+        let result = change(&mut next);
+        *current = Arc::new(next);
+        // RMW: version v -> v + 1; Release so a reader seeing the new version finds the new list.
+        self.version.fetch_add(1, Ordering::Release);
+        result
+    }
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+}
+
+impl RpcServer {
+    /// Attaches a mailbox held in `source`; the worker serves it from its next pass on.
+    pub fn attach(&self, source: Box<dyn MailboxSource>) -> MailboxId {
+        self.attach_inner(
+            source,
+            #[cfg(not(loom))]
+            None,
+            Numbering::Current,
+            Dialect::HostC,
+        )
+    }
+
+    /// Attaches a plugin's shared region holding a mailbox of `layout`.
+    #[cfg(not(loom))]
+    pub fn attach_region(
+        &self,
+        region: Box<dyn SharedRegion>,
+        layout: Layout,
+    ) -> Result<MailboxId> {
+        // Checks alignment and size once; `RegionMailbox::view` relies on it.
+        // SAFETY: a view is only built here to validate; the region outlives this statement.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(self.attach(Box::new(RegionMailbox { region, layout })))
+    }
+
+    /// Attaches a v2 mailbox (in `source`) whose doorbell (PROTOCOL section 9) is `bell`: the
+    /// server decrements its counter once per served port, and the worker sleeps on it while no
+    /// request is open (every attached mailbox having a doorbell), polling on a timeout too.
+    #[cfg(not(loom))]
+    pub fn attach_with_doorbell(
+        &self,
+        source: Box<dyn MailboxSource>,
+        bell: Box<dyn Doorbell>,
+    ) -> MailboxId {
+        self.attach_inner(source, Some(bell), Numbering::Current, Dialect::HostC)
+    }
+
+    /// [`RpcServer::attach_region`] with a doorbell.
+    #[cfg(not(loom))]
+    pub fn attach_region_with_doorbell(
+        &self,
+        region: Box<dyn SharedRegion>,
+        layout: Layout,
+        bell: Box<dyn Doorbell>,
+    ) -> Result<MailboxId> {
+        // SAFETY: as in `attach_region`: a validating view only.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(self.attach_with_doorbell(Box::new(RegionMailbox { region, layout }), bell))
+    }
+
+    /// [`RpcServer::attach_region`] with an optional doorbell, for clients that number their
+    /// opcodes as `numbering` says (an LLVM 19 image's: see [`Numbering`]) and expect the
+    /// printf of `printf` (see [`Dialect`]).
+    #[cfg(not(loom))]
+    pub fn attach_region_for(
+        &self,
+        region: Box<dyn SharedRegion>,
+        layout: Layout,
+        bell: Option<Box<dyn Doorbell>>,
+        numbering: Numbering,
+        printf: Dialect,
+    ) -> Result<MailboxId> {
+        // SAFETY: as in `attach_region`: a validating view only.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        let source = Box::new(RegionMailbox { region, layout });
+        Ok(self.attach_inner(source, bell, numbering, printf))
+    }
+
+    fn attach_inner(
+        &self,
+        source: Box<dyn MailboxSource>,
+        #[cfg(not(loom))] doorbell: Option<Box<dyn Doorbell>>,
+        numbering: Numbering,
+        printf: Dialect,
+    ) -> MailboxId {
+        let context = &self.inner.context;
+        // RMW: hands out each id once.
+        let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
+        // Its tables exist before the worker can see a request of it.
+        context.extension.mailbox_attached(id);
+        let layout = source.view().layout();
+        let attached = Arc::new(Attached {
+            id,
+            layout,
+            numbering,
+            printf,
+            source,
+            locks: LockTable::new(layout.ports()),
+            #[cfg(not(loom))]
+            doorbell,
+            detached: AtomicBool::new(false),
+            users: Arc::new(Coverage::default()),
+            owned: (0..layout.ports())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            quarantine: Mutex::new(Vec::new()),
+            quarantined: AtomicUsize::new(0),
+            in_flight: (0..layout.ports().div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        });
+        context.mailboxes.update(|list| list.push(attached));
+        log::debug!(
+            "{}: attached mailbox {} ({layout})",
+            context.config.name,
+            id.0
+        );
+        id
+    }
+
+    /// Detaches a mailbox and frees it once the worker no longer holds it (a wait on one of
+    /// its ports is abandoned); the files its kernels opened are closed and their MALLOC
+    /// allocations freed. Errors if no such mailbox is attached.
+    pub fn detach(&self, id: MailboxId) -> Result<()> {
+        let context = &self.inner.context;
+        let attached = context.mailboxes.update(|list| {
+            let at = list.iter().position(|m| m.id == id)?;
+            Some(list.remove(at))
+        });
+        let attached = attached.ok_or(Error::NoSuchMailbox(id.0))?;
+        // Release: pairs with the worker's Acquire load before it touches the mailbox again.
+        attached.detached.store(true, Ordering::Release);
+        // Its kernels can no longer ask anything: what they held goes now.
+        context.extension.mailbox_detached(id);
+        if self.inner.thread.is_worker() {
+            // From a handler: the worker lets go of the mailbox after this pass; it cannot wait
+            // for itself.
+            log::debug!(
+                "{}: detached mailbox {} (from a handler)",
+                context.config.name,
+                id.0
+            );
+            return Ok(());
+        }
+        self.inner.thread.wait_released(&attached);
+        log::debug!("{}: detached mailbox {}", context.config.name, id.0);
+        Ok(())
+    }
+
+    /// Ports of mailbox `id` whose request the server has not finished (`C != S`), or None if
+    /// no such mailbox is attached.
+    pub fn pending(&self, id: MailboxId) -> Option<usize> {
+        let mailboxes = self.inner.context.mailboxes.get();
+        let attached = mailboxes.iter().find(|m| m.id == id)?;
+        let server = attached.server();
+        Some(
+            (0..attached.layout.ports())
+                .filter(|&i| server.is_pending(i))
+                .count(),
+        )
+    }
+
+    /// Waits (backing off) until mailbox `id` has no pending request or `timeout` passes;
+    /// true if it drained. A launcher calls it after a kernel completed, so that requests the
+    /// kernel sent last without waiting for an answer (FREE, EXIT's status) are served.
+    pub fn wait_drained(&self, id: MailboxId, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut attempt = 0;
+        while self.pending(id).unwrap_or(0) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            Backoff::step(attempt);
+            attempt = attempt.saturating_add(1);
+        }
+        true
+    }
+
+    /// The ids of the attached mailboxes.
+    pub fn mailboxes(&self) -> Vec<MailboxId> {
+        self.inner
+            .context
+            .mailboxes
+            .get()
+            .iter()
+            .map(|m| m.id)
+            .collect()
+    }
+}

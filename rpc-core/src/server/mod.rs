@@ -1,0 +1,367 @@
+//! The RPC server of one plugin instance: attached mailboxes, handlers, statistics, users and
+//! the one [`ServerThread`](crate::server::thread) that serves them.
+//!
+//! ```text
+//! RpcServer ──Arc──> Inner { context: ServerContext, thread: ServerThread }
+//!                        ^                ^
+//!           UserGuard ───┘                └── the worker thread (while Running)
+//! ```
+//! Attaching and detaching work at any time, also while the worker runs: the worker reads the
+//! set through a versioned snapshot it refreshes each pass and drops before it sleeps, and
+//! `detach` returns only once the worker no longer holds the mailbox.
+//!
+//! # Calls a handler may make on its own server
+//! Handlers run on the worker (scripts between their `.await`s, packet handlers whole), so a
+//! call that would wait for the worker would wait for itself. None does:
+//! - `start`: the worker runs, so `AlreadyRunning` (or, in the worker's last pass after a
+//!   shutdown began, `Refused`: a new worker cannot start before this one is joined);
+//! - `shutdown`, `shutdown_with`: `Refused` (a thread cannot join itself); a handler that wants
+//!   its server stopped asks another thread to do it;
+//! - `detach`: returns at once; the worker lets go of the mailbox after the pass (a handler
+//!   detaching its own request's mailbox gets no reply to that request through: its memory is
+//!   left untouched from then on);
+//! - `attach`, `register*`, `user*`, `stats`, the services' setters: take short locks the
+//!   worker never holds while it runs a handler;
+//! - dropping the last `RpcServer` (through a `Weak` upgraded in a handler): the worker is
+//!   told to stop and finishes by itself, after which the server's state and mailboxes are freed.
+
+use std::boxed::Box;
+use std::string::{String, ToString};
+use std::time::Duration;
+use std::vec::Vec;
+
+use crate::protocol::error::{Error, Result};
+use crate::protocol::opcode::Opcode;
+use crate::server::mailboxes::{Attached, Snapshot};
+use crate::server::registry::{entry, Entry, Handler, Matcher, Registry, Request};
+use crate::server::stats::{Stats, StatsSnapshot};
+use crate::server::thread::{ServerThread, Started, Stopped};
+use crate::server::users::Coverage;
+use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
+use std::future::Future;
+
+pub(crate) mod dispatch;
+pub(crate) mod io_pool;
+pub(crate) mod limits;
+pub(crate) mod mailboxes;
+pub(crate) mod registry;
+pub(crate) mod stats;
+pub(crate) mod thread;
+pub(crate) mod users;
+
+#[cfg(all(test, loom))]
+mod loom_dispatch;
+#[cfg(all(test, loom))]
+mod loom_io_pool;
+#[cfg(all(test, loom))]
+mod loom_thread;
+
+pub use mailboxes::{Doorbell, MailboxId, MailboxSource, SharedRegion};
+pub use users::UserGuard;
+
+/// What to do when `shutdown` finds kernels still holding user guards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShutdownPolicy {
+    /// Return [`Error::LiveUsers`] and keep serving.
+    Refuse,
+    /// Wait up to this long for the guards to go, then refuse as above.
+    Wait(Duration),
+    /// Stop anyway, logging an error: the kernels lose their server.
+    Force,
+}
+
+/// A server's settings.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Name used for the worker thread and in logs (`host`, `cuda`, ...).
+    pub name: String,
+    /// What one request and one mailbox may make the host hold (streams, reads, files,
+    /// MALLOC), and how many log lines devices may cause.
+    pub limits: crate::server::limits::Limits,
+    /// Treat a client as gone once its exchange has waited this long for it (time the exchange
+    /// spends on an I/O thread does not count: there the client waits for us): the exchange is
+    /// then abandoned and its port freed for a new client. Only for a server that has no kernels to count, whose
+    /// clients are processes that may die (`rpc-serve`); a kernel's exchange is abandoned only
+    /// once no kernel that could answer runs. None (the default): never.
+    pub client_timeout: Option<Duration>,
+    /// Threads that run blocking calls (files, FIFOs, terminals, SYSTEM, host calls) beside the
+    /// server thread, started as needed. Default 4.
+    pub io_threads: usize,
+    /// How long `shutdown` waits for the I/O threads to finish their calls before it abandons
+    /// the ones stuck in one (logged and counted in `io_threads_abandoned`). Default 200 ms.
+    pub io_grace: Duration,
+    /// What `shutdown` does with live user guards.
+    pub shutdown_policy: ShutdownPolicy,
+    /// How long the worker parks between polls while kernels run but send nothing, once they
+    /// have been silent for a while (the parks of a silent stretch start shorter and double up
+    /// to this). About twice the wake-up latency of a silent kernel's first request; a longer
+    /// park costs less CPU (`docs/performance.md`).
+    pub park: Duration,
+    /// With doorbells (v2, a device that raises interrupts): the longest the worker sleeps on
+    /// one while no request is open before it polls anyway (a lost interrupt costs this much).
+    pub doorbell_sleep: Duration,
+    /// Log the statistics (at `info`) when the worker stops.
+    pub log_stats_on_shutdown: bool,
+    /// Policies of the standard services (exit, files, SYSTEM).
+    pub services: crate::server::limits::ServicesConfig,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            name: "rpc".into(),
+            limits: Default::default(),
+            client_timeout: None,
+            io_threads: 4,
+            io_grace: Duration::from_millis(200),
+            shutdown_policy: ShutdownPolicy::Refuse,
+            park: Duration::from_micros(50),
+            doorbell_sleep: Duration::from_millis(1),
+            log_stats_on_shutdown: false,
+            services: Default::default(),
+        }
+    }
+}
+
+/// The text of a caught panic's payload (`panic!` gives a `&str` or a `String`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into())
+}
+
+/// State the handlers share: settings, statistics, the services' tables.
+pub struct ServerContext {
+    pub(crate) config: ServerConfig,
+    pub(crate) stats: Stats,
+    pub(crate) mailboxes: Snapshot<Vec<Arc<Attached>>>,
+    pub(crate) registry: Snapshot<Registry>,
+    next_id: AtomicU64,
+    /// Guards that cover every mailbox.
+    pub(crate) any_users: Arc<Coverage>,
+    /// Set while a shutdown is in progress: waits on clients give up.
+    pub(crate) stopping: AtomicBool,
+    /// The standard services' state (`crate::services::Services`), held as an [`Extension`]
+    /// so that this layer does not name the one above it.
+    pub(crate) extension: Box<dyn Extension>,
+    /// The budget of log lines devices cause (`Limits::device_log_lines`).
+    pub(crate) log_limit: crate::server::limits::LogLimit,
+    /// Set by the runtime's `deinit`: the server never starts again.
+    retired: AtomicBool,
+}
+
+impl ServerContext {
+    /// The server's settings.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+}
+
+/// State the layer above the server keeps for it (the standard services' tables), told when a
+/// mailbox is attached (before the worker can see a request of it) and detached (after which
+/// its kernels can no longer ask anything).
+pub(crate) trait Extension: Send + Sync + 'static {
+    fn mailbox_attached(&self, id: MailboxId);
+    fn mailbox_detached(&self, id: MailboxId);
+    /// For the layer above to find its own type again.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+pub(crate) struct Inner {
+    pub(crate) context: ServerContext,
+    pub(crate) thread: ServerThread,
+    /// The I/O threads blocking calls run on.
+    pub(crate) io: crate::server::io_pool::IoPool,
+}
+
+/// The RPC server of one plugin instance. Dropping it shuts the worker down
+/// ([`ShutdownPolicy::Force`] semantics, logged if kernels were still running).
+pub struct RpcServer {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl RpcServer {
+    /// A stopped server with the handlers of `registry` and the layer above's `extension`
+    /// (`RpcServer::new`, in `crate::services`, gives it the standard services).
+    pub(crate) fn assemble(
+        config: ServerConfig,
+        registry: Registry,
+        extension: Box<dyn Extension>,
+    ) -> Self {
+        let log_limit = crate::server::limits::LogLimit::new(config.limits.device_log_lines);
+        let inner = Arc::new(Inner {
+            context: ServerContext {
+                config,
+                stats: Stats::default(),
+                mailboxes: Snapshot::new(Vec::new()),
+                registry: Snapshot::new(registry),
+                next_id: AtomicU64::new(1),
+                any_users: Arc::new(Coverage::default()),
+                stopping: AtomicBool::new(false),
+                extension,
+                log_limit,
+                retired: AtomicBool::new(false),
+            },
+            thread: ServerThread::new(),
+            io: crate::server::io_pool::IoPool::default(),
+        });
+        RpcServer { inner }
+    }
+
+    /// The server's name (`ServerConfig::name`).
+    pub fn name(&self) -> &str {
+        &self.inner.context.config.name
+    }
+    /// What the handlers share: settings, statistics, services.
+    pub fn context(&self) -> &ServerContext {
+        &self.inner.context
+    }
+    /// A snapshot of the statistics.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.inner.context.stats.snapshot()
+    }
+
+    /// Registers a script handler for one opcode, ahead of the standard ones and of handlers
+    /// registered later: an async function of the [`Request`] whose every `.await` on the port
+    /// lets the server thread serve the other ports until the client answers.
+    ///
+    /// ```no_run
+    /// # let server = rpc_core::RpcServer::new(Default::default());
+    /// server.register(rpc_core::Opcode::user(1), |mut req| async move {
+    ///     let data = req.recv_n().await?;
+    ///     let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    ///     req.send_n(&slices).await
+    /// });
+    /// ```
+    pub fn register<F, Fut>(&self, opcode: Opcode, script: F)
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.register_handler(
+            Matcher::Opcode(opcode),
+            opcode.to_string(),
+            Handler::script(script),
+        );
+    }
+
+    /// Registers a packet handler for a one-packet opcode (the client sends one packet and
+    /// reads one back): `reply` rewrites each active lane's packet in place.
+    ///
+    /// ```no_run
+    /// # let server = rpc_core::RpcServer::new(Default::default());
+    /// server.register_packet(rpc_core::Opcode::user(2), |_lane, p| {
+    ///     p.set_word(0, p.word(0) * p.word(0))
+    /// });
+    /// ```
+    pub fn register_packet(
+        &self,
+        opcode: Opcode,
+        reply: impl Fn(u32, crate::protocol::Packet<'_>) + Send + Sync + 'static,
+    ) {
+        self.register_handler(
+            Matcher::Opcode(opcode),
+            opcode.to_string(),
+            Handler::packet(reply),
+        );
+    }
+
+    /// Registers a script handler for every opcode `accepts` says yes to.
+    pub fn register_matching<F, Fut>(
+        &self,
+        name: &str,
+        accepts: impl Fn(Opcode) -> bool + Send + Sync + 'static,
+        script: F,
+    ) where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        self.register_handler(
+            Matcher::Predicate(std::sync::Arc::new(accepts)),
+            name.into(),
+            Handler::script(script),
+        );
+    }
+
+    /// Registers `handler` for the opcodes `matcher` accepts, under `name`.
+    pub(crate) fn register_handler(&self, matcher: Matcher, name: String, handler: Handler) {
+        self.register_entry(entry(name, matcher, handler));
+    }
+
+    fn register_entry(&self, entry: Entry) {
+        self.inner.context.registry.update(|r| r.push_user(entry));
+    }
+
+    /// The handlers' names in lookup order.
+    pub fn handler_names(&self) -> Vec<String> {
+        self.inner
+            .context
+            .registry
+            .get()
+            .names()
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
+    /// Starts the worker unless it runs already.
+    pub fn start(&self) -> Result<Started> {
+        // Acquire: pairs with `retire`'s Release (a plain flag; nothing else is ordered by it).
+        if self.inner.context.retired.load(Ordering::Acquire) {
+            return Err(Error::Deinitialised);
+        }
+        ServerThread::start(&self.inner)
+    }
+
+    /// Makes every later `start` fail with [`Error::Deinitialised`] (the runtime's `deinit`).
+    #[cfg_attr(loom, allow(dead_code))] // Its one caller, the runtime, is not built under loom.
+    pub(crate) fn retire(&self) {
+        self.inner.context.retired.store(true, Ordering::Release);
+    }
+
+    /// Stops the worker (per the configured [`ShutdownPolicy`]) and joins it.
+    pub fn shutdown(&self) -> Result<Stopped> {
+        self.shutdown_with(self.inner.context.config.shutdown_policy)
+    }
+
+    /// Stops the worker with an explicit policy.
+    pub fn shutdown_with(&self, policy: ShutdownPolicy) -> Result<Stopped> {
+        ServerThread::shutdown(&self.inner, policy)
+    }
+
+    /// True while a worker runs (state Running).
+    pub fn is_running(&self) -> bool {
+        self.inner.thread.is_running()
+    }
+
+    /// Live worker threads of this server (0 or 1; exposed for the stress tests).
+    pub fn live_workers(&self) -> usize {
+        self.inner.thread.live_workers()
+    }
+
+    /// Most worker threads ever alive at once.
+    pub fn max_live_workers(&self) -> usize {
+        self.inner.thread.max_live_workers()
+    }
+
+    /// The worker's kernel thread id, while one runs (to read its CPU time).
+    pub fn worker_tid(&self) -> Option<i32> {
+        self.inner.thread.worker_tid()
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        if self.inner.thread.is_worker() {
+            // A handler dropped the last handle (through a `Weak` it upgraded): see
+            // `ServerThread::abandon_from_worker`.
+            ServerThread::abandon_from_worker(&self.inner);
+            return;
+        }
+        if let Err(error) = self.shutdown_with(ShutdownPolicy::Force) {
+            log::error!("{}: shutdown on drop failed: {error}", self.name());
+        }
+    }
+}

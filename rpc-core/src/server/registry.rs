@@ -1,0 +1,400 @@
+//! The handler registry: an ordered list of handlers, user handlers first, then the standard
+//! services. The first handler whose matcher accepts a request's opcode serves it; a handler
+//! declines simply by not matching (it cannot decline after touching the port, since the script
+//! would already have moved on).
+//!
+//! A handler is one of two kinds ([`Handler`]), user and standard alike:
+//! - a **packet** handler, a plain closure for one-packet opcodes: it rewrites each lane's packet
+//!   in place and the server sends it back (`C send; S recv; S send; C recv`). The client's packet
+//!   is there when the port opens, so it runs to completion at once, on the server thread;
+//! - a **script**, an `async` function of a [`Request`] for everything else. Each `.await` on a
+//!   port operation suspends the exchange until the client has answered, and the server thread
+//!   serves the other ports meanwhile (see [`crate::server::dispatch`]); [`Request::blocking`] runs a
+//!   call that may block (a file, a FIFO, a terminal, a command) on the server's I/O threads.
+
+use std::boxed::Box;
+use std::future::Future;
+use std::mem::ManuallyDrop;
+use std::pin::Pin;
+use std::string::String;
+use std::vec::Vec;
+
+use crate::protocol::error::Result;
+use crate::protocol::layout::Layout;
+use crate::protocol::opcode::Opcode;
+use crate::protocol::port::Packet;
+use crate::protocol::ServerPort;
+use crate::server::{Attached, Inner, MailboxId, ServerContext};
+use crate::sync::Arc;
+
+/// What a script handler returns: the rest of the exchange, polled by the server thread.
+pub(crate) type Exchange = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
+
+/// A packet handler as the server runs it: the whole one-packet script over the open port (it
+/// never waits: the client's packet is there when the port opens). Built by [`Handler::packet`]
+/// from a per-lane closure, which is called directly (one dynamic call per request, not per
+/// lane).
+pub(crate) type PacketFn = dyn Fn(&mut ServerPort<'_>) -> Result<()> + Send + Sync;
+
+/// A script handler: starts the exchange of one request.
+pub(crate) type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
+
+/// The two kinds of handler (see the module docs).
+#[derive(Clone)]
+pub(crate) enum Handler {
+    /// One packet in, one packet out per lane, run at once.
+    Packet(std::sync::Arc<PacketFn>),
+    /// A multi-packet script, resumable.
+    Script(std::sync::Arc<ScriptFn>),
+}
+
+impl Handler {
+    /// A script handler from an async function or closure.
+    pub(crate) fn script<F, Fut>(script: F) -> Self
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        Handler::Script(std::sync::Arc::new(move |request| {
+            Box::pin(script(request))
+        }))
+    }
+
+    /// A packet handler from a closure that rewrites each active lane's packet in place.
+    pub(crate) fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
+        Handler::Packet(std::sync::Arc::new(move |port: &mut ServerPort<'_>| {
+            port.recv_and_send(&reply)
+        }))
+    }
+}
+
+/// Which opcodes a handler accepts.
+#[derive(Clone)]
+pub(crate) enum Matcher {
+    Opcode(Opcode),
+    Predicate(std::sync::Arc<dyn Fn(Opcode) -> bool + Send + Sync>),
+}
+
+impl Matcher {
+    fn accepts(&self, opcode: Opcode) -> bool {
+        match self {
+            Matcher::Opcode(op) => *op == opcode,
+            Matcher::Predicate(accepts) => accepts(opcode),
+        }
+    }
+}
+
+/// One registered handler.
+#[derive(Clone)]
+pub(crate) struct Entry {
+    pub(crate) name: String,
+    pub(crate) matcher: Matcher,
+    pub(crate) handler: Handler,
+}
+
+/// The ordered handlers of one server.
+#[derive(Clone, Default)]
+pub(crate) struct Registry {
+    user: Vec<Entry>,
+    standard: Vec<Entry>,
+    /// For each opcode of the table (by [`Opcode::table_index`]), the first standard entry
+    /// registered for exactly that opcode: the lookup of a standard opcode is one index.
+    standard_by_table: Vec<Option<usize>>,
+    /// Whether any standard entry matches by predicate (then the order must be searched).
+    standard_predicates: bool,
+}
+
+impl Registry {
+    pub(crate) fn push_user(&mut self, entry: Entry) {
+        self.user.push(entry);
+    }
+    pub(crate) fn push_standard(&mut self, entry: Entry) {
+        match entry.matcher {
+            Matcher::Opcode(op) => {
+                if let Some(i) = op.table_index() {
+                    self.standard_by_table.resize(Opcode::ALL.len(), None);
+                    self.standard_by_table[i].get_or_insert(self.standard.len());
+                }
+            }
+            Matcher::Predicate(_) => self.standard_predicates = true,
+        }
+        self.standard.push(entry);
+    }
+    /// The first handler accepting `opcode`: user handlers in registration order, then the
+    /// standard ones.
+    pub(crate) fn find(&self, opcode: Opcode) -> Option<&Entry> {
+        if let Some(entry) = self.user.iter().find(|e| e.matcher.accepts(opcode)) {
+            return Some(entry);
+        }
+        let indexed = opcode
+            .table_index()
+            .and_then(|i| *self.standard_by_table.get(i)?);
+        if !self.standard_predicates {
+            return indexed.map(|i| &self.standard[i]);
+        }
+        // In registration order, an entry before the indexed one may accept it first.
+        let before = indexed.unwrap_or(self.standard.len());
+        let earlier = self.standard[..before]
+            .iter()
+            .find(|e| e.matcher.accepts(opcode));
+        earlier.or_else(|| indexed.map(|i| &self.standard[i]))
+    }
+    /// Names of the handlers, in lookup order.
+    pub(crate) fn names(&self) -> Vec<&str> {
+        self.user
+            .iter()
+            .chain(&self.standard)
+            .map(|e| e.name.as_str())
+            .collect()
+    }
+}
+
+/// Builds an entry.
+pub(crate) fn entry(name: impl Into<String>, matcher: Matcher, handler: Handler) -> Entry {
+    Entry {
+        name: name.into(),
+        matcher,
+        handler,
+    }
+}
+
+/// Which mailbox a request came from.
+#[derive(Clone, Copy, Debug)]
+pub struct MailboxInfo {
+    /// Its id.
+    pub id: MailboxId,
+    /// Its layout.
+    pub layout: Layout,
+}
+
+/// A handle on a server's [`ServerContext`] (see [`Request::shared`]).
+#[derive(Clone)]
+pub(crate) struct SharedContext(Arc<Inner>);
+
+impl core::ops::Deref for SharedContext {
+    type Target = ServerContext;
+    fn deref(&self) -> &ServerContext {
+        &self.0.context
+    }
+}
+
+/// One request being served by a script handler: its port, where it came from, and the
+/// server's shared services. It owns what it uses, so an exchange can be suspended and resumed
+/// on later passes.
+pub struct Request {
+    // Field order matters: `port` refers into memory that `mailbox` owns, so it is dropped
+    // first (fields drop in declaration order). See `Request::new`.
+    port: ManuallyDrop<ServerPort<'static>>,
+    mailbox: Arc<Attached>,
+    inner: Arc<Inner>,
+    /// Bytes its streams have carried so far (bounded by `Limits::request_bytes`).
+    received: u64,
+}
+
+impl Drop for Request {
+    /// Leaves the port locked as it is: the server closes, resets or quarantines it once the
+    /// exchange has ended (see [`crate::server::dispatch`]). A request must therefore not outlive its
+    /// handler's exchange.
+    fn drop(&mut self) {
+        // SAFETY: the port is taken exactly once, here, and the field is not used afterwards.
+        let port = unsafe { ManuallyDrop::take(&mut self.port) };
+        let index = port.index();
+        let owned = port.quarantine();
+        self.mailbox.note_owned(index, owned);
+    }
+}
+
+impl Request {
+    /// A request over `port`, which was opened on `mailbox`.
+    ///
+    /// # Safety
+    /// Every reference inside `port` points into memory owned by `*mailbox` (its mailbox
+    /// region, its lock table, its doorbell) and stays valid for as long as `*mailbox` lives.
+    pub(crate) unsafe fn new(
+        port: ServerPort<'_>,
+        mailbox: Arc<Attached>,
+        inner: Arc<Inner>,
+    ) -> Request {
+        // SAFETY: the lifetime is extended to 'static, but the port never outlives the memory
+        // it refers to: (1) the caller promises that memory belongs to `*mailbox`, which neither
+        // moves nor is mutably borrowed while shared (an `Arc`), so a borrow of it may last as
+        // long as this `Arc` lives; (2) `port` is dropped before `mailbox` (in `Drop`, which runs
+        // before the fields are dropped) and no method moves it out; (3) no reference with the extended lifetime escapes: the port is
+        // reached only through `&self` accessors returning plain values and through operations
+        // that lend each packet to a closure for the call alone (`Packet<'_>`); there is no
+        // `DerefMut` that would let two requests swap their ports.
+        let port = unsafe { core::mem::transmute::<ServerPort<'_>, ServerPort<'static>>(port) };
+        Request {
+            port: ManuallyDrop::new(port),
+            mailbox,
+            inner,
+            received: 0,
+        }
+    }
+
+    /// The request's mailbox.
+    pub fn mailbox(&self) -> MailboxInfo {
+        MailboxInfo {
+            id: self.mailbox.id,
+            layout: self.mailbox.layout,
+        }
+    }
+    /// Whose printf the request's mailbox expects.
+    pub(crate) fn printf_dialect(&self) -> crate::protocol::opcode::Dialect {
+        self.mailbox.printf
+    }
+    /// The server's shared state.
+    pub fn context(&self) -> &ServerContext {
+        &self.inner.context
+    }
+    /// The server's shared state as a handle of its own, to keep across the request's `&mut`
+    /// operations (and to give to an I/O call).
+    pub(crate) fn shared(&self) -> SharedContext {
+        SharedContext(self.inner.clone())
+    }
+    /// The port's index.
+    pub fn index(&self) -> u32 {
+        self.port.index()
+    }
+    /// The request's opcode.
+    pub fn opcode(&self) -> Opcode {
+        self.port.opcode()
+    }
+    /// The active lanes (header mask bits below `L`).
+    pub fn mask(&self) -> u64 {
+        self.port.mask()
+    }
+    /// The lane size `L`.
+    pub fn lane_size(&self) -> u32 {
+        self.port.lane_size()
+    }
+    /// The first active lane.
+    pub fn first_lane(&self) -> u32 {
+        self.port.first_lane()
+    }
+
+    /// A `RUST_LOG=trace` line about this request's exchange (one per packet operation).
+    fn trace(&self, what: core::fmt::Arguments<'_>) {
+        log::trace!(
+            "{}: mailbox {} port {}: {}: {what}",
+            self.inner.context.config.name,
+            self.mailbox.id.0,
+            self.index(),
+            self.opcode()
+        );
+    }
+
+    /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
+    pub async fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        self.port.send_async(fill).await?;
+        self.trace(format_args!("sent a packet"));
+        Ok(())
+    }
+    /// Waits for the client's packet and lets `use_` read each active lane's.
+    pub async fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        self.port.recv_async(use_).await?;
+        self.trace(format_args!("received a packet"));
+        Ok(())
+    }
+    /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
+    pub async fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+        self.port.recv_and_send_async(work).await?;
+        self.trace(format_args!("received a packet and sent it back"));
+        Ok(())
+    }
+    /// `send(fill)` then `recv(use_)`.
+    pub async fn send_and_recv(
+        &mut self,
+        fill: impl FnMut(u32, Packet<'_>),
+        use_: impl FnMut(u32, Packet<'_>),
+    ) -> Result<()> {
+        self.port.send_and_recv_async(fill, use_).await?;
+        self.trace(format_args!("sent a packet, received the reply"));
+        Ok(())
+    }
+    /// Sends a byte string per lane (PROTOCOL section 5).
+    pub async fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
+        self.port.send_n_async(data).await?;
+        let longest = data.iter().map(|d| d.len()).max().unwrap_or(0);
+        self.trace(format_args!("sent a stream (longest lane {longest} bytes)"));
+        Ok(())
+    }
+    /// Receives a byte string per lane, bounded by the server's [`crate::Limits`]: a lane
+    /// above `stream_bytes`, or the request's streams together above `request_bytes`, end the
+    /// exchange at once ([`crate::Error::TooLong`], [`crate::Error::RequestTooLong`]).
+    pub async fn recv_n(&mut self) -> Result<Vec<Vec<u8>>> {
+        let limits = &self.inner.context.config.limits;
+        let left = limits.request_bytes.saturating_sub(self.received);
+        let data = self
+            .port
+            .recv_n_within_async(limits.stream_bytes, left)
+            .await?;
+        self.received += data.iter().map(|d| d.len() as u64).sum::<u64>();
+        let longest = data.iter().map(Vec::len).max().unwrap_or(0);
+        self.trace(format_args!(
+            "received a stream (longest lane {longest} bytes)"
+        ));
+        Ok(data)
+    }
+    /// Sends `size` bytes per active lane without a length word.
+    pub async fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+        self.port.send_fixed_async(size, data).await
+    }
+    /// Receives `size` bytes per active lane without a length word.
+    pub async fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+        self.port.recv_fixed_async(size).await
+    }
+
+    /// Runs `call` on one of the server's I/O threads and waits (suspended, the port held) for
+    /// its result: for anything that may block, so that the server thread never does.
+    pub async fn blocking<R: Send + 'static>(
+        &self,
+        call: impl FnOnce(&ServerContext) -> R + Send + 'static,
+    ) -> Result<R> {
+        crate::server::io_pool::run(&self.inner, call).await
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn named(name: &str, matcher: Matcher) -> Entry {
+        entry(name, matcher, Handler::packet(|_, _| {}))
+    }
+
+    #[test]
+    fn user_handlers_come_first_then_standard_in_order() {
+        let mut registry = Registry::default();
+        registry.push_standard(named(
+            "TEST_INCREMENT",
+            Matcher::Opcode(Opcode::TEST_INCREMENT),
+        ));
+        let found = |r: &Registry, op| r.find(op).map(|e| e.name.clone());
+        assert_eq!(
+            found(&registry, Opcode::TEST_INCREMENT).as_deref(),
+            Some("TEST_INCREMENT")
+        );
+        assert_eq!(found(&registry, Opcode::user(1)), None);
+        // A user handler overrides a standard opcode; a predicate catches a whole class.
+        registry.push_user(named("mine", Matcher::Opcode(Opcode::TEST_INCREMENT)));
+        registry.push_user(named(
+            "class u",
+            Matcher::Predicate(Arc::new(|op: Opcode| op.class() == b'u')),
+        ));
+        assert_eq!(
+            found(&registry, Opcode::TEST_INCREMENT).as_deref(),
+            Some("mine")
+        );
+        assert_eq!(
+            found(&registry, Opcode::user(9)).as_deref(),
+            Some("class u")
+        );
+        // A standard predicate registered before an indexed entry wins, as the order says.
+        let mut registry = Registry::default();
+        registry.push_standard(named("any", Matcher::Predicate(Arc::new(|_| true))));
+        registry.push_standard(named("noop", Matcher::Opcode(Opcode::NOOP)));
+        assert_eq!(found(&registry, Opcode::NOOP).as_deref(), Some("any"));
+        assert_eq!(registry.names(), ["any", "noop"]);
+    }
+}

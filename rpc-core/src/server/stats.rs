@@ -1,0 +1,177 @@
+//! Server statistics: counters the worker bumps and anyone may read while it runs.
+//!
+//! Memory ordering: every counter is `Relaxed`; they are independent tallies that order no
+//! other data, and a reader only needs each value to be one the counter really had.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::vec::Vec;
+
+use crate::protocol::opcode::Opcode;
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
+
+/// Live counters of one server.
+pub(crate) struct Stats {
+    /// Served requests per opcode of the table, indexed like [`Opcode::ALL`].
+    known: Vec<AtomicU64>,
+    /// Served requests of opcodes outside the table (user opcodes).
+    other: Mutex<BTreeMap<Opcode, u64>>,
+    pub(crate) errors: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) unknown: AtomicU64,
+    pub(crate) bad_headers: AtomicU64,
+    pub(crate) panics: AtomicU64,
+    pub(crate) abandoned: AtomicU64,
+    pub(crate) passes: AtomicU64,
+    pub(crate) sleeps: AtomicU64,
+    pub(crate) wakeups: AtomicU64,
+    pub(crate) doorbell_sleeps: AtomicU64,
+    pub(crate) doorbell_rings: AtomicU64,
+    pub(crate) workers_started: AtomicU64,
+    pub(crate) blocking_calls: AtomicU64,
+    pub(crate) io_threads_abandoned: AtomicU64,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            known: Opcode::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
+            other: Mutex::new(BTreeMap::new()),
+            errors: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            unknown: AtomicU64::new(0),
+            bad_headers: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
+            sleeps: AtomicU64::new(0),
+            wakeups: AtomicU64::new(0),
+            doorbell_sleeps: AtomicU64::new(0),
+            doorbell_rings: AtomicU64::new(0),
+            workers_started: AtomicU64::new(0),
+            blocking_calls: AtomicU64::new(0),
+            io_threads_abandoned: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Adds one to a counter.
+pub(crate) fn bump(counter: &AtomicU64) {
+    // RMW: n -> n + 1.
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Stats {
+    pub(crate) fn served(&self, opcode: Opcode) {
+        match opcode.table_index() {
+            Some(i) => bump(&self.known[i]),
+            None => *lock(&self.other).entry(opcode).or_insert(0) += 1,
+        }
+    }
+
+    /// A consistent-enough copy of every counter.
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut served: BTreeMap<Opcode, u64> = Opcode::ALL
+            .iter()
+            .zip(&self.known)
+            .map(|(&op, c)| (op, get(c)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        served.extend(lock(&self.other).iter().map(|(&op, &n)| (op, n)));
+        StatsSnapshot {
+            served,
+            errors: get(&self.errors),
+            refused: get(&self.refused),
+            unknown: get(&self.unknown),
+            bad_headers: get(&self.bad_headers),
+            panics: get(&self.panics),
+            abandoned: get(&self.abandoned),
+            passes: get(&self.passes),
+            sleeps: get(&self.sleeps),
+            wakeups: get(&self.wakeups),
+            doorbell_sleeps: get(&self.doorbell_sleeps),
+            doorbell_rings: get(&self.doorbell_rings),
+            workers_started: get(&self.workers_started),
+            blocking_calls: get(&self.blocking_calls),
+            io_threads_abandoned: get(&self.io_threads_abandoned),
+        }
+    }
+}
+
+/// A copy of a server's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Requests served to completion, per opcode (including those answered with a refusal).
+    pub served: BTreeMap<Opcode, u64>,
+    /// Handlers that returned an error other than a refusal (bad input, abandoned streams, ...).
+    pub errors: u64,
+    /// Requests refused by policy or validation (answered with an error value).
+    pub refused: u64,
+    /// Requests no handler accepted.
+    pub unknown: u64,
+    /// Requests whose header lane mask was invalid.
+    pub bad_headers: u64,
+    /// Handlers that panicked.
+    pub panics: u64,
+    /// Exchanges abandoned midway: no kernel left to answer, the client timed out, the mailbox
+    /// was detached or the server shut down.
+    pub abandoned: u64,
+    /// Scans over every attached mailbox.
+    pub passes: u64,
+    /// Times the worker went to sleep with no users (until a user or a shutdown comes).
+    pub sleeps: u64,
+    /// Times the worker woke from sleeping with no users.
+    pub wakeups: u64,
+    /// Times the worker slept on a doorbell (no request open).
+    pub doorbell_sleeps: u64,
+    /// Doorbell sleeps ended by the device ringing (not by the timeout).
+    pub doorbell_rings: u64,
+    /// Worker threads started over the server's life.
+    pub workers_started: u64,
+    /// Calls run on the I/O threads.
+    pub blocking_calls: u64,
+    /// I/O threads a shutdown left behind, stuck in a blocking call.
+    pub io_threads_abandoned: u64,
+}
+
+impl StatsSnapshot {
+    /// Requests served, all opcodes together.
+    pub fn total_served(&self) -> u64 {
+        self.served.values().sum()
+    }
+    /// Requests of `opcode` served.
+    pub fn served_of(&self, opcode: Opcode) -> u64 {
+        self.served.get(&opcode).copied().unwrap_or(0)
+    }
+}
+
+impl fmt::Display for StatsSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "served={} errors={} refused={} unknown={} bad_headers={} panics={} abandoned={} \
+             passes={} sleeps={} wakeups={} doorbell_sleeps={} doorbell_rings={} workers_started={} \
+             blocking_calls={} io_threads_abandoned={}",
+            self.total_served(),
+            self.errors,
+            self.refused,
+            self.unknown,
+            self.bad_headers,
+            self.panics,
+            self.abandoned,
+            self.passes,
+            self.sleeps,
+            self.wakeups,
+            self.doorbell_sleeps,
+            self.doorbell_rings,
+            self.workers_started,
+            self.blocking_calls,
+            self.io_threads_abandoned
+        )?;
+        for (op, n) in &self.served {
+            write!(f, "\n  {op}: {n}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1114 @@
+//! The host side of GPU `printf` (opcodes `PRINTF_TO_*`, PROTOCOL section 7).
+//!
+//! The exchange, per lane: the device sends its C format string; the host [`parse`]s it and
+//! replies with [`args_size`], the number of bytes of arguments it expects; the device sends that
+//! raw argument buffer; the host asks for the strings behind the non-null `%s` pointers
+//! ([`string_pointers`]) and finally [`format()`]s the output, byte-identical to the host C
+//! library's `printf` for the same format and values (each conversion is handed to `snprintf`,
+//! except `%b`/`%B`, formatted here, and `%n`, which prints nothing).
+//!
+//! Argument sizes (LLVM's, the same for every conversion): `%c` 4 bytes; integers `d i o u x X
+//! b B` 4 bytes, 8 with a length `l ll j z t q L` (`h`, `hh` stay 4 and truncate when printed);
+//! floating `f F e E g G a A` 8 (a double; `L` is printed as a double); `p s n` 8; each `*` width
+//! or precision a 4-byte `i32` read before the value, width first. Little-endian. Unpacked
+//! buffers align the running offset up to each argument's size first; packed ones have no padding.
+//!
+//! Robustness (the format and the arguments come from an untrusted GPU): nothing here panics or
+//! reads outside the slices it is given. The format ends at its first NUL. A malformed or
+//! unsupported specification (including positional `%1$d` and flags other than `-+ #0`) is a
+//! [`FormatError`], as is an argument buffer shorter than the format needs. Widths and precisions,
+//! written or passed through `*`, are clamped to [`MAX_FIELD`] so one conversion prints at most a
+//! few KiB. A null `%s` prints as glibc does: `(null)` if the precision is absent or at least 6,
+//! else the empty string (then padded to the width); a non-null `%s` whose string was not fetched
+//! (`strings` returned `None`) prints the same way, as if it were null. A length modifier on `c s
+//! p n` or a float is accepted and ignored: `%lc`/`%ls` print as `%c`/`%s`, `%Lf` as `%f`.
+
+use std::ffi::{c_char, c_double, c_int, c_longlong, c_uint, c_ulonglong, c_void, CStr};
+use std::fmt;
+use std::io::Write as _;
+use std::vec::Vec;
+
+pub use crate::protocol::opcode::Dialect;
+
+/// The largest width or precision honoured; larger ones (written or through `*`) are clamped.
+pub const MAX_FIELD: usize = 4096;
+
+/// One parsed piece of a format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece<'f> {
+    /// Bytes printed as they are.
+    Literal(&'f [u8]),
+    /// `%%`.
+    Percent,
+    /// One conversion specification.
+    Spec(Spec),
+}
+
+/// The flags of a specification: `-` (left), `+` (plus), ` ` (space), `#` (alt), `0` (zero).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// `-`: left-justify.
+    pub left: bool,
+    /// `+`: always a sign.
+    pub plus: bool,
+    /// ` `: a space for a missing sign.
+    pub space: bool,
+    /// `#`: the alternate form.
+    pub alt: bool,
+    /// `0`: pad with zeros.
+    pub zero: bool,
+}
+
+/// A width or a precision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// Not given.
+    None,
+    /// Written in the format (already clamped to [`MAX_FIELD`]).
+    Fixed(usize),
+    /// `*`: an `i32` argument.
+    Star,
+}
+
+/// A length modifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Length {
+    /// None: `int`, `double`.
+    None,
+    /// `hh`: `char`.
+    Hh,
+    /// `h`: `short`.
+    H,
+    /// `l`: `long`.
+    L,
+    /// `ll`: `long long`.
+    Ll,
+    /// `j`: `intmax_t`.
+    J,
+    /// `z`: `size_t`.
+    Z,
+    /// `t`: `ptrdiff_t`.
+    T,
+    /// `q`: BSD's `long long`.
+    Q,
+    /// `L`
+    BigL,
+}
+
+impl Length {
+    /// Whether an integer conversion with this length takes 8 bytes.
+    fn wide(self) -> bool {
+        !matches!(self, Length::None | Length::Hh | Length::H)
+    }
+}
+
+/// One conversion specification.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spec {
+    /// The flags.
+    pub flags: Flags,
+    /// The width.
+    pub width: Count,
+    /// The precision.
+    pub precision: Count,
+    /// The length modifier.
+    pub length: Length,
+    /// The conversion byte, one of `d i o u x X b B c s p n f F e E g G a A`, or `%` for a
+    /// spec with something between its two `%`s (`%5%`, `%*%`: plain `%%` is a
+    /// [`Piece::Percent`]). That one prints `%` and takes no value, only its `*` arguments, as
+    /// glibc and both of LLVM's servers have it (LLVM 20-22's printf core documents the rule;
+    /// LLVM 23+ hands the spec and its `*` values to the host's `fprintf`).
+    pub conversion: u8,
+    /// Offset of the `%` in the format.
+    pub at: usize,
+    /// The length of the spec as written, from `%` to the conversion inclusive.
+    pub len: usize,
+}
+
+impl Spec {
+    /// Size in bytes of the value argument (after any `*` arguments); 0 for `%`, which has none.
+    pub fn value_size(&self) -> usize {
+        match self.conversion {
+            b'%' => 0,
+            b'c' => 4,
+            b'd' | b'i' | b'o' | b'u' | b'x' | b'X' | b'b' | b'B' if !self.length.wide() => 4,
+            _ => 8,
+        }
+    }
+}
+
+/// Why a format or its arguments cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FormatError {
+    /// The format ends inside the specification whose `%` is at byte `at`.
+    Unterminated {
+        /// Offset of the `%`.
+        at: usize,
+    },
+    /// Byte `at` ends a specification but is no supported conversion.
+    UnknownConversion {
+        /// Offset of the byte.
+        at: usize,
+        /// The byte.
+        conversion: u8,
+    },
+    /// The format needs `needed` bytes of arguments; only `available` were sent.
+    MissingArguments {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes sent.
+        available: usize,
+    },
+}
+
+impl fmt::Display for FormatError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            FormatError::Unterminated { at } => {
+                write!(f, "unterminated printf conversion starting at byte {at}")
+            }
+            FormatError::UnknownConversion { at, conversion } => write!(
+                f,
+                "unknown printf conversion '{}' at byte {at}",
+                char::from(conversion).escape_default()
+            ),
+            FormatError::MissingArguments { needed, available } => write!(
+                f,
+                "printf format needs {needed} bytes of arguments, only {available} were sent"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FormatError {}
+
+/// Parses `format` (without its trailing NUL; it stops at the first NUL if there is one).
+pub fn parse(format: &[u8]) -> Result<Vec<Piece<'_>>, FormatError> {
+    let format = format.split(|&b| b == 0).next().unwrap_or_default();
+    // A literal and a spec per `%` at most, and a last literal: one allocation.
+    let specs = format.iter().filter(|&&b| b == b'%').count();
+    let mut pieces = Vec::with_capacity(2 * specs + 1);
+    let mut rest = format;
+    let mut at = 0;
+    while !rest.is_empty() {
+        let Some(pos) = rest.iter().position(|&b| b == b'%') else {
+            pieces.push(Piece::Literal(rest));
+            break;
+        };
+        let (literal, spec) = rest.split_at(pos);
+        if !literal.is_empty() {
+            pieces.push(Piece::Literal(literal));
+        }
+        at += pos;
+        let used = if spec.get(1) == Some(&b'%') {
+            pieces.push(Piece::Percent);
+            2
+        } else {
+            let parsed = parse_spec(spec, at)?;
+            let used = parsed.len;
+            pieces.push(Piece::Spec(parsed));
+            used
+        };
+        at += used;
+        rest = spec.get(used..).unwrap_or_default();
+    }
+    Ok(pieces)
+}
+
+/// Parses the specification at the start of `s` (which starts with `%`, at byte `at` of the
+/// format).
+fn parse_spec(s: &[u8], at: usize) -> Result<Spec, FormatError> {
+    let byte = |i: usize| s.get(i).copied().ok_or(FormatError::Unterminated { at });
+    let mut i = 1;
+    let mut flags = Flags::default();
+    loop {
+        match byte(i)? {
+            b'-' => flags.left = true,
+            b'+' => flags.plus = true,
+            b' ' => flags.space = true,
+            b'#' => flags.alt = true,
+            b'0' => flags.zero = true,
+            _ => break,
+        }
+        i += 1;
+    }
+    let width = parse_count(s, &mut i);
+    let precision = if byte(i)? == b'.' {
+        i += 1;
+        match parse_count(s, &mut i) {
+            Count::None => Count::Fixed(0),
+            count => count,
+        }
+    } else {
+        Count::None
+    };
+    let (length, len) = match (byte(i)?, s.get(i + 1)) {
+        (b'h', Some(b'h')) => (Length::Hh, 2),
+        (b'l', Some(b'l')) => (Length::Ll, 2),
+        (b'h', _) => (Length::H, 1),
+        (b'l', _) => (Length::L, 1),
+        (b'j', _) => (Length::J, 1),
+        (b'z', _) => (Length::Z, 1),
+        (b't', _) => (Length::T, 1),
+        (b'q', _) => (Length::Q, 1),
+        (b'L', _) => (Length::BigL, 1),
+        _ => (Length::None, 0),
+    };
+    i += len;
+    let conversion = byte(i)?;
+    if !b"diouxXbBcspnfFeEgGaA%".contains(&conversion) {
+        return Err(FormatError::UnknownConversion {
+            at: at + i,
+            conversion,
+        });
+    }
+    Ok(Spec {
+        flags,
+        width,
+        precision,
+        length,
+        conversion,
+        at,
+        len: i + 1,
+    })
+}
+
+/// Parses `*` or decimal digits at `s[*i..]` (clamped to [`MAX_FIELD`]), advancing `i`.
+fn parse_count(s: &[u8], i: &mut usize) -> Count {
+    if s.get(*i) == Some(&b'*') {
+        *i += 1;
+        return Count::Star;
+    }
+    let mut value: Option<usize> = None;
+    while let Some(digit @ b'0'..=b'9') = s.get(*i).copied() {
+        let v = value
+            .unwrap_or(0)
+            .saturating_mul(10)
+            .saturating_add(usize::from(digit - b'0'));
+        value = Some(v.min(MAX_FIELD));
+        *i += 1;
+    }
+    value.map_or(Count::None, Count::Fixed)
+}
+
+/// Where the next argument of `size` bytes lies: `(start, end)` (saturating; never panics).
+fn place(offset: usize, size: usize, packed: bool) -> (usize, usize) {
+    let start = if packed {
+        offset
+    } else {
+        offset.checked_next_multiple_of(size).unwrap_or(usize::MAX)
+    };
+    (start, start.saturating_add(size))
+}
+
+/// The sizes of the arguments a piece takes, in order (`*` width, `*` precision, value).
+fn arg_sizes<'p>(piece: &'p Piece) -> impl Iterator<Item = usize> + 'p {
+    let spec = match piece {
+        Piece::Spec(spec) => Some(spec),
+        _ => None,
+    };
+    let star = |count: Count| (count == Count::Star).then_some(4);
+    let stars = spec
+        .into_iter()
+        .flat_map(move |s| [star(s.width), star(s.precision)])
+        .flatten();
+    stars.chain(spec.map(Spec::value_size).filter(|&size| size > 0))
+}
+
+/// Size in bytes of the argument buffer the format needs (`packed`: no alignment padding).
+pub fn args_size(pieces: &[Piece], packed: bool) -> usize {
+    pieces
+        .iter()
+        .flat_map(arg_sizes)
+        .fold(0, |offset, size| place(offset, size, packed).1)
+}
+
+/// One specification with its arguments read and its `*`s resolved.
+struct Resolved<'s> {
+    spec: &'s Spec,
+    flags: Flags,
+    width: Option<usize>,
+    precision: Option<usize>,
+    /// The value's bytes, zero-extended.
+    value: u64,
+}
+
+/// Reads the arguments of every specification in order and hands each to `visit`.
+fn walk<'s>(
+    pieces: &'s [Piece],
+    args: &[u8],
+    packed: bool,
+    mut visit: impl FnMut(Option<Resolved<'s>>, &'s Piece),
+) -> Result<(), FormatError> {
+    let mut offset = 0;
+    let mut take = |size: usize| -> Result<u64, FormatError> {
+        let (start, end) = place(offset, size, packed);
+        let needed = || args_size(pieces, packed);
+        let missing = || FormatError::MissingArguments {
+            needed: needed(),
+            available: args.len(),
+        };
+        let bytes = args.get(start..end).ok_or_else(missing)?;
+        offset = end;
+        let mut word = [0u8; 8];
+        word.iter_mut().zip(bytes).for_each(|(w, b)| *w = *b);
+        Ok(u64::from_le_bytes(word))
+    };
+    for piece in pieces {
+        let Piece::Spec(spec) = piece else {
+            visit(None, piece);
+            continue;
+        };
+        let mut flags = spec.flags;
+        let width = match spec.width {
+            Count::None => None,
+            Count::Fixed(n) => Some(n),
+            Count::Star => {
+                let w = take(4)? as u32 as i32;
+                flags.left |= w < 0;
+                Some((w.unsigned_abs() as usize).min(MAX_FIELD))
+            }
+        };
+        let precision = match spec.precision {
+            Count::None => None,
+            Count::Fixed(n) => Some(n),
+            // A negative precision is taken as if it were absent.
+            Count::Star => usize::try_from(take(4)? as u32 as i32).ok(),
+        };
+        let precision = precision.map(|p| p.min(MAX_FIELD));
+        let value = match spec.value_size() {
+            0 => 0,
+            size => take(size)?,
+        };
+        visit(
+            Some(Resolved {
+                spec,
+                flags,
+                width,
+                precision,
+                value,
+            }),
+            piece,
+        );
+    }
+    Ok(())
+}
+
+/// The non-null `%s` pointers, in format order, read from `args`.
+pub fn string_pointers(
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+) -> Result<Vec<u64>, FormatError> {
+    let mut pointers = Vec::new();
+    walk(pieces, args, packed, |arg, _| {
+        if let Some(arg) = arg.filter(|a| a.spec.conversion == b's' && a.value != 0) {
+            pointers.push(arg.value);
+        }
+    })?;
+    Ok(pointers)
+}
+
+/// The size of the pieces [`format_to`] hands its sink: output is gathered up to this, then
+/// handed on, so a long output is never whole in memory.
+pub const CHUNK: usize = 64 << 10;
+
+/// Formats the pieces with the arguments in `args`, as the host C library's `printf` would.
+///
+/// `strings(ptr)` returns the bytes of the device string at a non-null `%s` pointer (its NUL, and
+/// anything after a NUL, is ignored), or `None` if it was not fetched: that string then prints as
+/// a null `%s` does (see the module documentation).
+pub fn format(
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+) -> Result<Vec<u8>, FormatError> {
+    let mut all = Vec::new();
+    format_to(pieces, args, packed, strings, &mut |chunk| {
+        all.extend_from_slice(chunk)
+    })?;
+    Ok(all)
+}
+
+/// [`format()`], handing the output to `sink` in order, in pieces of [`CHUNK`] bytes (the last
+/// one shorter). Besides the pieces, it holds at most one conversion's output (at most
+/// [`MAX_FIELD`] bytes and a number's digits, or one `%s` string); a literal part of the
+/// format is handed on from the format itself. A missing argument is found only where it is
+/// needed, after the output before it was handed on: check the arguments with
+/// [`string_pointers`] first.
+pub fn format_to(
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<(), FormatError> {
+    format_in(Dialect::HostC, pieces, args, packed, strings, sink)
+}
+
+/// [`format_to`] in `dialect`.
+pub fn format_in(
+    dialect: Dialect,
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<(), FormatError> {
+    let mut out = Vec::with_capacity(output_bound(pieces, 0).min(CHUNK));
+    walk(pieces, args, packed, |arg, piece| match (arg, piece) {
+        (Some(arg), _) => {
+            convert(dialect, &mut out, &arg, strings);
+            hand_on_full_chunks(&mut out, sink);
+        }
+        (None, Piece::Literal(bytes)) => push_literal(&mut out, bytes, sink),
+        (None, _) => push_literal(&mut out, b"%", sink),
+    })?;
+    if !out.is_empty() {
+        sink(&out);
+    }
+    Ok(())
+}
+
+/// Hands on the whole chunks `out` holds, keeping the rest.
+fn hand_on_full_chunks(out: &mut Vec<u8>, sink: &mut dyn FnMut(&[u8])) {
+    let full = out.len() / CHUNK * CHUNK;
+    if full > 0 {
+        out[..full].chunks(CHUNK).for_each(&mut *sink);
+        out.drain(..full);
+    }
+}
+
+/// Appends `bytes` to `out`, handing each chunk on as it fills; whole chunks of `bytes` go
+/// to the sink straight from `bytes`, uncopied.
+fn push_literal(out: &mut Vec<u8>, mut bytes: &[u8], sink: &mut dyn FnMut(&[u8])) {
+    while !bytes.is_empty() {
+        if out.is_empty() && bytes.len() >= CHUNK {
+            sink(&bytes[..CHUNK]);
+            bytes = &bytes[CHUNK..];
+            continue;
+        }
+        let take = (CHUNK - out.len()).min(bytes.len());
+        out.extend_from_slice(&bytes[..take]);
+        bytes = &bytes[take..];
+        if out.len() == CHUNK {
+            sink(out);
+            out.clear();
+        }
+    }
+}
+
+/// More than the bytes the pieces can print, given `strings` bytes of `%s` strings: literal
+/// bytes, plus for each conversion its widest width and precision (a `*` counts as
+/// [`MAX_FIELD`]) and room for the longest number (a `%f` of the largest double).
+pub fn output_bound(pieces: &[Piece], strings: usize) -> usize {
+    let count = |c: &Count| match c {
+        Count::None => 0,
+        Count::Fixed(n) => *n,
+        Count::Star => MAX_FIELD,
+    };
+    pieces.iter().fold(strings, |sum, piece| {
+        sum.saturating_add(match piece {
+            Piece::Literal(bytes) => bytes.len(),
+            Piece::Spec(spec) => count(&spec.width) + count(&spec.precision) + 330,
+            Piece::Percent => 1,
+        })
+    })
+}
+
+/// `text` padded with spaces to `a`'s width (left-justified with `-`).
+fn padded(out: &mut Vec<u8>, a: &Resolved, text: &[u8]) {
+    let pad = a.width.unwrap_or(0).saturating_sub(text.len());
+    if !a.flags.left {
+        out.resize(out.len() + pad, b' ');
+    }
+    out.extend_from_slice(text);
+    if a.flags.left {
+        out.resize(out.len() + pad, b' ');
+    }
+}
+
+/// Appends one conversion.
+fn convert(
+    dialect: Dialect,
+    out: &mut Vec<u8>,
+    a: &Resolved,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+) {
+    let (v, wide) = (a.value, a.spec.length.wide());
+    match (dialect, a.spec.conversion) {
+        // LLVM libc: `ptr_converter.h` and `string_converter.h`.
+        (Dialect::LlvmLibc, b'p') if v == 0 => return padded(out, a, b"(nullptr)"),
+        (Dialect::LlvmLibc, b's') if v == 0 => {
+            let null = b"(null)";
+            let shown = a.precision.map_or(null.len(), |p| p.min(null.len()));
+            return padded(out, a, &null[..shown]);
+        }
+        _ => {}
+    }
+    match a.spec.conversion {
+        b'n' => {}
+        // Flags, width and precision do nothing to it (glibc, LLVM).
+        b'%' => out.push(b'%'),
+        b'b' | b'B' => binary(out, a),
+        b's' => {
+            let fetched = if v == 0 { None } else { strings(v) };
+            let mut text = fetched.unwrap_or_else(|| match a.precision {
+                Some(p) if p < 6 => Vec::new(),
+                _ => b"(null)".to_vec(),
+            });
+            text.push(0);
+            if let Ok(text) = CStr::from_bytes_until_nul(&text) {
+                c_format(out, a, CValue::Str(text));
+            }
+        }
+        b'p' => c_format(
+            out,
+            a,
+            CValue::Ptr(std::ptr::without_provenance(v as usize)),
+        ),
+        b'f' | b'F' | b'e' | b'E' | b'g' | b'G' | b'a' | b'A' => {
+            c_format(out, a, CValue::Double(f64::from_bits(v)))
+        }
+        b'd' | b'i' if wide => c_format(out, a, CValue::LongLong(v as i64)),
+        b'o' | b'u' | b'x' | b'X' if wide => c_format(out, a, CValue::ULongLong(v)),
+        b'o' | b'u' | b'x' | b'X' => c_format(out, a, CValue::UInt(v as u32)),
+        // d, i (4 bytes) and c.
+        _ => c_format(out, a, CValue::Int(v as u32 as i32)),
+    }
+}
+
+/// A value handed to `snprintf`, with its C type.
+#[derive(Clone, Copy)]
+enum CValue<'a> {
+    Int(c_int),
+    UInt(c_uint),
+    LongLong(c_longlong),
+    ULongLong(c_ulonglong),
+    Double(c_double),
+    /// Printed by `%p` only, never dereferenced.
+    Ptr(*const c_void),
+    Str(&'a CStr),
+}
+
+/// Appends `snprintf` of one conversion: `a`'s flags, width and precision, its conversion, and a
+/// length modifier chosen here to match `value`'s C type.
+fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
+    let conversion = a.spec.conversion;
+    let matches = match value {
+        CValue::Int(_) => matches!(conversion, b'd' | b'i' | b'c'),
+        CValue::LongLong(_) => matches!(conversion, b'd' | b'i'),
+        CValue::UInt(_) | CValue::ULongLong(_) => matches!(conversion, b'o' | b'u' | b'x' | b'X'),
+        CValue::Double(_) => b"fFeEgGaA".contains(&conversion),
+        CValue::Ptr(_) => conversion == b'p',
+        CValue::Str(_) => conversion == b's',
+    };
+    if !matches {
+        return; // Unreachable: `convert` pairs them. Checked here because the call relies on it.
+    }
+    let length: &[u8] = match (value, a.spec.length) {
+        (CValue::LongLong(_) | CValue::ULongLong(_), _) => b"ll",
+        (CValue::Int(_) | CValue::UInt(_), Length::Hh) if conversion != b'c' => b"hh",
+        (CValue::Int(_) | CValue::UInt(_), Length::H) if conversion != b'c' => b"h",
+        _ => b"",
+    };
+    // On the stack: at most 19 bytes (`%`, five flags, a width and a precision of at most four
+    // digits each, as both are clamped to MAX_FIELD, `.`, `ll`, the conversion and the NUL).
+    let mut buf = [0u8; 32];
+    let mut spec = &mut buf[..];
+    let f = a.flags;
+    let on = [f.left, f.plus, f.space, f.alt, f.zero];
+    let flags = b"-+ #0"
+        .iter()
+        .zip(on)
+        .filter_map(|(&c, on)| on.then_some(c));
+    let mut written = spec.write_all(b"%").is_ok();
+    for flag in flags {
+        written &= spec.write_all(&[flag]).is_ok();
+    }
+    if let Some(width) = a.width.filter(|&w| w > 0) {
+        written &= write!(spec, "{width}").is_ok();
+    }
+    if let Some(precision) = a.precision {
+        written &= write!(spec, ".{precision}").is_ok();
+    }
+    written &= spec.write_all(length).is_ok() && spec.write_all(&[conversion, 0]).is_ok();
+    if !written {
+        return; // Unreachable (the fields are clamped); a cut spec must never reach snprintf.
+    }
+    let spec = buf.as_ptr().cast::<c_char>();
+    let call = |buf: *mut c_char, len: usize| -> c_int {
+        // SAFETY: `spec` is NUL-terminated and holds exactly one conversion (flags, digits and
+        // '.' otherwise): `conversion` with `length`, whose C argument type was checked above to
+        // be the type of the value passed (int for d/i/c and h/hh, long long for ll, unsigned
+        // variants for o/u/x/X, double, void * for %p, which only prints the address, and a live
+        // NUL-terminated string for %s). `buf` is valid for writes of `len` bytes.
+        unsafe {
+            match value {
+                CValue::Int(v) => libc::snprintf(buf, len, spec, v),
+                CValue::UInt(v) => libc::snprintf(buf, len, spec, v),
+                CValue::LongLong(v) => libc::snprintf(buf, len, spec, v),
+                CValue::ULongLong(v) => libc::snprintf(buf, len, spec, v),
+                CValue::Double(v) => libc::snprintf(buf, len, spec, v),
+                CValue::Ptr(v) => libc::snprintf(buf, len, spec, v),
+                CValue::Str(v) => libc::snprintf(buf, len, spec, v.as_ptr()),
+            }
+        }
+    };
+    let mut small = [0u8; 256];
+    let Ok(n) = usize::try_from(call(small.as_mut_ptr().cast(), small.len())) else {
+        return; // snprintf failed (cannot happen with clamped fields): print nothing.
+    };
+    if let Some(text) = small.get(..n) {
+        out.extend_from_slice(text);
+    } else {
+        let start = out.len();
+        out.resize(start + n + 1, 0);
+        let buf = out.get_mut(start..).unwrap_or_default();
+        let complete = call(buf.as_mut_ptr().cast(), buf.len()) == n as c_int;
+        out.truncate(start + if complete { n } else { 0 });
+    }
+}
+
+/// `%b` / `%B` as glibc prints them: binary digits, `#` adds `0b`/`0B` before a non-zero value,
+/// and width, precision and the `-` and `0` flags work as for `%x`.
+fn binary(out: &mut Vec<u8>, a: &Resolved) {
+    let value = match a.spec.length {
+        Length::Hh => a.value & 0xff,
+        Length::H => a.value & 0xffff,
+        length if length.wide() => a.value,
+        _ => a.value & 0xffff_ffff,
+    };
+    // No digit at all for a zero value with precision 0, as for %x.
+    let bits = (64 - value.leading_zeros()).max(u32::from(a.precision != Some(0)));
+    let digits = (0..bits).rev().map(|b| b'0' + ((value >> b) & 1) as u8);
+    let digit_count = digits.len();
+    let zeros = a.precision.unwrap_or(0).saturating_sub(digit_count);
+    let prefix: &[u8] = match (a.flags.alt && value != 0, a.spec.conversion) {
+        (false, _) => b"",
+        (true, b'B') => b"0B",
+        (true, _) => b"0b",
+    };
+    let width = a.width.unwrap_or(0);
+    let pad = width.saturating_sub(prefix.len() + zeros + digit_count);
+    let zero_pad = a.flags.zero && !a.flags.left && a.precision.is_none();
+    if !a.flags.left && !zero_pad {
+        out.resize(out.len() + pad, b' ');
+    }
+    out.extend_from_slice(prefix);
+    let zeros = if zero_pad { zeros + pad } else { zeros };
+    out.resize(out.len() + zeros, b'0');
+    out.extend(digits);
+    if a.flags.left {
+        out.resize(out.len() + pad, b' ');
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::boxed::Box;
+    use std::cell::Cell;
+    use std::collections::HashMap;
+    use std::string::String;
+    use std::vec;
+
+    /// How a test argument goes into the device's buffer.
+    enum Enc {
+        Four(u32),
+        Eight(u64),
+        Str(&'static CStr),
+    }
+
+    /// A test argument: its encoding, and the C value the reference `snprintf` call receives.
+    trait TestArg {
+        type C;
+        fn c(&self) -> Self::C;
+        fn enc(&self) -> Enc;
+    }
+
+    macro_rules! test_args {
+        ($($name:ident($rust:ty) => $c:ty, |$v:ident| $conv:expr, $enc:expr;)*) => {$(
+            struct $name($rust);
+            impl TestArg for $name {
+                type C = $c;
+                fn c(&self) -> $c {
+                    let $v = self.0;
+                    $conv
+                }
+                fn enc(&self) -> Enc {
+                    let $v = self.0;
+                    $enc
+                }
+            }
+        )*};
+    }
+
+    test_args! {
+        I(i32) => c_int, |v| v, Enc::Four(v as u32);
+        U(u32) => c_uint, |v| v, Enc::Four(v);
+        L(i64) => c_longlong, |v| v, Enc::Eight(v as u64);
+        Ul(u64) => c_ulonglong, |v| v, Enc::Eight(v);
+        D(f64) => c_double, |v| v, Enc::Eight(v.to_bits());
+        P(u64) => *const c_void, |v| std::ptr::without_provenance(v as usize), Enc::Eight(v);
+        S(&'static CStr) => *const c_char, |v| v.as_ptr(), Enc::Str(v);
+        NullS(()) => *const c_char, |_v| std::ptr::null(), Enc::Eight(0);
+        N(()) => *mut c_int, |_v| SINK.with(|sink| sink.as_ptr().cast()), Enc::Eight(0xdead_beef);
+    }
+
+    std::thread_local! {
+        /// Where the reference `snprintf` writes its `%n` counts: 8 bytes, 8-aligned, since a
+        /// `%lln` writes a `long long` (a `c_int` here let it write past into the next
+        /// thread-local, which crashed the test harness once the thread-locals moved).
+        static SINK: Cell<i64> = const { Cell::new(0) };
+    }
+
+    type Reference = Box<dyn Fn(*mut c_char, usize) -> c_int>;
+
+    struct Row {
+        format: &'static CStr,
+        args: Vec<Enc>,
+        reference: Reference,
+    }
+
+    /// `row!(format [=> reference format]; args...)`: the reference is `snprintf` called directly.
+    macro_rules! row {
+        ($fmt:expr $(=> $reference:expr)?; $($arg:expr),* $(,)?) => {{
+            let reference: &'static CStr = row!(@pick $fmt $(, $reference)?);
+            Row {
+                format: $fmt,
+                args: vec![$(TestArg::enc(&$arg)),*],
+                reference: Box::new(move |buf: *mut c_char, len: usize| {
+                    // SAFETY: each row's C values have the types its reference format names, a
+                    // `%n` pointer is the live thread-local SINK, strings are 'static C strings
+                    // (or null, which glibc prints as "(null)"), and `buf` holds `len` bytes.
+                    unsafe { libc::snprintf(buf, len, reference.as_ptr() $(, TestArg::c(&$arg))*) }
+                }),
+            }
+        }};
+        (@pick $fmt:expr) => { $fmt };
+        (@pick $fmt:expr, $reference:expr) => { $reference };
+    }
+
+    const LONG: &CStr =
+        c"The quick brown fox jumps over the lazy dog; pack my box with five dozen jugs!";
+    const AB: &CStr = c"abcdef";
+
+    fn rows() -> Vec<Row> {
+        let (inf, nan) = (f64::INFINITY, f64::NAN);
+        vec![
+            row!(c"hello, world\n";),
+            row!(c"";),
+            row!(c"%d"; I(42)),
+            row!(c"%i|%d"; I(i32::MIN), I(i32::MAX)),
+            row!(c"%5d|%-5d|%05d|"; I(42), I(-42), I(-42)),
+            row!(c"%+d|% d|%+ d|% 05d"; I(7), I(7), I(-7), I(7)),
+            row!(c"%.3d|%.0d|%5.0d|%-+8.4d|"; I(7), I(0), I(0), I(-7)),
+            row!(c"%5.3d|%-5.3d|%05.3d|"; I(-7), I(-7), I(-7)),
+            row!(c"%u|%u"; U(u32::MAX), U(0)),
+            row!(c"%o|%#o|%#.0o|%#o"; U(8), U(8), U(0), U(0)),
+            row!(c"%x|%X|%#x|%#X|%#010x|%-#10X|"; U(0xbeef), U(0xbeef), U(0xbeef), U(0xbeef),
+                 U(0xbeef), U(0xbeef)),
+            row!(c"%#.0x|%#x|%.0x|%#5.0x|"; U(0), U(0), U(0), U(0)),
+            row!(c"%hd|%hhd|%hu|%hhu"; I(70000), I(300), I(-1), I(-1)),
+            row!(c"%hx|%hhX|%hho|%#hhx|%05hd"; I(0x12345), I(0x1ff), I(0x1ff), I(0x180), I(-3)),
+            row!(c"%ld|%lld|%li"; L(i64::MIN), L(i64::MAX), L(-1)),
+            row!(c"%lu|%llx|%#llo|%lX"; Ul(u64::MAX), Ul(0xdead_beef_cafe), Ul(511), Ul(1 << 63)),
+            row!(c"%jd|%zd|%td|%zu|%ju|%zx"; L(-5), L(6), L(-7), Ul(8), Ul(9), Ul(255)),
+            row!(c"%qd|%Ld|%qu|%Lx"; L(-1 << 40), L(1 << 50), Ul(3), Ul(0xabc)),
+            row!(c"%c%c%c"; I(b'a'.into()), I(b'b'.into()), I(b'c'.into())),
+            row!(c"[%5c][%-5c][%c]"; I(b'x'.into()), I(b'y'.into()), I(0x141)),
+            row!(c"a%cb"; I(0)),
+            row!(c"%c%ld"; I(b'z'.into()), L(1_234_567_890_123)),
+            row!(c"%d%lld%d%lld%hhd%f"; I(1), L(2), I(3), L(4), I(5), D(6.5)),
+            row!(c"%s"; S(c"hi")),
+            row!(c"%s|%s|%s"; S(c"a"), S(c"bb"), S(c"ccc")),
+            row!(c"%10s|%-10s|%.2s|%10.3s|%.0s|"; S(AB), S(AB), S(AB), S(AB), S(AB)),
+            row!(c"%s"; NullS(())),
+            row!(c"[%10s][%-10s][%.5s][%.6s][%3.2s][%.0s][%.7s]"; NullS(()), NullS(()), NullS(()),
+                 NullS(()), NullS(()), NullS(()), NullS(())),
+            row!(c"%s and %s, %s"; NullS(()), S(c"x"), S(c"")),
+            row!(c"%s"; S(LONG)),
+            row!(c"%.70s|%100s|%-90s|%s"; S(LONG), S(LONG), S(LONG), S(AB)),
+            row!(c"100%%";),
+            row!(c"%%d %d %%%%"; I(5)),
+            row!(c"[%5%|%-05%|%.3%|%l%|%+ #%|%d]"; I(9)),
+            row!(c"[%*%|%.*%|%-*.*%|%d]"; I(5), I(6), I(7), I(8), I(9)),
+            row!(c"ab%ncd"; N(())),
+            row!(c"%d%n%s%hn|%lln"; I(1), N(()), S(c"z"), N(()), N(())),
+            row!(c"%p"; P(0x1234_5678)),
+            row!(c"%p|%20p|%-20p|%+p"; P(0), P(0xdead), P(0xbeef), P(0x10)),
+            row!(c"%f|%F"; D(1.23456), D(-2.0)),
+            row!(c"%.2f|%10.3f|%-10.1f|%+f|% f|%#.0f"; D(2.345), D(2.345), D(2.345), D(2.345),
+                 D(2.345), D(2.0)),
+            row!(c"%e|%E|%.0e|%#.0e|%12.3e"; D(12345.678), D(12345.678), D(12345.678),
+                 D(12345.678), D(-1e-300)),
+            row!(c"%g|%G|%#g|%g|%.3g"; D(0.0001), D(1e20), D(1.5), D(100000.0), D(1234567.0)),
+            row!(c"%a|%A|%.2a|%20a|%#a"; D(1.0), D(-0.5), D(1.2345), D(1e-310), D(2.0)),
+            row!(c"%f|%f|%f|%f|%5.1f|%-6f|"; D(inf), D(-inf), D(nan), D(-nan), D(nan), D(inf)),
+            row!(c"%F|%E|%G|%A|%010f"; D(inf), D(nan), D(-inf), D(-nan), D(-inf)),
+            row!(c"%f|%e|%g|%a|%+.0f"; D(-0.0), D(-0.0), D(-0.0), D(-0.0), D(0.0)),
+            row!(c"%010.2f|%-010.2f|%+010.2f|% 010.2f"; D(-3.5), D(-3.5), D(3.5), D(3.5)),
+            row!(c"%lf|%lf|%le"; D(1.25), D(2.5), D(1e-5)),
+            row!(c"%Lf|%Le|%Lg|%La" => c"%f|%e|%g|%a"; D(1.5), D(1.5), D(1.5), D(1.5)),
+            row!(c"%.300f"; D(1.0 / 3.0)),
+            row!(c"%f|%g"; D(1e300), D(f64::MIN_POSITIVE)),
+            row!(c"%*d|"; I(8), I(42)),
+            row!(c"%-*d|"; I(8), I(42)),
+            row!(c"%*d|%*d|"; I(-8), I(42), I(0), I(1)),
+            row!(c"%.*f|%.*f"; I(3), D(1.23456), I(-1), D(1.23456)),
+            row!(c"%*.*s|%.*s|"; I(12), I(3), S(AB), I(-2), S(AB)),
+            row!(c"%*.*ld|"; I(-15), I(10), L(-42)),
+            row!(c"%c%*ld|%c%.*f"; I(b'q'.into()), I(5), L(7), I(b'r'.into()), I(2), D(0.125)),
+            row!(c"%0*d|%-0*x|"; I(6), I(-5), I(6), U(0xf)),
+            row!(c"%b|%B|%#b|%#B"; U(5), U(5), U(5), U(5)),
+            row!(c"%#010b|%-#10b|%.8b|%08.3b|%#12.8B|"; U(5), U(5), U(5), U(5), U(5)),
+            row!(c"%#.0b|%#b|%.0b|%5b|%#5.0b|"; U(0), U(0), U(0), U(0), U(0)),
+            row!(c"%hhb|%hb|%lb|%llB|%#jb"; I(0x1ff), I(0x1ffff), Ul(u64::MAX), Ul(1 << 63), Ul(6)),
+            row!(c"%+b|% b|%#B|%b"; U(3), U(3), U(0), U(u32::MAX)),
+            row!(c"%*b|%-*b|%.*b"; I(10), U(9), I(-10), U(9), I(6), U(9)),
+            row!(c"%1000d"; I(1)),
+            row!(c"%-1000s|%.1000d"; S(c"w"), I(-3)),
+            row!(c"%d %s %c %p %f %x %ld %s %% %u"; I(-1), S(c"str"), I(b'C'.into()), P(0xff),
+                 D(0.5), U(0xabc), L(1 << 40), NullS(()), U(7)),
+        ]
+    }
+
+    /// Encodes `args` as the device would: the buffer, the strings by pointer, the pointers.
+    fn encode(args: &[Enc], packed: bool) -> (Vec<u8>, HashMap<u64, Vec<u8>>, Vec<u64>) {
+        let (mut buf, mut strings, mut pointers) = (Vec::new(), HashMap::new(), Vec::new());
+        for arg in args {
+            let bytes = match *arg {
+                Enc::Four(v) => v.to_le_bytes().to_vec(),
+                Enc::Eight(v) => v.to_le_bytes().to_vec(),
+                Enc::Str(s) => {
+                    let pointer = 0x7f00_0000_0000 + 0x1000 * (strings.len() as u64 + 1);
+                    strings.insert(pointer, s.to_bytes().to_vec());
+                    pointers.push(pointer);
+                    pointer.to_le_bytes().to_vec()
+                }
+            };
+            while !packed && buf.len() % bytes.len() != 0 {
+                buf.push(0xee);
+            }
+            buf.extend(bytes);
+        }
+        (buf, strings, pointers)
+    }
+
+    fn reference(row: &Row) -> Vec<u8> {
+        let n = (row.reference)(std::ptr::null_mut(), 0);
+        let mut buf = vec![0u8; usize::try_from(n).expect("reference snprintf failed") + 1];
+        assert_eq!((row.reference)(buf.as_mut_ptr().cast(), buf.len()), n);
+        buf.truncate(buf.len() - 1);
+        buf
+    }
+
+    fn missing(needed: usize, available: usize) -> Result<Vec<u8>, FormatError> {
+        Err(FormatError::MissingArguments { needed, available })
+    }
+
+    #[test]
+    fn every_row_matches_the_host_snprintf_packed_and_unpacked() {
+        let rows = rows();
+        assert!(rows.len() >= 60, "{} rows", rows.len());
+        for row in &rows {
+            let expected = reference(row);
+            let pieces = parse(row.format.to_bytes()).expect("row parses");
+            for packed in [false, true] {
+                let (args, strings, pointers) = encode(&row.args, packed);
+                let what = std::format!("{:?} packed={packed}", row.format);
+                assert_eq!(args_size(&pieces, packed), args.len(), "{what}");
+                let got = string_pointers(&pieces, &args, packed);
+                assert_eq!(got, Ok(pointers), "{what}");
+                let got = format(&pieces, &args, packed, &|p| strings.get(&p).cloned()).unwrap();
+                let lossy = String::from_utf8_lossy;
+                assert_eq!(lossy(&got), lossy(&expected), "{what}");
+                assert_eq!(got, expected, "{what}");
+                // One byte short is an error, not a panic or a read past the end.
+                if let Some(short) = args.len().checked_sub(1).and_then(|n| args.get(..n)) {
+                    let err = missing(args.len(), short.len());
+                    assert_eq!(format(&pieces, short, packed, &|_| None), err, "{what}");
+                    let got = string_pointers(&pieces, short, packed).map(|_| Vec::new());
+                    assert_eq!(got, err, "{what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn args_size_aligns_unpacked_and_not_packed() {
+        let size = |f: &str, packed| args_size(&parse(f.as_bytes()).unwrap(), packed);
+        for (f, unpacked, packed) in [
+            ("", 0, 0),
+            ("%%no args%%", 0, 0),
+            ("%5%%c", 4, 4),
+            ("%c%*%%ld", 16, 16),
+            ("%c%*.*%%c", 16, 16),
+            ("%c%d%ld", 16, 16),
+            ("%c%ld", 16, 12),
+            ("%hhd%hd%c", 12, 12),
+            ("%d%s", 16, 12),
+            ("%*.*f", 16, 16),
+            ("%c%*.*f", 24, 20),
+            ("%n%p%Lf%jd", 32, 32),
+            ("%c%zu%c%lc", 24, 20),
+        ] {
+            assert_eq!(size(f, false), unpacked, "{f}");
+            assert_eq!(size(f, true), packed, "{f}");
+        }
+    }
+
+    #[test]
+    fn llvm_libcs_dialect_prints_null_pointers_and_strings_as_llvm_22_does() {
+        let print = |dialect, format: &[u8], args: &[u8]| {
+            let pieces = parse(format).unwrap();
+            let mut out = Vec::new();
+            format_in(dialect, &pieces, args, false, &|_| None, &mut |b| {
+                out.extend_from_slice(b)
+            })
+            .unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let null = [0u8; 8];
+        assert_eq!(print(Dialect::LlvmLibc, b"[%p]", &null), "[(nullptr)]");
+        assert_eq!(print(Dialect::LlvmLibc, b"[%12p]", &null), "[   (nullptr)]");
+        assert_eq!(
+            print(Dialect::LlvmLibc, b"[%-12p]", &null),
+            "[(nullptr)   ]"
+        );
+        assert_eq!(print(Dialect::HostC, b"[%p]", &null), "[(nil)]");
+        assert_eq!(print(Dialect::LlvmLibc, b"[%.3s]", &null), "[(nu]");
+        assert_eq!(print(Dialect::LlvmLibc, b"[%8s]", &null), "[  (null)]");
+        assert_eq!(print(Dialect::HostC, b"[%.3s]", &null), "[]");
+        // Everything else is the same in both.
+        let x = 0x1234u64.to_le_bytes();
+        assert_eq!(
+            print(
+                Dialect::LlvmLibc,
+                b"%p %d",
+                &[x, [7, 0, 0, 0, 0, 0, 0, 0]].concat()
+            ),
+            "0x1234 7"
+        );
+    }
+
+    #[test]
+    fn malformed_formats_are_errors() {
+        use FormatError::*;
+        let unknown = |at, conversion| Err(UnknownConversion { at, conversion });
+        assert_eq!(parse(b"%"), Err(Unterminated { at: 0 }));
+        assert_eq!(parse(b"ab%5"), Err(Unterminated { at: 2 }));
+        assert_eq!(parse(b"%d%l"), Err(Unterminated { at: 2 }));
+        assert_eq!(parse(b"%-+ #0*.*hh"), Err(Unterminated { at: 0 }));
+        assert_eq!(parse(b"%.").map(|_| ()), Err(Unterminated { at: 0 }));
+        assert_eq!(parse(b"x%y"), unknown(2, b'y'));
+        assert_eq!(parse(b"%1$d"), unknown(2, b'$'));
+        assert_eq!(parse(b"%lld%llld"), unknown(7, b'l'));
+        assert_eq!(parse(b"%'d"), unknown(1, b'\''));
+        assert!(parse(b"%m").is_err() && parse(b"%C").is_err() && parse(b"%S").is_err());
+        // The format ends at its first NUL: nothing after it is parsed.
+        assert_eq!(parse(b"%d\0%y").unwrap().len(), 1);
+        let text = std::string::ToString::to_string(&Unterminated { at: 3 });
+        assert_eq!(text, "unterminated printf conversion starting at byte 3");
+    }
+
+    #[test]
+    fn short_argument_buffers_are_missing_arguments() {
+        let pieces = parse(b"%d%ld").unwrap();
+        assert_eq!(format(&pieces, &[0; 8], false, &|_| None), missing(16, 8));
+        let pointers = string_pointers(&pieces, &[1; 8], false).map(|_| Vec::new());
+        assert_eq!(pointers, missing(16, 8));
+        assert_eq!(format(&pieces, &[0; 11], true, &|_| None), missing(12, 11));
+        let pieces = parse(b"%s").unwrap();
+        assert_eq!(
+            string_pointers(&pieces, &[], true).map(|_| Vec::new()),
+            missing(8, 0)
+        );
+    }
+
+    #[test]
+    fn huge_widths_and_precisions_are_clamped() {
+        let pieces = parse(b"%99999999999999999999999d|%.99999999999f").unwrap();
+        assert!(matches!(&pieces[0], Piece::Spec(s) if s.width == Count::Fixed(MAX_FIELD)));
+        let args = [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f]; // 1, 1.0
+        let out = format(&pieces, &args, false, &|_| None).unwrap();
+        assert_eq!(out.len(), MAX_FIELD + 1 + 2 + MAX_FIELD);
+        // `*` width i32::MIN: left-justified, clamped; `*` precision i32::MAX on a long string.
+        let pieces = parse(b"%*d|%.*s").unwrap();
+        let words = [i32::MIN as u32 as u64, i32::MAX as u64, 1]; // Unpacked: star, 0, star, ptr.
+        let args: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let out = format(&pieces, &args, false, &|_| Some(vec![b'x'; 10_000])).unwrap();
+        assert_eq!((out.len(), out[0]), (MAX_FIELD + 1 + MAX_FIELD, b'0'));
+    }
+
+    #[test]
+    fn unfetched_and_nul_containing_strings() {
+        let pieces = parse(b"[%s][%.3s][%s]").unwrap();
+        let args: Vec<u8> = [1u64, 2, 3].iter().flat_map(|p| p.to_le_bytes()).collect();
+        let strings = |p| (p == 3).then(|| b"ab\0cd".to_vec());
+        let out = format(&pieces, &args, true, &strings).unwrap();
+        assert_eq!(out, b"[(null)][][ab]");
+    }
+
+    /// Pieces are `CHUNK` bytes (the last one shorter) whatever comes just before a chunk's
+    /// end: a number of the widest precision (`%.4096f` of the largest double prints 4406
+    /// bytes, more than `MAX_FIELD`), a literal longer than a chunk, a `%s` string longer than
+    /// two. (The first two once made pieces longer than the `CHUNK + MAX_FIELD` that
+    /// `format_to` promised, a literal as long as itself; found while writing the `printf`
+    /// fuzz target's check on pieces.)
+    #[test]
+    fn pieces_are_chunks_whatever_ends_them() {
+        let mut format = b"%4095d".repeat(16); // 65520 bytes, just under a chunk
+        format.extend_from_slice(b"%.4096f");
+        format.extend_from_slice(&[b'l'; 3 * CHUNK]);
+        format.extend_from_slice(b"%s");
+        let mut args: Vec<u8> = (0..16).flat_map(|_| 7u32.to_le_bytes()).collect();
+        args.extend_from_slice(&f64::MAX.to_le_bytes());
+        args.extend_from_slice(&1u64.to_le_bytes());
+        let pieces = parse(&format).unwrap();
+        let string = vec![b's'; 2 * CHUNK];
+        let strings = |_| Some(string.clone());
+        let mut sizes = Vec::new();
+        let mut joined = Vec::new();
+        format_to(&pieces, &args, false, &strings, &mut |piece| {
+            sizes.push(piece.len());
+            joined.extend_from_slice(piece);
+        })
+        .unwrap();
+        let last = sizes.pop().unwrap();
+        assert!(sizes.iter().all(|&n| n == CHUNK), "{sizes:?}");
+        assert!(0 < last && last <= CHUNK);
+        assert_eq!(
+            joined,
+            self::format(&pieces, &args, false, &strings).unwrap()
+        );
+        assert_eq!(
+            joined.len(),
+            16 * 4095 + 309 + 1 + 4096 + 3 * CHUNK + 2 * CHUNK
+        );
+    }
+
+    #[test]
+    fn random_formats_never_panic() {
+        const ALPHABET: &[u8] = b"%%%%-+ #0123456789*.hlLjztqdiouxXbBcspnfFeEgGaA$y\0";
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) as usize
+        };
+        for _ in 0..3000 {
+            let fmt: Vec<u8> = (0..next() % 24)
+                .map(|_| ALPHABET[next() % ALPHABET.len()])
+                .collect();
+            let args: Vec<u8> = (0..next() % 80).map(|_| next() as u8).collect();
+            let Ok(pieces) = parse(&fmt) else { continue };
+            for packed in [false, true] {
+                let _ = string_pointers(&pieces, &args, packed);
+                let strings = |p: u64| (p & 1 == 0).then(|| p.to_le_bytes().to_vec());
+                let _ = format(&pieces, &args, packed, &strings);
+            }
+        }
+    }
+}

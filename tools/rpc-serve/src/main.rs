@@ -1,0 +1,298 @@
+//! `rpc-serve`: serves the standard opcodes over a mailbox in shared memory, so a client in
+//! another process (in any language) can use it.
+//!
+//! ```text
+//! rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L [--files DIR|deny|all]
+//!           [--allow-system] [--stdout FILE] [--stderr FILE] [--client-timeout MS]
+//! ```
+//! The mailbox is a memfd (`--memfd`, also what happens without `--file`), sized to the
+//! layout, zeroed and sealed against shrinking and growing; rpc-serve prints `ready
+//! /proc/PID/fd/N BYTES` once it serves, and a client of the same user opens that path
+//! read-write and maps it. Its `ftruncate` fails (EPERM), so the pages cannot be pulled from
+//! under the server. With `--file PATH`, rpc-serve creates (or truncates) PATH instead and prints
+//! `ready PATH BYTES`; if another process truncates the file, the next access would raise
+//! SIGBUS: a handler (`sigbus.rs`) maps zero pages over the mailbox instead, and rpc-serve logs
+//! "the mailbox file was truncated by another process", detaches the mailbox, prints its
+//! statistics and exits 1.
+//!
+//! rpc-serve serves until SIGINT or SIGTERM, then prints its statistics and exits 0. Bad
+//! arguments: a message and exit code 2. `--client-timeout MS` (default 10000, 0 = never)
+//! abandons an exchange whose client stopped answering mid-script (e.g. a killed process), so
+//! the other ports keep being served and the port is recovered. A client's EXIT/ABORT is
+//! recorded and logged, never ends rpc-serve.
+//!
+//! The device's stdout and stderr are rpc-serve's own unless `--stdout FILE` / `--stderr FILE`
+//! send them to files. Without `--stderr`, the device's stderr shares rpc-serve's stderr with
+//! rpc-serve's log, so a client can write lines that look like log lines: give `--stderr` when
+//! the log matters. SIGXFSZ is ignored, so a write past `RLIMIT_FSIZE` (`ulimit -f`) fails with
+//! EFBIG and the device gets an error reply (0 bytes written, "device output lost" in the log)
+//! instead of the signal ending rpc-serve. (An ignored signal stays ignored across `exec`, so
+//! SYSTEM's commands start with SIGXFSZ ignored too.)
+//!
+//! `--files` is the file policy of OPEN_FILE, REMOVE and RENAME: a directory (which must
+//! exist) every path resolves beneath, `deny` (none), or `all` (any path rpc-serve's user may
+//! use); default: rpc-serve's working directory as the sandbox (`./deny` names a directory
+//! called `deny`). Whatever the policy, `/proc`, `/sys`, `/dev` (but `/dev/null`), non-regular
+//! files and the mailbox file itself are never opened, removed or renamed (`FilePolicy`).
+//! SYSTEM runs commands only with `--allow-system`. MALLOC allocates from rpc-serve's own
+//! memory (2 MiB aligned, as LLVM's GPU allocator needs; at most 1 GiB live at once), FREE frees
+//! it, and what the client did not free is freed at exit.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rpc_core::protocol::{Generation, Layout};
+use rpc_core::{ExitPolicy, FilePolicy, Limits, RpcServer, ServerConfig, ServicesConfig};
+
+mod mailbox;
+mod sigbus;
+
+use mailbox::{Backing, Mapped};
+use plugin_host::HostAllocator;
+
+const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L \
+                     [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE] \
+                     [--client-timeout MS]";
+
+/// The most bytes MALLOC hands the client out of rpc-serve's memory at once.
+const MALLOC_BYTES: u64 = 1 << 30;
+
+/// How long a wait for a client's next packet lasts before the exchange is abandoned.
+const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Args {
+    mailbox: Backing,
+    layout: Layout,
+    files: FilePolicy,
+    allow_system: bool,
+    stdout: Option<PathBuf>,
+    stderr: Option<PathBuf>,
+    client_timeout: Option<Duration>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    use lexopt::prelude::*;
+    let mut parser = lexopt::Parser::from_env();
+    let (mut file, mut generation, mut ports, mut lanes) = (None, None, None, None);
+    let (mut allow_system, mut stdout, mut files) = (false, None, None);
+    let (mut memfd, mut stderr) = (false, None);
+    // Clients in other processes hold no launch guard we could see end: without a timeout, a
+    // client killed mid-exchange would hold the worker forever. 0 disables it.
+    let mut client_timeout = Some(DEFAULT_CLIENT_TIMEOUT);
+    let text = |v: std::ffi::OsString| {
+        v.into_string()
+            .map_err(|_| "arguments must be UTF-8".to_string())
+    };
+    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
+        match arg {
+            Long("file") => file = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?)),
+            Long("gen") => {
+                let value = text(parser.value().map_err(|e| e.to_string())?)?;
+                generation = Some(value.parse::<Generation>().map_err(|e| e.to_string())?);
+            }
+            Long("ports") => {
+                ports = Some(
+                    parser
+                        .value()
+                        .map_err(|e| e.to_string())?
+                        .parse::<u32>()
+                        .map_err(|e| format!("--ports: {e}"))?,
+                )
+            }
+            Long("lanes") => {
+                lanes = Some(
+                    parser
+                        .value()
+                        .map_err(|e| e.to_string())?
+                        .parse::<u32>()
+                        .map_err(|e| format!("--lanes: {e}"))?,
+                )
+            }
+            Long("files") => files = Some(file_policy(parser.value().map_err(|e| e.to_string())?)?),
+            Long("allow-system") => allow_system = true,
+            Long("stdout") => {
+                stdout = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
+            }
+            Long("stderr") => {
+                stderr = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
+            }
+            Long("memfd") => memfd = true,
+            Long("client-timeout") => {
+                let ms: u64 = parser
+                    .value()
+                    .map_err(|e| e.to_string())?
+                    .parse()
+                    .map_err(|e| format!("--client-timeout: {e}"))?;
+                client_timeout = (ms > 0).then(|| Duration::from_millis(ms));
+            }
+            Long("help") | Short('h') => return Err(String::new()),
+            other => return Err(other.unexpected().to_string()),
+        }
+    }
+    let missing = |name: &str| format!("missing --{name}");
+    let layout = Layout::new(
+        generation.ok_or_else(|| missing("gen"))?,
+        ports.ok_or_else(|| missing("ports"))?,
+        lanes.ok_or_else(|| missing("lanes"))?,
+    )
+    .map_err(|e| e.to_string())?;
+    let mailbox = match (file, memfd) {
+        (Some(_), true) => return Err("--file and --memfd exclude each other".into()),
+        (Some(path), false) => Backing::File(path),
+        (None, _) => Backing::Memfd,
+    };
+    let files = match files {
+        Some(files) => files,
+        None => FilePolicy::Sandbox(
+            std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?,
+        ),
+    };
+    Ok(Args {
+        mailbox,
+        layout,
+        files,
+        allow_system,
+        stdout,
+        stderr,
+        client_timeout,
+    })
+}
+
+/// `--files`: `deny`, `all`, or a directory that exists.
+fn file_policy(value: std::ffi::OsString) -> Result<FilePolicy, String> {
+    match value.to_str() {
+        Some("deny") => Ok(FilePolicy::Deny),
+        Some("all") => Ok(FilePolicy::Allow),
+        _ => {
+            let dir = PathBuf::from(value);
+            if dir.is_dir() {
+                Ok(FilePolicy::Sandbox(dir))
+            } else {
+                Err(format!("--files: {} is not a directory", dir.display()))
+            }
+        }
+    }
+}
+
+/// How serving ended.
+enum Ended {
+    /// SIGINT or SIGTERM: exit 0.
+    Stopped,
+    /// The mailbox memory was pulled away (a truncated file): exit 1.
+    Faulted,
+}
+
+fn serve(args: Args) -> Result<Ended, String> {
+    let size = args.layout.total_size();
+    let (region, path) = Mapped::create(&args.mailbox, size)?;
+    let config = ServerConfig {
+        name: "rpc-serve".into(),
+        client_timeout: args.client_timeout,
+        limits: Limits {
+            malloc_bytes: MALLOC_BYTES,
+            ..Limits::default()
+        },
+        services: ServicesConfig {
+            exit: ExitPolicy::Record,
+            files: args.files,
+            allow_system: args.allow_system,
+        },
+        ..ServerConfig::default()
+    };
+    let server = RpcServer::new(config);
+    // MALLOC from rpc-serve's own memory (what LLVM's loader gives a CPU client), freed at exit.
+    server
+        .context()
+        .services()
+        .set_allocator(Arc::new(HostAllocator::new()));
+    // No request may open (and truncate), remove or rename the mailbox under us.
+    server
+        .context()
+        .services()
+        .protect_file(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if let Some(path) = &args.stdout {
+        let out = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        server.context().services().set_stdout(Box::new(out));
+    }
+    if let Some(path) = &args.stderr {
+        let err = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        server.context().services().set_stderr(Box::new(err));
+    }
+    let mailbox = server
+        .attach_region(Box::new(region), args.layout)
+        .map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone())
+            .map_err(|e| format!("signal handler: {e}"))?;
+    }
+    let _ = server.start().map_err(|e| e.to_string())?;
+    // Clients in other processes are no kernel launches we can see: one user for our whole life.
+    let user = server.user();
+    println!("ready {} {size}", path.display());
+    let mut ended = Ended::Stopped;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(10));
+        if let Some(exit) = server.context().services().take_exit(mailbox) {
+            log::warn!("a client ended its program: {exit:?}");
+        }
+        if sigbus::faulted() {
+            match &args.mailbox {
+                Backing::File(file) => log::error!(
+                    "{}: the mailbox file was truncated by another process; \
+                     detaching the mailbox and exiting",
+                    file.display()
+                ),
+                Backing::Memfd => log::error!(
+                    "{}: the mailbox memory faulted (SIGBUS); detaching the mailbox and exiting",
+                    path.display()
+                ),
+            }
+            // The worker now reads zero pages, an idle mailbox; detaching lets go of it (and
+            // unmaps it) before we report.
+            server.detach(mailbox).map_err(|e| e.to_string())?;
+            ended = Ended::Faulted;
+            break;
+        }
+    }
+    drop(user);
+    let _ = server.shutdown().map_err(|e| e.to_string())?;
+    server.context().services().flush_std();
+    println!("stopped: {}", server.stats());
+    Ok(ended)
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // A write past RLIMIT_FSIZE (`ulimit -f`) raises SIGXFSZ, which would end rpc-serve; ignored,
+    // the write fails with EFBIG and the device gets an error reply.
+    // SAFETY: SIG_IGN is a valid disposition; no other thread exists yet.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+    // Before anything is mapped or served, so that no truncation of the mailbox file can come
+    // before it.
+    if let Err(error) = sigbus::install() {
+        eprintln!("rpc-serve: SIGBUS handler: {error}");
+        std::process::exit(1);
+    }
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            if !message.is_empty() {
+                eprintln!("rpc-serve: {message}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    match serve(args) {
+        Ok(Ended::Stopped) => {}
+        Ok(Ended::Faulted) => std::process::exit(1),
+        Err(message) => {
+            eprintln!("rpc-serve: {message}");
+            std::process::exit(1);
+        }
+    }
+}

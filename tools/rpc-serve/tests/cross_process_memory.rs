@@ -1,0 +1,139 @@
+//! What one request can make `rpc-serve` hold, measured from outside: each attack runs against
+//! a fresh rpc-serve, and its peak resident memory (`VmHWM` in `/proc/PID/status`) stays far
+//! below what the attack used to cost.
+//! - printf of `"%4096d"` x 100000: 400 MB of output, which used to be built whole in memory;
+//! - `%s` x 300 on one 1 MiB string: fetched 300 times and printed into one buffer before;
+//! - READ_FROM_STREAM of a stdin that is `/dev/zero` with a count of 2^62: served in a part of
+//!   `Limits::read_bytes`;
+//! - 20000 unknown opcodes: counted, but only a few log lines per second.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::Instant;
+
+use common::{layout, serve, serve_with_stdin, Serve, BOUND, PORTS};
+use plugin_host::kernel::STDIN;
+use plugin_host::{Arg, Warp};
+use rpc_core::protocol::Deadline;
+use rpc_core::protocol::LockTable;
+use rpc_core::Opcode;
+
+/// Peak resident memory of rpc-serve so far, in bytes.
+fn peak_rss(serve: &Serve) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", serve.child.0.id())).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("a VmHWM line");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// Far below each attack's old cost (hundreds of MB), far above rpc-serve's own needs.
+const PEAK: u64 = 96 << 20;
+
+/// Runs `f` with a one-lane warp of a client of `serve`'s mailbox.
+fn with_warp<R>(serve: &Serve, f: impl FnOnce(&Warp) -> R) -> R {
+    let map = common::map(&serve.path);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(BOUND);
+    f(&common::warp(&map, layout(), &locks, Some(&wait), 1))
+}
+
+/// rpc-serve with the device's stdout thrown away, and its default client timeout: formatting
+/// 400 MB may take longer than that on a loaded machine, which must not count as the client's
+/// silence (it once did: the printf read 0 back).
+fn quiet_serve() -> Serve {
+    serve(&["--stdout", "/dev/null"], None)
+}
+
+#[test]
+fn a_printf_of_400_mb_never_holds_its_output() {
+    const SPECS: usize = 100_000;
+    let serve = quiet_serve();
+    let format = "%4096d".repeat(SPECS);
+    let printed = with_warp(&serve, |warp| {
+        warp.printf(&format, |_| vec![Arg::Int(7); SPECS])
+    })
+    .unwrap();
+    assert_eq!(printed[0], (4096 * SPECS) as i64);
+    let peak = peak_rss(&serve);
+    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
+    assert!(peak < PEAK, "peak RSS {peak} bytes");
+    serve.stop();
+}
+
+#[test]
+fn a_string_printed_300_times_is_fetched_once_and_never_held_whole() {
+    let serve = quiet_serve();
+    let text = "s".repeat(1 << 20);
+    let printed = with_warp(&serve, |warp| {
+        warp.printf(&"%s".repeat(300), |_| vec![Arg::Str(Some(&text)); 300])
+    })
+    .unwrap();
+    assert_eq!(printed[0], 300 << 20);
+    let peak = peak_rss(&serve);
+    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
+    assert!(peak < PEAK, "peak RSS {peak} bytes");
+    serve.stop();
+}
+
+#[test]
+fn a_read_of_2_pow_62_bytes_from_dev_zero_is_served_in_a_part() {
+    let zero = std::fs::File::open("/dev/zero").unwrap();
+    let serve = serve_with_stdin(&[], None, Stdio::from(zero));
+    let data = with_warp(&serve, |warp| warp.fread(|_| STDIN, 1 << 62)).unwrap();
+    assert_eq!(
+        data[0].len(),
+        rpc_core::Limits::default().read_bytes as usize
+    );
+    assert!(data[0].iter().all(|&b| b == 0));
+    let peak = peak_rss(&serve);
+    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
+    assert!(peak < PEAK, "peak RSS {peak} bytes");
+    serve.stop();
+}
+
+#[test]
+fn twenty_thousand_unknown_opcodes_write_a_few_log_lines() {
+    const REQUESTS: u64 = 20_000;
+    let serve = quiet_serve();
+    let start = Instant::now();
+    with_warp(&serve, |warp| {
+        for i in 0..REQUESTS {
+            // Closed unanswered: the client reads its own request back.
+            assert_eq!(warp.call(Opcode::user(0x7777), |_| i).unwrap()[0], i);
+        }
+    });
+    let elapsed = start.elapsed();
+    let (rest, log) = serve.stop();
+    assert!(rest.contains(&format!("unknown={REQUESTS}")), "{rest}");
+    let lines = log.iter().filter(|l| l.contains("unknown opcode")).count() as u64;
+    // At most the budget of each one-second window the run touched.
+    let budget = u64::from(rpc_core::Limits::default().device_log_lines) * (elapsed.as_secs() + 2);
+    assert!(lines <= budget, "{lines} log lines in {elapsed:?}");
+    assert!(
+        log.iter().any(|l| l.contains("dropped before this one")) || lines < 40,
+        "a later line reports the dropped ones"
+    );
+}
+
+/// rpc-serve serves MALLOC and FREE from its own memory: 2 MiB aligned, at most 1 GiB live.
+#[test]
+fn malloc_and_free_are_served_2_mib_aligned_and_capped() {
+    let serve = quiet_serve();
+    with_warp(&serve, |warp| {
+        let addr = warp.malloc(|_| 100).unwrap()[0];
+        assert_ne!(addr, 0);
+        assert_eq!(addr % rpc_core::services::MALLOC_ALIGN, 0);
+        assert_eq!(warp.malloc(|_| 2 << 30).unwrap()[0], 0, "above the cap");
+        warp.free(|_| addr).unwrap();
+    });
+    let (rest, _) = serve.stop();
+    assert!(rest.contains("refused=1"), "{rest}");
+}

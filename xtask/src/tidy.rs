@@ -1,0 +1,371 @@
+//! `cargo xtask tidy`: the rules of ARCHITECTURE.md that a reader of the sources can check, run
+//! first by `cargo xtask test`. It fails, naming each offending file, on:
+//! - an atomic named outside rpc-core's one sync shim (`sync::atomic` in any other file of
+//!   `rpc-core/src`);
+//! - a vendor name (CUDA, HSA, AMD GPU, NVIDIA) or `libloading` in rpc-core's code or manifest
+//!   (comments may name the vendors, the code may not; `cudarc` contains `cuda`);
+//! - a plugin crate missing one of the files every plugin has (STYLE 2);
+//! - a `.rs` file that does not start with a `//!` line;
+//! - a circle between rpc-core's layers (`protocol`, `server`, `services`, `plugin`: each may
+//!   use only the ones below it, see `rpc-core/src/lib.rs`), or between the files of one layer.
+//!   A file may use the module that holds it (a layer's `mod.rs` is its front), and the error
+//!   enum the types its variants carry, so the circles looked for are between siblings and
+//!   across layers.
+//!
+//! The checks read the text of the files, no compiler: a path is a `crate::...` or `super::...`
+//! in a line that is not a comment.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::{project_root, Failure, Result};
+
+/// The files every plugin crate has, under its `src/` (STYLE 2).
+const PLUGIN_FILES: &[&str] = &[
+    "lib.rs",
+    "device.rs",
+    "memory.rs",
+    "image.rs",
+    "loader.rs",
+    "error.rs",
+];
+const PLUGINS: &[&str] = &["plugin-host", "plugin-cuda", "plugin-amdgpu"];
+/// What rpc-core's code must not name (lowercase; found anywhere in lowercased code).
+const VENDOR_WORDS: &[&str] = &["cuda", "hsa", "amdgpu", "nvidia", "libloading"];
+/// rpc-core's layers, lowest first: each may use only the ones before it (and the shared
+/// `error` and `sync`, which use none of them).
+const LAYERS: &[&str] = &["protocol", "server", "services", "plugin"];
+
+pub fn run(args: &[String]) -> Result {
+    if let Some(extra) = args.first() {
+        return Err(Failure::Usage(format!(
+            "tidy: unexpected argument `{extra}`"
+        )));
+    }
+    let problems = check(&project_root());
+    if problems.is_empty() {
+        println!("tidy: ok");
+        return Ok(());
+    }
+    for problem in &problems {
+        eprintln!("tidy: {problem}");
+    }
+    Err(Failure::Failed(format!(
+        "tidy: {} problem(s)",
+        problems.len()
+    )))
+}
+
+/// Every rule broken under `root`, one line each.
+fn check(root: &Path) -> Vec<String> {
+    let mut problems = Vec::new();
+    let core = root.join("rpc-core/src");
+    let core_files = rust_files(&core);
+    for file in &core_files {
+        let text = read(file);
+        let relative = file
+            .strip_prefix(root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        if file != &core.join("sync.rs") {
+            for line in code_lines(&text) {
+                if line.contains("sync::atomic") {
+                    problems.push(format!(
+                        "{relative}: names `sync::atomic` (atomics come from crate::sync)"
+                    ));
+                    break;
+                }
+            }
+        }
+        if let Some(word) = vendor_word(code_lines(&text)) {
+            problems.push(format!(
+                "{relative}: names the vendor word `{word}` in code"
+            ));
+        }
+    }
+    let manifest = read(&root.join("rpc-core/Cargo.toml"));
+    if let Some(word) = vendor_word(manifest.lines().filter(|l| !l.trim().starts_with('#'))) {
+        problems.push(format!("rpc-core/Cargo.toml: names `{word}`"));
+    }
+    for plugin in PLUGINS {
+        for file in PLUGIN_FILES {
+            if !root.join(plugin).join("src").join(file).is_file() {
+                problems.push(format!(
+                    "{plugin}: has no src/{file} (every plugin has one)"
+                ));
+            }
+        }
+    }
+    for file in rust_files(root) {
+        if !read(&file).starts_with("//!") {
+            let relative = file.strip_prefix(root).unwrap_or(&file).display();
+            problems.push(format!("{relative}: does not start with a `//!` line"));
+        }
+    }
+    problems.extend(circles(&core, &core_files));
+    problems
+}
+
+/// The lines of `text` that are not comments, cut at a `//` comment.
+fn code_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .map(|line| line.split(" //").next().unwrap_or(line))
+}
+
+/// The first vendor word in `lines`, anywhere in a name (`CudaDevice` counts).
+fn vendor_word<'a>(lines: impl Iterator<Item = &'a str>) -> Option<&'static str> {
+    for line in lines {
+        let lower = line.to_lowercase();
+        if let Some(word) = VENDOR_WORDS.iter().find(|word| lower.contains(*word)) {
+            return Some(word);
+        }
+    }
+    None
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The circles between rpc-core's layers and between the sibling files of each layer.
+fn circles(core: &Path, files: &[PathBuf]) -> Vec<String> {
+    let modules: BTreeMap<Vec<String>, &PathBuf> =
+        files.iter().map(|f| (module_of(core, f), f)).collect();
+    let known: BTreeSet<Vec<String>> = modules.keys().cloned().collect();
+    let mut layer_edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut file_edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for (module, file) in &modules {
+        for used in uses(module, &read(file), &known) {
+            let (from, to) = (layer_of(module), layer_of(&used));
+            if let (Some(from), Some(to)) = (from, to) {
+                if from != to {
+                    layer_edges.entry(from).or_default().insert(to);
+                }
+            }
+            // A module may use the modules that hold it; a circle is between siblings. The
+            // error enum may name the types its variants carry (every module returns errors).
+            let is_error = module.last().is_some_and(|m| m == "error");
+            if !module.starts_with(&used) && !used.starts_with(module) && !is_error {
+                file_edges.entry(module.clone()).or_default().insert(used);
+            }
+        }
+    }
+    let mut problems = Vec::new();
+    for (from, tos) in &layer_edges {
+        let rank = |layer: &str| LAYERS.iter().position(|l| *l == layer);
+        for to in tos {
+            if rank(to) > rank(from) {
+                problems.push(format!(
+                    "rpc-core: layer `{from}` uses `{to}`, a layer above it"
+                ));
+            }
+        }
+    }
+    for circle in find_circles(&file_edges) {
+        let names: Vec<String> = circle.iter().map(|m| m.join("::")).collect();
+        problems.push(format!(
+            "rpc-core: modules in a circle: {}",
+            names.join(" -> ")
+        ));
+    }
+    problems
+}
+
+/// The layer a module belongs to, if it is in one (`error`, `sync` and the root are not).
+fn layer_of(module: &[String]) -> Option<String> {
+    module
+        .first()
+        .filter(|first| LAYERS.contains(&first.as_str()))
+        .cloned()
+}
+
+/// The module a file of `core` defines: `server/thread.rs` -> `[server, thread]`.
+fn module_of(core: &Path, file: &Path) -> Vec<String> {
+    let relative = file.strip_prefix(core).unwrap_or(file).with_extension("");
+    let mut parts: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(parts.last().map(String::as_str), Some("mod" | "lib")) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The modules `text` (the code of `module`) names, each resolved to the longest known module.
+fn uses(module: &[String], text: &str, known: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+    let mut found = BTreeSet::new();
+    for line in code_lines(text) {
+        for (word, base) in [("crate::", &module[..0]), ("super::", parent(module))] {
+            for (at, _) in line.match_indices(word) {
+                if line[..at].chars().next_back().is_some_and(is_ident) {
+                    continue;
+                }
+                for path in paths_after(&line[at + word.len()..]) {
+                    let mut full = base.to_vec();
+                    full.extend(path);
+                    while !full.is_empty() && !known.contains(&full) {
+                        full.pop();
+                    }
+                    if !full.is_empty() && full != module {
+                        found.insert(full);
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The module holding `module` (`super` in its files).
+fn parent(module: &[String]) -> &[String] {
+    &module[..module.len().saturating_sub(1)]
+}
+
+/// The module paths a `use` or path names after `crate::`: `a::b::C` gives `[a, b]`,
+/// `a::{b::C, D}` gives `[a, b]` and `[a]`.
+fn paths_after(rest: &str) -> Vec<Vec<String>> {
+    let mut prefix = Vec::new();
+    let mut chars = rest;
+    loop {
+        let ident: String = chars.chars().take_while(|&c| is_ident(c)).collect();
+        if ident.is_empty() {
+            break;
+        }
+        chars = &chars[ident.len()..];
+        if let Some(after) = chars.strip_prefix("::") {
+            prefix.push(ident);
+            chars = after;
+            if let Some(group) = chars.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or("");
+                return inner
+                    .split(',')
+                    .map(|item| {
+                        let mut path = prefix.clone();
+                        path.extend(
+                            item.trim()
+                                .split("::")
+                                .filter(|s| s.chars().all(is_ident) && !s.is_empty())
+                                .map(String::from),
+                        );
+                        path
+                    })
+                    .collect();
+            }
+        } else {
+            prefix.push(ident);
+            break;
+        }
+    }
+    vec![prefix]
+}
+
+/// Each circle of `edges`, once (as found by a depth-first walk), as the modules along it.
+fn find_circles(edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<Vec<Vec<String>>> {
+    let mut circles = Vec::new();
+    let mut done = BTreeSet::new();
+    for start in edges.keys() {
+        let mut stack = vec![start.clone()];
+        walk(edges, &mut stack, &mut done, &mut circles);
+    }
+    circles
+}
+
+fn walk(
+    edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+    stack: &mut Vec<Vec<String>>,
+    done: &mut BTreeSet<Vec<String>>,
+    circles: &mut Vec<Vec<Vec<String>>>,
+) {
+    let here = stack.last().expect("never empty").clone();
+    if done.contains(&here) {
+        return;
+    }
+    for next in edges.get(&here).into_iter().flatten() {
+        if let Some(at) = stack.iter().position(|m| m == next) {
+            let mut circle = stack[at..].to_vec();
+            circle.push(next.clone());
+            circles.push(circle);
+        } else {
+            stack.push(next.clone());
+            walk(edges, stack, done, circles);
+            stack.pop();
+        }
+    }
+    done.insert(here);
+}
+
+/// Every `.rs` file under `dir`, sorted, but in build outputs (`target`) and hidden folders.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if path.is_dir() {
+                if name != "target" && !name.to_string_lossy().starts_with('.') {
+                    dirs.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+fn read(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_after_reads_plain_paths_and_groups() {
+        let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            paths_after("server::thread::Started;"),
+            [s(&["server", "thread", "Started"])]
+        );
+        assert_eq!(
+            paths_after("server::{thread::Started, Inner};"),
+            [s(&["server", "thread", "Started"]), s(&["server", "Inner"])]
+        );
+    }
+
+    #[test]
+    fn a_circle_between_two_modules_is_found_once() {
+        let m = |s: &str| vec![s.to_string()];
+        let mut edges = BTreeMap::new();
+        edges.insert(m("a"), BTreeSet::from([m("b")]));
+        edges.insert(m("b"), BTreeSet::from([m("a"), m("c")]));
+        let circles = find_circles(&edges);
+        assert_eq!(circles, [vec![m("a"), m("b"), m("a")]]);
+    }
+
+    #[test]
+    fn vendor_words_match_in_code_only() {
+        assert_eq!(vendor_word(["let x = host_init();"].into_iter()), None);
+        assert_eq!(
+            vendor_word(["let d: CudaDevice;"].into_iter()),
+            Some("cuda")
+        );
+        assert_eq!(
+            vendor_word(["use libloading::Library;"].into_iter()),
+            Some("libloading")
+        );
+        assert_eq!(vendor_word(["let p = \"cuda\";"].into_iter()), Some("cuda"));
+        let text = "//! A CUDA note.\nfn f() {}\n";
+        assert_eq!(vendor_word(code_lines(text)), None);
+    }
+}
