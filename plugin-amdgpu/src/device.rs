@@ -13,7 +13,7 @@
 //! `in_flight` under the mutex; the waiter pops and decrements under the same mutex and
 //! notifies the condvar `synchronize` sleeps on. The queue callback writes only `queue_error`.
 
-use core::ffi::{c_char, c_void, CStr};
+use core::ffi::c_void;
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -57,94 +57,13 @@ struct HostPools {
     kernarg: MemoryPool,
 }
 
-unsafe extern "C" fn push_agent(agent: Agent, data: *mut c_void) -> Status {
-    // SAFETY: `data` is the `&mut Vec<Agent>` `agents` passed, alive for the iteration.
-    let list = unsafe { &mut *data.cast::<Vec<Agent>>() };
-    list.push(agent);
-    STATUS_SUCCESS
-}
-
-unsafe extern "C" fn push_pool(pool: MemoryPool, data: *mut c_void) -> Status {
-    // SAFETY: `data` is the `&mut Vec<MemoryPool>` `pools` passed, alive for the iteration.
-    let list = unsafe { &mut *data.cast::<Vec<MemoryPool>>() };
-    list.push(pool);
-    STATUS_SUCCESS
-}
-
-fn agents(hsa: &Hsa) -> Result<Vec<Agent>, HsaError> {
-    let mut list: Vec<Agent> = Vec::new();
-    // SAFETY: the callback matches the prototype and casts `data` back to this Vec, which
-    // outlives the call (iteration is synchronous).
-    let rc = unsafe { (hsa.hsa_iterate_agents)(push_agent, (&raw mut list).cast()) };
-    hsa.check("hsa_iterate_agents", rc)?;
-    Ok(list)
-}
-
-fn pools(hsa: &Hsa, agent: Agent) -> Result<Vec<MemoryPool>, HsaError> {
-    let mut list: Vec<MemoryPool> = Vec::new();
-    // SAFETY: as in `agents`.
-    let rc = unsafe {
-        (hsa.hsa_amd_agent_iterate_memory_pools)(agent, push_pool, (&raw mut list).cast())
-    };
-    hsa.check("hsa_amd_agent_iterate_memory_pools", rc)?;
-    Ok(list)
-}
-
-/// A `u32` (or enum) agent attribute.
-fn agent_u32(hsa: &Hsa, agent: Agent, attribute: u32) -> Result<u32, HsaError> {
-    let mut value = 0u32;
-    // SAFETY: callers pass only attributes hsa.h types as u32 or an enum; valid out-pointer.
-    let rc = unsafe { (hsa.hsa_agent_get_info)(agent, attribute, (&raw mut value).cast()) };
-    hsa.check("hsa_agent_get_info", rc)?;
-    Ok(value)
-}
-
-/// A `char[64]` agent attribute (NAME, PRODUCT_NAME).
-fn agent_name(hsa: &Hsa, agent: Agent, attribute: u32) -> Result<String, HsaError> {
-    let mut buf = [0u8; 65];
-    // SAFETY: the attribute is a char[64]; `buf` has 65 bytes, the last stays NUL.
-    let rc = unsafe { (hsa.hsa_agent_get_info)(agent, attribute, buf.as_mut_ptr().cast()) };
-    hsa.check("hsa_agent_get_info", rc)?;
-    // SAFETY: `buf` ends in at least one NUL.
-    let text = unsafe { CStr::from_ptr(buf.as_ptr().cast::<c_char>()) };
-    Ok(text.to_string_lossy().trim().to_owned())
-}
-
 /// Global-segment pools of `agent` the runtime may allocate from, with their flags.
-fn global_pools(hsa: &Hsa, agent: Agent) -> Result<Vec<(MemoryPool, u32)>, HsaError> {
+fn global_pools(hsa: &dyn HsaApi, agent: Agent) -> Result<Vec<(MemoryPool, u32)>, HsaError> {
     let mut out = Vec::new();
-    for pool in pools(hsa, agent)? {
-        let (mut segment, mut flags, mut allowed) = (0u32, 0u32, false);
-        // SAFETY: SEGMENT is an enum (u32), GLOBAL_FLAGS a u32, RUNTIME_ALLOC_ALLOWED a bool;
-        // each out-pointer has that type.
-        unsafe {
-            hsa.check(
-                "hsa_amd_memory_pool_get_info",
-                (hsa.hsa_amd_memory_pool_get_info)(
-                    pool,
-                    POOL_INFO_SEGMENT,
-                    (&raw mut segment).cast(),
-                ),
-            )?;
-            hsa.check(
-                "hsa_amd_memory_pool_get_info",
-                (hsa.hsa_amd_memory_pool_get_info)(
-                    pool,
-                    POOL_INFO_GLOBAL_FLAGS,
-                    (&raw mut flags).cast(),
-                ),
-            )?;
-            hsa.check(
-                "hsa_amd_memory_pool_get_info",
-                (hsa.hsa_amd_memory_pool_get_info)(
-                    pool,
-                    POOL_INFO_RUNTIME_ALLOC_ALLOWED,
-                    (&raw mut allowed).cast(),
-                ),
-            )?;
-        }
-        if segment == SEGMENT_GLOBAL && allowed {
-            out.push((pool, flags));
+    for pool in hsa.memory_pools(agent)? {
+        let info = hsa.pool_info(pool)?;
+        if info.segment == SEGMENT_GLOBAL && info.runtime_alloc_allowed {
+            out.push((pool, info.global_flags));
         }
     }
     Ok(out)
@@ -155,12 +74,11 @@ fn find_pool(pools: &[(MemoryPool, u32)], flag: u32) -> Option<MemoryPool> {
 }
 
 /// Finds every GPU agent of an initialised runtime and makes it a device.
-pub(crate) fn discover(hsa: &'static Hsa) -> Result<Vec<AmdGpuDevice>, HsaError> {
-    let all = agents(hsa)?;
+pub(crate) fn discover(hsa: &Arc<dyn HsaApi>) -> Result<Vec<AmdGpuDevice>, HsaError> {
     let mut cpus = Vec::new();
     let mut gpus = Vec::new();
-    for agent in all {
-        match agent_u32(hsa, agent, AGENT_INFO_DEVICE)? {
+    for agent in hsa.agents()? {
+        match hsa.agent_u32(agent, AgentU32::Device)? {
             DEVICE_TYPE_CPU => cpus.push(agent),
             DEVICE_TYPE_GPU => gpus.push(agent),
             _ => {}
@@ -171,7 +89,7 @@ pub(crate) fn discover(hsa: &'static Hsa) -> Result<Vec<AmdGpuDevice>, HsaError>
     }
     let mut host = None;
     for &cpu in &cpus {
-        let pools = global_pools(hsa, cpu)?;
+        let pools = global_pools(&**hsa, cpu)?;
         if let (Some(fine), Some(kernarg)) = (
             find_pool(&pools, POOL_FLAG_FINE_GRAINED),
             find_pool(&pools, POOL_FLAG_KERNARG_INIT),
@@ -185,7 +103,7 @@ pub(crate) fn discover(hsa: &'static Hsa) -> Result<Vec<AmdGpuDevice>, HsaError>
         what: "fine-grained and kernarg",
     })?;
     gpus.into_iter()
-        .map(|gpu| AmdGpuDevice::new(hsa, gpu, host))
+        .map(|gpu| AmdGpuDevice::new(hsa.clone(), gpu, host))
         .collect()
 }
 
@@ -232,7 +150,7 @@ unsafe extern "C" fn queue_error(status: Status, _queue: *mut Queue, data: *mut 
 
 /// The queue and waiter thread, created by the first launch.
 struct Launcher {
-    hsa: &'static Hsa,
+    hsa: Arc<dyn HsaApi>,
     queue: *mut Queue,
     tracker: Arc<Tracker>,
     waiter: Option<JoinHandle<()>>,
@@ -245,10 +163,9 @@ impl Drop for Launcher {
         if let Some(waiter) = self.waiter.take() {
             let _ = waiter.join();
         }
-        // SAFETY: created by `hsa_queue_create`, destroyed once; the waiter has retired every
+        // SAFETY: created by `queue_create`, destroyed once; the waiter has retired every
         // launch, so nothing is executing from it.
-        let rc = unsafe { (self.hsa.hsa_queue_destroy)(self.queue) };
-        if let Err(e) = self.hsa.check("hsa_queue_destroy", rc) {
+        if let Err(e) = unsafe { self.hsa.queue_destroy(self.queue) } {
             log::warn!("amdgpu: {e}");
         }
     }
@@ -256,7 +173,7 @@ impl Drop for Launcher {
 
 /// One GPU agent.
 pub struct AmdGpuDevice {
-    hsa: &'static Hsa,
+    hsa: Arc<dyn HsaApi>,
     agent: Agent,
     name: String,
     lanes: u32,
@@ -276,29 +193,29 @@ unsafe impl Send for AmdGpuDevice {}
 unsafe impl Sync for AmdGpuDevice {}
 
 impl AmdGpuDevice {
-    fn new(hsa: &'static Hsa, agent: Agent, host: HostPools) -> Result<Self, HsaError> {
-        let arch = agent_name(hsa, agent, AGENT_INFO_NAME)?;
-        let product = agent_name(hsa, agent, AMD_AGENT_INFO_PRODUCT_NAME).unwrap_or_default();
+    fn new(hsa: Arc<dyn HsaApi>, agent: Agent, host: HostPools) -> Result<Self, HsaError> {
+        let arch = hsa.agent_name(agent, AgentName::Name)?;
+        let product = hsa
+            .agent_name(agent, AgentName::ProductName)
+            .unwrap_or_default();
         let name = if product.is_empty() {
             arch
         } else {
             format!("{product} ({arch})")
         };
-        let pools = global_pools(hsa, agent)?;
+        let pools = global_pools(&*hsa, agent)?;
         let coarse =
             find_pool(&pools, POOL_FLAG_COARSE_GRAINED).ok_or_else(|| HsaError::NoPool {
                 agent: name.clone(),
                 what: "coarse-grained",
             })?;
         Ok(AmdGpuDevice {
-            hsa,
-            agent,
-            lanes: agent_u32(hsa, agent, AGENT_INFO_WAVEFRONT_SIZE)?,
-            compute_units: agent_u32(hsa, agent, AMD_AGENT_INFO_COMPUTE_UNIT_COUNT)?,
-            waves_per_cu: agent_u32(hsa, agent, AMD_AGENT_INFO_MAX_WAVES_PER_CU)?,
-            queue_max: agent_u32(hsa, agent, AGENT_INFO_QUEUE_MAX_SIZE)?,
+            lanes: hsa.agent_u32(agent, AgentU32::WavefrontSize)?,
+            compute_units: hsa.agent_u32(agent, AgentU32::ComputeUnitCount)?,
+            waves_per_cu: hsa.agent_u32(agent, AgentU32::MaxWavesPerCu)?,
+            queue_max: hsa.agent_u32(agent, AgentU32::QueueMaxSize)?,
             host,
-            allocator: Arc::new(PoolAllocator::new(hsa, coarse, vec![agent])),
+            allocator: Arc::new(PoolAllocator::new(hsa.clone(), coarse, vec![agent])),
             tracker: Arc::new(Tracker {
                 state: Mutex::new(TrackerState::default()),
                 changed: Condvar::new(),
@@ -306,6 +223,8 @@ impl AmdGpuDevice {
             }),
             launcher: Mutex::new(None),
             name,
+            hsa,
+            agent,
         })
     }
 
@@ -325,7 +244,7 @@ impl AmdGpuDevice {
         if generation == Generation::V1 {
             return Ok(None);
         }
-        match Doorbell::new(self.hsa) {
+        match Doorbell::new(self.hsa.clone()) {
             Ok(bell) => Ok(Some(bell)),
             Err(HsaError::NoInterrupts) => Ok(None),
             Err(e) => Err(e),
@@ -333,31 +252,25 @@ impl AmdGpuDevice {
     }
 
     fn start_launcher(&self) -> Result<Launcher, HsaError> {
-        let hsa = self.hsa;
+        let hsa = self.hsa.clone();
         // Both are powers of two (hsa.h: QUEUE_MAX_SIZE is), so the smaller one is too.
         let size = self.queue_max.clamp(1, QUEUE_PACKETS);
-        let mut queue: *mut Queue = core::ptr::null_mut();
-        // SAFETY: live agent; the callback matches the prototype and `data` is the tracker,
-        // which outlives the queue (see `queue_error`); u32::MAX segment sizes mean "no hint"
-        // (hsa.h); valid out-pointer.
-        let rc = unsafe {
-            (hsa.hsa_queue_create)(
+        // SAFETY: `queue_error` casts `data` back to the tracker, which outlives the queue
+        // (the launcher holds an `Arc` of it and destroys the queue first, in its drop).
+        let queue = unsafe {
+            hsa.queue_create(
                 self.agent,
                 size,
-                QUEUE_TYPE_MULTI,
-                Some(queue_error),
+                queue_error,
                 Arc::as_ptr(&self.tracker).cast_mut().cast(),
-                u32::MAX,
-                u32::MAX,
-                &mut queue,
             )
-        };
-        hsa.check("hsa_queue_create", rc)?;
+        }?;
         let tracker = Arc::clone(&self.tracker);
         let device = self.name.clone();
+        let waiter_hsa = hsa.clone();
         let waiter = std::thread::Builder::new()
             .name(format!("amdgpu-waiter {}", self.name))
-            .spawn(move || wait_loop(hsa, &tracker, &device));
+            .spawn(move || wait_loop(&*waiter_hsa, &tracker, &device));
         let tracker = Arc::clone(&self.tracker);
         match waiter {
             Ok(waiter) => Ok(Launcher {
@@ -383,19 +296,10 @@ impl AmdGpuDevice {
 }
 
 /// The waiter thread's body (see the module docs).
-fn wait_loop(hsa: &'static Hsa, tracker: &Tracker, device: &str) {
-    let ticks_per_second = {
-        let mut f = 0u64;
-        // SAFETY: TIMESTAMP_FREQUENCY is a u64; valid out-pointer.
-        let rc = unsafe {
-            (hsa.hsa_system_get_info)(SYSTEM_INFO_TIMESTAMP_FREQUENCY, (&raw mut f).cast())
-        };
-        if rc == STATUS_SUCCESS {
-            f.max(1)
-        } else {
-            1_000_000_000
-        }
-    };
+fn wait_loop(hsa: &dyn HsaApi, tracker: &Tracker, device: &str) {
+    let ticks_per_second = hsa
+        .timestamp_frequency()
+        .map_or(1_000_000_000, |f| f.max(1));
     let slice = (WAIT_SLICE.as_nanos() * u128::from(ticks_per_second) / 1_000_000_000) as u64;
     loop {
         let next = {
@@ -415,15 +319,8 @@ fn wait_loop(hsa: &'static Hsa, tracker: &Tracker, device: &str) {
         };
         let failure = loop {
             // SAFETY: the signal is live until this thread destroys it below.
-            let value = unsafe {
-                (hsa.hsa_signal_wait_scacquire)(
-                    next.signal,
-                    SIGNAL_CONDITION_LT,
-                    1,
-                    slice,
-                    WAIT_STATE_BLOCKED,
-                )
-            };
+            let value =
+                unsafe { hsa.signal_wait_scacquire(next.signal, SIGNAL_CONDITION_LT, 1, slice) };
             if value < 1 {
                 break None;
             }
@@ -444,7 +341,9 @@ fn wait_loop(hsa: &'static Hsa, tracker: &Tracker, device: &str) {
             if let Err(e) = pool_free(hsa, next.kernarg) {
                 log::warn!("amdgpu: {e}");
             }
-            (hsa.hsa_signal_destroy)(next.signal);
+            if let Err(e) = hsa.signal_destroy(next.signal) {
+                log::warn!("amdgpu: {e}");
+            }
         }
         (next.done)();
         let mut state = lock(&tracker.state);
@@ -475,7 +374,7 @@ impl Device for AmdGpuDevice {
 
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {
         Ok(Box::new(FineRegion::new(
-            self.hsa,
+            self.hsa.clone(),
             self.host.fine,
             self.agent,
             len,
@@ -495,7 +394,7 @@ impl Device for AmdGpuDevice {
     }
 
     fn load_image(&self, bytes: &[u8]) -> Result<AmdGpuImage, VendorError> {
-        Ok(AmdGpuImage::load(self.hsa, self.agent, bytes)?)
+        Ok(AmdGpuImage::load(self.hsa.clone(), self.agent, bytes)?)
     }
 
     fn find_symbol(&self, image: &AmdGpuImage, name: &str) -> Option<Symbol> {
@@ -504,19 +403,14 @@ impl Device for AmdGpuDevice {
 
     fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError> {
         // SAFETY: `dst` is a device address the caller got from this device (a symbol or an
-        // allocation) with room for `bytes.len()` bytes; `bytes` is a live host buffer.
-        let rc = unsafe {
-            (self.hsa.hsa_memory_copy)(dst as *mut c_void, bytes.as_ptr().cast(), bytes.len())
-        };
-        Ok(self.hsa.check("hsa_memory_copy", rc)?)
+        // allocation) with room for `bytes.len()` bytes, which no Rust reference covers.
+        Ok(unsafe { self.hsa.copy_to_device(dst, bytes) }?)
     }
 
     fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError> {
-        // SAFETY: as in `copy_to_device`, with `out` the live destination.
-        let rc = unsafe {
-            (self.hsa.hsa_memory_copy)(out.as_mut_ptr().cast(), src as *const c_void, out.len())
-        };
-        Ok(self.hsa.check("hsa_memory_copy", rc)?)
+        // SAFETY: `src` is a device address the caller got from this device (a symbol or an
+        // allocation) with `out.len()` bytes.
+        Ok(unsafe { self.hsa.copy_from_device(out, src) }?)
     }
 
     fn launch(
@@ -527,7 +421,7 @@ impl Device for AmdGpuDevice {
         grid: Grid,
         done: Completion,
     ) -> Result<(), VendorError> {
-        let hsa = self.hsa;
+        let hsa = &*self.hsa;
         let info = image.kernel(kernel)?;
         if args.len() > info.kernarg_segment_size as usize {
             return Err(HsaError::BadArguments {
@@ -547,22 +441,22 @@ impl Device for AmdGpuDevice {
         let kernarg = pool_allocate(hsa, self.host.kernarg, layout.size, &[self.agent])?;
         // SAFETY: `kernarg` is fresh host-accessible memory of `layout.size` bytes.
         unsafe { core::ptr::copy_nonoverlapping(block.as_ptr(), kernarg, block.len()) };
-        let mut signal = Signal::default();
-        // SAFETY: no consumers (an interrupt signal, so the waiter sleeps); valid out-pointer.
-        let rc = unsafe { (hsa.hsa_signal_create)(1, 0, core::ptr::null(), &mut signal) };
         let release = |signal: Option<Signal>| {
             // SAFETY: `kernarg` (and `signal`) were created above and never handed to the GPU.
             unsafe {
                 let _ = pool_free(hsa, kernarg);
                 if let Some(s) = signal {
-                    (hsa.hsa_signal_destroy)(s);
+                    let _ = hsa.signal_destroy(s);
                 }
             }
         };
-        if let Err(e) = hsa.check("hsa_signal_create", rc) {
-            release(None);
-            return Err(e.into());
-        }
+        let signal = match hsa.signal_create(1) {
+            Ok(signal) => signal,
+            Err(e) => {
+                release(None);
+                return Err(e.into());
+            }
+        };
         let packet = match KernelDispatchPacket::new(&info, &grid, kernarg as u64, signal.handle) {
             Ok(p) => p,
             Err(e) => {
@@ -598,10 +492,11 @@ impl Device for AmdGpuDevice {
         // read are immutable after creation.
         unsafe {
             let q = &*queue;
-            let index = (hsa.hsa_queue_add_write_index_scacq_screl)(queue, 1);
+            let index = hsa.queue_add_write_index(queue, 1);
             // Wait for the slot: the packet processor must have consumed the packet `size`
-            // places back (the read index passes it).
-            while index - (hsa.hsa_queue_load_read_index_scacquire)(queue) >= u64::from(q.size) {
+            // places back (the read index passes it). Backs off to the scheduler: a full ring
+            // empties at kernel speed.
+            while index - hsa.queue_load_read_index(queue) >= u64::from(q.size) {
                 std::thread::yield_now();
             }
             let slot = q
@@ -612,7 +507,7 @@ impl Device for AmdGpuDevice {
             // by the packet processor per the loop above), 64-byte aligned in the ring.
             packet.publish(slot);
             // Ring: a release store of the index, after the header's release store.
-            (hsa.hsa_signal_store_screlease)(q.doorbell_signal, index as i64);
+            hsa.signal_store_screlease(q.doorbell_signal, index as i64);
         }
         Ok(())
     }
@@ -643,8 +538,7 @@ impl Device for AmdGpuDevice {
         };
         // SAFETY: the queue is live while the launcher (held locked) exists. Inactivating it
         // aborts the dispatches in flight and makes the packet processor ignore the rest.
-        let rc = unsafe { (self.hsa.hsa_queue_inactivate)(launcher.queue) };
-        if let Err(e) = self.hsa.check("hsa_queue_inactivate", rc) {
+        if let Err(e) = unsafe { self.hsa.queue_inactivate(launcher.queue) } {
             log::error!("amdgpu: {e}");
         }
         lock(&launcher.tracker.state).aborted = true;

@@ -25,14 +25,12 @@
 //! (ROCm's lost-doorbell problem) costs at most the wait's timeout: callers always pass one.
 
 use core::time::Duration;
+use std::sync::Arc;
 
 use rpc_core::sync::AtomicU64;
 
 use crate::error::HsaError;
-use crate::loader::{
-    AmdSignal, Hsa, Signal, AMD_SIGNAL_KIND_USER, SIGNAL_CONDITION_NE,
-    SYSTEM_INFO_TIMESTAMP_FREQUENCY, WAIT_STATE_BLOCKED,
-};
+use crate::loader::{AmdSignal, HsaApi, Signal, AMD_SIGNAL_KIND_USER, SIGNAL_CONDITION_NE};
 
 /// Bytes of the v2 doorbell record (the mailbox prefix).
 pub const RECORD_SIZE: usize = 64;
@@ -54,7 +52,7 @@ pub fn record_bytes(value: u64, mailbox: u64, event_id: u32) -> [u8; RECORD_SIZE
 
 /// An interrupt signal serving as one mailbox's doorbell.
 pub struct Doorbell {
-    hsa: &'static Hsa,
+    hsa: Arc<dyn HsaApi>,
     signal: Signal,
     /// System timestamp ticks per second (the unit of `hsa_signal_wait_*` timeouts).
     ticks_per_second: u64,
@@ -70,20 +68,9 @@ impl Doorbell {
     /// Creates the interrupt signal (value 0, no consumers given, so ROCr makes it an
     /// interrupt signal). [`HsaError::NoInterrupts`] if the runtime gave a signal without an
     /// event mailbox: then use no doorbell (the zero record) and poll.
-    pub fn new(hsa: &'static Hsa) -> Result<Self, HsaError> {
-        let mut ticks_per_second = 0u64;
-        // SAFETY: TIMESTAMP_FREQUENCY is a u64 attribute; the out-pointer is valid.
-        let rc = unsafe {
-            (hsa.hsa_system_get_info)(
-                SYSTEM_INFO_TIMESTAMP_FREQUENCY,
-                (&raw mut ticks_per_second).cast(),
-            )
-        };
-        hsa.check("hsa_system_get_info", rc)?;
-        let mut signal = Signal::default();
-        // SAFETY: a null consumer list with count 0 is allowed (hsa.h); `signal` is valid.
-        let rc = unsafe { (hsa.hsa_signal_create)(0, 0, core::ptr::null(), &mut signal) };
-        hsa.check("hsa_signal_create", rc)?;
+    pub fn new(hsa: Arc<dyn HsaApi>) -> Result<Self, HsaError> {
+        let ticks_per_second = hsa.timestamp_frequency()?;
+        let signal = hsa.signal_create(0)?;
         let bell = Doorbell {
             hsa,
             signal,
@@ -125,15 +112,10 @@ impl Doorbell {
     pub fn wait(&self, timeout: Duration) -> u64 {
         let ticks = (timeout.as_nanos() * u128::from(self.ticks_per_second) / 1_000_000_000)
             .min(u128::from(u64::MAX)) as u64;
-        // SAFETY: `signal` is live (destroyed only in drop); the arguments are valid enum values.
+        // SAFETY: `signal` is live (destroyed only in drop).
         let value = unsafe {
-            (self.hsa.hsa_signal_wait_scacquire)(
-                self.signal,
-                SIGNAL_CONDITION_NE,
-                0,
-                ticks,
-                WAIT_STATE_BLOCKED,
-            )
+            self.hsa
+                .signal_wait_scacquire(self.signal, SIGNAL_CONDITION_NE, 0, ticks)
         };
         value as u64
     }
@@ -143,8 +125,7 @@ impl Drop for Doorbell {
     fn drop(&mut self) {
         // SAFETY: created in `new`, destroyed once here; the glue removes the record from the
         // mailbox (detach) before dropping the doorbell.
-        let rc = unsafe { (self.hsa.hsa_signal_destroy)(self.signal) };
-        if let Err(e) = self.hsa.check("hsa_signal_destroy", rc) {
+        if let Err(e) = unsafe { self.hsa.signal_destroy(self.signal) } {
             log::warn!("amdgpu: {e}");
         }
     }

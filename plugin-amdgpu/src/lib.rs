@@ -44,6 +44,8 @@ pub mod image;
 pub mod loader;
 pub mod memory;
 
+use std::sync::Arc;
+
 use rpc_core::plugin::{Device, Plugin, VendorError};
 use rpc_core::Generation;
 
@@ -51,13 +53,21 @@ pub use device::AmdGpuDevice;
 pub use doorbell::Doorbell;
 pub use error::HsaError;
 pub use image::AmdGpuImage;
-pub use loader::Hsa;
+pub use loader::{HsaApi, LibHsa};
+
+/// Where the plugin's runtime comes from.
+enum Source {
+    /// `libhsa-runtime64` under this name, loaded at `init`.
+    Library(String),
+    /// A runtime handed in (the tests' fake HSA).
+    Api(Arc<dyn HsaApi>),
+}
 
 /// The AMD GPU plugin.
 pub struct AmdGpuPlugin {
-    soname: String,
+    source: Source,
     /// The runtime, when `hsa_init` succeeded (and `hsa_shut_down` is owed).
-    hsa: Option<&'static Hsa>,
+    hsa: Option<Arc<dyn HsaApi>>,
     devices: Vec<AmdGpuDevice>,
     reason: Option<String>,
 }
@@ -76,8 +86,17 @@ impl AmdGpuPlugin {
 
     /// A plugin loading the runtime from `soname` instead (tests, unusual installs).
     pub fn with_library(soname: &str) -> Self {
+        Self::from_source(Source::Library(soname.to_owned()))
+    }
+
+    /// A plugin over the runtime `hsa` (a fake one in tests).
+    pub fn with_api(hsa: Arc<dyn HsaApi>) -> Self {
+        Self::from_source(Source::Api(hsa))
+    }
+
+    fn from_source(source: Source) -> Self {
         AmdGpuPlugin {
-            soname: soname.to_owned(),
+            source,
             hsa: None,
             devices: Vec::new(),
             reason: None,
@@ -85,13 +104,13 @@ impl AmdGpuPlugin {
     }
 
     fn try_init(&mut self) -> Result<(), HsaError> {
-        let hsa = loader::table_for(&self.soname)?;
-        // SAFETY: `hsa_init` has no preconditions; it may be called repeatedly (ref-counted).
-        let rc = unsafe { (hsa.hsa_init)() };
-        hsa.check("hsa_init", rc)
-            .map_err(|e| HsaError::NoRuntime(e.to_string()))?;
-        self.hsa = Some(hsa);
-        self.devices = device::discover(hsa)?;
+        let hsa = match &self.source {
+            Source::Library(soname) => loader::table_for(soname)?,
+            Source::Api(hsa) => hsa.clone(),
+        };
+        hsa.init().map_err(|e| HsaError::NoRuntime(e.to_string()))?;
+        self.hsa = Some(hsa.clone());
+        self.devices = device::discover(&hsa)?;
         if self.devices.is_empty() {
             return Err(HsaError::NoRuntime(
                 "the HSA runtime found no GPU agents".into(),
@@ -103,13 +122,10 @@ impl AmdGpuPlugin {
     fn shut_down(&mut self) -> Result<(), HsaError> {
         self.devices.clear();
         match self.hsa.take() {
-            Some(hsa) => {
-                // SAFETY: balanced with the successful `hsa_init` in `try_init`; every object
-                // of this plugin (devices, their queues, pools and images held by the devices)
-                // was dropped above. Images the caller still holds must be dropped first.
-                let rc = unsafe { (hsa.hsa_shut_down)() };
-                hsa.check("hsa_shut_down", rc)
-            }
+            // SAFETY: balanced with the successful `init` in `try_init`; every object of this
+            // plugin (devices, their queues, pools and images held by the devices) was dropped
+            // above. Images the caller still holds must be dropped first.
+            Some(hsa) => unsafe { hsa.shut_down() },
             None => Ok(()),
         }
     }

@@ -4,48 +4,34 @@
 //! HSA has one virtual address space for host and agents, so a pool allocation's host pointer
 //! is also its device address.
 
-use core::ffi::c_void;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
 
 use crate::error::HsaError;
-use crate::loader::{Agent, Hsa, MemoryPool};
+use crate::loader::{Agent, HsaApi, MemoryPool};
 
 /// The alignment of every MALLOC block (PROTOCOL opcode 10: the GPU allocator needs 2 MiB).
 pub const MALLOC_ALIGN: u64 = 2 << 20;
 
 /// `len` bytes (at least 1) from `pool`; if `agents` is not empty, they are allowed to access it.
 pub(crate) fn pool_allocate(
-    hsa: &Hsa,
+    hsa: &dyn HsaApi,
     pool: MemoryPool,
     len: usize,
     agents: &[Agent],
 ) -> Result<*mut u8, HsaError> {
-    let mut ptr: *mut c_void = core::ptr::null_mut();
-    // SAFETY: `pool` came from `hsa_amd_agent_iterate_memory_pools` on an initialised runtime;
-    // `ptr` is a valid out-pointer; flags must be 0.
-    let rc = unsafe { (hsa.hsa_amd_memory_pool_allocate)(pool, len.max(1), 0, &mut ptr) };
-    hsa.check("hsa_amd_memory_pool_allocate", rc)?;
+    let ptr = hsa.pool_allocate(pool, len.max(1))?;
     if !agents.is_empty() {
-        // SAFETY: `agents` is a live slice of `agents.len()` agents; null flags are allowed
-        // (hsa_ext_amd.h: "reserved, must be NULL"); `ptr` was just allocated from a pool.
-        let rc = unsafe {
-            (hsa.hsa_amd_agents_allow_access)(
-                agents.len() as u32,
-                agents.as_ptr(),
-                core::ptr::null(),
-                ptr,
-            )
-        };
-        if let Err(e) = hsa.check("hsa_amd_agents_allow_access", rc) {
-            // SAFETY: `ptr` came from `hsa_amd_memory_pool_allocate` and was not freed.
-            unsafe { (hsa.hsa_amd_memory_pool_free)(ptr) };
+        // SAFETY: `ptr` was just allocated from a pool and is not shared yet.
+        if let Err(e) = unsafe { hsa.agents_allow_access(agents, ptr) } {
+            // SAFETY: `ptr` came from `pool_allocate` and was not freed or handed out.
+            let _ = unsafe { hsa.pool_free(ptr) };
             return Err(e);
         }
     }
-    Ok(ptr.cast())
+    Ok(ptr)
 }
 
 /// Frees a pointer [`pool_allocate`] returned.
@@ -53,15 +39,14 @@ pub(crate) fn pool_allocate(
 /// # Safety
 /// `ptr` came from [`pool_allocate`] with the same runtime, is not yet freed, and nothing
 /// (host or device) uses it any more.
-pub(crate) unsafe fn pool_free(hsa: &Hsa, ptr: *mut u8) -> Result<(), HsaError> {
+pub(crate) unsafe fn pool_free(hsa: &dyn HsaApi, ptr: *mut u8) -> Result<(), HsaError> {
     // SAFETY: the caller's contract.
-    let rc = unsafe { (hsa.hsa_amd_memory_pool_free)(ptr.cast()) };
-    hsa.check("hsa_amd_memory_pool_free", rc)
+    unsafe { hsa.pool_free(ptr) }
 }
 
 /// Zeroed host memory from a fine-grained pool that the GPU agent may access: a mailbox.
 pub struct FineRegion {
-    hsa: &'static Hsa,
+    hsa: Arc<dyn HsaApi>,
     ptr: *mut u8,
     len: usize,
 }
@@ -76,12 +61,12 @@ impl FineRegion {
     /// `len` zeroed bytes from the fine-grained `pool`, accessible by `gpu`. Pool allocations
     /// are aligned to the pool's granule (a page), so 64-byte alignment holds.
     pub fn new(
-        hsa: &'static Hsa,
+        hsa: Arc<dyn HsaApi>,
         pool: MemoryPool,
         gpu: Agent,
         len: usize,
     ) -> Result<Self, HsaError> {
-        let ptr = pool_allocate(hsa, pool, len, &[gpu])?;
+        let ptr = pool_allocate(&*hsa, pool, len, &[gpu])?;
         debug_assert_eq!(ptr as usize % 64, 0);
         // SAFETY: fine-grained system memory is host-addressable; `ptr` is valid for `len` bytes.
         unsafe { core::ptr::write_bytes(ptr, 0, len) };
@@ -106,7 +91,7 @@ impl Drop for FineRegion {
     fn drop(&mut self) {
         // SAFETY: allocated by `pool_allocate` in `new`, freed only here; the glue detaches a
         // mailbox (and kernels using it have completed) before dropping its region.
-        if let Err(e) = unsafe { pool_free(self.hsa, self.ptr) } {
+        if let Err(e) = unsafe { pool_free(&*self.hsa, self.ptr) } {
             log::warn!("amdgpu: freeing a shared region: {e}");
         }
     }
@@ -118,7 +103,7 @@ impl Drop for FineRegion {
 /// alignment and the returned address aligned up; the base is remembered for FREE. Blocks the
 /// device never freed are released by [`PoolAllocator::release_all`] (plugin deinit) or drop.
 pub struct PoolAllocator {
-    hsa: &'static Hsa,
+    hsa: Arc<dyn HsaApi>,
     pool: MemoryPool,
     /// Agents that may access the blocks (the GPU itself; a coarse pool is its own).
     agents: Vec<Agent>,
@@ -127,7 +112,7 @@ pub struct PoolAllocator {
 }
 
 impl PoolAllocator {
-    pub fn new(hsa: &'static Hsa, pool: MemoryPool, agents: Vec<Agent>) -> Self {
+    pub fn new(hsa: Arc<dyn HsaApi>, pool: MemoryPool, agents: Vec<Agent>) -> Self {
         PoolAllocator {
             hsa,
             pool,
@@ -147,7 +132,7 @@ impl PoolAllocator {
         for &base in &blocks {
             // SAFETY: each base came from `pool_allocate` in `allocate` and was removed from
             // `live` just now, so it is freed once; called when no kernel of the device runs.
-            if let Err(e) = unsafe { pool_free(self.hsa, base as *mut u8) } {
+            if let Err(e) = unsafe { pool_free(&*self.hsa, base as *mut u8) } {
                 log::warn!("amdgpu: freeing a forgotten MALLOC block: {e}");
             }
         }
@@ -179,7 +164,7 @@ impl DeviceAllocator for PoolAllocator {
         let total = over_allocation(size.max(1), align)
             .and_then(|t| usize::try_from(t).ok())
             .ok_or(HsaError::Invalid("MALLOC size overflows"))?;
-        let base = pool_allocate(self.hsa, self.pool, total, &self.agents)? as u64;
+        let base = pool_allocate(&*self.hsa, self.pool, total, &self.agents)? as u64;
         let addr = align_up(base, align);
         lock(&self.live).insert(addr, base);
         Ok(addr)
@@ -191,7 +176,7 @@ impl DeviceAllocator for PoolAllocator {
             .ok_or(HsaError::UnknownAddress(addr))?;
         // SAFETY: `base` came from `pool_allocate` and left `live` just now (freed once); the
         // server passes only addresses it handed out, which the device no longer uses.
-        unsafe { pool_free(self.hsa, base as *mut u8) }?;
+        unsafe { pool_free(&*self.hsa, base as *mut u8) }?;
         Ok(())
     }
 }
