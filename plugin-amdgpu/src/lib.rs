@@ -55,6 +55,11 @@ pub use error::HsaError;
 pub use image::AmdGpuImage;
 pub use loader::{HsaApi, LibHsa};
 
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
 /// Where the plugin's runtime comes from.
 enum Source {
     /// `libhsa-runtime64` under this name, loaded at `init`.

@@ -864,9 +864,7 @@ mod tests {
 
     #[test]
     fn missing_library_is_an_error_value_naming_the_library() {
-        let err = LibHsa::load("libhsa-runtime-does-not-exist.so.7")
-            .err()
-            .expect("must not load");
+        let err = LibHsa::load("libhsa-runtime-does-not-exist.so.7").expect_err("must not load");
         let text = err.to_string();
         assert!(matches!(err, HsaError::NoRuntime(_)));
         assert!(
@@ -878,9 +876,7 @@ mod tests {
     #[test]
     fn a_library_without_the_hsa_symbols_names_the_first_missing_one() {
         // libc is loaded in every process and exports none of the HSA functions.
-        let err = LibHsa::load("libc.so.6")
-            .err()
-            .expect("libc is not an HSA runtime");
+        let err = LibHsa::load("libc.so.6").expect_err("libc is not an HSA runtime");
         assert!(err.to_string().contains("lacks hsa_init"), "{err}");
     }
 
