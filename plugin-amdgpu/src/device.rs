@@ -345,7 +345,11 @@ fn wait_loop(hsa: &dyn HsaApi, tracker: &Tracker, device: &str) {
                 log::warn!("amdgpu: {e}");
             }
         }
-        (next.done)();
+        // A panicking completion must not end the waiter: the launches after it would never
+        // complete.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(next.done)).is_err() {
+            log::error!("amdgpu: a launch completion on {device} panicked");
+        }
         let mut state = lock(&tracker.state);
         state.in_flight -= 1;
         if let Some(reason) = failure {

@@ -382,6 +382,72 @@ fn a_faulting_queue_fails_its_launches_once_each() {
     device.synchronize().unwrap(); // the failure is reported once
 }
 
+#[test]
+fn a_panicking_completion_is_contained() {
+    let (_hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    device
+        .launch(
+            &image,
+            "main",
+            &[],
+            Grid::linear(1, 64),
+            Box::new(|| panic!("boom")),
+        )
+        .unwrap();
+    let (calls, done) = counted();
+    device
+        .launch(&image, "main", &[], Grid::linear(1, 64), done)
+        .unwrap();
+    device.synchronize().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the waiter lived on");
+}
+
+#[test]
+fn more_launches_than_queue_slots_wrap_the_ring() {
+    // The W7900's queue holds 64 packets: 200 launches go round it three times, each
+    // waiting for its slot to be consumed.
+    let (hsa, plugin) = plugin_with(vec![FakeAgent::w7900()]);
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let counters: Vec<_> = (0..200u32)
+        .map(|i| {
+            let (calls, done) = counted();
+            device
+                .launch(&image, "main", &i.to_le_bytes(), Grid::linear(1, 32), done)
+                .unwrap();
+            calls
+        })
+        .collect();
+    device.synchronize().unwrap();
+    assert!(counters.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+    let order: Vec<u32> = hsa
+        .dispatches()
+        .iter()
+        .map(|d| u32::from_le_bytes(d.kernarg[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(order, (0..200).collect::<Vec<_>>(), "in submission order");
+}
+
+#[test]
+fn a_panicking_kernel_body_faults_its_queue() {
+    let (hsa, plugin) = one_gpu();
+    hsa.kernel("main", |_| panic!("a broken kernel"));
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    device
+        .launch(&image, "main", &[], Grid::linear(1, 64), Box::new(|| ()))
+        .unwrap();
+    let error = device.synchronize().unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .ends_with("queue error HSA_STATUS_ERROR_EXCEPTION (0x1016)"),
+        "{error}"
+    );
+}
+
 // --- Memory -----------------------------------------------------------------------------------
 
 #[test]
@@ -462,6 +528,26 @@ fn a_kernels_printf_is_served_and_done_runs_once() {
     assert_eq!(hsa.completed(), 1);
     runtime.deinit().unwrap();
     assert_eq!(hsa.inits(), 0);
+}
+
+#[test]
+fn a_v2_image_is_served_by_polling_when_the_runtime_gives_no_interrupts() {
+    // The fake's signals have no event mailbox, so no doorbell: the server polls.
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
+    hsa.kernel("main", |warp| {
+        warp.puts(|lane| format!("v2 lane {lane}")).expect("puts");
+        Ok(())
+    });
+    let (mut runtime, out) = runtime(&hsa);
+    let image = runtime
+        .load_image(0, b".kernel main 0\n.global __llvm_rpc_client 2096\n")
+        .unwrap();
+    runtime
+        .launch(image, "main", &[], Grid::linear(1, 2))
+        .unwrap();
+    runtime.synchronize(0).unwrap();
+    assert_eq!(out.text(), "v2 lane 0\nv2 lane 1\n");
+    runtime.deinit().unwrap();
 }
 
 #[test]
