@@ -26,11 +26,11 @@ use rpc_core::sync::{AtomicU32, Ordering};
 use rpc_core::Generation;
 
 use crate::aql::{kernarg_bytes, kernarg_layout, KernelDispatchPacket, PACKET_SIZE};
-use crate::doorbell::Doorbell;
-use crate::error::{status_name, HsaError};
+use crate::doorbell::AmdGpuDoorbell;
+use crate::error::{status_name, AmdGpuError};
 use crate::image::AmdGpuImage;
 use crate::loader::*;
-use crate::memory::{pool_allocate, pool_free, FineRegion, PoolAllocator};
+use crate::memory::{pool_allocate, pool_free, AmdGpuAllocator, AmdGpuRegion};
 
 /// How long the waiter blocks on a completion signal before re-checking for a queue error.
 pub const WAIT_SLICE: Duration = Duration::from_millis(100);
@@ -58,7 +58,7 @@ struct HostPools {
 }
 
 /// Global-segment pools of `agent` the runtime may allocate from, with their flags.
-fn global_pools(hsa: &dyn HsaApi, agent: Agent) -> Result<Vec<(MemoryPool, u32)>, HsaError> {
+fn global_pools(hsa: &dyn HsaApi, agent: Agent) -> Result<Vec<(MemoryPool, u32)>, AmdGpuError> {
     let mut out = Vec::new();
     for pool in hsa.memory_pools(agent)? {
         let info = hsa.pool_info(pool)?;
@@ -74,7 +74,7 @@ fn find_pool(pools: &[(MemoryPool, u32)], flag: u32) -> Option<MemoryPool> {
 }
 
 /// Finds every GPU agent of an initialised runtime and makes it a device.
-pub(crate) fn discover(hsa: &Arc<dyn HsaApi>) -> Result<Vec<AmdGpuDevice>, HsaError> {
+pub(crate) fn discover(hsa: &Arc<dyn HsaApi>) -> Result<Vec<AmdGpuDevice>, AmdGpuError> {
     let mut cpus = Vec::new();
     let mut gpus = Vec::new();
     for agent in hsa.agents()? {
@@ -98,7 +98,7 @@ pub(crate) fn discover(hsa: &Arc<dyn HsaApi>) -> Result<Vec<AmdGpuDevice>, HsaEr
             break;
         }
     }
-    let host = host.ok_or(HsaError::NoPool {
+    let host = host.ok_or(AmdGpuError::NoPool {
         agent: "CPU".into(),
         what: "fine-grained and kernarg",
     })?;
@@ -181,7 +181,7 @@ pub struct AmdGpuDevice {
     waves_per_cu: u32,
     queue_max: u32,
     host: HostPools,
-    allocator: Arc<PoolAllocator>,
+    allocator: Arc<AmdGpuAllocator>,
     tracker: Arc<Tracker>,
     launcher: Mutex<Option<Launcher>>,
 }
@@ -193,7 +193,7 @@ unsafe impl Send for AmdGpuDevice {}
 unsafe impl Sync for AmdGpuDevice {}
 
 impl AmdGpuDevice {
-    fn new(hsa: Arc<dyn HsaApi>, agent: Agent, host: HostPools) -> Result<Self, HsaError> {
+    fn new(hsa: Arc<dyn HsaApi>, agent: Agent, host: HostPools) -> Result<Self, AmdGpuError> {
         let arch = hsa.agent_name(agent, AgentName::Name)?;
         let product = hsa
             .agent_name(agent, AgentName::ProductName)
@@ -205,7 +205,7 @@ impl AmdGpuDevice {
         };
         let pools = global_pools(&*hsa, agent)?;
         let coarse =
-            find_pool(&pools, POOL_FLAG_COARSE_GRAINED).ok_or_else(|| HsaError::NoPool {
+            find_pool(&pools, POOL_FLAG_COARSE_GRAINED).ok_or_else(|| AmdGpuError::NoPool {
                 agent: name.clone(),
                 what: "coarse-grained",
             })?;
@@ -215,7 +215,7 @@ impl AmdGpuDevice {
             waves_per_cu: hsa.agent_u32(agent, AgentU32::MaxWavesPerCu)?,
             queue_max: hsa.agent_u32(agent, AgentU32::QueueMaxSize)?,
             host,
-            allocator: Arc::new(PoolAllocator::new(hsa.clone(), coarse, vec![agent])),
+            allocator: Arc::new(AmdGpuAllocator::new(hsa.clone(), coarse, vec![agent])),
             tracker: Arc::new(Tracker {
                 state: Mutex::new(TrackerState::default()),
                 changed: Condvar::new(),
@@ -234,24 +234,24 @@ impl AmdGpuDevice {
     }
 
     /// The MALLOC allocator, typed (the plugin frees forgotten blocks at deinit).
-    pub fn pool_allocator(&self) -> &Arc<PoolAllocator> {
+    pub fn amdgpu_allocator(&self) -> &Arc<AmdGpuAllocator> {
         &self.allocator
     }
 
     /// A doorbell for a mailbox of `generation`: `None` for v1 (no doorbell record) and where
     /// the runtime delivers no interrupts (the server polls; the record stays zero).
-    pub fn doorbell(&self, generation: Generation) -> Result<Option<Doorbell>, HsaError> {
+    pub fn doorbell(&self, generation: Generation) -> Result<Option<AmdGpuDoorbell>, AmdGpuError> {
         if generation == Generation::V1 {
             return Ok(None);
         }
-        match Doorbell::new(self.hsa.clone()) {
+        match AmdGpuDoorbell::new(self.hsa.clone()) {
             Ok(bell) => Ok(Some(bell)),
-            Err(HsaError::NoInterrupts) => Ok(None),
+            Err(AmdGpuError::NoInterrupts) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    fn start_launcher(&self) -> Result<Launcher, HsaError> {
+    fn start_launcher(&self) -> Result<Launcher, AmdGpuError> {
         let hsa = self.hsa.clone();
         // Both are powers of two (hsa.h: QUEUE_MAX_SIZE is), so the smaller one is too.
         let size = self.queue_max.clamp(1, QUEUE_PACKETS);
@@ -287,7 +287,7 @@ impl AmdGpuDevice {
                     tracker,
                     waiter: None,
                 });
-                Err(HsaError::Invalid(
+                Err(AmdGpuError::Invalid(
                     "cannot spawn the completion waiter thread",
                 ))
             }
@@ -377,7 +377,7 @@ impl Device for AmdGpuDevice {
     }
 
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {
-        Ok(Box::new(FineRegion::new(
+        Ok(Box::new(AmdGpuRegion::new(
             self.hsa.clone(),
             self.host.fine,
             self.agent,
@@ -428,7 +428,7 @@ impl Device for AmdGpuDevice {
         let hsa = &*self.hsa;
         let info = image.kernel(kernel)?;
         if args.len() > info.kernarg_segment_size as usize {
-            return Err(HsaError::BadArguments {
+            return Err(AmdGpuError::BadArguments {
                 kernel: kernel.to_owned(),
                 expected: info.kernarg_segment_size,
                 given: args.len(),
@@ -526,7 +526,7 @@ impl Device for AmdGpuDevice {
                 .unwrap_or_else(|p| p.into_inner());
         }
         match state.failure.take() {
-            Some(reason) => Err(HsaError::KernelFailed {
+            Some(reason) => Err(AmdGpuError::KernelFailed {
                 device: self.name.clone(),
                 reason,
             }

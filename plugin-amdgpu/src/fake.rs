@@ -34,7 +34,7 @@ use rpc_core::sync::{AtomicU32, AtomicU64, Ordering};
 use rpc_core::{Client, Generation, Layout, Mailbox};
 
 use crate::aql::{PACKET_SIZE, PACKET_TYPE_INVALID, PACKET_TYPE_KERNEL_DISPATCH};
-use crate::error::HsaError;
+use crate::error::AmdGpuError;
 use crate::loader::*;
 
 /// `HSA_STATUS_ERROR_INVALID_ARGUMENT`.
@@ -365,7 +365,7 @@ impl FakeHsa {
         }
     }
 
-    fn status(&self, call: &'static str, status: Status) -> HsaError {
+    fn status(&self, call: &'static str, status: Status) -> AmdGpuError {
         HsaApi::check(self, call, status).expect_err("an error status")
     }
 }

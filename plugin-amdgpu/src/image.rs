@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rpc_core::plugin::Symbol;
 
 use crate::aql::KernelInfo;
-use crate::error::HsaError;
+use crate::error::AmdGpuError;
 use crate::loader::{
     Agent, CodeObjectReader, Executable, ExecutableSymbol, HsaApi,
     SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT,
@@ -39,9 +39,13 @@ pub fn descriptor_name(kernel: &str) -> String {
 
 impl AmdGpuImage {
     /// Loads the code object `bytes` (an AMDGPU ELF) for `agent` and freezes the executable.
-    pub(crate) fn load(hsa: Arc<dyn HsaApi>, agent: Agent, bytes: &[u8]) -> Result<Self, HsaError> {
+    pub(crate) fn load(
+        hsa: Arc<dyn HsaApi>,
+        agent: Agent,
+        bytes: &[u8],
+    ) -> Result<Self, AmdGpuError> {
         if bytes.is_empty() {
-            return Err(HsaError::Invalid("empty code object"));
+            return Err(AmdGpuError::Invalid("empty code object"));
         }
         // SAFETY: `bytes` outlives the reader, which is destroyed before this function returns.
         let reader = unsafe { hsa.code_object_reader_create(bytes) }?;
@@ -57,7 +61,7 @@ impl AmdGpuImage {
         hsa: Arc<dyn HsaApi>,
         agent: Agent,
         reader: CodeObjectReader,
-    ) -> Result<Self, HsaError> {
+    ) -> Result<Self, AmdGpuError> {
         let executable = hsa.executable_create()?;
         // From here on, drop destroys the executable on every error path.
         let image = AmdGpuImage {
@@ -79,7 +83,7 @@ impl AmdGpuImage {
             .ok()
     }
 
-    fn info<T: Default>(&self, symbol: ExecutableSymbol, attribute: u32) -> Result<T, HsaError> {
+    fn info<T: Default>(&self, symbol: ExecutableSymbol, attribute: u32) -> Result<T, AmdGpuError> {
         let mut value = T::default();
         // SAFETY: every caller passes a `T` of the size hsa.h documents for `attribute` (u32 or
         // u64, noted beside the constants in loader.rs); the symbol belongs to a live executable.
@@ -107,9 +111,9 @@ impl AmdGpuImage {
     }
 
     /// What a dispatch of kernel `name` needs (looked up as `name.kd`).
-    pub fn kernel(&self, name: &str) -> Result<KernelInfo, HsaError> {
+    pub fn kernel(&self, name: &str) -> Result<KernelInfo, AmdGpuError> {
         let kd = descriptor_name(name);
-        let no_symbol = || HsaError::NoSymbol {
+        let no_symbol = || AmdGpuError::NoSymbol {
             kind: "kernel",
             name: kd.clone(),
         };

@@ -25,7 +25,7 @@
 //!   device pool, 2 MiB aligned by over-allocating; forgotten blocks freed at deinit).
 //! - [`doorbell`]: the v2 mailbox doorbell as an HSA interrupt signal: the record bytes, a
 //!   host `&AtomicU64` view of the counter, and a timed wait. The lead wires it into the server.
-//! - [`error`]: [`HsaError`] and the names of HSA status codes.
+//! - [`error`]: [`AmdGpuError`] and the names of HSA status codes.
 //!
 //! # What was and was not run
 //! Built and tested on a machine **without an AMD GPU**: the missing-library path, a library
@@ -50,10 +50,11 @@ use rpc_core::plugin::{Device, Plugin, VendorError};
 use rpc_core::Generation;
 
 pub use device::AmdGpuDevice;
-pub use doorbell::Doorbell;
-pub use error::HsaError;
+pub use doorbell::AmdGpuDoorbell;
+pub use error::AmdGpuError;
 pub use image::AmdGpuImage;
 pub use loader::{HsaApi, LibHsa};
+pub use memory::{AmdGpuAllocator, AmdGpuRegion};
 
 #[cfg(test)]
 mod fake;
@@ -108,23 +109,24 @@ impl AmdGpuPlugin {
         }
     }
 
-    fn try_init(&mut self) -> Result<(), HsaError> {
+    fn try_init(&mut self) -> Result<(), AmdGpuError> {
         let hsa = match &self.source {
             Source::Library(soname) => loader::table_for(soname)?,
             Source::Api(hsa) => hsa.clone(),
         };
-        hsa.init().map_err(|e| HsaError::NoRuntime(e.to_string()))?;
+        hsa.init()
+            .map_err(|e| AmdGpuError::NoRuntime(e.to_string()))?;
         self.hsa = Some(hsa.clone());
         self.devices = device::discover(&hsa)?;
         if self.devices.is_empty() {
-            return Err(HsaError::NoRuntime(
+            return Err(AmdGpuError::NoRuntime(
                 "the HSA runtime found no GPU agents".into(),
             ));
         }
         Ok(())
     }
 
-    fn shut_down(&mut self) -> Result<(), HsaError> {
+    fn shut_down(&mut self) -> Result<(), AmdGpuError> {
         self.devices.clear();
         match self.hsa.take() {
             // SAFETY: balanced with the successful `init` in `try_init`; every object of this
@@ -149,7 +151,7 @@ impl Plugin for AmdGpuPlugin {
         }
         if let Err(e) = self.try_init() {
             let reason = match e {
-                HsaError::NoRuntime(reason) => reason,
+                AmdGpuError::NoRuntime(reason) => reason,
                 other => other.to_string(),
             };
             log::info!("amdgpu: no devices: {reason}");

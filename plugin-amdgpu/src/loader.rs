@@ -1,11 +1,11 @@
 //! The HSA runtime, loaded at run time (STYLE 11).
 //!
 //! [`HsaApi`] is the typed table of the only HSA functions this crate uses, with Rust
-//! signatures (slices, `CStr`, typed attributes, `Result<_, HsaError>`): every `unsafe` call
+//! signatures (slices, `CStr`, typed attributes, `Result<_, AmdGpuError>`): every `unsafe` call
 //! into the runtime is behind it. [`LibHsa`] implements it over `libhsa-runtime64.so.1` opened
 //! with `libloading`, every symbol resolved up front; tests implement the same trait with a
 //! fake HSA (`src/fake.rs`). Nothing here links against HSA, so the crate builds and its tests
-//! run on machines without ROCm. A missing library or symbol is an [`HsaError::NoRuntime`]
+//! run on machines without ROCm. A missing library or symbol is an [`AmdGpuError::NoRuntime`]
 //! value, never a panic; the plugin turns it into "zero devices" plus the reason.
 //!
 //! The types and constants below are declared from `hsa.h`, `hsa_ext_amd.h` and
@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use libloading::Library;
 use static_assertions::const_assert_eq;
 
-use crate::error::{status_name, HsaError};
+use crate::error::{status_name, AmdGpuError};
 
 /// The soname the runtime is loaded from.
 pub const LIBRARY: &str = "libhsa-runtime64.so.1";
@@ -169,7 +169,7 @@ const QUEUE_TYPE_MULTI: u32 = 0;
 pub type QueueCallback = unsafe extern "C" fn(Status, *mut Queue, *mut c_void);
 
 /// What every [`HsaApi`] call returns; an error names the HSA function and its status.
-pub type HsaResult<T> = Result<T, HsaError>;
+pub type HsaResult<T> = Result<T, AmdGpuError>;
 
 /// A memory pool's attributes (`hsa_amd_memory_pool_get_info`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -340,7 +340,7 @@ pub trait HsaApi: Send + Sync {
     unsafe fn queue_load_read_index(&self, queue: *mut Queue) -> u64;
 
     /// `Ok(())` for `HSA_STATUS_SUCCESS` (and `INFO_BREAK`, which ends an iteration early),
-    /// otherwise an [`HsaError::Status`] naming `call`, with the runtime's text.
+    /// otherwise an [`AmdGpuError::Status`] naming `call`, with the runtime's text.
     fn check(&self, call: &'static str, status: Status) -> HsaResult<()> {
         if status == STATUS_SUCCESS || status == STATUS_INFO_BREAK {
             return Ok(());
@@ -353,7 +353,7 @@ pub trait HsaApi: Send + Sync {
                 Some(rest) => rest.trim_start_matches(':').trim().to_owned(),
                 None => t,
             });
-        Err(HsaError::Status {
+        Err(AmdGpuError::Status {
             call,
             code: status,
             name,
@@ -382,7 +382,7 @@ macro_rules! hsa_table {
         pub const FUNCTIONS: &[&str] = &[$(stringify!($name)),*];
 
         impl Table {
-            fn resolve(library: &Library, soname: &str) -> Result<Table, HsaError> {
+            fn resolve(library: &Library, soname: &str) -> Result<Table, AmdGpuError> {
                 $(
                     // SAFETY: the type is the prototype `hsa.h` / `hsa_ext_amd.h` declare for
                     // this name (checked by hand against the ROCm 5.2 headers); the copied
@@ -393,7 +393,7 @@ macro_rules! hsa_table {
                             .get::<unsafe extern "C" fn($($arg),*) $(-> $ret)?>(
                                 concat!(stringify!($name), "\0").as_bytes(),
                             )
-                            .map_err(|e| HsaError::NoRuntime(format!(
+                            .map_err(|e| AmdGpuError::NoRuntime(format!(
                                 "{soname} lacks {}: {e}", stringify!($name)
                             )))?
                     };
@@ -454,12 +454,12 @@ impl std::fmt::Debug for LibHsa {
 
 impl LibHsa {
     /// Loads `soname` and resolves every function of the table.
-    pub fn load(soname: &str) -> Result<LibHsa, HsaError> {
+    pub fn load(soname: &str) -> Result<LibHsa, AmdGpuError> {
         // SAFETY: loading a shared object runs its ELF initialisers. The HSA runtime's only set
         // up the runtime's own globals (it does nothing until `hsa_init`), and we unload it only
         // when the table drops, after the plugin has shut the runtime down.
         let library = unsafe { Library::new(soname) }
-            .map_err(|e| HsaError::NoRuntime(format!("cannot load {soname}: {e}")))?;
+            .map_err(|e| AmdGpuError::NoRuntime(format!("cannot load {soname}: {e}")))?;
         let table = Table::resolve(&library, soname)?;
         Ok(LibHsa {
             table,
@@ -835,21 +835,21 @@ static DEFAULT: OnceLock<Result<Arc<LibHsa>, String>> = OnceLock::new();
 
 /// The runtime for [`LIBRARY`], loaded on first use and kept for the process's lifetime (the
 /// runtime spawns threads of its own; unloading it under them is not worth the risk).
-pub fn table() -> Result<Arc<dyn HsaApi>, HsaError> {
+pub fn table() -> Result<Arc<dyn HsaApi>, AmdGpuError> {
     match DEFAULT.get_or_init(|| {
         LibHsa::load(LIBRARY)
             .map(Arc::new)
             .map_err(|e| e.to_string())
     }) {
         Ok(hsa) => Ok(hsa.clone()),
-        Err(reason) => Err(HsaError::NoRuntime(reason.clone())),
+        Err(reason) => Err(AmdGpuError::NoRuntime(reason.clone())),
     }
 }
 
 /// The runtime from another library name (tests, or a runtime outside the loader's search
 /// path). The default name goes through [`table`]; any other name is loaded anew and, like the
 /// default one, never unloaded (one reference is leaked on purpose).
-pub fn table_for(soname: &str) -> Result<Arc<dyn HsaApi>, HsaError> {
+pub fn table_for(soname: &str) -> Result<Arc<dyn HsaApi>, AmdGpuError> {
     if soname == LIBRARY {
         return table();
     }
@@ -866,7 +866,7 @@ mod tests {
     fn missing_library_is_an_error_value_naming_the_library() {
         let err = LibHsa::load("libhsa-runtime-does-not-exist.so.7").expect_err("must not load");
         let text = err.to_string();
-        assert!(matches!(err, HsaError::NoRuntime(_)));
+        assert!(matches!(err, AmdGpuError::NoRuntime(_)));
         assert!(
             text.contains("libhsa-runtime-does-not-exist.so.7"),
             "{text}"

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
 
-use crate::error::HsaError;
+use crate::error::AmdGpuError;
 use crate::loader::{Agent, HsaApi, MemoryPool};
 
 /// The alignment of every MALLOC block (PROTOCOL opcode 10: the GPU allocator needs 2 MiB).
@@ -21,7 +21,7 @@ pub(crate) fn pool_allocate(
     pool: MemoryPool,
     len: usize,
     agents: &[Agent],
-) -> Result<*mut u8, HsaError> {
+) -> Result<*mut u8, AmdGpuError> {
     let ptr = hsa.pool_allocate(pool, len.max(1))?;
     if !agents.is_empty() {
         // SAFETY: `ptr` was just allocated from a pool and is not shared yet.
@@ -39,13 +39,13 @@ pub(crate) fn pool_allocate(
 /// # Safety
 /// `ptr` came from [`pool_allocate`] with the same runtime, is not yet freed, and nothing
 /// (host or device) uses it any more.
-pub(crate) unsafe fn pool_free(hsa: &dyn HsaApi, ptr: *mut u8) -> Result<(), HsaError> {
+pub(crate) unsafe fn pool_free(hsa: &dyn HsaApi, ptr: *mut u8) -> Result<(), AmdGpuError> {
     // SAFETY: the caller's contract.
     unsafe { hsa.pool_free(ptr) }
 }
 
 /// Zeroed host memory from a fine-grained pool that the GPU agent may access: a mailbox.
-pub struct FineRegion {
+pub struct AmdGpuRegion {
     hsa: Arc<dyn HsaApi>,
     ptr: *mut u8,
     len: usize,
@@ -53,11 +53,11 @@ pub struct FineRegion {
 
 // SAFETY: the region is plain memory owned by this value; concurrent access to its contents
 // goes through the atomics of rpc-core's mailbox views, and freeing needs `&mut self` (drop).
-unsafe impl Send for FineRegion {}
-// SAFETY: as for `Send`: `&FineRegion` only hands out the address.
-unsafe impl Sync for FineRegion {}
+unsafe impl Send for AmdGpuRegion {}
+// SAFETY: as for `Send`: `&AmdGpuRegion` only hands out the address.
+unsafe impl Sync for AmdGpuRegion {}
 
-impl FineRegion {
+impl AmdGpuRegion {
     /// `len` zeroed bytes from the fine-grained `pool`, accessible by `gpu`. Pool allocations
     /// are aligned to the pool's granule (a page), so 64-byte alignment holds.
     pub fn new(
@@ -65,17 +65,17 @@ impl FineRegion {
         pool: MemoryPool,
         gpu: Agent,
         len: usize,
-    ) -> Result<Self, HsaError> {
+    ) -> Result<Self, AmdGpuError> {
         let ptr = pool_allocate(&*hsa, pool, len, &[gpu])?;
         debug_assert_eq!(ptr as usize % 64, 0);
         // SAFETY: fine-grained system memory is host-addressable; `ptr` is valid for `len` bytes.
         unsafe { core::ptr::write_bytes(ptr, 0, len) };
-        Ok(FineRegion { hsa, ptr, len })
+        Ok(AmdGpuRegion { hsa, ptr, len })
     }
 }
 
 // SAFETY: fine-grained memory from `hsa_amd_memory_pool_allocate` is page-aligned, stays at its address until freed in `Drop`, and the host touches it only through the server's atomic views.
-unsafe impl SharedRegion for FineRegion {
+unsafe impl SharedRegion for AmdGpuRegion {
     fn host_ptr(&self) -> *mut u8 {
         self.ptr
     }
@@ -87,7 +87,7 @@ unsafe impl SharedRegion for FineRegion {
     }
 }
 
-impl Drop for FineRegion {
+impl Drop for AmdGpuRegion {
     fn drop(&mut self) {
         // SAFETY: allocated by `pool_allocate` in `new`, freed only here; the glue detaches a
         // mailbox (and kernels using it have completed) before dropping its region.
@@ -101,8 +101,8 @@ impl Drop for FineRegion {
 ///
 /// The pool guarantees only its granule (a page), so a block is over-allocated by the
 /// alignment and the returned address aligned up; the base is remembered for FREE. Blocks the
-/// device never freed are released by [`PoolAllocator::release_all`] (plugin deinit) or drop.
-pub struct PoolAllocator {
+/// device never freed are released by [`AmdGpuAllocator::release_all`] (plugin deinit) or drop.
+pub struct AmdGpuAllocator {
     hsa: Arc<dyn HsaApi>,
     pool: MemoryPool,
     /// Agents that may access the blocks (the GPU itself; a coarse pool is its own).
@@ -111,9 +111,9 @@ pub struct PoolAllocator {
     live: Mutex<HashMap<u64, u64>>,
 }
 
-impl PoolAllocator {
+impl AmdGpuAllocator {
     pub fn new(hsa: Arc<dyn HsaApi>, pool: MemoryPool, agents: Vec<Agent>) -> Self {
-        PoolAllocator {
+        AmdGpuAllocator {
             hsa,
             pool,
             agents,
@@ -155,15 +155,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl DeviceAllocator for PoolAllocator {
+impl DeviceAllocator for AmdGpuAllocator {
     fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError> {
         if !align.is_power_of_two() {
-            return Err(HsaError::Invalid("MALLOC alignment is not a power of two").into());
+            return Err(AmdGpuError::Invalid("MALLOC alignment is not a power of two").into());
         }
         let align = align.max(MALLOC_ALIGN);
         let total = over_allocation(size.max(1), align)
             .and_then(|t| usize::try_from(t).ok())
-            .ok_or(HsaError::Invalid("MALLOC size overflows"))?;
+            .ok_or(AmdGpuError::Invalid("MALLOC size overflows"))?;
         let base = pool_allocate(&*self.hsa, self.pool, total, &self.agents)? as u64;
         let addr = align_up(base, align);
         lock(&self.live).insert(addr, base);
@@ -173,7 +173,7 @@ impl DeviceAllocator for PoolAllocator {
     fn deallocate(&self, addr: u64) -> Result<(), VendorError> {
         let base = lock(&self.live)
             .remove(&addr)
-            .ok_or(HsaError::UnknownAddress(addr))?;
+            .ok_or(AmdGpuError::UnknownAddress(addr))?;
         // SAFETY: `base` came from `pool_allocate` and left `live` just now (freed once); the
         // server passes only addresses it handed out, which the device no longer uses.
         unsafe { pool_free(&*self.hsa, base as *mut u8) }?;
@@ -181,7 +181,7 @@ impl DeviceAllocator for PoolAllocator {
     }
 }
 
-impl Drop for PoolAllocator {
+impl Drop for AmdGpuAllocator {
     fn drop(&mut self) {
         let n = self.release_all();
         if n > 0 {

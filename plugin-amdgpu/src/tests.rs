@@ -13,7 +13,7 @@ use rpc_core::{Error, ExitPolicy, Generation, ServerConfig, ServicesConfig};
 
 use crate::fake::{FakeAgent, FakeHsa, MEMORY_FAULT, OUT_OF_RESOURCES};
 use crate::memory::MALLOC_ALIGN;
-use crate::{describe_plugin, AmdGpuPlugin, HsaError};
+use crate::{describe_plugin, AmdGpuError, AmdGpuPlugin};
 
 /// A v1 image with three kernels (16 bytes of explicit arguments each) and a variable.
 const IMAGE: &str = ".kernel main 16\n.kernel other 16\n.kernel spin 16\n\
@@ -42,8 +42,8 @@ fn counted() -> (Arc<AtomicUsize>, Completion) {
     )
 }
 
-fn hsa_error(error: &rpc_core::plugin::VendorError) -> &HsaError {
-    error.downcast_ref::<HsaError>().expect("an HsaError")
+fn hsa_error(error: &rpc_core::plugin::VendorError) -> &AmdGpuError {
+    error.downcast_ref::<AmdGpuError>().expect("an AmdGpuError")
 }
 
 /// A writer the test reads back (the server's stdout).
@@ -282,7 +282,7 @@ fn launch_writes_an_aql_packet_with_the_grid_and_the_kernarg_segment() {
         .unwrap_err();
     assert!(matches!(
         hsa_error(&error),
-        HsaError::BadArguments {
+        AmdGpuError::BadArguments {
             expected: 272,
             given: 300,
             ..
@@ -325,12 +325,12 @@ fn a_launch_that_fails_queues_nothing_and_never_calls_done() {
     let error = device
         .launch(&image, "missing", &[], Grid::linear(1, 64), done)
         .unwrap_err();
-    assert!(matches!(hsa_error(&error), HsaError::NoSymbol { .. }));
+    assert!(matches!(hsa_error(&error), AmdGpuError::NoSymbol { .. }));
     let (empty, done) = counted();
     let error = device
         .launch(&image, "main", &[], Grid::linear(0, 64), done)
         .unwrap_err();
-    assert!(matches!(hsa_error(&error), HsaError::BadGrid(_)));
+    assert!(matches!(hsa_error(&error), AmdGpuError::BadGrid(_)));
     hsa.fail("hsa_queue_create", OUT_OF_RESOURCES);
     let (no_queue, done) = counted();
     let error = device
@@ -490,7 +490,7 @@ fn malloc_blocks_are_2mib_aligned_disjoint_and_freed_by_address() {
     }
     assert_eq!(hsa.live_device_allocations(), 0);
     let error = allocator.deallocate(blocks[0].0).unwrap_err();
-    assert!(matches!(hsa_error(&error), HsaError::UnknownAddress(_)));
+    assert!(matches!(hsa_error(&error), AmdGpuError::UnknownAddress(_)));
     assert!(allocator.allocate(8, 3).is_err());
 }
 
