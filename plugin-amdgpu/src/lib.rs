@@ -3,10 +3,14 @@
 //! simply has zero devices and a reason.
 //!
 //! # Internals
-//! - [`loader`]: one typed table of only the HSA functions used, resolved with `libloading`
-//!   and built once ([`loader::table`], a `OnceLock`); the HSA types and constants, declared
-//!   here from `hsa.h` / `hsa_ext_amd.h` / `amd_hsa_signal.h`.
-//! - [`AmdGpuPlugin`] ([`rpc_core::plugin::Plugin`]): `init` loads the table, calls `hsa_init`,
+//! - [`loader`]: the runtime. [`HsaApi`] is one typed trait of only the HSA functions used,
+//!   with Rust signatures (slices, `CStr`, typed attributes, `Result<_, AmdGpuError>`): every
+//!   `unsafe` call into HSA is behind it, and the rest of the crate calls only its methods.
+//!   [`LibHsa`] is the real one, a `libloading` table resolved up front and built once
+//!   ([`loader::table`], a `OnceLock`); the HSA types and constants are declared there from
+//!   `hsa.h` / `hsa_ext_amd.h` / `amd_hsa_signal.h`. Tests substitute a fake HSA
+//!   ([`AmdGpuPlugin::with_api`]; `src/fake.rs`, `src/tests.rs`).
+//! - [`AmdGpuPlugin`] ([`rpc_core::plugin::Plugin`]): `init` loads the runtime, calls `hsa_init`,
 //!   and makes every GPU agent a device; any failure on that path is zero devices plus
 //!   [`Plugin::reason`], never a panic or an error. `deinit` drops the devices and calls
 //!   `hsa_shut_down` (HSA reference-counts init/shut-down).
@@ -21,20 +25,26 @@
 //!   kernel descriptors looked up with the agent.
 //! - [`aql`]: the 64-byte kernel dispatch packet and the kernarg block as bytes; the header
 //!   goes last with a release store, then the queue's doorbell signal.
-//! - [`memory`]: fine-grained shared regions and the MALLOC/FREE allocator (coarse-grained
-//!   device pool, 2 MiB aligned by over-allocating; forgotten blocks freed at deinit).
-//! - [`doorbell`]: the v2 mailbox doorbell as an HSA interrupt signal: the record bytes, a
-//!   host `&AtomicU64` view of the counter, and a timed wait. The lead wires it into the server.
+//! - [`memory`]: [`AmdGpuRegion`], fine-grained shared memory (the mailbox), and
+//!   [`AmdGpuAllocator`], MALLOC/FREE (coarse-grained device pool, 2 MiB aligned by
+//!   over-allocating; forgotten blocks freed at deinit).
+//! - [`doorbell`]: [`AmdGpuDoorbell`], the v2 mailbox doorbell as an HSA interrupt signal: the
+//!   record bytes, a host `&AtomicU64` view of the counter, and a timed wait.
 //! - [`error`]: [`AmdGpuError`] and the names of HSA status codes.
 //!
 //! # What was and was not run
-//! Built and tested on a machine **without an AMD GPU**: the missing-library path, a library
-//! without the HSA symbols, and the real Debian runtime (`libhsa-runtime64-1` 5.2.3) without
-//! `/dev/kfd`, where `hsa_init` returns `HSA_STATUS_ERROR_OUT_OF_RESOURCES` (0x1008) and the
-//! plugin reports zero devices with that reason. Everything that needs a GPU agent (pool
-//! discovery, code object loading, symbol lookup, copies, AQL dispatch and completion, the
-//! interrupt-signal doorbell) has **not** been run on hardware; its byte-level pieces (packet,
-//! header bits, kernarg layout, port count, doorbell record, status names) are unit-tested.
+//! Built and tested on a machine **without an AMD GPU**. Against the real runtime: the
+//! missing-library path, a library without the HSA symbols, and Debian's `libhsa-runtime64-1`
+//! (5.2.3) without `/dev/kfd`, where `hsa_init` returns `HSA_STATUS_ERROR_OUT_OF_RESOURCES`
+//! (0x1008) and the plugin reports zero devices with that reason (`tests/no_driver.rs`).
+//! Against the fake HSA (`src/tests.rs`): everything above the runtime — agent and pool
+//! discovery, code object loading and symbol lookup, copies, AQL packets published into a ring
+//! and retired by the waiter, done once per launch, a faulting queue, a panicking completion,
+//! abort at deinit, and kernels that print, exit and MALLOC through `PluginRuntime` over the
+//! image's mailbox. What only hardware shows (ROCr's own behaviour, the packet processor, the
+//! interrupt-signal doorbell, real code objects) has **not** been run; the byte-level pieces
+//! (packet, header bits, kernarg layout, port count, doorbell record, status names) are
+//! unit-tested.
 
 pub mod aql;
 pub mod device;
