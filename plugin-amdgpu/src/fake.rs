@@ -496,10 +496,11 @@ fn process(inner: Arc<Inner>, queue: usize) {
         };
         match result {
             Ok(()) => {
-                // SAFETY: as above; the slot goes back to the plugin with this store.
+                // SAFETY: as above; the slot goes back to the plugin with the read index below.
                 let header = unsafe { AtomicU32::from_ptr(slot as *mut u32) };
+                // Relaxed: the state mutex, held here and by `queue_load_read_index`, orders
+                // this store and the index before the plugin writes the slot again.
                 header.store(u32::from(PACKET_TYPE_INVALID), Ordering::Relaxed);
-                // The mutex orders the index with the plugin's reads of it.
                 q.read_index = index + 1;
                 let signal = Signal { handle: completion };
                 if state.signals.contains(&completion) {
