@@ -27,7 +27,7 @@ use rpc_core::plugin::Grid;
 use static_assertions::const_assert_eq;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::error::HsaError;
+use crate::error::AmdGpuError;
 
 /// Bytes in one AQL packet (and one queue slot).
 pub const PACKET_SIZE: usize = 64;
@@ -135,18 +135,18 @@ impl KernelDispatchPacket {
         grid: &Grid,
         kernarg_address: u64,
         completion_signal: u64,
-    ) -> Result<Self, HsaError> {
+    ) -> Result<Self, AmdGpuError> {
         let mut workgroup_size = [0u16; 3];
         let mut grid_size = [0u32; 3];
         for d in 0..3 {
             if grid.blocks[d] == 0 || grid.threads[d] == 0 {
-                return Err(HsaError::BadGrid("a dimension is zero"));
+                return Err(AmdGpuError::BadGrid("a dimension is zero"));
             }
             workgroup_size[d] = u16::try_from(grid.threads[d])
-                .map_err(|_| HsaError::BadGrid("work-group over 65535"))?;
+                .map_err(|_| AmdGpuError::BadGrid("work-group over 65535"))?;
             grid_size[d] = grid.blocks[d]
                 .checked_mul(grid.threads[d])
-                .ok_or(HsaError::BadGrid("grid over 2^32 - 1 work-items"))?;
+                .ok_or(AmdGpuError::BadGrid("grid over 2^32 - 1 work-items"))?;
         }
         Ok(KernelDispatchPacket {
             header: DISPATCH_HEADER,

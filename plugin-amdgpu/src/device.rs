@@ -13,7 +13,7 @@
 //! `in_flight` under the mutex; the waiter pops and decrements under the same mutex and
 //! notifies the condvar `synchronize` sleeps on. The queue callback writes only `queue_error`.
 
-use core::ffi::{c_char, c_void, CStr};
+use core::ffi::c_void;
 use core::time::Duration;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -26,11 +26,11 @@ use rpc_core::protocol::Generation;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::aql::{kernarg_bytes, kernarg_layout, KernelDispatchPacket, PACKET_SIZE};
-use crate::doorbell::Doorbell;
-use crate::error::{status_name, HsaError};
+use crate::doorbell::AmdGpuDoorbell;
+use crate::error::{status_name, AmdGpuError};
 use crate::image::AmdGpuImage;
 use crate::loader::*;
-use crate::memory::{pool_allocate, pool_free, FineRegion, PoolAllocator};
+use crate::memory::{pool_allocate, pool_free, AmdGpuAllocator, AmdGpuRegion};
 
 /// How long the waiter blocks on a completion signal before re-checking for a queue error.
 pub const WAIT_SLICE: Duration = Duration::from_millis(100);
@@ -55,94 +55,13 @@ struct HostPools {
     kernarg: MemoryPool,
 }
 
-unsafe extern "C" fn push_agent(agent: Agent, data: *mut c_void) -> Status {
-    // SAFETY: `data` is the `&mut Vec<Agent>` `agents` passed, alive for the iteration.
-    let list = unsafe { &mut *data.cast::<Vec<Agent>>() };
-    list.push(agent);
-    STATUS_SUCCESS
-}
-
-unsafe extern "C" fn push_pool(pool: MemoryPool, data: *mut c_void) -> Status {
-    // SAFETY: `data` is the `&mut Vec<MemoryPool>` `pools` passed, alive for the iteration.
-    let list = unsafe { &mut *data.cast::<Vec<MemoryPool>>() };
-    list.push(pool);
-    STATUS_SUCCESS
-}
-
-fn agents(hsa: &Hsa) -> Result<Vec<Agent>, HsaError> {
-    let mut list: Vec<Agent> = Vec::new();
-    // SAFETY: the callback matches the prototype and casts `data` back to this Vec, which
-    // outlives the call (iteration is synchronous).
-    let rc = unsafe { (hsa.hsa_iterate_agents)(push_agent, (&raw mut list).cast()) };
-    hsa.check("hsa_iterate_agents", rc)?;
-    Ok(list)
-}
-
-fn pools(hsa: &Hsa, agent: Agent) -> Result<Vec<MemoryPool>, HsaError> {
-    let mut list: Vec<MemoryPool> = Vec::new();
-    // SAFETY: as in `agents`.
-    let rc = unsafe {
-        (hsa.hsa_amd_agent_iterate_memory_pools)(agent, push_pool, (&raw mut list).cast())
-    };
-    hsa.check("hsa_amd_agent_iterate_memory_pools", rc)?;
-    Ok(list)
-}
-
-/// A `u32` (or enum) agent attribute.
-fn agent_u32(hsa: &Hsa, agent: Agent, attribute: u32) -> Result<u32, HsaError> {
-    let mut value = 0u32;
-    // SAFETY: callers pass only attributes hsa.h types as u32 or an enum; valid out-pointer.
-    let rc = unsafe { (hsa.hsa_agent_get_info)(agent, attribute, (&raw mut value).cast()) };
-    hsa.check("hsa_agent_get_info", rc)?;
-    Ok(value)
-}
-
-/// A `char[64]` agent attribute (NAME, PRODUCT_NAME).
-fn agent_name(hsa: &Hsa, agent: Agent, attribute: u32) -> Result<String, HsaError> {
-    let mut buf = [0u8; 65];
-    // SAFETY: the attribute is a char[64]; `buf` has 65 bytes, the last stays NUL.
-    let rc = unsafe { (hsa.hsa_agent_get_info)(agent, attribute, buf.as_mut_ptr().cast()) };
-    hsa.check("hsa_agent_get_info", rc)?;
-    // SAFETY: `buf` ends in at least one NUL.
-    let text = unsafe { CStr::from_ptr(buf.as_ptr().cast::<c_char>()) };
-    Ok(text.to_string_lossy().trim().to_owned())
-}
-
 /// Global-segment pools of `agent` the runtime may allocate from, with their flags.
-fn global_pools(hsa: &Hsa, agent: Agent) -> Result<Vec<(MemoryPool, u32)>, HsaError> {
+fn global_pools(hsa: &dyn HsaApi, agent: Agent) -> Result<Vec<(MemoryPool, u32)>, AmdGpuError> {
     let mut out = Vec::new();
-    for pool in pools(hsa, agent)? {
-        let (mut segment, mut flags, mut allowed) = (0u32, 0u32, false);
-        // SAFETY: SEGMENT is an enum (u32), GLOBAL_FLAGS a u32, RUNTIME_ALLOC_ALLOWED a bool;
-        // each out-pointer has that type.
-        unsafe {
-            hsa.check(
-                "hsa_amd_memory_pool_get_info",
-                (hsa.hsa_amd_memory_pool_get_info)(
-                    pool,
-                    POOL_INFO_SEGMENT,
-                    (&raw mut segment).cast(),
-                ),
-            )?;
-            hsa.check(
-                "hsa_amd_memory_pool_get_info",
-                (hsa.hsa_amd_memory_pool_get_info)(
-                    pool,
-                    POOL_INFO_GLOBAL_FLAGS,
-                    (&raw mut flags).cast(),
-                ),
-            )?;
-            hsa.check(
-                "hsa_amd_memory_pool_get_info",
-                (hsa.hsa_amd_memory_pool_get_info)(
-                    pool,
-                    POOL_INFO_RUNTIME_ALLOC_ALLOWED,
-                    (&raw mut allowed).cast(),
-                ),
-            )?;
-        }
-        if segment == SEGMENT_GLOBAL && allowed {
-            out.push((pool, flags));
+    for pool in hsa.memory_pools(agent)? {
+        let info = hsa.pool_info(pool)?;
+        if info.segment == SEGMENT_GLOBAL && info.runtime_alloc_allowed {
+            out.push((pool, info.global_flags));
         }
     }
     Ok(out)
@@ -153,12 +72,11 @@ fn find_pool(pools: &[(MemoryPool, u32)], flag: u32) -> Option<MemoryPool> {
 }
 
 /// Finds every GPU agent of an initialised runtime and makes it a device.
-pub(crate) fn discover(hsa: &'static Hsa) -> Result<Vec<AmdGpuDevice>, HsaError> {
-    let all = agents(hsa)?;
+pub(crate) fn discover(hsa: &Arc<dyn HsaApi>) -> Result<Vec<AmdGpuDevice>, AmdGpuError> {
     let mut cpus = Vec::new();
     let mut gpus = Vec::new();
-    for agent in all {
-        match agent_u32(hsa, agent, AGENT_INFO_DEVICE)? {
+    for agent in hsa.agents()? {
+        match hsa.agent_u32(agent, AgentU32::Device)? {
             DEVICE_TYPE_CPU => cpus.push(agent),
             DEVICE_TYPE_GPU => gpus.push(agent),
             _ => {}
@@ -169,7 +87,7 @@ pub(crate) fn discover(hsa: &'static Hsa) -> Result<Vec<AmdGpuDevice>, HsaError>
     }
     let mut host = None;
     for &cpu in &cpus {
-        let pools = global_pools(hsa, cpu)?;
+        let pools = global_pools(&**hsa, cpu)?;
         if let (Some(fine), Some(kernarg)) = (
             find_pool(&pools, POOL_FLAG_FINE_GRAINED),
             find_pool(&pools, POOL_FLAG_KERNARG_INIT),
@@ -178,12 +96,12 @@ pub(crate) fn discover(hsa: &'static Hsa) -> Result<Vec<AmdGpuDevice>, HsaError>
             break;
         }
     }
-    let host = host.ok_or(HsaError::NoPool {
+    let host = host.ok_or(AmdGpuError::NoPool {
         agent: "CPU".into(),
         what: "fine-grained and kernarg",
     })?;
     gpus.into_iter()
-        .map(|gpu| AmdGpuDevice::new(hsa, gpu, host))
+        .map(|gpu| AmdGpuDevice::new(hsa.clone(), gpu, host))
         .collect()
 }
 
@@ -230,7 +148,7 @@ unsafe extern "C" fn queue_error(status: Status, _queue: *mut Queue, data: *mut 
 
 /// The queue and waiter thread, created by the first launch.
 struct Launcher {
-    hsa: &'static Hsa,
+    hsa: Arc<dyn HsaApi>,
     queue: *mut Queue,
     tracker: Arc<Tracker>,
     waiter: Option<JoinHandle<()>>,
@@ -243,10 +161,9 @@ impl Drop for Launcher {
         if let Some(waiter) = self.waiter.take() {
             let _ = waiter.join();
         }
-        // SAFETY: created by `hsa_queue_create`, destroyed once; the waiter has retired every
+        // SAFETY: created by `queue_create`, destroyed once; the waiter has retired every
         // launch, so nothing is executing from it.
-        let rc = unsafe { (self.hsa.hsa_queue_destroy)(self.queue) };
-        if let Err(e) = self.hsa.check("hsa_queue_destroy", rc) {
+        if let Err(e) = unsafe { self.hsa.queue_destroy(self.queue) } {
             log::warn!("amdgpu: {e}");
         }
     }
@@ -254,7 +171,7 @@ impl Drop for Launcher {
 
 /// One GPU agent.
 pub struct AmdGpuDevice {
-    hsa: &'static Hsa,
+    hsa: Arc<dyn HsaApi>,
     agent: Agent,
     name: String,
     lanes: u32,
@@ -262,7 +179,7 @@ pub struct AmdGpuDevice {
     waves_per_cu: u32,
     queue_max: u32,
     host: HostPools,
-    allocator: Arc<PoolAllocator>,
+    allocator: Arc<AmdGpuAllocator>,
     tracker: Arc<Tracker>,
     launcher: Mutex<Option<Launcher>>,
 }
@@ -274,29 +191,29 @@ unsafe impl Send for AmdGpuDevice {}
 unsafe impl Sync for AmdGpuDevice {}
 
 impl AmdGpuDevice {
-    fn new(hsa: &'static Hsa, agent: Agent, host: HostPools) -> Result<Self, HsaError> {
-        let arch = agent_name(hsa, agent, AGENT_INFO_NAME)?;
-        let product = agent_name(hsa, agent, AMD_AGENT_INFO_PRODUCT_NAME).unwrap_or_default();
+    fn new(hsa: Arc<dyn HsaApi>, agent: Agent, host: HostPools) -> Result<Self, AmdGpuError> {
+        let arch = hsa.agent_name(agent, AgentName::Name)?;
+        let product = hsa
+            .agent_name(agent, AgentName::ProductName)
+            .unwrap_or_default();
         let name = if product.is_empty() {
             arch
         } else {
             format!("{product} ({arch})")
         };
-        let pools = global_pools(hsa, agent)?;
+        let pools = global_pools(&*hsa, agent)?;
         let coarse =
-            find_pool(&pools, POOL_FLAG_COARSE_GRAINED).ok_or_else(|| HsaError::NoPool {
+            find_pool(&pools, POOL_FLAG_COARSE_GRAINED).ok_or_else(|| AmdGpuError::NoPool {
                 agent: name.clone(),
                 what: "coarse-grained",
             })?;
         Ok(AmdGpuDevice {
-            hsa,
-            agent,
-            lanes: agent_u32(hsa, agent, AGENT_INFO_WAVEFRONT_SIZE)?,
-            compute_units: agent_u32(hsa, agent, AMD_AGENT_INFO_COMPUTE_UNIT_COUNT)?,
-            waves_per_cu: agent_u32(hsa, agent, AMD_AGENT_INFO_MAX_WAVES_PER_CU)?,
-            queue_max: agent_u32(hsa, agent, AGENT_INFO_QUEUE_MAX_SIZE)?,
+            lanes: hsa.agent_u32(agent, AgentU32::WavefrontSize)?,
+            compute_units: hsa.agent_u32(agent, AgentU32::ComputeUnitCount)?,
+            waves_per_cu: hsa.agent_u32(agent, AgentU32::MaxWavesPerCu)?,
+            queue_max: hsa.agent_u32(agent, AgentU32::QueueMaxSize)?,
             host,
-            allocator: Arc::new(PoolAllocator::new(hsa, coarse, vec![agent])),
+            allocator: Arc::new(AmdGpuAllocator::new(hsa.clone(), coarse, vec![agent])),
             tracker: Arc::new(Tracker {
                 state: Mutex::new(TrackerState::default()),
                 changed: Condvar::new(),
@@ -304,6 +221,8 @@ impl AmdGpuDevice {
             }),
             launcher: Mutex::new(None),
             name,
+            hsa,
+            agent,
         })
     }
 
@@ -313,49 +232,43 @@ impl AmdGpuDevice {
     }
 
     /// The MALLOC allocator, typed (the plugin frees forgotten blocks at deinit).
-    pub fn pool_allocator(&self) -> &Arc<PoolAllocator> {
+    pub fn amdgpu_allocator(&self) -> &Arc<AmdGpuAllocator> {
         &self.allocator
     }
 
     /// A doorbell for a mailbox of `generation`: `None` for v1 (no doorbell record) and where
     /// the runtime delivers no interrupts (the server polls; the record stays zero).
-    pub fn doorbell(&self, generation: Generation) -> Result<Option<Doorbell>, HsaError> {
+    pub fn doorbell(&self, generation: Generation) -> Result<Option<AmdGpuDoorbell>, AmdGpuError> {
         if generation == Generation::V1 {
             return Ok(None);
         }
-        match Doorbell::new(self.hsa) {
+        match AmdGpuDoorbell::new(self.hsa.clone()) {
             Ok(bell) => Ok(Some(bell)),
-            Err(HsaError::NoInterrupts) => Ok(None),
+            Err(AmdGpuError::NoInterrupts) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    fn start_launcher(&self) -> Result<Launcher, HsaError> {
-        let hsa = self.hsa;
+    fn start_launcher(&self) -> Result<Launcher, AmdGpuError> {
+        let hsa = self.hsa.clone();
         // Both are powers of two (hsa.h: QUEUE_MAX_SIZE is), so the smaller one is too.
         let size = self.queue_max.clamp(1, QUEUE_PACKETS);
-        let mut queue: *mut Queue = core::ptr::null_mut();
-        // SAFETY: live agent; the callback matches the prototype and `data` is the tracker,
-        // which outlives the queue (see `queue_error`); u32::MAX segment sizes mean "no hint"
-        // (hsa.h); valid out-pointer.
-        let rc = unsafe {
-            (hsa.hsa_queue_create)(
+        // SAFETY: `queue_error` casts `data` back to the tracker, which outlives the queue
+        // (the launcher holds an `Arc` of it and destroys the queue first, in its drop).
+        let queue = unsafe {
+            hsa.queue_create(
                 self.agent,
                 size,
-                QUEUE_TYPE_MULTI,
-                Some(queue_error),
+                queue_error,
                 Arc::as_ptr(&self.tracker).cast_mut().cast(),
-                u32::MAX,
-                u32::MAX,
-                &mut queue,
             )
-        };
-        hsa.check("hsa_queue_create", rc)?;
+        }?;
         let tracker = Arc::clone(&self.tracker);
         let device = self.name.clone();
+        let waiter_hsa = hsa.clone();
         let waiter = std::thread::Builder::new()
             .name(format!("amdgpu-waiter {}", self.name))
-            .spawn(move || wait_loop(hsa, &tracker, &device));
+            .spawn(move || wait_loop(&*waiter_hsa, &tracker, &device));
         let tracker = Arc::clone(&self.tracker);
         match waiter {
             Ok(waiter) => Ok(Launcher {
@@ -372,7 +285,7 @@ impl AmdGpuDevice {
                     tracker,
                     waiter: None,
                 });
-                Err(HsaError::Invalid(
+                Err(AmdGpuError::Invalid(
                     "cannot spawn the completion waiter thread",
                 ))
             }
@@ -381,19 +294,10 @@ impl AmdGpuDevice {
 }
 
 /// The waiter thread's body (see the module docs).
-fn wait_loop(hsa: &'static Hsa, tracker: &Tracker, device: &str) {
-    let ticks_per_second = {
-        let mut f = 0u64;
-        // SAFETY: TIMESTAMP_FREQUENCY is a u64; valid out-pointer.
-        let rc = unsafe {
-            (hsa.hsa_system_get_info)(SYSTEM_INFO_TIMESTAMP_FREQUENCY, (&raw mut f).cast())
-        };
-        if rc == STATUS_SUCCESS {
-            f.max(1)
-        } else {
-            1_000_000_000
-        }
-    };
+fn wait_loop(hsa: &dyn HsaApi, tracker: &Tracker, device: &str) {
+    let ticks_per_second = hsa
+        .timestamp_frequency()
+        .map_or(1_000_000_000, |f| f.max(1));
     let slice = (WAIT_SLICE.as_nanos() * u128::from(ticks_per_second) / 1_000_000_000) as u64;
     loop {
         let next = {
@@ -413,15 +317,8 @@ fn wait_loop(hsa: &'static Hsa, tracker: &Tracker, device: &str) {
         };
         let failure = loop {
             // SAFETY: the signal is live until this thread destroys it below.
-            let value = unsafe {
-                (hsa.hsa_signal_wait_scacquire)(
-                    next.signal,
-                    SIGNAL_CONDITION_LT,
-                    1,
-                    slice,
-                    WAIT_STATE_BLOCKED,
-                )
-            };
+            let value =
+                unsafe { hsa.signal_wait_scacquire(next.signal, SIGNAL_CONDITION_LT, 1, slice) };
             if value < 1 {
                 break None;
             }
@@ -442,9 +339,15 @@ fn wait_loop(hsa: &'static Hsa, tracker: &Tracker, device: &str) {
             if let Err(e) = pool_free(hsa, next.kernarg) {
                 log::warn!("amdgpu: {e}");
             }
-            (hsa.hsa_signal_destroy)(next.signal);
+            if let Err(e) = hsa.signal_destroy(next.signal) {
+                log::warn!("amdgpu: {e}");
+            }
         }
-        (next.done)();
+        // A panicking completion must not end the waiter: the launches after it would never
+        // complete.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(next.done)).is_err() {
+            log::error!("amdgpu: a launch completion on {device} panicked");
+        }
         let mut state = lock(&tracker.state);
         state.in_flight -= 1;
         if let Some(reason) = failure {
@@ -477,8 +380,8 @@ impl Device for AmdGpuDevice {
     }
 
     fn alloc_shared(&self, len: usize) -> Result<Box<dyn SharedRegion>, VendorError> {
-        Ok(Box::new(FineRegion::new(
-            self.hsa,
+        Ok(Box::new(AmdGpuRegion::new(
+            self.hsa.clone(),
             self.host.fine,
             self.agent,
             len,
@@ -498,7 +401,7 @@ impl Device for AmdGpuDevice {
     }
 
     fn load_image(&self, bytes: &[u8]) -> Result<AmdGpuImage, VendorError> {
-        Ok(AmdGpuImage::load(self.hsa, self.agent, bytes)?)
+        Ok(AmdGpuImage::load(self.hsa.clone(), self.agent, bytes)?)
     }
 
     fn find_symbol(&self, image: &AmdGpuImage, name: &str) -> Option<Symbol> {
@@ -507,19 +410,14 @@ impl Device for AmdGpuDevice {
 
     fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError> {
         // SAFETY: `dst` is a device address the caller got from this device (a symbol or an
-        // allocation) with room for `bytes.len()` bytes; `bytes` is a live host buffer.
-        let rc = unsafe {
-            (self.hsa.hsa_memory_copy)(dst as *mut c_void, bytes.as_ptr().cast(), bytes.len())
-        };
-        Ok(self.hsa.check("hsa_memory_copy", rc)?)
+        // allocation) with room for `bytes.len()` bytes, which no Rust reference covers.
+        Ok(unsafe { self.hsa.copy_to_device(dst, bytes) }?)
     }
 
     fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError> {
-        // SAFETY: as in `copy_to_device`, with `out` the live destination.
-        let rc = unsafe {
-            (self.hsa.hsa_memory_copy)(out.as_mut_ptr().cast(), src as *const c_void, out.len())
-        };
-        Ok(self.hsa.check("hsa_memory_copy", rc)?)
+        // SAFETY: `src` is a device address the caller got from this device (a symbol or an
+        // allocation) with `out.len()` bytes.
+        Ok(unsafe { self.hsa.copy_from_device(out, src) }?)
     }
 
     fn launch(
@@ -530,10 +428,10 @@ impl Device for AmdGpuDevice {
         grid: Grid,
         done: Completion,
     ) -> Result<(), VendorError> {
-        let hsa = self.hsa;
+        let hsa = &*self.hsa;
         let info = image.kernel(kernel)?;
         if args.len() > info.kernarg_segment_size as usize {
-            return Err(HsaError::BadArguments {
+            return Err(AmdGpuError::BadArguments {
                 kernel: kernel.to_owned(),
                 expected: info.kernarg_segment_size,
                 given: args.len(),
@@ -550,22 +448,22 @@ impl Device for AmdGpuDevice {
         let kernarg = pool_allocate(hsa, self.host.kernarg, layout.size, &[self.agent])?;
         // SAFETY: `kernarg` is fresh host-accessible memory of `layout.size` bytes.
         unsafe { core::ptr::copy_nonoverlapping(block.as_ptr(), kernarg, block.len()) };
-        let mut signal = Signal::default();
-        // SAFETY: no consumers (an interrupt signal, so the waiter sleeps); valid out-pointer.
-        let rc = unsafe { (hsa.hsa_signal_create)(1, 0, core::ptr::null(), &mut signal) };
         let release = |signal: Option<Signal>| {
             // SAFETY: `kernarg` (and `signal`) were created above and never handed to the GPU.
             unsafe {
                 let _ = pool_free(hsa, kernarg);
                 if let Some(s) = signal {
-                    (hsa.hsa_signal_destroy)(s);
+                    let _ = hsa.signal_destroy(s);
                 }
             }
         };
-        if let Err(e) = hsa.check("hsa_signal_create", rc) {
-            release(None);
-            return Err(e.into());
-        }
+        let signal = match hsa.signal_create(1) {
+            Ok(signal) => signal,
+            Err(e) => {
+                release(None);
+                return Err(e.into());
+            }
+        };
         let packet = match KernelDispatchPacket::new(&info, &grid, kernarg as u64, signal.handle) {
             Ok(p) => p,
             Err(e) => {
@@ -601,10 +499,11 @@ impl Device for AmdGpuDevice {
         // read are immutable after creation.
         unsafe {
             let q = &*queue;
-            let index = (hsa.hsa_queue_add_write_index_scacq_screl)(queue, 1);
+            let index = hsa.queue_add_write_index(queue, 1);
             // Wait for the slot: the packet processor must have consumed the packet `size`
-            // places back (the read index passes it).
-            while index - (hsa.hsa_queue_load_read_index_scacquire)(queue) >= u64::from(q.size) {
+            // places back (the read index passes it). Backs off to the scheduler: a full ring
+            // empties at kernel speed.
+            while index - hsa.queue_load_read_index(queue) >= u64::from(q.size) {
                 std::thread::yield_now();
             }
             let slot = q
@@ -615,7 +514,7 @@ impl Device for AmdGpuDevice {
             // by the packet processor per the loop above), 64-byte aligned in the ring.
             packet.publish(slot);
             // Ring: a release store of the index, after the header's release store.
-            (hsa.hsa_signal_store_screlease)(q.doorbell_signal, index as i64);
+            hsa.signal_store_screlease(q.doorbell_signal, index as i64);
         }
         Ok(())
     }
@@ -630,7 +529,7 @@ impl Device for AmdGpuDevice {
                 .unwrap_or_else(|p| p.into_inner());
         }
         match state.failure.take() {
-            Some(reason) => Err(HsaError::KernelFailed {
+            Some(reason) => Err(AmdGpuError::KernelFailed {
                 device: self.name.clone(),
                 reason,
             }
@@ -646,8 +545,7 @@ impl Device for AmdGpuDevice {
         };
         // SAFETY: the queue is live while the launcher (held locked) exists. Inactivating it
         // aborts the dispatches in flight and makes the packet processor ignore the rest.
-        let rc = unsafe { (self.hsa.hsa_queue_inactivate)(launcher.queue) };
-        if let Err(e) = self.hsa.check("hsa_queue_inactivate", rc) {
+        if let Err(e) = unsafe { self.hsa.queue_inactivate(launcher.queue) } {
             log::error!("amdgpu: {e}");
         }
         lock(&launcher.tracker.state).aborted = true;

@@ -25,14 +25,12 @@
 //! (ROCm's lost-doorbell problem) costs at most the wait's timeout: callers always pass one.
 
 use core::time::Duration;
+use std::sync::Arc;
 
 use std::sync::atomic::AtomicU64;
 
-use crate::error::HsaError;
-use crate::loader::{
-    AmdSignal, Hsa, Signal, AMD_SIGNAL_KIND_USER, SIGNAL_CONDITION_NE,
-    SYSTEM_INFO_TIMESTAMP_FREQUENCY, WAIT_STATE_BLOCKED,
-};
+use crate::error::AmdGpuError;
+use crate::loader::{AmdSignal, HsaApi, Signal, AMD_SIGNAL_KIND_USER, SIGNAL_CONDITION_NE};
 
 /// Bytes of the v2 doorbell record (the mailbox prefix).
 pub const RECORD_SIZE: usize = 64;
@@ -53,45 +51,34 @@ pub fn record_bytes(value: u64, mailbox: u64, event_id: u32) -> [u8; RECORD_SIZE
 }
 
 /// An interrupt signal serving as one mailbox's doorbell.
-pub struct Doorbell {
-    hsa: &'static Hsa,
+pub struct AmdGpuDoorbell {
+    hsa: Arc<dyn HsaApi>,
     signal: Signal,
     /// System timestamp ticks per second (the unit of `hsa_signal_wait_*` timeouts).
     ticks_per_second: u64,
 }
 
-// SAFETY: the signal is a runtime object usable from any thread; `&Doorbell` only reads it
+// SAFETY: the signal is a runtime object usable from any thread; `&AmdGpuDoorbell` only reads it
 // through the runtime's thread-safe functions and through atomics.
-unsafe impl Send for Doorbell {}
+unsafe impl Send for AmdGpuDoorbell {}
 // SAFETY: as above.
-unsafe impl Sync for Doorbell {}
+unsafe impl Sync for AmdGpuDoorbell {}
 
-impl Doorbell {
+impl AmdGpuDoorbell {
     /// Creates the interrupt signal (value 0, no consumers given, so ROCr makes it an
-    /// interrupt signal). [`HsaError::NoInterrupts`] if the runtime gave a signal without an
+    /// interrupt signal). [`AmdGpuError::NoInterrupts`] if the runtime gave a signal without an
     /// event mailbox: then use no doorbell (the zero record) and poll.
-    pub fn new(hsa: &'static Hsa) -> Result<Self, HsaError> {
-        let mut ticks_per_second = 0u64;
-        // SAFETY: TIMESTAMP_FREQUENCY is a u64 attribute; the out-pointer is valid.
-        let rc = unsafe {
-            (hsa.hsa_system_get_info)(
-                SYSTEM_INFO_TIMESTAMP_FREQUENCY,
-                (&raw mut ticks_per_second).cast(),
-            )
-        };
-        hsa.check("hsa_system_get_info", rc)?;
-        let mut signal = Signal::default();
-        // SAFETY: a null consumer list with count 0 is allowed (hsa.h); `signal` is valid.
-        let rc = unsafe { (hsa.hsa_signal_create)(0, 0, core::ptr::null(), &mut signal) };
-        hsa.check("hsa_signal_create", rc)?;
-        let bell = Doorbell {
+    pub fn new(hsa: Arc<dyn HsaApi>) -> Result<Self, AmdGpuError> {
+        let ticks_per_second = hsa.timestamp_frequency()?;
+        let signal = hsa.signal_create(0)?;
+        let bell = AmdGpuDoorbell {
             hsa,
             signal,
             ticks_per_second: ticks_per_second.max(1),
         };
         let amd = bell.amd_signal();
         if amd.kind != AMD_SIGNAL_KIND_USER || amd.event_mailbox_ptr == 0 {
-            return Err(HsaError::NoInterrupts);
+            return Err(AmdGpuError::NoInterrupts);
         }
         Ok(bell)
     }
@@ -125,26 +112,20 @@ impl Doorbell {
     pub fn wait(&self, timeout: Duration) -> u64 {
         let ticks = (timeout.as_nanos() * u128::from(self.ticks_per_second) / 1_000_000_000)
             .min(u128::from(u64::MAX)) as u64;
-        // SAFETY: `signal` is live (destroyed only in drop); the arguments are valid enum values.
+        // SAFETY: `signal` is live (destroyed only in drop).
         let value = unsafe {
-            (self.hsa.hsa_signal_wait_scacquire)(
-                self.signal,
-                SIGNAL_CONDITION_NE,
-                0,
-                ticks,
-                WAIT_STATE_BLOCKED,
-            )
+            self.hsa
+                .signal_wait_scacquire(self.signal, SIGNAL_CONDITION_NE, 0, ticks)
         };
         value as u64
     }
 }
 
-impl Drop for Doorbell {
+impl Drop for AmdGpuDoorbell {
     fn drop(&mut self) {
         // SAFETY: created in `new`, destroyed once here; the glue removes the record from the
         // mailbox (detach) before dropping the doorbell.
-        let rc = unsafe { (self.hsa.hsa_signal_destroy)(self.signal) };
-        if let Err(e) = self.hsa.check("hsa_signal_destroy", rc) {
+        if let Err(e) = unsafe { self.hsa.signal_destroy(self.signal) } {
             log::warn!("amdgpu: {e}");
         }
     }
@@ -152,15 +133,15 @@ impl Drop for Doorbell {
 
 /// The generic glue's view: it writes `record` at the start of the mailbox, the server
 /// decrements `counter` at each close, and the worker sleeps in `wait` while no request is open.
-impl rpc_core::plugin::Doorbell for Doorbell {
+impl rpc_core::plugin::Doorbell for AmdGpuDoorbell {
     fn record(&self) -> [u8; 64] {
-        Doorbell::record(self)
+        AmdGpuDoorbell::record(self)
     }
     fn counter(&self) -> &AtomicU64 {
-        Doorbell::counter(self)
+        AmdGpuDoorbell::counter(self)
     }
     fn wait(&self, timeout: Duration) -> bool {
-        Doorbell::wait(self, timeout) != 0
+        AmdGpuDoorbell::wait(self, timeout) != 0
     }
 }
 

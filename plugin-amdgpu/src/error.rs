@@ -4,7 +4,7 @@ use crate::loader::Status;
 
 /// What can go wrong talking to the HSA runtime.
 #[derive(Debug, thiserror::Error)]
-pub enum HsaError {
+pub enum AmdGpuError {
     /// The runtime could not be used at all: the library or one of its symbols is missing, or
     /// `hsa_init` failed (no `/dev/kfd`, no GPU). The plugin reports zero devices with this reason.
     #[error("no HSA runtime: {0}")]
@@ -146,7 +146,7 @@ mod tests {
 
     #[test]
     fn status_error_display_names_call_and_code() {
-        let e = HsaError::Status {
+        let e = AmdGpuError::Status {
             call: "hsa_init",
             code: 0x1008,
             name: status_name(0x1008),

@@ -1,23 +1,24 @@
 //! Code objects loaded into an HSA executable for one agent, and their symbols.
 
 use std::ffi::CString;
+use std::sync::Arc;
 
 use rpc_core::plugin::Symbol;
 
 use crate::aql::KernelInfo;
-use crate::error::HsaError;
+use crate::error::AmdGpuError;
 use crate::loader::{
-    Agent, CodeObjectReader, Executable, ExecutableSymbol, Hsa, LoadedCodeObject,
-    DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT, PROFILE_FULL, SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK,
-    SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT,
-    SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE, SYMBOL_INFO_KERNEL_OBJECT,
-    SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, SYMBOL_INFO_TYPE, SYMBOL_INFO_VARIABLE_ADDRESS,
-    SYMBOL_INFO_VARIABLE_SIZE, SYMBOL_KIND_KERNEL, SYMBOL_KIND_VARIABLE,
+    Agent, CodeObjectReader, Executable, ExecutableSymbol, HsaApi,
+    SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK, SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE,
+    SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT, SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE,
+    SYMBOL_INFO_KERNEL_OBJECT, SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE, SYMBOL_INFO_TYPE,
+    SYMBOL_INFO_VARIABLE_ADDRESS, SYMBOL_INFO_VARIABLE_SIZE, SYMBOL_KIND_KERNEL,
+    SYMBOL_KIND_VARIABLE,
 };
 
 /// A frozen executable holding one code object, loaded for one agent.
 pub struct AmdGpuImage {
-    hsa: &'static Hsa,
+    hsa: Arc<dyn HsaApi>,
     agent: Agent,
     executable: Executable,
     /// The widest `.wavefront_size` of its kernels, from the code object's metadata (LLVM's
@@ -42,52 +43,36 @@ pub fn descriptor_name(kernel: &str) -> String {
 
 impl AmdGpuImage {
     /// Loads the code object `bytes` (an AMDGPU ELF) for `agent` and freezes the executable.
-    pub(crate) fn load(hsa: &'static Hsa, agent: Agent, bytes: &[u8]) -> Result<Self, HsaError> {
+    pub(crate) fn load(
+        hsa: Arc<dyn HsaApi>,
+        agent: Agent,
+        bytes: &[u8],
+    ) -> Result<Self, AmdGpuError> {
         if bytes.is_empty() {
-            return Err(HsaError::Invalid("empty code object"));
+            return Err(AmdGpuError::Invalid("empty code object"));
         }
-        let mut reader = CodeObjectReader::default();
-        // SAFETY: `bytes` is valid for `bytes.len()` bytes and outlives the reader, which is
-        // destroyed before this function returns (hsa.h: the buffer must outlive the reader).
-        let rc = unsafe {
-            (hsa.hsa_code_object_reader_create_from_memory)(
-                bytes.as_ptr().cast(),
-                bytes.len(),
-                &mut reader,
-            )
-        };
-        hsa.check("hsa_code_object_reader_create_from_memory", rc)?;
-        let result = Self::load_with(hsa, agent, reader).map(|mut image| {
+        // SAFETY: `bytes` outlives the reader, which is destroyed before this function returns.
+        let reader = unsafe { hsa.code_object_reader_create(bytes) }?;
+        let result = Self::load_with(hsa.clone(), agent, reader).map(|mut image| {
             image.wavefront_size = crate::code_object::read(bytes)
                 .ok()
                 .and_then(|object| object.kernels.iter().map(|k| k.wavefront_size).max())
                 .filter(|&w| w == 32 || w == 64);
             image
         });
-        // SAFETY: created above, destroyed once; executables do not depend on their readers.
-        let rc = unsafe { (hsa.hsa_code_object_reader_destroy)(reader) };
-        if let Err(e) = hsa.check("hsa_code_object_reader_destroy", rc) {
+        // Executables do not depend on their readers.
+        if let Err(e) = hsa.code_object_reader_destroy(reader) {
             log::warn!("amdgpu: {e}");
         }
         result
     }
 
     fn load_with(
-        hsa: &'static Hsa,
+        hsa: Arc<dyn HsaApi>,
         agent: Agent,
         reader: CodeObjectReader,
-    ) -> Result<Self, HsaError> {
-        let mut executable = Executable::default();
-        // SAFETY: valid enum values, null options allowed, valid out-pointer.
-        let rc = unsafe {
-            (hsa.hsa_executable_create_alt)(
-                PROFILE_FULL,
-                DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT,
-                core::ptr::null(),
-                &mut executable,
-            )
-        };
-        hsa.check("hsa_executable_create_alt", rc)?;
+    ) -> Result<Self, AmdGpuError> {
+        let executable = hsa.executable_create()?;
         // From here on, drop destroys the executable on every error path.
         let image = AmdGpuImage {
             hsa,
@@ -95,49 +80,28 @@ impl AmdGpuImage {
             executable,
             wavefront_size: None,
         };
-        let mut loaded = LoadedCodeObject::default();
-        // SAFETY: live executable (not frozen), agent from `hsa_iterate_agents`, live reader,
-        // null options, valid out-pointer.
-        let rc = unsafe {
-            (hsa.hsa_executable_load_agent_code_object)(
-                executable,
-                agent,
-                reader,
-                core::ptr::null(),
-                &mut loaded,
-            )
-        };
-        hsa.check("hsa_executable_load_agent_code_object", rc)?;
-        // SAFETY: live executable; null options allowed.
-        let rc = unsafe { (hsa.hsa_executable_freeze)(executable, core::ptr::null()) };
-        hsa.check("hsa_executable_freeze", rc)?;
+        image
+            .hsa
+            .executable_load_agent_code_object(executable, agent, reader)?;
+        image.hsa.executable_freeze(executable)?;
         Ok(image)
     }
 
     fn symbol(&self, name: &str) -> Option<ExecutableSymbol> {
         let cname = CString::new(name).ok()?;
-        let mut symbol = ExecutableSymbol::default();
-        // SAFETY: frozen live executable; `cname` is NUL-terminated; `agent` is the one the
-        // code object was loaded for; valid out-pointer.
-        let rc = unsafe {
-            (self.hsa.hsa_executable_get_symbol_by_name)(
-                self.executable,
-                cname.as_ptr(),
-                &self.agent,
-                &mut symbol,
-            )
-        };
-        (rc == crate::loader::STATUS_SUCCESS).then_some(symbol)
+        self.hsa
+            .executable_symbol(self.executable, &cname, self.agent)
+            .ok()
     }
 
-    fn info<T: Default>(&self, symbol: ExecutableSymbol, attribute: u32) -> Result<T, HsaError> {
+    fn info<T: Default>(&self, symbol: ExecutableSymbol, attribute: u32) -> Result<T, AmdGpuError> {
         let mut value = T::default();
         // SAFETY: every caller passes a `T` of the size hsa.h documents for `attribute` (u32 or
         // u64, noted beside the constants in loader.rs); the symbol belongs to a live executable.
-        let rc = unsafe {
-            (self.hsa.hsa_executable_symbol_get_info)(symbol, attribute, (&raw mut value).cast())
-        };
-        self.hsa.check("hsa_executable_symbol_get_info", rc)?;
+        unsafe {
+            self.hsa
+                .executable_symbol_get_info(symbol, attribute, (&raw mut value).cast())
+        }?;
         Ok(value)
     }
 
@@ -163,9 +127,9 @@ impl AmdGpuImage {
     }
 
     /// What a dispatch of kernel `name` needs (looked up as `name.kd`).
-    pub fn kernel(&self, name: &str) -> Result<KernelInfo, HsaError> {
+    pub fn kernel(&self, name: &str) -> Result<KernelInfo, AmdGpuError> {
         let kd = descriptor_name(name);
-        let no_symbol = || HsaError::NoSymbol {
+        let no_symbol = || AmdGpuError::NoSymbol {
             kind: "kernel",
             name: kd.clone(),
         };
@@ -191,8 +155,7 @@ impl Drop for AmdGpuImage {
     fn drop(&mut self) {
         // SAFETY: created in `load_with`, destroyed once here; the caller drops an image only
         // after its kernels completed (Device::synchronize or the completions).
-        let rc = unsafe { (self.hsa.hsa_executable_destroy)(self.executable) };
-        if let Err(e) = self.hsa.check("hsa_executable_destroy", rc) {
+        if let Err(e) = unsafe { self.hsa.executable_destroy(self.executable) } {
             log::warn!("amdgpu: {e}");
         }
     }

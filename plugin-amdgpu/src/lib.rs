@@ -3,10 +3,14 @@
 //! simply has zero devices and a reason.
 //!
 //! # Internals
-//! - [`loader`]: one typed table of only the HSA functions used, resolved with `libloading`
-//!   and built once ([`loader::table`], a `OnceLock`); the HSA types and constants, declared
-//!   here from `hsa.h` / `hsa_ext_amd.h` / `amd_hsa_signal.h`.
-//! - [`AmdGpuPlugin`] ([`rpc_core::plugin::Plugin`]): `init` loads the table, calls `hsa_init`,
+//! - [`loader`]: the runtime. [`HsaApi`] is one typed trait of only the HSA functions used,
+//!   with Rust signatures (slices, `CStr`, typed attributes, `Result<_, AmdGpuError>`): every
+//!   `unsafe` call into HSA is behind it, and the rest of the crate calls only its methods.
+//!   [`LibHsa`] is the real one, a `libloading` table resolved up front and built once
+//!   ([`loader::table`], a `OnceLock`); the HSA types and constants are declared there from
+//!   `hsa.h` / `hsa_ext_amd.h` / `amd_hsa_signal.h`. Tests substitute a fake HSA
+//!   ([`AmdGpuPlugin::with_api`]; `src/fake.rs`, `src/tests.rs`).
+//! - [`AmdGpuPlugin`] ([`rpc_core::plugin::Plugin`]): `init` loads the runtime, calls `hsa_init`,
 //!   and makes every GPU agent a device; any failure on that path is zero devices plus
 //!   [`Plugin::reason`], never a panic or an error. `deinit` drops the devices and calls
 //!   `hsa_shut_down` (HSA reference-counts init/shut-down).
@@ -25,20 +29,26 @@
 //!   then the queue's doorbell signal.
 //! - [`code_object`]: a code object read without HSA: its symbols and its metadata note
 //!   (target, kernels with kernarg sizes, stack needs, wavefront size), for `rpc-run`.
-//! - [`memory`]: fine-grained shared regions and the MALLOC/FREE allocator (coarse-grained
-//!   device pool, 2 MiB aligned by over-allocating; forgotten blocks freed at deinit).
-//! - [`doorbell`]: the v2 mailbox doorbell as an HSA interrupt signal: the record bytes, a
-//!   host `&AtomicU64` view of the counter, and a timed wait. The lead wires it into the server.
-//! - [`error`]: [`HsaError`] and the names of HSA status codes.
+//! - [`memory`]: [`AmdGpuRegion`], fine-grained shared memory (the mailbox), and
+//!   [`AmdGpuAllocator`], MALLOC/FREE (coarse-grained device pool, 2 MiB aligned by
+//!   over-allocating; forgotten blocks freed at deinit).
+//! - [`doorbell`]: [`AmdGpuDoorbell`], the v2 mailbox doorbell as an HSA interrupt signal: the
+//!   record bytes, a host `&AtomicU64` view of the counter, and a timed wait.
+//! - [`error`]: [`AmdGpuError`] and the names of HSA status codes.
 //!
 //! # What was and was not run
-//! Built and tested on a machine **without an AMD GPU**: the missing-library path, a library
-//! without the HSA symbols, and the real Debian runtime (`libhsa-runtime64-1` 5.2.3) without
-//! `/dev/kfd`, where `hsa_init` returns `HSA_STATUS_ERROR_OUT_OF_RESOURCES` (0x1008) and the
-//! plugin reports zero devices with that reason. Everything that needs a GPU agent (pool
-//! discovery, code object loading, symbol lookup, copies, AQL dispatch and completion, the
-//! interrupt-signal doorbell) has **not** been run on hardware; its byte-level pieces (packet,
-//! header bits, kernarg layout, port count, doorbell record, status names) are unit-tested.
+//! Built and tested on a machine **without an AMD GPU**. Against the real runtime: the
+//! missing-library path, a library without the HSA symbols, and Debian's `libhsa-runtime64-1`
+//! (5.2.3) without `/dev/kfd`, where `hsa_init` returns `HSA_STATUS_ERROR_OUT_OF_RESOURCES`
+//! (0x1008) and the plugin reports zero devices with that reason (`tests/no_driver.rs`).
+//! Against the fake HSA (`src/tests.rs`): everything above the runtime — agent and pool
+//! discovery, code object loading and symbol lookup, copies, AQL packets published into a ring
+//! and retired by the waiter, done once per launch, a faulting queue, a panicking completion,
+//! abort at deinit, and kernels that print, exit and MALLOC through `PluginRuntime` over the
+//! image's mailbox. What only hardware shows (ROCr's own behaviour, the packet processor, the
+//! interrupt-signal doorbell, real code objects) has **not** been run; the byte-level pieces
+//! (packet, header bits, kernarg layout, port count, doorbell record, status names) are
+//! unit-tested.
 
 pub mod aql;
 pub mod code_object;
@@ -49,20 +59,36 @@ pub mod image;
 pub mod loader;
 pub mod memory;
 
+use std::sync::Arc;
+
 use rpc_core::plugin::{Device, Plugin, VendorError};
 use rpc_core::protocol::Generation;
 
 pub use device::AmdGpuDevice;
-pub use doorbell::Doorbell;
-pub use error::HsaError;
+pub use doorbell::AmdGpuDoorbell;
+pub use error::AmdGpuError;
 pub use image::AmdGpuImage;
-pub use loader::Hsa;
+pub use loader::{HsaApi, LibHsa};
+pub use memory::{AmdGpuAllocator, AmdGpuRegion};
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
+
+/// Where the plugin's runtime comes from.
+enum Source {
+    /// `libhsa-runtime64` under this name, loaded at `init`.
+    Library(String),
+    /// A runtime handed in (the tests' fake HSA).
+    Api(Arc<dyn HsaApi>),
+}
 
 /// The AMD GPU plugin.
 pub struct AmdGpuPlugin {
-    soname: String,
+    source: Source,
     /// The runtime, when `hsa_init` succeeded (and `hsa_shut_down` is owed).
-    hsa: Option<&'static Hsa>,
+    hsa: Option<Arc<dyn HsaApi>>,
     devices: Vec<AmdGpuDevice>,
     reason: Option<String>,
 }
@@ -81,40 +107,47 @@ impl AmdGpuPlugin {
 
     /// A plugin loading the runtime from `soname` instead (tests, unusual installs).
     pub fn with_library(soname: &str) -> Self {
+        Self::from_source(Source::Library(soname.to_owned()))
+    }
+
+    /// A plugin over the runtime `hsa` (a fake one in tests).
+    pub fn with_api(hsa: Arc<dyn HsaApi>) -> Self {
+        Self::from_source(Source::Api(hsa))
+    }
+
+    fn from_source(source: Source) -> Self {
         AmdGpuPlugin {
-            soname: soname.to_owned(),
+            source,
             hsa: None,
             devices: Vec::new(),
             reason: None,
         }
     }
 
-    fn try_init(&mut self) -> Result<(), HsaError> {
-        let hsa = loader::table_for(&self.soname)?;
-        // SAFETY: `hsa_init` has no preconditions; it may be called repeatedly (ref-counted).
-        let rc = unsafe { (hsa.hsa_init)() };
-        hsa.check("hsa_init", rc)
-            .map_err(|e| HsaError::NoRuntime(e.to_string()))?;
-        self.hsa = Some(hsa);
-        self.devices = device::discover(hsa)?;
+    fn try_init(&mut self) -> Result<(), AmdGpuError> {
+        let hsa = match &self.source {
+            Source::Library(soname) => loader::table_for(soname)?,
+            Source::Api(hsa) => hsa.clone(),
+        };
+        hsa.init()
+            .map_err(|e| AmdGpuError::NoRuntime(e.to_string()))?;
+        self.hsa = Some(hsa.clone());
+        self.devices = device::discover(&hsa)?;
         if self.devices.is_empty() {
-            return Err(HsaError::NoRuntime(
+            return Err(AmdGpuError::NoRuntime(
                 "the HSA runtime found no GPU agents".into(),
             ));
         }
         Ok(())
     }
 
-    fn shut_down(&mut self) -> Result<(), HsaError> {
+    fn shut_down(&mut self) -> Result<(), AmdGpuError> {
         self.devices.clear();
         match self.hsa.take() {
-            Some(hsa) => {
-                // SAFETY: balanced with the successful `hsa_init` in `try_init`; every object
-                // of this plugin (devices, their queues, pools and images held by the devices)
-                // was dropped above. Images the caller still holds must be dropped first.
-                let rc = unsafe { (hsa.hsa_shut_down)() };
-                hsa.check("hsa_shut_down", rc)
-            }
+            // SAFETY: balanced with the successful `init` in `try_init`; every object of this
+            // plugin (devices, their queues, pools and images held by the devices) was dropped
+            // above. Images the caller still holds must be dropped first.
+            Some(hsa) => unsafe { hsa.shut_down() },
             None => Ok(()),
         }
     }
@@ -133,7 +166,7 @@ impl Plugin for AmdGpuPlugin {
         }
         if let Err(e) = self.try_init() {
             let reason = match e {
-                HsaError::NoRuntime(reason) => reason,
+                AmdGpuError::NoRuntime(reason) => reason,
                 other => other.to_string(),
             };
             log::info!("amdgpu: no devices: {reason}");

@@ -4,48 +4,34 @@
 //! HSA has one virtual address space for host and agents, so a pool allocation's host pointer
 //! is also its device address.
 
-use core::ffi::c_void;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
 
-use crate::error::HsaError;
-use crate::loader::{Agent, Hsa, MemoryPool};
+use crate::error::AmdGpuError;
+use crate::loader::{Agent, HsaApi, MemoryPool};
 
 /// The alignment of every MALLOC block (PROTOCOL opcode 10: the GPU allocator needs 2 MiB).
 pub const MALLOC_ALIGN: u64 = 2 << 20;
 
 /// `len` bytes (at least 1) from `pool`; if `agents` is not empty, they are allowed to access it.
 pub(crate) fn pool_allocate(
-    hsa: &Hsa,
+    hsa: &dyn HsaApi,
     pool: MemoryPool,
     len: usize,
     agents: &[Agent],
-) -> Result<*mut u8, HsaError> {
-    let mut ptr: *mut c_void = core::ptr::null_mut();
-    // SAFETY: `pool` came from `hsa_amd_agent_iterate_memory_pools` on an initialised runtime;
-    // `ptr` is a valid out-pointer; flags must be 0.
-    let rc = unsafe { (hsa.hsa_amd_memory_pool_allocate)(pool, len.max(1), 0, &mut ptr) };
-    hsa.check("hsa_amd_memory_pool_allocate", rc)?;
+) -> Result<*mut u8, AmdGpuError> {
+    let ptr = hsa.pool_allocate(pool, len.max(1))?;
     if !agents.is_empty() {
-        // SAFETY: `agents` is a live slice of `agents.len()` agents; null flags are allowed
-        // (hsa_ext_amd.h: "reserved, must be NULL"); `ptr` was just allocated from a pool.
-        let rc = unsafe {
-            (hsa.hsa_amd_agents_allow_access)(
-                agents.len() as u32,
-                agents.as_ptr(),
-                core::ptr::null(),
-                ptr,
-            )
-        };
-        if let Err(e) = hsa.check("hsa_amd_agents_allow_access", rc) {
-            // SAFETY: `ptr` came from `hsa_amd_memory_pool_allocate` and was not freed.
-            unsafe { (hsa.hsa_amd_memory_pool_free)(ptr) };
+        // SAFETY: `ptr` was just allocated from a pool and is not shared yet.
+        if let Err(e) = unsafe { hsa.agents_allow_access(agents, ptr) } {
+            // SAFETY: `ptr` came from `pool_allocate` and was not freed or handed out.
+            let _ = unsafe { hsa.pool_free(ptr) };
             return Err(e);
         }
     }
-    Ok(ptr.cast())
+    Ok(ptr)
 }
 
 /// Frees a pointer [`pool_allocate`] returned.
@@ -53,44 +39,43 @@ pub(crate) fn pool_allocate(
 /// # Safety
 /// `ptr` came from [`pool_allocate`] with the same runtime, is not yet freed, and nothing
 /// (host or device) uses it any more.
-pub(crate) unsafe fn pool_free(hsa: &Hsa, ptr: *mut u8) -> Result<(), HsaError> {
+pub(crate) unsafe fn pool_free(hsa: &dyn HsaApi, ptr: *mut u8) -> Result<(), AmdGpuError> {
     // SAFETY: the caller's contract.
-    let rc = unsafe { (hsa.hsa_amd_memory_pool_free)(ptr.cast()) };
-    hsa.check("hsa_amd_memory_pool_free", rc)
+    unsafe { hsa.pool_free(ptr) }
 }
 
 /// Zeroed host memory from a fine-grained pool that the GPU agent may access: a mailbox.
-pub struct FineRegion {
-    hsa: &'static Hsa,
+pub struct AmdGpuRegion {
+    hsa: Arc<dyn HsaApi>,
     ptr: *mut u8,
     len: usize,
 }
 
 // SAFETY: the region is plain memory owned by this value; concurrent access to its contents
 // goes through the atomics of rpc-core's mailbox views, and freeing needs `&mut self` (drop).
-unsafe impl Send for FineRegion {}
-// SAFETY: as for `Send`: `&FineRegion` only hands out the address.
-unsafe impl Sync for FineRegion {}
+unsafe impl Send for AmdGpuRegion {}
+// SAFETY: as for `Send`: `&AmdGpuRegion` only hands out the address.
+unsafe impl Sync for AmdGpuRegion {}
 
-impl FineRegion {
+impl AmdGpuRegion {
     /// `len` zeroed bytes from the fine-grained `pool`, accessible by `gpu`. Pool allocations
     /// are aligned to the pool's granule (a page), so 64-byte alignment holds.
     pub fn new(
-        hsa: &'static Hsa,
+        hsa: Arc<dyn HsaApi>,
         pool: MemoryPool,
         gpu: Agent,
         len: usize,
-    ) -> Result<Self, HsaError> {
-        let ptr = pool_allocate(hsa, pool, len, &[gpu])?;
+    ) -> Result<Self, AmdGpuError> {
+        let ptr = pool_allocate(&*hsa, pool, len, &[gpu])?;
         debug_assert_eq!(ptr as usize % 64, 0);
         // SAFETY: fine-grained system memory is host-addressable; `ptr` is valid for `len` bytes.
         unsafe { core::ptr::write_bytes(ptr, 0, len) };
-        Ok(FineRegion { hsa, ptr, len })
+        Ok(AmdGpuRegion { hsa, ptr, len })
     }
 }
 
 // SAFETY: fine-grained memory from `hsa_amd_memory_pool_allocate` is page-aligned, stays at its address until freed in `Drop`, and the host touches it only through the server's atomic views.
-unsafe impl SharedRegion for FineRegion {
+unsafe impl SharedRegion for AmdGpuRegion {
     fn host_ptr(&self) -> *mut u8 {
         self.ptr
     }
@@ -102,11 +87,11 @@ unsafe impl SharedRegion for FineRegion {
     }
 }
 
-impl Drop for FineRegion {
+impl Drop for AmdGpuRegion {
     fn drop(&mut self) {
         // SAFETY: allocated by `pool_allocate` in `new`, freed only here; the glue detaches a
         // mailbox (and kernels using it have completed) before dropping its region.
-        if let Err(e) = unsafe { pool_free(self.hsa, self.ptr) } {
+        if let Err(e) = unsafe { pool_free(&*self.hsa, self.ptr) } {
             log::warn!("amdgpu: freeing a shared region: {e}");
         }
     }
@@ -116,9 +101,9 @@ impl Drop for FineRegion {
 ///
 /// The pool guarantees only its granule (a page), so a block is over-allocated by the
 /// alignment and the returned address aligned up; the base is remembered for FREE. Blocks the
-/// device never freed are released by [`PoolAllocator::release_all`] (plugin deinit) or drop.
-pub struct PoolAllocator {
-    hsa: &'static Hsa,
+/// device never freed are released by [`AmdGpuAllocator::release_all`] (plugin deinit) or drop.
+pub struct AmdGpuAllocator {
+    hsa: Arc<dyn HsaApi>,
     pool: MemoryPool,
     /// Agents that may access the blocks (the GPU itself; a coarse pool is its own).
     agents: Vec<Agent>,
@@ -126,9 +111,9 @@ pub struct PoolAllocator {
     live: Mutex<HashMap<u64, u64>>,
 }
 
-impl PoolAllocator {
-    pub fn new(hsa: &'static Hsa, pool: MemoryPool, agents: Vec<Agent>) -> Self {
-        PoolAllocator {
+impl AmdGpuAllocator {
+    pub fn new(hsa: Arc<dyn HsaApi>, pool: MemoryPool, agents: Vec<Agent>) -> Self {
+        AmdGpuAllocator {
             hsa,
             pool,
             agents,
@@ -147,7 +132,7 @@ impl PoolAllocator {
         for &base in &blocks {
             // SAFETY: each base came from `pool_allocate` in `allocate` and was removed from
             // `live` just now, so it is freed once; called when no kernel of the device runs.
-            if let Err(e) = unsafe { pool_free(self.hsa, base as *mut u8) } {
+            if let Err(e) = unsafe { pool_free(&*self.hsa, base as *mut u8) } {
                 log::warn!("amdgpu: freeing a forgotten MALLOC block: {e}");
             }
         }
@@ -170,16 +155,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl DeviceAllocator for PoolAllocator {
+impl DeviceAllocator for AmdGpuAllocator {
     fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError> {
         if !align.is_power_of_two() {
-            return Err(HsaError::Invalid("MALLOC alignment is not a power of two").into());
+            return Err(AmdGpuError::Invalid("MALLOC alignment is not a power of two").into());
         }
         let align = align.max(MALLOC_ALIGN);
         let total = over_allocation(size.max(1), align)
             .and_then(|t| usize::try_from(t).ok())
-            .ok_or(HsaError::Invalid("MALLOC size overflows"))?;
-        let base = pool_allocate(self.hsa, self.pool, total, &self.agents)? as u64;
+            .ok_or(AmdGpuError::Invalid("MALLOC size overflows"))?;
+        let base = pool_allocate(&*self.hsa, self.pool, total, &self.agents)? as u64;
         let addr = align_up(base, align);
         lock(&self.live).insert(addr, base);
         Ok(addr)
@@ -188,15 +173,15 @@ impl DeviceAllocator for PoolAllocator {
     fn deallocate(&self, addr: u64) -> Result<(), VendorError> {
         let base = lock(&self.live)
             .remove(&addr)
-            .ok_or(HsaError::UnknownAddress(addr))?;
+            .ok_or(AmdGpuError::UnknownAddress(addr))?;
         // SAFETY: `base` came from `pool_allocate` and left `live` just now (freed once); the
         // server passes only addresses it handed out, which the device no longer uses.
-        unsafe { pool_free(self.hsa, base as *mut u8) }?;
+        unsafe { pool_free(&*self.hsa, base as *mut u8) }?;
         Ok(())
     }
 }
 
-impl Drop for PoolAllocator {
+impl Drop for AmdGpuAllocator {
     fn drop(&mut self) {
         let n = self.release_all();
         if n > 0 {

@@ -1,0 +1,659 @@
+//! The plugin through a fake HSA runtime (no GPU, no ROCm): devices, images, memory, AQL
+//! launches and their completions, and kernels that speak RPC, served through `PluginRuntime`.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use plugin_host::Arg;
+use rpc_core::plugin::{Completion, Device, Grid, Plugin};
+use rpc_core::protocol::Generation;
+use rpc_core::services::KernelExit;
+use rpc_core::PluginRuntime;
+use rpc_core::{Error, ExitPolicy, ServerConfig, ServicesConfig};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::fake::{FakeAgent, FakeHsa, MEMORY_FAULT, OUT_OF_RESOURCES};
+use crate::memory::MALLOC_ALIGN;
+use crate::{describe_plugin, AmdGpuError, AmdGpuPlugin};
+
+/// A v1 image with three kernels (16 bytes of explicit arguments each) and a variable.
+const IMAGE: &str = ".kernel main 16\n.kernel other 16\n.kernel spin 16\n\
+                     .global __llvm_rpc_client 552\n.global data 16\n";
+
+fn plugin_with(gpus: Vec<FakeAgent>) -> (Arc<FakeHsa>, AmdGpuPlugin) {
+    let hsa = Arc::new(FakeHsa::new(gpus));
+    let mut plugin = AmdGpuPlugin::with_api(hsa.clone());
+    plugin.init().unwrap();
+    (hsa, plugin)
+}
+
+fn one_gpu() -> (Arc<FakeHsa>, AmdGpuPlugin) {
+    plugin_with(vec![FakeAgent::mi300x()])
+}
+
+/// A completion that counts its calls.
+fn counted() -> (Arc<AtomicUsize>, Completion) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = calls.clone();
+    (
+        calls,
+        Box::new(move || {
+            inner.fetch_add(1, Ordering::SeqCst);
+        }),
+    )
+}
+
+fn hsa_error(error: &rpc_core::plugin::VendorError) -> &AmdGpuError {
+    error.downcast_ref::<AmdGpuError>().expect("an AmdGpuError")
+}
+
+/// A writer the test reads back (the server's stdout).
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+/// The plugin over `hsa` in a runtime that records exits and captures stdout.
+fn runtime(hsa: &Arc<FakeHsa>) -> (PluginRuntime<AmdGpuPlugin>, Captured) {
+    let config = ServerConfig {
+        services: ServicesConfig {
+            exit: ExitPolicy::Record,
+            ..ServicesConfig::default()
+        },
+        ..ServerConfig::default()
+    };
+    let runtime = PluginRuntime::new(AmdGpuPlugin::with_api(hsa.clone()), config).unwrap();
+    let out = Captured::default();
+    runtime
+        .server()
+        .context()
+        .services()
+        .set_stdout(Box::new(out.clone()));
+    (runtime, out)
+}
+
+fn vendor_message(error: Error) -> String {
+    match error {
+        Error::Vendor { message, .. } => message.to_string(),
+        other => panic!("not a vendor error: {other:?}"),
+    }
+}
+
+// --- No runtime -------------------------------------------------------------------------------
+
+#[test]
+fn a_runtime_whose_init_fails_is_zero_devices_and_names_the_status() {
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
+    hsa.fail("hsa_init", OUT_OF_RESOURCES);
+    let mut plugin = AmdGpuPlugin::with_api(hsa.clone());
+    plugin.init().unwrap();
+    assert!(plugin.devices().is_empty());
+    assert_eq!(
+        plugin.reason().as_deref(),
+        Some(
+            "hsa_init failed: HSA_STATUS_ERROR_OUT_OF_RESOURCES (0x1008): \
+             The runtime failed to allocate the necessary resources."
+        )
+    );
+    assert_eq!(hsa.inits(), 0);
+    plugin.deinit().unwrap();
+}
+
+#[test]
+fn a_runtime_without_gpu_agents_is_zero_devices_and_shuts_down() {
+    let (hsa, plugin) = plugin_with(Vec::new());
+    assert_eq!(
+        plugin.reason().as_deref(),
+        Some("the HSA runtime found no GPU agents")
+    );
+    assert_eq!(hsa.inits(), 0, "hsa_shut_down balanced the hsa_init");
+    assert_eq!(
+        describe_plugin(&plugin),
+        "amdgpu: 0 devices (the HSA runtime found no GPU agents)"
+    );
+}
+
+// --- Devices ----------------------------------------------------------------------------------
+
+#[test]
+fn devices_are_enumerated_with_name_wavefront_and_ports() {
+    let (hsa, plugin) = plugin_with(vec![FakeAgent::mi300x(), FakeAgent::w7900()]);
+    assert_eq!(plugin.name(), "amdgpu");
+    assert_eq!(plugin.reason(), None);
+    assert_eq!(hsa.inits(), 1);
+    assert_eq!(plugin.devices()[0].lane_size(), 64);
+    assert_eq!(plugin.devices()[1].lane_size(), 32);
+    assert_eq!(
+        describe_plugin(&plugin),
+        "amdgpu: 2 devices (Fake MI300X (gfx942): wave64, 4096 ports v1 / 9728 v2; \
+         Fake W7900 (gfx1100): wave32, 768 ports v1 / 768 v2)"
+    );
+}
+
+#[test]
+fn deinit_shuts_the_runtime_down_and_leaves_no_queue_signal_or_block() {
+    let (hsa, mut plugin) = plugin_with(vec![FakeAgent::mi300x(), FakeAgent::w7900()]);
+    for device in plugin.devices() {
+        let image = device.load_image(IMAGE.as_bytes()).unwrap();
+        let region = device.alloc_shared(4096).unwrap();
+        device
+            .launch(&image, "main", &[], Grid::linear(1, 64), Box::new(|| ()))
+            .unwrap();
+        device.synchronize().unwrap();
+        drop((image, region));
+    }
+    assert_eq!(
+        hsa.live_queues(),
+        2,
+        "one queue per device, made by its first launch"
+    );
+    plugin.deinit().unwrap();
+    assert!(plugin.devices().is_empty());
+    assert_eq!(hsa.inits(), 0);
+    assert_eq!(hsa.live_queues(), 0);
+    assert_eq!(hsa.live_signals(), 0);
+    assert_eq!(hsa.live_host_allocations(), 0);
+    assert_eq!(hsa.live_executables(), 0);
+    plugin.deinit().unwrap(); // idempotent
+}
+
+// --- Errors -----------------------------------------------------------------------------------
+
+#[test]
+fn runtime_errors_name_the_call_the_status_and_the_runtimes_text() {
+    let (hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    hsa.fail("hsa_amd_memory_pool_allocate", OUT_OF_RESOURCES);
+    let error = device.alloc_shared(64).err().unwrap();
+    assert_eq!(
+        error.to_string(),
+        "hsa_amd_memory_pool_allocate failed: HSA_STATUS_ERROR_OUT_OF_RESOURCES (0x1008): \
+         The runtime failed to allocate the necessary resources."
+    );
+    hsa.fail("hsa_executable_create_alt", 0x1000);
+    let error = device.load_image(IMAGE.as_bytes()).err().unwrap();
+    assert_eq!(
+        error.to_string(),
+        "hsa_executable_create_alt failed: HSA_STATUS_ERROR (0x1000)"
+    );
+}
+
+// --- Images -----------------------------------------------------------------------------------
+
+#[test]
+fn images_load_find_variables_copy_and_unload() {
+    let (hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    assert_eq!(hsa.live_executables(), 1);
+    let client = device.find_symbol(&image, "__llvm_rpc_client").unwrap();
+    assert_eq!(
+        Generation::from_client_object_size(client.size),
+        Ok(Generation::V1)
+    );
+    let data = device.find_symbol(&image, "data").unwrap();
+    assert_eq!(data.size, 16);
+    device.copy_to_device(data.addr, &[7; 16]).unwrap();
+    let mut back = [0u8; 16];
+    device.copy_from_device(data.addr, &mut back).unwrap();
+    assert_eq!(back, [7; 16]);
+    // A kernel is not a variable, and unknown or unrepresentable names are no symbol.
+    assert_eq!(device.find_symbol(&image, "main.kd"), None);
+    assert_eq!(device.find_symbol(&image, "missing"), None);
+    assert_eq!(device.find_symbol(&image, "bad\0name"), None);
+    // A copy past the variable is refused by the runtime, not done.
+    assert!(device.copy_to_device(data.addr + 4090, &[1; 16]).is_err());
+    drop(image);
+    assert_eq!(hsa.live_executables(), 0);
+}
+
+#[test]
+fn a_bad_code_object_is_an_error_naming_the_call() {
+    let (hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let error = device.load_image(&[0xFF, 0xFE, 0x00]).err().unwrap();
+    assert!(
+        error
+            .to_string()
+            .starts_with("hsa_code_object_reader_create_from_memory failed: HSA_STATUS_ERROR_INVALID_CODE_OBJECT"),
+        "{error}"
+    );
+    let error = device.load_image(b".kernel main many\n").err().unwrap();
+    assert!(
+        error
+            .to_string()
+            .starts_with("hsa_executable_load_agent_code_object failed"),
+        "{error}"
+    );
+    assert!(device.load_image(b"").is_err());
+    assert_eq!(
+        hsa.live_executables(),
+        0,
+        "failed loads destroy their executables"
+    );
+}
+
+// --- Launches and completions -----------------------------------------------------------------
+
+#[test]
+fn launch_writes_an_aql_packet_with_the_grid_and_the_kernarg_segment() {
+    let (hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let args: Vec<u8> = (1..=12).collect();
+    let grid = Grid {
+        blocks: [4, 2, 1],
+        threads: [64, 1, 1],
+    };
+    device
+        .launch(&image, "other", &args, grid, Box::new(|| ()))
+        .unwrap();
+    device.synchronize().unwrap();
+    let dispatches = hsa.dispatches();
+    assert_eq!(dispatches.len(), 1);
+    let dispatch = &dispatches[0];
+    assert_eq!((dispatch.kernel.as_str(), dispatch.grid), ("other", grid));
+    assert_eq!(dispatch.header, crate::aql::DISPATCH_HEADER);
+    // 16 bytes of explicit arguments (12 given, zero-padded), then the implicit block.
+    assert_eq!(dispatch.kernarg.len(), 16 + 256);
+    assert_eq!(&dispatch.kernarg[..12], &args[..]);
+    assert_eq!(&dispatch.kernarg[12..16], &[0; 4]);
+    assert_eq!(
+        &dispatch.kernarg[16..28],
+        &[4, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0],
+        "hidden block counts"
+    );
+    // More argument bytes than the kernel takes are refused before anything is queued.
+    let error = device
+        .launch(&image, "main", &[0; 300], grid, Box::new(|| ()))
+        .unwrap_err();
+    assert!(matches!(
+        hsa_error(&error),
+        AmdGpuError::BadArguments {
+            expected: 272,
+            given: 300,
+            ..
+        }
+    ));
+    assert_eq!(hsa.dispatches().len(), 1);
+}
+
+#[test]
+fn done_runs_once_after_the_kernel_completes() {
+    let (hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let counters: Vec<_> = (0..3)
+        .map(|_| {
+            let (calls, done) = counted();
+            device
+                .launch(&image, "main", &[], Grid::linear(1, 64), done)
+                .unwrap();
+            calls
+        })
+        .collect();
+    device.synchronize().unwrap();
+    device.synchronize().unwrap();
+    assert!(counters.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+    assert_eq!(hsa.completed(), 3);
+    assert_eq!(
+        hsa.live_signals(),
+        1,
+        "only the queue's doorbell: completions destroyed"
+    );
+}
+
+#[test]
+fn a_launch_that_fails_queues_nothing_and_never_calls_done() {
+    let (hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (unknown, done) = counted();
+    let error = device
+        .launch(&image, "missing", &[], Grid::linear(1, 64), done)
+        .unwrap_err();
+    assert!(matches!(hsa_error(&error), AmdGpuError::NoSymbol { .. }));
+    let (empty, done) = counted();
+    let error = device
+        .launch(&image, "main", &[], Grid::linear(0, 64), done)
+        .unwrap_err();
+    assert!(matches!(hsa_error(&error), AmdGpuError::BadGrid(_)));
+    hsa.fail("hsa_queue_create", OUT_OF_RESOURCES);
+    let (no_queue, done) = counted();
+    let error = device
+        .launch(&image, "main", &[], Grid::linear(1, 64), done)
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "hsa_queue_create failed: HSA_STATUS_ERROR_OUT_OF_RESOURCES (0x1008): \
+         The runtime failed to allocate the necessary resources."
+    );
+    device.synchronize().unwrap();
+    // `done` was dropped with the failed launch (the Device contract): never called.
+    for calls in [unknown, empty, no_queue] {
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+    }
+    assert!(hsa.dispatches().is_empty());
+    assert_eq!(hsa.live_host_allocations(), 0, "kernarg blocks freed");
+    assert_eq!(hsa.live_signals(), 0, "completion signals destroyed");
+}
+
+#[test]
+fn a_faulting_queue_fails_its_launches_once_each() {
+    let (hsa, plugin) = one_gpu();
+    hsa.kernel("main", |_| Err(MEMORY_FAULT));
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (first, done) = counted();
+    device
+        .launch(&image, "main", &[], Grid::linear(1, 64), done)
+        .unwrap();
+    let (second, done) = counted();
+    device
+        .launch(&image, "other", &[], Grid::linear(1, 64), done)
+        .unwrap();
+    let error = device.synchronize().unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "kernel failed on Fake MI300X (gfx942): \
+         queue error HSA_STATUS_ERROR_MEMORY_FAULT (0x2b)"
+    );
+    assert_eq!(first.load(Ordering::SeqCst), 1);
+    assert_eq!(second.load(Ordering::SeqCst), 1);
+    assert_eq!(hsa.completed(), 0, "the faulted queue completed nothing");
+    assert_eq!(
+        hsa.dispatches().len(),
+        1,
+        "nor ran the packet after the fault"
+    );
+    device.synchronize().unwrap(); // the failure is reported once
+}
+
+#[test]
+fn a_panicking_completion_is_contained() {
+    let (_hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    device
+        .launch(
+            &image,
+            "main",
+            &[],
+            Grid::linear(1, 64),
+            Box::new(|| panic!("boom")),
+        )
+        .unwrap();
+    let (calls, done) = counted();
+    device
+        .launch(&image, "main", &[], Grid::linear(1, 64), done)
+        .unwrap();
+    device.synchronize().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the waiter lived on");
+}
+
+#[test]
+fn more_launches_than_queue_slots_wrap_the_ring() {
+    // The W7900's queue holds 64 packets: 200 launches go round it three times, each
+    // waiting for its slot to be consumed.
+    let (hsa, plugin) = plugin_with(vec![FakeAgent::w7900()]);
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let counters: Vec<_> = (0..200u32)
+        .map(|i| {
+            let (calls, done) = counted();
+            device
+                .launch(&image, "main", &i.to_le_bytes(), Grid::linear(1, 32), done)
+                .unwrap();
+            calls
+        })
+        .collect();
+    device.synchronize().unwrap();
+    assert!(counters.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+    let order: Vec<u32> = hsa
+        .dispatches()
+        .iter()
+        .map(|d| u32::from_le_bytes(d.kernarg[..4].try_into().unwrap()))
+        .collect();
+    assert_eq!(order, (0..200).collect::<Vec<_>>(), "in submission order");
+}
+
+#[test]
+fn a_panicking_kernel_body_faults_its_queue() {
+    let (hsa, plugin) = one_gpu();
+    hsa.kernel("main", |_| panic!("a broken kernel"));
+    let device = &plugin.devices()[0];
+    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    device
+        .launch(&image, "main", &[], Grid::linear(1, 64), Box::new(|| ()))
+        .unwrap();
+    let error = device.synchronize().unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .ends_with("queue error HSA_STATUS_ERROR_EXCEPTION (0x1016)"),
+        "{error}"
+    );
+}
+
+// --- Memory -----------------------------------------------------------------------------------
+
+#[test]
+fn shared_regions_are_zeroed_aligned_and_freed_on_drop() {
+    let (hsa, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let region = device.alloc_shared(132_608).unwrap();
+    assert_eq!(region.len(), 132_608);
+    assert_eq!(region.host_ptr() as usize % 64, 0);
+    assert_eq!(region.device_addr(), region.host_ptr() as u64);
+    // SAFETY: the region owns `len` bytes at `host_ptr` and nothing else uses them.
+    let bytes = unsafe { std::slice::from_raw_parts(region.host_ptr(), region.len()) };
+    assert!(
+        bytes.iter().all(|&b| b == 0),
+        "the pool's garbage was zeroed"
+    );
+    assert_eq!(hsa.live_host_allocations(), 1);
+    drop(region);
+    assert_eq!(hsa.live_host_allocations(), 0);
+}
+
+#[test]
+fn malloc_blocks_are_2mib_aligned_disjoint_and_freed_by_address() {
+    let (hsa, plugin) = one_gpu();
+    let allocator = plugin.devices()[0].allocator();
+    let mut blocks = Vec::new();
+    for (size, align) in [(1, 8), (100, 64), (3 << 20, 16), (0, 1), (10, 4 << 20)] {
+        let addr = allocator.allocate(size, align).unwrap();
+        assert_eq!(addr % MALLOC_ALIGN.max(align), 0, "{addr:#x}");
+        blocks.push((addr, size.max(1)));
+    }
+    blocks.sort();
+    assert!(
+        blocks.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
+        "{blocks:x?}"
+    );
+    assert_eq!(hsa.live_device_allocations(), 5);
+    for (addr, _) in &blocks {
+        allocator.deallocate(*addr).unwrap();
+    }
+    assert_eq!(hsa.live_device_allocations(), 0);
+    let error = allocator.deallocate(blocks[0].0).unwrap_err();
+    assert!(matches!(hsa_error(&error), AmdGpuError::UnknownAddress(_)));
+    assert!(allocator.allocate(8, 3).is_err());
+}
+
+// --- Kernels that speak RPC, through the runtime ----------------------------------------------
+
+#[test]
+fn a_kernels_printf_is_served_and_done_runs_once() {
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
+    hsa.kernel("main", |warp| {
+        let wave = warp.global_warp();
+        warp.printf("wave %d lane %2d\n", |lane| {
+            vec![Arg::Int(wave.into()), Arg::Int(lane.into())]
+        })
+        .expect("printf");
+        Ok(())
+    });
+    let (mut runtime, out) = runtime(&hsa);
+    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    assert!(
+        runtime.mailbox(image).is_some(),
+        "the client symbol got a mailbox"
+    );
+    // Two blocks of 96 threads: two waves each, the second half full (32 lanes).
+    runtime
+        .launch(image, "main", &[], Grid::linear(2, 96))
+        .unwrap();
+    runtime.synchronize(0).unwrap();
+    let text = out.text();
+    assert_eq!(text.lines().count(), 2 * 96, "{text}");
+    assert!(text.contains("wave 0 lane  0\n") && text.contains("wave 3 lane 31\n"));
+    assert!(
+        !text.contains("wave 1 lane 32"),
+        "the half wave has 32 lanes"
+    );
+    assert_eq!(hsa.completed(), 1);
+    runtime.deinit().unwrap();
+    assert_eq!(hsa.inits(), 0);
+}
+
+#[test]
+fn a_v2_image_is_served_by_polling_when_the_runtime_gives_no_interrupts() {
+    // The fake's signals have no event mailbox, so no doorbell: the server polls.
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
+    hsa.kernel("main", |warp| {
+        warp.puts(|lane| format!("v2 lane {lane}")).expect("puts");
+        Ok(())
+    });
+    let (mut runtime, out) = runtime(&hsa);
+    let image = runtime
+        .load_image(0, b".kernel main 0\n.global __llvm_rpc_client 2096\n")
+        .unwrap();
+    runtime
+        .launch(image, "main", &[], Grid::linear(1, 2))
+        .unwrap();
+    runtime.synchronize(0).unwrap();
+    assert_eq!(out.text(), "v2 lane 0\nv2 lane 1\n");
+    runtime.deinit().unwrap();
+}
+
+#[test]
+fn a_kernels_exit_is_reported_by_synchronize() {
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::w7900()]));
+    hsa.kernel("main", |warp| {
+        warp.puts(|_| "bye".into()).expect("puts");
+        warp.exit(3)
+    });
+    let (mut runtime, out) = runtime(&hsa);
+    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    runtime
+        .launch(image, "main", &[], Grid::linear(1, 1))
+        .unwrap();
+    // An exit is the kernel's status, a value, not an error.
+    assert_eq!(runtime.synchronize(0), Ok(Some(KernelExit::Exit(3))));
+    assert_eq!(out.text(), "bye\n");
+    runtime.deinit().unwrap();
+}
+
+#[test]
+fn deinit_waits_for_launches_still_running() {
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
+    hsa.kernel("main", |warp| {
+        warp.puts(|_| "done".into()).expect("puts");
+        Ok(())
+    });
+    let (mut runtime, out) = runtime(&hsa);
+    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    runtime
+        .launch(image, "main", &[], Grid::linear(1, 1))
+        .unwrap();
+    // No synchronize: deinit itself waits for the kernel, which is served to its end.
+    runtime.deinit().unwrap();
+    assert_eq!(out.text(), "done\n");
+    assert_eq!(hsa.completed(), 1);
+    assert_eq!((hsa.live_queues(), hsa.live_signals()), (0, 0));
+}
+
+#[test]
+fn mallocs_the_kernel_forgot_are_freed_at_deinit() {
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    hsa.kernel("main", move |warp| {
+        let addrs = warp.malloc(|_| 4096).expect("malloc");
+        record.lock().unwrap().extend(addrs.into_iter().take(1));
+        Ok(())
+    });
+    let (mut runtime, _out) = runtime(&hsa);
+    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    runtime
+        .launch(image, "main", &[], Grid::linear(2, 1))
+        .unwrap();
+    runtime.synchronize(0).unwrap();
+    let addrs = seen.lock().unwrap().clone();
+    assert_eq!(addrs.len(), 2);
+    assert!(
+        addrs.iter().all(|a| *a != 0 && a % MALLOC_ALIGN == 0),
+        "{addrs:x?}"
+    );
+    assert_eq!(hsa.live_device_allocations(), 2);
+    runtime.deinit().unwrap();
+    assert_eq!(hsa.live_device_allocations(), 0);
+}
+
+#[test]
+fn a_faulting_queue_is_reported_through_the_runtime() {
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
+    hsa.kernel("main", |warp| {
+        warp.puts(|_| "before the fault".into()).expect("puts");
+        Err(MEMORY_FAULT)
+    });
+    let (mut runtime, out) = runtime(&hsa);
+    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    runtime
+        .launch(image, "main", &[], Grid::linear(1, 1))
+        .unwrap();
+    let message = vendor_message(runtime.synchronize(0).unwrap_err());
+    assert!(
+        message.ends_with("queue error HSA_STATUS_ERROR_MEMORY_FAULT (0x2b)"),
+        "{message}"
+    );
+    assert_eq!(out.text(), "before the fault\n");
+    // The failed launch completed (its done ran): deinit has nothing to wait for or abort.
+    runtime.deinit().unwrap();
+    assert_eq!(hsa.live_queues(), 0);
+}
+
+#[test]
+fn kernels_that_outlive_the_deinit_wait_are_aborted_and_named() {
+    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
+    hsa.hang("spin");
+    let (mut runtime, _out) = runtime(&hsa);
+    runtime.set_deinit_wait(Duration::from_millis(20));
+    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    runtime
+        .launch(image, "spin", &[], Grid::linear(1, 64))
+        .unwrap();
+    assert_eq!(
+        runtime.deinit(),
+        Err(Error::KernelsAborted("spin on device 0".into()))
+    );
+    assert_eq!(hsa.completed(), 0);
+    assert_eq!((hsa.live_queues(), hsa.live_signals()), (0, 0));
+    assert_eq!(hsa.inits(), 0);
+}
