@@ -7,7 +7,7 @@ use std::process::Command;
 fn the_python_example_client_is_served() {
     let example = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../examples/rpc_serve_client.py"
+        "/../../examples/rpc_serve_client.py"
     );
     let out = Command::new("python3")
         .arg(example)
