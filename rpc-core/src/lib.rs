@@ -22,6 +22,50 @@
 //!
 //! Without the `std` feature only [`protocol`] (and [`Error`]) remains, so the client builds for
 //! `no_std` targets.
+//!
+//! # Quick start
+//! A runtime of the host plugin (CPU warps that speak the real protocol, so this runs
+//! anywhere; `plugin_cuda::CudaPlugin` and `plugin_amdgpu::AmdGpuPlugin` are used the same
+//! way with a GPU image), a custom opcode, a kernel that calls it and prints, and the end:
+//!
+//! ```
+//! use plugin_host::{Arg, HostConfig, HostImage, HostPlugin};
+//! use rpc_core::plugin::Grid;
+//! use rpc_core::{ExitPolicy, Opcode, PluginRuntime, ServerConfig, ServicesConfig};
+//!
+//! # fn main() -> rpc_core::Result<()> {
+//! // Each runtime owns its plugin's server thread. A kernel's exit() is reported, not the end
+//! // of this program (the default, `ExitPolicy::Process`, exits as LLVM's loader does).
+//! let config = ServerConfig {
+//!     services: ServicesConfig { exit: ExitPolicy::Record, ..ServicesConfig::default() },
+//!     ..ServerConfig::default()
+//! };
+//! let mut runtime = PluginRuntime::new(HostPlugin::new(HostConfig::default()), config)?;
+//!
+//! // A one-packet opcode of our own: the server answers buf[0] + 1000.
+//! const PLUS: Opcode = Opcode::user(1);
+//! runtime.server().register_packet(PLUS, |_lane, p| p.set_word(0, p.word(0) + 1000));
+//!
+//! let image = HostImage::new("quick-start")
+//!     .kernel("main", |warp| {
+//!         let answers = warp.call(PLUS, u64::from).unwrap();
+//!         warp.printf("lane %d got %d\n", |lane| {
+//!             vec![Arg::Int(lane.into()), Arg::UInt(answers[lane as usize])]
+//!         })
+//!         .unwrap();
+//!     })
+//!     .into_bytes();
+//! // Loading an image that uses RPC attaches its mailbox and starts the server.
+//! let image = runtime.load_image(0, &image)?;
+//! runtime.launch(image, "main", &[], Grid::linear(1, 4))?;
+//! // The kernel returned: no exit status (an `exit(n)` would be `Some(KernelExit::Exit(n))`).
+//! assert_eq!(runtime.synchronize(0)?, None);
+//! assert_eq!(runtime.server().stats().served_of(PLUS), 1);
+//! // Waits a bounded time for kernels still running, frees what they left, stops the server.
+//! runtime.deinit()?;
+//! # Ok(())
+//! # }
+//! ```
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs, unreachable_pub)]
 
