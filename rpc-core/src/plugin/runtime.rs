@@ -161,7 +161,7 @@ impl<P: Plugin> PluginRuntime<P> {
     }
 
     /// How long `deinit` (and dropping the runtime) waits for kernels still running before it
-    /// aborts them. Default [`DEFAULT_DEINIT_WAIT`].
+    /// aborts them. Default 10 s.
     pub fn set_deinit_wait(&mut self, wait: Duration) {
         self.deinit_wait = wait;
     }

@@ -106,7 +106,7 @@ impl Generation {
     }
 
     /// Offset of the lock words in the client object: after `port_count` + padding and the
-    /// pointers ([doorbell], inbox, outbox, header, packet). A multiple of 8.
+    /// pointers (\[doorbell\], inbox, outbox, header, packet). A multiple of 8.
     pub const fn client_object_locks(self) -> usize {
         let pointers = match self {
             Generation::V1 => 4,

@@ -13,7 +13,7 @@
 //! - `server_end.rs`: the server's end of one mailbox: finding pending ports and opening them
 //!   ([`ServerEnd`]; `scan.rs` finds them a word at a time).
 //!
-//! Depends on nothing else in the crate but [`crate::protocol::error`] and [`crate::sync`].
+//! Depends on nothing else in the crate but its `error` module and the `sync` shim.
 
 pub(crate) mod client;
 pub(crate) mod error;

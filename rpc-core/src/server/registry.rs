@@ -193,7 +193,7 @@ pub struct Request {
 
 impl Drop for Request {
     /// Leaves the port locked as it is: the server closes, resets or quarantines it once the
-    /// exchange has ended (see [`crate::server::dispatch`]). A request must therefore not outlive its
+    /// exchange has ended (its dispatch pass). A request must therefore not outlive its
     /// handler's exchange.
     fn drop(&mut self) {
         // SAFETY: the port is taken exactly once, here, and the field is not used afterwards.

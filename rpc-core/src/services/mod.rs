@@ -11,7 +11,7 @@
 //! (`request_bytes`): a claim above them ends the exchange at once ([`Error::TooLong`],
 //! [`Error::RequestTooLong`], logged and counted in `errors`); the rest is not drained on the
 //! server's time, and the port stays locked until the kernel is gone (see
-//! [`crate::server::dispatch`]). printf's output goes to its stream in pieces, never whole in memory;
+//! how the server ends an exchange). printf's output goes to its stream in pieces, never whole in memory;
 //! reads are served in parts of at most `read_bytes`.
 //!
 //! Each mailbox's kernels have their own open files and allocations: a handle or an address

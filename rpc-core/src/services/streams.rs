@@ -19,7 +19,7 @@
 //!
 //! Files are C `FILE *`s of the host's libc (C semantics for modes, buffering, `fseek`...),
 //! held only in the table and never exposed to the device; `ungetc` and the order of input
-//! and output are kept by [`CFile`], where C leaves them undefined and the C library is not
+//! and output are kept by `CFile`, where C leaves them undefined and the C library is not
 //! safe. The standard streams are Rust readers and writers the runtime can redirect
 //! ([`super::Services::set_stdout`]), with the C indicators (end-of-file, error) and `ungetc`
 //! pushback kept beside them.
