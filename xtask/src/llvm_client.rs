@@ -50,6 +50,45 @@ const SOURCES: &[(u32, Generation)] = &[(22, Generation::V1), (23, Generation::V
 const RUNS: &[(u32, u32)] = &[(3, THREADS), (0, 0)];
 /// Client threads of the parallel run.
 const THREADS: u32 = 4;
+/// What is taken out of a tarball and where it is cached: the client headers (`llvm-client`),
+/// or LLVM libc's sources that `handle_libc_opcodes` includes (`bench --peer llvm`).
+pub(crate) struct Contents {
+    /// The cache folder's name after `llvm-MAJOR`: `target/llvm-src/llvm-MAJOR{suffix}`.
+    suffix: &'static str,
+    /// Members below the tarball's top folder: files, or folders ending in `/`.
+    members: &'static [&'static str],
+    /// A file every complete extraction holds (the check that the cache is whole).
+    marker: &'static [&'static str],
+}
+
+/// The client headers and the server files the docs cite.
+const CLIENT: Contents = Contents {
+    suffix: "",
+    members: FILES,
+    marker: FILES,
+};
+
+/// LLVM libc's host server: LLVM 23's `libc/shared/rpc_server.h` holds it all; LLVM 22's
+/// includes `src/__support/RPC/rpc_server.h`, which includes libc's printf core, `hdr/` and
+/// `include/`.
+pub(crate) const SERVER: Contents = Contents {
+    suffix: "-server",
+    members: &[
+        "libc/shared/",
+        "libc/src/__support/",
+        "libc/src/stdio/printf_core/",
+        "libc/src/string/",
+        "libc/hdr/",
+        "libc/include/",
+        "offload/plugins-nextgen/common/src/RPC.cpp",
+    ],
+    marker: &[
+        "libc/shared/rpc.h",
+        "libc/shared/rpc_server.h",
+        "offload/plugins-nextgen/common/src/RPC.cpp",
+    ],
+};
+
 /// The files taken out of the tarball, below its top folder.
 const FILES: &[&str] = &[
     "libc/shared/rpc.h",
@@ -67,7 +106,7 @@ const DRIVER_BOUND: Duration = Duration::from_secs(600);
 const EXIT_BOUND: Duration = Duration::from_secs(60);
 
 /// Why a generation could not be run: `Unavailable` may be skipped with `--allow-skip`.
-enum Problem {
+pub(crate) enum Problem {
     Unavailable(String),
     Failed(String),
 }
@@ -113,7 +152,7 @@ pub fn run(args: &[String]) -> Result {
             continue;
         }
         let begin = Instant::now();
-        match sources(&root, major) {
+        match sources(&root, major, &CLIENT) {
             Ok((dir, version)) => fetched.push((major, generation, dir, version)),
             Err(Problem::Unavailable(why)) if allow_skip => {
                 println!("llvm-client: SKIPPED {generation} (LLVM {major}): {why}");
@@ -207,13 +246,17 @@ pub fn run(args: &[String]) -> Result {
 
 // ---- 1. the sources ----------------------------------------------------------------------
 
-/// LLVM MAJOR's client headers: the cached folder, or fetched and extracted into it. Returns
+/// LLVM MAJOR's `contents`: the cached folder, or fetched and extracted into it. Returns
 /// the folder and the upstream version.
-fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Problem> {
-    let cache = root.join(format!("target/llvm-src/llvm-{major}"));
+pub(crate) fn sources(
+    root: &Path,
+    major: u32,
+    contents: &Contents,
+) -> std::result::Result<(PathBuf, String), Problem> {
+    let cache = root.join(format!("target/llvm-src/llvm-{major}{}", contents.suffix));
     let stamp = cache.join("VERSION");
     if let Ok(text) = std::fs::read_to_string(&stamp) {
-        if FILES.iter().all(|f| cache.join(f).is_file()) {
+        if contents.marker.iter().all(|f| cache.join(f).is_file()) {
             let version = upstream_of(text.split_whitespace().nth(1).unwrap_or("?"));
             println!(
                 "llvm-client: LLVM {major}: cached in {} ({})",
@@ -283,7 +326,7 @@ fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Pr
         }
         let fetched = begin.elapsed();
         let begin = Instant::now();
-        extract(&tarball, &orig.name, &cache)?;
+        extract(&tarball, &orig.name, &cache, contents.members)?;
         let stamp_text = format!("{package} {version} {} sha256:{}\n", orig.name, orig.sha256);
         std::fs::write(&stamp, &stamp_text)
             .map_err(|e| format!("writing {}: {e}", stamp.display()))?;
@@ -431,8 +474,15 @@ fn matches_hash(path: &Path, orig: &Orig) -> std::result::Result<bool, Problem> 
     }
 }
 
-/// Takes [`FILES`] out of `tarball` into `cache` (replacing it), through a temporary folder.
-fn extract(tarball: &Path, name: &str, cache: &Path) -> std::result::Result<(), Problem> {
+/// Takes `members` out of `tarball` into `cache` (replacing it), through a temporary folder.
+/// Files only: `--occurrence` stops reading once each is out. A folder (ending in `/`): every
+/// file below it, which reads the whole tarball (some 25 s).
+fn extract(
+    tarball: &Path,
+    name: &str,
+    cache: &Path,
+    members: &[&str],
+) -> std::result::Result<(), Problem> {
     let top = name.trim_end_matches(".orig.tar.xz");
     let partial = cache.with_extension("partial");
     let _ = std::fs::remove_dir_all(&partial);
@@ -443,8 +493,19 @@ fn extract(tarball: &Path, name: &str, cache: &Path) -> std::result::Result<(), 
         .arg(tarball)
         .arg("-C")
         .arg(&partial)
-        .args(["--strip-components=1", "--occurrence"])
-        .args(FILES.iter().map(|f| format!("{top}/{f}")))
+        .arg("--strip-components=1")
+        .args(if members.iter().any(|m| m.ends_with('/')) {
+            ["--wildcards"]
+        } else {
+            ["--occurrence"]
+        })
+        .args(members.iter().map(|m| {
+            if m.ends_with('/') {
+                format!("{top}/{m}*")
+            } else {
+                format!("{top}/{m}")
+            }
+        }))
         .output()
         .map_err(|e| format!("running tar: {e}"))?;
     if !output.status.success() {
@@ -463,7 +524,7 @@ fn extract(tarball: &Path, name: &str, cache: &Path) -> std::result::Result<(), 
 
 // ---- 2. building -------------------------------------------------------------------------
 
-fn compiler() -> std::result::Result<String, Problem> {
+pub(crate) fn compiler() -> std::result::Result<String, Problem> {
     let mut names: Vec<String> = std::env::var("CXX").into_iter().collect();
     names.extend(["g++", "c++", "clang++"].map(String::from));
     names
