@@ -71,7 +71,7 @@ pub use port::{ClientPort, Packet, ServerPort, Wait};
 #[cfg(feature = "std")]
 pub use registry::{Handler, Request};
 #[cfg(feature = "std")]
-pub use rpc_server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy, UserGuard};
+pub use rpc_server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy, UserGuard, ABSENT_AFTER};
 #[cfg(feature = "std")]
 pub use server::Server;
 #[cfg(feature = "std")]

@@ -485,7 +485,7 @@ const STREAM_L1: &str = "stream 1 MiB, L=1";
 const STREAM_L32: &str = "stream 1 MiB/lane, L=32";
 const PRINTF: &str = "printf L=32, 3 arguments, one %s";
 const IDLE_NO_KERNEL: &str = "idle CPU, no kernel";
-const IDLE_NO_CLIENT: &str = "idle CPU, fresh server, no client";
+const IDLE_NO_CLIENT: &str = "idle CPU, no client for 1 s+";
 const IDLE_SILENT: &str = "idle CPU, kernel silent for 10 ms+";
 
 fn wake_row(silence: &str) -> String {
@@ -672,9 +672,10 @@ fn run(
             row.values.push(measure::cpu_share(setup, settings.idle)?);
             rows.push(row);
         } else {
-            // A server process never asked anything.
+            // A server process never asked anything, for longer than rpc-serve's
+            // `ABSENT_AFTER` (after which its parks may grow past 250 µs).
             let _serving = setup.serving();
-            thread::sleep(Duration::from_millis(50));
+            thread::sleep(rpc_core::ABSENT_AFTER + Duration::from_millis(200));
             let mut row = Row::new(IDLE_NO_CLIENT, setup.server, false, "% of a core");
             row.values.push(measure::cpu_share(setup, settings.idle)?);
             rows.push(row);
