@@ -730,3 +730,43 @@ fn write(report: Report, dir: &std::path::Path, started: Instant) -> Result<(), 
     println!("{}", report.summary());
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(what: &str, server: Server, loaded: bool, values: &[f64]) -> Row {
+        let mut row = Row::new(what, server, loaded, "ns/round trip");
+        row.values = values.to_vec();
+        row
+    }
+
+    #[test]
+    fn the_comparison_puts_each_row_of_each_regime_on_one_line_with_ours_over_llvm() {
+        let report = Report {
+            settings: Settings::QUICK,
+            rows: vec![
+                row("roundtrip N=64 port 63", Server::InProcess, false, &[500.0]),
+                row(
+                    "roundtrip N=64 port 63",
+                    Server::RpcServe,
+                    false,
+                    &[400.0, 600.0, 500.0],
+                ),
+                row("roundtrip N=64 port 63", Server::Llvm, false, &[1000.0]),
+                row("roundtrip N=64 port 63", Server::RpcServe, true, &[3000.0]),
+            ],
+        };
+        let table = report.comparison();
+        let lines: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            lines,
+            [
+                "| roundtrip N=64 port 63 | quiet | ns/round trip | 500 | 500 | 1000 | 0.50 |",
+                "| roundtrip N=64 port 63 | loaded | ns/round trip | — | 3000 | — | — |",
+            ]
+        );
+        assert_eq!(report.vs_llvm("roundtrip N=64 port 63", false), 0.5);
+        assert!(report.summary().contains("vs_llvm_n64_quiet=0.50"));
+    }
+}
