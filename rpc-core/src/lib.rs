@@ -95,4 +95,5 @@ pub use server::thread::{Started, Stopped};
 #[cfg(feature = "std")]
 pub use server::{
     MailboxId, MailboxSource, RpcServer, ServerConfig, ServerContext, ShutdownPolicy, UserGuard,
+    ABSENT_AFTER,
 };

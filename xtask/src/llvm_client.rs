@@ -50,6 +50,26 @@ const SOURCES: &[(u32, Generation)] = &[(22, Generation::V1), (23, Generation::V
 const RUNS: &[(u32, u32)] = &[(3, THREADS), (0, 0)];
 /// Client threads of the parallel run.
 const THREADS: u32 = 4;
+/// LLVM libc's host server, for `bench --peer llvm`: LLVM 23's `libc/shared/rpc_server.h`
+/// holds it all; LLVM 22's includes `src/__support/RPC/rpc_server.h`, which includes libc's
+/// printf core, `hdr/` and `include/`; and the loop of offload's `RPC.cpp`.
+const SERVER_FILES: &[&str] = &[
+    "libc/shared/*",
+    "libc/src/__support/*",
+    "libc/src/stdio/printf_core/*",
+    "libc/src/string/*",
+    "libc/hdr/*",
+    "libc/include/*",
+    "offload/plugins-nextgen/common/src/RPC.cpp",
+];
+
+/// LLVM MAJOR's host server sources (see [`SERVER_FILES`]), cached in
+/// `target/llvm-src/llvm-MAJOR-server`.
+pub(crate) fn server_sources(major: u32) -> std::result::Result<(PathBuf, String), Problem> {
+    let cache = crate::project_root().join(format!("target/llvm-src/llvm-{major}-server"));
+    fetch_source(major, &cache, SERVER_FILES, true)
+}
+
 /// The files taken out of the tarball, below its top folder.
 const FILES: &[&str] = &[
     "libc/shared/rpc.h",
@@ -193,7 +213,7 @@ pub fn run(args: &[String]) -> Result {
 
 // ---- 1. the sources ----------------------------------------------------------------------
 
-/// LLVM MAJOR's client headers: the cached folder, or fetched and extracted into it. Returns
+/// LLVM MAJOR's `contents`: the cached folder, or fetched and extracted into it. Returns
 /// the folder and the upstream version.
 fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Problem> {
     let cache = root.join(format!("target/llvm-src/llvm-{major}"));
@@ -485,7 +505,7 @@ fn extract(
 
 // ---- 2. building -------------------------------------------------------------------------
 
-fn compiler() -> std::result::Result<String, Problem> {
+pub(crate) fn compiler() -> std::result::Result<String, Problem> {
     let mut names: Vec<String> = std::env::var("CXX").into_iter().collect();
     names.extend(["g++", "c++", "clang++"].map(String::from));
     names

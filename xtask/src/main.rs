@@ -38,7 +38,7 @@ commands:
                                          build the binaries embedding those plugins
   layout --gen v1|v2 --ports N --lanes L print a mailbox layout's offsets and sizes in bytes
   stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
-  bench [--quick] [--pin] [--latency-only] [--park-us N]
+  bench [--quick] [--peer llvm] [--pin] [--latency-only] [--park-us N]
                                          the performance table (docs/performance.md)
   gpu-check [--no-clang]                 prepare target/gpu-check/ for a machine with an NVIDIA GPU
   soak [--seconds S] [--json]            two plugins under mixed traffic; nothing lost or leaked

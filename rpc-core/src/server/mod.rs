@@ -92,11 +92,18 @@ pub struct ServerConfig {
     pub io_grace: Duration,
     /// What `shutdown` does with live user guards.
     pub shutdown_policy: ShutdownPolicy,
-    /// How long the worker parks between polls while kernels run but send nothing, once they
-    /// have been silent for a while (the parks of a silent stretch start shorter and double up
-    /// to this). About twice the wake-up latency of a silent kernel's first request; a longer
-    /// park costs less CPU (`docs/performance.md`).
+    /// The longest the worker parks between polls while kernels run but send nothing. The
+    /// parks of a silent stretch grow with the silence (an eighth of it so far, from 5 µs), so
+    /// a kernel that paused for a moment is answered within a few µs and one silent for
+    /// milliseconds costs about (CPU of one wake-up) / `park`. Default 250 µs, LLVM's own
+    /// nap (`docs/performance.md`).
     pub park: Duration,
+    /// Where clients are invisible (`rpc-serve`: other processes, no launches to see end): the
+    /// longest park once nothing was asked for [`ABSENT_AFTER`], when the client is most
+    /// likely gone; the parks grow past `park` up to this, so a server nobody uses costs
+    /// almost nothing, and the first request after such a silence waits up to this long.
+    /// `None` (the default): never past `park`.
+    pub absent_park: Option<Duration>,
     /// With doorbells (v2, a device that raises interrupts): the longest the worker sleeps on
     /// one while no request is open before it polls anyway (a lost interrupt costs this much).
     pub doorbell_sleep: Duration,
@@ -115,13 +122,17 @@ impl Default for ServerConfig {
             io_threads: 4,
             io_grace: Duration::from_millis(200),
             shutdown_policy: ShutdownPolicy::Refuse,
-            park: Duration::from_micros(50),
+            park: Duration::from_micros(250),
+            absent_park: None,
             doorbell_sleep: Duration::from_millis(1),
             log_stats_on_shutdown: false,
             services: Default::default(),
         }
     }
 }
+
+/// The silence after which `ServerConfig::absent_park` applies.
+pub const ABSENT_AFTER: Duration = Duration::from_secs(1);
 
 /// The text of a caught panic's payload (`panic!` gives a `&str` or a `String`).
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {

@@ -42,8 +42,9 @@
 //!
 //! While users exist the worker serves passes. After passes that find nothing it backs off:
 //! passes back to back (first without, then with a spin hint), then passes separated by
-//! `yield_now`, then timed parks on `cv` that start at a few µs and double up to
-//! `ServerConfig::park` (the poll goes on, so a request never waits longer than one park plus
+//! `yield_now`, then timed parks on `cv` that grow with the silence (an eighth of it, from a
+//! few µs) up to `ServerConfig::park`, or past it up to `absent_park` after a second of silence
+//! where that is set (the poll goes on, so a request never waits longer than one park plus
 //! one pass; device clients cannot notify us). Before each park it re-checks, under `control`,
 //! whether the users are gone (then it does one last pass, for requests that need no answer
 //! such as FREE, and sleeps) or the state left Running (then it does the same last pass and
@@ -58,12 +59,15 @@
 //! for the next worker instead of being cut.
 
 use std::string::String;
+use std::time::Instant;
 
 use crate::protocol::error::{Error, Result};
 use crate::server::dispatch::{Fate, PassCache};
 use crate::server::mailboxes::Attached;
 use crate::server::stats::bump;
 use crate::server::users::Coverage;
+#[cfg(not(loom))]
+use crate::server::ABSENT_AFTER;
 use crate::server::{Inner, ShutdownPolicy};
 use crate::sync::{self, lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
 
@@ -358,7 +362,10 @@ fn worker(inner: Arc<Inner>) {
     let this = &inner.thread;
     tighten_timer_slack();
     let mut cache = PassCache::new();
-    let park = inner.context.config.park;
+    let park = Parks {
+        most: inner.context.config.park,
+        absent: inner.context.config.absent_park,
+    };
     let mut control = lock(&this.control);
     control.tid = current_tid();
     let mut seen_epoch = 0;
@@ -448,11 +455,12 @@ fn guarded(inner: &Inner, body: impl FnOnce()) {
 }
 
 /// Serves passes with back-off until the users are gone or a shutdown begins.
-fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: std::time::Duration) {
+fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
     let this = &inner.thread;
     let (spin, yield_) = BACKOFF_PASSES;
     let mut idle: u32 = 0;
-    let mut parks: u32 = 0;
+    // When the last pass that found work ended: the silence the parks grow with.
+    let mut last_work = Instant::now();
     loop {
         // A shutdown must not wait for a quiet moment: under steady traffic every pass finds
         // work and the idle check below never comes. Relaxed: `stopping` only asks us to leave
@@ -462,7 +470,7 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: std::time::
         }
         if Inner::serve_pass(inner, cache) > 0 {
             idle = 0;
-            parks = 0;
+            last_work = Instant::now();
             continue;
         }
         // Back-off in units of a pass over up to 256 ports, so that it lasts about as long (in
@@ -499,32 +507,47 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: std::time::
                 }
                 continue;
             }
-            parks = parks.saturating_add(1);
-            park_for(this, control, park_length(parks, park));
+            park_for(this, control, park.after(last_work.elapsed()));
         }
     }
 }
 
-/// The first timed park after the spin and yield passes; each later one doubles, up to `park`.
+/// The shortest timed park, right after the spin and yield passes.
 #[cfg(not(loom))]
 const FIRST_PARK: std::time::Duration = std::time::Duration::from_micros(5);
 
-/// The length of the `parks`-th timed park (from 1) of a silent stretch: [`FIRST_PARK`], then
-/// doubling up to `park` (`ServerConfig::park`). Short parks first, because a kernel that went
-/// quiet for a moment often speaks again soon; long ones in a long silence, because each wake-up
-/// costs the worker several µs of CPU (in a VM: a timer interrupt, a futex syscall and a context
-/// switch each way), so the CPU share is about that cost over the park length. The steady-state
-/// wake-up latency is about half a park plus that cost (`docs/performance.md`).
-#[cfg(not(loom))]
-fn park_length(parks: u32, park: std::time::Duration) -> std::time::Duration {
-    FIRST_PARK
-        .saturating_mul(1 << (parks.saturating_sub(1)).min(16))
-        .min(park)
+/// The bounds of the timed parks (`ServerConfig::park` and `absent_park`).
+#[derive(Clone, Copy)]
+struct Parks {
+    most: std::time::Duration,
+    #[cfg_attr(loom, allow(dead_code))] // Under loom every park is `most`.
+    absent: Option<std::time::Duration>,
 }
 
-#[cfg(loom)]
-fn park_length(_: u32, park: std::time::Duration) -> std::time::Duration {
-    park
+impl Parks {
+    /// The park after `silence` without work: an eighth of the silence, at least
+    /// [`FIRST_PARK`], at most `most`, or `absent` after [`ABSENT_AFTER`] where that is set.
+    /// Short parks first, because a kernel that went quiet for a moment often speaks again
+    /// soon: a request after 100 µs of silence waits at most some 12 µs. Long ones in a long
+    /// silence, because each wake-up costs the worker several µs of CPU (in a VM: a timer
+    /// interrupt, a futex syscall and a context switch each way), so the CPU share is about
+    /// that cost over the park length; the wake-up latency then is about half a park plus
+    /// that cost (`docs/performance.md`). Growing by the silence, not by the number of parks,
+    /// keeps the ramp the same whatever one pass costs.
+    #[cfg(not(loom))]
+    fn after(self, silence: std::time::Duration) -> std::time::Duration {
+        let most = match self.absent {
+            Some(absent) if silence >= ABSENT_AFTER => absent.max(self.most),
+            _ => self.most,
+        };
+        (silence / 8).clamp(FIRST_PARK.min(most), most)
+    }
+
+    /// Under loom every park is the same (its timed waits never time out anyway).
+    #[cfg(loom)]
+    fn after(self, _: std::time::Duration) -> std::time::Duration {
+        self.most
+    }
 }
 
 /// A timed park on `cv`: a new user, a shutdown or a detach cuts it short.
@@ -542,4 +565,37 @@ fn park_for(this: &ServerThread, control: MutexGuard<'_, Control>, park: std::ti
 fn park_for(_: &ServerThread, control: MutexGuard<'_, Control>, _: std::time::Duration) {
     drop(control);
     thread::yield_now();
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn parks_grow_with_the_silence_up_to_park_and_past_it_only_for_absent_clients() {
+        let us = Duration::from_micros;
+        let kernel = Parks {
+            most: us(250),
+            absent: None,
+        };
+        assert_eq!(kernel.after(Duration::ZERO), FIRST_PARK);
+        assert_eq!(kernel.after(us(100)), Duration::from_nanos(12_500));
+        assert_eq!(kernel.after(us(1000)), us(125));
+        assert_eq!(kernel.after(us(2000)), us(250));
+        assert_eq!(kernel.after(Duration::from_secs(3600)), us(250));
+        let invisible = Parks {
+            most: us(250),
+            absent: Some(Duration::from_millis(20)),
+        };
+        assert_eq!(invisible.after(us(100)), kernel.after(us(100)));
+        assert_eq!(invisible.after(ABSENT_AFTER - us(1)), us(250));
+        assert_eq!(invisible.after(ABSENT_AFTER), Duration::from_millis(20));
+        // A park below FIRST_PARK is taken as asked, never raised above it.
+        let tiny = Parks {
+            most: us(2),
+            absent: None,
+        };
+        assert_eq!(tiny.after(Duration::from_secs(1)), us(2));
+    }
 }

@@ -1,0 +1,772 @@
+//! `rpc-bench`: the performance table of `cargo xtask bench` (docs/performance.md), rpc-core's
+//! server against LLVM's own in the same run.
+//!
+//! Every row speaks the real protocol: `rpc_core::Client` threads over a real mailbox, served
+//! by one of three servers ([`target::Server`]): an `RpcServer` in this process, `rpc-serve` in
+//! another process, or LLVM's server (`llvm-peer`, built by `cargo xtask bench --peer llvm`) in
+//! another process, both of those over a memfd mailbox this process maps. The cross-process
+//! rows run the same client code against rpc-serve and against LLVM, so their ratio is the
+//! servers' alone. The machine is shared and noisy, so every target is a ratio of medians
+//! measured in the same run, and the latency rows are measured in interleaved rounds (one
+//! repetition of every row, every server, per round), in two regimes: quiet, and loaded (a
+//! thread keeps one CPU busy).
+//!
+//! Rows (`docs/performance.md` explains what bounds each):
+//! - `pingpong`: two threads bounce two `u32` flags on separate cache lines: the floor;
+//! - `bare loop`: TEST_INCREMENT against a thread running only `rpc_core::Server`;
+//! - `roundtrip N=.. port ..`: TEST_INCREMENT, L=1, on port 0 and on port N-1, for N = 64,
+//!   1024, 4096 (v1) and 16384 (v2);
+//! - `lanes L=32 full / half`: TEST_INCREMENT with 32 or 16 active lanes;
+//! - `stream 1 MiB L=1 / L=32`: TEST_STREAM, MB/s of payload both ways;
+//! - `printf L=32`: lines per second of a 3-argument format with one `%s`;
+//! - `pipelined increment / printf M=.. D=..`: one client thread drives M exchanges at once,
+//!   sending each next packet D after the reply to the last; exchanges per second;
+//! - `idle CPU`: the server's CPU share with no client or kernel, and with a silent kernel;
+//! - `wake after S`: the latency of the first request after S = 100 µs, 1 ms, 10 ms of silence.
+//!
+//! Written to `OUT/bench-{quick,full}.{json,md,svg}`; the last line printed is the summary.
+
+mod measure;
+mod svg;
+mod target;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rpc_core::protocol::Generation;
+
+use measure::Hog;
+use target::{Binaries, Server, Setup};
+
+const USAGE: &str = "usage: rpc-bench [--quick] [--pin] [--latency-only] [--park-us N] \
+                     [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] [--out DIR]";
+
+fn main() -> ExitCode {
+    match parse(std::env::args().skip(1)) {
+        Ok((settings, latency_only, binaries, out)) => {
+            match run(settings, latency_only, &binaries, out) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(why) => {
+                    eprintln!("rpc-bench: {why}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Err(why) => {
+            eprintln!("rpc-bench: {why}\n{USAGE}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn parse(
+    mut args: impl Iterator<Item = String>,
+) -> Result<(Settings, bool, Binaries, PathBuf), String> {
+    let (mut quick, mut latency_only) = (false, false);
+    let mut binaries = Binaries {
+        rpc_serve: None,
+        peer_v1: None,
+        peer_v2: None,
+    };
+    let mut out = PathBuf::from("target/bench");
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--pin" => PIN.store(true, Ordering::Relaxed),
+            "--latency-only" => latency_only = true,
+            "--park-us" => {
+                let us: u64 = value()?
+                    .parse()
+                    .map_err(|_| "--park-us needs a number of microseconds")?;
+                PARK_US.store(us, Ordering::Relaxed);
+            }
+            "--rpc-serve" => binaries.rpc_serve = Some(value()?.into()),
+            "--peer-v1" => binaries.peer_v1 = Some(value()?.into()),
+            "--peer-v2" => binaries.peer_v2 = Some(value()?.into()),
+            "--out" => out = value()?.into(),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    let settings = if quick {
+        Settings::QUICK
+    } else {
+        Settings::FULL
+    };
+    Ok((settings, latency_only, binaries, out))
+}
+
+/// How long and how often to measure.
+#[derive(Clone, Copy)]
+struct Settings {
+    name: &'static str,
+    /// Interleaved rounds of the latency rows (one repetition of each row per round).
+    rounds: usize,
+    /// Measured time of one repetition (after a warm-up of a quarter of it).
+    window: Duration,
+    /// Repetitions of each throughput row.
+    reps: usize,
+    /// Length of each idle measurement.
+    idle: Duration,
+    /// Requests after each length of silence.
+    wake_samples: usize,
+}
+
+impl Settings {
+    const QUICK: Settings = Settings {
+        name: "quick",
+        rounds: 5,
+        window: Duration::from_millis(20),
+        reps: 3,
+        idle: Duration::from_millis(1000),
+        wake_samples: 100,
+    };
+    const FULL: Settings = Settings {
+        name: "full",
+        rounds: 15,
+        window: Duration::from_millis(100),
+        reps: 9,
+        idle: Duration::from_secs(2),
+        wake_samples: 400,
+    };
+}
+
+/// Bytes per lane of a stream repetition.
+pub(crate) const STREAM_BYTES: usize = 1 << 20;
+/// The silences before the wake-up samples.
+const SILENCES: [(Duration, &str); 3] = [
+    (Duration::from_micros(100), "100 µs"),
+    (Duration::from_millis(1), "1 ms"),
+    (Duration::from_millis(10), "10 ms"),
+];
+/// The mailboxes of the round-trip rows: generation and ports (L=1).
+const SHAPES: [(Generation, u32); 4] = [
+    (Generation::V1, 64),
+    (Generation::V1, 1024),
+    (Generation::V1, 4096),
+    (Generation::V2, 16384),
+];
+/// Ports one client thread drives at once in the pipelined rows.
+const PIPELINED_PORTS: u32 = 64;
+
+/// One row of the table: a value per repetition.
+struct Row {
+    what: String,
+    server: Server,
+    loaded: bool,
+    unit: &'static str,
+    values: Vec<f64>,
+}
+
+impl Row {
+    fn new(what: impl Into<String>, server: Server, loaded: bool, unit: &'static str) -> Self {
+        Row {
+            what: what.into(),
+            server,
+            loaded,
+            unit,
+            values: Vec::new(),
+        }
+    }
+    fn regime(&self) -> &'static str {
+        if self.loaded {
+            "loaded"
+        } else {
+            "quiet"
+        }
+    }
+    fn sorted(&self) -> Vec<f64> {
+        let mut v = self.values.clone();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+    fn median(&self) -> f64 {
+        percentile(&self.sorted(), 50.0)
+    }
+    fn min(&self) -> f64 {
+        self.sorted().first().copied().unwrap_or(f64::NAN)
+    }
+    fn max(&self) -> f64 {
+        self.sorted().last().copied().unwrap_or(f64::NAN)
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// How the bench's client threads wait: spin, then yield; never sleep. A GPU warp spins; a
+/// sleeping client would add its own timer latency to what we measure of the server.
+pub(crate) struct SpinThenYield;
+
+impl rpc_core::protocol::Wait for SpinThenYield {
+    fn pause(&self, _port: u32, attempt: u32) -> rpc_core::Result<()> {
+        spin_then_yield(attempt);
+        Ok(())
+    }
+}
+
+pub(crate) fn spin_then_yield(attempt: u32) {
+    if attempt < 64 {
+        std::hint::spin_loop();
+    } else {
+        thread::yield_now();
+    }
+}
+
+/// `--pin`: run client threads on one CPU and server threads (and the ping-pong partner) on
+/// another. On a quiet machine this removes the repetitions where the scheduler put both on one
+/// CPU; on a busy one it hurts (a pinned thread cannot flee a CPU another process hogs), hence
+/// off by default.
+static PIN: AtomicBool = AtomicBool::new(false);
+
+/// `--park-us N`: the benchmark servers' `ServerConfig::park` (0: the default), to measure the
+/// idle CPU / wake-up latency trade-off.
+pub(crate) static PARK_US: AtomicU64 = AtomicU64::new(0);
+
+/// The CPUs the client threads and the server threads run on with `--pin`: the first two this
+/// process may use. `None` without `--pin` or where fewer than two CPUs are allowed.
+fn cpu_pair() -> Option<(usize, usize)> {
+    if !PIN.load(Ordering::Relaxed) {
+        return None;
+    }
+    // SAFETY: `set` is a plain bit set that sched_getaffinity fills in; the size passed is its size.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return None;
+        }
+        set
+    };
+    // SAFETY: CPU_ISSET only reads the bit set.
+    let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+    Some((cpus.next()?, cpus.next()?))
+}
+
+/// Pins thread `tid` (0: the calling thread) to `cpu`; best effort (a failure only adds noise).
+fn pin(tid: i32, cpu: usize) {
+    // SAFETY: `set` is a zeroed bit set with one bit set by CPU_SET; sched_setaffinity reads
+    // `size_of::<cpu_set_t>()` bytes of it and changes only the target thread's placement.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// Pins the calling (client) thread to the first CPU of the pair.
+fn pin_client() {
+    if let Some((client, _)) = cpu_pair() {
+        pin(0, client);
+    }
+}
+
+/// Pins the calling thread or a server's worker to the second CPU of the pair.
+pub(crate) fn pin_server(tid: i32) {
+    if let Some((_, server)) = cpu_pair() {
+        pin(tid, server);
+    }
+}
+
+/// Every figure of one run.
+struct Report {
+    settings: Settings,
+    rows: Vec<Row>,
+}
+
+impl Report {
+    fn find(&self, what: &str, server: Server, loaded: bool) -> Option<&Row> {
+        self.rows
+            .iter()
+            .find(|r| r.what == what && r.server == server && r.loaded == loaded)
+    }
+
+    fn median(&self, what: &str, server: Server, loaded: bool) -> f64 {
+        self.find(what, server, loaded)
+            .map_or(f64::NAN, Row::median)
+    }
+
+    /// rpc-serve's median over LLVM's, for the same row and regime.
+    fn vs_llvm(&self, what: &str, loaded: bool) -> f64 {
+        self.median(what, Server::RpcServe, loaded) / self.median(what, Server::Llvm, loaded)
+    }
+
+    fn summary(&self) -> String {
+        let ip = |what: &str| self.median(what, Server::InProcess, false);
+        let xp = |what: &str, loaded| self.median(what, Server::RpcServe, loaded);
+        let last = |ports: u32| format!("roundtrip N={ports} port {}", ports - 1);
+        let wake = self
+            .find(&wake_row(SILENCES[2].1), Server::InProcess, false)
+            .map(Row::sorted)
+            .unwrap_or_default();
+        format!(
+            "roundtrip_ns={:.1} pingpong_ns={:.1} roundtrip_ratio={:.2} scan_ratio={:.2} \
+             scan_ratio_xp_quiet={:.2} scan_ratio_xp_loaded={:.2} vs_llvm_n64_quiet={:.2} \
+             vs_llvm_n64_loaded={:.2} vs_llvm_n16384_quiet={:.2} vs_llvm_n16384_loaded={:.2} \
+             stream_mb_s={:.0} idle_cpu_pct={:.3} rpc_serve_idle_cpu_pct={:.3} \
+             wake_us_p50={:.1} wake_us_p99={:.1}",
+            ip(&last(64)),
+            ip(PINGPONG),
+            ip(&last(64)) / ip(PINGPONG),
+            ip(&last(16384)) / ip(&last(64)),
+            xp(&last(16384), false) / xp(&last(64), false),
+            xp(&last(16384), true) / xp(&last(64), true),
+            self.vs_llvm(&last(64), false),
+            self.vs_llvm(&last(64), true),
+            self.vs_llvm(&last(16384), false),
+            self.vs_llvm(&last(16384), true),
+            ip(STREAM_L1),
+            ip(IDLE_NO_KERNEL),
+            self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
+            percentile(&wake, 50.0),
+            percentile(&wake, 99.0),
+        )
+    }
+
+    /// Every row, one line per server and regime.
+    fn table(&self) -> String {
+        let mut out = String::from(
+            "| benchmark | server | regime | unit | median | min | max | samples |\n\
+             |---|---|---|---|---:|---:|---:|---:|\n",
+        );
+        for row in &self.rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                row.what,
+                row.server.name(),
+                row.regime(),
+                row.unit,
+                fmt(row.median()),
+                fmt(row.min()),
+                fmt(row.max()),
+                row.values.len()
+            );
+        }
+        out
+    }
+
+    /// The rows side by side: medians of each server, and rpc-serve over LLVM.
+    fn comparison(&self) -> String {
+        let mut out = String::from(
+            "| benchmark | regime | unit | in-process | rpc-serve | LLVM | rpc-serve / LLVM |\n\
+             |---|---|---|---:|---:|---:|---:|\n",
+        );
+        let mut seen: Vec<(&str, bool)> = Vec::new();
+        for row in &self.rows {
+            if seen.contains(&(row.what.as_str(), row.loaded)) {
+                continue;
+            }
+            seen.push((row.what.as_str(), row.loaded));
+            let cell = |server| {
+                self.find(&row.what, server, row.loaded)
+                    .map_or("—".to_string(), |r| fmt(r.median()))
+            };
+            let ratio = self.vs_llvm(&row.what, row.loaded);
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                row.what,
+                row.regime(),
+                row.unit,
+                cell(Server::InProcess),
+                cell(Server::RpcServe),
+                cell(Server::Llvm),
+                if ratio.is_finite() {
+                    format!("{ratio:.2}")
+                } else {
+                    "—".into()
+                }
+            );
+        }
+        out
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let rows: Vec<serde_json::Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "name": r.what,
+                    "server": r.server.name(),
+                    "regime": r.regime(),
+                    "unit": r.unit,
+                    "median": r.median(),
+                    "min": r.min(),
+                    "max": r.max(),
+                    "values": r.values,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "mode": self.settings.name,
+            "rounds": self.settings.rounds,
+            "window_ms": self.settings.window.as_millis() as u64,
+            "stream_bytes_per_lane": STREAM_BYTES,
+            "rows": rows,
+            "summary": self.summary(),
+        })
+    }
+
+    /// The medians the picture plots: per server and regime, latency of port N-1 against N
+    /// (ns), and wake-up latency p50 against silence (µs).
+    fn series(&self) -> (Vec<svg::Series>, Vec<svg::Series>) {
+        let mut by_ports = Vec::new();
+        let mut by_silence = Vec::new();
+        for server in [Server::InProcess, Server::RpcServe, Server::Llvm] {
+            for loaded in [false, true] {
+                let points: Vec<(f64, f64)> = SHAPES
+                    .iter()
+                    .filter_map(|&(_, n)| {
+                        let row =
+                            self.find(&format!("roundtrip N={n} port {}", n - 1), server, loaded)?;
+                        Some((f64::from(n), row.median()))
+                    })
+                    .collect();
+                if !points.is_empty() {
+                    by_ports.push(svg::Series {
+                        name: format!(
+                            "{}, {}",
+                            server.name(),
+                            if loaded { "loaded" } else { "quiet" }
+                        ),
+                        points,
+                    });
+                }
+            }
+            let points: Vec<(f64, f64)> = SILENCES
+                .iter()
+                .filter_map(|&(silence, label)| {
+                    let row = self.find(&wake_row(label), server, false)?;
+                    Some((silence.as_secs_f64() * 1e6, row.median()))
+                })
+                .collect();
+            if !points.is_empty() {
+                by_silence.push(svg::Series {
+                    name: server.name().to_string(),
+                    points,
+                });
+            }
+        }
+        (by_ports, by_silence)
+    }
+}
+
+/// Three significant figures or so, without exponent.
+fn fmt(value: f64) -> String {
+    if !value.is_finite() {
+        "—".into()
+    } else if value >= 100.0 {
+        format!("{value:.0}")
+    } else if value >= 10.0 {
+        format!("{value:.1}")
+    } else if value >= 1.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.3}")
+    }
+}
+
+const PINGPONG: &str = "pingpong (2 flags, 2 cache lines)";
+const BARE: &str = "roundtrip, bare Server loop";
+const LANES_FULL: &str = "lanes L=32 full mask";
+const LANES_HALF: &str = "lanes L=32 half mask";
+const STREAM_L1: &str = "stream 1 MiB, L=1";
+const STREAM_L32: &str = "stream 1 MiB/lane, L=32";
+const PRINTF: &str = "printf L=32, 3 arguments, one %s";
+const IDLE_NO_KERNEL: &str = "idle CPU, no kernel";
+const IDLE_NO_CLIENT: &str = "idle CPU, no client for 1 s+";
+const IDLE_SILENT: &str = "idle CPU, kernel silent for 10 ms+";
+
+fn wake_row(silence: &str) -> String {
+    format!("wake after {silence} silence")
+}
+
+/// The servers to measure: in-process, and those whose binary was given.
+fn servers(binaries: &Binaries) -> Vec<Server> {
+    let mut servers = vec![Server::InProcess];
+    if binaries.rpc_serve.is_some() {
+        servers.push(Server::RpcServe);
+    }
+    if binaries.peer_v1.is_some() || binaries.peer_v2.is_some() {
+        servers.push(Server::Llvm);
+    }
+    servers
+}
+
+/// A setup of every server for one mailbox shape (servers whose binary is missing left out).
+fn setups(
+    servers: &[Server],
+    binaries: &Binaries,
+    generation: Generation,
+    ports: u32,
+    lanes: u32,
+) -> Result<Vec<Setup>, String> {
+    let mut out = Vec::new();
+    for &server in servers {
+        if let Some(setup) = Setup::new(server, binaries, generation, ports, lanes)? {
+            out.push(setup);
+        }
+    }
+    Ok(out)
+}
+
+fn run(
+    settings: Settings,
+    latency_only: bool,
+    binaries: &Binaries,
+    out_dir: PathBuf,
+) -> Result<(), String> {
+    let started = Instant::now();
+    pin_client();
+    let servers = servers(binaries);
+    eprintln!(
+        "rpc-bench ({}): servers {}; {} interleaved rounds of {} ms per latency row, quiet and \
+         loaded ...",
+        settings.name,
+        servers
+            .iter()
+            .map(|s| s.name())
+            .collect::<Vec<_>>()
+            .join(", "),
+        settings.rounds,
+        settings.window.as_millis()
+    );
+    let mut rows = Vec::new();
+    let w = settings.window;
+
+    // Latency rows, interleaved: every row of every server once per round.
+    let shapes: Vec<(u32, Vec<Setup>)> = SHAPES
+        .iter()
+        .map(|&(g, n)| Ok((n, setups(&servers, binaries, g, n, 1)?)))
+        .collect::<Result<_, String>>()?;
+    let lanes = setups(&servers, binaries, Generation::V1, 64, 32)?;
+    for loaded in [false, true] {
+        let _hog = loaded.then(Hog::start);
+        let mut latency = vec![
+            Row::new(PINGPONG, Server::InProcess, loaded, "ns/round trip"),
+            Row::new(BARE, Server::InProcess, loaded, "ns/round trip"),
+        ];
+        // (row index, setup, port, mask)
+        let mut plan: Vec<(usize, &Setup, u32, u64)> = Vec::new();
+        for (n, setups) in &shapes {
+            for setup in setups {
+                let ports: &[u32] = if *n == 64 { &[0, 63] } else { &[n - 1] };
+                for &port in ports {
+                    plan.push((latency.len(), setup, port, 1));
+                    latency.push(Row::new(
+                        format!("roundtrip N={n} port {port}"),
+                        setup.server,
+                        loaded,
+                        "ns/round trip",
+                    ));
+                }
+            }
+        }
+        for setup in &lanes {
+            for (what, mask) in [(LANES_FULL, u64::from(u32::MAX)), (LANES_HALF, 0xFFFF)] {
+                plan.push((latency.len(), setup, 0, mask));
+                latency.push(Row::new(what, setup.server, loaded, "ns/round trip"));
+            }
+        }
+        for _ in 0..settings.rounds {
+            latency[0].values.push(measure::pingpong(w)?);
+            latency[1].values.push(measure::bare_roundtrip(w)?);
+            for &(k, setup, port, mask) in &plan {
+                latency[k]
+                    .values
+                    .push(measure::roundtrip(setup, port, mask, w)?);
+            }
+        }
+        rows.extend(latency);
+        progress(
+            started,
+            if loaded {
+                "latency, loaded"
+            } else {
+                "latency, quiet"
+            },
+        );
+    }
+    drop(shapes);
+    let report = |rows| Report { settings, rows };
+    if latency_only {
+        return write(report(rows), &out_dir, started);
+    }
+
+    // Throughput: streams and printf, one server after another, quiet.
+    let small = setups(&servers, binaries, Generation::V1, 64, 1)?;
+    let data: Vec<Vec<u8>> = (0..32u8)
+        .map(|lane| {
+            (0..STREAM_BYTES)
+                .map(|i| (i as u8).wrapping_mul(31) ^ lane)
+                .collect()
+        })
+        .collect();
+    for (what, setups, mask) in [
+        (STREAM_L1, &small, 1),
+        (STREAM_L32, &lanes, u64::from(u32::MAX)),
+    ] {
+        for setup in setups {
+            let mut row = Row::new(what, setup.server, false, "MB/s");
+            measure::stream(setup, mask, &data)?; // warm-up
+            for _ in 0..settings.reps {
+                row.values.push(measure::stream(setup, mask, &data)?);
+            }
+            rows.push(row);
+        }
+    }
+    drop(data);
+    for setup in &lanes {
+        let mut row = Row::new(PRINTF, setup.server, false, "lines/s");
+        for _ in 0..settings.reps {
+            row.values.push(measure::printf_lines(setup, w)?);
+        }
+        rows.push(row);
+    }
+    drop(lanes);
+    progress(started, "streams and printf");
+
+    // Pipelined exchanges: M ports at once against M = 1, in the same run.
+    for printf in [false, true] {
+        for delay_us in [0u64, 2] {
+            for ports in [PIPELINED_PORTS, 1] {
+                let what = if printf { "printf" } else { "increment" };
+                for setup in &small {
+                    let mut row = Row::new(
+                        format!("pipelined {what} M={ports} D={delay_us}us"),
+                        setup.server,
+                        false,
+                        "exchanges/s",
+                    );
+                    let delay = Duration::from_micros(delay_us);
+                    for _ in 0..settings.reps {
+                        let per_s = measure::pipelined(setup, ports, printf, delay, w)?;
+                        row.values.push(per_s);
+                    }
+                    rows.push(row);
+                }
+            }
+        }
+    }
+
+    progress(started, "pipelined");
+
+    // Idle CPU and wake-up latency, one server at a time (the others stopped or asleep).
+    let fresh = setups(&servers, binaries, Generation::V1, 64, 1)?;
+    for setup in &fresh {
+        if setup.server == Server::InProcess {
+            // No kernel: no user guard.
+            thread::sleep(Duration::from_millis(50));
+            let mut row = Row::new(IDLE_NO_KERNEL, setup.server, false, "% of a core");
+            row.values.push(measure::cpu_share(setup, settings.idle)?);
+            rows.push(row);
+        } else {
+            // A server process never asked anything, for longer than rpc-serve's
+            // `ABSENT_AFTER` (after which its parks may grow past 250 µs).
+            let _serving = setup.serving();
+            thread::sleep(rpc_core::ABSENT_AFTER + Duration::from_millis(200));
+            let mut row = Row::new(IDLE_NO_CLIENT, setup.server, false, "% of a core");
+            row.values.push(measure::cpu_share(setup, settings.idle)?);
+            rows.push(row);
+        }
+    }
+    drop(fresh);
+    for setup in &small {
+        let _serving = setup.serving();
+        measure::roundtrip(setup, 0, 1, w)?;
+        thread::sleep(Duration::from_millis(10));
+        let mut row = Row::new(IDLE_SILENT, setup.server, false, "% of a core");
+        row.values.push(measure::cpu_share(setup, settings.idle)?);
+        rows.push(row);
+        for (silence, label) in SILENCES {
+            let mut row = Row::new(wake_row(label), setup.server, false, "µs");
+            row.values = measure::wake(setup, silence, settings.wake_samples)?;
+            rows.push(row);
+        }
+    }
+    drop(small);
+    write(report(rows), &out_dir, started)
+}
+
+/// Says on stderr that a part of the run is done.
+fn progress(started: Instant, part: &str) {
+    eprintln!(
+        "rpc-bench: {part} done at {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Prints the tables and writes the JSON, Markdown and SVG files.
+fn write(report: Report, dir: &std::path::Path, started: Instant) -> Result<(), String> {
+    let table = report.table();
+    let comparison = report.comparison();
+    println!("{comparison}");
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let name = report.settings.name;
+    let path = |ext: &str| dir.join(format!("bench-{name}.{ext}"));
+    let json = serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?;
+    let md = format!("{comparison}\n{table}\n```\n{}\n```\n", report.summary());
+    let (by_ports, by_silence) = report.series();
+    let picture = svg::plot(&by_ports, &by_silence);
+    for (ext, text) in [("json", &json), ("md", &md), ("svg", &picture)] {
+        std::fs::write(path(ext), text).map_err(|e| format!("{}: {e}", path(ext).display()))?;
+    }
+    eprintln!(
+        "rpc-bench: {:.1} s; wrote {}.{{json,md,svg}}",
+        started.elapsed().as_secs_f64(),
+        dir.join(format!("bench-{name}")).display()
+    );
+    println!("{}", report.summary());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(what: &str, server: Server, loaded: bool, values: &[f64]) -> Row {
+        let mut row = Row::new(what, server, loaded, "ns/round trip");
+        row.values = values.to_vec();
+        row
+    }
+
+    #[test]
+    fn the_comparison_puts_each_row_of_each_regime_on_one_line_with_ours_over_llvm() {
+        let report = Report {
+            settings: Settings::QUICK,
+            rows: vec![
+                row("roundtrip N=64 port 63", Server::InProcess, false, &[500.0]),
+                row(
+                    "roundtrip N=64 port 63",
+                    Server::RpcServe,
+                    false,
+                    &[400.0, 600.0, 500.0],
+                ),
+                row("roundtrip N=64 port 63", Server::Llvm, false, &[1000.0]),
+                row("roundtrip N=64 port 63", Server::RpcServe, true, &[3000.0]),
+            ],
+        };
+        let table = report.comparison();
+        let lines: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            lines,
+            [
+                "| roundtrip N=64 port 63 | quiet | ns/round trip | 500 | 500 | 1000 | 0.50 |",
+                "| roundtrip N=64 port 63 | loaded | ns/round trip | — | 3000 | — | — |",
+            ]
+        );
+        assert_eq!(report.vs_llvm("roundtrip N=64 port 63", false), 0.5);
+        assert!(report.summary().contains("vs_llvm_n64_quiet=0.50"));
+    }
+}

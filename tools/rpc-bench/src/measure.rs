@@ -1,0 +1,414 @@
+//! The measurements: each returns one repetition's figure, speaking the real protocol.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use plugin_host::kernel::{encode_printf, printf, Arg, Target};
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::Opcode;
+
+use crate::target::Setup;
+use crate::{pin_server, spin_then_yield, SpinThenYield, STREAM_BYTES};
+
+/// One TEST_INCREMENT exchange on port `index` with the lanes of `mask`; checks the answer.
+pub fn increment(client: &Client<'_>, index: u32, mask: u64, x: u64) -> Result<(), String> {
+    let mut attempt = 0;
+    let mut port = loop {
+        // None: the server has not closed the port's last exchange yet.
+        match client
+            .try_open_at(index, Opcode::TEST_INCREMENT, mask)
+            .map_err(|e| e.to_string())?
+        {
+            Some(port) => break port,
+            None => spin_then_yield(attempt),
+        }
+        attempt += 1;
+    };
+    let mut ok = true;
+    port.send_and_recv(
+        |lane, p| p.set_word(0, x + u64::from(lane)),
+        |lane, p| ok &= p.word(0) == x + u64::from(lane) + 1,
+    )
+    .map_err(|e| e.to_string())?;
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("TEST_INCREMENT on port {index}: wrong answer"))
+    }
+}
+
+/// One client thread drives `ports` exchanges at once (TEST_INCREMENT, or a printf of four
+/// packets: format, sizes, arguments, result), each on its own port, sending each next packet
+/// `delay` after the reply to the last one arrived; returns exchanges per second. The client's
+/// wait is `Resumable`, so an operation whose buffer is not back yet returns `WouldBlock` and
+/// is retried on the next round over the ports (every retried operation starts with a wait:
+/// nothing is sent twice).
+pub fn pipelined(
+    setup: &Setup,
+    ports: u32,
+    printf: bool,
+    delay: Duration,
+    window: Duration,
+) -> Result<f64, String> {
+    let _serving = setup.serving();
+    let client = Client::new(setup.view(), setup.locks())
+        .map_err(|e| e.to_string())?
+        .with_wait(&rpc_core::protocol::Resumable);
+    let format: &[u8] = b"%d %d %d\n\0";
+    let args = [7u8; 12];
+    let op = if printf {
+        Opcode::PRINTF_TO_STDOUT
+    } else {
+        Opcode::TEST_INCREMENT
+    };
+    // Per port: the open exchange, its next step, and when that step may be sent.
+    let mut open: Vec<Option<(rpc_core::protocol::ClientPort<'_>, u8)>> =
+        (0..ports).map(|_| None).collect();
+    let mut ready = vec![Instant::now(); ports as usize];
+    let blocked = |r: rpc_core::Result<()>| match r {
+        Ok(()) => Ok(true),
+        Err(rpc_core::Error::WouldBlock { .. }) => Ok(false),
+        Err(e) => Err(e.to_string()),
+    };
+    let start = Instant::now();
+    let mut done = 0u64;
+    while start.elapsed() < window {
+        let now = Instant::now();
+        for k in 0..ports as usize {
+            if now < ready[k] {
+                continue;
+            }
+            let Some((port, step)) = &mut open[k] else {
+                if let Some(mut port) = client
+                    .try_open_at(k as u32, op, 1)
+                    .map_err(|e| e.to_string())?
+                {
+                    if printf {
+                        port.send_n(&[format]).map_err(|e| e.to_string())?;
+                    } else {
+                        port.send(|_, p| p.set_word(0, k as u64))
+                            .map_err(|e| e.to_string())?;
+                    }
+                    open[k] = Some((port, 1));
+                }
+                continue;
+            };
+            match *step {
+                1 | 3 => {
+                    if !blocked(port.recv(|_, _| {}))? {
+                        continue;
+                    }
+                    ready[k] = Instant::now() + delay;
+                    if printf && *step == 1 {
+                        *step = 2;
+                    } else {
+                        open[k] = None;
+                        done += 1;
+                    }
+                }
+                _ => {
+                    if blocked(port.send_n(&[&args]))? {
+                        *step = 3;
+                    }
+                }
+            }
+        }
+    }
+    // Let the exchanges still open finish, so the server is idle for the next row.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open.iter().any(Option::is_some) {
+        for slot in open.iter_mut() {
+            let Some((port, step)) = slot else { continue };
+            let finished = match *step {
+                2 => {
+                    if blocked(port.send_n(&[&args]))? {
+                        *step = 3;
+                    }
+                    false
+                }
+                1 if printf => {
+                    if blocked(port.recv(|_, _| {}))? {
+                        *step = 2;
+                    }
+                    false
+                }
+                _ => blocked(port.recv(|_, _| {}))?,
+            };
+            if finished {
+                *slot = None;
+            }
+        }
+        if Instant::now() > deadline {
+            return Err("pipelined: exchanges did not finish".into());
+        }
+    }
+    Ok(done as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Runs `op` in batches for a warm-up and then `window`; returns ns per op.
+pub fn time_per_op(
+    window: Duration,
+    mut op: impl FnMut(u64) -> Result<(), String>,
+) -> Result<f64, String> {
+    const BATCH: u64 = 32;
+    let mut x = 0;
+    let warm_up = Instant::now();
+    while warm_up.elapsed() < window / 4 {
+        for _ in 0..BATCH {
+            op(x)?;
+            x += 1;
+        }
+    }
+    let start = Instant::now();
+    let mut ops = 0;
+    loop {
+        for _ in 0..BATCH {
+            op(x)?;
+            x += 1;
+        }
+        ops += BATCH;
+        let elapsed = start.elapsed();
+        if elapsed >= window {
+            return Ok(elapsed.as_nanos() as f64 / ops as f64);
+        }
+    }
+}
+
+/// A `u32` alone on its cache line (128 bytes: also clear of the adjacent-line prefetcher).
+#[repr(align(128))]
+struct Line(AtomicU32);
+
+/// One repetition of the ping-pong reference: ns per round trip.
+pub fn pingpong(window: Duration) -> Result<f64, String> {
+    const STOP: u32 = u32::MAX;
+    let flags = Arc::new((Line(AtomicU32::new(0)), Line(AtomicU32::new(0))));
+    let partner = {
+        let flags = flags.clone();
+        thread::spawn(move || {
+            pin_server(0);
+            let (ping, pong) = (&flags.0 .0, &flags.1 .0);
+            let mut seen = 0;
+            loop {
+                let mut attempt = 0;
+                let value = loop {
+                    let value = ping.load(Ordering::Acquire);
+                    if value != seen {
+                        break value;
+                    }
+                    spin_then_yield(attempt);
+                    attempt += 1;
+                };
+                if value == STOP {
+                    return;
+                }
+                seen = value;
+                pong.store(value, Ordering::Release);
+            }
+        })
+    };
+    let (ping, pong) = (&flags.0 .0, &flags.1 .0);
+    let result = time_per_op(window, |x| {
+        let value = (x % (STOP as u64 - 1)) as u32 + 1;
+        // Never the same value twice in a row, so the partner sees every change.
+        let value = if value == ping.load(Ordering::Relaxed) {
+            value % (STOP - 1) + 1
+        } else {
+            value
+        };
+        ping.store(value, Ordering::Release);
+        let mut attempt = 0;
+        while pong.load(Ordering::Acquire) != value {
+            spin_then_yield(attempt);
+            attempt += 1;
+        }
+        Ok(())
+    });
+    ping.store(STOP, Ordering::Release);
+    partner
+        .join()
+        .map_err(|_| "pingpong partner panicked".to_string())?;
+    result
+}
+
+/// One repetition of TEST_INCREMENT round trips on port `index`: ns per round trip.
+pub fn roundtrip(setup: &Setup, index: u32, mask: u64, window: Duration) -> Result<f64, String> {
+    let _serving = setup.serving();
+    let client = setup.client();
+    time_per_op(window, |x| increment(&client, index, mask, x))
+}
+
+/// One repetition of TEST_INCREMENT round trips against a bare `rpc_core::Server` loop (a
+/// thread that only opens pending ports and answers them: no `RpcServer`, registry, statistics
+/// or back-off): ns per round trip. The gap to `roundtrip` is the cost of the real server's
+/// per-pass and per-request work; the gap to `pingpong` that of the protocol itself.
+pub fn bare_roundtrip(window: Duration) -> Result<f64, String> {
+    let layout = Layout::new(Generation::V1, 64, 1).map_err(|e| e.to_string())?;
+    let memory = MailboxMemory::new(layout);
+    let (client_locks, server_locks) = (LockTable::new(64), LockTable::new(64));
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            pin_server(0);
+            let server = rpc_core::protocol::ServerEnd::new(memory.view(), server_locks.words())
+                .expect("lock table sized for the mailbox");
+            let mut idle = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match server.open_next(0, &SpinThenYield) {
+                    Some(mut port) => {
+                        let _ = port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1));
+                        idle = 0;
+                    }
+                    None => {
+                        spin_then_yield(idle);
+                        idle += 1;
+                    }
+                }
+            }
+        });
+        let client = Client::new(memory.view(), client_locks.words())
+            .expect("lock table sized for the mailbox")
+            .with_wait(&SpinThenYield);
+        let result = time_per_op(window, |x| increment(&client, 0, 1, x));
+        stop.store(true, Ordering::Relaxed);
+        result
+    })
+}
+
+/// One TEST_STREAM exchange of `STREAM_BYTES` per active lane: MB/s of payload carried (both
+/// directions, all lanes).
+pub fn stream(setup: &Setup, mask: u64, data: &[Vec<u8>]) -> Result<f64, String> {
+    let _serving = setup.serving();
+    let client = setup.client();
+    let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+    let start = Instant::now();
+    let mut port = client
+        .open(Opcode::TEST_STREAM, mask)
+        .map_err(|e| e.to_string())?;
+    port.send_n(&slices).map_err(|e| e.to_string())?;
+    let back = port
+        .recv_n(STREAM_BYTES as u64)
+        .map_err(|e| e.to_string())?;
+    drop(port);
+    let seconds = start.elapsed().as_secs_f64();
+    let lanes = mask.count_ones() as usize;
+    for lane in 0..lanes {
+        if back[lane] != data[lane] {
+            return Err(format!("TEST_STREAM: lane {lane} came back different"));
+        }
+    }
+    Ok((2 * lanes * STREAM_BYTES) as f64 / seconds / 1e6)
+}
+
+/// One repetition of printf from 32 lanes (`"lane %d of %s: %d\n"`, the `%s` fetched from the
+/// client as the protocol does): lines per second.
+pub fn printf_lines(setup: &Setup, window: Duration) -> Result<f64, String> {
+    let _serving = setup.serving();
+    let client = setup.client();
+    let lanes = setup.layout().lanes();
+    let mask = if lanes == 64 {
+        u64::MAX
+    } else {
+        (1u64 << lanes) - 1
+    };
+    let mut x = 0i64;
+    let per_op = time_per_op(window, |_| {
+        x += 1;
+        let calls = (0..lanes)
+            .map(|lane| {
+                let args = [
+                    Arg::Int(i64::from(lane)),
+                    Arg::Str(Some("rpc-bench")),
+                    Arg::Int(x),
+                ];
+                encode_printf("lane %d of %s: %d\n", &args, false)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let results =
+            printf(&client, mask, Target::Stdout, false, &calls).map_err(|e| e.to_string())?;
+        if results[..lanes as usize].iter().any(|&n| n <= 0) {
+            return Err(format!("printf: the server reported {:?}", &results[..4]));
+        }
+        Ok(())
+    })?;
+    Ok(f64::from(lanes) * 1e9 / per_op)
+}
+
+/// The server's CPU share (percent of one core) over `window`, during which it serves (a
+/// kernel runs) and nothing is asked.
+pub fn cpu_share(setup: &Setup, window: Duration) -> Result<f64, String> {
+    let (cpu, wall) = (setup.cpu()?, Instant::now());
+    thread::sleep(window);
+    let (cpu, wall) = (setup.cpu()? - cpu, wall.elapsed());
+    Ok(100.0 * cpu.as_secs_f64() / wall.as_secs_f64())
+}
+
+/// The latency (µs) of the first TEST_INCREMENT after `silence` without any request, `samples`
+/// times, the caller holding the server serving.
+///
+/// The request must come at a moment unrelated to the server's timed parks: a plain sleep ends
+/// on a timer interrupt, often the very one that ends the server's park (the kernel coalesces
+/// timers within their slack), which would flatter the figure. So the client sleeps most of a
+/// long silence, then spins to a pseudo-random instant up to half the silence later (at most
+/// 500 µs).
+pub fn wake(setup: &Setup, silence: Duration, samples: usize) -> Result<Vec<f64>, String> {
+    let client = setup.client();
+    let mut out = Vec::with_capacity(samples);
+    let mut seed = 0x2545_F491_4F6C_DD1D_u64;
+    let jitter = (silence / 2).min(Duration::from_micros(500)).as_nanos() as u64;
+    increment(&client, 0, 1, 0)?;
+    for x in 0..samples as u64 {
+        let quiet = Instant::now();
+        if silence > Duration::from_millis(2) {
+            thread::sleep(silence - Duration::from_millis(1));
+        }
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let until = silence + Duration::from_nanos(seed % jitter.max(1));
+        while quiet.elapsed() < until {
+            std::hint::spin_loop();
+        }
+        let start = Instant::now();
+        increment(&client, 0, 1, x)?;
+        out.push(start.elapsed().as_nanos() as f64 / 1e3);
+    }
+    Ok(out)
+}
+
+/// The loaded regime: a thread that keeps a CPU busy until dropped (deliberately no back-off:
+/// it stands for another program's work on the other core).
+pub struct Hog {
+    stop: Arc<AtomicBool>,
+    thread: Option<thread::JoinHandle<()>>,
+}
+
+impl Hog {
+    pub fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            // Relaxed: the flag only ends the loop; nothing else is published through it.
+            thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        Hog {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

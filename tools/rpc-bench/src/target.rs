@@ -1,0 +1,336 @@
+//! What a row is measured against: an in-process `RpcServer` over `MailboxMemory`, or a server
+//! process (`rpc-serve` or LLVM's server with our glue) whose memfd mailbox this process maps.
+//!
+//! A server process is stopped (SIGSTOP) whenever none of its rows runs, so that the timed
+//! parks of a dozen idle servers do not load the machine the measured one runs on; it is
+//! continued (SIGCONT) for its rows and killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox, MailboxMemory};
+use rpc_core::{RpcServer, ServerConfig, UserGuard};
+
+use crate::{pin_server, SpinThenYield, PARK_US};
+
+/// Which server a row measures.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Server {
+    /// rpc-core's `RpcServer` in this process.
+    InProcess,
+    /// `rpc-serve` in another process.
+    RpcServe,
+    /// LLVM's server (`llvm-peer`) in another process.
+    Llvm,
+}
+
+impl Server {
+    pub fn name(self) -> &'static str {
+        match self {
+            Server::InProcess => "in-process",
+            Server::RpcServe => "rpc-serve",
+            Server::Llvm => "LLVM",
+        }
+    }
+}
+
+/// The server binaries: rpc-serve's, and LLVM's peer per generation where it could be built.
+pub struct Binaries {
+    pub rpc_serve: Option<PathBuf>,
+    pub peer_v1: Option<PathBuf>,
+    pub peer_v2: Option<PathBuf>,
+}
+
+impl Binaries {
+    fn of(&self, server: Server, generation: Generation) -> Option<&Path> {
+        match (server, generation) {
+            (Server::InProcess, _) => None,
+            (Server::RpcServe, _) => self.rpc_serve.as_deref(),
+            (Server::Llvm, Generation::V1) => self.peer_v1.as_deref(),
+            (Server::Llvm, Generation::V2) => self.peer_v2.as_deref(),
+        }
+    }
+}
+
+/// A server with one mailbox and the client's lock table.
+pub struct Setup {
+    pub server: Server,
+    host: Host,
+    locks: LockTable,
+    layout: Layout,
+}
+
+enum Host {
+    InProcess {
+        server: RpcServer,
+        memory: Arc<MailboxMemory>,
+    },
+    Process(Process),
+}
+
+impl Setup {
+    /// `server` over a fresh mailbox of the given shape; `None` for a server process whose
+    /// binary is missing.
+    pub fn new(
+        server: Server,
+        binaries: &Binaries,
+        generation: Generation,
+        ports: u32,
+        lanes: u32,
+    ) -> Result<Option<Self>, String> {
+        let layout = Layout::new(generation, ports, lanes).map_err(|e| e.to_string())?;
+        let host = if server == Server::InProcess {
+            let (server, memory) = in_process(layout)?;
+            Host::InProcess { server, memory }
+        } else {
+            let Some(binary) = binaries.of(server, generation) else {
+                return Ok(None);
+            };
+            Host::Process(Process::start(binary, layout)?)
+        };
+        Ok(Some(Setup {
+            server,
+            host,
+            locks: LockTable::new(ports),
+            layout,
+        }))
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn view(&self) -> Mailbox<'_> {
+        match &self.host {
+            Host::InProcess { memory, .. } => memory.view(),
+            Host::Process(process) => process.view(self.layout),
+        }
+    }
+
+    pub fn locks(&self) -> &[std::sync::atomic::AtomicU32] {
+        self.locks.words()
+    }
+
+    /// A client that spins, then yields.
+    pub fn client(&self) -> Client<'_> {
+        Client::new(self.view(), self.locks.words())
+            .expect("lock table sized for the mailbox")
+            .with_wait(&SpinThenYield)
+    }
+
+    /// Makes the server serve for as long as the guard lives: a user guard in process (a
+    /// kernel runs), SIGCONT then SIGSTOP for a process.
+    pub fn serving(&self) -> Serving<'_> {
+        match &self.host {
+            Host::InProcess { server, .. } => Serving::User(server.user()),
+            Host::Process(process) => {
+                let mut serving = process.serving.lock().expect("never poisoned");
+                if *serving == 0 {
+                    process.signal(libc::SIGCONT);
+                }
+                *serving += 1;
+                Serving::Continued(process)
+            }
+        }
+    }
+
+    /// CPU time the server has used so far: the in-process worker's, or all the process's
+    /// threads'.
+    pub fn cpu(&self) -> Result<Duration, String> {
+        match &self.host {
+            Host::InProcess { server, .. } => {
+                let tid = server.worker_tid().ok_or("the worker is not running")?;
+                schedstat(&format!("/proc/self/task/{tid}/schedstat"))
+            }
+            Host::Process(process) => process.cpu(),
+        }
+    }
+}
+
+/// See [`Setup::serving`].
+pub enum Serving<'a> {
+    User(#[allow(dead_code)] UserGuard),
+    Continued(&'a Process),
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        if let Serving::Continued(process) = self {
+            let mut serving = process.serving.lock().expect("never poisoned");
+            *serving -= 1;
+            if *serving == 0 {
+                process.signal(libc::SIGSTOP);
+            }
+        }
+    }
+}
+
+fn in_process(layout: Layout) -> Result<(RpcServer, Arc<MailboxMemory>), String> {
+    let server = RpcServer::new(ServerConfig {
+        name: format!("bench-{}x{}", layout.ports(), layout.lanes()),
+        park: match PARK_US.load(Ordering::Relaxed) {
+            0 => ServerConfig::default().park,
+            us => Duration::from_micros(us),
+        },
+        ..ServerConfig::default()
+    });
+    server
+        .context()
+        .services()
+        .set_stdout(Box::new(std::io::sink()));
+    let memory = Arc::new(MailboxMemory::new(layout));
+    server.attach(Box::new(memory.clone()));
+    let _ = server.start().map_err(|e| e.to_string())?;
+    // The worker records its thread id once it runs.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let tid = loop {
+        match server.worker_tid() {
+            Some(tid) => break tid,
+            None if Instant::now() < deadline => thread::sleep(Duration::from_millis(1)),
+            None => return Err("the worker did not start".into()),
+        }
+    };
+    pin_server(tid);
+    Ok((server, memory))
+}
+
+/// A server process and its mailbox, mapped here.
+pub struct Process {
+    child: Child,
+    /// Live [`Serving`] guards: the first continues the process, the last stops it.
+    serving: std::sync::Mutex<usize>,
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory that lives as long as `Process`; every access to
+// it goes through `Mailbox` views, which are atomic (see `view`).
+unsafe impl Send for Process {}
+// SAFETY: as above: shared use of the mapping is only through atomic views.
+unsafe impl Sync for Process {}
+
+impl Process {
+    fn start(binary: &Path, layout: Layout) -> Result<Self, String> {
+        let mut child = Command::new(binary)
+            .args(["--gen", &layout.generation().to_string()])
+            .args(["--ports", &layout.ports().to_string()])
+            .args(["--lanes", &layout.lanes().to_string()])
+            .args(["--stdout", "/dev/null", "--files", "deny"])
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", binary.display()))?;
+        let stdout = child.stdout.take().expect("piped");
+        let mut line = String::new();
+        // A liveness bound only: both servers print the line at once.
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let _ = reader.read_line(&mut line);
+            let _ = tx.send(line);
+            // Keep reading (and dropping) so that the server never blocks on a full pipe.
+            let mut rest = String::new();
+            while reader.read_line(&mut rest).is_ok_and(|n| n > 0) {
+                rest.clear();
+            }
+        });
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| format!("{}: no ready line", binary.display()))?;
+        let (path, bytes) = line
+            .trim()
+            .strip_prefix("ready ")
+            .and_then(|rest| rest.rsplit_once(' '))
+            .ok_or_else(|| format!("{}: not a ready line: {line:?}", binary.display()))?;
+        if bytes != layout.total_size().to_string() {
+            let _ = child.kill();
+            return Err(format!(
+                "{}: the mailbox is {bytes} bytes, rpc-core's layout {}",
+                binary.display(),
+                layout.total_size()
+            ));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let len = layout.total_size();
+        // SAFETY: a fresh shared mapping of the whole file (it is `len` bytes, checked above);
+        // the kernel picks the address. The descriptor may close after mmap.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(format!("mmap {path}: {}", std::io::Error::last_os_error()));
+        }
+        let process = Process {
+            child,
+            serving: std::sync::Mutex::new(0),
+            base: base.cast(),
+            len,
+        };
+        process.signal(libc::SIGSTOP);
+        Ok(process)
+    }
+
+    fn view(&self, layout: Layout) -> Mailbox<'_> {
+        // SAFETY: the mapping is `len` bytes, page-aligned, and stays mapped while `self`
+        // lives (the view borrows `self`); this process touches it only through such views,
+        // whose accesses are atomic and same-size. The server process writes it as it likes:
+        // garbage to us at worst.
+        unsafe { Mailbox::from_raw(self.base, self.len, layout) }.expect("mapped to size")
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill has no memory-safety preconditions; the pid is our unreaped child's.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// The CPU time of all the process's threads.
+    fn cpu(&self) -> Result<Duration, String> {
+        let dir = format!("/proc/{}/task", self.child.id());
+        let mut total = Duration::ZERO;
+        for task in std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))? {
+            let task = task.map_err(|e| e.to_string())?;
+            // A thread that exits between the listing and the read is simply not counted.
+            if let Ok(cpu) = schedstat(&format!("{}/schedstat", task.path().display())) {
+                total += cpu;
+            }
+        }
+        Ok(total)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.signal(libc::SIGCONT);
+        self.signal(libc::SIGTERM);
+        let _ = self.child.wait();
+        // SAFETY: the mapping made in `start`, unmapped once; no view outlives `self`.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// The CPU time in a schedstat file (its first field, ns).
+fn schedstat(path: &str) -> Result<Duration, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    text.split_whitespace()
+        .next()
+        .and_then(|field| field.parse().ok())
+        .map(Duration::from_nanos)
+        .ok_or_else(|| format!("{path}: unexpected contents {text:?}"))
+}
