@@ -19,22 +19,30 @@ use crate::{cargo, project_root, Failure, Result};
 
 pub fn run(args: &[String]) -> Result {
     let root = project_root();
-    let mut pass: Vec<String> = Vec::new();
-    let mut peer = false;
-    let mut args = args.iter();
-    while let Some(arg) = args.next() {
-        if arg == "--peer" {
-            match args.next().map(String::as_str) {
-                Some("llvm") => peer = true,
-                other => {
-                    return Err(Failure::Usage(format!(
-                        "bench: --peer takes `llvm`, not {other:?}"
-                    )))
-                }
-            }
-        } else {
-            pass.push(arg.clone());
+    // Checked here, before any build: the same flags as rpc-bench's own, plus `--peer`.
+    let flags = crate::flags::Flags::parse_with(
+        "bench",
+        args,
+        &["peer", "park-us"],
+        &["quick", "pin", "latency-only"],
+    )?;
+    let peer = match flags.get("peer") {
+        None => false,
+        Some("llvm") => true,
+        Some(other) => {
+            return Err(Failure::Usage(format!(
+                "bench: --peer takes `llvm`, not `{other}`"
+            )))
         }
+    };
+    let mut pass: Vec<String> = ["quick", "pin", "latency-only"]
+        .into_iter()
+        .filter(|name| flags.switch(name))
+        .map(|name| format!("--{name}"))
+        .collect();
+    if flags.get("park-us").is_some() {
+        let us = flags.number("park-us", None, 1, 1_000_000)?;
+        pass.extend(["--park-us".to_string(), us.to_string()]);
     }
     let status = Command::new(cargo())
         .current_dir(&root)
