@@ -78,6 +78,13 @@ const STEPS: &[Step] = &[
             "warnings",
         ],
     ),
+    Step {
+        name: "doc",
+        args: &["doc", "--no-deps", "--workspace"],
+        // Every intra-doc link must resolve, in the docs a user builds.
+        env: &[("RUSTDOCFLAGS", "-D warnings")],
+        nightly: None,
+    },
     step("tests", &["test", "--workspace"]),
     Step {
         name: "loom",
