@@ -10,7 +10,7 @@
 //! /proc/PID/fd/N BYTES` once it serves, and a client of the same user opens that path
 //! read-write and maps it. Its `ftruncate` fails (EPERM), so the pages cannot be pulled from
 //! under the server. With `--file PATH`, rpc-serve creates (or truncates) PATH instead and prints
-//! `ready PATH BYTES`; if another process truncates the file, the next access would raise
+//! `ready PATH BYTES` (and removes PATH when it stops); if another process truncates the file, the next access would raise
 //! SIGBUS: a handler (`sigbus.rs`) maps zero pages over the mailbox instead, and rpc-serve logs
 //! "the mailbox file was truncated by another process", detaches the mailbox, prints its
 //! statistics and exits 1.
@@ -278,6 +278,12 @@ fn serve(args: Args) -> Result<Ended, String> {
     drop(user);
     let _ = server.shutdown().map_err(|e| e.to_string())?;
     server.context().services().flush_std();
+    if let Backing::File(file) = &args.mailbox {
+        // We created it for our clients; with us gone it serves nobody.
+        if let Err(error) = std::fs::remove_file(file) {
+            log::warn!("{}: not removed: {error}", file.display());
+        }
+    }
     println!("stopped: {}", server.stats());
     Ok(ended)
 }

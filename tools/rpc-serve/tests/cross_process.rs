@@ -83,6 +83,10 @@ impl Served {
         let mut rest = String::new();
         self.stdout.read_to_string(&mut rest).unwrap();
         let out = std::fs::read_to_string(self.dir.join("out.txt")).unwrap();
+        assert!(
+            !self.dir.join("mailbox").exists(),
+            "rpc-serve leaves no mailbox file behind"
+        );
         std::fs::remove_dir_all(&self.dir).unwrap();
         self.stopped = true;
         format!("{rest}---\n{out}")
