@@ -1089,14 +1089,7 @@ fn printf_script(lanes: u32) -> impl Strategy<Value = Vec<Step>> {
         0..CONVERSIONS.len(),
         any::<[u64; 3]>(),
     );
-    let opcodes = vec![
-        Opcode::PRINTF_TO_STDOUT,
-        Opcode::PRINTF_TO_STDERR,
-        Opcode::PRINTF_TO_STREAM,
-        Opcode::PRINTF_TO_STDOUT_PACKED,
-        Opcode::PRINTF_TO_STDERR_PACKED,
-        Opcode::PRINTF_TO_STREAM_PACKED,
-    ];
+    let opcodes = Opcode::PRINTF.to_vec();
     (
         good_masks(lanes),
         prop::sample::select(opcodes),

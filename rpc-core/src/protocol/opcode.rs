@@ -78,6 +78,17 @@ opcodes! {
 }
 
 impl Opcode {
+    /// The six printf opcodes (to stdout, stderr or a stream; unpacked, then packed), which
+    /// one handler serves.
+    pub const PRINTF: [Opcode; 6] = [
+        Opcode::PRINTF_TO_STDOUT,
+        Opcode::PRINTF_TO_STDERR,
+        Opcode::PRINTF_TO_STREAM,
+        Opcode::PRINTF_TO_STDOUT_PACKED,
+        Opcode::PRINTF_TO_STDERR_PACKED,
+        Opcode::PRINTF_TO_STREAM_PACKED,
+    ];
+
     /// `class << 24 | n`; `n` keeps its low 24 bits.
     pub const fn new(class: u8, n: u32) -> Opcode {
         Opcode((class as u32) << 24 | (n & 0x00FF_FFFF))

@@ -391,14 +391,7 @@ pub(crate) fn register_standard(registry: &mut Registry) {
     add(Opcode::REMOVE, Handler::script(stdio::remove));
     add(Opcode::RENAME, Handler::script(stdio::rename));
 
-    for op in [
-        Opcode::PRINTF_TO_STDOUT,
-        Opcode::PRINTF_TO_STDERR,
-        Opcode::PRINTF_TO_STREAM,
-        Opcode::PRINTF_TO_STDOUT_PACKED,
-        Opcode::PRINTF_TO_STDERR_PACKED,
-        Opcode::PRINTF_TO_STREAM_PACKED,
-    ] {
+    for op in Opcode::PRINTF {
         add(op, Handler::script(print::printf));
     }
 }
