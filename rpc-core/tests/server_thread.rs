@@ -289,36 +289,38 @@ fn a_client_timeout_resets_the_port_of_a_client_that_stopped_answering() {
 #[test]
 fn a_blocking_call_longer_than_the_client_timeout_is_not_the_clients_silence() {
     // The client waits for the server here, not the other way round: however long the call
-    // runs on an I/O thread, the exchange is not abandoned.
+    // runs on an I/O thread, the exchange is not abandoned. The client's request is one packet,
+    // so the exchange never waits for the client before the call (a slow client there would
+    // rightly time out, whatever the machine's load).
     let server = RpcServer::new(ServerConfig {
         client_timeout: Some(Duration::from_millis(1)),
         ..config("slow-call")
     });
     let (release, held) = std::sync::mpsc::channel::<()>();
-    let held = std::sync::Mutex::new(held);
+    let held = Arc::new(std::sync::Mutex::new(held));
     let entered = Arc::new(AtomicBool::new(false));
+    let slow = Opcode::user(0x510);
     let inside = entered.clone();
-    server.context().services().register_host_function(
-        0x1000,
-        Arc::new(move |args: &[u8]| {
-            inside.store(true, Ordering::Release);
-            held.lock().unwrap().recv().unwrap();
-            args.len() as u64 + 100
-        }),
-    );
+    server.register(slow, move |mut req| {
+        let (held, inside) = (held.clone(), inside.clone());
+        async move {
+            let mut x = 0;
+            req.recv(|_, p| x = p.word(0)).await?;
+            let answer = req
+                .blocking(move |_| {
+                    inside.store(true, Ordering::Release);
+                    held.lock().unwrap().recv().unwrap();
+                    x + 100
+                })
+                .await?;
+            req.send(|_, p| p.set_word(0, answer)).await
+        }
+    });
     let mailbox = Mailbox::attach(&server, 1, 1);
     let _ = server.start().unwrap();
     let _kernel = server.user_for(mailbox.id);
     thread::scope(|s| {
-        let call = s.spawn(|| {
-            let client = mailbox.client();
-            let mut port = client.open(Opcode::HOST_CALL, 1).unwrap();
-            port.send_n(&[b"four"]).unwrap();
-            let mut result = 0;
-            port.send_and_recv(|_, p| p.set_word(0, 0x1000), |_, p| result = p.word(0))
-                .unwrap();
-            result
-        });
+        let call = s.spawn(|| increment(&mailbox.client(), slow, 4));
         eventually("the call runs", || entered.load(Ordering::Acquire));
         // Far past the timeout, with passes polling the exchange all the while.
         let passes = server.stats().passes;

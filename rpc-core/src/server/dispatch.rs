@@ -493,10 +493,12 @@ impl Inner {
             } else {
                 poll(&mut flight.exchange)
             };
+            let was_on_port = flight.on_port;
             flight.on_port = !matches!(polled, Polled::Elsewhere);
-            if !flight.on_port && client_timeout.is_some() {
-                // The client is timed only while the exchange waits on its port: time spent on
-                // an I/O thread (a 400 MB printf, a slow file) is the server's, not the client's.
+            if client_timeout.is_some() && !(was_on_port && flight.on_port) {
+                // The client is timed only while the exchange waits on its port (the clock
+                // starts again each time it does): time spent on an I/O thread (a 400 MB
+                // printf, a slow file) is the server's, not the client's.
                 flight.since = Instant::now();
             }
             if let Polled::Done(result) = polled {
@@ -537,7 +539,7 @@ impl Inner {
                 abandon(context, flight, Fate::Reset, "no running kernel can answer");
                 progress += 1;
                 continue;
-            } else if client_timeout.is_some_and(|t| flight.since.elapsed() > t) {
+            } else if flight.on_port && client_timeout.is_some_and(|t| flight.since.elapsed() > t) {
                 // Closed as the exchange left it, not reset to the client's word as it reads
                 // now: other client processes may use the port from the moment it looks free,
                 // and a reset would swallow a request one of them just made.
