@@ -592,6 +592,44 @@ enum CValue<'a> {
     Str(&'a CStr),
 }
 
+/// Appends a conversion with no flags, width or precision, of an integer of its C type, a
+/// character or a string, if it is one: then C prints exactly the digits (or bytes) Rust's
+/// formatting writes, and the call to `snprintf`, the costliest part of a short printf, is
+/// saved. Returns whether it was one.
+fn plain(out: &mut Vec<u8>, a: &Resolved, value: CValue) -> bool {
+    let f = a.flags;
+    let bare = !(f.left || f.plus || f.space || f.alt || f.zero);
+    if !bare || a.width.unwrap_or(0) != 0 || a.precision.is_some() {
+        return false;
+    }
+    // `h` and `hh` truncate first, which snprintf does; only the full C types come here.
+    let full = matches!(a.spec.length, Length::None)
+        || matches!(value, CValue::LongLong(_) | CValue::ULongLong(_));
+    let written = match (value, a.spec.conversion) {
+        (CValue::Int(v), b'c') => {
+            out.push(v as u8); // C prints the int as an unsigned char, a NUL included.
+            Ok(())
+        }
+        (CValue::Str(text), _) => {
+            out.extend_from_slice(text.to_bytes());
+            Ok(())
+        }
+        (_, _) if !full => return false,
+        (CValue::Int(v), _) => write!(out, "{v}"),
+        (CValue::LongLong(v), _) => write!(out, "{v}"),
+        (CValue::UInt(v), b'u') => write!(out, "{v}"),
+        (CValue::UInt(v), b'x') => write!(out, "{v:x}"),
+        (CValue::UInt(v), b'X') => write!(out, "{v:X}"),
+        (CValue::UInt(v), b'o') => write!(out, "{v:o}"),
+        (CValue::ULongLong(v), b'u') => write!(out, "{v}"),
+        (CValue::ULongLong(v), b'x') => write!(out, "{v:x}"),
+        (CValue::ULongLong(v), b'X') => write!(out, "{v:X}"),
+        (CValue::ULongLong(v), b'o') => write!(out, "{v:o}"),
+        _ => return false,
+    };
+    written.is_ok() // Writing to a Vec cannot fail.
+}
+
 /// Appends `snprintf` of one conversion: `a`'s flags, width and precision, its conversion, and a
 /// length modifier chosen here to match `value`'s C type.
 fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
@@ -606,6 +644,9 @@ fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
     };
     if !matches {
         return; // Unreachable: `convert` pairs them. Checked here because the call relies on it.
+    }
+    if plain(out, a, value) {
+        return;
     }
     let length: &[u8] = match (value, a.spec.length) {
         (CValue::LongLong(_) | CValue::ULongLong(_), _) => b"ll",
