@@ -33,7 +33,7 @@ commands:
   test                                   tidy, fmt, clippy, the tests, loom, miri (where nightly has
                                          it), the no_std build, a 30 s soak
   tidy                                   the layering and file rules ARCHITECTURE.md states
-  devices                                one line per plugin: its devices or why there are none
+  devices [--json]                       one line per plugin: its devices or why there are none
   build --plugin host|cuda|amdgpu|all [--release]
                                          build the binaries embedding those plugins
   layout --gen v1|v2 --ports N --lanes L print a mailbox layout's offsets and sizes in bytes

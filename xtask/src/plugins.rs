@@ -56,14 +56,33 @@ pub fn demo(args: &[String]) -> Result {
 
 /// `cargo xtask devices`.
 pub fn devices(args: &[String]) -> Result {
-    Flags::parse("devices", args, &[])?;
-    println!(
-        "{}",
-        plugin_host::describe(plugin_host::HostConfig::default())
-    );
-    println!("{}", plugin_cuda::describe());
-    println!("{}", plugin_amdgpu::describe());
+    let json = Flags::parse_with("devices", args, &[], &["json"])?.switch("json");
+    let lines = [
+        plugin_host::describe(plugin_host::HostConfig::default()),
+        plugin_cuda::describe(),
+        plugin_amdgpu::describe(),
+    ];
+    if json {
+        let list: Vec<serde_json::Value> = lines.iter().map(|line| device_json(line)).collect();
+        println!("{}", serde_json::Value::Array(list));
+    } else {
+        lines.iter().for_each(|line| println!("{line}"));
+    }
     Ok(())
+}
+
+/// A plugin's line (`NAME: K device(s) (DETAIL)`, as every plugin's `describe` writes it) as
+/// `{"plugin", "devices", "detail"}`; `devices` is null if the line does not read so.
+fn device_json(line: &str) -> serde_json::Value {
+    let (plugin, rest) = line.split_once(": ").unwrap_or((line, ""));
+    let devices = rest
+        .split_whitespace()
+        .next()
+        .and_then(|k| k.parse::<u64>().ok());
+    let detail = rest
+        .split_once(" (")
+        .map(|(_, d)| d.strip_suffix(')').unwrap_or(d));
+    serde_json::json!({ "plugin": plugin, "devices": devices, "detail": detail })
 }
 
 /// `cargo xtask build`: the plugin crates are features of the binary that embeds them
@@ -114,4 +133,21 @@ pub fn build(args: &[String]) -> Result {
         println!("built {}", dir.join("rpc-serve").display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::device_json;
+
+    #[test]
+    fn a_plugins_line_reads_as_json() {
+        let none = device_json("cuda: 0 devices (libcuda.so.1 not found)");
+        assert_eq!(
+            none,
+            serde_json::json!({"plugin": "cuda", "devices": 0, "detail": "libcuda.so.1 not found"})
+        );
+        let host = device_json(&plugin_host::describe(plugin_host::HostConfig::default()));
+        assert_eq!(host["plugin"], "host");
+        assert!(host["devices"].as_u64().is_some_and(|n| n >= 1), "{host}");
+    }
 }
