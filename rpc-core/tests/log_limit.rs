@@ -8,8 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rpc_core::protocol::Deadline;
-use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox, MailboxMemory};
-use rpc_core::MailboxSource;
+use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig};
 
 static UNKNOWN_LINES: AtomicUsize = AtomicUsize::new(0);
@@ -33,14 +32,6 @@ impl log::Log for Counting {
     fn flush(&self) {}
 }
 
-struct Shared(Arc<MailboxMemory>);
-
-impl MailboxSource for Shared {
-    fn view(&self) -> Mailbox<'_> {
-        self.0.view()
-    }
-}
-
 #[test]
 fn device_caused_log_lines_are_rate_limited() {
     log::set_logger(&Counting).unwrap();
@@ -58,7 +49,7 @@ fn device_caused_log_lines_are_rate_limited() {
     let memory = Arc::new(MailboxMemory::new(
         Layout::new(Generation::V1, 4, 1).unwrap(),
     ));
-    server.attach(Box::new(Shared(memory.clone())));
+    server.attach(Box::new(memory.clone()));
     let _ = server.start().unwrap();
     let _user = server.user();
     let locks = LockTable::new(4);

@@ -5,8 +5,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rpc_core::protocol::{Client, Deadline, Generation, Layout, LockTable, Mailbox, MailboxMemory};
-use rpc_core::{MailboxSource, Opcode, RpcServer, ServerConfig};
+use rpc_core::protocol::{Client, Deadline, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::{Opcode, RpcServer, ServerConfig};
 
 static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -25,14 +25,6 @@ impl log::Log for Keeping {
     fn flush(&self) {}
 }
 
-struct Shared(Arc<MailboxMemory>);
-
-impl MailboxSource for Shared {
-    fn view(&self) -> Mailbox<'_> {
-        self.0.view()
-    }
-}
-
 #[test]
 fn trace_lines_show_every_packet_of_an_exchange() {
     log::set_logger(&Keeping).unwrap();
@@ -44,7 +36,7 @@ fn trace_lines_show_every_packet_of_an_exchange() {
     let memory = Arc::new(MailboxMemory::new(
         Layout::new(Generation::V1, 2, 1).unwrap(),
     ));
-    let id = server.attach(Box::new(Shared(memory.clone())));
+    let id = server.attach(Box::new(memory.clone()));
     let _ = server.start().unwrap();
     let user = server.user();
     let locks = LockTable::new(2);
