@@ -3,7 +3,7 @@
 //! raw argument buffer. A `%s` pointer's string is made from the pointer: none for a multiple of
 //! 7 (printed as null), 70,000 bytes (above `CHUNK`) for a multiple of 61, else up to 600.
 //! Checked: no panic; a format that parses and an argument buffer of at least `args_size` bytes
-//! always formats; `string_pointers` finds exactly the non-null `%s` pointers the formatter
+//! always formats (every format parses); `string_pointers` finds exactly the non-null `%s` pointers the formatter
 //! asks for; each conversion prints a bounded number of bytes; and `format_to` hands its sink
 //! pieces of `CHUNK` bytes, the last one shorter (so none is above `CHUNK + MAX_FIELD`, not
 //! even with a `%s` string longer than a chunk), which put together are `format`'s output.
@@ -38,13 +38,11 @@ fuzz_target!(|data: &[u8]| {
     let packed = flags & 1 == 1;
     let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
     let (format_bytes, args) = (&rest[..end], rest.get(end + 1..).unwrap_or_default());
-    let Ok(pieces) = parse(format_bytes) else {
-        return;
-    };
+    let pieces = parse(format_bytes);
     let size = args_size(&pieces, packed);
     let specs = pieces
         .iter()
-        .filter(|p| matches!(p, Piece::Spec(_)))
+        .filter(|p| matches!(p, Piece::Spec(_) | Piece::Malformed { .. }))
         .count();
     let pointers = string_pointers(&pieces, args, packed);
     let asked = RefCell::new(Vec::new());

@@ -161,10 +161,10 @@ impl<'a> Warp<'a> {
                 if self.mask >> lane & 1 == 1 {
                     encode_printf(format, &args(lane), false)
                 } else {
-                    Ok(PrintfCall::default())
+                    PrintfCall::default()
                 }
             })
-            .collect::<Result<_>>()?;
+            .collect();
         printf(self.client()?, self.mask, target, false, &calls)
     }
 
@@ -326,9 +326,8 @@ pub struct PrintfCall {
 /// Lays out `args` for `format` as a GPU compiler would: each value in the size its conversion
 /// takes, `*` widths/precisions as `i32` first, aligned to its size unless `packed`. A `%s`
 /// passes the string's address; the string itself goes when the server asks for it.
-pub fn encode_printf(format: &str, args: &[Arg<'_>], packed: bool) -> Result<PrintfCall> {
-    let pieces =
-        parse(format.as_bytes()).map_err(|e| Error::Refused(format!("bad format: {e}")))?;
+pub fn encode_printf(format: &str, args: &[Arg<'_>], packed: bool) -> PrintfCall {
+    let pieces = parse(format.as_bytes());
     let mut call = PrintfCall {
         format: nul_terminated(format),
         ..PrintfCall::default()
@@ -352,15 +351,20 @@ pub fn encode_printf(format: &str, args: &[Arg<'_>], packed: bool) -> Result<Pri
         call.args.extend_from_slice(&bits.to_le_bytes()[..size]);
     };
     for piece in &pieces {
-        let Piece::Spec(spec) = piece else { continue };
+        let (Piece::Spec(spec) | Piece::Malformed { spec, .. }) = piece else {
+            continue;
+        };
         for count in [spec.width, spec.precision] {
             if count == Count::Star {
                 put(&mut call, 4, next.next());
             }
         }
-        put(&mut call, spec.value_size(), next.next());
+        // A malformed spec takes no value, only its `*`s (as the server reads it).
+        if let Piece::Spec(spec) = piece {
+            put(&mut call, spec.value_size(), next.next());
+        }
     }
-    Ok(call)
+    call
 }
 
 /// The client's side of the printf exchange (PROTOCOL section 7) for the lanes of `mask`.

@@ -218,7 +218,6 @@ fn printf(client: &Client<'_>, k: &Killer) -> rpc_core::Result<()> {
                 ],
                 false,
             )
-            .unwrap()
         })
         .collect();
     let mut port = client.open(Opcode::PRINTF_TO_STDOUT, MASK)?;

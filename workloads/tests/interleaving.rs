@@ -195,7 +195,7 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
                         .iter()
                         .map(|line| {
                             let arg = [Arg::Str(Some(line.as_str())), Arg::Int(k.into())];
-                            encode_printf("[%s] %d\n", &arg, false).unwrap()
+                            encode_printf("[%s] %d\n", &arg, false)
                         })
                         .collect();
                     let printed =

@@ -12,7 +12,7 @@
 //!    [`CHUNK`] bytes (one write for a shorter output, and never the whole of a longer one in
 //!    memory), then S send {buf\[0\] = bytes written or -1, buf\[1\] = 0}.
 //!
-//! A lane gets -1 and no output for a bad handle, a format that does not parse, an argument
+//! A lane gets -1 and no output for a bad handle, an argument
 //! buffer shorter than the format needs, or `%s` strings above `Limits::printf_string_bytes`
 //! (the request's lanes together); the script completes in those cases. A format, an argument
 //! buffer or a string above the stream limits ends the exchange at once (see [`super`]).
@@ -31,7 +31,7 @@ use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::protocol::opcode::Opcode;
 use crate::server::registry::Request;
 use crate::services::printf::{
-    args_size, format_in, output_bound, parse, string_pointers, Dialect, Piece, CHUNK,
+    args_size, format_in, output_bound, parse_in, string_pointers, Dialect, Piece, CHUNK,
 };
 use crate::Result;
 
@@ -95,10 +95,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             refusals.lane(lane, format!("{handle:#x} is not a live stream handle"));
             continue;
         };
-        match parse(format) {
-            Ok(pieces) => lanes[i].parsed = Some((pieces, target)),
-            Err(error) => refusals.lane(lane, format!("{error} in {}", quoted(format))),
-        }
+        lanes[i].parsed = Some((parse_in(dialect, format), target));
     }
     req.send(|lane, p| {
         let size = lanes[lane as usize]
@@ -215,18 +212,15 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             .collect();
         let printed = super::io(&req, touches, move |context| {
             let run = |(i, target, strings): (usize, Target, HashMap<u64, Vec<u8>>)| {
-                let printed = parse(&formats[i]).map_err(|e| e.to_string());
-                let printed = printed.and_then(|pieces| {
-                    let services = context.services();
-                    print(
-                        services,
-                        &target,
-                        &pieces,
-                        &args[i],
-                        (dialect, packed),
-                        &strings,
-                    )
-                });
+                let pieces = parse_in(dialect, &formats[i]);
+                let printed = print(
+                    context.services(),
+                    &target,
+                    &pieces,
+                    &args[i],
+                    (dialect, packed),
+                    &strings,
+                );
                 (i, printed)
             };
             jobs.into_iter().map(run).collect::<Vec<_>>()

@@ -14,9 +14,11 @@
 //! buffers align the running offset up to each argument's size first; packed ones have no padding.
 //!
 //! Robustness (the format and the arguments come from an untrusted GPU): nothing here panics or
-//! reads outside the slices it is given. The format ends at its first NUL. A malformed or
-//! unsupported specification (including positional `%1$d` and flags other than `-+ #0`) is a
-//! [`FormatError`], as is an argument buffer shorter than the format needs. Widths and precisions,
+//! reads outside the slices it is given. The format ends at its first NUL. Every format parses,
+//! as in LLVM's servers: a specification the dialect does not know (`%y`, positional `%1$d`,
+//! flags other than `-+ #0`, a `%` the format ends in) is a [`Piece::Malformed`], which reads
+//! only its `*` arguments and prints as that dialect's printf prints it (see [`parse_in`]). An
+//! argument buffer shorter than the format needs is a [`FormatError`]. Widths and precisions,
 //! written or passed through `*`, are clamped to [`MAX_FIELD`] so one conversion prints at most a
 //! few KiB. A null `%s` prints as glibc does: `(null)` if the precision is absent or at least 6,
 //! else the empty string (then padded to the width); a non-null `%s` whose string was not fetched
@@ -42,6 +44,16 @@ pub enum Piece<'f> {
     Percent,
     /// One conversion specification.
     Spec(Spec),
+    /// A specification the dialect does not format (`%y`, `%1$d`'s `%1$`, `%ll]`, a `%` the
+    /// format ends in): its `*` arguments are read, and it prints as the dialect's printf
+    /// prints it (see the module documentation). `spec.conversion` is the byte that ends it,
+    /// 0 if the format ended first.
+    Malformed {
+        /// Its fields as parsed.
+        spec: Spec,
+        /// The specification as written, from `%` to the byte that ends it.
+        text: &'f [u8],
+    },
 }
 
 /// The flags of a specification: `-` (left), `+` (plus), ` ` (space), `#` (alt), `0` (zero).
@@ -137,21 +149,9 @@ impl Spec {
     }
 }
 
-/// Why a format or its arguments cannot be used.
+/// Why a format's arguments cannot be used (every format parses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FormatError {
-    /// The format ends inside the specification whose `%` is at byte `at`.
-    Unterminated {
-        /// Offset of the `%`.
-        at: usize,
-    },
-    /// Byte `at` ends a specification but is no supported conversion.
-    UnknownConversion {
-        /// Offset of the byte.
-        at: usize,
-        /// The byte.
-        conversion: u8,
-    },
     /// The format needs `needed` bytes of arguments; only `available` were sent.
     MissingArguments {
         /// Bytes needed.
@@ -164,14 +164,6 @@ pub enum FormatError {
 impl fmt::Display for FormatError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            FormatError::Unterminated { at } => {
-                write!(f, "unterminated printf conversion starting at byte {at}")
-            }
-            FormatError::UnknownConversion { at, conversion } => write!(
-                f,
-                "unknown printf conversion '{}' at byte {at}",
-                char::from(conversion).escape_default()
-            ),
             FormatError::MissingArguments { needed, available } => write!(
                 f,
                 "printf format needs {needed} bytes of arguments, only {available} were sent"
@@ -182,8 +174,16 @@ impl fmt::Display for FormatError {
 
 impl std::error::Error for FormatError {}
 
-/// Parses `format` (without its trailing NUL; it stops at the first NUL if there is one).
-pub fn parse(format: &[u8]) -> Result<Vec<Piece<'_>>, FormatError> {
+/// Parses `format` as the host C library reads it ([`parse_in`] with [`Dialect::HostC`]).
+pub fn parse(format: &[u8]) -> Vec<Piece<'_>> {
+    parse_in(Dialect::HostC, format)
+}
+
+/// Parses `format` (without its trailing NUL; it stops at the first NUL if there is one) as
+/// `dialect`'s printf reads it. Every format parses: a specification the dialect does not know
+/// is a [`Piece::Malformed`], printed as that printf prints it: as its text by LLVM libc's
+/// printf core (LLVM 20-22), again in glibc's form by the host C library (LLVM 23+).
+pub fn parse_in(dialect: Dialect, format: &[u8]) -> Vec<Piece<'_>> {
     let format = format.split(|&b| b == 0).next().unwrap_or_default();
     // A literal and a spec per `%` at most, and a last literal: one allocation.
     let specs = format.iter().filter(|&&b| b == b'%').count();
@@ -204,25 +204,41 @@ pub fn parse(format: &[u8]) -> Result<Vec<Piece<'_>>, FormatError> {
             pieces.push(Piece::Percent);
             2
         } else {
-            let parsed = parse_spec(spec, at)?;
+            let parsed = parse_spec(dialect, spec, at);
             let used = parsed.len;
-            pieces.push(Piece::Spec(parsed));
+            if known(dialect, parsed.conversion) {
+                pieces.push(Piece::Spec(parsed));
+            } else {
+                let text = spec.get(..used).unwrap_or_default();
+                pieces.push(Piece::Malformed { spec: parsed, text });
+            }
             used
         };
         at += used;
         rest = spec.get(used..).unwrap_or_default();
     }
-    Ok(pieces)
+    pieces
+}
+
+/// Whether `dialect`'s printf formats `conversion`. LLVM 20-22's server builds LLVM libc's
+/// printf core without `%n` (`LIBC_COPT_PRINTF_DISABLE_WRITE_INT`) and without `%m`.
+fn known(dialect: Dialect, conversion: u8) -> bool {
+    match dialect {
+        Dialect::HostC => b"diouxXbBcspnfFeEgGaA%".contains(&conversion),
+        Dialect::LlvmLibc => b"diouxXbBcspfFeEgGaA%".contains(&conversion),
+    }
 }
 
 /// Parses the specification at the start of `s` (which starts with `%`, at byte `at` of the
-/// format).
-fn parse_spec(s: &[u8], at: usize) -> Result<Spec, FormatError> {
-    let byte = |i: usize| s.get(i).copied().ok_or(FormatError::Unterminated { at });
+/// format): flags, width, precision and length as `dialect` reads them, then the byte that
+/// ends it, 0 if the format ends first (then the spec is the rest of the format).
+fn parse_spec(dialect: Dialect, s: &[u8], at: usize) -> Spec {
+    // The format ends at its first NUL, so 0 stands for its end.
+    let byte = |i: usize| s.get(i).copied().unwrap_or(0);
     let mut i = 1;
     let mut flags = Flags::default();
     loop {
-        match byte(i)? {
+        match byte(i) {
             b'-' => flags.left = true,
             b'+' => flags.plus = true,
             b' ' => flags.space = true,
@@ -233,7 +249,7 @@ fn parse_spec(s: &[u8], at: usize) -> Result<Spec, FormatError> {
         i += 1;
     }
     let width = parse_count(s, &mut i);
-    let precision = if byte(i)? == b'.' {
+    let precision = if byte(i) == b'.' {
         i += 1;
         match parse_count(s, &mut i) {
             Count::None => Count::Fixed(0),
@@ -242,35 +258,34 @@ fn parse_spec(s: &[u8], at: usize) -> Result<Spec, FormatError> {
     } else {
         Count::None
     };
-    let (length, len) = match (byte(i)?, s.get(i + 1)) {
-        (b'h', Some(b'h')) => (Length::Hh, 2),
-        (b'l', Some(b'l')) => (Length::Ll, 2),
-        (b'h', _) => (Length::H, 1),
-        (b'l', _) => (Length::L, 1),
-        (b'j', _) => (Length::J, 1),
-        (b'z', _) => (Length::Z, 1),
-        (b't', _) => (Length::T, 1),
-        (b'q', _) => (Length::Q, 1),
-        (b'L', _) => (Length::BigL, 1),
+    let (length, len) = match (byte(i), byte(i + 1), dialect) {
+        (b'h', b'h', _) => (Length::Hh, 2),
+        (b'l', b'l', _) => (Length::Ll, 2),
+        (b'h', _, _) => (Length::H, 1),
+        (b'l', _, _) => (Length::L, 1),
+        (b'j', _, _) => (Length::J, 1),
+        (b'z', _, _) => (Length::Z, 1),
+        (b't', _, _) => (Length::T, 1),
+        // LLVM libc's printf core has no BSD `q`.
+        (b'q', _, Dialect::HostC) => (Length::Q, 1),
+        (b'L', _, _) => (Length::BigL, 1),
         _ => (Length::None, 0),
     };
     i += len;
-    let conversion = byte(i)?;
-    if !b"diouxXbBcspnfFeEgGaA%".contains(&conversion) {
-        return Err(FormatError::UnknownConversion {
-            at: at + i,
-            conversion,
-        });
-    }
-    Ok(Spec {
+    let conversion = byte(i);
+    Spec {
         flags,
         width,
         precision,
         length,
         conversion,
         at,
-        len: i + 1,
-    })
+        len: if conversion == 0 {
+            i.min(s.len())
+        } else {
+            i + 1
+        },
+    }
 }
 
 /// Parses `*` or decimal digits at `s[*i..]` (clamped to [`MAX_FIELD`]), advancing `i`.
@@ -304,7 +319,7 @@ fn place(offset: usize, size: usize, packed: bool) -> (usize, usize) {
 /// The sizes of the arguments a piece takes, in order (`*` width, `*` precision, value).
 fn arg_sizes<'p>(piece: &'p Piece) -> impl Iterator<Item = usize> + 'p {
     let spec = match piece {
-        Piece::Spec(spec) => Some(spec),
+        Piece::Spec(spec) | Piece::Malformed { spec, .. } => Some(spec),
         _ => None,
     };
     let star = |count: Count| (count == Count::Star).then_some(4);
@@ -312,7 +327,11 @@ fn arg_sizes<'p>(piece: &'p Piece) -> impl Iterator<Item = usize> + 'p {
         .into_iter()
         .flat_map(move |s| [star(s.width), star(s.precision)])
         .flatten();
-    stars.chain(spec.map(Spec::value_size).filter(|&size| size > 0))
+    let value = match piece {
+        Piece::Spec(spec) => Some(spec.value_size()).filter(|&size| size > 0),
+        _ => None,
+    };
+    stars.chain(value)
 }
 
 /// Size in bytes of the argument buffer the format needs (`packed`: no alignment padding).
@@ -329,6 +348,8 @@ struct Resolved<'s> {
     flags: Flags,
     width: Option<usize>,
     precision: Option<usize>,
+    /// The `*` values as sent, in order (a [`Piece::Malformed`] hands them on unchanged).
+    stars: [Option<i32>; 2],
     /// The value's bytes, zero-extended.
     value: u64,
 }
@@ -355,16 +376,21 @@ fn walk<'s>(
         Ok(u64::from_le_bytes(word))
     };
     for piece in pieces {
-        let Piece::Spec(spec) = piece else {
-            visit(None, piece);
-            continue;
+        let spec = match piece {
+            Piece::Spec(spec) | Piece::Malformed { spec, .. } => spec,
+            Piece::Literal(_) | Piece::Percent => {
+                visit(None, piece);
+                continue;
+            }
         };
         let mut flags = spec.flags;
+        let mut stars = [None; 2];
         let width = match spec.width {
             Count::None => None,
             Count::Fixed(n) => Some(n),
             Count::Star => {
                 let w = take(4)? as u32 as i32;
+                stars[0] = Some(w);
                 flags.left |= w < 0;
                 Some((w.unsigned_abs() as usize).min(MAX_FIELD))
             }
@@ -373,12 +399,16 @@ fn walk<'s>(
             Count::None => None,
             Count::Fixed(n) => Some(n),
             // A negative precision is taken as if it were absent.
-            Count::Star => usize::try_from(take(4)? as u32 as i32).ok(),
+            Count::Star => {
+                let p = take(4)? as u32 as i32;
+                stars[1] = Some(p);
+                usize::try_from(p).ok()
+            }
         };
         let precision = precision.map(|p| p.min(MAX_FIELD));
-        let value = match spec.value_size() {
-            0 => 0,
-            size => take(size)?,
+        let value = match (piece, spec.value_size()) {
+            (Piece::Malformed { .. }, _) | (_, 0) => 0,
+            (_, size) => take(size)?,
         };
         visit(
             Some(Resolved {
@@ -386,6 +416,7 @@ fn walk<'s>(
                 flags,
                 width,
                 precision,
+                stars,
                 value,
             }),
             piece,
@@ -458,6 +489,10 @@ pub fn format_in(
 ) -> Result<(), FormatError> {
     let mut out = Vec::with_capacity(output_bound(pieces, 0).min(CHUNK));
     walk(pieces, args, packed, |arg, piece| match (arg, piece) {
+        (Some(arg), Piece::Malformed { text, .. }) => {
+            malformed(dialect, &mut out, &arg, text, sink);
+            hand_on_full_chunks(&mut out, sink);
+        }
         (Some(arg), _) => {
             convert(dialect, &mut out, &arg, strings);
             hand_on_full_chunks(&mut out, sink);
@@ -512,6 +547,11 @@ pub fn output_bound(pieces: &[Piece], strings: usize) -> usize {
         sum.saturating_add(match piece {
             Piece::Literal(bytes) => bytes.len(),
             Piece::Spec(spec) => count(&spec.width) + count(&spec.precision) + 330,
+            // The text, or glibc's own form of it with each `*` as a number, or one of
+            // glibc's conversions, `%m` (a message), `%C`, `%S`, with clamped fields.
+            Piece::Malformed { spec, text } => {
+                text.len() + count(&spec.width) + count(&spec.precision) + 330
+            }
             Piece::Percent => 1,
         })
     })
@@ -654,28 +694,8 @@ fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
         (CValue::Int(_) | CValue::UInt(_), Length::H) if conversion != b'c' => b"h",
         _ => b"",
     };
-    // On the stack: at most 19 bytes (`%`, five flags, a width and a precision of at most four
-    // digits each, as both are clamped to MAX_FIELD, `.`, `ll`, the conversion and the NUL).
     let mut buf = [0u8; 32];
-    let mut spec = &mut buf[..];
-    let f = a.flags;
-    let on = [f.left, f.plus, f.space, f.alt, f.zero];
-    let flags = b"-+ #0"
-        .iter()
-        .zip(on)
-        .filter_map(|(&c, on)| on.then_some(c));
-    let mut written = spec.write_all(b"%").is_ok();
-    for flag in flags {
-        written &= spec.write_all(&[flag]).is_ok();
-    }
-    if let Some(width) = a.width.filter(|&w| w > 0) {
-        written &= write!(spec, "{width}").is_ok();
-    }
-    if let Some(precision) = a.precision {
-        written &= write!(spec, ".{precision}").is_ok();
-    }
-    written &= spec.write_all(length).is_ok() && spec.write_all(&[conversion, 0]).is_ok();
-    if !written {
+    if !clamped_spec(&mut buf, a, length, conversion) {
         return; // Unreachable (the fields are clamped); a cut spec must never reach snprintf.
     }
     let spec = buf.as_ptr().cast::<c_char>();
@@ -697,9 +717,17 @@ fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
             }
         }
     };
+    // snprintf fails only on what clamped fields rule out: then nothing is printed.
+    append_snprintf(out, call);
+}
+
+/// Appends what `call(buf, len)`, an `snprintf` into `buf`, prints: into a stack buffer, or
+/// again into `out` if that was too short. Nothing if it fails (returns a negative count),
+/// as C's `printf` then prints nothing of the conversion either.
+fn append_snprintf(out: &mut Vec<u8>, call: impl Fn(*mut c_char, usize) -> c_int) {
     let mut small = [0u8; 256];
     let Ok(n) = usize::try_from(call(small.as_mut_ptr().cast(), small.len())) else {
-        return; // snprintf failed (cannot happen with clamped fields): print nothing.
+        return;
     };
     if let Some(text) = small.get(..n) {
         out.extend_from_slice(text);
@@ -710,6 +738,96 @@ fn c_format(out: &mut Vec<u8>, a: &Resolved, value: CValue) {
         let complete = call(buf.as_mut_ptr().cast(), buf.len()) == n as c_int;
         out.truncate(start + if complete { n } else { 0 });
     }
+}
+
+/// Appends a [`Piece::Malformed`] as `dialect`'s printf prints it.
+///
+/// LLVM 20-22 (LLVM libc's printf core) prints its text as it is. LLVM 23+ hands the text, its
+/// `*` values and a zero value to the host's `fprintf`, and so does this with `snprintf`:
+/// glibc prints such a spec again in its own form (`%*y` with 3 is `%3y`, `%ll]` is `%]`),
+/// without padding, and nothing if it cannot parse it. Three exceptions keep that call safe
+/// and bounded: text the format ended in prints as it is (LLVM's parser writes it as a
+/// literal); a positional `%N$` prints `%`, what glibc prints for it, without glibc reading N
+/// arguments; and glibc's own conversions LLVM does not know, `%m` (errno's message), `%C`
+/// and `%S` (of a zero value: a NUL, `(null)`), get clamped fields, as padding is real there.
+fn malformed(
+    dialect: Dialect,
+    out: &mut Vec<u8>,
+    a: &Resolved,
+    text: &[u8],
+    sink: &mut dyn FnMut(&[u8]),
+) {
+    let conversion = a.spec.conversion;
+    let positional = matches!(text.get(1), Some(b'1'..=b'9')) && conversion == b'$';
+    if dialect == Dialect::LlvmLibc || conversion == 0 {
+        return push_literal(out, text, sink);
+    }
+    if positional {
+        return out.push(b'%');
+    }
+    if matches!(conversion, b'm' | b'C' | b'S') {
+        let mut buf = [0u8; 32];
+        if !clamped_spec(&mut buf, a, b"", conversion) {
+            return;
+        }
+        let spec = buf.as_ptr().cast::<c_char>();
+        return append_snprintf(out, |buf, len| {
+            // SAFETY: `spec` is one NUL-terminated conversion, `m` (which takes no argument),
+            // `C` (a wint_t: the int 0 is passed) or `S` (a wchar_t pointer: null is passed,
+            // which glibc prints as "(null)"), with flags and clamped digits; `buf` is valid
+            // for writes of `len` bytes.
+            unsafe {
+                match conversion {
+                    b'S' => libc::snprintf(buf, len, spec, std::ptr::null::<c_void>()),
+                    _ => libc::snprintf(buf, len, spec, 0 as c_int),
+                }
+            }
+        });
+    }
+    let mut spec = text.to_vec();
+    spec.push(0);
+    let spec = spec.as_ptr().cast::<c_char>();
+    let zero: c_ulonglong = 0;
+    append_snprintf(out, |buf, len| {
+        // SAFETY: `spec` is NUL-terminated: a `%`, flags, digits or `*`s, a `.`, a length and
+        // one byte that is none of glibc's conversions (the cases above took `m`, `C`, `S`,
+        // and the known ones are no `Malformed`), so glibc reads at most the `*` values,
+        // each an int, passed in order, then prints the spec as text; the zero after them is
+        // what LLVM passes and is not read. Not positional (taken above), so glibc reads
+        // nothing beyond them. `buf` is valid for writes of `len` bytes.
+        unsafe {
+            match a.stars {
+                [Some(w), Some(p)] => libc::snprintf(buf, len, spec, w, p, zero),
+                [Some(v), None] | [None, Some(v)] => libc::snprintf(buf, len, spec, v, zero),
+                [None, None] => libc::snprintf(buf, len, spec, zero),
+            }
+        }
+    });
+}
+
+/// Writes into `buf` the NUL-terminated spec of `a`'s flags, its resolved width and precision
+/// (clamped, no `*`), `length` and `conversion`. On the stack: at most 19 bytes (`%`, five
+/// flags, a width and a precision of at most four digits each, as both are clamped to
+/// MAX_FIELD, `.`, `ll`, the conversion and the NUL). Returns whether it fit.
+fn clamped_spec(buf: &mut [u8; 32], a: &Resolved, length: &[u8], conversion: u8) -> bool {
+    let mut spec = &mut buf[..];
+    let f = a.flags;
+    let on = [f.left, f.plus, f.space, f.alt, f.zero];
+    let flags = b"-+ #0"
+        .iter()
+        .zip(on)
+        .filter_map(|(&c, on)| on.then_some(c));
+    let mut written = spec.write_all(b"%").is_ok();
+    for flag in flags {
+        written &= spec.write_all(&[flag]).is_ok();
+    }
+    if let Some(width) = a.width.filter(|&w| w > 0) {
+        written &= write!(spec, "{width}").is_ok();
+    }
+    if let Some(precision) = a.precision {
+        written &= write!(spec, ".{precision}").is_ok();
+    }
+    written && spec.write_all(length).is_ok() && spec.write_all(&[conversion, 0]).is_ok()
 }
 
 /// `%b` / `%B` as glibc prints them: binary digits, `#` adds `0b`/`0B` before a non-zero value,
@@ -956,7 +1074,7 @@ mod tests {
         assert!(rows.len() >= 60, "{} rows", rows.len());
         for row in &rows {
             let expected = reference(row);
-            let pieces = parse(row.format.to_bytes()).expect("row parses");
+            let pieces = parse(row.format.to_bytes());
             for packed in [false, true] {
                 let (args, strings, pointers) = encode(&row.args, packed);
                 let what = std::format!("{:?} packed={packed}", row.format);
@@ -980,7 +1098,7 @@ mod tests {
 
     #[test]
     fn args_size_aligns_unpacked_and_not_packed() {
-        let size = |f: &str, packed| args_size(&parse(f.as_bytes()).unwrap(), packed);
+        let size = |f: &str, packed| args_size(&parse(f.as_bytes()), packed);
         for (f, unpacked, packed) in [
             ("", 0, 0),
             ("%%no args%%", 0, 0),
@@ -1004,7 +1122,7 @@ mod tests {
     #[test]
     fn llvm_libcs_dialect_prints_null_pointers_and_strings_as_llvm_22_does() {
         let print = |dialect, format: &[u8], args: &[u8]| {
-            let pieces = parse(format).unwrap();
+            let pieces = parse(format);
             let mut out = Vec::new();
             format_in(dialect, &pieces, args, false, &|_| None, &mut |b| {
                 out.extend_from_slice(b)
@@ -1035,34 +1153,136 @@ mod tests {
         );
     }
 
+    /// `format` printed in `dialect` with `args` (4-byte words, unpacked).
+    fn printed(dialect: Dialect, format: &[u8], args: &[i32]) -> Vec<u8> {
+        let args: Vec<u8> = args.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let pieces = parse_in(dialect, format);
+        assert_eq!(args_size(&pieces, false), args.len(), "{:?}", pieces);
+        let mut out = Vec::new();
+        format_in(dialect, &pieces, &args, false, &|_| None, &mut |b| {
+            out.extend_from_slice(b)
+        })
+        .unwrap();
+        out
+    }
+
+    /// LLVM 23+ hands a spec it does not know, its `*` values and a zero to the host's
+    /// `fprintf`: each malformed format here is checked against the host's `snprintf` given
+    /// the same, and against what glibc prints (seen when this was written).
     #[test]
-    fn malformed_formats_are_errors() {
-        use FormatError::*;
-        let unknown = |at, conversion| Err(UnknownConversion { at, conversion });
-        assert_eq!(parse(b"%"), Err(Unterminated { at: 0 }));
-        assert_eq!(parse(b"ab%5"), Err(Unterminated { at: 2 }));
-        assert_eq!(parse(b"%d%l"), Err(Unterminated { at: 2 }));
-        assert_eq!(parse(b"%-+ #0*.*hh"), Err(Unterminated { at: 0 }));
-        assert_eq!(parse(b"%.").map(|_| ()), Err(Unterminated { at: 0 }));
-        assert_eq!(parse(b"x%y"), unknown(2, b'y'));
-        assert_eq!(parse(b"%1$d"), unknown(2, b'$'));
-        assert_eq!(parse(b"%lld%llld"), unknown(7, b'l'));
-        assert_eq!(parse(b"%'d"), unknown(1, b'\''));
-        assert!(parse(b"%m").is_err() && parse(b"%C").is_err() && parse(b"%S").is_err());
+    fn malformed_specs_print_as_the_host_c_library_prints_them() {
+        for (format, stars, glibc) in [
+            ("[%y]", &[][..], "[%y]"),
+            ("[%ll]", &[], "[%]"),
+            ("[%-8y|%0#8y|% +y]", &[], "[%-8y|%#08y|%+y]"),
+            ("[%*y]", &[3], "[%3y]"),
+            ("[%*y]", &[-3], "[%-3y]"),
+            ("[%.*y|%*.*y]", &[-5, 7, 9], "[%y|%7.9y]"),
+            ("[%5.y]", &[], "[%5.0y]"),
+            ("%1$d", &[], "%d"),
+            ("[%0$]", &[], "[%0$]"),
+            // LLVM's parser ends the spec at `I`, glibc's flag: `%I` is an error, nothing.
+            ("[%Iy|%lly|%hhy]", &[], "[y|%y|%y]"),
+            ("[%5%]", &[], "[%]"),
+            ("abc%", &[], "abc%"),
+            ("abc%-5", &[], "abc%-5"),
+            ("[%*", &[4], "[%*"),
+            ("%99999999999y|", &[], "|"),
+            ("[%'d]", &[], "[d]"),
+            ("[%5S|%.2S|%3C]", &[], "[(null)||  \0]"),
+        ] {
+            let expected = glibc.replace("\\0", "\0");
+            let got = printed(Dialect::HostC, format.as_bytes(), stars);
+            assert_eq!(String::from_utf8_lossy(&got), expected, "{format}");
+        }
+        // `%m` is errno's message, its width clamped.
+        let got = printed(Dialect::HostC, b"%m", &[]);
+        assert!(!got.is_empty() && !got.contains(&b'%'), "{got:?}");
+        let got = printed(Dialect::HostC, b"%99999999m", &[]);
+        assert_eq!(got.len(), MAX_FIELD);
+        // A huge `*` width on an unknown conversion prints the number, not that much padding.
+        let got = printed(Dialect::HostC, b"%*y", &[i32::MAX]);
+        assert_eq!(got, b"%2147483647y");
+    }
+
+    /// The host's `snprintf` agrees with the table above where it is safe to call it directly
+    /// (so the table is not merely what this code prints).
+    #[test]
+    fn the_malformed_table_is_the_host_snprintfs() {
+        let reference = |format: &CStr, star: c_int| -> Vec<u8> {
+            let mut buf = [0u8; 64];
+            // SAFETY: each format below reads at most one int (its `*`), passed, and `%5S`
+            // a null wchar_t pointer's worth of zero, passed as a 64-bit zero; glibc also
+            // reads positional `%1$`'s one argument, the star.
+            let n = unsafe {
+                libc::snprintf(
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    format.as_ptr(),
+                    star,
+                    0u64,
+                )
+            };
+            buf[..usize::try_from(n).unwrap_or(0)].to_vec()
+        };
+        for (format, star) in [
+            (c"[%y]", None),
+            (c"[%ll]", None),
+            (c"[%-8y|%0#8y|% +y]", None),
+            (c"[%*y]", Some(3)),
+            (c"[%*y]", Some(-3)),
+            (c"[%5.y]", None),
+            (c"%1$d", None),
+            (c"[%0$]", None),
+            (c"[%lly|%hhy]", None),
+            (c"[%5S]", None),
+            (c"[%.2S]", None),
+        ] {
+            let star_args: Vec<i32> = star.into_iter().collect();
+            let got = printed(Dialect::HostC, format.to_bytes(), &star_args);
+            let expected = reference(format, star.unwrap_or(0));
+            // `%1$d` is cut by LLVM's parser before the `d`: glibc sees `%1$` then `d`.
+            if format == c"%1$d" {
+                assert_eq!(expected, b"0", "glibc reads %1$d as positional %d");
+                assert_eq!(got, b"%d");
+                continue;
+            }
+            assert_eq!(got, expected, "{format:?}");
+        }
+    }
+
+    /// LLVM 20-22's server prints a spec LLVM libc's printf core does not know as its text,
+    /// having read its `*` values: `%n` (built without it), `%m`, `%q`, positional `%1$`.
+    #[test]
+    fn malformed_specs_print_as_their_text_in_llvm_libcs_dialect() {
+        for (format, stars, llvm) in [
+            ("[%y]", &[][..], "[%y]"),
+            ("[%ll]", &[], "[%ll]"),
+            ("[%*y]", &[3], "[%*y]"),
+            ("[%**d]", &[3], "[%**d]"),
+            ("%1$d", &[], "%1$d"),
+            ("[%n|%m|%qd]", &[], "[%n|%m|%qd]"),
+            ("abc%", &[], "abc%"),
+            ("[%-5%]", &[], "[%]"),
+        ] {
+            let got = printed(Dialect::LlvmLibc, format.as_bytes(), stars);
+            assert_eq!(String::from_utf8_lossy(&got), llvm, "{format}");
+        }
+        // `%n` takes no argument there, and 8 bytes in the host C dialect.
+        assert_eq!(args_size(&parse_in(Dialect::LlvmLibc, b"%n%d"), false), 4);
+        assert_eq!(args_size(&parse(b"%n%d"), false), 12);
         // The format ends at its first NUL: nothing after it is parsed.
-        assert_eq!(parse(b"%d\0%y").unwrap().len(), 1);
-        let text = std::string::ToString::to_string(&Unterminated { at: 3 });
-        assert_eq!(text, "unterminated printf conversion starting at byte 3");
+        assert_eq!(parse(b"%d\0%y").len(), 1);
     }
 
     #[test]
     fn short_argument_buffers_are_missing_arguments() {
-        let pieces = parse(b"%d%ld").unwrap();
+        let pieces = parse(b"%d%ld");
         assert_eq!(format(&pieces, &[0; 8], false, &|_| None), missing(16, 8));
         let pointers = string_pointers(&pieces, &[1; 8], false).map(|_| Vec::new());
         assert_eq!(pointers, missing(16, 8));
         assert_eq!(format(&pieces, &[0; 11], true, &|_| None), missing(12, 11));
-        let pieces = parse(b"%s").unwrap();
+        let pieces = parse(b"%s");
         assert_eq!(
             string_pointers(&pieces, &[], true).map(|_| Vec::new()),
             missing(8, 0)
@@ -1071,13 +1291,13 @@ mod tests {
 
     #[test]
     fn huge_widths_and_precisions_are_clamped() {
-        let pieces = parse(b"%99999999999999999999999d|%.99999999999f").unwrap();
+        let pieces = parse(b"%99999999999999999999999d|%.99999999999f");
         assert!(matches!(&pieces[0], Piece::Spec(s) if s.width == Count::Fixed(MAX_FIELD)));
         let args = [1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xf0, 0x3f]; // 1, 1.0
         let out = format(&pieces, &args, false, &|_| None).unwrap();
         assert_eq!(out.len(), MAX_FIELD + 1 + 2 + MAX_FIELD);
         // `*` width i32::MIN: left-justified, clamped; `*` precision i32::MAX on a long string.
-        let pieces = parse(b"%*d|%.*s").unwrap();
+        let pieces = parse(b"%*d|%.*s");
         let words = [i32::MIN as u32 as u64, i32::MAX as u64, 1]; // Unpacked: star, 0, star, ptr.
         let args: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         let out = format(&pieces, &args, false, &|_| Some(vec![b'x'; 10_000])).unwrap();
@@ -1086,7 +1306,7 @@ mod tests {
 
     #[test]
     fn unfetched_and_nul_containing_strings() {
-        let pieces = parse(b"[%s][%.3s][%s]").unwrap();
+        let pieces = parse(b"[%s][%.3s][%s]");
         let args: Vec<u8> = [1u64, 2, 3].iter().flat_map(|p| p.to_le_bytes()).collect();
         let strings = |p| (p == 3).then(|| b"ab\0cd".to_vec());
         let out = format(&pieces, &args, true, &strings).unwrap();
@@ -1108,7 +1328,7 @@ mod tests {
         let mut args: Vec<u8> = (0..16).flat_map(|_| 7u32.to_le_bytes()).collect();
         args.extend_from_slice(&f64::MAX.to_le_bytes());
         args.extend_from_slice(&1u64.to_le_bytes());
-        let pieces = parse(&format).unwrap();
+        let pieces = parse(&format);
         let string = vec![b's'; 2 * CHUNK];
         let strings = |_| Some(string.clone());
         let mut sizes = Vec::new();
@@ -1144,11 +1364,11 @@ mod tests {
                 .map(|_| ALPHABET[next() % ALPHABET.len()])
                 .collect();
             let args: Vec<u8> = (0..next() % 80).map(|_| next() as u8).collect();
-            let Ok(pieces) = parse(&fmt) else { continue };
-            for packed in [false, true] {
+            for (dialect, packed) in [(Dialect::HostC, false), (Dialect::LlvmLibc, true)] {
+                let pieces = parse_in(dialect, &fmt);
                 let _ = string_pointers(&pieces, &args, packed);
                 let strings = |p: u64| (p & 1 == 0).then(|| p.to_le_bytes().to_vec());
-                let _ = format(&pieces, &args, packed, &strings);
+                let _ = format_in(dialect, &pieces, &args, packed, &strings, &mut |_| {});
             }
         }
     }
