@@ -10,7 +10,7 @@ use rpc_core::{FilePolicy, Opcode};
 /// The demo's own opcode: the server answers `buf[0]` squared.
 const SQUARE: Opcode = Opcode::user(1);
 
-pub fn run() -> Result<(), String> {
+pub fn run(json: bool) -> Result<(), String> {
     let config = HostConfig {
         devices: 1,
         lanes: 32,
@@ -121,11 +121,11 @@ pub fn run() -> Result<(), String> {
         .len();
     runtime.deinit().map_err(|e| e.to_string())?;
     std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    println!("-- server statistics: {stats}");
     println!(
         "-- live allocations after the program: {live}; refused requests: {}",
         stats.refused
     );
+    crate::print_stats(&stats, json);
     if stats.refused != 2 || live != 0 || stats.panics != 0 {
         return Err("the demo did not behave as expected".into());
     }

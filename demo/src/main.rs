@@ -1,9 +1,11 @@
 //! `rpc-demo`: a small offload program whose kernels print, write and read a file, allocate,
 //! call a custom opcode and make one refused request, all served by the plugin's own RPC server.
 //!
-//! `rpc-demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]`: the host plugin (CPU
-//! warps) runs the built-in program; a GPU plugin lists its devices and runs a device image
-//! given with `--image`, or says clearly why it cannot (no driver, no device, no image).
+//! `rpc-demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME] [--json]`: the host plugin
+//! (CPU warps) runs the built-in program; a GPU plugin lists its devices and runs a device image
+//! given with `--image`, or says clearly why it cannot (no driver, no device, no image). The
+//! server's statistics end the output: a line of text, or with `--json` one line of JSON
+//! (`StatsSnapshot::to_json`).
 
 use std::process::ExitCode;
 
@@ -15,16 +17,19 @@ use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
 mod host;
 
 const USAGE: &str = "\
-usage: rpc-demo [--plugin host|cuda|amdgpu] [--image FILE [--kernel NAME]]
+usage: rpc-demo [--plugin host|cuda|amdgpu] [--image FILE [--kernel NAME]] [--json]
   --plugin host     the host plugin's own kernels (the default)
   --plugin cuda|amdgpu --image FILE [--kernel NAME]
                     run kernel NAME (default `main`) of a device image on the first GPU
+  --json            the server's statistics as one line of JSON, last
   --help            this text";
 
 struct Args {
     plugin: String,
     image: Option<String>,
     kernel: String,
+    /// Print the statistics as JSON.
+    json: bool,
 }
 
 /// Why the command line is not run: a usage error (exit 2) or `--help` (exit 0).
@@ -40,6 +45,7 @@ fn parse_args() -> Result<Args, NotRun> {
         plugin: "host".into(),
         image: None,
         kernel: "main".into(),
+        json: false,
     };
     let mut kernel_given = false;
     let mut parser = lexopt::Parser::from_env();
@@ -52,6 +58,7 @@ fn parse_args() -> Result<Args, NotRun> {
             Long("help") | Short('h') => return Err(NotRun::Help),
             Long("plugin") => args.plugin = value(&mut parser)?,
             Long("image") => args.image = Some(value(&mut parser)?),
+            Long("json") => args.json = true,
             Long("kernel") => {
                 args.kernel = value(&mut parser)?;
                 kernel_given = true;
@@ -107,7 +114,7 @@ fn run_gpu<P: Plugin>(plugin: P, args: &Args) -> Result<(), String> {
         .launch(image, &args.kernel, &[], Grid::linear(1, 64))
         .map_err(|e| e.to_string())?;
     let result = runtime.synchronize(0);
-    println!("server statistics: {}", runtime.server().stats());
+    print_stats(&runtime.server().stats(), args.json);
     runtime.deinit().map_err(|e| e.to_string())?;
     match result.map_err(|e| e.to_string())? {
         None => Ok(()),
@@ -115,10 +122,19 @@ fn run_gpu<P: Plugin>(plugin: P, args: &Args) -> Result<(), String> {
     }
 }
 
+/// The statistics line: text, or with `--json` the JSON object alone.
+fn print_stats(stats: &rpc_core::StatsSnapshot, json: bool) {
+    if json {
+        println!("{}", stats.to_json());
+    } else {
+        println!("-- server statistics: {stats}");
+    }
+}
+
 fn run(args: &Args) -> Result<(), String> {
     match args.plugin.as_str() {
         #[cfg(feature = "host")]
-        "host" => host::run(),
+        "host" => host::run(args.json),
         #[cfg(feature = "cuda")]
         "cuda" => run_gpu(plugin_cuda::CudaPlugin::new(), args),
         #[cfg(feature = "amdgpu")]

@@ -55,6 +55,37 @@ fn the_host_demo_runs_every_service_and_reports_statistics() {
 }
 
 #[test]
+fn json_makes_the_statistics_line_json() {
+    let (code, stdout, stderr) = demo(&["--json"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let last = stdout.lines().last().unwrap();
+    let stats: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(stats["refused"], 2, "{last}");
+    assert_eq!(stats["panics"], 0, "{last}");
+    assert!(
+        stats["served"]["PRINTF_TO_STDOUT"].as_u64().unwrap() > 0,
+        "{last}"
+    );
+    assert_eq!(
+        stats["served"]["0x75000001"], 2,
+        "the custom opcode, by number: {last}"
+    );
+    assert_eq!(
+        stats["total_served"],
+        stats["served"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum::<u64>()
+    );
+    assert!(
+        !stdout.contains("refused=2"),
+        "no text statistics line: {stdout}"
+    );
+}
+
+#[test]
 fn gpu_plugins_without_a_device_say_why_and_fail() {
     for plugin in ["cuda", "amdgpu"] {
         let (code, stdout, stderr) = demo(&["--plugin", plugin]);

@@ -28,7 +28,7 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [flags]
 
 commands:
-  demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]
+  demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME] [--json]
                                          the main job: a small offload program (host plugin)
   test                                   tidy, fmt, clippy, the tests, loom, miri (where nightly has
                                          it), the no_std build, a 30 s soak

@@ -24,7 +24,7 @@ fn status(command: &mut Command, what: &str) -> Result {
 
 /// `cargo xtask demo`: the README's main command.
 pub fn demo(args: &[String]) -> Result {
-    let flags = Flags::parse("demo", args, &["plugin", "image", "kernel"])?;
+    let flags = Flags::parse_with("demo", args, &["plugin", "image", "kernel"], &["json"])?;
     let plugin = flags.get("plugin").unwrap_or("host");
     if !PLUGINS.contains(&plugin) {
         return Err(Failure::Usage(format!(
@@ -50,6 +50,9 @@ pub fn demo(args: &[String]) -> Result {
         if let Some(value) = flags.get(name) {
             command.args([format!("--{name}"), value.to_string()]);
         }
+    }
+    if flags.switch("json") {
+        command.arg("--json");
     }
     status(&mut command, &format!("the {plugin} demo"))
 }

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::format;
+use std::string::String;
 use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
@@ -143,6 +145,50 @@ impl StatsSnapshot {
     /// Requests of `opcode` served.
     pub fn served_of(&self, opcode: Opcode) -> u64 {
         self.served.get(&opcode).copied().unwrap_or(0)
+    }
+
+    /// The counters as one line of JSON: every field by its name, `total_served`, and `served`
+    /// as an object keyed by opcode name (an opcode without one by its number, `"0x75000007"`).
+    ///
+    /// ```
+    /// let stats = rpc_core::StatsSnapshot::default();
+    /// assert!(stats.to_json().starts_with(r#"{"total_served":0,"served":{},"errors":0,"#));
+    /// ```
+    pub fn to_json(&self) -> String {
+        let served: Vec<String> = self
+            .served
+            .iter()
+            .map(|(op, n)| match op.name() {
+                Some(name) => format!("\"{name}\":{n}"),
+                None => format!("\"{:#010x}\":{n}", op.0),
+            })
+            .collect();
+        let counters = [
+            ("errors", self.errors),
+            ("refused", self.refused),
+            ("unknown", self.unknown),
+            ("bad_headers", self.bad_headers),
+            ("panics", self.panics),
+            ("abandoned", self.abandoned),
+            ("passes", self.passes),
+            ("sleeps", self.sleeps),
+            ("wakeups", self.wakeups),
+            ("doorbell_sleeps", self.doorbell_sleeps),
+            ("doorbell_rings", self.doorbell_rings),
+            ("workers_started", self.workers_started),
+            ("blocking_calls", self.blocking_calls),
+            ("io_threads_abandoned", self.io_threads_abandoned),
+        ];
+        let counters: Vec<String> = counters
+            .iter()
+            .map(|(name, n)| format!("\"{name}\":{n}"))
+            .collect();
+        format!(
+            "{{\"total_served\":{},\"served\":{{{}}},{}}}",
+            self.total_served(),
+            served.join(","),
+            counters.join(",")
+        )
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L [--files DIR|deny|all]
-//!           [--allow-system] [--stdout FILE] [--stderr FILE] [--client-timeout MS]
+//!           [--allow-system] [--stdout FILE] [--stderr FILE] [--client-timeout MS] [--json]
 //! ```
 //! The mailbox is a memfd (`--memfd`, also what happens without `--file`), sized to the
 //! layout, zeroed and sealed against shrinking and growing; rpc-serve prints `ready
@@ -21,7 +21,8 @@
 //! 0.1% of a core, and the first request after such a silence waits up to 100 ms). A signal
 //! ends it within half a second.
 //!
-//! rpc-serve serves until SIGINT or SIGTERM, then prints its statistics and exits 0. Bad
+//! rpc-serve serves until SIGINT or SIGTERM, then prints its statistics (`stopped: ...`, or with
+//! `--json` one line of JSON, `StatsSnapshot::to_json`) and exits 0. Bad
 //! arguments: a message and exit code 2. `--client-timeout MS` (default 10000, 0 = never)
 //! abandons an exchange whose client stopped answering mid-script (e.g. a killed process), so
 //! the other ports keep being served and the port is recovered. A client's EXIT/ABORT is
@@ -60,7 +61,7 @@ use plugin_host::HostAllocator;
 
 const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L \
                      [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE] \
-                     [--client-timeout MS]";
+                     [--client-timeout MS] [--json]";
 
 /// The most bytes MALLOC hands the client out of rpc-serve's memory at once.
 const MALLOC_BYTES: u64 = 1 << 30;
@@ -86,6 +87,8 @@ struct Args {
     stdout: Option<PathBuf>,
     stderr: Option<PathBuf>,
     client_timeout: Option<Duration>,
+    /// The statistics at exit as JSON.
+    json: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -93,7 +96,7 @@ fn parse_args() -> Result<Args, String> {
     let mut parser = lexopt::Parser::from_env();
     let (mut file, mut generation, mut ports, mut lanes) = (None, None, None, None);
     let (mut allow_system, mut stdout, mut files) = (false, None, None);
-    let (mut memfd, mut stderr) = (false, None);
+    let (mut memfd, mut stderr, mut json) = (false, None, false);
     // Clients in other processes hold no launch guard we could see end: without a timeout, a
     // client killed mid-exchange would hold the worker forever. 0 disables it.
     let mut client_timeout = Some(DEFAULT_CLIENT_TIMEOUT);
@@ -135,6 +138,7 @@ fn parse_args() -> Result<Args, String> {
                 stderr = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
             }
             Long("memfd") => memfd = true,
+            Long("json") => json = true,
             Long("client-timeout") => {
                 let ms: u64 = parser
                     .value()
@@ -173,6 +177,7 @@ fn parse_args() -> Result<Args, String> {
         stdout,
         stderr,
         client_timeout,
+        json,
     })
 }
 
@@ -284,7 +289,12 @@ fn serve(args: Args) -> Result<Ended, String> {
             log::warn!("{}: not removed: {error}", file.display());
         }
     }
-    println!("stopped: {}", server.stats());
+    let stats = server.stats();
+    if args.json {
+        println!("{}", stats.to_json());
+    } else {
+        println!("stopped: {stats}");
+    }
     Ok(ended)
 }
 

@@ -32,6 +32,10 @@ impl Drop for Served {
 }
 
 fn serve(generation: Generation, ports: u32, lanes: u32, tag: &str) -> Served {
+    serve_with(generation, ports, lanes, tag, &[])
+}
+
+fn serve_with(generation: Generation, ports: u32, lanes: u32, tag: &str, extra: &[&str]) -> Served {
     let dir = std::env::temp_dir().join(format!("rpc-serve-test-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("mailbox");
@@ -44,6 +48,7 @@ fn serve(generation: Generation, ports: u32, lanes: u32, tag: &str) -> Served {
         ])
         .args(["--ports", &ports.to_string(), "--lanes", &lanes.to_string()])
         .args(["--stdout", dir.join("out.txt").to_str().unwrap()])
+        .args(extra)
         // The files the tests open lie in `dir`: rpc-serve's default sandbox is its working
         // directory.
         .current_dir(&dir)
@@ -151,6 +156,24 @@ fn rpc_serve_serves_another_process_for_v1_v2_and_l_1_32() {
             assert!(report.ends_with(&lines), "{report}");
         }
     }
+}
+
+#[test]
+fn rpc_serve_prints_its_statistics_as_json_with_json() {
+    let served = serve_with(Generation::V1, 4, 1, "json", &["--json"]);
+    let warp = served.warp(1);
+    for i in 0..3 {
+        assert_eq!(warp.call(Opcode::TEST_INCREMENT, |_| i).unwrap()[0], i + 1);
+    }
+    let report = served.stop();
+    let line = report.lines().next().unwrap();
+    let stats: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(stats["served"]["TEST_INCREMENT"], 3, "{line}");
+    assert_eq!(stats["total_served"], 3, "{line}");
+    for counter in ["errors", "refused", "panics", "abandoned"] {
+        assert_eq!(stats[counter], 0, "{counter} in {line}");
+    }
+    assert!(stats["passes"].as_u64().unwrap() > 0, "{line}");
 }
 
 fn warp_lines(mask: u64) -> String {
