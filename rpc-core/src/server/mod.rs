@@ -317,7 +317,24 @@ impl RpcServer {
             .collect()
     }
 
-    /// Starts the worker unless it runs already.
+    /// Starts the worker unless it runs already. Both `start` and [`RpcServer::shutdown`] may be
+    /// called any number of times, in any order: a second one says it had nothing to do. A
+    /// [`crate::PluginRuntime`] starts its server itself whenever it loads or launches an RPC
+    /// image (after a `shutdown` too), and after its `deinit` `start` fails with
+    /// [`Error::Deinitialised`].
+    ///
+    /// ```
+    /// use rpc_core::{RpcServer, ServerConfig, Started, Stopped};
+    /// let server = RpcServer::new(ServerConfig::default());
+    /// assert_eq!(server.start()?, Started::Started);
+    /// assert_eq!(server.start()?, Started::AlreadyRunning);
+    /// assert!(server.is_running());
+    /// assert_eq!(server.shutdown()?, Stopped::Stopped);
+    /// assert_eq!(server.shutdown()?, Stopped::AlreadyStopped);
+    /// assert_eq!(server.start()?, Started::Started, "a stopped server starts again");
+    /// # let _ = server.shutdown()?;
+    /// # Ok::<(), rpc_core::Error>(())
+    /// ```
     pub fn start(&self) -> Result<Started> {
         // Acquire: pairs with `retire`'s Release (a plain flag; nothing else is ordered by it).
         if self.inner.context.retired.load(Ordering::Acquire) {
@@ -332,7 +349,12 @@ impl RpcServer {
         self.inner.context.retired.store(true, Ordering::Release);
     }
 
-    /// Stops the worker (per the configured [`ShutdownPolicy`]) and joins it.
+    /// Stops the worker and joins it; `AlreadyStopped` if none ran (see [`RpcServer::start`]).
+    /// With kernels still holding user guards, the configured [`ShutdownPolicy`] decides:
+    /// refuse with [`Error::LiveUsers`] (at once or after a wait) and keep serving, or stop
+    /// anyway. Exchanges still in flight are abandoned (their ports quarantined, never handed
+    /// wrong data), and I/O threads stuck in a call are left behind and counted
+    /// (`io_threads_abandoned`), never joined forever.
     pub fn shutdown(&self) -> Result<Stopped> {
         self.shutdown_with(self.inner.context.config.shutdown_policy)
     }
