@@ -454,7 +454,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         total: u64,
     ) -> Result<Vec<Vec<u8>>> {
         let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
-        let mut lengths = [0usize; 64];
+        // Each lane's length, kept only when one goes past the first packet: an array of 64
+        // here would be most of a suspended script's size (each is a boxed future).
+        let mut lengths: Vec<usize> = Vec::new();
+        let lanes = self.lanes as usize;
         let mut too_long = None;
         let mut claimed = 0u64;
         self.recv_async(|lane, packet| {
@@ -472,7 +475,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
                 return;
             }
             let len = len as usize; // `bound` fits in usize on every host we build for.
-            lengths[lane as usize] = len;
+            if len > FIRST_PACKET_BYTES {
+                lengths.resize(lanes, 0);
+                lengths[lane as usize] = len;
+            }
             let first = len.min(FIRST_PACKET_BYTES);
             let bytes = &mut out[lane as usize];
             bytes.reserve(len.min(1 << 16));

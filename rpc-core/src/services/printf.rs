@@ -487,7 +487,9 @@ pub fn format_in(
     strings: &dyn Fn(u64) -> Option<Vec<u8>>,
     sink: &mut dyn FnMut(&[u8]),
 ) -> Result<(), FormatError> {
-    let mut out = Vec::with_capacity(output_bound(pieces, 0).min(CHUNK));
+    // Room for a usual line; a longer output grows it (up to a chunk). Not the bound: that is
+    // about 330 bytes a conversion, a large allocation (glibc's costlier path) for every line.
+    let mut out = Vec::with_capacity(output_bound(pieces, 0).min(256));
     walk(pieces, args, packed, |arg, piece| match (arg, piece) {
         (Some(arg), Piece::Malformed { text, .. }) => {
             malformed(dialect, &mut out, &arg, text, sink);
@@ -633,9 +635,9 @@ enum CValue<'a> {
 }
 
 /// Appends a conversion with no flags, width or precision, of an integer of its C type, a
-/// character or a string, if it is one: then C prints exactly the digits (or bytes) Rust's
-/// formatting writes, and the call to `snprintf`, the costliest part of a short printf, is
-/// saved. Returns whether it was one.
+/// character or a string, if it is one: then C prints exactly its digits (a `-` and the
+/// magnitude's digits in the conversion's base), or its bytes, written here, and the call to
+/// `snprintf`, the costliest part of a short printf, is saved. Returns whether it was one.
 fn plain(out: &mut Vec<u8>, a: &Resolved, value: CValue) -> bool {
     let f = a.flags;
     let bare = !(f.left || f.plus || f.space || f.alt || f.zero);
@@ -645,29 +647,46 @@ fn plain(out: &mut Vec<u8>, a: &Resolved, value: CValue) -> bool {
     // `h` and `hh` truncate first, which snprintf does; only the full C types come here.
     let full = matches!(a.spec.length, Length::None)
         || matches!(value, CValue::LongLong(_) | CValue::ULongLong(_));
-    let written = match (value, a.spec.conversion) {
+    let (negative, magnitude) = match (value, a.spec.conversion) {
         (CValue::Int(v), b'c') => {
             out.push(v as u8); // C prints the int as an unsigned char, a NUL included.
-            Ok(())
+            return true;
         }
         (CValue::Str(text), _) => {
             out.extend_from_slice(text.to_bytes());
-            Ok(())
+            return true;
         }
         (_, _) if !full => return false,
-        (CValue::Int(v), _) => write!(out, "{v}"),
-        (CValue::LongLong(v), _) => write!(out, "{v}"),
-        (CValue::UInt(v), b'u') => write!(out, "{v}"),
-        (CValue::UInt(v), b'x') => write!(out, "{v:x}"),
-        (CValue::UInt(v), b'X') => write!(out, "{v:X}"),
-        (CValue::UInt(v), b'o') => write!(out, "{v:o}"),
-        (CValue::ULongLong(v), b'u') => write!(out, "{v}"),
-        (CValue::ULongLong(v), b'x') => write!(out, "{v:x}"),
-        (CValue::ULongLong(v), b'X') => write!(out, "{v:X}"),
-        (CValue::ULongLong(v), b'o') => write!(out, "{v:o}"),
+        (CValue::Int(v), _) => (v < 0, u64::from(v.unsigned_abs())),
+        (CValue::LongLong(v), _) => (v < 0, v.unsigned_abs()),
+        (CValue::UInt(v), _) => (false, u64::from(v)),
+        (CValue::ULongLong(v), _) => (false, v),
         _ => return false,
     };
-    written.is_ok() // Writing to a Vec cannot fail.
+    let (radix, digits): (u64, &[u8; 16]) = match a.spec.conversion {
+        b'd' | b'i' | b'u' => (10, b"0123456789abcdef"),
+        b'x' => (16, b"0123456789abcdef"),
+        b'X' => (16, b"0123456789ABCDEF"),
+        b'o' => (8, b"0123456789abcdef"),
+        _ => return false,
+    };
+    if negative {
+        out.push(b'-');
+    }
+    // The digits, last first, into a buffer as long as the longest (22 octal digits of 2^64).
+    let mut buf = [0u8; 22];
+    let mut start = buf.len();
+    let mut rest = magnitude;
+    loop {
+        start -= 1;
+        buf[start] = digits[(rest % radix) as usize];
+        rest /= radix;
+        if rest == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[start..]);
+    true
 }
 
 /// Appends `snprintf` of one conversion: `a`'s flags, width and precision, its conversion, and a
