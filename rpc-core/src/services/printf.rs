@@ -663,30 +663,36 @@ fn plain(out: &mut Vec<u8>, a: &Resolved, value: CValue) -> bool {
         (CValue::ULongLong(v), _) => (false, v),
         _ => return false,
     };
-    let (radix, digits): (u64, &[u8; 16]) = match a.spec.conversion {
-        b'd' | b'i' | b'u' => (10, b"0123456789abcdef"),
-        b'x' => (16, b"0123456789abcdef"),
-        b'X' => (16, b"0123456789ABCDEF"),
-        b'o' => (8, b"0123456789abcdef"),
-        _ => return false,
-    };
+    if !matches!(a.spec.conversion, b'd' | b'i' | b'u' | b'x' | b'X' | b'o') {
+        return false;
+    }
     if negative {
         out.push(b'-');
     }
-    // The digits, last first, into a buffer as long as the longest (22 octal digits of 2^64).
+    match a.spec.conversion {
+        b'x' => push_digits::<16>(out, magnitude, b"0123456789abcdef"),
+        b'X' => push_digits::<16>(out, magnitude, b"0123456789ABCDEF"),
+        b'o' => push_digits::<8>(out, magnitude, b"01234567"),
+        _ => push_digits::<10>(out, magnitude, b"0123456789"),
+    }
+    true
+}
+
+/// Appends `value`'s digits in base `RADIX` (a constant, so the divisions are multiplications).
+fn push_digits<const RADIX: u64>(out: &mut Vec<u8>, value: u64, digits: &[u8]) {
+    // Last first, into a buffer as long as the longest number (22 octal digits of 2^64 - 1).
     let mut buf = [0u8; 22];
     let mut start = buf.len();
-    let mut rest = magnitude;
+    let mut rest = value;
     loop {
         start -= 1;
-        buf[start] = digits[(rest % radix) as usize];
-        rest /= radix;
+        buf[start] = digits[(rest % RADIX) as usize];
+        rest /= RADIX;
         if rest == 0 {
             break;
         }
     }
     out.extend_from_slice(&buf[start..]);
-    true
 }
 
 /// Appends `snprintf` of one conversion: `a`'s flags, width and precision, its conversion, and a
