@@ -166,8 +166,9 @@ pub enum Dialect {
     HostC,
     /// LLVM libc's printf core, as LLVM 19-22's servers print, where it differs from glibc
     /// on what a GPU can pass: a null `%p` is `(nullptr)` (padded to the width), and a null
-    /// `%s` is `(null)` cut to the precision (`%.3s` prints `(nu`). (LLVM 22's reordering of
-    /// null and fetched `%s` strings, its 16-byte `%Lf` and its `%n` writing host memory are
+    /// `%s` is `(null)` cut to the precision (`%.3s` prints `(nu`); a spec the core does not
+    /// know (`%y`, `%m`, positional `%1$d`, and `%n`, built out of LLVM's server) prints as its
+    /// text. (LLVM 22's reordering of null and fetched `%s` strings and its 16-byte `%Lf` are
     /// bugs not copied: docs/llvm-compat.md.)
     LlvmLibc,
 }
