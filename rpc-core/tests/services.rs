@@ -1485,6 +1485,31 @@ fn a_long_printf_goes_out_in_pieces() {
     fx.expect_counts(0, 0);
 }
 
+/// Short lines of every lane go to stdout in one write (a syscall per request, not per lane),
+/// and each lane still gets its own count.
+#[test]
+fn short_printfs_of_all_lanes_go_out_in_one_write() {
+    let fx = Fx::new("printf-one-write", 32, u64::from(u32::MAX));
+    let writes = WriteSizes::default();
+    fx.services().set_stdout(Box::new(writes.clone()));
+    let formats = per_lane(|_| cstr("lane %d\n"));
+    let args = per_lane(|l| (l as i32).to_le_bytes().to_vec());
+    let (results, _, _) = fx.printf(
+        Opcode::PRINTF_TO_STDOUT,
+        None,
+        &formats,
+        &args,
+        &HashMap::new(),
+    );
+    let lines: Vec<String> = fx.lanes().into_iter().map(|l| format!("lane {l}\n")).collect();
+    for l in fx.lanes() {
+        assert_eq!(results[l as usize], lines[l as usize].len() as i64);
+    }
+    let total: usize = lines.iter().map(String::len).sum();
+    assert_eq!(*writes.0.lock().unwrap(), [total]);
+    fx.expect_counts(0, 0);
+}
+
 /// A pointer printed many times is fetched once; strings above the request's limit make the
 /// lane print nothing and answer -1 (a refusal), and the other lanes print.
 #[test]

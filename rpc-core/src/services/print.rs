@@ -9,8 +9,9 @@
 //!    buf\[1\] = the lane's next pointer, last-first as LLVM asks, or 0}; C send_n(the string
 //!    incl. NUL, or nothing for 0). A pointer printed twice is fetched once.
 //! 6. S formats each lane's output and writes it to the lane's stream in pieces of
-//!    [`CHUNK`] bytes (one write for a shorter output, and never the whole of a longer one in
-//!    memory), then S send {buf\[0\] = bytes written or -1, buf\[1\] = 0}.
+//!    [`CHUNK`] bytes (never the whole of a longer output in memory; short lines of the lanes
+//!    that print to one of stdout and stderr go out together, one write), then S send
+//!    {buf\[0\] = bytes written or -1, buf\[1\] = 0}.
 //!
 //! A lane gets -1 and no output for a bad handle, an argument
 //! buffer shorter than the format needs, or `%s` strings above `Limits::printf_string_bytes`
@@ -188,21 +189,49 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
         Err(why) => refusals.lane(lane as u32, why),
     };
     if touches.inline() {
+        // Short outputs to stdout or stderr: the lanes' lines go out together, one write per
+        // run of lanes with the same stream (a syscall per request, not per lane), in lane
+        // order, before the reply.
+        let mut batch = Batch::default();
         for (i, state) in lanes.iter().enumerate() {
-            if let Some((pieces, target)) = &state.parsed {
-                record(
-                    i,
-                    print(
-                        services,
-                        target,
-                        pieces,
-                        &args[i],
-                        (dialect, packed),
-                        &state.strings,
-                    ),
+            let Some((pieces, target)) = &state.parsed else {
+                continue;
+            };
+            let Some(std) = std_stream(target) else {
+                // Not reached: a file or stdin is no inline target. Printed on its own.
+                let printed = print(
+                    services,
+                    target,
+                    pieces,
+                    &args[i],
+                    (dialect, packed),
+                    &state.strings,
                 );
+                record(i, printed);
+                continue;
+            };
+            if batch
+                .target
+                .as_ref()
+                .is_some_and(|t| std_stream(t) != Some(std))
+            {
+                batch.write(services, &mut record);
+            }
+            let fetch = |p| state.strings.get(&p).cloned();
+            let start = batch.bytes.len();
+            let mut sink = |chunk: &[u8]| batch.bytes.extend_from_slice(chunk);
+            match format_in(dialect, pieces, &args[i], packed, &fetch, &mut sink) {
+                Ok(()) => {
+                    batch.target.get_or_insert(std.target());
+                    batch.lanes.push((i, (batch.bytes.len() - start) as u64));
+                }
+                Err(why) => {
+                    batch.bytes.truncate(start);
+                    record(i, Err(why.to_string()));
+                }
             }
         }
+        batch.write(services, &mut record);
     } else {
         // The parsed pieces borrow `formats`, which the call takes: they are parsed again there.
         let jobs: Vec<_> = lanes
@@ -241,6 +270,55 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
 /// What printing one lane came to: the bytes written, `None` if a write failed (nothing more
 /// is written after that, as C's printf stops too), or why the arguments do not fit.
 type Printed = core::result::Result<Option<u64>, String>;
+
+/// The formatted output of consecutive lanes printing to one std stream, written at once.
+#[derive(Default)]
+struct Batch {
+    target: Option<Target>,
+    bytes: Vec<u8>,
+    /// Each lane's index and its bytes in `bytes`, in order.
+    lanes: Vec<(usize, u64)>,
+}
+
+impl Batch {
+    /// Writes the lanes' output and records each lane's count; all get -1 (as C's printf when
+    /// its stream fails) if the write fails.
+    fn write(&mut self, services: &super::Services, record: &mut impl FnMut(usize, Printed)) {
+        let Some(target) = self.target.take() else {
+            return;
+        };
+        let whole = services.write(&target, &self.bytes) == self.bytes.len();
+        for (lane, len) in self.lanes.drain(..) {
+            record(lane, Ok(whole.then_some(len)));
+        }
+        self.bytes.clear();
+    }
+}
+
+/// Stdout or stderr, the streams a batch writes to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Std {
+    Out,
+    Err,
+}
+
+impl Std {
+    fn target(self) -> Target {
+        match self {
+            Std::Out => Target::Stdout,
+            Std::Err => Target::Stderr,
+        }
+    }
+}
+
+/// Which std stream `target` is, if it is one.
+fn std_stream(target: &Target) -> Option<Std> {
+    match target {
+        Target::Stdout => Some(Std::Out),
+        Target::Stderr => Some(Std::Err),
+        Target::Stdin | Target::File(_) => None,
+    }
+}
 
 /// Formats one lane's output and writes it to `target` in pieces of [`CHUNK`] bytes.
 fn print(
