@@ -1501,7 +1501,11 @@ fn short_printfs_of_all_lanes_go_out_in_one_write() {
         &args,
         &HashMap::new(),
     );
-    let lines: Vec<String> = fx.lanes().into_iter().map(|l| format!("lane {l}\n")).collect();
+    let lines: Vec<String> = fx
+        .lanes()
+        .into_iter()
+        .map(|l| format!("lane {l}\n"))
+        .collect();
     for l in fx.lanes() {
         assert_eq!(results[l as usize], lines[l as usize].len() as i64);
     }

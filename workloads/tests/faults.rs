@@ -36,6 +36,25 @@ fn eventually(what: &str, condition: impl Fn() -> bool) {
     }
 }
 
+/// A client's wait that gives up once `stop` is set, or at its liveness bound.
+struct UntilStopped<'a> {
+    stop: &'a AtomicBool,
+    bound: Deadline,
+}
+
+impl rpc_core::protocol::Wait for UntilStopped<'_> {
+    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+        // Acquire: pairs with the Release that sets it (a plain flag; nothing else is ordered).
+        if self.stop.load(Ordering::Acquire) {
+            return Err(rpc_core::Error::Abandoned {
+                port,
+                reason: "the test stopped waiting",
+            });
+        }
+        self.bound.pause(port, attempt)
+    }
+}
+
 fn server(name: &str) -> RpcServer {
     let _ = env_logger::builder().is_test(true).try_init();
     let server = RpcServer::new(ServerConfig {
@@ -435,17 +454,29 @@ fn a_handler_panicking_at_every_step_of_a_stream_exchange() {
         let before = server.stats().panics;
         {
             let _kernel = server.user_for(id);
-            let wait = Deadline(Instant::now() + Duration::from_millis(500));
+            // The client streams as long as the server takes packets (however slowly: no
+            // deadline of its own but the liveness bound), and gives up once the panic is
+            // counted: after it, nothing more can come back.
+            let stop = AtomicBool::new(false);
+            let wait = UntilStopped {
+                stop: &stop,
+                bound: Deadline::after(Duration::from_secs(30)),
+            };
             let client = Client::new(memory.view(), locks.words())
                 .unwrap()
                 .with_wait(&wait);
-            let mut port = client.open(echo, MASK).unwrap();
-            // The echo may come back garbled or not at all: only a bounded wait matters.
-            let _ = port.send_n(&slices).and_then(|()| port.recv_n(1 << 20));
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    let mut port = client.open(echo, MASK).unwrap();
+                    // The echo may come back garbled or not at all.
+                    let _ = port.send_n(&slices).and_then(|()| port.recv_n(1 << 20));
+                });
+                // The panic is counted, and its port quarantined until the kernel is gone (so
+                // the rest of the stream never arrives as new requests).
+                eventually("the panic is counted", || server.stats().panics > before);
+                stop.store(true, Ordering::Release);
+            });
         }
-        // The panic is counted, and its port quarantined until the kernel is gone (so the rest
-        // of the stream never arrives as new requests).
-        eventually("the panic is counted", || server.stats().panics > before);
     }
     PANIC_AT.store(usize::MAX, Ordering::Relaxed);
     let _user = server.user_for(id);
