@@ -2,7 +2,7 @@
 //! users and sleep, shutdown policies, unknown opcodes, panics, abandoned exchanges, detach.
 #![cfg(not(loom))]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -332,6 +332,77 @@ fn a_blocking_call_longer_than_the_client_timeout_is_not_the_clients_silence() {
         assert_eq!(call.join().unwrap(), 104);
     });
     assert_eq!(server.stats().abandoned, 0);
+}
+
+/// A blocking call queued behind another on the one I/O thread, whose exchange is abandoned
+/// (its kernel gone) before the thread is free, is never run: it would act for a client that
+/// is gone (as a stdin read would, on the next client's stdin).
+#[test]
+fn a_queued_call_of_an_abandoned_exchange_never_runs() {
+    let server = RpcServer::new(ServerConfig {
+        io_threads: 1,
+        ..config("queued-call")
+    });
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let held = Arc::new(std::sync::Mutex::new(held));
+    let entered = Arc::new(AtomicBool::new(false));
+    let ran = Arc::new(AtomicU64::new(0));
+    // HOLD: a call that waits until released; COUNT: one that counts that it ran.
+    let (hold, count) = (Opcode::user(0x520), Opcode::user(0x521));
+    let inside = entered.clone();
+    server.register(hold, move |mut req| {
+        let (held, inside) = (held.clone(), inside.clone());
+        async move {
+            req.recv(|_, _| {}).await?;
+            req.blocking(move |_| {
+                inside.store(true, Ordering::Release);
+                let _ = held.lock().unwrap().recv();
+            })
+            .await?;
+            req.send(|_, p| p.set_word(0, 1)).await
+        }
+    });
+    let counter = ran.clone();
+    server.register(count, move |mut req| {
+        let counter = counter.clone();
+        async move {
+            req.recv(|_, _| {}).await?;
+            req.blocking(move |_| counter.fetch_add(1, Ordering::Relaxed))
+                .await?;
+            req.send(|_, p| p.set_word(0, 1)).await
+        }
+    });
+    let (first, second) = (
+        Mailbox::attach(&server, 2, 1),
+        Mailbox::attach(&server, 1, 1),
+    );
+    let _ = server.start().unwrap();
+    let _kernel = server.user_for(first.id);
+    thread::scope(|s| {
+        let held_call = s.spawn(|| increment(&first.client(), hold, 0));
+        eventually("the first call holds the I/O thread", || {
+            entered.load(Ordering::Acquire)
+        });
+        {
+            let _dying = server.user_for(second.id);
+            let client = second.client();
+            let mut port = client.open(count, 1).unwrap();
+            port.send(|_, _| {}).unwrap();
+            eventually("the second call is queued", || {
+                server.stats().blocking_calls == 2
+            });
+            std::mem::forget(port); // Its kernel dies without a word.
+        }
+        eventually("its exchange is abandoned", || {
+            server.stats().abandoned == 1
+        });
+        release.send(()).unwrap();
+        assert_eq!(held_call.join().unwrap(), 1);
+    });
+    // A third call on the same thread comes after the second's turn in the queue.
+    release.send(()).unwrap();
+    assert_eq!(increment(&first.client(), hold, 0), 1);
+    assert_eq!(ran.load(Ordering::Relaxed), 0, "the abandoned call ran");
 }
 
 #[test]

@@ -6,8 +6,9 @@
 //! the exchange finds at its next poll. Threads are started as calls come, up to
 //! `ServerConfig::io_threads`, and wait on a condition variable when there is nothing to do.
 //!
-//! A shutdown stops them: queued calls are dropped (their exchanges are being abandoned
-//! anyway), idle threads leave at once, and a thread inside a call leaves when it returns.
+//! A call whose exchange was dropped while it waited in the queue (abandoned: its kernel
+//! gone, its mailbox detached) is not run. A shutdown stops the threads: queued calls are
+//! dropped (their exchanges are being abandoned anyway), idle threads leave at once, and a thread inside a call leaves when it returns.
 //! `shutdown` waits `ServerConfig::io_grace` for that and then *abandons* the threads still
 //! inside a call (stuck in a `read` on a FIFO nobody writes, say): they are logged, counted in
 //! `io_threads_abandoned`, never joined; each leaves by itself if its call ever returns. Each
@@ -65,6 +66,14 @@ pub(crate) async fn run<R: Send + 'static>(
     let job: Call = {
         let (inner, slot) = (inner.clone(), slot.clone());
         Box::new(move || {
+            // The exchange holds the other reference until it takes the result: alone, the
+            // exchange was dropped (abandoned, its mailbox detached) while this call waited in
+            // the queue, and nobody wants it. Not run, so it cannot act for a gone client
+            // (open a file, read the next client's stdin). A hint: an exchange dropped later
+            // finds the call running, which runs to its end.
+            if Arc::strong_count(&slot) == 1 {
+                return;
+            }
             let result =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(&inner.context)));
             *lock(&slot) = Some(result.map_err(|panic| panic_message(panic.as_ref())));

@@ -2,7 +2,8 @@
 //! exchange's call runs on an I/O thread and its result comes back to the exchange's poll; a
 //! stop while a call is queued or running either lets it finish or drops it unrun, never
 //! both, and a later start serves again; two calls on a pool of one thread both run (no call is
-//! lost between the queue, the idle count and the condition variable). The server's passes are
+//! lost between the queue, the idle count and the condition variable); a queued call whose
+//! exchange was dropped never runs. The server's passes are
 //! left out (`loom_dispatch` models those; a model with both did not finish within minutes):
 //! what a pass does with an exchange that waits for its call is to poll it, as the models do.
 
@@ -123,5 +124,33 @@ fn two_calls_on_one_thread_both_run() {
         assert_eq!(finish(early.1, &mut second), 4);
         assert_eq!(runs.load(Ordering::Relaxed), 2);
         assert_eq!(inner.io.stop(GRACE), 0);
+    });
+}
+
+#[test]
+fn a_queued_call_whose_exchange_was_dropped_does_not_run() {
+    loom::model(|| {
+        let server = server(1);
+        let inner = server.inner.clone();
+        let runs = Arc::new(AtomicUsize::new(0));
+        // The one thread is held in a first call until `open` is set.
+        let open = Arc::new(AtomicUsize::new(0));
+        let gate = open.clone();
+        let mut first = Box::pin(crate::server::io_pool::run(&inner, move |_| {
+            // Acquire: pairs with the Release below (a plain flag, nothing rides on it).
+            while gate.load(Ordering::Acquire) == 0 {
+                thread::yield_now();
+            }
+        }));
+        let mut second = Box::pin(call(&inner, &runs, 5));
+        let mut cx = Context::from_waker(Waker::noop());
+        let _ = first.as_mut().poll(&mut cx);
+        // Queued behind the first call: the only thread is (or will be) inside that one.
+        assert!(second.as_mut().poll(&mut cx).is_pending());
+        drop(second); // Its exchange is abandoned.
+        open.store(1, Ordering::Release);
+        poll_until_ready(&mut first);
+        assert_eq!(inner.io.stop(GRACE), 0);
+        assert_eq!(runs.load(Ordering::Relaxed), 0, "the dropped call ran");
     });
 }
