@@ -16,6 +16,8 @@
 //! anyway. Polls run with a no-op waker. An exchange suspended in a port operation is not
 //! polled again until its port is pending (the client answered), which costs two loads; one
 //! suspended on something else (an I/O call's result, a user's future) is polled every time.
+//! Whether a waiting exchange's kernels are gone, or its client timed out, is looked at every
+//! [`HOUSEKEEPING_PASSES`] passes and on each pass after one that found nothing to do.
 //! An exchange alone in flight that just advanced is re-polled for a few spins, so a lone
 //! stream is not held to one packet per pass.
 //!
@@ -70,6 +72,13 @@ use crate::Result;
 /// each (about 64 packets of a stream, each waited for at most some 0.3 µs).
 const ALONE_REPOLLS: u32 = 64;
 const ALONE_SPINS: u32 = 128;
+
+/// How often (in passes) the exchanges waiting for a client that has not answered are looked
+/// at for a kernel gone or a client timed out: at least every this many passes, and on every
+/// pass after one that found nothing to do. Between those, such an exchange costs a pass two
+/// loads (its flags); looking also reads the users' marks and, with a client timeout, the
+/// clock, which per exchange per pass was most of what a pass cost with 64 in flight.
+const HOUSEKEEPING_PASSES: u32 = 32;
 
 /// What ending an exchange does to its port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,6 +188,10 @@ pub(crate) struct PassCache {
     ports: usize,
     versions: (u64, u64),
     in_flight: Vec<InFlight>,
+    /// Passes since the waiting exchanges were last looked at (see [`HOUSEKEEPING_PASSES`]),
+    /// and whether the last pass made progress.
+    since_housekeeping: u32,
+    last_progress: bool,
 }
 
 impl PassCache {
@@ -190,6 +203,8 @@ impl PassCache {
             ports: 0,
             versions: (u64::MAX, u64::MAX),
             in_flight: Vec::new(),
+            since_housekeeping: 0,
+            last_progress: false,
         }
     }
 
@@ -255,17 +270,24 @@ impl Inner {
             // A `detach` may be waiting for us to let go of its mailbox.
             inner.thread.notify();
         }
+        let housekeeping = !cache.last_progress || cache.since_housekeeping >= HOUSEKEEPING_PASSES;
+        cache.since_housekeeping = if housekeeping {
+            0
+        } else {
+            cache.since_housekeeping + 1
+        };
         let PassCache {
             mailboxes,
             registry,
             hot,
             in_flight,
+            last_progress,
             ..
         } = cache;
         let (Some(mailboxes), Some(registry)) = (mailboxes, registry) else {
             return 0;
         };
-        let mut progress = inner.poll_in_flight(mailboxes, in_flight);
+        let mut progress = inner.poll_in_flight(mailboxes, in_flight, housekeeping);
         let stopping = context.stopping.load(Ordering::Relaxed);
         for (mailbox, hot) in mailboxes.iter().zip(hot.iter_mut()) {
             if stopping || mailbox.detached.load(Ordering::Acquire) {
@@ -284,7 +306,7 @@ impl Inner {
                     let index = match sweep.next() {
                         None => break,
                         Some(Step::Checkpoint) => {
-                            found += inner.poll_in_flight(mailboxes, in_flight);
+                            found += inner.poll_in_flight(mailboxes, in_flight, false);
                             continue;
                         }
                         Some(Step::Pending(index)) => index,
@@ -334,6 +356,7 @@ impl Inner {
         // Only the worker writes this counter: a plain load and store, no RMW needed.
         let passes = &context.stats.passes;
         passes.store(passes.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        *last_progress = progress > 0;
         progress
     }
 
@@ -421,9 +444,14 @@ impl Inner {
         }
     }
 
-    /// Polls every exchange in flight once, ending those that completed or can no longer be
-    /// answered. Returns how many made progress.
-    fn poll_in_flight(&self, mailboxes: &[Arc<Attached>], in_flight: &mut Vec<InFlight>) -> usize {
+    /// Polls every exchange in flight once, ending those that completed or, with
+    /// `housekeeping`, can no longer be answered. Returns how many made progress.
+    fn poll_in_flight(
+        &self,
+        mailboxes: &[Arc<Attached>],
+        in_flight: &mut Vec<InFlight>,
+        housekeeping: bool,
+    ) -> usize {
         if in_flight.is_empty() {
             return 0;
         }
@@ -456,7 +484,7 @@ impl Inner {
             }
             let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let server = mailbox.server();
-                self.poll_exchanges_of(mailbox, &server, in_flight, &mut repolls)
+                self.poll_exchanges_of(mailbox, &server, in_flight, &mut repolls, housekeeping)
             }));
             match polled {
                 Ok(found) => progress += found,
@@ -473,6 +501,7 @@ impl Inner {
         server: &crate::protocol::ServerEnd<'_>,
         in_flight: &mut Vec<InFlight>,
         repolls: &mut u32,
+        housekeeping: bool,
     ) -> usize {
         let context = &self.context;
         let client_timeout = context.config.client_timeout;
@@ -487,8 +516,14 @@ impl Inner {
             }
             // Polled before asking whether its kernel is gone: a kernel's last packet (EXIT's
             // status) may come just before it ends. Not polled while it waits for a client that
-            // has not answered (the port not pending): that poll could only suspend again.
-            let polled = if flight.on_port && !server.is_pending(flight.index) {
+            // has not answered (the port not pending): that poll could only suspend again, and
+            // its flags cannot have changed, so only housekeeping has anything to look at.
+            let waiting = flight.on_port && !server.is_pending(flight.index);
+            if waiting && !housekeeping {
+                k += 1;
+                continue;
+            }
+            let polled = if waiting {
                 Polled::OnPort
             } else {
                 poll(&mut flight.exchange)
