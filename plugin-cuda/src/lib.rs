@@ -228,3 +228,12 @@ pub fn describe_plugin(plugin: &CudaPlugin) -> String {
         .collect();
     format!("cuda: {} {plural} ({})", devices.len(), list.join("; "))
 }
+
+/// The cuda plugin as its loadable library (`libplugin_cuda.so`, crate `plugin-cuda-so`)
+/// makes it: its default settings.
+impl plugin_abi::Loadable for CudaPlugin {
+    const NAME: &'static std::ffi::CStr = c"cuda";
+    fn for_library() -> Self {
+        CudaPlugin::new()
+    }
+}

@@ -163,3 +163,12 @@ pub fn describe(config: HostConfig) -> String {
         }
     }
 }
+
+/// The host plugin as its loadable library (`libplugin_host.so`, crate `plugin-host-so`)
+/// makes it: its default settings.
+impl plugin_abi::Loadable for HostPlugin {
+    const NAME: &'static std::ffi::CStr = c"host";
+    fn for_library() -> Self {
+        HostPlugin::new(HostConfig::default())
+    }
+}

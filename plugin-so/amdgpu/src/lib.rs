@@ -1,0 +1,4 @@
+//! `libplugin_amdgpu.so`: the amdgpu plugin behind plugin-abi's C ABI (its entry symbol
+//! `rpc_plugin_entry`; see `docs/plugins.md`).
+
+plugin_abi::export_plugin!(plugin_amdgpu::AmdGpuPlugin);
