@@ -95,7 +95,10 @@ pub fn find_plugins(dir: Option<&Path>) -> Vec<PathBuf> {
             .collect();
         here.sort();
         for path in here {
-            if !found.iter().any(|f| plugin_name_of(f) == plugin_name_of(&path)) {
+            if !found
+                .iter()
+                .any(|f| plugin_name_of(f) == plugin_name_of(&path))
+            {
                 found.push(path);
             }
         }
@@ -149,9 +152,8 @@ impl LoadedPlugin {
         std::mem::forget(library);
         // SAFETY: the table is static in the library, which stays loaded (above). Its version
         // is read first: every version starts with it.
-        let table: &'static RpcPluginTable = unsafe { table.as_ref() }.ok_or_else(|| {
-            LoadError::NoEntry(path.into(), "the entry returned no table".into())
-        })?;
+        let table: &'static RpcPluginTable = unsafe { table.as_ref() }
+            .ok_or_else(|| LoadError::NoEntry(path.into(), "the entry returned no table".into()))?;
         if table.abi_version != RPC_PLUGIN_ABI_VERSION {
             return Err(LoadError::Version {
                 path: path.into(),
@@ -181,10 +183,7 @@ impl LoadedPlugin {
     }
 
     /// Every plugin [`find_plugins`] finds, opened (those that failed, with why).
-    pub fn open_all(
-        dir: Option<&Path>,
-        flags: u32,
-    ) -> Vec<std::result::Result<Self, LoadError>> {
+    pub fn open_all(dir: Option<&Path>, flags: u32) -> Vec<std::result::Result<Self, LoadError>> {
         find_plugins(dir)
             .iter()
             .map(|path| Self::open(path, flags))
@@ -294,7 +293,10 @@ impl Runtime for LoadedPlugin {
     }
     fn register_packet_handler(&self, opcode: Opcode, handler: PacketHandler) {
         let Ok(plugin) = self.live() else {
-            log::warn!("{}: handler for {opcode} not registered: deinitialised", self.name);
+            log::warn!(
+                "{}: handler for {opcode} not registered: deinitialised",
+                self.name
+            );
             return;
         };
         let ctx = Box::into_raw(HandlerBox::new(handler));
@@ -348,7 +350,13 @@ impl Runtime for LoadedPlugin {
         let mut image = 0u64;
         // SAFETY: a live plugin pointer, `bytes` valid for its length, an out pointer.
         let code = unsafe {
-            (self.table.load_image)(self.live()?, device, bytes.as_ptr(), bytes.len(), &mut image)
+            (self.table.load_image)(
+                self.live()?,
+                device,
+                bytes.as_ptr(),
+                bytes.len(),
+                &mut image,
+            )
         };
         self.check("load image", code)?;
         Ok(ImageId::from_index(image as usize))
