@@ -85,6 +85,12 @@ const struct RpcPluginTable *rpc_plugin_entry(void);
 #define RPC_INIT_RECORD_EXIT 1
 
 /**
+ * `init` flag: set the devices up as LLVM's GPU loader does before it runs a libc program
+ * (CUDA: a 3 KiB stack per thread); see [`Loadable::prepare_for_loader`].
+ */
+#define RPC_INIT_LOADER_SETTINGS 2
+
+/**
  * [`RpcKernelExit::kind`]: the kernels returned.
  */
 #define RPC_EXIT_NONE 0
@@ -103,6 +109,11 @@ const struct RpcPluginTable *rpc_plugin_entry(void);
  * An initialised plugin (opaque): made by `init`, freed by `deinit`.
  */
 typedef struct RpcPlugin RpcPlugin;
+
+/**
+ * Memory a device sees, from `alloc_shared` (opaque): freed by `free_shared`.
+ */
+typedef struct RpcRegion RpcRegion;
 
 /**
  * Launch dimensions, as [`rpc_core::plugin::Grid`].
@@ -131,6 +142,24 @@ typedef struct RpcKernelExit {
    */
   int32_t status;
 } RpcKernelExit;
+
+/**
+ * Where a region from `alloc_shared` is.
+ */
+typedef struct RpcRegionInfo {
+  /**
+   * The region as this process addresses it (64-byte aligned).
+   */
+  uint8_t *host_ptr;
+  /**
+   * The region as the device addresses it.
+   */
+  uint64_t device_addr;
+  /**
+   * Its bytes.
+   */
+  size_t len;
+} RpcRegionInfo;
 
 /**
  * One request of a one-packet opcode, as a handler sees it.
@@ -310,6 +339,44 @@ typedef struct RpcPluginTable {
    * `exit`/`abort` under [`RPC_INIT_RECORD_EXIT`]); a failed kernel is [`RPC_ERR_DEVICE`].
    */
   int32_t (*synchronize)(const struct RpcPlugin *plugin, uint32_t device, struct RpcKernelExit *out);
+  /**
+   * The address and size of the global `name` (NUL-terminated) of `image`, in `*addr` and
+   * `*size`; [`RPC_ERR_NOT_FOUND`] if it has none.
+   */
+  int32_t (*find_symbol)(const struct RpcPlugin *plugin,
+                         uint64_t image,
+                         const char *name,
+                         uint64_t *addr,
+                         size_t *size);
+  /**
+   * `len` zeroed bytes device `device` sees; the region in `*out`, where it is in `*info`.
+   * Freed by `free_shared`, before `deinit`.
+   */
+  int32_t (*alloc_shared)(const struct RpcPlugin *plugin,
+                          uint32_t device,
+                          size_t len,
+                          struct RpcRegion **out,
+                          struct RpcRegionInfo *info);
+  /**
+   * Frees a region of `alloc_shared`.
+   */
+  void (*free_shared)(struct RpcRegion *region);
+  /**
+   * Copies the `len` bytes at `src` to address `dst` of device `device`.
+   */
+  int32_t (*copy_to_device)(const struct RpcPlugin *plugin,
+                            uint32_t device,
+                            uint64_t dst,
+                            const uint8_t *src,
+                            size_t len);
+  /**
+   * Copies `len` bytes from address `src` of device `device` to `dst`.
+   */
+  int32_t (*copy_from_device)(const struct RpcPlugin *plugin,
+                              uint32_t device,
+                              uint64_t src,
+                              uint8_t *dst,
+                              size_t len);
   /**
    * Registers `handler` with `ctx` for the one-packet opcode `opcode`, ahead of the
    * standard handlers and of those registered before. `handler` and `ctx` must stay valid

@@ -127,7 +127,7 @@ unsafe extern "C" fn init<P: Loadable>(flags: u32, out: *mut *mut RpcPlugin) -> 
         if out.is_null() {
             return Err(invalid("init: out is null"));
         }
-        if flags & !RPC_INIT_RECORD_EXIT != 0 {
+        if flags & !(RPC_INIT_RECORD_EXIT | RPC_INIT_LOADER_SETTINGS) != 0 {
             return Err(invalid(&format!("init: unknown flags {flags:#x}")));
         }
         let mut config = ServerConfig::default();
@@ -135,6 +135,9 @@ unsafe extern "C" fn init<P: Loadable>(flags: u32, out: *mut *mut RpcPlugin) -> 
             config.services.exit = ExitPolicy::Record;
         }
         let runtime = PluginRuntime::new(P::for_library(), config)?;
+        if flags & RPC_INIT_LOADER_SETTINGS != 0 {
+            P::prepare_for_loader(&runtime)?;
+        }
         // SAFETY: `out` is non-null and, by the ABI, valid for a write.
         unsafe { *out = Box::into_raw(Box::new(runtime)).cast() };
         Ok(RPC_OK)
@@ -280,6 +283,115 @@ unsafe extern "C" fn synchronize<P: Loadable>(
     })
 }
 
+unsafe extern "C" fn find_symbol<P: Loadable>(
+    plugin: *const RpcPlugin,
+    image: u64,
+    name: *const c_char,
+    addr: *mut u64,
+    size: *mut usize,
+) -> i32 {
+    guarded("find_symbol", || {
+        // SAFETY: the ABI's contract on `plugin`.
+        let runtime = unsafe { runtime::<P>(plugin) }?;
+        if name.is_null() || addr.is_null() || size.is_null() {
+            return Err(invalid("find_symbol: a null pointer"));
+        }
+        // SAFETY: a NUL-terminated string (the ABI).
+        let name = unsafe { CStr::from_ptr(name) }
+            .to_str()
+            .map_err(|_| invalid("find_symbol: the name is not UTF-8"))?;
+        let symbol = runtime
+            .find_symbol(ImageId::from_index(image as usize), name)
+            .ok_or_else(|| Failure(RPC_ERR_NOT_FOUND, format!("image {image} has no `{name}`")))?;
+        // SAFETY: non-null out pointers, valid for writes (the ABI).
+        unsafe {
+            *addr = symbol.addr;
+            *size = symbol.size;
+        }
+        Ok(RPC_OK)
+    })
+}
+
+unsafe extern "C" fn alloc_shared<P: Loadable>(
+    plugin: *const RpcPlugin,
+    device: u32,
+    len: usize,
+    out: *mut *mut RpcRegion,
+    info: *mut RpcRegionInfo,
+) -> i32 {
+    guarded("alloc_shared", || {
+        // SAFETY: the ABI's contract on `plugin`.
+        let runtime = unsafe { runtime::<P>(plugin) }?;
+        if out.is_null() || info.is_null() {
+            return Err(invalid("alloc_shared: a null pointer"));
+        }
+        let region = runtime.alloc_shared(device as usize, len)?;
+        let where_ = RpcRegionInfo {
+            host_ptr: region.host_ptr(),
+            device_addr: region.device_addr(),
+            len: region.len(),
+        };
+        // SAFETY: non-null out pointers, valid for writes (the ABI); the region is boxed
+        // again so the C side holds a thin pointer, freed by `free_shared`.
+        unsafe {
+            *info = where_;
+            *out = Box::into_raw(Box::new(region)).cast();
+        }
+        Ok(RPC_OK)
+    })
+}
+
+unsafe extern "C" fn free_shared(region: *mut RpcRegion) {
+    if region.is_null() {
+        return;
+    }
+    let freed = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: made by `alloc_shared` from this box, freed once (the ABI).
+        drop(unsafe { Box::from_raw(region.cast::<Box<dyn rpc_core::plugin::SharedRegion>>()) })
+    }));
+    if freed.is_err() {
+        log::error!("free_shared: the region's drop panicked");
+    }
+}
+
+unsafe extern "C" fn copy_to_device<P: Loadable>(
+    plugin: *const RpcPlugin,
+    device: u32,
+    dst: u64,
+    src: *const u8,
+    len: usize,
+) -> i32 {
+    guarded("copy_to_device", || {
+        // SAFETY: the ABI's contract on `plugin` and `src`.
+        let (runtime, src) = unsafe { (runtime::<P>(plugin)?, bytes(src, len, "src")?) };
+        runtime.copy_to_device(device as usize, dst, src)?;
+        Ok(RPC_OK)
+    })
+}
+
+unsafe extern "C" fn copy_from_device<P: Loadable>(
+    plugin: *const RpcPlugin,
+    device: u32,
+    src: u64,
+    dst: *mut u8,
+    len: usize,
+) -> i32 {
+    guarded("copy_from_device", || {
+        // SAFETY: the ABI's contract on `plugin`.
+        let runtime = unsafe { runtime::<P>(plugin) }?;
+        if dst.is_null() && len > 0 {
+            return Err(invalid("copy_from_device: dst is null"));
+        }
+        let mut out = vec![0u8; len];
+        runtime.copy_from_device(device as usize, src, &mut out)?;
+        if len > 0 {
+            // SAFETY: `dst` is valid for `len` bytes of writes (the ABI).
+            unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), dst, len) };
+        }
+        Ok(RPC_OK)
+    })
+}
+
 /// A C handler and its context, called on the server thread.
 struct CHandler {
     handler: RpcHandlerFn,
@@ -394,6 +506,11 @@ pub const fn table<P: Loadable>() -> RpcPluginTable {
         mailbox: mailbox::<P>,
         launch: launch::<P>,
         synchronize: synchronize::<P>,
+        find_symbol: find_symbol::<P>,
+        alloc_shared: alloc_shared::<P>,
+        free_shared,
+        copy_to_device: copy_to_device::<P>,
+        copy_from_device: copy_from_device::<P>,
         register_handler: register_handler::<P>,
         start_server: start_server::<P>,
         shutdown_server: shutdown_server::<P>,

@@ -59,6 +59,10 @@ pub const RPC_ERR_OTHER: i32 = -8;
 /// of ending the process (`rpc_core::ExitPolicy::Record`).
 pub const RPC_INIT_RECORD_EXIT: u32 = 1;
 
+/// `init` flag: set the devices up as LLVM's GPU loader does before it runs a libc program
+/// (CUDA: a 3 KiB stack per thread); see [`Loadable::prepare_for_loader`].
+pub const RPC_INIT_LOADER_SETTINGS: u32 = 2;
+
 /// [`RpcKernelExit::kind`]: the kernels returned.
 pub const RPC_EXIT_NONE: u32 = 0;
 /// [`RpcKernelExit::kind`]: a kernel called `exit(status)`.
@@ -69,6 +73,23 @@ pub const RPC_EXIT_ABORT: u32 = 2;
 /// An initialised plugin (opaque): made by `init`, freed by `deinit`.
 pub struct RpcPlugin {
     _opaque: [u8; 0],
+}
+
+/// Memory a device sees, from `alloc_shared` (opaque): freed by `free_shared`.
+pub struct RpcRegion {
+    _opaque: [u8; 0],
+}
+
+/// Where a region from `alloc_shared` is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RpcRegionInfo {
+    /// The region as this process addresses it (64-byte aligned).
+    pub host_ptr: *mut u8,
+    /// The region as the device addresses it.
+    pub device_addr: u64,
+    /// Its bytes.
+    pub len: usize,
 }
 
 /// Launch dimensions, as [`rpc_core::plugin::Grid`].
@@ -213,6 +234,42 @@ pub struct RpcPluginTable {
     /// `exit`/`abort` under [`RPC_INIT_RECORD_EXIT`]); a failed kernel is [`RPC_ERR_DEVICE`].
     pub synchronize:
         unsafe extern "C" fn(plugin: *const RpcPlugin, device: u32, out: *mut RpcKernelExit) -> i32,
+    /// The address and size of the global `name` (NUL-terminated) of `image`, in `*addr` and
+    /// `*size`; [`RPC_ERR_NOT_FOUND`] if it has none.
+    pub find_symbol: unsafe extern "C" fn(
+        plugin: *const RpcPlugin,
+        image: u64,
+        name: *const c_char,
+        addr: *mut u64,
+        size: *mut usize,
+    ) -> i32,
+    /// `len` zeroed bytes device `device` sees; the region in `*out`, where it is in `*info`.
+    /// Freed by `free_shared`, before `deinit`.
+    pub alloc_shared: unsafe extern "C" fn(
+        plugin: *const RpcPlugin,
+        device: u32,
+        len: usize,
+        out: *mut *mut RpcRegion,
+        info: *mut RpcRegionInfo,
+    ) -> i32,
+    /// Frees a region of `alloc_shared`.
+    pub free_shared: unsafe extern "C" fn(region: *mut RpcRegion),
+    /// Copies the `len` bytes at `src` to address `dst` of device `device`.
+    pub copy_to_device: unsafe extern "C" fn(
+        plugin: *const RpcPlugin,
+        device: u32,
+        dst: u64,
+        src: *const u8,
+        len: usize,
+    ) -> i32,
+    /// Copies `len` bytes from address `src` of device `device` to `dst`.
+    pub copy_from_device: unsafe extern "C" fn(
+        plugin: *const RpcPlugin,
+        device: u32,
+        src: u64,
+        dst: *mut u8,
+        len: usize,
+    ) -> i32,
     /// Registers `handler` with `ctx` for the one-packet opcode `opcode`, ahead of the
     /// standard handlers and of those registered before. `handler` and `ctx` must stay valid
     /// until `deinit` returns; they are called on the server thread.
@@ -253,6 +310,13 @@ pub trait Loadable: Plugin + Sized + 'static {
     const NAME: &'static CStr;
     /// The plugin with the settings a loaded library uses (its defaults).
     fn for_library() -> Self;
+    /// Sets the devices up as LLVM's GPU loader does before it runs a libc program (init
+    /// flag [`RPC_INIT_LOADER_SETTINGS`], and `rpc-run` for a linked-in plugin). Nothing by
+    /// default.
+    fn prepare_for_loader(runtime: &rpc_core::PluginRuntime<Self>) -> rpc_core::Result<()> {
+        let _ = runtime;
+        Ok(())
+    }
 }
 
 /// Exports `rpc_plugin_entry` for the [`Loadable`] plugin type `$plugin`: the one line of a

@@ -236,4 +236,18 @@ impl plugin_abi::Loadable for CudaPlugin {
     fn for_library() -> Self {
         CudaPlugin::new()
     }
+    /// What LLVM's loader sets on each device before it loads a libc program: a 3 KiB stack
+    /// per thread (`cuCtxSetLimit(CU_LIMIT_STACK_SIZE)`).
+    fn prepare_for_loader(runtime: &rpc_core::PluginRuntime<Self>) -> rpc_core::Result<()> {
+        for device in runtime.devices() {
+            device
+                .set_stack_size(device::LOADER_STACK_SIZE)
+                .map_err(|e| rpc_core::Error::Vendor {
+                    plugin: "cuda",
+                    what: "set the stack size",
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(())
+    }
 }

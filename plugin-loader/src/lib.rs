@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use libloading::Library;
 use plugin_abi::*;
-use rpc_core::plugin::Grid;
+use rpc_core::plugin::{Grid, SharedRegion, Symbol};
 use rpc_core::services::KernelExit;
 use rpc_core::{
     Error, ImageId, MailboxId, Opcode, PacketHandler, Result, Runtime, Started, StatsSnapshot,
@@ -212,6 +212,12 @@ impl LoadedPlugin {
         })
     }
 
+    /// `device` as the ABI's index.
+    fn device_index(&self, device: usize) -> Result<u32> {
+        u32::try_from(device)
+            .map_err(|_| Error::NotFound(format!("{}: no device {device}", self.name)))
+    }
+
     /// The plugin pointer, or the error of a deinitialised plugin.
     fn live(&self) -> Result<*mut RpcPlugin> {
         if self.plugin.is_null() {
@@ -234,6 +240,40 @@ impl LoadedPlugin {
         }
         buf.truncate(len);
         Some(String::from_utf8_lossy(&buf).into_owned())
+    }
+}
+
+/// A region of a loaded plugin's `alloc_shared`, freed through its table when dropped.
+struct LoadedRegion {
+    region: *mut RpcRegion,
+    info: RpcRegionInfo,
+    free: unsafe extern "C" fn(*mut RpcRegion),
+}
+
+// SAFETY: the region is plain memory the plugin keeps allocated until `free_shared`; its
+// handle may be freed from any thread.
+unsafe impl Send for LoadedRegion {}
+// SAFETY: as above; nothing here is mutated through `&self`.
+unsafe impl Sync for LoadedRegion {}
+
+// SAFETY: the library's `alloc_shared` promises a region of `SharedRegion`'s kind (it is one,
+// boxed, in the library): the same 64-aligned pointer and length, allocated until freed.
+unsafe impl SharedRegion for LoadedRegion {
+    fn host_ptr(&self) -> *mut u8 {
+        self.info.host_ptr
+    }
+    fn device_addr(&self) -> u64 {
+        self.info.device_addr
+    }
+    fn len(&self) -> usize {
+        self.info.len
+    }
+}
+
+impl Drop for LoadedRegion {
+    fn drop(&mut self) {
+        // SAFETY: the handle `alloc_shared` made, freed once.
+        unsafe { (self.free)(self.region) }
     }
 }
 
@@ -345,8 +385,7 @@ impl Runtime for LoadedPlugin {
         }
     }
     fn load_image(&self, device: usize, bytes: &[u8]) -> Result<ImageId> {
-        let device = u32::try_from(device)
-            .map_err(|_| Error::NotFound(format!("{}: no device {device}", self.name)))?;
+        let device = self.device_index(device)?;
         let mut image = 0u64;
         // SAFETY: a live plugin pointer, `bytes` valid for its length, an out pointer.
         let code = unsafe {
@@ -387,8 +426,7 @@ impl Runtime for LoadedPlugin {
         self.check("launch", code).map(drop)
     }
     fn synchronize(&self, device: usize) -> Result<Option<KernelExit>> {
-        let device = u32::try_from(device)
-            .map_err(|_| Error::NotFound(format!("{}: no device {device}", self.name)))?;
+        let device = self.device_index(device)?;
         let mut exit = RpcKernelExit::default();
         // SAFETY: a live plugin pointer and an out pointer.
         let code = unsafe { (self.table.synchronize)(self.live()?, device, &mut exit) };
@@ -398,6 +436,56 @@ impl Runtime for LoadedPlugin {
             RPC_EXIT_ABORT => Some(KernelExit::Abort),
             _ => None,
         })
+    }
+    fn find_symbol(&self, image: ImageId, name: &str) -> Option<Symbol> {
+        let plugin = self.live().ok()?;
+        let name = CString::new(name).ok()?;
+        let (mut addr, mut size) = (0u64, 0usize);
+        // SAFETY: a live plugin pointer, a NUL-terminated name and out pointers.
+        let code = unsafe {
+            (self.table.find_symbol)(
+                plugin,
+                image.index() as u64,
+                name.as_ptr(),
+                &mut addr,
+                &mut size,
+            )
+        };
+        (code == RPC_OK).then_some(Symbol { addr, size })
+    }
+    fn alloc_shared(&self, device: usize, len: usize) -> Result<Box<dyn SharedRegion>> {
+        let device = self.device_index(device)?;
+        let mut region = std::ptr::null_mut();
+        let mut info = RpcRegionInfo {
+            host_ptr: std::ptr::null_mut(),
+            device_addr: 0,
+            len: 0,
+        };
+        // SAFETY: a live plugin pointer and out pointers.
+        let code =
+            unsafe { (self.table.alloc_shared)(self.live()?, device, len, &mut region, &mut info) };
+        self.check("allocate shared memory", code)?;
+        Ok(Box::new(LoadedRegion {
+            region,
+            info,
+            free: self.table.free_shared,
+        }))
+    }
+    fn copy_to_device(&self, device: usize, dst: u64, bytes: &[u8]) -> Result<()> {
+        let device = self.device_index(device)?;
+        // SAFETY: a live plugin pointer and `bytes` valid for its length.
+        let code = unsafe {
+            (self.table.copy_to_device)(self.live()?, device, dst, bytes.as_ptr(), bytes.len())
+        };
+        self.check("copy to device", code).map(drop)
+    }
+    fn copy_from_device(&self, device: usize, src: u64, out: &mut [u8]) -> Result<()> {
+        let device = self.device_index(device)?;
+        // SAFETY: a live plugin pointer and `out` valid for its length.
+        let code = unsafe {
+            (self.table.copy_from_device)(self.live()?, device, src, out.as_mut_ptr(), out.len())
+        };
+        self.check("copy from device", code).map(drop)
     }
     fn deinit(&mut self) -> Result<()> {
         if self.plugin.is_null() {

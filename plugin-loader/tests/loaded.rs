@@ -293,3 +293,32 @@ fn plugins_are_found_by_name_in_the_given_folder() {
     assert_eq!(plugin_name_of(Path::new("/x/libplugin_.so")), None);
     assert_eq!(plugin_name_of(Path::new("/x/libother.so")), None);
 }
+
+/// What a loader such as rpc-run needs of a loaded plugin: an image's globals, memory the
+/// device sees, copies both ways.
+#[test]
+fn a_loaded_plugin_finds_globals_allocates_and_copies() {
+    let plugin = open("host");
+    let image = plugin.load_image(0, kernel_image()).unwrap();
+    let client = plugin.find_symbol(image, "__llvm_rpc_client").unwrap();
+    assert_eq!(client.size, 2096);
+    assert_eq!(client.addr % 64, 0);
+    assert_eq!(plugin.find_symbol(image, "no_such_global"), None);
+    let region = plugin.alloc_shared(0, 100).unwrap();
+    assert_eq!(region.len(), 100);
+    assert_eq!(region.host_ptr() as usize % 64, 0);
+    let bytes: Vec<u8> = (0..100).collect();
+    plugin
+        .copy_to_device(0, region.device_addr() + 3, &bytes[..90])
+        .unwrap();
+    let mut back = vec![0u8; 90];
+    plugin
+        .copy_from_device(0, region.device_addr() + 3, &mut back)
+        .unwrap();
+    assert_eq!(back, bytes[..90]);
+    let error = plugin
+        .copy_to_device(0, region.device_addr() + 99, &bytes)
+        .unwrap_err();
+    assert!(error.to_string().contains("copy to device"), "{error}");
+    drop(region);
+}

@@ -35,7 +35,7 @@ use std::boxed::Box;
 use std::string::{String, ToString};
 use std::vec::Vec;
 
-use crate::plugin::{Device, Grid, Plugin, VendorError};
+use crate::plugin::{Device, Grid, Plugin, SharedRegion, Symbol, VendorError};
 use crate::protocol::error::{Error, Result};
 use crate::protocol::layout::{Generation, Layout};
 use crate::protocol::opcode::{Dialect, Numbering};
@@ -310,7 +310,7 @@ impl<P: Plugin> PluginRuntime<P> {
     }
 
     /// A global variable of a loaded image (a loader fills some: NVPTX constructor tables).
-    pub fn find_symbol(&self, image: ImageId, name: &str) -> Option<crate::plugin::Symbol> {
+    pub fn find_symbol(&self, image: ImageId, name: &str) -> Option<Symbol> {
         let images = lock(&self.images);
         let loaded = images.get(image.0)?.as_ref()?;
         self.plugin
@@ -503,6 +503,15 @@ pub trait Runtime: Send + Sync {
     fn launch(&self, image: ImageId, kernel: &str, args: &[u8], grid: Grid) -> Result<()>;
     /// See [`PluginRuntime::synchronize`].
     fn synchronize(&self, device: usize) -> Result<Option<KernelExit>>;
+    /// See [`PluginRuntime::find_symbol`].
+    fn find_symbol(&self, image: ImageId, name: &str) -> Option<Symbol>;
+    /// `len` zeroed bytes device `device` sees ([`Device::alloc_shared`]), freed when the
+    /// region is dropped (before the runtime's `deinit`).
+    fn alloc_shared(&self, device: usize, len: usize) -> Result<Box<dyn SharedRegion>>;
+    /// Copies `bytes` to address `dst` of device `device` ([`Device::copy_to_device`]).
+    fn copy_to_device(&self, device: usize, dst: u64, bytes: &[u8]) -> Result<()>;
+    /// Copies from address `src` of device `device` into `out` ([`Device::copy_from_device`]).
+    fn copy_from_device(&self, device: usize, src: u64, out: &mut [u8]) -> Result<()>;
     /// See [`PluginRuntime::deinit`].
     fn deinit(&mut self) -> Result<()>;
 }
@@ -567,6 +576,24 @@ impl<P: Plugin> Runtime for PluginRuntime<P> {
     }
     fn synchronize(&self, device: usize) -> Result<Option<KernelExit>> {
         PluginRuntime::synchronize(self, device)
+    }
+    fn find_symbol(&self, image: ImageId, name: &str) -> Option<Symbol> {
+        PluginRuntime::find_symbol(self, image, name)
+    }
+    fn alloc_shared(&self, device: usize, len: usize) -> Result<Box<dyn SharedRegion>> {
+        self.device(device)?
+            .alloc_shared(len)
+            .map_err(vendor(self.plugin.name(), "allocate shared memory"))
+    }
+    fn copy_to_device(&self, device: usize, dst: u64, bytes: &[u8]) -> Result<()> {
+        self.device(device)?
+            .copy_to_device(dst, bytes)
+            .map_err(vendor(self.plugin.name(), "copy to device"))
+    }
+    fn copy_from_device(&self, device: usize, src: u64, out: &mut [u8]) -> Result<()> {
+        self.device(device)?
+            .copy_from_device(src, out)
+            .map_err(vendor(self.plugin.name(), "copy from device"))
     }
     fn deinit(&mut self) -> Result<()> {
         PluginRuntime::deinit(self)
