@@ -145,9 +145,10 @@ unsafe extern "C" fn init<P: Loadable>(flags: u32, out: *mut *mut RpcPlugin) -> 
 }
 
 unsafe extern "C" fn device_count<P: Loadable>(plugin: *const RpcPlugin) -> u32 {
-    // SAFETY: the ABI's contract on `plugin`.
     let count = guarded("device_count", || {
-        Ok(unsafe { runtime::<P>(plugin) }?.device_count() as i32)
+        // SAFETY: the ABI's contract on `plugin`.
+        let runtime = unsafe { runtime::<P>(plugin) }?;
+        Ok(i32::try_from(runtime.device_count()).unwrap_or(i32::MAX))
     });
     count.max(0) as u32
 }

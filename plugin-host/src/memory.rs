@@ -36,7 +36,7 @@ pub struct RawMemory {
     /// The bytes accessed as `u32` words; every other word is a `u64`. Both ends multiples of 8.
     narrow: Range<usize>,
     /// What keeps borrowed memory alive (a native image's library); None: ours, freed on drop.
-    owner: Option<Arc<dyn Send + Sync>>,
+    owner: Option<Arc<crate::native::NativeLibrary>>,
 }
 
 // SAFETY: the memory is plain bytes; every shared access to it is atomic.
@@ -139,7 +139,7 @@ impl RawMemory {
         ptr: *mut u8,
         len: usize,
         narrow: Range<usize>,
-        owner: Arc<dyn Send + Sync>,
+        owner: Arc<crate::native::NativeLibrary>,
     ) -> Arc<Self> {
         assert!(
             ptr as usize % 8 == 0 && len % 8 == 0 && narrow.start % 8 == 0 && narrow.end <= len,
