@@ -2,7 +2,8 @@
 //! program can hand the host plugin kernels (see `docs/plugins.md`, "Native host images").
 //!
 //! - Loading writes the bytes to a memfd and `dlopen`s it (`RTLD_NOW | RTLD_LOCAL`), so each
-//!   load is an object of its own, with its own globals.
+//!   load is an object of its own, with its own globals (the memfd stays open while the
+//!   object is loaded, so its `/proc/self/fd/N` path names no other image meanwhile).
 //! - A kernel is an exported function (`STT_FUNC`) of [`plugin_abi::RpcHostKernelFn`]'s type,
 //!   called once per warp with a [`plugin_abi::RpcHostWarp`] and the launch's arguments.
 //! - The image's `__llvm_rpc_client` data symbol, if it exports one (of a client object's
@@ -54,6 +55,10 @@ fn dl_error() -> String {
 /// a kernel, its client object) lets it go.
 pub(crate) struct NativeLibrary {
     handle: *mut c_void,
+    /// The memfd it was loaded from, open while the object is loaded: the dynamic loader
+    /// knows an object by the path it was opened with (`/proc/self/fd/N`), so no other image
+    /// may get this `N` while this one is loaded, or `dlopen` would return this one.
+    _memfd: std::fs::File,
 }
 
 // SAFETY: a `dlopen` handle may be used (`dlsym`) and closed from any thread.
@@ -72,9 +77,7 @@ impl Drop for NativeLibrary {
 impl NativeLibrary {
     /// Loads the shared object `bytes`.
     pub(crate) fn open(bytes: &[u8]) -> Result<Arc<Self>, HostError> {
-        let fail = |what: &str, why: String| {
-            HostError::UnknownImage(format!("native image: {what}: {why}"))
-        };
+        let fail = |what: &str, why: String| HostError::NativeImage(format!("{what}: {why}"));
         // SAFETY: a NUL-terminated name and a valid flag.
         let fd = unsafe { libc::memfd_create(c"rpc-host-image".as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
@@ -90,11 +93,13 @@ impl NativeLibrary {
         // SAFETY: a NUL-terminated path and valid flags. Loading runs the object's
         // initialisers: the trust a program gives any image it loads.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
-        drop(file);
         if handle.is_null() {
             return Err(fail("dlopen", dl_error()));
         }
-        Ok(Arc::new(NativeLibrary { handle }))
+        Ok(Arc::new(NativeLibrary {
+            handle,
+            _memfd: file,
+        }))
     }
 
     /// The address of `name` and its ELF symbol's type and size, if this object defines it.
@@ -128,15 +133,15 @@ impl NativeLibrary {
             return Ok(None);
         };
         let generation = Generation::from_client_object_size(size).map_err(|_| {
-            HostError::UnknownImage(format!(
-                "native image: {CLIENT_SYMBOL} is {size} bytes, not a v1 ({}) or v2 ({}) client object",
+            HostError::NativeImage(format!(
+                "{CLIENT_SYMBOL} is {size} bytes, not a v1 ({}) or v2 ({}) client object",
                 Generation::V1.client_object_size(),
                 Generation::V2.client_object_size()
             ))
         })?;
         if addr as usize % 8 != 0 {
-            return Err(HostError::UnknownImage(format!(
-                "native image: {CLIENT_SYMBOL} at {addr:p} is not 8-byte aligned"
+            return Err(HostError::NativeImage(format!(
+                "{CLIENT_SYMBOL} at {addr:p} is not 8-byte aligned"
             )));
         }
         // SAFETY: the symbol is `size` bytes of the object's writable data (a client object

@@ -61,7 +61,8 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-/// `cc` of `source` (in tests/c) into `out`, with the checked-in header.
+/// `cc` of `source` (in tests/c, or the host plugin's kernel image `plugin-host/tests/c/kernel.c`)
+/// into `out`, with the checked-in header.
 fn cc(source: &str, out: &Path, shared: bool) {
     let mut command = Command::new("cc");
     command
@@ -69,7 +70,10 @@ fn cc(source: &str, out: &Path, shared: bool) {
         .args(["-Wall", "-Wextra", "-Werror", "-O1"])
         .arg("-I")
         .arg(root().join("include"))
-        .arg(root().join("plugin-loader/tests/c").join(source))
+        .arg(match source {
+            "kernel.c" => root().join("plugin-host/tests/c/kernel.c"),
+            _ => root().join("plugin-loader/tests/c").join(source),
+        })
         .arg("-o")
         .arg(out);
     if shared {
@@ -81,7 +85,7 @@ fn cc(source: &str, out: &Path, shared: bool) {
     assert!(status.success(), "cc {source}: {status}");
 }
 
-/// The native kernel image (tests/c/kernel.c), built once.
+/// The native kernel image (plugin-host/tests/c/kernel.c), built once.
 fn kernel_image() -> &'static [u8] {
     static IMAGE: OnceLock<Vec<u8>> = OnceLock::new();
     IMAGE.get_or_init(|| {

@@ -6,8 +6,18 @@
 
 #include "rpc_plugin.h"
 
-/* The client object the runtime fills (a v2 one: 2096 bytes), as on a GPU. */
-__attribute__((aligned(64))) unsigned char __llvm_rpc_client[2096];
+/* The client object the runtime fills (by default a v2 one: 2096 bytes), as on a GPU. The
+ * tests build variants: -DCLIENT_SIZE=552 (v1), -DCLIENT_SIZE=100 (no generation),
+ * -DNO_CLIENT (no RPC). */
+#ifndef CLIENT_SIZE
+#define CLIENT_SIZE 2096
+#endif
+#ifndef NO_CLIENT
+__attribute__((aligned(64))) unsigned char __llvm_rpc_client[CLIENT_SIZE];
+#endif
+
+/* A data symbol, which is no kernel. */
+int not_a_kernel = 1;
 
 struct ask_args {
   uint32_t opcode;
