@@ -248,3 +248,12 @@ fn describe_plugin(plugin: &AmdGpuPlugin) -> String {
         list.join("; ")
     )
 }
+
+/// The amdgpu plugin as its loadable library (`libplugin_amdgpu.so`, crate `plugin-amdgpu-so`)
+/// makes it: its default settings.
+impl plugin_abi::Loadable for AmdGpuPlugin {
+    const NAME: &'static std::ffi::CStr = c"amdgpu";
+    fn for_library() -> Self {
+        AmdGpuPlugin::new()
+    }
+}

@@ -228,3 +228,26 @@ pub fn describe_plugin(plugin: &CudaPlugin) -> String {
         .collect();
     format!("cuda: {} {plural} ({})", devices.len(), list.join("; "))
 }
+
+/// The cuda plugin as its loadable library (`libplugin_cuda.so`, crate `plugin-cuda-so`)
+/// makes it: its default settings.
+impl plugin_abi::Loadable for CudaPlugin {
+    const NAME: &'static std::ffi::CStr = c"cuda";
+    fn for_library() -> Self {
+        CudaPlugin::new()
+    }
+    /// What LLVM's loader sets on each device before it loads a libc program: a 3 KiB stack
+    /// per thread (`cuCtxSetLimit(CU_LIMIT_STACK_SIZE)`).
+    fn prepare_for_loader(runtime: &rpc_core::PluginRuntime<Self>) -> rpc_core::Result<()> {
+        for device in runtime.devices() {
+            device
+                .set_stack_size(device::LOADER_STACK_SIZE)
+                .map_err(|e| rpc_core::Error::Vendor {
+                    plugin: "cuda",
+                    what: "set the stack size",
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(())
+    }
+}

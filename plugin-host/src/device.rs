@@ -187,12 +187,10 @@ impl Device for HostDevice {
     }
 
     fn load_image(&self, bytes: &[u8]) -> Result<LoadedImage, VendorError> {
-        let image = crate::loader::resolve(bytes)?;
-        let client_symbol = image.rpc.map(|generation| {
-            let memory = RawMemory::client_object(generation);
-            self.memory.insert(&memory);
-            memory
-        });
+        let (image, native_client) = crate::loader::resolve(bytes)?;
+        let client_symbol = native_client
+            .or_else(|| image.rpc.map(RawMemory::client_object))
+            .inspect(|memory| self.memory.insert(memory));
         Ok(LoadedImage {
             image,
             client_symbol,
@@ -242,16 +240,13 @@ impl Device for HostDevice {
         grid: Grid,
         done: Completion,
     ) -> Result<(), VendorError> {
-        let body =
-            image
-                .image
-                .kernels
-                .get(kernel)
-                .cloned()
-                .ok_or_else(|| HostError::UnknownKernel {
-                    image: image.image.name.clone(),
-                    kernel: kernel.into(),
-                })?;
+        let body = image
+            .image
+            .find_kernel(kernel)
+            .ok_or_else(|| HostError::UnknownKernel {
+                image: image.image.name.clone(),
+                kernel: kernel.into(),
+            })?;
         let threads = grid.threads_per_block();
         let warps_per_block = threads.div_ceil(u64::from(self.lanes));
         let warps = grid.total_blocks() * warps_per_block;

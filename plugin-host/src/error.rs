@@ -9,6 +9,9 @@ pub enum HostError {
     /// Image bytes that name no registered host image.
     #[error("not a registered host image: {0}")]
     UnknownImage(String),
+    /// A native image (a shared object) that cannot be loaded, and why.
+    #[error("native image: {0}")]
+    NativeImage(String),
     /// A kernel name the image does not have.
     #[error("image {image} has no kernel {kernel:?}")]
     UnknownKernel { image: String, kernel: String },

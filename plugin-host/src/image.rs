@@ -1,4 +1,5 @@
-//! Host images: a set of named kernels written in Rust, and whether the image uses RPC (then it
+//! Host images: a set of named kernels written in Rust (or a native shared object's exported
+//! functions, see [`crate::native`]), and whether the image uses RPC (then it
 //! carries a `__llvm_rpc_client` global of the generation's size, as a GPU image would).
 
 use std::collections::HashMap;
@@ -18,6 +19,8 @@ pub struct HostImage {
     pub(crate) name: String,
     pub(crate) kernels: HashMap<String, Kernel>,
     pub(crate) rpc: Option<Generation>,
+    /// A native image's library (its kernels are its exported functions).
+    pub(crate) native: Option<Arc<crate::native::NativeLibrary>>,
 }
 
 impl HostImage {
@@ -27,6 +30,7 @@ impl HostImage {
             name: name.into(),
             kernels: HashMap::new(),
             rpc: Some(Generation::V2),
+            native: None,
         }
     }
 
@@ -50,6 +54,14 @@ impl HostImage {
     ) -> Self {
         self.kernels.insert(name.into(), Arc::new(kernel));
         self
+    }
+
+    /// The kernel `name`: a registered closure, or a native image's exported function.
+    pub(crate) fn find_kernel(&self, name: &str) -> Option<Kernel> {
+        match &self.native {
+            Some(library) => library.kernel(name),
+            None => self.kernels.get(name).cloned(),
+        }
     }
 
     /// Registers the image with the loader and returns the bytes that load it.

@@ -107,6 +107,10 @@ impl<'a> Warp<'a> {
     pub fn warp(&self) -> u32 {
         self.warp
     }
+    /// Warps per block.
+    pub fn warps_per_block(&self) -> u32 {
+        self.warps_per_block
+    }
     /// The warp's index in the grid.
     pub fn global_warp(&self) -> u32 {
         self.block * self.warps_per_block + self.warp

@@ -12,7 +12,8 @@
 //! - [`image::HostImage`]: kernels are Rust closures; an image that uses RPC carries a
 //!   `__llvm_rpc_client` global of the generation's size, which the generic glue fills as on a
 //!   GPU, and each warp reads it to find the mailbox and its lock bits.
-//! - [`loader`]: image bytes name an image registered in this process.
+//! - [`loader`]: image bytes name an image registered in this process, or are a native shared
+//!   object whose exported C functions are the kernels ([`native`]).
 //! - [`kernel::Warp`]: what GPU libc offers a kernel (printf, puts, fwrite, fopen, fclose,
 //!   fread, fgets, malloc, free, exit, abort, any opcode), each through the real client protocol.
 //!
@@ -26,6 +27,7 @@ pub mod image;
 pub mod kernel;
 pub mod loader;
 pub mod memory;
+pub mod native;
 
 use rpc_core::plugin::{Plugin, VendorError};
 
@@ -161,5 +163,14 @@ pub fn describe(config: HostConfig) -> String {
                 ),
             }
         }
+    }
+}
+
+/// The host plugin as its loadable library (`libplugin_host.so`, crate `plugin-host-so`)
+/// makes it: its default settings.
+impl plugin_abi::Loadable for HostPlugin {
+    const NAME: &'static std::ffi::CStr = c"host";
+    fn for_library() -> Self {
+        HostPlugin::new(HostConfig::default())
     }
 }

@@ -1,5 +1,6 @@
 //! The host plugin's loader: image bytes name an image registered in this process (host kernels
-//! are Rust closures, so the "binary" is a name; no real driver is loaded).
+//! are Rust closures, so the "binary" is a name; no real driver is loaded), or are a native
+//! shared object ([`crate::native`]: its kernels are C functions).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,8 +25,26 @@ pub(crate) fn register(image: HostImage) -> Vec<u8> {
     [MAGIC, key.as_bytes()].concat()
 }
 
-/// The image that `bytes` name.
-pub(crate) fn resolve(bytes: &[u8]) -> Result<Arc<HostImage>, HostError> {
+/// The image that `bytes` name, or are, and a native image's client object.
+pub(crate) fn resolve(
+    bytes: &[u8],
+) -> Result<(Arc<HostImage>, Option<Arc<crate::memory::RawMemory>>), HostError> {
+    if crate::native::is_elf(bytes) {
+        let library = crate::native::NativeLibrary::open(bytes)?;
+        let client = library.client_object()?;
+        let image = HostImage {
+            name: "native".into(),
+            kernels: HashMap::new(),
+            rpc: client.as_ref().map(|(generation, _)| *generation),
+            native: Some(library),
+        };
+        return Ok((Arc::new(image), client.map(|(_, memory)| memory)));
+    }
+    Ok((resolve_registered(bytes)?, None))
+}
+
+/// The registered image that `bytes` name.
+fn resolve_registered(bytes: &[u8]) -> Result<Arc<HostImage>, HostError> {
     let key = bytes
         .strip_prefix(MAGIC)
         .and_then(|k| std::str::from_utf8(k).ok())

@@ -35,6 +35,8 @@ pub struct RawMemory {
     len: usize,
     /// The bytes accessed as `u32` words; every other word is a `u64`. Both ends multiples of 8.
     narrow: Range<usize>,
+    /// What keeps borrowed memory alive (a native image's library); None: ours, freed on drop.
+    owner: Option<Arc<crate::native::NativeLibrary>>,
 }
 
 // SAFETY: the memory is plain bytes; every shared access to it is atomic.
@@ -118,7 +120,37 @@ impl RawMemory {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(Self::layout(len));
         }
-        Arc::new(RawMemory { ptr, len, narrow })
+        Arc::new(RawMemory {
+            ptr,
+            len,
+            narrow,
+            owner: None,
+        })
+    }
+
+    /// `len` bytes at `ptr` that `owner` keeps alive (a native image's client object),
+    /// accessed as `u64` words and as `u32` words in `narrow`.
+    ///
+    /// # Safety
+    /// `ptr` is 8-aligned and valid for reads and writes of `len` bytes (a multiple of 8) for
+    /// as long as `owner` lives, and this process accesses those bytes only atomically, with
+    /// the word sizes above.
+    pub(crate) unsafe fn borrowed(
+        ptr: *mut u8,
+        len: usize,
+        narrow: Range<usize>,
+        owner: Arc<crate::native::NativeLibrary>,
+    ) -> Arc<Self> {
+        assert!(
+            ptr as usize % 8 == 0 && len % 8 == 0 && narrow.start % 8 == 0 && narrow.end <= len,
+            "8-aligned whole u64 words"
+        );
+        Arc::new(RawMemory {
+            ptr,
+            len,
+            narrow,
+            owner: Some(owner),
+        })
     }
 
     /// `len` zeroed bytes accessed as `u64` words (the doorbell's words, plain device memory).
@@ -240,8 +272,10 @@ impl RawMemory {
 
 impl Drop for RawMemory {
     fn drop(&mut self) {
-        // SAFETY: allocated in `zeroed_with` with this layout; freed once.
-        unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
+        if self.owner.is_none() {
+            // SAFETY: not borrowed, so allocated in `zeroed_with` with this layout; freed once.
+            unsafe { std::alloc::dealloc(self.ptr, Self::layout(self.len)) }
+        }
     }
 }
 

@@ -135,8 +135,12 @@ fn runtimes_held_as_dyn_runtime_each_serve_their_own_kernels() {
     assert_eq!(wide_out.text().lines().count(), 64);
     assert!(wide_out.text().contains("warp 0 lane 63: hello\n"));
     for runtime in &mut runtimes {
+        assert!(runtime.stats().total_served() > 0);
         runtime.deinit().unwrap();
-        assert!(runtime.server().mailboxes().is_empty());
+        assert_eq!(
+            runtime.start_server().unwrap_err(),
+            rpc_core::Error::Deinitialised
+        );
     }
 }
 

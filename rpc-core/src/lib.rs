@@ -79,7 +79,7 @@ pub mod services;
 pub(crate) mod sync;
 
 #[cfg(all(feature = "std", not(loom)))]
-pub use plugin::runtime::{ImageId, PluginRuntime, Runtime};
+pub use plugin::runtime::{ImageId, PacketHandler, PacketRequest, PluginRuntime, Runtime};
 #[cfg(feature = "std")]
 pub use protocol::error::VendorError;
 pub use protocol::error::{Error, Result};

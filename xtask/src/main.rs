@@ -9,6 +9,7 @@ mod flags;
 mod fuzz;
 mod gpu_check;
 mod gpu_images;
+mod header;
 mod layout;
 mod llvm_client;
 mod nightly;
@@ -32,10 +33,13 @@ commands:
                                          the main job: a small offload program (host plugin)
   test                                   tidy, fmt, clippy, the tests, loom, miri (where nightly has
                                          it), the no_std build, a 30 s soak
-  tidy                                   the layering and file rules ARCHITECTURE.md states
+  tidy                                   the layering and file rules ARCHITECTURE.md states, and
+                                         that include/rpc_plugin.h is current
+  header                                 regenerate include/rpc_plugin.h (cbindgen, from plugin-abi)
   devices [--json]                       one line per plugin: its devices or why there are none
   build --plugin host|cuda|amdgpu|all [--release]
-                                         build the binaries embedding those plugins
+                                         build the binaries embedding those plugins and the
+                                         plugins' libraries (target/plugins/lib/libplugin_*.so)
   layout --gen v1|v2 --ports N --lanes L print a mailbox layout's offsets and sizes in bytes
   stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
   bench [--quick] [--peer llvm] [--pin] [--latency-only] [--park-us N]
@@ -119,6 +123,7 @@ fn run(args: &[String]) -> Result {
         "build" => plugins::build(rest),
         "test" => test::run(rest),
         "tidy" => tidy::run(rest),
+        "header" => header::run(rest),
         "layout" => layout::run(rest),
         "stress" => stress::run(rest),
         "bench" => bench::run(rest),

@@ -1,7 +1,8 @@
 //! The commands about plugins and the main job:
 //! - `demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]` runs `rpc-demo`;
 //! - `devices` prints one line per plugin: `NAME: K devices (...)`;
-//! - `build --plugin host|cuda|amdgpu|all [--release]` builds the binaries that embed them.
+//! - `build --plugin host|cuda|amdgpu|all [--release]` builds the binaries that embed them,
+//!   and each plugin's loadable library (`libplugin_NAME.so`, crate `plugin-so/NAME`).
 
 use std::process::Command;
 
@@ -89,7 +90,8 @@ fn device_json(line: &str) -> serde_json::Value {
 }
 
 /// `cargo xtask build`: the plugin crates are features of the binary that embeds them
-/// (`rpc-demo`); the host plugin also brings `rpc-serve`.
+/// (`rpc-demo`); the host plugin also brings `rpc-serve`; each plugin's library
+/// (`libplugin_NAME.so`) lands beside the binaries.
 pub fn build(args: &[String]) -> Result {
     let flags = Flags::parse_with("build", args, &["plugin"], &["release"])?;
     let release = flags.switch("release");
@@ -110,16 +112,19 @@ pub fn build(args: &[String]) -> Result {
     } else {
         project_root().join("target/plugins").join(chosen.join("-"))
     };
-    let cargo_build = |package: &str, binary: &str| {
+    let cargo_build = |package: &str, binary: Option<&str>| {
         let mut command = Command::new(cargo());
-        command.args(["build", "-p", package, "--bin", binary]);
+        command.args(["build", "-p", package]);
+        if let Some(binary) = binary {
+            command.args(["--bin", binary]);
+        }
         command.arg("--target-dir").arg(&target);
         if release {
             command.arg("--release");
         }
         command
     };
-    let mut demo = cargo_build("demo", "rpc-demo");
+    let mut demo = cargo_build("demo", Some("rpc-demo"));
     demo.args(["--no-default-features", "--features", &chosen.join(",")]);
     status(&mut demo, "cargo build (rpc-demo)")?;
     let dir = target.join(profile);
@@ -130,10 +135,21 @@ pub fn build(args: &[String]) -> Result {
     );
     if chosen.contains(&"host") {
         status(
-            &mut cargo_build("rpc-serve", "rpc-serve"),
+            &mut cargo_build("rpc-serve", Some("rpc-serve")),
             "cargo build (rpc-serve)",
         )?;
         println!("built {}", dir.join("rpc-serve").display());
+    }
+    for plugin in &chosen {
+        let package = format!("plugin-{plugin}-so");
+        status(
+            &mut cargo_build(&package, None),
+            &format!("cargo build ({package})"),
+        )?;
+        println!(
+            "built {}",
+            dir.join(format!("libplugin_{plugin}.so")).display()
+        );
     }
     Ok(())
 }

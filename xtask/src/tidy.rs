@@ -4,8 +4,10 @@
 //!   `rpc-core/src`);
 //! - a vendor name (CUDA, HSA, AMD GPU, NVIDIA) or `libloading` in rpc-core's code or manifest
 //!   (comments may name the vendors, the code may not; `cudarc` contains `cuda`);
-//! - a plugin crate missing one of the files every plugin has (STYLE 2);
+//! - a plugin crate missing one of the files every plugin has (STYLE 2), or its loadable
+//!   library's crate (`plugin-so/NAME`);
 //! - a `.rs` file that does not start with a `//!` line;
+//! - `include/rpc_plugin.h` not what `cargo xtask header` generates from plugin-abi;
 //! - a circle between rpc-core's layers (`protocol`, `server`, `services`, `plugin`: each may
 //!   use only the ones below it, see `rpc-core/src/lib.rs`), or between the files of one layer.
 //!   A file may use the module that holds it (a layer's `mod.rs` is its front), and the error
@@ -43,7 +45,8 @@ pub fn run(args: &[String]) -> Result {
             "tidy: unexpected argument `{extra}`"
         )));
     }
-    let problems = check(&project_root());
+    let mut problems = check(&project_root());
+    problems.extend(crate::header::stale(&project_root()));
     if problems.is_empty() {
         println!("tidy: ok");
         return Ok(());
@@ -96,6 +99,12 @@ fn check(root: &Path) -> Vec<String> {
                     "{plugin}: has no src/{file} (every plugin has one)"
                 ));
             }
+        }
+        let library = plugin.replace("plugin-", "plugin-so/");
+        if !root.join(&library).join("src/lib.rs").is_file() {
+            problems.push(format!(
+                "{plugin}: has no {library}/src/lib.rs (every plugin has its loadable library)"
+            ));
         }
     }
     for file in rust_files(root) {

@@ -35,10 +35,13 @@ use std::boxed::Box;
 use std::string::{String, ToString};
 use std::vec::Vec;
 
-use crate::plugin::{Device, Grid, Plugin, VendorError};
+use crate::plugin::{Device, Grid, Plugin, SharedRegion, Symbol, VendorError};
 use crate::protocol::error::{Error, Result};
 use crate::protocol::layout::{Generation, Layout};
 use crate::protocol::opcode::{Dialect, Numbering};
+use crate::protocol::Opcode;
+use crate::server::stats::StatsSnapshot;
+use crate::server::thread::{Started, Stopped};
 use crate::server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};
 use crate::services::KernelExit;
 use crate::sync::{lock, Arc, Mutex};
@@ -111,9 +114,20 @@ impl Launches {
     }
 }
 
-/// An image loaded by a [`PluginRuntime`].
+/// An image loaded by a [`PluginRuntime`] (or a loaded plugin: its index crosses the C ABI).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ImageId(usize);
+
+impl ImageId {
+    /// The image of index `index` (the `n`th image its runtime loaded, from 0).
+    pub const fn from_index(index: usize) -> Self {
+        ImageId(index)
+    }
+    /// The image's index.
+    pub const fn index(self) -> usize {
+        self.0
+    }
+}
 
 struct Loaded<I> {
     device: usize,
@@ -296,7 +310,7 @@ impl<P: Plugin> PluginRuntime<P> {
     }
 
     /// A global variable of a loaded image (a loader fills some: NVPTX constructor tables).
-    pub fn find_symbol(&self, image: ImageId, name: &str) -> Option<crate::plugin::Symbol> {
+    pub fn find_symbol(&self, image: ImageId, name: &str) -> Option<Symbol> {
         let images = lock(&self.images);
         let loaded = images.get(image.0)?.as_ref()?;
         self.plugin
@@ -437,10 +451,31 @@ impl<P: Plugin> Drop for PluginRuntime<P> {
     }
 }
 
+/// One request of a one-packet opcode, as a [`PacketHandler`] sees it: the client sent one
+/// packet per active lane and reads back what the handler leaves in `buffers`.
+#[derive(Debug)]
+pub struct PacketRequest<'a> {
+    /// The request's opcode.
+    pub opcode: Opcode,
+    /// `L`: the warp's lane count (`buffers.len()`).
+    pub lane_size: u32,
+    /// The active lanes (bit `i`: lane `i`).
+    pub mask: u64,
+    /// Each lane's 64-byte buffer, by lane index: the request in, the reply out (inactive
+    /// lanes' buffers are ignored).
+    pub buffers: &'a mut [[u64; 8]],
+}
+
+/// A handler of a one-packet opcode registered through [`Runtime::register_packet_handler`]:
+/// it rewrites the request's buffers in place. It runs on the plugin's server thread.
+pub type PacketHandler = Arc<dyn Fn(&mut PacketRequest<'_>) + Send + Sync>;
+
 /// A runtime of any plugin, as an embedder drives it: object-safe, so that one program can hold
-/// a host, a CUDA and an AMD GPU runtime side by side (`Vec<Box<dyn Runtime>>`). Each method is
-/// [`PluginRuntime`]'s of the same name; what needs the plugin's own types (`plugin()`,
-/// `devices()`) stays on [`PluginRuntime`].
+/// a host, a CUDA and an AMD GPU runtime side by side (`Vec<Box<dyn Runtime>>`), whether the
+/// plugin is linked in ([`PluginRuntime`]) or loaded from its shared library (crate
+/// `plugin-loader`). Each method is [`PluginRuntime`]'s of the same name, or its server's;
+/// what needs the plugin's own types (`plugin()`, `devices()`, `server()`) stays on
+/// [`PluginRuntime`], since a loaded plugin's server lives in another copy of this crate.
 pub trait Runtime: Send + Sync {
     /// The plugin's name (`host`, `cuda`, `amdgpu`).
     fn plugin_name(&self) -> &'static str;
@@ -450,8 +485,16 @@ pub trait Runtime: Send + Sync {
     fn device_name(&self, device: usize) -> Option<String>;
     /// Why the plugin found no device, if it found none.
     fn reason(&self) -> Option<String>;
-    /// The plugin's server.
-    fn server(&self) -> &RpcServer;
+    /// Registers `handler` for the one-packet opcode `opcode` on the plugin's server, ahead of
+    /// the standard handlers and of those registered before.
+    fn register_packet_handler(&self, opcode: Opcode, handler: PacketHandler);
+    /// Starts the plugin's server ([`RpcServer::start`]): `AlreadyRunning` if it runs.
+    fn start_server(&self) -> Result<Started>;
+    /// Shuts the plugin's server down ([`RpcServer::shutdown`]): `AlreadyStopped` if it was
+    /// stopped. Loading or launching an RPC image starts it again.
+    fn shutdown_server(&self) -> Result<Stopped>;
+    /// The plugin's server's statistics.
+    fn stats(&self) -> StatsSnapshot;
     /// See [`PluginRuntime::load_image`].
     fn load_image(&self, device: usize, bytes: &[u8]) -> Result<ImageId>;
     /// See [`PluginRuntime::mailbox`].
@@ -460,6 +503,15 @@ pub trait Runtime: Send + Sync {
     fn launch(&self, image: ImageId, kernel: &str, args: &[u8], grid: Grid) -> Result<()>;
     /// See [`PluginRuntime::synchronize`].
     fn synchronize(&self, device: usize) -> Result<Option<KernelExit>>;
+    /// See [`PluginRuntime::find_symbol`].
+    fn find_symbol(&self, image: ImageId, name: &str) -> Option<Symbol>;
+    /// `len` zeroed bytes device `device` sees ([`Device::alloc_shared`]), freed when the
+    /// region is dropped (before the runtime's `deinit`).
+    fn alloc_shared(&self, device: usize, len: usize) -> Result<Box<dyn SharedRegion>>;
+    /// Copies `bytes` to address `dst` of device `device` ([`Device::copy_to_device`]).
+    fn copy_to_device(&self, device: usize, dst: u64, bytes: &[u8]) -> Result<()>;
+    /// Copies from address `src` of device `device` into `out` ([`Device::copy_from_device`]).
+    fn copy_from_device(&self, device: usize, src: u64, out: &mut [u8]) -> Result<()>;
     /// See [`PluginRuntime::deinit`].
     fn deinit(&mut self) -> Result<()>;
 }
@@ -477,8 +529,41 @@ impl<P: Plugin> Runtime for PluginRuntime<P> {
     fn reason(&self) -> Option<String> {
         PluginRuntime::reason(self)
     }
-    fn server(&self) -> &RpcServer {
-        PluginRuntime::server(self)
+    fn register_packet_handler(&self, opcode: Opcode, handler: PacketHandler) {
+        self.server.register(opcode, move |mut request| {
+            let handler = handler.clone();
+            async move {
+                let lane_size = request.lane_size();
+                let mut buffers = std::vec![[0u64; 8]; lane_size as usize];
+                request
+                    .recv(|lane, packet| {
+                        buffers[lane as usize] = core::array::from_fn(|i| packet.word(i))
+                    })
+                    .await?;
+                handler(&mut PacketRequest {
+                    opcode: request.opcode(),
+                    lane_size,
+                    mask: request.mask(),
+                    buffers: &mut buffers,
+                });
+                request
+                    .send(|lane, packet| {
+                        for (i, &word) in buffers[lane as usize].iter().enumerate() {
+                            packet.set_word(i, word);
+                        }
+                    })
+                    .await
+            }
+        });
+    }
+    fn start_server(&self) -> Result<Started> {
+        self.server.start()
+    }
+    fn shutdown_server(&self) -> Result<Stopped> {
+        self.server.shutdown()
+    }
+    fn stats(&self) -> StatsSnapshot {
+        self.server.stats()
     }
     fn load_image(&self, device: usize, bytes: &[u8]) -> Result<ImageId> {
         PluginRuntime::load_image(self, device, bytes)
@@ -491,6 +576,24 @@ impl<P: Plugin> Runtime for PluginRuntime<P> {
     }
     fn synchronize(&self, device: usize) -> Result<Option<KernelExit>> {
         PluginRuntime::synchronize(self, device)
+    }
+    fn find_symbol(&self, image: ImageId, name: &str) -> Option<Symbol> {
+        PluginRuntime::find_symbol(self, image, name)
+    }
+    fn alloc_shared(&self, device: usize, len: usize) -> Result<Box<dyn SharedRegion>> {
+        self.device(device)?
+            .alloc_shared(len)
+            .map_err(vendor(self.plugin.name(), "allocate shared memory"))
+    }
+    fn copy_to_device(&self, device: usize, dst: u64, bytes: &[u8]) -> Result<()> {
+        self.device(device)?
+            .copy_to_device(dst, bytes)
+            .map_err(vendor(self.plugin.name(), "copy to device"))
+    }
+    fn copy_from_device(&self, device: usize, src: u64, out: &mut [u8]) -> Result<()> {
+        self.device(device)?
+            .copy_from_device(src, out)
+            .map_err(vendor(self.plugin.name(), "copy from device"))
     }
     fn deinit(&mut self) -> Result<()> {
         PluginRuntime::deinit(self)

@@ -11,8 +11,13 @@
 //! - [`image`]: the image's format (PTX, cubin, fatbin: CUDA; AMDGPU ELF: HSA), kernels,
 //!   argument sizes, stack needs and client symbol, read without a GPU (`--inspect`);
 //! - [`start`]: LLVM's start protocol (`_begin`, `_start`, `_end`) over any plugin;
-//! - this file: the command line, the plugin set-up LLVM's loader does (CUDA's 3 KiB stack
-//!   limit), the watchdog, and one exit code per failure class ([`Failure::code`]).
+//! - this file: the command line, the choice of plugin, the plugin set-up LLVM's loader does
+//!   (CUDA's 3 KiB stack limit), the watchdog, and one exit code per failure class
+//!   ([`Failure::code`]).
+//!
+//! The image's plugin is a loaded library when [`plugin_library`] finds one
+//! (`libplugin_cuda.so` / `libplugin_amdgpu.so` in `RPC_PLUGIN_PATH`'s folders, then beside
+//! this program), opened with `plugin-loader`; otherwise the plugin linked into `rpc-run`.
 //!
 //! The process exits with the program's status: `main`'s result, or the status a kernel
 //! passed to `exit`, after the program's output is flushed.
@@ -22,6 +27,7 @@ pub mod ptx;
 pub mod start;
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rpc_core::plugin::{Grid, Plugin};
@@ -256,6 +262,16 @@ pub fn runtime<P: Plugin>(plugin: P) -> Result<PluginRuntime<P>, Failure> {
         .map_err(|e| Failure::NoDevice(format!("initialising the plugin: {e}")))
 }
 
+/// The library of plugin `name` to run with: the first `libplugin_NAME.so` in the folders of
+/// `RPC_PLUGIN_PATH`, then in the folder of this program; None: the linked-in plugin.
+pub fn plugin_library(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok();
+    let beside = exe.as_deref().and_then(Path::parent);
+    plugin_loader::find_plugins(beside)
+        .into_iter()
+        .find(|path| plugin_loader::plugin_name_of(path) == Some(name))
+}
+
 /// Runs the image of `options` to its end; its exit status.
 pub fn run_file(options: &Options) -> Result<i32, Failure> {
     let (bytes, inspection) = read_image(&options.image)?;
@@ -280,48 +296,52 @@ pub fn run_file(options: &Options) -> Result<i32, Failure> {
     };
     program.args.extend(options.args.iter().cloned());
     let device = options.device;
+    // NVPTX images need their constructor tables filled (see `start`); AMDGPU's linker did.
+    let constructors: &[String] = match inspection.format {
+        Format::AmdGpu => &[],
+        _ => &inspection.init_fini,
+    };
+    let run = |runtime: &dyn rpc_core::Runtime| {
+        start::run(
+            runtime,
+            device,
+            &bytes,
+            numbering,
+            constructors,
+            &program,
+            options.grid,
+        )
+    };
+    if let Some(path) = plugin_library(plugin) {
+        log::info!("{plugin}: the plugin of {}", path.display());
+        let runtime =
+            plugin_loader::LoadedPlugin::open(&path, plugin_abi::RPC_INIT_LOADER_SETTINGS)
+                .map_err(|e| Failure::NoDevice(format!("loading the plugin: {e}")))?;
+        return run(&runtime);
+    }
     match inspection.format {
         Format::Ptx | Format::Cubin | Format::Fatbin => {
             let runtime = runtime(plugin_cuda::CudaPlugin::new())?;
             prepare_cuda(&runtime, device)?;
-            let constructors = &inspection.init_fini;
-            start::run(
-                &runtime,
-                device,
-                &bytes,
-                numbering,
-                constructors,
-                &program,
-                options.grid,
-            )
+            run(&runtime)
         }
-        Format::AmdGpu => {
-            let runtime = runtime(plugin_amdgpu::AmdGpuPlugin::new())?;
-            start::run(
-                &runtime,
-                device,
-                &bytes,
-                numbering,
-                &[],
-                &program,
-                options.grid,
-            )
-        }
+        Format::AmdGpu => run(&runtime(plugin_amdgpu::AmdGpuPlugin::new())?),
     }
 }
 
-/// What LLVM's loader sets on a CUDA device before it loads a program: a 3 KiB stack per
-/// thread (`cuCtxSetLimit(CU_LIMIT_STACK_SIZE)`). Nothing when there is no such device
-/// ([`start::run`] says so).
+/// What LLVM's loader sets on the CUDA devices before it loads a program: a 3 KiB stack per
+/// thread (`cuCtxSetLimit(CU_LIMIT_STACK_SIZE)`, the plugin's
+/// `Loadable::prepare_for_loader`, as a loaded `libplugin_cuda.so` does it). Nothing when
+/// there is no device `device` ([`start::run`] says so).
 pub fn prepare_cuda(
     runtime: &PluginRuntime<plugin_cuda::CudaPlugin>,
     device: usize,
 ) -> Result<(), Failure> {
-    if let Some(dev) = runtime.devices().get(device) {
-        dev.set_stack_size(plugin_cuda::device::LOADER_STACK_SIZE)
-            .map_err(|e| Failure::Device(format!("setting the stack size: {e}")))?;
+    if runtime.devices().get(device).is_none() {
+        return Ok(());
     }
-    Ok(())
+    <plugin_cuda::CudaPlugin as plugin_abi::Loadable>::prepare_for_loader(runtime)
+        .map_err(|e| Failure::Device(format!("setting the stack size: {e}")))
 }
 
 #[cfg(test)]

@@ -22,10 +22,10 @@
 //! program's output and ends this process with `n`, as LLVM's loader does; under
 //! `ExitPolicy::Record` (the tests) `synchronize` returns it and [`run`] returns `n`.
 
-use rpc_core::plugin::{Device, Grid, Plugin};
+use rpc_core::plugin::Grid;
 use rpc_core::protocol::Numbering;
 use rpc_core::services::KernelExit;
-use rpc_core::PluginRuntime;
+use rpc_core::Runtime;
 
 use crate::Failure;
 
@@ -130,9 +130,9 @@ pub fn constructor_tables<'n>(
 /// Fills `__init_array_start/_end` and `__fini_array_start/_end` of a loaded image from its
 /// constructor globals `objects` (see the module docs). The tables' memory is returned: it
 /// must live until `_end` has run.
-fn fill_constructor_tables<P: Plugin>(
-    runtime: &PluginRuntime<P>,
-    dev: &P::Device,
+fn fill_constructor_tables(
+    runtime: &dyn Runtime,
+    dev: usize,
     image: rpc_core::ImageId,
     objects: &[String],
 ) -> Result<Option<Box<dyn rpc_core::plugin::SharedRegion>>, Failure> {
@@ -145,22 +145,22 @@ fn fill_constructor_tables<P: Plugin>(
             .find_symbol(image, name)
             .ok_or_else(|| Failure::BadImage(format!("the image has no `{name}`")))
     };
-    let device = |what: String| {
-        move |e: rpc_core::plugin::VendorError| Failure::Device(format!("{what}: {e}"))
-    };
+    let device = |what: String| move |e: rpc_core::Error| Failure::Device(format!("{what}: {e}"));
     let entries = init.len() + fini.len();
-    let region = dev
-        .alloc_shared(8 * entries)
+    let region = runtime
+        .alloc_shared(dev, 8 * entries)
         .map_err(device("allocating the constructor tables".into()))?;
     let base = region.device_addr();
     let mut table = Vec::with_capacity(8 * entries);
     for name in init.iter().chain(&fini) {
         let mut pointer = [0u8; 8];
-        dev.copy_from_device(symbol(name)?.addr, &mut pointer)
+        runtime
+            .copy_from_device(dev, symbol(name)?.addr, &mut pointer)
             .map_err(device(format!("reading {name}")))?;
         table.extend_from_slice(&pointer);
     }
-    dev.copy_to_device(base, &table)
+    runtime
+        .copy_to_device(dev, base, &table)
         .map_err(device("writing the constructor tables".into()))?;
     let fini_at = base + 8 * init.len() as u64;
     let bounds = [
@@ -170,7 +170,8 @@ fn fill_constructor_tables<P: Plugin>(
         ("__fini_array_end", base + 8 * entries as u64),
     ];
     for (name, value) in bounds {
-        dev.copy_to_device(symbol(name)?.addr, &value.to_le_bytes())
+        runtime
+            .copy_to_device(dev, symbol(name)?.addr, &value.to_le_bytes())
             .map_err(device(format!("writing {name}")))?;
     }
     Ok(Some(region))
@@ -179,8 +180,8 @@ fn fill_constructor_tables<P: Plugin>(
 /// Runs `image` on device `device` of `runtime` over `grid`; the program's exit status.
 /// `numbering` says how the image numbers its opcodes (LLVM 19's `_end` takes the status);
 /// `constructors` are its NVPTX constructor globals (empty elsewhere).
-pub fn run<P: Plugin>(
-    runtime: &PluginRuntime<P>,
+pub fn run(
+    runtime: &dyn Runtime,
     device: usize,
     image: &[u8],
     numbering: Numbering,
@@ -188,27 +189,28 @@ pub fn run<P: Plugin>(
     program: &Program,
     grid: Grid,
 ) -> Result<i32, Failure> {
-    let dev = runtime.devices().get(device).ok_or_else(|| {
-        Failure::NoDevice(match runtime.reason() {
-            Some(reason) => format!("{}: no device {device} ({reason})", runtime.plugin().name()),
+    if device >= runtime.device_count() {
+        return Err(Failure::NoDevice(match runtime.reason() {
+            Some(reason) => format!("{}: no device {device} ({reason})", runtime.plugin_name()),
             None => format!(
                 "{}: no device {device} ({} found)",
-                runtime.plugin().name(),
-                runtime.devices().len()
+                runtime.plugin_name(),
+                runtime.device_count()
             ),
-        })
-    })?;
+        }));
+    }
     let image = runtime.load_image(device, image).map_err(|e| match e {
         rpc_core::Error::BadClientObjectSize(_) => Failure::UnknownGeneration(e.to_string()),
         other => Failure::BadImage(format!("loading the image: {other}")),
     })?;
-    let tables = fill_constructor_tables(runtime, dev, image, constructors)?;
+    let tables = fill_constructor_tables(runtime, device, image, constructors)?;
     let block = StartBlock::of(program);
-    let region = dev
-        .alloc_shared(block.len)
+    let region = runtime
+        .alloc_shared(device, block.len)
         .map_err(|e| Failure::Device(format!("allocating argv and envp: {e}")))?;
     let base = region.device_addr();
-    dev.copy_to_device(base, &block.bytes(program, base))
+    runtime
+        .copy_to_device(device, base, &block.bytes(program, base))
         .map_err(|e| Failure::Device(format!("copying argv and envp: {e}")))?;
     let argc = program.args.len() as i32;
     let (argv, envp, ret) = (
@@ -237,7 +239,8 @@ pub fn run<P: Plugin>(
         return Ok(status);
     }
     let mut status = [0u8; 4];
-    dev.copy_from_device(ret, &mut status)
+    runtime
+        .copy_from_device(device, ret, &mut status)
         .map_err(|e| Failure::Device(format!("reading the program's status: {e}")))?;
     let status = i32::from_le_bytes(status);
     let end_args = match numbering {

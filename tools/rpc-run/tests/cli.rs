@@ -143,3 +143,33 @@ fn inspect_reads_the_built_gpu_images() {
     }
     eprintln!("read {read} images under {}", root.display());
 }
+
+/// A `libplugin_cuda.so` in `RPC_PLUGIN_PATH` is the plugin rpc-run uses (here one of another
+/// ABI version, built with `cc`, so the run says the loader refused it).
+#[test]
+fn a_plugin_library_in_rpc_plugin_path_is_the_one_used() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plugin-path");
+    std::fs::create_dir_all(&dir).unwrap();
+    let source =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../plugin-loader/tests/c/bad_version.c");
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(dir.join("libplugin_cuda.so"))
+        .arg(source)
+        .status()
+        .expect("cc runs");
+    assert!(status.success());
+    let client = ".visible .global .align 8 .b8 __llvm_rpc_client[552];";
+    let image = scratch("loaded.ptx", &ptx(client, &["_begin", "_start", "_end"]));
+    let output = Command::new(env!("CARGO_BIN_EXE_rpc-run"))
+        .arg(&image)
+        .env("RPC_PLUGIN_PATH", &dir)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("rpc-run runs");
+    expect(
+        &output,
+        69,
+        "libplugin_cuda.so: plugin ABI version 999, but this loader speaks version 1",
+    );
+}

@@ -1,0 +1,6 @@
+//! `libplugin_host.so`: the host plugin behind plugin-abi's C ABI (its entry symbol
+//! `rpc_plugin_entry`; see `docs/plugins.md`).
+
+#![warn(missing_docs)]
+
+plugin_abi::export_plugin!(plugin_host::HostPlugin);
