@@ -346,21 +346,6 @@ impl RpcServer {
     pub fn is_running(&self) -> bool {
         self.inner.thread.is_running()
     }
-
-    /// Live worker threads of this server (0 or 1; exposed for the stress tests).
-    pub fn live_workers(&self) -> usize {
-        self.inner.thread.live_workers()
-    }
-
-    /// Most worker threads ever alive at once.
-    pub fn max_live_workers(&self) -> usize {
-        self.inner.thread.max_live_workers()
-    }
-
-    /// The worker's kernel thread id, while one runs (to read its CPU time).
-    pub fn worker_tid(&self) -> Option<i32> {
-        self.inner.thread.worker_tid()
-    }
 }
 
 impl Drop for RpcServer {

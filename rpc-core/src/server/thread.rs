@@ -17,7 +17,6 @@
 //! |---|---|---|
 //! | `state`, `handle` | start / shutdown | under `control` |
 //! | `users`, `epoch` | `add_user` / `remove_user` (a `UserGuard`'s new / drop) | under `control` |
-//! | `tid` | the worker | under `control`, at start and exit |
 //!
 //! # What runs under `control`
 //! Only the bookkeeping of this table: reading and writing the fields, spawning the worker (so
@@ -69,7 +68,7 @@ use crate::server::users::Coverage;
 #[cfg(not(loom))]
 use crate::server::ABSENT_AFTER;
 use crate::server::{Inner, ShutdownPolicy};
-use crate::sync::{self, lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, lock, thread, Arc, Condvar, Mutex, MutexGuard, Ordering};
 
 /// The worker's states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,7 +105,6 @@ pub(crate) struct Control {
     /// (its requests may still be pending) still gets a pass.
     pub(crate) epoch: u64,
     handle: Option<thread::JoinHandle<()>>,
-    tid: Option<i32>,
     worker: Option<thread::ThreadId>,
 }
 
@@ -115,8 +113,6 @@ pub(crate) struct ServerThread {
     pub(crate) control: Mutex<Control>,
     /// Signalled on: a first user, the last user gone, a state change, a detach.
     pub(crate) cv: Condvar,
-    alive: AtomicUsize,
-    max_alive: AtomicUsize,
 }
 
 /// Back-to-back passes before the worker starts yielding, and passes before it parks (passes
@@ -140,12 +136,9 @@ impl ServerThread {
                 users: 0,
                 epoch: 0,
                 handle: None,
-                tid: None,
                 worker: None,
             }),
             cv: Condvar::new(),
-            alive: AtomicUsize::new(0),
-            max_alive: AtomicUsize::new(0),
         }
     }
 
@@ -161,15 +154,6 @@ impl ServerThread {
 
     pub(crate) fn is_running(&self) -> bool {
         lock(&self.control).state == State::Running
-    }
-    pub(crate) fn live_workers(&self) -> usize {
-        self.alive.load(Ordering::SeqCst)
-    }
-    pub(crate) fn max_live_workers(&self) -> usize {
-        self.max_alive.load(Ordering::SeqCst)
-    }
-    pub(crate) fn worker_tid(&self) -> Option<i32> {
-        lock(&self.control).tid
     }
 
     /// Live users.
@@ -248,8 +232,12 @@ impl ServerThread {
         let handle = sync::spawn(name, move || worker(worker_inner))
             .map_err(|e| Error::Spawn(e.to_string()))?;
         // RMW: one more live worker, counted from its spawn (the worker counts itself out).
-        let alive = this.alive.fetch_add(1, Ordering::SeqCst) + 1;
-        this.max_alive.fetch_max(alive, Ordering::SeqCst);
+        // Relaxed, as every statistic: a read-modify-write reads the latest count whatever
+        // the ordering, so the high-water mark below is exact.
+        let stats = &inner.context.stats;
+        let alive = stats.live_workers.fetch_add(1, Ordering::Relaxed) + 1;
+        // RMW: the high-water mark rises to `alive` if below.
+        stats.max_live_workers.fetch_max(alive, Ordering::Relaxed);
         control.worker = Some(handle.thread().id());
         control.handle = Some(handle);
         control.state = State::Running;
@@ -336,18 +324,6 @@ impl ServerThread {
     }
 }
 
-/// The kernel's id for the calling thread (Linux), to read its CPU time from /proc. Not under
-/// loom or miri, which run no foreign calls.
-fn current_tid() -> Option<i32> {
-    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
-    {
-        // SAFETY: gettid has no preconditions.
-        Some(unsafe { libc::gettid() })
-    }
-    #[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
-    None
-}
-
 /// Timed parks should last about what they ask for, not the default 50 µs timer slack more.
 /// Not under loom or miri (no foreign calls there; their timers have no slack to tighten).
 fn tighten_timer_slack() {
@@ -367,7 +343,6 @@ fn worker(inner: Arc<Inner>) {
         absent: inner.context.config.absent_park,
     };
     let mut control = lock(&this.control);
-    control.tid = current_tid();
     let mut seen_epoch = 0;
     loop {
         // Asleep while nobody could send a request (see the module docs).
@@ -408,7 +383,6 @@ fn worker(inner: Arc<Inner>) {
             break;
         }
     }
-    control.tid = None;
     drop(control);
     // No blocking call comes after the last pass: the I/O threads stop with the worker (here,
     // so that a worker nobody joins, see `abandon_from_worker`, stops them too).
@@ -423,8 +397,13 @@ fn worker(inner: Arc<Inner>) {
             bump(&inner.context.stats.io_threads_abandoned);
         }
     }
-    // RMW: this worker is gone.
-    this.alive.fetch_sub(1, Ordering::SeqCst);
+    // RMW: this worker is gone (Relaxed: a `shutdown` that joins it sees this through the
+    // join).
+    inner
+        .context
+        .stats
+        .live_workers
+        .fetch_sub(1, Ordering::Relaxed);
 }
 
 impl ServerThread {
