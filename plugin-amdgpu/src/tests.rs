@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::fake::{FakeAgent, FakeHsa, MEMORY_FAULT, OUT_OF_RESOURCES};
 use crate::memory::MALLOC_ALIGN;
-use crate::{describe_plugin, AmdGpuError, AmdGpuPlugin};
+use crate::{AmdGpuError, AmdGpuPlugin};
+use rpc_core::plugin::describe;
 
 /// A v1 image with three kernels (16 bytes of explicit arguments each) and a variable.
 const IMAGE: &str = ".kernel main 16\n.kernel other 16\n.kernel spin 16\n\
@@ -123,7 +124,7 @@ fn a_runtime_without_gpu_agents_is_zero_devices_and_shuts_down() {
     );
     assert_eq!(hsa.inits(), 0, "hsa_shut_down balanced the hsa_init");
     assert_eq!(
-        describe_plugin(&plugin),
+        describe(&plugin),
         "amdgpu: 0 devices (the HSA runtime found no GPU agents)"
     );
 }
@@ -139,9 +140,9 @@ fn devices_are_enumerated_with_name_wavefront_and_ports() {
     assert_eq!(plugin.devices()[0].lane_size(), 64);
     assert_eq!(plugin.devices()[1].lane_size(), 32);
     assert_eq!(
-        describe_plugin(&plugin),
-        "amdgpu: 2 devices (Fake MI300X (gfx942): wave64, 4096 ports v1 / 9728 v2; \
-         Fake W7900 (gfx1100): wave32, 768 ports v1 / 768 v2)"
+        describe(&plugin),
+        "amdgpu: 2 devices (Fake MI300X (gfx942): L=64, ports v1=4096 v2=9728; \
+         Fake W7900 (gfx1100): L=32, ports v1=768 v2=768)"
     );
 }
 

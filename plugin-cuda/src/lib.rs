@@ -2,7 +2,7 @@
 //!
 //! Nothing of CUDA is needed to build or test this crate: `libcuda` is opened when the plugin
 //! is initialised, and where it is missing the plugin has zero devices and says why
-//! ([`describe`] prints e.g. `cuda: 0 devices (libcuda.so.1 not found)`). It implements the
+//! ([`rpc_core::plugin::describe`] prints e.g. `cuda: 0 devices (libcuda.so.1 not found)`). It implements the
 //! hooks of [`rpc_core::plugin`]; finding `__llvm_rpc_client`, attaching the mailbox and the
 //! launches' user guards are the generic glue's.
 //!
@@ -50,8 +50,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use rpc_core::plugin::{Device, Plugin, VendorError};
-use rpc_core::protocol::Generation;
+use rpc_core::plugin::{Plugin, VendorError};
 
 pub use device::CudaDevice;
 pub use error::CudaError;
@@ -187,44 +186,4 @@ impl Plugin for CudaPlugin {
     fn deinit(&mut self) -> Result<(), VendorError> {
         Ok(self.deinit_impl()?)
     }
-}
-
-/// One line for `cargo xtask devices`: `cuda: K devices (...)` with each device's name,
-/// compute capability, lane width and port counts, or the reason there are none.
-pub fn describe() -> String {
-    let mut plugin = CudaPlugin::new();
-    let line = match plugin.init() {
-        Ok(()) => describe_plugin(&plugin),
-        Err(error) => format!("cuda: 0 devices ({error})"),
-    };
-    let _ = plugin.deinit();
-    line
-}
-
-/// [`describe`] for an initialised plugin.
-pub fn describe_plugin(plugin: &CudaPlugin) -> String {
-    let devices = plugin.devices();
-    let plural = if devices.len() == 1 {
-        "device"
-    } else {
-        "devices"
-    };
-    if devices.is_empty() {
-        let reason = plugin.reason().unwrap_or_else(|| "unknown reason".into());
-        return format!("cuda: 0 devices ({reason})");
-    }
-    let list: Vec<String> = devices
-        .iter()
-        .map(|d| {
-            let (major, minor) = d.compute_capability();
-            format!(
-                "{}: sm_{major}{minor}, L={}, ports v1={} v2={}",
-                d.name(),
-                d.lane_size(),
-                Generation::V1.ports_for(d.parallelism()),
-                Generation::V2.ports_for(d.parallelism())
-            )
-        })
-        .collect();
-    format!("cuda: {} {plural} ({})", devices.len(), list.join("; "))
 }

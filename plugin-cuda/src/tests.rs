@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::fake::{FakeDriver, FakeGpu};
 use crate::memory::DEVICE_ALIGN;
-use crate::{describe, describe_plugin, CudaError, CudaPlugin};
+use crate::{CudaError, CudaPlugin};
 
 const IMAGE: &str = ".entry main\n.entry other\n.global __llvm_rpc_client 552\n.global data 16\n";
 
@@ -51,7 +51,7 @@ fn no_driver_library_is_zero_devices_and_a_reason() {
         Some("libcuda-not-installed.so.1 not found")
     );
     assert_eq!(
-        describe_plugin(&plugin),
+        rpc_core::plugin::describe(&plugin),
         "cuda: 0 devices (libcuda-not-installed.so.1 not found)"
     );
     plugin.deinit().unwrap();
@@ -64,7 +64,7 @@ fn the_system_driver_never_panics_and_always_explains_zero_devices() {
     assert_eq!(plugin.devices().is_empty(), plugin.reason().is_some());
     plugin.deinit().unwrap();
     // Here (no libcuda) `cuda: 0 devices (libcuda.so.1 not found)`; on a GPU machine the list.
-    let line = describe();
+    let line = rpc_core::plugin::probe(CudaPlugin::new());
     assert!(line.starts_with("cuda: ") && line.ends_with(')'), "{line}");
     println!("{line}");
 }
@@ -99,7 +99,7 @@ fn devices_are_enumerated_with_name_lane_width_and_ports() {
     assert_eq!(plugin.devices().len(), 2);
     assert_eq!(plugin.devices()[0].lane_size(), 32);
     assert_eq!(
-        describe_plugin(&plugin),
+        rpc_core::plugin::describe(&plugin),
         "cuda: 2 devices (Fake H200: sm_90, L=32, ports v1=4096 v2=8448; \
          Fake Small: sm_75, L=32, ports v1=64 v2=64)"
     );

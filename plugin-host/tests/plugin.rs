@@ -498,3 +498,21 @@ fn launch_and_load_image_after_a_shutdown_restart_the_server() {
     );
     runtime.deinit().unwrap();
 }
+
+#[test]
+fn describe_says_what_the_plugin_found_as_every_plugin_does() {
+    let two = HostConfig {
+        devices: 2,
+        lanes: 32,
+        ports: 64,
+    };
+    assert_eq!(
+        rpc_core::plugin::probe(HostPlugin::new(two)),
+        "host: 2 devices (cpu0: L=32, ports v1=64 v2=64; cpu1: L=32, ports v1=64 v2=64)"
+    );
+    let none = HostConfig { devices: 0, ..two };
+    assert_eq!(
+        rpc_core::plugin::probe(HostPlugin::new(none)),
+        "host: 0 devices (configured with 0 devices)"
+    );
+}

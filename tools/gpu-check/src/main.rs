@@ -25,7 +25,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use plugin_cuda::{describe_plugin, CudaDevice, CudaPlugin};
+use plugin_cuda::{CudaDevice, CudaPlugin};
 use rpc_core::plugin::{Device, Grid};
 use rpc_core::protocol::Generation;
 use rpc_core::services::KernelExit;
@@ -424,7 +424,7 @@ fn run(options: &Options) -> Result<bool, String> {
         ..ServerConfig::default()
     };
     let runtime = PluginRuntime::new(CudaPlugin::new(), config).map_err(|e| e.to_string())?;
-    println!("{}", describe_plugin(runtime.plugin()));
+    println!("{}", rpc_core::plugin::describe(runtime.plugin()));
     if runtime.devices().is_empty() {
         return Err("no CUDA device to check".into());
     }

@@ -189,14 +189,10 @@ pub fn run<P: Plugin>(
     grid: Grid,
 ) -> Result<i32, Failure> {
     let dev = runtime.devices().get(device).ok_or_else(|| {
-        Failure::NoDevice(match runtime.reason() {
-            Some(reason) => format!("{}: no device {device} ({reason})", runtime.plugin().name()),
-            None => format!(
-                "{}: no device {device} ({} found)",
-                runtime.plugin().name(),
-                runtime.devices().len()
-            ),
-        })
+        Failure::NoDevice(format!(
+            "no device {device}: {}",
+            rpc_core::plugin::describe(runtime.plugin())
+        ))
     })?;
     let image = runtime.load_image(device, image).map_err(|e| match e {
         rpc_core::Error::BadClientObjectSize(_) => Failure::UnknownGeneration(e.to_string()),
