@@ -1658,13 +1658,14 @@ struct GatedAllocator {
 }
 
 impl rpc_core::plugin::DeviceAllocator for GatedAllocator {
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, rpc_core::plugin::VendorError> {
+    fn allocate(&self, size: u64) -> Result<u64, rpc_core::plugin::VendorError> {
         self.entered.lock().unwrap().send(()).unwrap();
         self.go.lock().unwrap().recv_timeout(LIVENESS).unwrap();
-        self.inner.allocate(size, align)
+        self.inner.allocate(size)
     }
-    fn deallocate(&self, addr: u64) -> Result<(), rpc_core::plugin::VendorError> {
-        self.inner.deallocate(addr)
+    unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), rpc_core::plugin::VendorError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.deallocate(addr, size) }
     }
 }
 

@@ -258,7 +258,7 @@ impl Services {
         let (closed, count) = (files.as_ref().map_or(0, FileTable::len), freed.len());
         drop(files);
         for (addr, live) in freed {
-            if let Err(error) = live.free(addr) {
+            if let Err(error) = live.free() {
                 log::warn!("mailbox {}: freeing {addr:#x}: {error}", mailbox.0);
             }
         }
