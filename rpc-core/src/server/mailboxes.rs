@@ -97,6 +97,29 @@ impl MailboxSource for RegionMailbox {
     }
 }
 
+/// What the layer above the server keeps for one attached mailbox (the standard services'
+/// stream table and allocations), opaque to the server: made when the mailbox is attached,
+/// held by its [`Attached`] and handed to every request of it, and told of the detach.
+/// (std's `Arc`: it is no part of what the loom models check.)
+pub(crate) type MailboxSlot = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
+/// The attached mailboxes' slots, for the layer above to find one by id (`RpcServer::new`
+/// hands it the server's list).
+pub(crate) struct Slots(pub(super) std::sync::Arc<Snapshot<Vec<Arc<Attached>>>>);
+
+impl Slots {
+    /// The slot of mailbox `id`, while it is attached.
+    pub(crate) fn of(&self, id: MailboxId) -> Option<MailboxSlot> {
+        let list = self.0.get();
+        let attached = list.iter().find(|m| m.id == id)?;
+        Some(attached.slot.clone())
+    }
+    /// Every attached mailbox's slot, in the order they were attached.
+    pub(crate) fn all(&self) -> Vec<MailboxSlot> {
+        self.0.get().iter().map(|m| m.slot.clone()).collect()
+    }
+}
+
 /// One attached mailbox.
 pub(crate) struct Attached {
     pub(crate) id: MailboxId,
@@ -105,6 +128,8 @@ pub(crate) struct Attached {
     pub(crate) numbering: Numbering,
     /// Whose printf its output matches; set once at attach.
     pub(crate) printf: Dialect,
+    /// The layer above's state for it, from its attach to its detach.
+    pub(crate) slot: MailboxSlot,
     source: Box<dyn MailboxSource>,
     locks: LockTable,
     #[cfg(not(loom))]
@@ -272,14 +297,15 @@ impl RpcServer {
         let context = &self.inner.context;
         // RMW: hands out each id once.
         let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
-        // Its tables exist before the worker can see a request of it.
-        context.extension.mailbox_attached(id);
+        // Its state exists before the worker can see a request of it.
+        let slot = context.extension.mailbox_attached(id);
         let layout = source.view().layout();
         let attached = Arc::new(Attached {
             id,
             layout,
             numbering,
             printf,
+            slot,
             source,
             locks: LockTable::new(layout.ports()),
             #[cfg(not(loom))]
@@ -317,7 +343,7 @@ impl RpcServer {
         // Release: pairs with the worker's Acquire load before it touches the mailbox again.
         attached.detached.store(true, Ordering::Release);
         // Its kernels can no longer ask anything: what they held goes now.
-        context.extension.mailbox_detached(id);
+        context.extension.mailbox_detached(id, &attached.slot);
         if self.inner.thread.is_worker() {
             // From a handler: the worker lets go of the mailbox after this pass; it cannot wait
             // for itself.

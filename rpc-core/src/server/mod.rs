@@ -33,7 +33,7 @@ use std::vec::Vec;
 
 use crate::protocol::error::{Error, Result};
 use crate::protocol::opcode::Opcode;
-use crate::server::mailboxes::{Attached, Snapshot};
+use crate::server::mailboxes::{Attached, MailboxSlot, Slots, Snapshot};
 use crate::server::registry::{entry, Entry, Handler, Matcher, Registry, Request};
 use crate::server::stats::{Stats, StatsSnapshot};
 pub use crate::server::thread::ShutdownPolicy;
@@ -137,7 +137,7 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 pub struct ServerContext {
     pub(crate) config: ServerConfig,
     pub(crate) stats: Stats,
-    pub(crate) mailboxes: Snapshot<Vec<Arc<Attached>>>,
+    pub(crate) mailboxes: std::sync::Arc<Snapshot<Vec<Arc<Attached>>>>,
     pub(crate) registry: Snapshot<Registry>,
     next_id: AtomicU64,
     /// Guards that cover every mailbox.
@@ -158,12 +158,13 @@ impl ServerContext {
     }
 }
 
-/// State the layer above the server keeps for it (the standard services' tables), told when a
-/// mailbox is attached (before the worker can see a request of it) and detached (after which
-/// its kernels can no longer ask anything).
+/// State the layer above the server keeps for it (the standard services' policies and streams),
+/// told when a mailbox is attached (before the worker can see a request of it: it makes the
+/// mailbox's slot, kept with the mailbox) and detached (after which its kernels can no longer
+/// ask anything: it empties the slot).
 pub(crate) trait Extension: Send + Sync + 'static {
-    fn mailbox_attached(&self, id: MailboxId);
-    fn mailbox_detached(&self, id: MailboxId);
+    fn mailbox_attached(&self, id: MailboxId) -> MailboxSlot;
+    fn mailbox_detached(&self, id: MailboxId, slot: &MailboxSlot);
     /// For the layer above to find its own type again.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -182,20 +183,23 @@ pub struct RpcServer {
 }
 
 impl RpcServer {
-    /// A stopped server with the handlers of `registry` and the layer above's `extension`
-    /// (`RpcServer::new`, in `crate::services`, gives it the standard services).
+    /// A stopped server with the handlers of `registry` and the layer above's extension, made
+    /// by `extension` from the attached mailboxes' slots (`RpcServer::new`, in
+    /// `crate::services`, gives it the standard services).
     pub(crate) fn assemble(
         config: ServerConfig,
         registry: Registry,
-        extension: Box<dyn Extension>,
+        extension: impl FnOnce(Slots) -> Box<dyn Extension>,
     ) -> Self {
+        let mailboxes = std::sync::Arc::new(Snapshot::new(Vec::new()));
+        let extension = extension(Slots(mailboxes.clone()));
         let log_limit = crate::server::limits::LogLimit::new(config.limits.device_log_lines);
         let thread = ServerThread::new(config.name.clone());
         let inner = Arc::new(Inner {
             context: ServerContext {
                 config,
                 stats: Stats::default(),
-                mailboxes: Snapshot::new(Vec::new()),
+                mailboxes,
                 registry: Snapshot::new(registry),
                 next_id: AtomicU64::new(1),
                 any_users: Arc::new(Coverage::default()),

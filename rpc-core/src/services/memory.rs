@@ -7,7 +7,7 @@
 //! block is over-allocated by the alignment, the device gets the aligned address inside it, and
 //! the table remembers the block's base to free ([`Live`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::vec::Vec;
 
@@ -15,7 +15,6 @@ use super::{active, per_lane, recv_words, send_word0, Refusals};
 use crate::protocol::error::VendorError;
 use crate::server::limits::device_warn;
 use crate::server::registry::Request;
-use crate::server::MailboxId;
 use crate::sync::lock;
 use crate::Result;
 
@@ -103,11 +102,13 @@ fn align_up(addr: u64, align: u64) -> u64 {
     (addr + (align - 1)) & !(align - 1)
 }
 
-/// Every mailbox's live allocations, and the bytes each mailbox holds.
+/// One mailbox's live allocations by the address the device got, and the bytes they hold;
+/// closed when the mailbox is detached.
 #[derive(Default)]
 pub(crate) struct Allocations {
-    live: BTreeMap<(MailboxId, u64), Live>,
-    held: HashMap<MailboxId, u64>,
+    live: BTreeMap<u64, Live>,
+    held: u64,
+    closed: bool,
 }
 
 impl Allocations {
@@ -118,62 +119,38 @@ impl Allocations {
     pub(crate) fn list(&self) -> Vec<Allocation> {
         self.live
             .iter()
-            .map(|(&(_, addr), live)| Allocation {
+            .map(|(&addr, live)| Allocation {
                 addr,
                 size: live.size,
             })
             .collect()
     }
 
-    /// Bytes `mailbox` holds.
-    fn held(&self, mailbox: MailboxId) -> u64 {
-        self.held.get(&mailbox).copied().unwrap_or(0)
-    }
-
-    /// Starts the books of an attached mailbox (nothing held).
-    pub(crate) fn register(&mut self, mailbox: MailboxId) {
-        self.held.entry(mailbox).or_default();
-    }
-
-    /// Records a live allocation of `mailbox`; gives it back if the mailbox is not registered
-    /// (detached while the allocator ran), for the caller to free.
-    fn insert(&mut self, mailbox: MailboxId, addr: u64, live: Live) -> Result<(), Live> {
-        let Some(held) = self.held.get_mut(&mailbox) else {
+    /// Records a live allocation; gives it back if the books are closed (the mailbox was
+    /// detached while the allocator ran), for the caller to free.
+    fn insert(&mut self, addr: u64, live: Live) -> Result<(), Live> {
+        if self.closed {
             return Err(live);
-        };
-        *held += live.size;
-        if let Some(old) = self.live.insert((mailbox, addr), live) {
+        }
+        self.held += live.size;
+        if let Some(old) = self.live.insert(addr, live) {
             log::error!("allocator returned {addr:#x}, which is live already");
-            self.subtract(mailbox, old.size);
+            self.held = self.held.saturating_sub(old.size);
         }
         Ok(())
     }
 
-    fn remove(&mut self, mailbox: MailboxId, addr: u64) -> Option<Live> {
-        let live = self.live.remove(&(mailbox, addr))?;
-        self.subtract(mailbox, live.size);
+    fn remove(&mut self, addr: u64) -> Option<Live> {
+        let live = self.live.remove(&addr)?;
+        self.held = self.held.saturating_sub(live.size);
         Some(live)
     }
 
-    fn subtract(&mut self, mailbox: MailboxId, size: u64) {
-        if let Some(held) = self.held.get_mut(&mailbox) {
-            *held = held.saturating_sub(size);
-        }
-    }
-
-    /// Takes every allocation of `mailbox` out of the table and closes its books: a later
-    /// `insert` for it is refused.
-    pub(crate) fn take_mailbox(&mut self, mailbox: MailboxId) -> Vec<(u64, Live)> {
-        self.held.remove(&mailbox);
-        let addrs: Vec<u64> = self
-            .live
-            .range((mailbox, 0)..=(mailbox, u64::MAX))
-            .map(|(&(_, addr), _)| addr)
-            .collect();
-        addrs
-            .into_iter()
-            .filter_map(|addr| Some((addr, self.live.remove(&(mailbox, addr))?)))
-            .collect()
+    /// Takes every allocation out and closes the books: a later `insert` is refused.
+    pub(crate) fn close(&mut self) -> Vec<(u64, Live)> {
+        self.closed = true;
+        self.held = 0;
+        std::mem::take(&mut self.live).into_iter().collect()
     }
 }
 
@@ -184,9 +161,9 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let services = &context.services();
-    let mailbox = req.mailbox().id;
+    let mailbox = super::mailbox_state(&req);
     let quota = context.config.limits.malloc_bytes;
-    let allocator = services.allocator_for(mailbox);
+    let allocator = services.allocator_for(&mailbox);
     let mut refusals = Refusals::default();
     let mut replies = per_lane(&req, 0u64);
     for lane in active(&req) {
@@ -198,7 +175,7 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
         if size == 0 {
             continue;
         }
-        let held = lock(&services.allocations).held(mailbox);
+        let held = lock(&mailbox.allocations).held;
         if held.saturating_add(size) > quota {
             refusals.lane(
                 lane,
@@ -214,13 +191,13 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
             Ok(Some((addr, live))) => {
                 // The allocator ran without the table's lock: the mailbox may have been
                 // detached meanwhile (its allocations freed), and then this one is freed now.
-                let recorded = lock(&services.allocations).insert(mailbox, addr, live);
+                let recorded = lock(&mailbox.allocations).insert(addr, live);
                 match recorded {
                     Ok(()) => replies[lane as usize] = addr,
                     Err(live) => {
-                        log::debug!("mailbox {}: detached, {addr:#x} freed", mailbox.0);
+                        log::debug!("mailbox {}: detached, {addr:#x} freed", mailbox.id.0);
                         if let Err(error) = live.free() {
-                            log::warn!("mailbox {}: freeing {addr:#x}: {error}", mailbox.0);
+                            log::warn!("mailbox {}: freeing {addr:#x}: {error}", mailbox.id.0);
                         }
                     }
                 }
@@ -237,15 +214,14 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
 /// freed already) is refused and nothing is freed.
 pub(crate) async fn free(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
-    let context = super::context(&req);
-    let services = &context.services();
+    let mailbox = super::mailbox_state(&req);
     let mut refusals = Refusals::default();
     for lane in active(&req) {
         let addr = words[lane as usize][0];
         if addr == 0 {
             continue;
         }
-        let live = lock(&services.allocations).remove(req.mailbox().id, addr);
+        let live = lock(&mailbox.allocations).remove(addr);
         match live {
             Some(live) => {
                 if let Err(error) = live.free() {
