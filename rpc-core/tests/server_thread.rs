@@ -597,7 +597,7 @@ fn panics_outside_handlers_are_caught_and_cost_only_what_they_touch() {
     let mailbox = Mailbox::attach(&server, 2, 1);
     /// A memory source that panics once told to.
     struct Flaky(Arc<MailboxMemory>, Arc<AtomicBool>);
-    impl rpc_core::MailboxSource for Flaky {
+    impl rpc_core::AtomicMailbox for Flaky {
         fn view(&self) -> rpc_core::protocol::Mailbox<'_> {
             assert!(!self.1.load(Ordering::Relaxed), "source bug");
             self.0.view()

@@ -19,7 +19,7 @@ use rpc_core::protocol::{
 };
 use rpc_core::services::KernelExit;
 use rpc_core::services::{HOST_CALL_REFUSED, MALLOC_ALIGN};
-use rpc_core::MailboxSource;
+use rpc_core::AtomicMailbox;
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
 use rpc_core::{MailboxId, Opcode, RpcServer, ServerConfig, UserGuard};
 
@@ -33,7 +33,7 @@ const MINUS_ONE: u64 = u64::MAX;
 
 struct Shared(Arc<MailboxMemory>);
 
-impl MailboxSource for Shared {
+impl AtomicMailbox for Shared {
     fn view(&self) -> Mailbox<'_> {
         self.0.view()
     }

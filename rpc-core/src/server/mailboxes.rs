@@ -59,20 +59,28 @@ pub trait Doorbell: Send + Sync {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MailboxId(pub u64);
 
-/// Memory holding one mailbox, as the server reads it.
-pub trait MailboxSource: Send + Sync {
+/// A mailbox in memory that already is atomics of this process (a [`MailboxMemory`], loom's
+/// atomics in a model, a test's wrapper), as the server reads it: attaching one is safe.
+///
+/// Why this and [`SharedRegion`] stay two traits: a `SharedRegion` is raw bytes a plugin
+/// allocated for a device, with the device's address for them, which the server can turn into
+/// atomics only by trusting the plugin (hence an `unsafe trait`), and which loom cannot model
+/// (it cannot wrap foreign memory); an `AtomicMailbox` needs neither trust nor a device
+/// address, and is what the loom models attach. The server makes the one out of the other
+/// (`RegionMailbox`), never the other way.
+pub trait AtomicMailbox: Send + Sync {
     /// The memory as a mailbox (the same every call).
     fn view(&self) -> Mailbox<'_>;
 }
 
-impl MailboxSource for MailboxMemory {
+impl AtomicMailbox for MailboxMemory {
     fn view(&self) -> Mailbox<'_> {
         MailboxMemory::view(self)
     }
 }
 
 /// A mailbox the server shares with whoever else holds the `Arc` (host-side clients).
-impl MailboxSource for Arc<MailboxMemory> {
+impl AtomicMailbox for Arc<MailboxMemory> {
     fn view(&self) -> Mailbox<'_> {
         MailboxMemory::view(self)
     }
@@ -86,7 +94,7 @@ struct RegionMailbox {
 }
 
 #[cfg(not(loom))]
-impl MailboxSource for RegionMailbox {
+impl AtomicMailbox for RegionMailbox {
     fn view(&self) -> Mailbox<'_> {
         // SAFETY: the region is owned by `self` (so it lives as long as the view), and this
         // process only accesses mailbox memory through same-size atomic views (the region's
@@ -130,7 +138,7 @@ pub(crate) struct Attached {
     pub(crate) printf: Dialect,
     /// The layer above's state for it, from its attach to its detach.
     pub(crate) slot: MailboxSlot,
-    source: Box<dyn MailboxSource>,
+    source: Box<dyn AtomicMailbox>,
     locks: LockTable,
     #[cfg(not(loom))]
     doorbell: Option<Box<dyn Doorbell>>,
@@ -221,7 +229,7 @@ impl<T: Clone> Snapshot<T> {
 
 impl RpcServer {
     /// Attaches a mailbox held in `source`; the worker serves it from its next pass on.
-    pub fn attach(&self, source: Box<dyn MailboxSource>) -> MailboxId {
+    pub fn attach(&self, source: Box<dyn AtomicMailbox>) -> MailboxId {
         self.attach_inner(
             source,
             #[cfg(not(loom))]
@@ -250,7 +258,7 @@ impl RpcServer {
     #[cfg(not(loom))]
     pub fn attach_with_doorbell(
         &self,
-        source: Box<dyn MailboxSource>,
+        source: Box<dyn AtomicMailbox>,
         bell: Box<dyn Doorbell>,
     ) -> MailboxId {
         self.attach_inner(source, Some(bell), Numbering::Current, Dialect::HostC)
@@ -289,7 +297,7 @@ impl RpcServer {
 
     fn attach_inner(
         &self,
-        source: Box<dyn MailboxSource>,
+        source: Box<dyn AtomicMailbox>,
         #[cfg(not(loom))] doorbell: Option<Box<dyn Doorbell>>,
         numbering: Numbering,
         printf: Dialect,

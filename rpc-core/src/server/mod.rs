@@ -60,7 +60,7 @@ mod loom_io_pool;
 #[cfg(all(test, loom))]
 mod loom_thread;
 
-pub use mailboxes::{Doorbell, MailboxId, MailboxSource, SharedRegion};
+pub use mailboxes::{AtomicMailbox, Doorbell, MailboxId, SharedRegion};
 pub use users::UserGuard;
 
 /// A server's settings.

@@ -29,7 +29,7 @@
 //! Only the bookkeeping of this table: reading and writing the fields, spawning the worker (so
 //! that Running and its handle are one step), notifying `cv`, and a user's ticket in its
 //! `Coverage` (a lock of its own, taken inside this one and never the other way round). No
-//! plugin hook (`MailboxSource::view`, a `Doorbell`, a `SharedRegion`), no handler or matcher,
+//! plugin hook (`AtomicMailbox::view`, a `Doorbell`, a `SharedRegion`), no handler or matcher,
 //! no `log` call and no drop of a mailbox runs under it: each of those may call back into the
 //! server, which takes `control` again and would deadlock, or panic midway through a
 //! transition. So the forced-shutdown and statistics lines are logged after the lock is
