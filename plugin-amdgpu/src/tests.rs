@@ -90,7 +90,7 @@ fn runtime(hsa: &Arc<FakeHsa>) -> (PluginRuntime<AmdGpuPlugin>, Captured) {
 
 fn vendor_message(error: Error) -> String {
     match error {
-        Error::Vendor { message, .. } => message.to_string(),
+        Error::Vendor { source, .. } => source.to_string(),
         other => panic!("not a vendor error: {other:?}"),
     }
 }

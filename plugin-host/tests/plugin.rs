@@ -516,3 +516,30 @@ fn describe_says_what_the_plugin_found_as_every_plugin_does() {
         "host: 0 devices (configured with 0 devices)"
     );
 }
+
+#[test]
+fn a_vendor_error_is_the_runtime_errors_source_whole() {
+    let (runtime, _) = runtime(HostConfig {
+        devices: 1,
+        lanes: 1,
+        ports: 4,
+    });
+    let error = runtime.load_image(0, b"no such image").unwrap_err();
+    assert!(
+        matches!(error, Error::Vendor { plugin: "host", .. }),
+        "{error:?}"
+    );
+    // The chain: the runtime's error, then the plugin's own error value (not its text).
+    let source = std::error::Error::source(&error).expect("a source");
+    assert_eq!(format!("host: load image: {source}"), error.to_string());
+    let Error::Vendor { source, .. } = &error else {
+        unreachable!()
+    };
+    assert!(
+        matches!(
+            source.get().downcast_ref::<plugin_host::HostError>(),
+            Some(plugin_host::HostError::UnknownImage(_))
+        ),
+        "{source:?}"
+    );
+}

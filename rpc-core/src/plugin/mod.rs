@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::protocol::layout::{Generation, Layout};
 
-pub use crate::protocol::error::VendorError;
+pub use crate::protocol::error::{VendorError, VendorSource};
 pub use crate::server::{panic_message, Doorbell, SharedRegion};
 pub use crate::services::memory::DeviceAllocator;
 
