@@ -135,7 +135,8 @@ impl Captured {
     }
 }
 
-/// Device memory from the plugin's allocator, zeroed; freed on drop.
+/// Device memory from the plugin's allocator (a raw block: `cuMemAlloc` aligns it to at least
+/// 256 bytes), zeroed; freed on drop.
 struct DeviceBuffer<'a> {
     device: &'a CudaDevice,
     addr: u64,
@@ -146,7 +147,7 @@ impl<'a> DeviceBuffer<'a> {
     fn zeroed(device: &'a CudaDevice, len: usize) -> Result<Self, String> {
         let addr = device
             .allocator()
-            .allocate(len as u64, 256)
+            .allocate(len as u64)
             .map_err(|e| format!("allocating {len} device bytes: {e}"))?;
         let buffer = DeviceBuffer { device, addr, len };
         device
@@ -182,7 +183,13 @@ impl<'a> DeviceBuffer<'a> {
 
 impl Drop for DeviceBuffer<'_> {
     fn drop(&mut self) {
-        if let Err(error) = self.device.allocator().deallocate(self.addr) {
+        // SAFETY: `addr` is the block `allocate(len)` returned in `zeroed`, freed only here.
+        let freed = unsafe {
+            self.device
+                .allocator()
+                .deallocate(self.addr, self.len as u64)
+        };
+        if let Err(error) = freed {
             eprintln!("cuda-gpu-check: freeing device memory: {error}");
         }
     }
