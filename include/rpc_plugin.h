@@ -255,6 +255,14 @@ typedef struct RpcStats {
    * I/O threads abandoned at shutdown.
    */
   uint64_t io_threads_abandoned;
+  /**
+   * Worker threads alive now (0 or 1).
+   */
+  uint64_t live_workers;
+  /**
+   * Most worker threads ever alive at once.
+   */
+  uint64_t max_live_workers;
 } RpcStats;
 
 /**

@@ -18,7 +18,7 @@ pub fn run(json: bool) -> Result<(), String> {
     };
     let mut runtime = PluginRuntime::new(HostPlugin::new(config), super::server_config())
         .map_err(|e| e.to_string())?;
-    println!("{}", plugin_host::describe(config));
+    println!("{}", rpc_core::plugin::describe(runtime.plugin()));
     let server = runtime.server();
     server.register_packet(SQUARE, move |_, p| {
         p.set_word(0, p.word(0).wrapping_mul(p.word(0)))

@@ -9,7 +9,7 @@
 
 use std::process::ExitCode;
 
-use rpc_core::plugin::{Device, Grid, Plugin};
+use rpc_core::plugin::{Grid, Plugin};
 use rpc_core::PluginRuntime;
 use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
 
@@ -92,19 +92,11 @@ fn server_config() -> ServerConfig {
 fn run_gpu<P: Plugin>(plugin: P, args: &Args) -> Result<(), String> {
     let name = plugin.name();
     let mut runtime = PluginRuntime::new(plugin, server_config()).map_err(|e| e.to_string())?;
-    let devices = runtime.devices();
-    if devices.is_empty() {
-        let reason = runtime.reason().unwrap_or_else(|| "no reason given".into());
-        return Err(format!("no {name} device: {reason}"));
+    let found = rpc_core::plugin::describe(runtime.plugin());
+    if runtime.devices().is_empty() {
+        return Err(format!("no {name} device: {found}"));
     }
-    for (i, d) in devices.iter().enumerate() {
-        println!(
-            "{name} device {i}: {} (lanes {}, ports {})",
-            d.name(),
-            d.lane_size(),
-            rpc_core::protocol::Generation::V2.ports_for(d.parallelism())
-        );
-    }
+    println!("{found}");
     let Some(path) = &args.image else {
         return Err(format!("the {name} demo runs a device image built for this GPU: pass --image FILE --kernel NAME"));
     };

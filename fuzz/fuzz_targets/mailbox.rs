@@ -37,15 +37,16 @@ struct FakeAllocator {
 }
 
 impl DeviceAllocator for FakeAllocator {
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError> {
-        if size > 1 << 40 {
+    fn allocate(&self, size: u64) -> Result<u64, VendorError> {
+        if size > 1 << 41 {
             return Err("too large".into());
         }
-        let addr = (self.next.fetch_add(1, Ordering::Relaxed) + 1) * align.max(1);
+        // Disjoint blocks, one after another from 1 MiB (a bump pointer; nothing behind it).
+        let addr = (1 << 20) + self.next.fetch_add(size.max(1), Ordering::Relaxed);
         self.live.lock().unwrap().insert(addr);
         Ok(addr)
     }
-    fn deallocate(&self, addr: u64) -> Result<(), VendorError> {
+    unsafe fn deallocate(&self, addr: u64, _size: u64) -> Result<(), VendorError> {
         if self.live.lock().unwrap().remove(&addr) {
             Ok(())
         } else {

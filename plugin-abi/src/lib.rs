@@ -166,6 +166,10 @@ pub struct RpcStats {
     pub blocking_calls: u64,
     /// I/O threads abandoned at shutdown.
     pub io_threads_abandoned: u64,
+    /// Worker threads alive now (0 or 1).
+    pub live_workers: u64,
+    /// Most worker threads ever alive at once.
+    pub max_live_workers: u64,
 }
 
 /// Requests of one opcode served to completion.
@@ -381,6 +385,8 @@ impl RpcStats {
             workers_started: stats.workers_started,
             blocking_calls: stats.blocking_calls,
             io_threads_abandoned: stats.io_threads_abandoned,
+            live_workers: stats.live_workers,
+            max_live_workers: stats.max_live_workers,
         }
     }
 
@@ -402,6 +408,8 @@ impl RpcStats {
             workers_started: self.workers_started,
             blocking_calls: self.blocking_calls,
             io_threads_abandoned: self.io_threads_abandoned,
+            live_workers: self.live_workers,
+            max_live_workers: self.max_live_workers,
         }
     }
 }

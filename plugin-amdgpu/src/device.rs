@@ -560,7 +560,7 @@ impl Drop for AmdGpuDevice {
         }
         // Stops the waiter and destroys the queue.
         lock(&self.launcher).take();
-        self.allocator.release_all();
+        self.allocator.release();
     }
 }
 

@@ -41,9 +41,9 @@ pub enum AmdGpuError {
     /// A kernel or the queue reported an error (memory fault, illegal instruction, ...).
     #[error("kernel failed on {device}: {reason}")]
     KernelFailed { device: String, reason: String },
-    /// An address that this allocator did not hand out (or already freed).
-    #[error("address 0x{0:x} was not allocated here")]
-    UnknownAddress(u64),
+    /// The device (and so its allocator) has been released.
+    #[error("the AMD GPU device has been released")]
+    Released,
     /// An interrupt signal without an event mailbox: the runtime does not deliver interrupts
     /// (e.g. `HSA_ENABLE_INTERRUPT=0`), so no doorbell; the server polls.
     #[error("the HSA runtime gave a signal without an event mailbox (interrupts disabled?)")]

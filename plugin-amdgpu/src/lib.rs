@@ -61,8 +61,7 @@ pub mod memory;
 
 use std::sync::Arc;
 
-use rpc_core::plugin::{Device, Plugin, VendorError};
-use rpc_core::protocol::Generation;
+use rpc_core::plugin::{Plugin, VendorError};
 
 pub use device::AmdGpuDevice;
 pub use doorbell::AmdGpuDoorbell;
@@ -205,48 +204,6 @@ impl Drop for AmdGpuPlugin {
             log::warn!("amdgpu: {e}");
         }
     }
-}
-
-/// One line for `cargo xtask devices`: `amdgpu: K devices (...)`.
-pub fn describe() -> String {
-    describe_with(loader::LIBRARY)
-}
-
-/// [`describe`] for a runtime loaded from `soname`.
-pub fn describe_with(soname: &str) -> String {
-    let mut plugin = AmdGpuPlugin::with_library(soname);
-    let _ = plugin.init();
-    let line = describe_plugin(&plugin);
-    let _ = plugin.deinit();
-    line
-}
-
-fn describe_plugin(plugin: &AmdGpuPlugin) -> String {
-    let devices = plugin.devices();
-    if devices.is_empty() {
-        return format!(
-            "amdgpu: 0 devices ({})",
-            plugin.reason().unwrap_or_default()
-        );
-    }
-    let list: Vec<String> = devices
-        .iter()
-        .map(|d| {
-            format!(
-                "{}: wave{}, {} ports v1 / {} v2",
-                d.name(),
-                d.lane_size(),
-                Generation::V1.ports_for(d.parallelism()),
-                Generation::V2.ports_for(d.parallelism())
-            )
-        })
-        .collect();
-    format!(
-        "amdgpu: {} device{} ({})",
-        devices.len(),
-        if devices.len() == 1 { "" } else { "s" },
-        list.join("; ")
-    )
 }
 
 /// The amdgpu plugin as its loadable library (`libplugin_amdgpu.so`, crate `plugin-amdgpu-so`)

@@ -4,16 +4,12 @@
 //! HSA has one virtual address space for host and agents, so a pool allocation's host pointer
 //! is also its device address.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
 
 use crate::error::AmdGpuError;
 use crate::loader::{Agent, HsaApi, MemoryPool};
-
-/// The alignment of every MALLOC block (PROTOCOL opcode 10: the GPU allocator needs 2 MiB).
-pub const MALLOC_ALIGN: u64 = 2 << 20;
 
 /// `len` bytes (at least 1) from `pool`; if `agents` is not empty, they are allowed to access it.
 pub(crate) fn pool_allocate(
@@ -97,18 +93,16 @@ impl Drop for AmdGpuRegion {
     }
 }
 
-/// MALLOC/FREE from a device's coarse-grained pool, every block [`MALLOC_ALIGN`]-aligned.
-///
-/// The pool guarantees only its granule (a page), so a block is over-allocated by the
-/// alignment and the returned address aligned up; the base is remembered for FREE. Blocks the
-/// device never freed are released by [`AmdGpuAllocator::release_all`] (plugin deinit) or drop.
+/// MALLOC/FREE from a device's coarse-grained pool: raw blocks (the server aligns them and
+/// frees what kernels forgot when it detaches their mailbox). Once the device is released it
+/// refuses, so a server still holding it never calls into a runtime that was shut down.
 pub struct AmdGpuAllocator {
     hsa: Arc<dyn HsaApi>,
     pool: MemoryPool,
     /// Agents that may access the blocks (the GPU itself; a coarse pool is its own).
     agents: Vec<Agent>,
-    /// Aligned address handed out -> base pointer to free.
-    live: Mutex<HashMap<u64, u64>>,
+    /// Set by `release`; held across each HSA call so none overlaps the release.
+    released: Mutex<bool>,
 }
 
 impl AmdGpuAllocator {
@@ -117,38 +111,14 @@ impl AmdGpuAllocator {
             hsa,
             pool,
             agents,
-            live: Mutex::new(HashMap::new()),
+            released: Mutex::new(false),
         }
     }
 
-    /// Blocks handed out and not yet freed.
-    pub fn live_blocks(&self) -> usize {
-        lock(&self.live).len()
+    /// Refuses every later request (the device is being released).
+    pub fn release(&self) {
+        *lock(&self.released) = true;
     }
-
-    /// Frees every block still live (the device forgot them). Returns how many.
-    pub fn release_all(&self) -> usize {
-        let blocks: Vec<u64> = lock(&self.live).drain().map(|(_, base)| base).collect();
-        for &base in &blocks {
-            // SAFETY: each base came from `pool_allocate` in `allocate` and was removed from
-            // `live` just now, so it is freed once; called when no kernel of the device runs.
-            if let Err(e) = unsafe { pool_free(&*self.hsa, base as *mut u8) } {
-                log::warn!("amdgpu: freeing a forgotten MALLOC block: {e}");
-            }
-        }
-        blocks.len()
-    }
-}
-
-/// `(size + align - 1)` bytes hold an `align`-aligned block of `size`; the offset of that block
-/// from `base`. Also the arithmetic the tests check.
-pub fn over_allocation(size: u64, align: u64) -> Option<u64> {
-    size.checked_add(align - 1)
-}
-
-/// `base` rounded up to `align` (a power of two).
-pub fn align_up(base: u64, align: u64) -> u64 {
-    (base + align - 1) & !(align - 1)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -156,53 +126,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl DeviceAllocator for AmdGpuAllocator {
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError> {
-        if !align.is_power_of_two() {
-            return Err(AmdGpuError::Invalid("MALLOC alignment is not a power of two").into());
+    fn allocate(&self, size: u64) -> Result<u64, VendorError> {
+        let len =
+            usize::try_from(size).map_err(|_| AmdGpuError::Invalid("MALLOC size overflows"))?;
+        let released = lock(&self.released);
+        if *released {
+            return Err(AmdGpuError::Released.into());
         }
-        let align = align.max(MALLOC_ALIGN);
-        let total = over_allocation(size.max(1), align)
-            .and_then(|t| usize::try_from(t).ok())
-            .ok_or(AmdGpuError::Invalid("MALLOC size overflows"))?;
-        let base = pool_allocate(&*self.hsa, self.pool, total, &self.agents)? as u64;
-        let addr = align_up(base, align);
-        lock(&self.live).insert(addr, base);
-        Ok(addr)
+        Ok(pool_allocate(&*self.hsa, self.pool, len, &self.agents)? as u64)
     }
 
-    fn deallocate(&self, addr: u64) -> Result<(), VendorError> {
-        let base = lock(&self.live)
-            .remove(&addr)
-            .ok_or(AmdGpuError::UnknownAddress(addr))?;
-        // SAFETY: `base` came from `pool_allocate` and left `live` just now (freed once); the
-        // server passes only addresses it handed out, which the device no longer uses.
-        unsafe { pool_free(&*self.hsa, base as *mut u8) }?;
+    unsafe fn deallocate(&self, addr: u64, _size: u64) -> Result<(), VendorError> {
+        let released = lock(&self.released);
+        if *released {
+            return Err(AmdGpuError::Released.into());
+        }
+        // SAFETY: the caller's contract: `addr` came from `allocate`, so from `pool_allocate`,
+        // and was not freed since; the runtime is alive (not released).
+        unsafe { pool_free(&*self.hsa, addr as *mut u8) }?;
         Ok(())
-    }
-}
-
-impl Drop for AmdGpuAllocator {
-    fn drop(&mut self) {
-        let n = self.release_all();
-        if n > 0 {
-            log::debug!("amdgpu: released {n} MALLOC blocks the device did not free");
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn malloc_blocks_are_2_mib_aligned_inside_the_over_allocation() {
-        for base in [0x7f00_0000_1000u64, 0x7f00_0020_0000, 0x7f00_001f_f000] {
-            let size = 100;
-            let total = over_allocation(size, MALLOC_ALIGN).unwrap();
-            let addr = align_up(base, MALLOC_ALIGN);
-            assert_eq!(addr % MALLOC_ALIGN, 0);
-            assert!(addr >= base && addr + size <= base + total);
-        }
-        assert_eq!(over_allocation(u64::MAX, MALLOC_ALIGN), None);
     }
 }

@@ -1,7 +1,7 @@
 //! The plugin's behaviour where no AMD GPU can be used: zero devices and a reason, no panic.
 
-use plugin_amdgpu::{describe, describe_with, loader, AmdGpuPlugin};
-use rpc_core::plugin::Plugin;
+use plugin_amdgpu::{loader, AmdGpuPlugin};
+use rpc_core::plugin::{probe, Plugin};
 
 #[test]
 fn missing_library_is_zero_devices_with_the_reason() {
@@ -27,7 +27,7 @@ fn a_library_lacking_hsa_symbols_is_zero_devices_with_the_reason() {
 
 #[test]
 fn describe_names_the_reason_when_there_are_no_devices() {
-    let line = describe_with("libhsa-runtime-missing.so.99");
+    let line = probe(AmdGpuPlugin::with_library("libhsa-runtime-missing.so.99"));
     assert!(
         line.starts_with("amdgpu: 0 devices (cannot load libhsa-runtime-missing.so.99"),
         "{line}"
@@ -41,7 +41,7 @@ fn describe_names_the_reason_when_there_are_no_devices() {
 fn the_system_runtime_gives_devices_or_a_reason() {
     let mut plugin = AmdGpuPlugin::new();
     plugin.init().unwrap();
-    let line = describe();
+    let line = probe(AmdGpuPlugin::new());
     eprintln!("{line}");
     if plugin.devices().is_empty() {
         let reason = plugin.reason().unwrap();

@@ -420,6 +420,11 @@ impl Device for CudaDevice {
         self.name.clone()
     }
 
+    fn detail(&self) -> Option<String> {
+        let (major, minor) = self.compute_capability();
+        Some(format!("sm_{major}{minor}"))
+    }
+
     fn lane_size(&self) -> u32 {
         LANE_SIZE
     }

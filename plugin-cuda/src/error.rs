@@ -27,9 +27,6 @@ pub enum CudaError {
         addr: u64,
         align: u64,
     },
-    /// `deallocate` of an address this allocator did not hand out (or already freed).
-    #[error("device address {0:#x} was not allocated here")]
-    UnknownAllocation(u64),
     /// The device (and so its allocator) has been released by `deinit`.
     #[error("the CUDA device has been released")]
     Released,

@@ -2,7 +2,7 @@
 //!
 //! Nothing of CUDA is needed to build or test this crate: `libcuda` is opened when the plugin
 //! is initialised, and where it is missing the plugin has zero devices and says why
-//! ([`describe`] prints e.g. `cuda: 0 devices (libcuda.so.1 not found)`). It implements the
+//! ([`rpc_core::plugin::describe`] prints e.g. `cuda: 0 devices (libcuda.so.1 not found)`). It implements the
 //! hooks of [`rpc_core::plugin`]; finding `__llvm_rpc_client`, attaching the mailbox and the
 //! launches' user guards are the generic glue's.
 //!
@@ -50,8 +50,7 @@ mod tests;
 
 use std::sync::Arc;
 
-use rpc_core::plugin::{Device, Plugin, VendorError};
-use rpc_core::protocol::Generation;
+use rpc_core::plugin::{Plugin, VendorError};
 
 pub use device::CudaDevice;
 pub use error::CudaError;
@@ -189,46 +188,6 @@ impl Plugin for CudaPlugin {
     }
 }
 
-/// One line for `cargo xtask devices`: `cuda: K devices (...)` with each device's name,
-/// compute capability, lane width and port counts, or the reason there are none.
-pub fn describe() -> String {
-    let mut plugin = CudaPlugin::new();
-    let line = match plugin.init() {
-        Ok(()) => describe_plugin(&plugin),
-        Err(error) => format!("cuda: 0 devices ({error})"),
-    };
-    let _ = plugin.deinit();
-    line
-}
-
-/// [`describe`] for an initialised plugin.
-pub fn describe_plugin(plugin: &CudaPlugin) -> String {
-    let devices = plugin.devices();
-    let plural = if devices.len() == 1 {
-        "device"
-    } else {
-        "devices"
-    };
-    if devices.is_empty() {
-        let reason = plugin.reason().unwrap_or_else(|| "unknown reason".into());
-        return format!("cuda: 0 devices ({reason})");
-    }
-    let list: Vec<String> = devices
-        .iter()
-        .map(|d| {
-            let (major, minor) = d.compute_capability();
-            format!(
-                "{}: sm_{major}{minor}, L={}, ports v1={} v2={}",
-                d.name(),
-                d.lane_size(),
-                Generation::V1.ports_for(d.parallelism()),
-                Generation::V2.ports_for(d.parallelism())
-            )
-        })
-        .collect();
-    format!("cuda: {} {plural} ({})", devices.len(), list.join("; "))
-}
-
 /// The cuda plugin as its loadable library (`libplugin_cuda.so`, crate `plugin-cuda-so`)
 /// makes it: its default settings.
 impl plugin_abi::Loadable for CudaPlugin {
@@ -245,7 +204,7 @@ impl plugin_abi::Loadable for CudaPlugin {
                 .map_err(|e| rpc_core::Error::Vendor {
                     plugin: "cuda",
                     what: "set the stack size",
-                    message: e.to_string(),
+                    source: rpc_core::plugin::VendorError::from(e).into(),
                 })?;
         }
         Ok(())

@@ -1,7 +1,6 @@
 //! Memory: the mailbox region (pinned host memory mapped for the device) and the device
 //! allocator behind MALLOC/FREE.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
@@ -13,8 +12,6 @@ use crate::loader::{Stream, MEMHOSTALLOC_DEVICEMAP, MEMHOSTALLOC_PORTABLE};
 
 /// The alignment the mailbox needs (PROTOCOL section 2).
 pub const REGION_ALIGN: u64 = 64;
-/// The alignment of every device allocation: 2 MiB, the GPU's large-page size.
-pub const DEVICE_ALIGN: u64 = 2 << 20;
 
 /// Page-locked host memory, mapped into the device's address space (`cuMemHostAlloc` with
 /// `DEVICEMAP | PORTABLE`), zeroed at allocation; freed (`cuMemFreeHost`) on drop.
@@ -103,9 +100,9 @@ impl Drop for PinnedRegion {
     }
 }
 
-/// Device memory for MALLOC/FREE. Every block is [`DEVICE_ALIGN`]-aligned (or more, when
-/// asked): the allocator over-allocates by the alignment, aligns up, and remembers the base it
-/// must free. What kernels forgot to free is freed when the device is released.
+/// Device memory for MALLOC/FREE: raw blocks of device memory (the server aligns them and
+/// frees what kernels forgot when it detaches their mailbox). Once the device is released it
+/// refuses, so a server still holding it never touches a dead context.
 ///
 /// Where the device supports memory pools the allocator uses `cuMemAllocAsync` /
 /// `cuMemFreeAsync` on its own non-blocking stream: plain `cuMemFree` may synchronise the
@@ -115,8 +112,8 @@ pub struct CudaAllocator {
     core: Arc<Core>,
     /// The stream for stream-ordered allocation, when the device has memory pools.
     stream: Option<Stream>,
-    /// Aligned address -> base address; `None` once released.
-    live: Mutex<Option<HashMap<u64, u64>>>,
+    /// Set by `release`; held across each driver call so none overlaps the release.
+    released: Mutex<bool>,
 }
 
 impl CudaAllocator {
@@ -124,31 +121,19 @@ impl CudaAllocator {
         CudaAllocator {
             core,
             stream,
-            live: Mutex::new(Some(HashMap::new())),
+            released: Mutex::new(false),
         }
     }
 
-    /// Blocks still allocated.
-    pub fn live_count(&self) -> usize {
-        self.live.lock().unwrap().as_ref().map_or(0, HashMap::len)
-    }
-
-    fn allocate_impl(&self, size: u64, align: u64) -> Result<u64> {
-        if !align.is_power_of_two() {
-            return Err(CudaError::InvalidArgument(format!("alignment {align}")));
+    fn allocate_impl(&self, size: u64) -> Result<u64> {
+        let total = usize::try_from(size)
+            .map_err(|_| CudaError::InvalidArgument(format!("allocation of {size} bytes")))?;
+        let released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        if *released {
+            return Err(CudaError::Released);
         }
-        let align = align.max(DEVICE_ALIGN);
-        let total = size
-            .checked_add(align - 1)
-            .and_then(|total| usize::try_from(total).ok())
-            .ok_or_else(|| CudaError::InvalidArgument(format!("allocation of {size} bytes")))?;
-        let mut live = self.live.lock().unwrap();
-        let live = live.as_mut().ok_or(CudaError::Released)?;
         self.core.bind()?;
-        let base = self.alloc_raw(total)?;
-        let aligned = (base + align - 1) & !(align - 1);
-        live.insert(aligned, base);
-        Ok(aligned)
+        self.alloc_raw(total.max(1))
     }
 
     fn alloc_raw(&self, total: usize) -> Result<u64> {
@@ -171,7 +156,12 @@ impl CudaAllocator {
         }
     }
 
-    fn free_raw(&self, base: u64) -> Result<()> {
+    fn deallocate_impl(&self, base: u64) -> Result<()> {
+        let released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        if *released {
+            return Err(CudaError::Released);
+        }
+        self.core.bind()?;
         let driver = self.core.driver();
         match self.stream {
             Some(stream) => driver
@@ -183,53 +173,38 @@ impl CudaAllocator {
         }
     }
 
-    fn deallocate_impl(&self, addr: u64) -> Result<()> {
-        let mut live = self.live.lock().unwrap();
-        let live = live.as_mut().ok_or(CudaError::Released)?;
-        let base = live
-            .remove(&addr)
-            .ok_or(CudaError::UnknownAllocation(addr))?;
-        self.core.bind()?;
-        self.free_raw(base)
-    }
-
-    /// Frees every block still allocated and refuses later requests. Called by the device's
-    /// release, before its context goes; idempotent.
+    /// Refuses later requests and destroys the allocation stream. Called by the device's
+    /// release, before its context goes (with which any block still allocated goes too);
+    /// idempotent.
     pub(crate) fn release(&self) -> Result<()> {
-        let Some(live) = self.live.lock().unwrap().take() else {
+        let mut released = self.released.lock().unwrap_or_else(|p| p.into_inner());
+        if std::mem::replace(&mut *released, true) {
+            return Ok(());
+        }
+        let Some(stream) = self.stream else {
             return Ok(());
         };
         self.core.bind()?;
+        let driver = self.core.driver();
         let mut first_error = None;
-        if !live.is_empty() {
-            log::debug!(
-                "cuda: freeing {} blocks the device did not free",
-                live.len()
-            );
+        if let Err(code) = driver.stream_synchronize(stream) {
+            first_error.get_or_insert(self.core.fail("cuStreamSynchronize", code));
         }
-        for base in live.into_values() {
-            if let Err(error) = self.free_raw(base) {
-                first_error.get_or_insert(error);
-            }
-        }
-        if let Some(stream) = self.stream {
-            let driver = self.core.driver();
-            if let Err(code) = driver.stream_synchronize(stream) {
-                first_error.get_or_insert(self.core.fail("cuStreamSynchronize", code));
-            }
-            if let Err(code) = driver.stream_destroy(stream) {
-                first_error.get_or_insert(self.core.fail("cuStreamDestroy_v2", code));
-            }
+        if let Err(code) = driver.stream_destroy(stream) {
+            first_error.get_or_insert(self.core.fail("cuStreamDestroy_v2", code));
         }
         first_error.map_or(Ok(()), Err)
     }
 }
 
 impl DeviceAllocator for CudaAllocator {
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError> {
-        Ok(self.allocate_impl(size, align)?)
+    fn allocate(&self, size: u64) -> Result<u64, VendorError> {
+        Ok(self.allocate_impl(size)?)
     }
-    fn deallocate(&self, addr: u64) -> Result<(), VendorError> {
+
+    unsafe fn deallocate(&self, addr: u64, _size: u64) -> Result<(), VendorError> {
+        // The driver checks the address itself (an unknown one is an error, not undefined
+        // behaviour), so the caller's contract is not needed for soundness here.
         Ok(self.deallocate_impl(addr)?)
     }
 }

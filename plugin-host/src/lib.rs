@@ -135,37 +135,6 @@ impl Plugin for HostPlugin {
     }
 }
 
-/// `host: K devices (...)` for `cargo xtask devices`.
-pub fn describe(config: HostConfig) -> String {
-    use rpc_core::plugin::Device;
-    let mut plugin = HostPlugin::new(config);
-    match plugin.init() {
-        Err(error) => format!("host: 0 devices ({error})"),
-        Ok(()) => {
-            let list: Vec<String> = plugin
-                .devices()
-                .iter()
-                .map(|d| {
-                    format!(
-                        "{}, lanes {}, ports {}",
-                        d.name(),
-                        d.lane_size(),
-                        rpc_core::protocol::Generation::V2.ports_for(d.parallelism())
-                    )
-                })
-                .collect();
-            match list.len() {
-                0 => "host: 0 devices (configured with 0 devices)".into(),
-                n => format!(
-                    "host: {n} device{} ({})",
-                    if n == 1 { "" } else { "s" },
-                    list.join("; ")
-                ),
-            }
-        }
-    }
-}
-
 /// The host plugin as its loadable library (`libplugin_host.so`, crate `plugin-host-so`)
 /// makes it: its default settings.
 impl plugin_abi::Loadable for HostPlugin {

@@ -19,9 +19,8 @@
 //! that a copy racing with a kernel is a garbage value, never undefined behaviour.
 
 use std::alloc::Layout as AllocLayout;
-use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::lock;
@@ -469,75 +468,73 @@ mod tests {
     }
 }
 
-/// Host memory as "device" memory for MALLOC (`std::alloc` with the requested alignment): the
-/// device is the host. Memory still allocated when it is dropped is
-/// freed then.
+/// Host memory as "device" memory for MALLOC: raw blocks from `std::alloc` (the device is the
+/// host; the server aligns the blocks and frees what kernels forgot at detach).
 #[derive(Default)]
 pub struct HostAllocator {
-    live: Mutex<HashMap<u64, AllocLayout>>,
+    /// Blocks allocated and not yet freed.
+    live: AtomicUsize,
 }
+
+/// The alignment of a block: what `malloc` gives, enough for any scalar.
+const BLOCK_ALIGN: usize = 16;
 
 impl HostAllocator {
     /// An allocator with nothing allocated yet.
     pub fn new() -> Self {
         Self::default()
     }
-    /// Allocations not yet freed.
+    /// Blocks not yet freed.
     pub fn live(&self) -> usize {
-        lock(&self.live).len()
+        self.live.load(Ordering::Relaxed)
     }
 }
 
+fn block_layout(size: u64) -> Result<AllocLayout, VendorError> {
+    Ok(AllocLayout::from_size_align(
+        usize::try_from(size.max(1))?,
+        BLOCK_ALIGN,
+    )?)
+}
+
 impl DeviceAllocator for HostAllocator {
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError> {
-        let size = usize::try_from(size.max(1))?;
-        let align = usize::try_from(align.max(1))?;
-        let layout = AllocLayout::from_size_align(size, align)?;
+    fn allocate(&self, size: u64) -> Result<u64, VendorError> {
+        let layout = block_layout(size)?;
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
         if ptr.is_null() {
             return Err(format!("out of host memory for {size} bytes").into());
         }
-        let addr = ptr as u64;
-        lock(&self.live).insert(addr, layout);
-        Ok(addr)
+        // RMW: one more live block (Relaxed: a count only, ordering nothing).
+        self.live.fetch_add(1, Ordering::Relaxed);
+        Ok(ptr as u64)
     }
 
-    fn deallocate(&self, addr: u64) -> Result<(), VendorError> {
-        let layout = lock(&self.live)
-            .remove(&addr)
-            .ok_or_else(|| format!("{addr:#x} was not allocated here"))?;
-        // SAFETY: `addr` came from `alloc` with `layout` (recorded together above) and was not
-        // freed since (it was still in the table, which we just removed it from).
+    unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), VendorError> {
+        let layout = block_layout(size)?;
+        // SAFETY: the caller's contract: `addr` came from `allocate(size)`, so from `alloc`
+        // with this same layout, and was not freed since.
         unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
+        // RMW: one block fewer.
+        self.live.fetch_sub(1, Ordering::Relaxed);
         Ok(())
-    }
-}
-
-impl Drop for HostAllocator {
-    fn drop(&mut self) {
-        for (addr, layout) in lock(&self.live).drain() {
-            // SAFETY: as in `deallocate`: allocated with `layout`, not freed since.
-            unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
-        }
     }
 }
 
 #[cfg(test)]
 mod allocator_tests {
     use super::*;
-    use rpc_core::services::MALLOC_ALIGN;
 
     #[test]
-    fn host_allocator_aligns_and_refuses_unknown_addresses() {
+    fn host_blocks_are_counted_until_freed_and_impossible_sizes_refused() {
         let allocator = HostAllocator::new();
-        let addr = allocator.allocate(100, MALLOC_ALIGN).unwrap();
-        assert_eq!(addr % MALLOC_ALIGN, 0);
+        let addr = allocator.allocate(100).unwrap();
+        assert_eq!(addr % BLOCK_ALIGN as u64, 0);
         assert_eq!(allocator.live(), 1);
-        assert!(allocator.deallocate(addr + 8).is_err());
-        allocator.deallocate(addr).unwrap();
-        assert!(allocator.deallocate(addr).is_err());
-        assert!(allocator.allocate(u64::MAX, MALLOC_ALIGN).is_err());
-        let _leak = allocator.allocate(1, 64).unwrap();
+        // SAFETY: the block came from `allocate(100)` just above, freed once.
+        unsafe { allocator.deallocate(addr, 100) }.unwrap();
+        assert_eq!(allocator.live(), 0);
+        assert!(allocator.allocate(u64::MAX).is_err());
+        assert_eq!(allocator.live(), 0);
     }
 }

@@ -1,5 +1,6 @@
 //! plugin-host through the real plugin path: images, mailboxes, launches, user guards.
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -83,7 +84,7 @@ fn four_devices_one_server_thread_and_deinit_twice() {
         1,
         "four attaches start one worker"
     );
-    assert_eq!(runtime.server().live_workers(), 1);
+    assert_eq!(runtime.server().stats().live_workers, 1);
     for (d, &image) in images.iter().enumerate() {
         runtime
             .launch(image, "hello", &[], Grid::linear(1, 64))
@@ -94,7 +95,7 @@ fn four_devices_one_server_thread_and_deinit_twice() {
     assert_eq!(text.lines().count(), 4 * 64, "{text}");
     assert!(text.contains("warp 1 lane 31: hello\n"));
     runtime.deinit().unwrap();
-    assert_eq!(runtime.server().live_workers(), 0);
+    assert_eq!(runtime.server().stats().live_workers, 0);
     assert!(runtime.server().mailboxes().is_empty());
     runtime.deinit().unwrap();
 }
@@ -206,11 +207,19 @@ fn two_plugins_at_once_with_private_custom_opcodes() {
         ports: 32,
     });
     let custom = Opcode::user(7);
-    nvidia
-        .server()
-        .register_packet(custom, move |_, p| p.set_word(0, 0x4E56));
-    amd.server()
-        .register_packet(custom, move |_, p| p.set_word(0, 0x414D));
+    // The threads each server's handler ran on.
+    let nv_threads = Arc::new(Mutex::new(HashSet::new()));
+    let amd_threads = Arc::new(Mutex::new(HashSet::new()));
+    let threads = nv_threads.clone();
+    nvidia.server().register_packet(custom, move |_, p| {
+        threads.lock().unwrap().insert(std::thread::current().id());
+        p.set_word(0, 0x4E56)
+    });
+    let threads = amd_threads.clone();
+    amd.server().register_packet(custom, move |_, p| {
+        threads.lock().unwrap().insert(std::thread::current().id());
+        p.set_word(0, 0x414D)
+    });
     let image = |tag: &'static str| {
         HostImage::new(tag)
             .kernel("k", move |warp| {
@@ -243,7 +252,10 @@ fn two_plugins_at_once_with_private_custom_opcodes() {
         amd_out.text().lines().filter(|l| *l == "amd 414d").count(),
         4 * 128
     );
-    assert_ne!(nvidia.server().worker_tid(), amd.server().worker_tid());
+    // One worker each: every request of a server ran on its one worker, not the other's.
+    let (nv_threads, amd_threads) = (nv_threads.lock().unwrap(), amd_threads.lock().unwrap());
+    assert_eq!((nv_threads.len(), amd_threads.len()), (1, 1));
+    assert!(nv_threads.is_disjoint(&amd_threads));
 }
 
 #[test]
@@ -489,4 +501,49 @@ fn launch_and_load_image_after_a_shutdown_restart_the_server() {
         rpc_core::Started::AlreadyRunning
     );
     runtime.deinit().unwrap();
+}
+
+#[test]
+fn describe_says_what_the_plugin_found_as_every_plugin_does() {
+    let two = HostConfig {
+        devices: 2,
+        lanes: 32,
+        ports: 64,
+    };
+    assert_eq!(
+        rpc_core::plugin::probe(HostPlugin::new(two)),
+        "host: 2 devices (cpu0: L=32, ports v1=64 v2=64; cpu1: L=32, ports v1=64 v2=64)"
+    );
+    let none = HostConfig { devices: 0, ..two };
+    assert_eq!(
+        rpc_core::plugin::probe(HostPlugin::new(none)),
+        "host: 0 devices (configured with 0 devices)"
+    );
+}
+
+#[test]
+fn a_vendor_error_is_the_runtime_errors_source_whole() {
+    let (runtime, _) = runtime(HostConfig {
+        devices: 1,
+        lanes: 1,
+        ports: 4,
+    });
+    let error = runtime.load_image(0, b"no such image").unwrap_err();
+    assert!(
+        matches!(error, Error::Vendor { plugin: "host", .. }),
+        "{error:?}"
+    );
+    // The chain: the runtime's error, then the plugin's own error value (not its text).
+    let source = std::error::Error::source(&error).expect("a source");
+    assert_eq!(format!("host: load image: {source}"), error.to_string());
+    let Error::Vendor { source, .. } = &error else {
+        unreachable!()
+    };
+    assert!(
+        matches!(
+            source.get().downcast_ref::<plugin_host::HostError>(),
+            Some(plugin_host::HostError::UnknownImage(_))
+        ),
+        "{source:?}"
+    );
 }

@@ -207,7 +207,7 @@ impl LoadedPlugin {
             _ => Error::Vendor {
                 plugin: self.name,
                 what,
-                message,
+                source: rpc_core::VendorError::from(message).into(),
             },
         })
     }

@@ -94,6 +94,6 @@ pub use server::stats::StatsSnapshot;
 pub use server::thread::{Started, Stopped};
 #[cfg(feature = "std")]
 pub use server::{
-    MailboxId, MailboxSource, RpcServer, ServerConfig, ServerContext, ShutdownPolicy, UserGuard,
+    AtomicMailbox, MailboxId, RpcServer, ServerConfig, ServerContext, ShutdownPolicy, UserGuard,
     ABSENT_AFTER,
 };

@@ -80,7 +80,7 @@ fn seed_scenario_four_mailboxes_one_worker_shutdown_twice() {
         started.iter().filter(|&&s| s == Started::Started).count(),
         1
     );
-    assert_eq!(server.live_workers(), 1);
+    assert_eq!(server.stats().live_workers, 1);
     let _user = server.user();
     for (k, mailbox) in mailboxes.iter().enumerate() {
         assert_eq!(
@@ -91,13 +91,13 @@ fn seed_scenario_four_mailboxes_one_worker_shutdown_twice() {
     drop(_user);
     assert_eq!(server.shutdown().unwrap(), Stopped::Stopped);
     assert_eq!(server.shutdown().unwrap(), Stopped::AlreadyStopped);
-    assert_eq!(server.live_workers(), 0);
+    assert_eq!(server.stats().live_workers, 0);
     assert_eq!(server.stats().workers_started, 1);
     // Start after shutdown starts a fresh worker.
     assert_eq!(server.start().unwrap(), Started::Started);
     assert_eq!(server.stats().workers_started, 2);
     assert_eq!(server.shutdown().unwrap(), Stopped::Stopped);
-    assert_eq!(server.max_live_workers(), 1);
+    assert_eq!(server.stats().max_live_workers, 1);
 }
 
 #[test]
@@ -106,18 +106,30 @@ fn two_servers_are_independent_and_custom_opcodes_stay_private() {
     let amd = RpcServer::new(config("amd"));
     let custom = Opcode::user(42);
     nvidia.register_packet(custom, move |_, p| p.set_word(0, p.word(0) * 2));
+    // Which thread serves each: a handler that answers with its thread's name (8 bytes).
+    let whose = Opcode::user(43);
+    let first_8 = |name: &str| {
+        let mut bytes = [0; 8];
+        let n = name.len().min(8);
+        bytes[..n].copy_from_slice(&name.as_bytes()[..n]);
+        u64::from_le_bytes(bytes)
+    };
+    for server in [&nvidia, &amd] {
+        server.register_packet(whose, move |_, p| {
+            p.set_word(0, first_8(thread::current().name().unwrap_or_default()))
+        });
+    }
     let on_nvidia = Mailbox::attach(&nvidia, 2, 32);
     let on_amd = Mailbox::attach(&amd, 2, 64);
     let _ = nvidia.start().unwrap();
     let _ = amd.start().unwrap();
-    // Their kernel thread ids (miri has none to give: `worker_tid` is None there).
-    if !cfg!(miri) {
-        eventually("both workers run", || {
-            nvidia.worker_tid().is_some() && amd.worker_tid().is_some()
-        });
-        assert_ne!(nvidia.worker_tid(), amd.worker_tid(), "one worker each");
-    }
     let (_a, _b) = (nvidia.user(), amd.user());
+    // One worker each, named after its server ("rpc-nvidia", "rpc-amd").
+    assert_eq!(
+        increment(&on_nvidia.client(), whose, 0),
+        first_8("rpc-nvidia")
+    );
+    assert_eq!(increment(&on_amd.client(), whose, 0), first_8("rpc-amd"));
     assert_eq!(increment(&on_nvidia.client(), custom, 21), 42);
     // Unknown on the other server: closed unanswered, so the client reads its own request.
     assert_eq!(increment(&on_amd.client(), custom, 21), 21);
@@ -147,8 +159,8 @@ fn concurrent_start_and_shutdown_keep_at_most_one_worker() {
         }
     });
     let _ = server.shutdown().unwrap();
-    assert_eq!(server.max_live_workers(), 1);
-    assert_eq!(server.live_workers(), 0);
+    assert_eq!(server.stats().max_live_workers, 1);
+    assert_eq!(server.stats().live_workers, 0);
 }
 
 #[test]
@@ -181,7 +193,7 @@ fn shutdown_policies_with_a_live_guard() {
         server.shutdown_with(ShutdownPolicy::Force),
         Ok(Stopped::Stopped)
     );
-    assert_eq!(server.live_workers(), 0);
+    assert_eq!(server.stats().live_workers, 0);
 }
 
 #[test]
@@ -455,6 +467,21 @@ fn detach_while_serving() {
     );
 }
 
+/// The kernel's id of this process's thread named `name`, once it runs.
+fn worker_tid(name: &str) -> i32 {
+    let find = || {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .find_map(|task| {
+                let task = task.ok()?.path();
+                let comm = std::fs::read_to_string(task.join("comm")).ok()?;
+                (comm.trim_end() == name).then(|| task.file_name()?.to_str()?.parse().ok())?
+            })
+    };
+    eventually("the worker runs", || find().is_some());
+    find().unwrap()
+}
+
 /// The kernel's count of the CPU time thread `tid` has used.
 fn thread_cpu_time(tid: i32) -> Duration {
     let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).unwrap();
@@ -470,10 +497,7 @@ fn an_idle_server_uses_no_measurable_cpu() {
     let server = RpcServer::new(config("idle"));
     let _mailbox = Mailbox::attach(&server, 64, 32);
     let _ = server.start().unwrap();
-    eventually("the worker reports its id", || {
-        server.worker_tid().is_some()
-    });
-    let tid = server.worker_tid().unwrap();
+    let tid = worker_tid("rpc-idle");
     let before = thread_cpu_time(tid);
     thread::sleep(Duration::from_secs(1));
     let used = thread_cpu_time(tid) - before;
@@ -644,7 +668,7 @@ fn panics_outside_handlers_are_caught_and_cost_only_what_they_touch() {
     let mailbox = Mailbox::attach(&server, 2, 1);
     /// A memory source that panics once told to.
     struct Flaky(Arc<MailboxMemory>, Arc<AtomicBool>);
-    impl rpc_core::MailboxSource for Flaky {
+    impl rpc_core::AtomicMailbox for Flaky {
         fn view(&self) -> rpc_core::protocol::Mailbox<'_> {
             assert!(!self.1.load(Ordering::Relaxed), "source bug");
             self.0.view()

@@ -19,7 +19,7 @@ use rpc_core::protocol::{
 };
 use rpc_core::services::KernelExit;
 use rpc_core::services::{HOST_CALL_REFUSED, MALLOC_ALIGN};
-use rpc_core::MailboxSource;
+use rpc_core::AtomicMailbox;
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
 use rpc_core::{MailboxId, Opcode, RpcServer, ServerConfig, UserGuard};
 
@@ -33,7 +33,7 @@ const MINUS_ONE: u64 = u64::MAX;
 
 struct Shared(Arc<MailboxMemory>);
 
-impl MailboxSource for Shared {
+impl AtomicMailbox for Shared {
     fn view(&self) -> Mailbox<'_> {
         self.0.view()
     }
@@ -1712,13 +1712,14 @@ struct GatedAllocator {
 }
 
 impl rpc_core::plugin::DeviceAllocator for GatedAllocator {
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, rpc_core::plugin::VendorError> {
+    fn allocate(&self, size: u64) -> Result<u64, rpc_core::plugin::VendorError> {
         self.entered.lock().unwrap().send(()).unwrap();
         self.go.lock().unwrap().recv_timeout(LIVENESS).unwrap();
-        self.inner.allocate(size, align)
+        self.inner.allocate(size)
     }
-    fn deallocate(&self, addr: u64) -> Result<(), rpc_core::plugin::VendorError> {
-        self.inner.deallocate(addr)
+    unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), rpc_core::plugin::VendorError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.deallocate(addr, size) }
     }
 }
 

@@ -512,7 +512,7 @@ pub fn run(seconds: u64) -> Result<Report, String> {
         let services = server.context().services();
         leaked += services.open_files() as u64
             + services.live_allocations().len() as u64
-            + server.live_workers() as u64;
+            + server.stats().live_workers;
         printed_seen += rt.out.0.load(Ordering::Relaxed);
         eprintln!("soak: {}: {stats}", rt.name);
     }

@@ -86,9 +86,9 @@ pub struct StressReport {
     /// Workers started over the run (`stats().workers_started`).
     pub cycles: u64,
     /// Most workers alive at once (must be 1).
-    pub max_workers: usize,
+    pub max_workers: u64,
     /// Workers alive after the final shutdown (must be 0).
-    pub leaked_workers: usize,
+    pub leaked_workers: u64,
     /// Client round trips attempted.
     pub sent: u64,
     /// Client round trips answered correctly.
@@ -301,8 +301,8 @@ pub fn run_with(config: &StressConfig) -> StressReport {
         threads: config.threads,
         ops: config.ops,
         cycles: stats.workers_started,
-        max_workers: server.max_live_workers(),
-        leaked_workers: server.live_workers(),
+        max_workers: stats.max_live_workers,
+        leaked_workers: stats.live_workers,
         sent,
         answered,
         unanswered: sent - answered,

@@ -95,14 +95,15 @@ impl CappedAllocator {
 }
 
 impl DeviceAllocator for CappedAllocator {
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, VendorError> {
+    fn allocate(&self, size: u64) -> Result<u64, VendorError> {
         if size > 1 << 30 {
             return Err(format!("{size} bytes is more than this test gives").into());
         }
-        self.0.allocate(size, align)
+        self.0.allocate(size)
     }
-    fn deallocate(&self, addr: u64) -> Result<(), VendorError> {
-        self.0.deallocate(addr)
+    unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), VendorError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.0.deallocate(addr, size) }
     }
 }
 

@@ -590,7 +590,7 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
         for _ in 0..40 {
             std::thread::sleep(Duration::from_millis(3));
             let _ = server.shutdown_with(ShutdownPolicy::Force).unwrap();
-            assert_eq!(server.live_workers(), 0);
+            assert_eq!(server.stats().live_workers, 0);
             std::thread::sleep(Duration::from_millis(1));
             let _ = server.start().unwrap();
         }

@@ -6,6 +6,8 @@
 
 use std::process::Command;
 
+use rpc_core::plugin::probe;
+
 use crate::flags::Flags;
 use crate::{cargo, project_root, Failure, Result};
 
@@ -62,9 +64,9 @@ pub fn demo(args: &[String]) -> Result {
 pub fn devices(args: &[String]) -> Result {
     let json = Flags::parse_with("devices", args, &[], &["json"])?.switch("json");
     let lines = [
-        plugin_host::describe(plugin_host::HostConfig::default()),
-        plugin_cuda::describe(),
-        plugin_amdgpu::describe(),
+        probe(plugin_host::HostPlugin::new(Default::default())),
+        probe(plugin_cuda::CudaPlugin::new()),
+        probe(plugin_amdgpu::AmdGpuPlugin::new()),
     ];
     if json {
         let list: Vec<serde_json::Value> = lines.iter().map(|line| device_json(line)).collect();
@@ -75,7 +77,7 @@ pub fn devices(args: &[String]) -> Result {
     Ok(())
 }
 
-/// A plugin's line (`NAME: K device(s) (DETAIL)`, as every plugin's `describe` writes it) as
+/// A plugin's line (`NAME: K device(s) (DETAIL)`, as `rpc_core::plugin::describe` writes it) as
 /// `{"plugin", "devices", "detail"}`; `devices` is null if the line does not read so.
 fn device_json(line: &str) -> serde_json::Value {
     let (plugin, rest) = line.split_once(": ").unwrap_or((line, ""));
@@ -156,7 +158,7 @@ pub fn build(args: &[String]) -> Result {
 
 #[cfg(test)]
 mod tests {
-    use super::device_json;
+    use super::{device_json, probe};
 
     #[test]
     fn a_plugins_line_reads_as_json() {
@@ -165,7 +167,7 @@ mod tests {
             none,
             serde_json::json!({"plugin": "cuda", "devices": 0, "detail": "libcuda.so.1 not found"})
         );
-        let host = device_json(&plugin_host::describe(plugin_host::HostConfig::default()));
+        let host = device_json(&probe(plugin_host::HostPlugin::new(Default::default())));
         assert_eq!(host["plugin"], "host");
         assert!(host["devices"].as_u64().is_some_and(|n| n >= 1), "{host}");
     }

@@ -12,7 +12,8 @@
 //!   use only the ones below it, see `rpc-core/src/lib.rs`), or between the files of one layer.
 //!   A file may use the module that holds it (a layer's `mod.rs` is its front), and the error
 //!   enum the types its variants carry, so the circles looked for are between siblings and
-//!   across layers.
+//!   across layers; but a file of [`STANDS_ALONE`] and its holder count like siblings (the
+//!   holder may use it, it may not use the holder).
 //!
 //! The checks read the text of the files, no compiler: a path is a `crate::...` or `super::...`
 //! in a line that is not a comment.
@@ -38,6 +39,11 @@ const VENDOR_WORDS: &[&str] = &["cuda", "hsa", "amdgpu", "nvidia", "libloading"]
 /// rpc-core's layers, lowest first: each may use only the ones before it (and the shared
 /// `error` and `sync`, which use none of them).
 const LAYERS: &[&str] = &["protocol", "server", "services", "plugin"];
+/// Modules that must not use the module holding them, so the arrow between the two goes one
+/// way (a circle with the holder is reported like one between siblings): the worker's state
+/// machine stands below the server it runs, so that its no-lost-wake-up argument reads in one
+/// file (`server/thread.rs`).
+const STANDS_ALONE: &[&str] = &["server::thread"];
 
 pub fn run(args: &[String]) -> Result {
     if let Some(extra) = args.first() {
@@ -154,10 +160,7 @@ fn circles(core: &Path, files: &[PathBuf]) -> Vec<String> {
                     layer_edges.entry(from).or_default().insert(to);
                 }
             }
-            // A module may use the modules that hold it; a circle is between siblings. The
-            // error enum may name the types its variants carry (every module returns errors).
-            let is_error = module.last().is_some_and(|m| m == "error");
-            if !module.starts_with(&used) && !used.starts_with(module) && !is_error {
+            if counts_for_circles(module, &used) {
                 file_edges.entry(module.clone()).or_default().insert(used);
             }
         }
@@ -181,6 +184,17 @@ fn circles(core: &Path, files: &[PathBuf]) -> Vec<String> {
         ));
     }
     problems
+}
+
+/// Whether `from` using `to` is an edge circles are looked for along. A module may use the
+/// modules that hold it (and they it), unless one of the two stands alone ([`STANDS_ALONE`]);
+/// a circle is between siblings. The error enum may name the types its variants carry (every
+/// module returns errors).
+fn counts_for_circles(from: &[String], to: &[String]) -> bool {
+    let alone = |m: &[String]| STANDS_ALONE.contains(&m.join("::").as_str());
+    let related = from.starts_with(to) || to.starts_with(from);
+    let is_error = from.last().is_some_and(|m| m == "error");
+    !is_error && (!related || alone(from) || alone(to))
 }
 
 /// The layer a module belongs to, if it is in one (`error`, `sync` and the root are not).
@@ -360,6 +374,25 @@ mod tests {
         edges.insert(m("b"), BTreeSet::from([m("a"), m("c")]));
         let circles = find_circles(&edges);
         assert_eq!(circles, [vec![m("a"), m("b"), m("a")]]);
+    }
+
+    #[test]
+    fn a_module_may_use_its_holder_unless_it_stands_alone() {
+        let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
+        assert!(!counts_for_circles(&m("server::dispatch"), &m("server")));
+        assert!(!counts_for_circles(&m("server"), &m("server::dispatch")));
+        assert!(counts_for_circles(
+            &m("server::dispatch"),
+            &m("server::thread")
+        ));
+        // `server::thread` stands alone: both arrows to and from its holder count, so a
+        // circle between the two is found.
+        assert!(counts_for_circles(&m("server::thread"), &m("server")));
+        assert!(counts_for_circles(&m("server"), &m("server::thread")));
+        assert!(!counts_for_circles(
+            &m("protocol::error"),
+            &m("server::thread")
+        ));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::protocol::layout::{Generation, Layout};
 
-pub use crate::protocol::error::VendorError;
+pub use crate::protocol::error::{VendorError, VendorSource};
 pub use crate::server::{panic_message, Doorbell, SharedRegion};
 pub use crate::services::memory::DeviceAllocator;
 
@@ -69,6 +69,11 @@ pub trait Device: Send + Sync {
 
     /// A human-readable name ("NVIDIA H200", "cpu0", ...).
     fn name(&self) -> String;
+    /// What else tells the device apart, for [`describe`] (CUDA: its compute capability,
+    /// `sm_90`); by default nothing.
+    fn detail(&self) -> Option<String> {
+        None
+    }
     /// `L`: the warp / wavefront width.
     fn lane_size(&self) -> u32;
     /// `L` for the mailbox of `image`: the wavefront its code was compiled for, where that can
@@ -148,4 +153,49 @@ pub trait Plugin: Send + Sync {
     fn reason(&self) -> Option<String>;
     /// Releases the devices. The glue has detached every mailbox before calling this.
     fn deinit(&mut self) -> Result<(), VendorError>;
+}
+
+/// One line saying what an initialised plugin found, the same for every plugin:
+/// `NAME: K device(s) (DEVICE; ...)`, each device `NAME: [DETAIL, ]L=LANES, ports v1=P v2=Q`
+/// (the ports its mailbox gets in each generation), or `NAME: 0 devices (REASON)`. What
+/// `cargo xtask devices`, `rpc-run` and the demo print.
+pub fn describe<P: Plugin + ?Sized>(plugin: &P) -> String {
+    let name = plugin.name();
+    let devices = plugin.devices();
+    if devices.is_empty() {
+        let reason = plugin.reason().unwrap_or_else(|| "none found".into());
+        return std::format!("{name}: 0 devices ({reason})");
+    }
+    let list: std::vec::Vec<String> = devices
+        .iter()
+        .map(|d| {
+            let detail = d.detail().map(|d| d + ", ").unwrap_or_default();
+            std::format!(
+                "{}: {detail}L={}, ports v1={} v2={}",
+                d.name(),
+                d.lane_size(),
+                Generation::V1.ports_for(d.parallelism()),
+                Generation::V2.ports_for(d.parallelism())
+            )
+        })
+        .collect();
+    let plural = if devices.len() == 1 { "" } else { "s" };
+    std::format!(
+        "{name}: {} device{plural} ({})",
+        devices.len(),
+        list.join("; ")
+    )
+}
+
+/// [`describe`] of a plugin not yet initialised: initialises it (an error becomes the
+/// reason of `NAME: 0 devices (...)`), describes it and deinitialises it.
+pub fn probe<P: Plugin>(mut plugin: P) -> String {
+    let line = match plugin.init() {
+        Ok(()) => describe(&plugin),
+        Err(error) => std::format!("{}: 0 devices ({error})", plugin.name()),
+    };
+    if let Err(error) = plugin.deinit() {
+        log::warn!("{}: deinit after describing: {error}", plugin.name());
+    }
+    line
 }

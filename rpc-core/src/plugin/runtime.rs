@@ -32,7 +32,7 @@
 //! kernel or device).
 
 use std::boxed::Box;
-use std::string::{String, ToString};
+use std::string::String;
 use std::vec::Vec;
 
 use crate::plugin::{Device, Grid, Plugin, SharedRegion, Symbol, VendorError};
@@ -152,7 +152,7 @@ fn vendor(plugin: &'static str, what: &'static str) -> impl FnOnce(VendorError) 
     move |error| Error::Vendor {
         plugin,
         what,
-        message: error.to_string(),
+        source: error.into(),
     }
 }
 

@@ -108,15 +108,16 @@ pub enum Error {
     /// The worker thread could not be spawned.
     #[error("could not spawn the server thread: {0}")]
     Spawn(RefusalText),
-    /// A vendor plugin's hook failed (the vendor error's text, with its code and name).
-    #[error("{plugin}: {what}: {message}")]
+    /// A vendor plugin's hook failed: the vendor's error (its code and name) is this error's
+    /// `source()`.
+    #[error("{plugin}: {what}: {source}")]
     Vendor {
         /// The plugin (`cuda`, `amdgpu`, `host`).
         plugin: &'static str,
         /// What it was doing.
         what: &'static str,
-        /// The vendor error's text.
-        message: RefusalText,
+        /// The vendor's error, kept whole.
+        source: VendorSource,
     },
     /// A device index, image or kernel that does not exist.
     #[error("{0}")]
@@ -148,3 +149,63 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 #[cfg(feature = "std")]
 /// A vendor error, kept whole as the source of the glue's errors.
 pub type VendorError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The vendor's error inside [`Error::Vendor`]: the plugin's own error value (its type, its
+/// text, its own `source()` chain), shared so that [`Error`] stays `Clone`. It reads as the
+/// vendor's error and its `source()` is the vendor error's; [`VendorSource::get`] gives the
+/// error itself, to downcast to the plugin's type. Two are equal when they are the same error
+/// or read the same.
+#[derive(Clone)]
+pub struct VendorSource(
+    #[cfg(feature = "std")] std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>,
+    #[cfg(not(feature = "std"))] &'static str,
+);
+
+#[cfg(feature = "std")]
+impl VendorSource {
+    /// The vendor's error itself (`downcast_ref` to the plugin's error type).
+    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+#[cfg(feature = "std")]
+impl From<VendorError> for VendorSource {
+    fn from(error: VendorError) -> Self {
+        VendorSource(error.into())
+    }
+}
+
+impl core::fmt::Display for VendorSource {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl core::fmt::Debug for VendorSource {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl core::error::Error for VendorSource {
+    #[cfg(feature = "std")]
+    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl PartialEq for VendorSource {
+    fn eq(&self, other: &Self) -> bool {
+        #[cfg(feature = "std")]
+        {
+            std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+        }
+        #[cfg(not(feature = "std"))]
+        {
+            self.0 == other.0
+        }
+    }
+}
+
+impl Eq for VendorSource {}

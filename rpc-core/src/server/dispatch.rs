@@ -288,7 +288,7 @@ impl Inner {
             return 0;
         };
         let mut progress = inner.poll_in_flight(mailboxes, in_flight, housekeeping);
-        let stopping = context.stopping.load(Ordering::Relaxed);
+        let stopping = inner.thread.stopping();
         for (mailbox, hot) in mailboxes.iter().zip(hot.iter_mut()) {
             if stopping || mailbox.detached.load(Ordering::Acquire) {
                 continue;

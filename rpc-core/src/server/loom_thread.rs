@@ -29,9 +29,12 @@ fn concurrent_start_shutdown_start() {
             .collect();
         let _ = server.start().unwrap();
         threads.into_iter().for_each(|t| t.join().unwrap());
-        assert!(server.max_live_workers() <= 1, "two workers alive at once");
+        assert!(
+            server.stats().max_live_workers <= 1,
+            "two workers alive at once"
+        );
         let _ = server.shutdown().unwrap();
-        assert_eq!(server.live_workers(), 0);
+        assert_eq!(server.stats().live_workers, 0);
         assert!(!server.is_running());
         assert_eq!(server.shutdown().unwrap(), Stopped::AlreadyStopped);
     });
@@ -63,7 +66,7 @@ fn a_user_arriving_as_the_worker_goes_to_sleep_is_served() {
         };
         client.join().unwrap();
         let _ = server.shutdown().unwrap();
-        assert_eq!(server.live_workers(), 0);
+        assert_eq!(server.stats().live_workers, 0);
     });
 }
 
@@ -85,7 +88,7 @@ fn shutdown_while_a_guard_is_live() {
             Ok(Stopped::Stopped)
         );
         dropper.join().unwrap();
-        assert_eq!(server.live_workers(), 0);
+        assert_eq!(server.stats().live_workers, 0);
     });
 }
 
@@ -131,7 +134,7 @@ fn concurrent_shutdowns_both_return_after_the_worker_exited() {
             thread::spawn(move || {
                 let stopped = server.shutdown().unwrap();
                 assert_eq!(
-                    server.live_workers(),
+                    server.stats().live_workers,
                     0,
                     "shutdown returned before the worker exited"
                 );
@@ -140,7 +143,7 @@ fn concurrent_shutdowns_both_return_after_the_worker_exited() {
         };
         let mine = server.shutdown().unwrap();
         assert_eq!(
-            server.live_workers(),
+            server.stats().live_workers,
             0,
             "shutdown returned before the worker exited"
         );

@@ -59,20 +59,28 @@ pub trait Doorbell: Send + Sync {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct MailboxId(pub u64);
 
-/// Memory holding one mailbox, as the server reads it.
-pub trait MailboxSource: Send + Sync {
+/// A mailbox in memory that already is atomics of this process (a [`MailboxMemory`], loom's
+/// atomics in a model, a test's wrapper), as the server reads it: attaching one is safe.
+///
+/// Why this and [`SharedRegion`] stay two traits: a `SharedRegion` is raw bytes a plugin
+/// allocated for a device, with the device's address for them, which the server can turn into
+/// atomics only by trusting the plugin (hence an `unsafe trait`), and which loom cannot model
+/// (it cannot wrap foreign memory); an `AtomicMailbox` needs neither trust nor a device
+/// address, and is what the loom models attach. The server makes the one out of the other
+/// (`RegionMailbox`), never the other way.
+pub trait AtomicMailbox: Send + Sync {
     /// The memory as a mailbox (the same every call).
     fn view(&self) -> Mailbox<'_>;
 }
 
-impl MailboxSource for MailboxMemory {
+impl AtomicMailbox for MailboxMemory {
     fn view(&self) -> Mailbox<'_> {
         MailboxMemory::view(self)
     }
 }
 
 /// A mailbox the server shares with whoever else holds the `Arc` (host-side clients).
-impl MailboxSource for Arc<MailboxMemory> {
+impl AtomicMailbox for Arc<MailboxMemory> {
     fn view(&self) -> Mailbox<'_> {
         MailboxMemory::view(self)
     }
@@ -86,7 +94,7 @@ struct RegionMailbox {
 }
 
 #[cfg(not(loom))]
-impl MailboxSource for RegionMailbox {
+impl AtomicMailbox for RegionMailbox {
     fn view(&self) -> Mailbox<'_> {
         // SAFETY: the region is owned by `self` (so it lives as long as the view), and this
         // process only accesses mailbox memory through same-size atomic views (the region's
@@ -94,6 +102,29 @@ impl MailboxSource for RegionMailbox {
         // region never changes.
         unsafe { Mailbox::from_raw(self.region.host_ptr(), self.region.len(), self.layout) }
             .expect("checked when attached")
+    }
+}
+
+/// What the layer above the server keeps for one attached mailbox (the standard services'
+/// stream table and allocations), opaque to the server: made when the mailbox is attached,
+/// held by its [`Attached`] and handed to every request of it, and told of the detach.
+/// (std's `Arc`: it is no part of what the loom models check.)
+pub(crate) type MailboxSlot = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
+/// The attached mailboxes' slots, for the layer above to find one by id (`RpcServer::new`
+/// hands it the server's list).
+pub(crate) struct Slots(pub(super) std::sync::Arc<Snapshot<Vec<Arc<Attached>>>>);
+
+impl Slots {
+    /// The slot of mailbox `id`, while it is attached.
+    pub(crate) fn of(&self, id: MailboxId) -> Option<MailboxSlot> {
+        let list = self.0.get();
+        let attached = list.iter().find(|m| m.id == id)?;
+        Some(attached.slot.clone())
+    }
+    /// Every attached mailbox's slot, in the order they were attached.
+    pub(crate) fn all(&self) -> Vec<MailboxSlot> {
+        self.0.get().iter().map(|m| m.slot.clone()).collect()
     }
 }
 
@@ -105,7 +136,9 @@ pub(crate) struct Attached {
     pub(crate) numbering: Numbering,
     /// Whose printf its output matches; set once at attach.
     pub(crate) printf: Dialect,
-    source: Box<dyn MailboxSource>,
+    /// The layer above's state for it, from its attach to its detach.
+    pub(crate) slot: MailboxSlot,
+    source: Box<dyn AtomicMailbox>,
     locks: LockTable,
     #[cfg(not(loom))]
     doorbell: Option<Box<dyn Doorbell>>,
@@ -196,7 +229,7 @@ impl<T: Clone> Snapshot<T> {
 
 impl RpcServer {
     /// Attaches a mailbox held in `source`; the worker serves it from its next pass on.
-    pub fn attach(&self, source: Box<dyn MailboxSource>) -> MailboxId {
+    pub fn attach(&self, source: Box<dyn AtomicMailbox>) -> MailboxId {
         self.attach_inner(
             source,
             #[cfg(not(loom))]
@@ -225,7 +258,7 @@ impl RpcServer {
     #[cfg(not(loom))]
     pub fn attach_with_doorbell(
         &self,
-        source: Box<dyn MailboxSource>,
+        source: Box<dyn AtomicMailbox>,
         bell: Box<dyn Doorbell>,
     ) -> MailboxId {
         self.attach_inner(source, Some(bell), Numbering::Current, Dialect::HostC)
@@ -264,7 +297,7 @@ impl RpcServer {
 
     fn attach_inner(
         &self,
-        source: Box<dyn MailboxSource>,
+        source: Box<dyn AtomicMailbox>,
         #[cfg(not(loom))] doorbell: Option<Box<dyn Doorbell>>,
         numbering: Numbering,
         printf: Dialect,
@@ -272,14 +305,15 @@ impl RpcServer {
         let context = &self.inner.context;
         // RMW: hands out each id once.
         let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
-        // Its tables exist before the worker can see a request of it.
-        context.extension.mailbox_attached(id);
+        // Its state exists before the worker can see a request of it.
+        let slot = context.extension.mailbox_attached(id);
         let layout = source.view().layout();
         let attached = Arc::new(Attached {
             id,
             layout,
             numbering,
             printf,
+            slot,
             source,
             locks: LockTable::new(layout.ports()),
             #[cfg(not(loom))]
@@ -317,7 +351,7 @@ impl RpcServer {
         // Release: pairs with the worker's Acquire load before it touches the mailbox again.
         attached.detached.store(true, Ordering::Release);
         // Its kernels can no longer ask anything: what they held goes now.
-        context.extension.mailbox_detached(id);
+        context.extension.mailbox_detached(id, &attached.slot);
         if self.inner.thread.is_worker() {
             // From a handler: the worker lets go of the mailbox after this pass; it cannot wait
             // for itself.

@@ -1,5 +1,6 @@
 //! The RPC server of one plugin instance: attached mailboxes, handlers, statistics, users and
-//! the one [`ServerThread`](crate::server::thread) that serves them.
+//! the one [`ServerThread`](crate::server::thread) that serves them (its loop:
+//! [`worker`](crate::server::worker)).
 //!
 //! ```text
 //! RpcServer ──Arc──> Inner { context: ServerContext, thread: ServerThread }
@@ -32,11 +33,13 @@ use std::vec::Vec;
 
 use crate::protocol::error::{Error, Result};
 use crate::protocol::opcode::Opcode;
-use crate::server::mailboxes::{Attached, Snapshot};
+use crate::server::mailboxes::{Attached, MailboxSlot, Slots, Snapshot};
 use crate::server::registry::{entry, Entry, Handler, Matcher, Registry, Request};
 use crate::server::stats::{Stats, StatsSnapshot};
+pub use crate::server::thread::ShutdownPolicy;
 use crate::server::thread::{ServerThread, Started, Stopped};
 use crate::server::users::Coverage;
+pub use crate::server::worker::ABSENT_AFTER;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
 use std::future::Future;
 
@@ -48,6 +51,7 @@ pub(crate) mod registry;
 pub(crate) mod stats;
 pub(crate) mod thread;
 pub(crate) mod users;
+pub(crate) mod worker;
 
 #[cfg(all(test, loom))]
 mod loom_dispatch;
@@ -56,19 +60,8 @@ mod loom_io_pool;
 #[cfg(all(test, loom))]
 mod loom_thread;
 
-pub use mailboxes::{Doorbell, MailboxId, MailboxSource, SharedRegion};
+pub use mailboxes::{AtomicMailbox, Doorbell, MailboxId, SharedRegion};
 pub use users::UserGuard;
-
-/// What to do when `shutdown` finds kernels still holding user guards.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShutdownPolicy {
-    /// Return [`Error::LiveUsers`] and keep serving.
-    Refuse,
-    /// Wait up to this long for the guards to go, then refuse as above.
-    Wait(Duration),
-    /// Stop anyway, logging an error: the kernels lose their server.
-    Force,
-}
 
 /// A server's settings.
 #[derive(Clone, Debug)]
@@ -131,9 +124,6 @@ impl Default for ServerConfig {
     }
 }
 
-/// The silence after which `ServerConfig::absent_park` applies.
-pub const ABSENT_AFTER: Duration = Duration::from_secs(1);
-
 /// The text of a caught panic's payload (`panic!` gives a `&str` or a `String`).
 pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
@@ -147,13 +137,11 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 pub struct ServerContext {
     pub(crate) config: ServerConfig,
     pub(crate) stats: Stats,
-    pub(crate) mailboxes: Snapshot<Vec<Arc<Attached>>>,
+    pub(crate) mailboxes: std::sync::Arc<Snapshot<Vec<Arc<Attached>>>>,
     pub(crate) registry: Snapshot<Registry>,
     next_id: AtomicU64,
     /// Guards that cover every mailbox.
     pub(crate) any_users: Arc<Coverage>,
-    /// Set while a shutdown is in progress: waits on clients give up.
-    pub(crate) stopping: AtomicBool,
     /// The standard services' state (`crate::services::Services`), held as an [`Extension`]
     /// so that this layer does not name the one above it.
     pub(crate) extension: Box<dyn Extension>,
@@ -170,12 +158,13 @@ impl ServerContext {
     }
 }
 
-/// State the layer above the server keeps for it (the standard services' tables), told when a
-/// mailbox is attached (before the worker can see a request of it) and detached (after which
-/// its kernels can no longer ask anything).
+/// State the layer above the server keeps for it (the standard services' policies and streams),
+/// told when a mailbox is attached (before the worker can see a request of it: it makes the
+/// mailbox's slot, kept with the mailbox) and detached (after which its kernels can no longer
+/// ask anything: it empties the slot).
 pub(crate) trait Extension: Send + Sync + 'static {
-    fn mailbox_attached(&self, id: MailboxId);
-    fn mailbox_detached(&self, id: MailboxId);
+    fn mailbox_attached(&self, id: MailboxId) -> MailboxSlot;
+    fn mailbox_detached(&self, id: MailboxId, slot: &MailboxSlot);
     /// For the layer above to find its own type again.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -194,28 +183,31 @@ pub struct RpcServer {
 }
 
 impl RpcServer {
-    /// A stopped server with the handlers of `registry` and the layer above's `extension`
-    /// (`RpcServer::new`, in `crate::services`, gives it the standard services).
+    /// A stopped server with the handlers of `registry` and the layer above's extension, made
+    /// by `extension` from the attached mailboxes' slots (`RpcServer::new`, in
+    /// `crate::services`, gives it the standard services).
     pub(crate) fn assemble(
         config: ServerConfig,
         registry: Registry,
-        extension: Box<dyn Extension>,
+        extension: impl FnOnce(Slots) -> Box<dyn Extension>,
     ) -> Self {
+        let mailboxes = std::sync::Arc::new(Snapshot::new(Vec::new()));
+        let extension = extension(Slots(mailboxes.clone()));
         let log_limit = crate::server::limits::LogLimit::new(config.limits.device_log_lines);
+        let thread = ServerThread::new(config.name.clone());
         let inner = Arc::new(Inner {
             context: ServerContext {
                 config,
                 stats: Stats::default(),
-                mailboxes: Snapshot::new(Vec::new()),
+                mailboxes,
                 registry: Snapshot::new(registry),
                 next_id: AtomicU64::new(1),
                 any_users: Arc::new(Coverage::default()),
-                stopping: AtomicBool::new(false),
                 extension,
                 log_limit,
                 retired: AtomicBool::new(false),
             },
-            thread: ServerThread::new(),
+            thread,
             io: crate::server::io_pool::IoPool::default(),
         });
         RpcServer { inner }
@@ -340,7 +332,11 @@ impl RpcServer {
         if self.inner.context.retired.load(Ordering::Acquire) {
             return Err(Error::Deinitialised);
         }
-        ServerThread::start(&self.inner)
+        let inner = self.inner.clone();
+        let stats = &self.inner.context.stats;
+        self.inner
+            .thread
+            .start(stats, move || crate::server::worker::run(inner))
     }
 
     /// Makes every later `start` fail with [`Error::Deinitialised`] (the runtime's `deinit`).
@@ -361,27 +357,16 @@ impl RpcServer {
 
     /// Stops the worker with an explicit policy.
     pub fn shutdown_with(&self, policy: ShutdownPolicy) -> Result<Stopped> {
-        ServerThread::shutdown(&self.inner, policy)
+        let stopped = self.inner.thread.shutdown(policy)?;
+        if stopped == Stopped::Stopped && self.inner.context.config.log_stats_on_shutdown {
+            log::info!("{}: server statistics: {}", self.name(), self.stats());
+        }
+        Ok(stopped)
     }
 
     /// True while a worker runs (state Running).
     pub fn is_running(&self) -> bool {
         self.inner.thread.is_running()
-    }
-
-    /// Live worker threads of this server (0 or 1; exposed for the stress tests).
-    pub fn live_workers(&self) -> usize {
-        self.inner.thread.live_workers()
-    }
-
-    /// Most worker threads ever alive at once.
-    pub fn max_live_workers(&self) -> usize {
-        self.inner.thread.max_live_workers()
-    }
-
-    /// The worker's kernel thread id, while one runs (to read its CPU time).
-    pub fn worker_tid(&self) -> Option<i32> {
-        self.inner.thread.worker_tid()
     }
 }
 
@@ -390,7 +375,7 @@ impl Drop for RpcServer {
         if self.inner.thread.is_worker() {
             // A handler dropped the last handle (through a `Weak` it upgraded): see
             // `ServerThread::abandon_from_worker`.
-            ServerThread::abandon_from_worker(&self.inner);
+            self.inner.thread.abandon_from_worker();
             return;
         }
         if let Err(error) = self.shutdown_with(ShutdownPolicy::Force) {

@@ -243,6 +243,10 @@ impl Request {
     pub(crate) fn printf_dialect(&self) -> crate::protocol::opcode::Dialect {
         self.mailbox.printf
     }
+    /// The layer above's state for the request's mailbox (see `Extension`).
+    pub(crate) fn mailbox_slot(&self) -> &crate::server::mailboxes::MailboxSlot {
+        &self.mailbox.slot
+    }
     /// The server's shared state.
     pub fn context(&self) -> &ServerContext {
         &self.inner.context

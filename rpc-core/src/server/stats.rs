@@ -1,7 +1,9 @@
 //! Server statistics: counters the worker bumps and anyone may read while it runs.
 //!
 //! Memory ordering: every counter is `Relaxed`; they are independent tallies that order no
-//! other data, and a reader only needs each value to be one the counter really had.
+//! other data, and a reader only needs each value to be one the counter really had. (One
+//! who needs a count complete, e.g. `live_workers` after a `shutdown`, gets it from what
+//! ordered the events before the read: the shutdown joined the worker.)
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -30,6 +32,9 @@ pub(crate) struct Stats {
     pub(crate) doorbell_sleeps: AtomicU64,
     pub(crate) doorbell_rings: AtomicU64,
     pub(crate) workers_started: AtomicU64,
+    /// Worker threads alive now (a gauge: up at the spawn, down as the worker exits).
+    pub(crate) live_workers: AtomicU64,
+    pub(crate) max_live_workers: AtomicU64,
     pub(crate) blocking_calls: AtomicU64,
     pub(crate) io_threads_abandoned: AtomicU64,
 }
@@ -51,6 +56,8 @@ impl Default for Stats {
             doorbell_sleeps: AtomicU64::new(0),
             doorbell_rings: AtomicU64::new(0),
             workers_started: AtomicU64::new(0),
+            live_workers: AtomicU64::new(0),
+            max_live_workers: AtomicU64::new(0),
             blocking_calls: AtomicU64::new(0),
             io_threads_abandoned: AtomicU64::new(0),
         }
@@ -95,6 +102,8 @@ impl Stats {
             doorbell_sleeps: get(&self.doorbell_sleeps),
             doorbell_rings: get(&self.doorbell_rings),
             workers_started: get(&self.workers_started),
+            live_workers: get(&self.live_workers),
+            max_live_workers: get(&self.max_live_workers),
             blocking_calls: get(&self.blocking_calls),
             io_threads_abandoned: get(&self.io_threads_abandoned),
         }
@@ -131,6 +140,11 @@ pub struct StatsSnapshot {
     pub doorbell_rings: u64,
     /// Worker threads started over the server's life.
     pub workers_started: u64,
+    /// Worker threads alive now: 1 while running, 0 once a shutdown returned (a worker
+    /// abandoned by a handler that dropped its server counts until it has exited).
+    pub live_workers: u64,
+    /// The most worker threads ever alive at once (1: never two).
+    pub max_live_workers: u64,
     /// Calls run on the I/O threads.
     pub blocking_calls: u64,
     /// I/O threads a shutdown left behind, stuck in a blocking call.
@@ -178,6 +192,8 @@ impl StatsSnapshot {
             ("workers_started", self.workers_started),
             ("blocking_calls", self.blocking_calls),
             ("io_threads_abandoned", self.io_threads_abandoned),
+            ("live_workers", self.live_workers),
+            ("max_live_workers", self.max_live_workers),
         ];
         let counters: Vec<String> = counters
             .iter()
@@ -198,7 +214,7 @@ impl fmt::Display for StatsSnapshot {
             f,
             "served={} errors={} refused={} unknown={} bad_headers={} panics={} abandoned={} \
              passes={} sleeps={} wakeups={} doorbell_sleeps={} doorbell_rings={} workers_started={} \
-             blocking_calls={} io_threads_abandoned={}",
+             live_workers={} max_live_workers={} blocking_calls={} io_threads_abandoned={}",
             self.total_served(),
             self.errors,
             self.refused,
@@ -212,6 +228,8 @@ impl fmt::Display for StatsSnapshot {
             self.doorbell_sleeps,
             self.doorbell_rings,
             self.workers_started,
+            self.live_workers,
+            self.max_live_workers,
             self.blocking_calls,
             self.io_threads_abandoned
         )?;

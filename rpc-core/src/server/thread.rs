@@ -6,6 +6,12 @@
 //!     ^  start: AlreadyRunning ─┘ ^                          │ start/shutdown wait
 //!     └───────────────────────────┴──────────────────────────┘ for Stopped here
 //! ```
+//! This file is the worker's synchronisation: the states, the user count and every wait on
+//! `cv`; what the worker does between its waits (passes, back-off, doorbells) is
+//! [`worker`](crate::server::worker), which calls the waits below. It names nothing of the
+//! server it runs for (`cargo xtask tidy` checks that it does not use `server/mod.rs`), so the
+//! argument below needs no other file.
+//!
 //! Every transition happens inside one critical section of `control`, so:
 //! - exactly one worker exists while Running (only the Stopped -> Running transition spawns);
 //! - a `start` that meets Stopping waits until the previous worker is joined, so no worker is
@@ -15,15 +21,15 @@
 //!
 //! | field | written by | when |
 //! |---|---|---|
-//! | `state`, `handle` | start / shutdown | under `control` |
+//! | `state`, `handle`, `worker` | start / shutdown | under `control` |
+//! | `stopping` | shutdown (set, cleared) | under `control`; read anywhere |
 //! | `users`, `epoch` | `add_user` / `remove_user` (a `UserGuard`'s new / drop) | under `control` |
-//! | `tid` | the worker | under `control`, at start and exit |
 //!
 //! # What runs under `control`
 //! Only the bookkeeping of this table: reading and writing the fields, spawning the worker (so
 //! that Running and its handle are one step), notifying `cv`, and a user's ticket in its
 //! `Coverage` (a lock of its own, taken inside this one and never the other way round). No
-//! plugin hook (`MailboxSource::view`, a `Doorbell`, a `SharedRegion`), no handler or matcher,
+//! plugin hook (`AtomicMailbox::view`, a `Doorbell`, a `SharedRegion`), no handler or matcher,
 //! no `log` call and no drop of a mailbox runs under it: each of those may call back into the
 //! server, which takes `control` again and would deadlock, or panic midway through a
 //! transition. So the forced-shutdown and statistics lines are logged after the lock is
@@ -31,7 +37,7 @@
 //! the mailbox after its wait.
 //!
 //! # Sleep and wake (why no wake-up is lost)
-//! The worker sleeps on `cv` only after checking, under `control`, that the state is Running,
+//! The worker sleeps on `cv` (`wait_for_users`) only after checking, under `control`, that the state is Running,
 //! `users == 0` and no user arrived since its last look (`epoch` unchanged). A new user
 //! increments `users` and `epoch` under the same lock and then notifies; a shutdown sets
 //! Stopping under the lock and then notifies. (`epoch` matters for a user that comes and goes
@@ -42,7 +48,7 @@
 //!
 //! While users exist the worker serves passes. After passes that find nothing it backs off:
 //! passes back to back (first without, then with a spin hint), then passes separated by
-//! `yield_now`, then timed parks on `cv` that grow with the silence (an eighth of it, from a
+//! `yield_now`, then timed parks on `cv` (`keep_serving`) that grow with the silence (an eighth of it, from a
 //! few µs) up to `ServerConfig::park`, or past it up to `absent_park` after a second of silence
 //! where that is set (the poll goes on, so a request never waits longer than one park plus
 //! one pass; device clients cannot notify us). Before each park it re-checks, under `control`,
@@ -59,17 +65,24 @@
 //! for the next worker instead of being cut.
 
 use std::string::String;
-use std::time::Instant;
+use std::time::Duration;
 
 use crate::protocol::error::{Error, Result};
-use crate::server::dispatch::{Fate, PassCache};
 use crate::server::mailboxes::Attached;
-use crate::server::stats::bump;
+use crate::server::stats::{bump, Stats};
 use crate::server::users::Coverage;
-#[cfg(not(loom))]
-use crate::server::ABSENT_AFTER;
-use crate::server::{Inner, ShutdownPolicy};
-use crate::sync::{self, lock, thread, Arc, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{self, lock, thread, Arc, AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
+
+/// What to do when `shutdown` finds kernels still holding user guards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShutdownPolicy {
+    /// Return [`Error::LiveUsers`] and keep serving.
+    Refuse,
+    /// Wait up to this long for the guards to go, then refuse as above.
+    Wait(Duration),
+    /// Stop anyway, logging an error: the kernels lose their server.
+    Force,
+}
 
 /// The worker's states.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,52 +113,41 @@ pub enum Stopped {
 }
 
 pub(crate) struct Control {
-    pub(crate) state: State,
-    pub(crate) users: usize,
+    state: State,
+    users: usize,
     /// Bumped by every new user, so a user that came and went while the worker was not looking
     /// (its requests may still be pending) still gets a pass.
-    pub(crate) epoch: u64,
+    epoch: u64,
     handle: Option<thread::JoinHandle<()>>,
-    tid: Option<i32>,
     worker: Option<thread::ThreadId>,
 }
 
 /// A server's worker thread: its state, the condition variable it sleeps on, its users.
 pub(crate) struct ServerThread {
-    pub(crate) control: Mutex<Control>,
+    /// The server's name: the worker is `rpc-{name}`, and the logs say it.
+    name: String,
+    control: Mutex<Control>,
     /// Signalled on: a first user, the last user gone, a state change, a detach.
-    pub(crate) cv: Condvar,
-    alive: AtomicUsize,
-    max_alive: AtomicUsize,
+    cv: Condvar,
+    /// Set while a shutdown is in progress: the worker leaves at its next pass, and waits on
+    /// clients give up. Relaxed everywhere: it only asks to leave sooner; the state, read
+    /// under `control`, decides.
+    stopping: AtomicBool,
 }
 
-/// Back-to-back passes before the worker starts yielding, and passes before it parks (passes
-/// over up to 256 ports; a pass over more counts as several).
-/// Under loom it parks at once: loom's timed waits never time out, which bounds the model.
-#[cfg(not(loom))]
-const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
-#[cfg(loom)]
-const BACKOFF_PASSES: (u32, u32) = (0, 0);
-/// Idle passes right after a served one that poll again at once, without a spin hint.
-#[cfg(not(loom))]
-const HOT_PASSES: u32 = 32;
-#[cfg(loom)]
-const HOT_PASSES: u32 = 0;
-
 impl ServerThread {
-    pub(crate) fn new() -> Self {
+    pub(crate) fn new(name: String) -> Self {
         ServerThread {
+            name,
             control: Mutex::new(Control {
                 state: State::Stopped,
                 users: 0,
                 epoch: 0,
                 handle: None,
-                tid: None,
                 worker: None,
             }),
             cv: Condvar::new(),
-            alive: AtomicUsize::new(0),
-            max_alive: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
         }
     }
 
@@ -162,14 +164,10 @@ impl ServerThread {
     pub(crate) fn is_running(&self) -> bool {
         lock(&self.control).state == State::Running
     }
-    pub(crate) fn live_workers(&self) -> usize {
-        self.alive.load(Ordering::SeqCst)
-    }
-    pub(crate) fn max_live_workers(&self) -> usize {
-        self.max_alive.load(Ordering::SeqCst)
-    }
-    pub(crate) fn worker_tid(&self) -> Option<i32> {
-        lock(&self.control).tid
+
+    /// True while a shutdown is under way.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
     }
 
     /// Live users.
@@ -226,9 +224,14 @@ impl ServerThread {
         control
     }
 
-    pub(crate) fn start(inner: &Arc<Inner>) -> Result<Started> {
-        let this = &inner.thread;
-        let control = lock(&this.control);
+    /// Spawns `worker` (which calls the waits below, see [`crate::server::worker`]) unless a
+    /// worker runs already.
+    pub(crate) fn start(
+        &self,
+        stats: &Stats,
+        worker: impl FnOnce() + Send + 'static,
+    ) -> Result<Started> {
+        let control = lock(&self.control);
         // From a handler, on the worker itself: it runs (or, in its last pass, is stopping and
         // cannot wait for itself to be joined).
         if control.worker == Some(thread::current().id()) {
@@ -239,28 +242,28 @@ impl ServerThread {
                 )),
             };
         }
-        let mut control = this.settle(control);
+        let mut control = self.settle(control);
         if control.state == State::Running {
             return Ok(Started::AlreadyRunning);
         }
-        let worker_inner = inner.clone();
-        let name: String = std::format!("rpc-{}", inner.context.config.name);
-        let handle = sync::spawn(name, move || worker(worker_inner))
-            .map_err(|e| Error::Spawn(e.to_string()))?;
-        // RMW: one more live worker, counted from its spawn (the worker counts itself out).
-        let alive = this.alive.fetch_add(1, Ordering::SeqCst) + 1;
-        this.max_alive.fetch_max(alive, Ordering::SeqCst);
+        let name: String = std::format!("rpc-{}", self.name);
+        let handle = sync::spawn(name, worker).map_err(|e| Error::Spawn(e.to_string()))?;
+        // RMW: one more live worker, counted from its spawn (the worker counts itself out as
+        // it leaves). Relaxed, as every statistic: a read-modify-write reads the latest count
+        // whatever the ordering, so the high-water mark below is exact.
+        let alive = stats.live_workers.fetch_add(1, Ordering::Relaxed) + 1;
+        // RMW: the high-water mark rises to `alive` if below.
+        stats.max_live_workers.fetch_max(alive, Ordering::Relaxed);
         control.worker = Some(handle.thread().id());
         control.handle = Some(handle);
         control.state = State::Running;
-        bump(&inner.context.stats.workers_started);
+        bump(&stats.workers_started);
         Ok(Started::Started)
     }
 
-    pub(crate) fn shutdown(inner: &Arc<Inner>, policy: ShutdownPolicy) -> Result<Stopped> {
-        let this = &inner.thread;
-        let name = &inner.context.config.name;
-        let mut control = lock(&this.control);
+    pub(crate) fn shutdown(&self, policy: ShutdownPolicy) -> Result<Stopped> {
+        let name = &self.name;
+        let mut control = lock(&self.control);
         // From a handler, on the worker itself: it cannot join itself (checked before waiting
         // for a stopping worker, which may be this one in its last pass).
         if control.worker == Some(thread::current().id()) {
@@ -275,7 +278,7 @@ impl ServerThread {
         // Users left running by a forced shutdown, logged once the lock is released.
         let mut forced = 0;
         loop {
-            control = this.settle(control);
+            control = self.settle(control);
             if control.state == State::Stopped {
                 return Ok(Stopped::AlreadyStopped);
             }
@@ -297,7 +300,7 @@ impl ServerThread {
                     if left.is_zero() {
                         return Err(Error::LiveUsers(control.users));
                     }
-                    control = this
+                    control = self
                         .cv
                         .wait_timeout(control, left)
                         .unwrap_or_else(|e| e.into_inner())
@@ -307,9 +310,9 @@ impl ServerThread {
             }
         }
         control.state = State::Stopping;
-        inner.context.stopping.store(true, Ordering::Relaxed);
+        self.stopping.store(true, Ordering::Relaxed);
         let handle = control.handle.take();
-        this.cv.notify_all();
+        self.cv.notify_all();
         drop(control);
         if forced > 0 {
             log::error!("{name}: shutting down with {forced} kernel(s) still running");
@@ -320,241 +323,74 @@ impl ServerThread {
             }
         }
         // (The worker stopped the I/O threads as it left: see `worker`.)
-        let mut control = lock(&this.control);
+        let mut control = lock(&self.control);
         control.state = State::Stopped;
         control.worker = None;
-        inner.context.stopping.store(false, Ordering::Relaxed);
-        this.cv.notify_all();
-        drop(control);
-        if inner.context.config.log_stats_on_shutdown {
-            log::info!(
-                "{name}: server statistics: {}",
-                inner.context.stats.snapshot()
-            );
-        }
+        self.stopping.store(false, Ordering::Relaxed);
+        self.cv.notify_all();
         Ok(Stopped::Stopped)
     }
-}
 
-/// The kernel's id for the calling thread (Linux), to read its CPU time from /proc. Not under
-/// loom or miri, which run no foreign calls.
-fn current_tid() -> Option<i32> {
-    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
-    {
-        // SAFETY: gettid has no preconditions.
-        Some(unsafe { libc::gettid() })
-    }
-    #[cfg(not(all(target_os = "linux", not(loom), not(miri))))]
-    None
-}
-
-/// Timed parks should last about what they ask for, not the default 50 µs timer slack more.
-/// Not under loom or miri (no foreign calls there; their timers have no slack to tighten).
-fn tighten_timer_slack() {
-    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
-    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
-    }
-}
-
-fn worker(inner: Arc<Inner>) {
-    let this = &inner.thread;
-    tighten_timer_slack();
-    let mut cache = PassCache::new();
-    let park = Parks {
-        most: inner.context.config.park,
-        absent: inner.context.config.absent_park,
-    };
-    let mut control = lock(&this.control);
-    control.tid = current_tid();
-    let mut seen_epoch = 0;
-    loop {
-        // Asleep while nobody could send a request (see the module docs).
-        if control.state == State::Running && control.users == 0 && control.epoch == seen_epoch {
-            bump(&inner.context.stats.sleeps);
-        }
-        while control.state == State::Running && control.users == 0 && control.epoch == seen_epoch {
-            control = this.cv.wait(control).unwrap_or_else(|e| e.into_inner());
-            if control.epoch != seen_epoch {
-                bump(&inner.context.stats.wakeups);
-            }
-        }
-        seen_epoch = control.epoch;
-        let running = control.state == State::Running;
-        drop(control);
-        // Everything the worker calls (plugin memory views, doorbells, matchers) runs under
-        // this guard: a panic is logged and counted and the worker goes on, so the state
-        // (Running, one live worker) stays true.
-        if running {
-            guarded(&inner, || serve_while_used(&inner, &mut cache, park));
-        }
-        // One last pass: requests left by kernels that finished (FREE needs no answer) and
-        // exchanges that can still end. Then no user is left (every exchange still in flight
-        // belongs to a kernel that is gone) or a shutdown is under way (the exchanges lose
-        // their server: quarantined, see `dispatch`).
-        guarded(&inner, || {
-            Inner::serve_pass(&inner, &mut cache);
-            if inner.context.stopping.load(Ordering::Relaxed) {
-                cache.clear(&inner.context, Fate::Quarantine, "server shutting down");
-            } else {
-                cache.clear(&inner.context, Fate::Reset, "no running kernel can answer");
-            }
-        });
-        control = lock(&this.control);
-        // The mailboxes were let go of just above: a `detach` may be waiting for that.
-        this.cv.notify_all();
-        if control.state != State::Running {
-            break;
-        }
-    }
-    control.tid = None;
-    drop(control);
-    // No blocking call comes after the last pass: the I/O threads stop with the worker (here,
-    // so that a worker nobody joins, see `abandon_from_worker`, stops them too).
-    let stuck = inner.io.stop(inner.context.config.io_grace);
-    if stuck > 0 {
-        log::error!(
-            "{}: {stuck} I/O thread(s) still inside a blocking call after {:?}: abandoned",
-            inner.context.config.name,
-            inner.context.config.io_grace
-        );
-        for _ in 0..stuck {
-            bump(&inner.context.stats.io_threads_abandoned);
-        }
-    }
-    // RMW: this worker is gone.
-    this.alive.fetch_sub(1, Ordering::SeqCst);
-}
-
-impl ServerThread {
     /// The last `RpcServer` was dropped by a handler, on the worker: it cannot join itself. It
     /// is told to stop and left to finish by itself (it stops the I/O threads as it leaves),
     /// and with its end the last reference to the server's state goes, mailboxes included.
-    pub(crate) fn abandon_from_worker(inner: &Inner) {
-        let this = &inner.thread;
-        let mut control = lock(&this.control);
+    pub(crate) fn abandon_from_worker(&self) {
+        let mut control = lock(&self.control);
         control.state = State::Stopping;
-        inner.context.stopping.store(true, Ordering::Relaxed);
+        self.stopping.store(true, Ordering::Relaxed);
         // Dropped, not joined: the thread runs on, detached, until its loop sees Stopping.
         drop(control.handle.take());
-        this.cv.notify_all();
+        self.cv.notify_all();
     }
-}
 
-/// Runs `body`, catching a panic: logged and counted in `panics`.
-fn guarded(inner: &Inner, body: impl FnOnce()) {
-    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
-        log::error!(
-            "{}: the server thread caught a panic outside any handler: {}",
-            inner.context.config.name,
-            crate::server::panic_message(panic.as_ref())
-        );
-        bump(&inner.context.stats.panics);
-    }
-}
-
-/// Serves passes with back-off until the users are gone or a shutdown begins.
-fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
-    let this = &inner.thread;
-    let (spin, yield_) = BACKOFF_PASSES;
-    let mut idle: u32 = 0;
-    // When the last pass that found work ended: the silence the parks grow with.
-    let mut last_work = Instant::now();
-    loop {
-        // A shutdown must not wait for a quiet moment: under steady traffic every pass finds
-        // work and the idle check below never comes. Relaxed: `stopping` only asks us to leave
-        // sooner; the state, read under `control` before the worker exits, decides.
-        if inner.context.stopping.load(Ordering::Relaxed) {
-            return;
+    /// The worker's sleep: while Running with no user, and none came since it last looked
+    /// (`seen_epoch`, updated here), it waits on `cv` (see "Sleep and wake"). Counts the sleep
+    /// and the wake-up by a user. Returns whether it should serve (Running) or leave after its
+    /// last pass.
+    pub(crate) fn wait_for_users(&self, stats: &Stats, seen_epoch: &mut u64) -> bool {
+        let mut control = lock(&self.control);
+        let idle =
+            |c: &Control| c.state == State::Running && c.users == 0 && c.epoch == *seen_epoch;
+        if idle(&control) {
+            bump(&stats.sleeps);
         }
-        if Inner::serve_pass(inner, cache) > 0 {
-            idle = 0;
-            last_work = Instant::now();
-            continue;
-        }
-        // Back-off in units of a pass over up to 256 ports, so that it lasts about as long (in
-        // time) however many ports there are: 96 back-to-back passes over 16384 ports would
-        // hold the CPU for some 240 µs, which a client sharing that CPU would wait through.
-        idle = idle.saturating_add((cache.ports() / 256).max(1) as u32);
-        #[allow(clippy::absurd_extreme_comparisons)] // HOT_PASSES is 0 under loom.
-        if idle <= HOT_PASSES {
-            // Right after serving, the next request of a client in a loop is a cross-core
-            // transfer away: poll back to back (a PAUSE here would add half its length to the
-            // average detection delay of every round trip).
-        } else if idle <= spin {
-            crate::sync::spin_hint();
-        } else if idle <= yield_ {
-            thread::yield_now();
-        } else {
-            // The plugin's doorbells are asked before the lock is taken (no plugin code runs
-            // under `control`, see the module docs). Sleeping on one is not a wait on `cv`: a
-            // new user or a shutdown waits at most `doorbell_sleep` for it, whenever the
-            // doorbell was asked, so asking first loses no wake-up.
-            let bell = cache.quiet_doorbell();
-            let control = lock(&this.control);
-            if control.state != State::Running || control.users == 0 {
-                return;
+        while idle(&control) {
+            control = self.cv.wait(control).unwrap_or_else(|e| e.into_inner());
+            if control.epoch != *seen_epoch {
+                bump(&stats.wakeups);
             }
-            if let Some(bell) = bell {
-                // No request is open anywhere: sleep until the device rings, polling anyway
-                // after `doorbell_sleep`. A new user or a shutdown waits at most that long.
-                drop(control);
-                let stats = &inner.context.stats;
-                bump(&stats.doorbell_sleeps);
-                if bell.wait(inner.context.config.doorbell_sleep) {
-                    bump(&stats.doorbell_rings);
-                }
-                continue;
-            }
-            park_for(this, control, park.after(last_work.elapsed()));
         }
+        *seen_epoch = control.epoch;
+        control.state == State::Running
+    }
+
+    /// Whether the worker should go on serving passes: Running, with users (checked under
+    /// `control`). If so and `park` is given, it first parks that long on `cv`: a new user, a
+    /// shutdown or a detach cuts the park short.
+    pub(crate) fn keep_serving(&self, park: Option<Duration>) -> bool {
+        let control = lock(&self.control);
+        if control.state != State::Running || control.users == 0 {
+            return false;
+        }
+        if let Some(park) = park {
+            park_for(&self.cv, control, park);
+        }
+        true
+    }
+
+    /// After the worker's last pass of a stretch, which let go of every mailbox: wakes a
+    /// `detach` waiting for that, and says whether the worker goes on (Running) or exits.
+    pub(crate) fn stretch_done(&self) -> bool {
+        let control = lock(&self.control);
+        self.cv.notify_all();
+        control.state == State::Running
     }
 }
 
-/// The shortest timed park, right after the spin and yield passes.
+/// A timed park on `cv`.
 #[cfg(not(loom))]
-const FIRST_PARK: std::time::Duration = std::time::Duration::from_micros(5);
-
-/// The bounds of the timed parks (`ServerConfig::park` and `absent_park`).
-#[derive(Clone, Copy)]
-struct Parks {
-    most: std::time::Duration,
-    #[cfg_attr(loom, allow(dead_code))] // Under loom every park is `most`.
-    absent: Option<std::time::Duration>,
-}
-
-impl Parks {
-    /// The park after `silence` without work: an eighth of the silence, at least
-    /// [`FIRST_PARK`], at most `most`, or `absent` after [`ABSENT_AFTER`] where that is set.
-    /// Short parks first, because a kernel that went quiet for a moment often speaks again
-    /// soon: a request after 100 µs of silence waits at most some 12 µs. Long ones in a long
-    /// silence, because each wake-up costs the worker several µs of CPU (in a VM: a timer
-    /// interrupt, a futex syscall and a context switch each way), so the CPU share is about
-    /// that cost over the park length; the wake-up latency then is about half a park plus
-    /// that cost (`docs/performance.md`). Growing by the silence, not by the number of parks,
-    /// keeps the ramp the same whatever one pass costs.
-    #[cfg(not(loom))]
-    fn after(self, silence: std::time::Duration) -> std::time::Duration {
-        let most = match self.absent {
-            Some(absent) if silence >= ABSENT_AFTER => absent.max(self.most),
-            _ => self.most,
-        };
-        (silence / 8).clamp(FIRST_PARK.min(most), most)
-    }
-
-    /// Under loom every park is the same (its timed waits never time out anyway).
-    #[cfg(loom)]
-    fn after(self, _: std::time::Duration) -> std::time::Duration {
-        self.most
-    }
-}
-
-/// A timed park on `cv`: a new user, a shutdown or a detach cuts it short.
-#[cfg(not(loom))]
-fn park_for(this: &ServerThread, control: MutexGuard<'_, Control>, park: std::time::Duration) {
-    let _ = this
-        .cv
+fn park_for(cv: &Condvar, control: MutexGuard<'_, Control>, park: Duration) {
+    let _ = cv
         .wait_timeout(control, park)
         .unwrap_or_else(|e| e.into_inner());
 }
@@ -562,40 +398,7 @@ fn park_for(this: &ServerThread, control: MutexGuard<'_, Control>, park: std::ti
 /// loom's timed waits never time out (a request arriving during one would never be seen), so
 /// the model yields instead: the same poll, without the timer.
 #[cfg(loom)]
-fn park_for(_: &ServerThread, control: MutexGuard<'_, Control>, _: std::time::Duration) {
+fn park_for(_: &Condvar, control: MutexGuard<'_, Control>, _: Duration) {
     drop(control);
     thread::yield_now();
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn parks_grow_with_the_silence_up_to_park_and_past_it_only_for_absent_clients() {
-        let us = Duration::from_micros;
-        let kernel = Parks {
-            most: us(250),
-            absent: None,
-        };
-        assert_eq!(kernel.after(Duration::ZERO), FIRST_PARK);
-        assert_eq!(kernel.after(us(100)), Duration::from_nanos(12_500));
-        assert_eq!(kernel.after(us(1000)), us(125));
-        assert_eq!(kernel.after(us(2000)), us(250));
-        assert_eq!(kernel.after(Duration::from_secs(3600)), us(250));
-        let invisible = Parks {
-            most: us(250),
-            absent: Some(Duration::from_millis(20)),
-        };
-        assert_eq!(invisible.after(us(100)), kernel.after(us(100)));
-        assert_eq!(invisible.after(ABSENT_AFTER - us(1)), us(250));
-        assert_eq!(invisible.after(ABSENT_AFTER), Duration::from_millis(20));
-        // A park below FIRST_PARK is taken as asked, never raised above it.
-        let tiny = Parks {
-            most: us(2),
-            absent: None,
-        };
-        assert_eq!(tiny.after(Duration::from_secs(1)), us(2));
-    }
 }

@@ -73,6 +73,7 @@ use std::vec::Vec;
 use crate::protocol::error::Error;
 use crate::protocol::port::lanes;
 use crate::server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
+use crate::server::mailboxes::{MailboxSlot, Slots};
 use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
 use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};
@@ -115,20 +116,56 @@ pub struct Services {
     stdin_busy: AtomicBool,
     stdout: Mutex<Output>,
     stderr: Mutex<Output>,
-    /// Each mailbox's open files.
-    files: Mutex<HashMap<MailboxId, FileTable>>,
+    /// The server-wide allocator, for mailboxes without one of their own.
     allocator: Mutex<Option<Arc<dyn DeviceAllocator>>>,
-    /// Allocators for one mailbox's kernels (a plugin with several devices sets each device's).
-    mailbox_allocators: Mutex<HashMap<MailboxId, Arc<dyn DeviceAllocator>>>,
-    allocations: Mutex<memory::Allocations>,
-    exits: Mutex<HashMap<MailboxId, KernelExit>>,
+    /// The attached mailboxes' states ([`MailboxState`]), each kept with its mailbox.
+    mailboxes: Slots,
     host_functions: Mutex<HashMap<u64, HostFunction>>,
     /// Files no request may open, remove or rename, by `(st_dev, st_ino)`.
     protected: Mutex<Vec<files::FileId>>,
 }
 
+/// What the services keep for one attached mailbox, in the slot the server keeps with it
+/// (`Extension`), from its attach to its detach: its kernels' open files and allocations, the
+/// allocator for them, their recorded exit. Detaching empties it (`Services::forget_mailbox`);
+/// a request of the mailbox still running then finds it closed.
+pub(crate) struct MailboxState {
+    pub(crate) id: MailboxId,
+    /// Its open files; `None` once detached.
+    pub(crate) files: Mutex<Option<FileTable>>,
+    /// The allocator for its kernels (a plugin with several devices sets each device's), ahead
+    /// of the server-wide one.
+    allocator: Mutex<Option<Arc<dyn DeviceAllocator>>>,
+    pub(crate) allocations: Mutex<memory::Allocations>,
+    /// The last EXIT/ABORT recorded under [`ExitPolicy::Record`].
+    pub(crate) exit: Mutex<Option<KernelExit>>,
+}
+
+impl MailboxState {
+    fn new(id: MailboxId) -> Self {
+        MailboxState {
+            id,
+            files: Mutex::new(Some(FileTable::default())),
+            allocator: Mutex::new(None),
+            allocations: Mutex::new(memory::Allocations::default()),
+            exit: Mutex::new(None),
+        }
+    }
+}
+
+/// The state of a request's mailbox.
+pub(crate) fn mailbox_state(req: &Request) -> Arc<MailboxState> {
+    state_in(req.mailbox_slot().clone())
+}
+
+/// The services' state in a mailbox's slot (which only the services make: `mailbox_attached`).
+fn state_in(slot: MailboxSlot) -> Arc<MailboxState> {
+    slot.downcast()
+        .unwrap_or_else(|_| unreachable!("a mailbox slot holds the services' MailboxState"))
+}
+
 impl Services {
-    pub(crate) fn new(config: &ServerConfig) -> Self {
+    pub(crate) fn new(config: &ServerConfig, mailboxes: Slots) -> Self {
         Services {
             policy: Mutex::new(config.services.clone()),
             limits: config.limits,
@@ -136,11 +173,8 @@ impl Services {
             stdin_busy: AtomicBool::new(false),
             stdout: Mutex::new(Output::new(Box::new(std::io::stdout()))),
             stderr: Mutex::new(Output::new(Box::new(std::io::stderr()))),
-            files: Mutex::new(HashMap::new()),
             allocator: Mutex::new(None),
-            mailbox_allocators: Mutex::new(HashMap::new()),
-            allocations: Mutex::new(memory::Allocations::default()),
-            exits: Mutex::new(HashMap::new()),
+            mailboxes,
             host_functions: Mutex::new(HashMap::new()),
             protected: Mutex::new(Vec::new()),
         }
@@ -199,14 +233,27 @@ impl Services {
     /// Removes the allocator: MALLOC answers 0 from now on (FREE still frees live allocations).
     /// Sets the allocator MALLOC uses for requests from one mailbox (its device's memory),
     /// ahead of the server-wide one.
+    /// Nothing if `mailbox` is not attached.
     pub fn set_mailbox_allocator(&self, mailbox: MailboxId, allocator: Arc<dyn DeviceAllocator>) {
-        lock(&self.mailbox_allocators).insert(mailbox, allocator);
+        if let Some(state) = self.state(mailbox) {
+            *lock(&state.allocator) = Some(allocator);
+        }
     }
 
     /// The allocator for requests from `mailbox`.
-    pub(crate) fn allocator_for(&self, mailbox: MailboxId) -> Option<Arc<dyn DeviceAllocator>> {
-        let specific = lock(&self.mailbox_allocators).get(&mailbox).cloned();
+    pub(crate) fn allocator_for(&self, mailbox: &MailboxState) -> Option<Arc<dyn DeviceAllocator>> {
+        let specific = lock(&mailbox.allocator).clone();
         specific.or_else(|| lock(&self.allocator).clone())
+    }
+
+    /// The state of mailbox `id`, while it is attached.
+    fn state(&self, id: MailboxId) -> Option<Arc<MailboxState>> {
+        self.mailboxes.of(id).map(state_in)
+    }
+
+    /// Every attached mailbox's state, in the order they were attached.
+    fn states(&self) -> Vec<Arc<MailboxState>> {
+        self.mailboxes.all().into_iter().map(state_in).collect()
     }
 
     /// Drops the default allocator: MALLOC answers null until one is set.
@@ -216,7 +263,10 @@ impl Services {
     /// Allocations MALLOC handed out and FREE has not freed, by mailbox, then lowest address
     /// first.
     pub fn live_allocations(&self) -> Vec<Allocation> {
-        lock(&self.allocations).list()
+        self.states()
+            .iter()
+            .flat_map(|state| lock(&state.allocations).list())
+            .collect()
     }
 
     /// Lets HOST_CALL call `function` when the device names `addr`.
@@ -230,19 +280,15 @@ impl Services {
 
     /// The last EXIT/ABORT recorded for a mailbox under [`ExitPolicy::Record`], removing it.
     pub fn take_exit(&self, mailbox: MailboxId) -> Option<KernelExit> {
-        lock(&self.exits).remove(&mailbox)
+        lock(&self.state(mailbox)?.exit).take()
     }
 
     /// Files opened through OPEN_FILE and not yet closed, every mailbox together.
     pub fn open_files(&self) -> usize {
-        lock(&self.files).values().map(FileTable::len).sum()
-    }
-
-    /// Starts the tables of a mailbox being attached: its files and its allocations. Requests
-    /// of a mailbox without tables (detached) keep nothing.
-    pub(crate) fn register_mailbox(&self, mailbox: MailboxId) {
-        lock(&self.files).entry(mailbox).or_default();
-        lock(&self.allocations).register(mailbox);
+        self.states()
+            .iter()
+            .map(|state| lock(&state.files).as_ref().map_or(0, FileTable::len))
+            .sum()
     }
 
     /// Forgets what `mailbox`'s kernels held: closes their files (a file an I/O call is using
@@ -251,14 +297,15 @@ impl Services {
     /// a request of it is still inside an open or an allocation: what such a request makes
     /// afterwards finds the tables gone and is closed or freed at once (`Services::open`,
     /// MALLOC), so nothing outlives the detach.
-    pub(crate) fn forget_mailbox(&self, mailbox: MailboxId) {
-        let files = lock(&self.files).remove(&mailbox);
-        let freed = lock(&self.allocations).take_mailbox(mailbox);
-        lock(&self.mailbox_allocators).remove(&mailbox);
+    pub(crate) fn forget_mailbox(&self, state: &MailboxState) {
+        let mailbox = state.id;
+        let files = lock(&state.files).take();
+        let freed = lock(&state.allocations).close();
+        lock(&state.allocator).take();
         let (closed, count) = (files.as_ref().map_or(0, FileTable::len), freed.len());
         drop(files);
         for (addr, live) in freed {
-            if let Err(error) = live.free(addr) {
+            if let Err(error) = live.free() {
                 log::warn!("mailbox {}: freeing {addr:#x}: {error}", mailbox.0);
             }
         }
@@ -280,7 +327,11 @@ impl Services {
 
 impl Drop for Services {
     fn drop(&mut self) {
-        let live = lock(&self.allocations).len();
+        let live: usize = self
+            .states()
+            .iter()
+            .map(|state| lock(&state.allocations).len())
+            .sum();
         if live > 0 {
             // The plugin owns the device memory and frees it with the device.
             log::warn!("{live} device allocation(s) from MALLOC were never freed");
@@ -294,7 +345,7 @@ impl fmt::Debug for Services {
         f.debug_struct("Services")
             .field("config", &self.config())
             .field("open_files", &self.open_files())
-            .field("live_allocations", &lock(&self.allocations).len())
+            .field("live_allocations", &self.live_allocations().len())
             .finish_non_exhaustive()
     }
 }
@@ -302,10 +353,11 @@ impl fmt::Debug for Services {
 impl RpcServer {
     /// A stopped server with the standard handlers registered.
     pub fn new(config: ServerConfig) -> Self {
-        let services = Services::new(&config);
         let mut registry = Registry::default();
         register_standard(&mut registry);
-        RpcServer::assemble(config, registry, Box::new(services))
+        let services =
+            |mailboxes| -> Box<dyn Extension> { Box::new(Services::new(&config, mailboxes)) };
+        RpcServer::assemble(config.clone(), registry, services)
     }
 }
 
@@ -320,11 +372,11 @@ impl ServerContext {
 }
 
 impl Extension for Services {
-    fn mailbox_attached(&self, id: MailboxId) {
-        self.register_mailbox(id);
+    fn mailbox_attached(&self, id: MailboxId) -> MailboxSlot {
+        Arc::new(MailboxState::new(id))
     }
-    fn mailbox_detached(&self, id: MailboxId) {
-        self.forget_mailbox(id);
+    fn mailbox_detached(&self, _: MailboxId, slot: &MailboxSlot) {
+        self.forget_mailbox(&state_in(slot.clone()));
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self

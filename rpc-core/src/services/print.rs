@@ -61,7 +61,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     );
     let context = super::context(&req);
     let services = &context.services();
-    let mailbox = req.mailbox().id;
+    let mailbox = super::mailbox_state(&req);
     let dialect = req.printf_dialect();
     let mut refusals = Refusals::default();
 
@@ -77,7 +77,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
     };
     let target = |lane: u32| -> Option<Target> {
         match (&handles, opcode) {
-            (Some(words), _) => services.raw(mailbox, words[lane as usize][0]),
+            (Some(words), _) => services.raw(&mailbox, words[lane as usize][0]),
             (None, Opcode::PRINTF_TO_STDERR | Opcode::PRINTF_TO_STDERR_PACKED) => {
                 Some(Target::Stderr)
             }

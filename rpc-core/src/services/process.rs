@@ -27,7 +27,7 @@ fn finish(req: &Request, how: KernelExit) -> Result<()> {
     match services.config().exit {
         ExitPolicy::Record => {
             log::info!("mailbox {}: kernel ended with {how:?}", req.mailbox().id.0);
-            lock(&services.exits).insert(req.mailbox().id, how);
+            *lock(&super::mailbox_state(req).exit) = Some(how);
             Ok(())
         }
         ExitPolicy::Process => {

@@ -7,12 +7,12 @@ use std::vec::Vec;
 
 use super::files::{self, Denial, Rules};
 use super::streams::{OpenError, Target};
+use super::MailboxState;
 use super::{
     active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, Touches,
     EOF_WORD,
 };
 use crate::server::registry::Request;
-use crate::server::MailboxId;
 use crate::Result;
 
 /// Writes each lane's bytes to its target (on an I/O thread if any target is a file); replies
@@ -84,12 +84,12 @@ pub(crate) async fn write_to_stream(mut req: Request) -> Result<()> {
     let handles = recv_words(&mut req).await?;
     let data = req.recv_n().await?;
     let context = super::context(&req);
-    let mailbox = req.mailbox().id;
+    let mailbox = super::mailbox_state(&req);
     let mut refusals = Refusals::default();
     write_lanes(
         &mut req,
         data,
-        |lane| context.services().raw(mailbox, handles[lane as usize][0]),
+        |lane| context.services().raw(&mailbox, handles[lane as usize][0]),
         false,
         &mut refusals,
     )
@@ -111,13 +111,13 @@ fn take_budget(budget: &mut u64, want: u64) -> usize {
 pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let mailbox = req.mailbox().id;
+    let mailbox = super::mailbox_state(&req);
     let mut budget = context.config.limits.read_bytes;
     let mut refusals = Refusals::default();
     let mut reads = Vec::new();
     for lane in active(&req) {
         let [max, handle, ..] = words[lane as usize];
-        match context.services().tagged(mailbox, handle) {
+        match context.services().tagged(&mailbox, handle) {
             Some(target) => reads.push((lane, target, take_budget(&mut budget, max))),
             None => refusals.lane(lane, "not a live stream handle"),
         }
@@ -147,13 +147,13 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
 pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let mailbox = req.mailbox().id;
+    let mailbox = super::mailbox_state(&req);
     let mut budget = context.config.limits.read_bytes;
     let mut refusals = Refusals::default();
     let mut reads = Vec::new();
     for lane in active(&req) {
         let [count, handle, ..] = words[lane as usize];
-        match context.services().tagged(mailbox, handle) {
+        match context.services().tagged(&mailbox, handle) {
             Some(target) => {
                 let count = count.min(c_int::MAX as u64);
                 reads.push((lane, target, take_budget(&mut budget, count)));
@@ -208,19 +208,19 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
             CString::new(mode).unwrap_or_default(),
         ));
     }
-    let mailbox = req.mailbox().id;
+    let mailbox = super::mailbox_state(&req);
     let opened = io(&req, !opens.is_empty(), move |context| {
         let services = &context.services();
         opens
             .into_iter()
             .map(|(lane, c_path, c_mode)| {
-                match services.open(mailbox, &c_path, &c_mode) {
+                match services.open(&mailbox, &c_path, &c_mode) {
                     Ok(handle) => Ok(handle),
                     // A failed open is an ordinary C result; the policy and the table limit
                     // are refusals.
                     Err(OpenError::Failed) => Ok(0),
                     Err(OpenError::Detached) => {
-                        log::debug!("mailbox {}: detached, file not kept", mailbox.0);
+                        log::debug!("mailbox {}: detached, file not kept", mailbox.id.0);
                         Ok(0)
                     }
                     Err(OpenError::Refused(why)) => Err(why),
@@ -248,7 +248,7 @@ pub(crate) async fn open_file(mut req: Request) -> Result<()> {
 
 /// A stream opcode's operation on one lane's stream: the services, the request's mailbox,
 /// the stream, the lane's words; the reply word.
-type StreamOp = fn(&Services, MailboxId, &Target, &[u64; 8]) -> u64;
+type StreamOp = fn(&Services, &MailboxState, &Target, &[u64; 8]) -> u64;
 
 /// The pattern of every stream opcode but the reads and writes: C send {words}; S send
 /// buf\[0\] = `op(..)` per lane, or `bad` where buf\[`at`\] is not a live stream handle of the
@@ -258,17 +258,17 @@ async fn on_stream(
     mut req: Request,
     at: usize,
     bad: u64,
-    handle: fn(&Services, MailboxId, u64) -> Option<Target>,
+    handle: fn(&Services, &MailboxState, u64) -> Option<Target>,
     op: StreamOp,
 ) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let mailbox = req.mailbox().id;
+    let mailbox = super::mailbox_state(&req);
     let mut refusals = Refusals::default();
     let mut targets = Vec::new();
     for lane in active(&req) {
         let words = &words[lane as usize];
-        match handle(context.services(), mailbox, words[at]) {
+        match handle(context.services(), &mailbox, words[at]) {
             Some(target) => targets.push((lane, target)),
             None => refusals.lane(
                 lane,
@@ -281,7 +281,7 @@ async fn on_stream(
         targets
             .into_iter()
             .map(|(lane, target)| {
-                let reply = op(context.services(), mailbox, &target, &words[lane as usize]);
+                let reply = op(context.services(), &mailbox, &target, &words[lane as usize]);
                 (lane, reply)
             })
             .collect::<Vec<_>>()
@@ -341,12 +341,12 @@ pub(crate) async fn ungetc(req: Request) -> Result<()> {
 pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
-    let mailbox = req.mailbox().id;
+    let mailbox = super::mailbox_state(&req);
     let mut refusals = Refusals::default();
     let mut targets = Vec::new();
     for lane in active(&req) {
         let handle = words[lane as usize][0];
-        match context.services().tagged(mailbox, handle) {
+        match context.services().tagged(&mailbox, handle) {
             Some(target) => targets.push(target),
             None => refusals.lane(
                 lane,
@@ -367,10 +367,11 @@ pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
 /// CLOSE_FILE: C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF. The standard
 /// streams cannot be closed.
 pub(crate) async fn close_file(req: Request) -> Result<()> {
-    let file = |services: &Services, mailbox, handle| match services.raw(mailbox, handle) {
-        Some(target @ Target::File(_)) => Some(target),
-        _ => None,
-    };
+    let file =
+        |services: &Services, mailbox: &MailboxState, handle| match services.raw(mailbox, handle) {
+            Some(target @ Target::File(_)) => Some(target),
+            _ => None,
+        };
     on_stream(req, 0, EOF_WORD, file, |s, mailbox, _, w| {
         s.close(mailbox, w[0])
             .map_or(EOF_WORD, |result| c_result(result.into()))
@@ -382,7 +383,7 @@ pub(crate) async fn close_file(req: Request) -> Result<()> {
 /// flushes every standard output and open file, as C does.
 pub(crate) async fn fflush(req: Request) -> Result<()> {
     // Handle 0 stands for "every stream": stdin's target marks it (flushing stdin is a no-op).
-    let every = |services: &Services, mailbox, handle| match handle {
+    let every = |services: &Services, mailbox: &MailboxState, handle| match handle {
         0 => Some(Target::Stdin),
         _ => services.tagged(mailbox, handle),
     };

@@ -33,7 +33,7 @@ use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 use std::vec::Vec;
 
-use crate::server::MailboxId;
+use super::MailboxState;
 use crate::sync::{lock, Mutex};
 
 /// Tagged value of stdin.
@@ -608,14 +608,14 @@ enum Step {
 
 impl super::Services {
     /// The file of `mailbox`'s table a handle names.
-    fn file(&self, mailbox: MailboxId, handle: u64) -> Option<Target> {
-        let tables = lock(&self.files);
-        tables.get(&mailbox)?.get(handle).map(Target::File)
+    fn file(&self, mailbox: &MailboxState, handle: u64) -> Option<Target> {
+        let table = lock(&mailbox.files);
+        table.as_ref()?.get(handle).map(Target::File)
     }
 
     /// The stream a tagged handle names for `mailbox`'s requests (low two bits 1, 2, 3: the
     /// standard streams).
-    pub(crate) fn tagged(&self, mailbox: MailboxId, handle: u64) -> Option<Target> {
+    pub(crate) fn tagged(&self, mailbox: &MailboxState, handle: u64) -> Option<Target> {
         match handle & 3 {
             1 => Some(Target::Stdin),
             2 => Some(Target::Stdout),
@@ -626,7 +626,7 @@ impl super::Services {
 
     /// The stream a raw handle names for `mailbox`'s requests (exactly 1, 2, 3: the standard
     /// streams).
-    pub(crate) fn raw(&self, mailbox: MailboxId, handle: u64) -> Option<Target> {
+    pub(crate) fn raw(&self, mailbox: &MailboxState, handle: u64) -> Option<Target> {
         match handle {
             STDIN | STDOUT | STDERR => self.tagged(mailbox, handle),
             _ => self.file(mailbox, handle),
@@ -761,9 +761,9 @@ impl super::Services {
 
     /// `fflush(NULL)`: every standard output and file `mailbox` has open; 0 or EOF if any
     /// failed.
-    pub(crate) fn flush_all(&self, mailbox: MailboxId) -> c_int {
-        let files = lock(&self.files)
-            .get(&mailbox)
+    pub(crate) fn flush_all(&self, mailbox: &MailboxState) -> c_int {
+        let files = lock(&mailbox.files)
+            .as_ref()
             .map(FileTable::all)
             .unwrap_or_default();
         let mut result = 0;
@@ -788,8 +788,8 @@ impl super::Services {
     }
 
     /// Files `mailbox` has open, or `None` if it has no table (not attached).
-    fn open_count(&self, mailbox: MailboxId) -> Option<usize> {
-        lock(&self.files).get(&mailbox).map(FileTable::len)
+    fn open_count(&self, mailbox: &MailboxState) -> Option<usize> {
+        lock(&mailbox.files).as_ref().map(FileTable::len)
     }
 
     /// Opens a file into `mailbox`'s table: its handle, or why not (open failed, the mailbox
@@ -801,7 +801,7 @@ impl super::Services {
     /// mailbox detached meanwhile is closed here, so a detach leaves no file open.
     pub(crate) fn open(
         &self,
-        mailbox: MailboxId,
+        mailbox: &MailboxState,
         path: &CStr,
         mode: &CStr,
     ) -> core::result::Result<u64, OpenError> {
@@ -813,15 +813,15 @@ impl super::Services {
         }
         let file = self.open_under_policy(path, mode)?;
         // Dropping `file` on failure closes it.
-        let mut tables = lock(&self.files);
-        let table = tables.get_mut(&mailbox).ok_or(OpenError::Detached)?;
+        let mut table = lock(&mailbox.files);
+        let table = table.as_mut().ok_or(OpenError::Detached)?;
         table.insert(file, max).ok_or(OpenError::TooMany)
     }
 
     /// Closes a handle of `mailbox`'s table: `fclose`'s result, or `None` if the handle is not
     /// live there.
-    pub(crate) fn close(&self, mailbox: MailboxId, handle: u64) -> Option<c_int> {
-        let file = lock(&self.files).get_mut(&mailbox)?.remove(handle)?;
+    pub(crate) fn close(&self, mailbox: &MailboxState, handle: u64) -> Option<c_int> {
+        let file = lock(&mailbox.files).as_mut()?.remove(handle)?;
         let result = lock(&file).close();
         Some(result)
     }

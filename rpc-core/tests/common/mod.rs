@@ -108,9 +108,9 @@ pub trait Device {
     }
 }
 
-/// The tests' device memory for MALLOC: the heap, as plugin-host's `HostAllocator` serves it
-/// (rpc-core's tests cannot depend on a plugin). Memory still allocated when it is dropped is
-/// freed then.
+/// The tests' device memory for MALLOC: raw blocks from the heap, as plugin-host's
+/// `HostAllocator` serves it (rpc-core's tests cannot depend on a plugin), with a table of the
+/// live ones that checks the server's calls: a block freed twice, or by another size, panics.
 #[derive(Default)]
 pub struct HeapAllocator {
     live: std::sync::Mutex<std::collections::HashMap<u64, std::alloc::Layout>>,
@@ -124,9 +124,8 @@ impl HeapAllocator {
 }
 
 impl rpc_core::plugin::DeviceAllocator for HeapAllocator {
-    fn allocate(&self, size: u64, align: u64) -> Result<u64, rpc_core::VendorError> {
-        let layout =
-            std::alloc::Layout::from_size_align(usize::try_from(size.max(1))?, align as usize)?;
+    fn allocate(&self, size: u64) -> Result<u64, rpc_core::VendorError> {
+        let layout = std::alloc::Layout::from_size_align(usize::try_from(size.max(1))?, 8)?;
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
         if ptr.is_null() {
@@ -136,13 +135,14 @@ impl rpc_core::plugin::DeviceAllocator for HeapAllocator {
         Ok(ptr as u64)
     }
 
-    fn deallocate(&self, addr: u64) -> Result<(), rpc_core::VendorError> {
-        let layout = self
-            .live
-            .lock()
-            .unwrap()
-            .remove(&addr)
-            .ok_or_else(|| format!("{addr:#x} was not allocated here"))?;
+    unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), rpc_core::VendorError> {
+        let layout = self.live.lock().unwrap().remove(&addr);
+        let layout = layout.unwrap_or_else(|| panic!("{addr:#x} is no live block"));
+        assert_eq!(
+            layout.size() as u64,
+            size.max(1),
+            "{addr:#x} freed by another size"
+        );
         // SAFETY: `addr` came from `alloc` with `layout` and was not freed since (it was in the
         // table, which it just left).
         unsafe { std::alloc::dealloc(addr as *mut u8, layout) };

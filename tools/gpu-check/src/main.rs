@@ -25,7 +25,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use plugin_cuda::{describe_plugin, CudaDevice, CudaPlugin};
+use plugin_cuda::{CudaDevice, CudaPlugin};
 use rpc_core::plugin::{Device, Grid};
 use rpc_core::protocol::Generation;
 use rpc_core::services::KernelExit;
@@ -135,7 +135,8 @@ impl Captured {
     }
 }
 
-/// Device memory from the plugin's allocator, zeroed; freed on drop.
+/// Device memory from the plugin's allocator (a raw block: `cuMemAlloc` aligns it to at least
+/// 256 bytes), zeroed; freed on drop.
 struct DeviceBuffer<'a> {
     device: &'a CudaDevice,
     addr: u64,
@@ -146,7 +147,7 @@ impl<'a> DeviceBuffer<'a> {
     fn zeroed(device: &'a CudaDevice, len: usize) -> Result<Self, String> {
         let addr = device
             .allocator()
-            .allocate(len as u64, 256)
+            .allocate(len as u64)
             .map_err(|e| format!("allocating {len} device bytes: {e}"))?;
         let buffer = DeviceBuffer { device, addr, len };
         device
@@ -182,7 +183,13 @@ impl<'a> DeviceBuffer<'a> {
 
 impl Drop for DeviceBuffer<'_> {
     fn drop(&mut self) {
-        if let Err(error) = self.device.allocator().deallocate(self.addr) {
+        // SAFETY: `addr` is the block `allocate(len)` returned in `zeroed`, freed only here.
+        let freed = unsafe {
+            self.device
+                .allocator()
+                .deallocate(self.addr, self.len as u64)
+        };
+        if let Err(error) = freed {
             eprintln!("cuda-gpu-check: freeing device memory: {error}");
         }
     }
@@ -424,7 +431,7 @@ fn run(options: &Options) -> Result<bool, String> {
         ..ServerConfig::default()
     };
     let runtime = PluginRuntime::new(CudaPlugin::new(), config).map_err(|e| e.to_string())?;
-    println!("{}", describe_plugin(runtime.plugin()));
+    println!("{}", rpc_core::plugin::describe(runtime.plugin()));
     if runtime.devices().is_empty() {
         return Err("no CUDA device to check".into());
     }

@@ -69,6 +69,8 @@ enum Host {
     InProcess {
         server: RpcServer,
         memory: Arc<MailboxMemory>,
+        /// The worker's kernel thread id (it runs from the setup to its end).
+        worker: i32,
     },
     Process(Process),
 }
@@ -85,8 +87,12 @@ impl Setup {
     ) -> Result<Option<Self>, String> {
         let layout = Layout::new(generation, ports, lanes).map_err(|e| e.to_string())?;
         let host = if server == Server::InProcess {
-            let (server, memory) = in_process(layout)?;
-            Host::InProcess { server, memory }
+            let (server, memory, worker) = in_process(layout)?;
+            Host::InProcess {
+                server,
+                memory,
+                worker,
+            }
         } else {
             let Some(binary) = binaries.of(server, generation) else {
                 return Ok(None);
@@ -143,9 +149,8 @@ impl Setup {
     /// threads'.
     pub fn cpu(&self) -> Result<Duration, String> {
         match &self.host {
-            Host::InProcess { server, .. } => {
-                let tid = server.worker_tid().ok_or("the worker is not running")?;
-                schedstat(&format!("/proc/self/task/{tid}/schedstat"))
+            Host::InProcess { worker, .. } => {
+                schedstat(&format!("/proc/self/task/{worker}/schedstat"))
             }
             Host::Process(process) => process.cpu(),
         }
@@ -170,9 +175,13 @@ impl Drop for Serving<'_> {
     }
 }
 
-fn in_process(layout: Layout) -> Result<(RpcServer, Arc<MailboxMemory>), String> {
+fn in_process(layout: Layout) -> Result<(RpcServer, Arc<MailboxMemory>, i32), String> {
+    // A name no other server of this process has, short enough that the kernel keeps all of
+    // the worker's thread name ("rpc-" and it, in 15 bytes): the worker is found by it.
+    static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!("bench{}", SERVERS.fetch_add(1, Ordering::Relaxed));
     let server = RpcServer::new(ServerConfig {
-        name: format!("bench-{}x{}", layout.ports(), layout.lanes()),
+        name: name.clone(),
         park: match PARK_US.load(Ordering::Relaxed) {
             0 => ServerConfig::default().park,
             us => Duration::from_micros(us),
@@ -186,17 +195,25 @@ fn in_process(layout: Layout) -> Result<(RpcServer, Arc<MailboxMemory>), String>
     let memory = Arc::new(MailboxMemory::new(layout));
     server.attach(Box::new(memory.clone()));
     let _ = server.start().map_err(|e| e.to_string())?;
-    // The worker records its thread id once it runs.
     let deadline = Instant::now() + Duration::from_secs(5);
-    let tid = loop {
-        match server.worker_tid() {
+    let worker = loop {
+        match thread_named(&format!("rpc-{name}")) {
             Some(tid) => break tid,
             None if Instant::now() < deadline => thread::sleep(Duration::from_millis(1)),
             None => return Err("the worker did not start".into()),
         }
     };
-    pin_server(tid);
-    Ok((server, memory))
+    pin_server(worker);
+    Ok((server, memory, worker))
+}
+
+/// The kernel's id of this process's thread named `name`.
+fn thread_named(name: &str) -> Option<i32> {
+    std::fs::read_dir("/proc/self/task").ok()?.find_map(|task| {
+        let task = task.ok()?.path();
+        let comm = std::fs::read_to_string(task.join("comm")).ok()?;
+        (comm.trim_end() == name).then(|| task.file_name()?.to_str()?.parse().ok())?
+    })
 }
 
 /// A server process and its mailbox, mapped here.

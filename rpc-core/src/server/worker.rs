@@ -1,0 +1,235 @@
+//! The worker thread's loop: passes while users run, with back-off between the ones that find
+//! nothing, a last pass when they are gone, and the I/O threads stopped as it exits. Every wait
+//! on the server thread's condition variable, and why none loses a wake-up, is in
+//! [`thread`](crate::server::thread); this file decides only what to do between them.
+
+use std::time::{Duration, Instant};
+
+use crate::server::dispatch::{Fate, PassCache};
+use crate::server::stats::bump;
+use crate::server::Inner;
+use crate::sync::{thread, Arc, Ordering};
+
+/// The silence after which `ServerConfig::absent_park` applies.
+pub const ABSENT_AFTER: Duration = Duration::from_secs(1);
+
+/// Back-to-back passes before the worker starts yielding, and passes before it parks (passes
+/// over up to 256 ports; a pass over more counts as several).
+/// Under loom it parks at once: loom's timed waits never time out, which bounds the model.
+#[cfg(not(loom))]
+const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
+#[cfg(loom)]
+const BACKOFF_PASSES: (u32, u32) = (0, 0);
+/// Idle passes right after a served one that poll again at once, without a spin hint.
+#[cfg(not(loom))]
+const HOT_PASSES: u32 = 32;
+#[cfg(loom)]
+const HOT_PASSES: u32 = 0;
+
+/// Timed parks should last about what they ask for, not the default 50 µs timer slack more.
+/// Not under loom or miri (no foreign calls there; their timers have no slack to tighten).
+fn tighten_timer_slack() {
+    #[cfg(all(target_os = "linux", not(loom), not(miri)))]
+    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and affects only this thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
+    }
+}
+
+/// The worker thread's body, spawned by `ServerThread::start`.
+pub(crate) fn run(inner: Arc<Inner>) {
+    let this = &inner.thread;
+    tighten_timer_slack();
+    let mut cache = PassCache::new();
+    let park = Parks {
+        most: inner.context.config.park,
+        absent: inner.context.config.absent_park,
+    };
+    let mut seen_epoch = 0;
+    loop {
+        // Asleep while nobody could send a request (see `thread`'s module docs).
+        let running = this.wait_for_users(&inner.context.stats, &mut seen_epoch);
+        // Everything the worker calls (plugin memory views, doorbells, matchers) runs under
+        // this guard: a panic is logged and counted and the worker goes on, so the state
+        // (Running, one live worker) stays true.
+        if running {
+            guarded(&inner, || serve_while_used(&inner, &mut cache, park));
+        }
+        // One last pass: requests left by kernels that finished (FREE needs no answer) and
+        // exchanges that can still end. Then no user is left (every exchange still in flight
+        // belongs to a kernel that is gone) or a shutdown is under way (the exchanges lose
+        // their server: quarantined, see `dispatch`).
+        guarded(&inner, || {
+            Inner::serve_pass(&inner, &mut cache);
+            if this.stopping() {
+                cache.clear(&inner.context, Fate::Quarantine, "server shutting down");
+            } else {
+                cache.clear(&inner.context, Fate::Reset, "no running kernel can answer");
+            }
+        });
+        // The mailboxes were let go of just above: a `detach` may be waiting for that.
+        if !this.stretch_done() {
+            break;
+        }
+    }
+    // No blocking call comes after the last pass: the I/O threads stop with the worker (here,
+    // so that a worker nobody joins, see `abandon_from_worker`, stops them too).
+    let stuck = inner.io.stop(inner.context.config.io_grace);
+    if stuck > 0 {
+        log::error!(
+            "{}: {stuck} I/O thread(s) still inside a blocking call after {:?}: abandoned",
+            inner.context.config.name,
+            inner.context.config.io_grace
+        );
+        for _ in 0..stuck {
+            bump(&inner.context.stats.io_threads_abandoned);
+        }
+    }
+    // RMW: this worker is gone (counted in by `ServerThread::start`; Relaxed: a `shutdown`
+    // that joins it sees this through the join).
+    inner
+        .context
+        .stats
+        .live_workers
+        .fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Runs `body`, catching a panic: logged and counted in `panics`.
+fn guarded(inner: &Inner, body: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        log::error!(
+            "{}: the server thread caught a panic outside any handler: {}",
+            inner.context.config.name,
+            crate::server::panic_message(panic.as_ref())
+        );
+        bump(&inner.context.stats.panics);
+    }
+}
+
+/// Serves passes with back-off until the users are gone or a shutdown begins.
+fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
+    let this = &inner.thread;
+    let (spin, yield_) = BACKOFF_PASSES;
+    let mut idle: u32 = 0;
+    // When the last pass that found work ended: the silence the parks grow with.
+    let mut last_work = Instant::now();
+    loop {
+        // A shutdown must not wait for a quiet moment: under steady traffic every pass finds
+        // work and the idle check below never comes.
+        if this.stopping() {
+            return;
+        }
+        if Inner::serve_pass(inner, cache) > 0 {
+            idle = 0;
+            last_work = Instant::now();
+            continue;
+        }
+        // Back-off in units of a pass over up to 256 ports, so that it lasts about as long (in
+        // time) however many ports there are: 96 back-to-back passes over 16384 ports would
+        // hold the CPU for some 240 µs, which a client sharing that CPU would wait through.
+        idle = idle.saturating_add((cache.ports() / 256).max(1) as u32);
+        #[allow(clippy::absurd_extreme_comparisons)] // HOT_PASSES is 0 under loom.
+        if idle <= HOT_PASSES {
+            // Right after serving, the next request of a client in a loop is a cross-core
+            // transfer away: poll back to back (a PAUSE here would add half its length to the
+            // average detection delay of every round trip).
+        } else if idle <= spin {
+            crate::sync::spin_hint();
+        } else if idle <= yield_ {
+            thread::yield_now();
+        } else {
+            // The plugin's doorbells are asked before the server thread's lock is taken (no
+            // plugin code runs under it, see `thread`). Sleeping on one is not a wait on its
+            // condition variable: a new user or a shutdown waits at most `doorbell_sleep` for
+            // it, whenever the doorbell was asked, so asking first loses no wake-up.
+            let bell = cache.quiet_doorbell();
+            if let Some(bell) = bell {
+                if !this.keep_serving(None) {
+                    return;
+                }
+                // No request is open anywhere: sleep until the device rings, polling anyway
+                // after `doorbell_sleep`. A new user or a shutdown waits at most that long.
+                let stats = &inner.context.stats;
+                bump(&stats.doorbell_sleeps);
+                if bell.wait(inner.context.config.doorbell_sleep) {
+                    bump(&stats.doorbell_rings);
+                }
+                continue;
+            }
+            if !this.keep_serving(Some(park.after(last_work.elapsed()))) {
+                return;
+            }
+        }
+    }
+}
+
+/// The shortest timed park, right after the spin and yield passes.
+#[cfg(not(loom))]
+const FIRST_PARK: Duration = Duration::from_micros(5);
+
+/// The bounds of the timed parks (`ServerConfig::park` and `absent_park`).
+#[derive(Clone, Copy)]
+struct Parks {
+    most: Duration,
+    #[cfg_attr(loom, allow(dead_code))] // Under loom every park is `most`.
+    absent: Option<Duration>,
+}
+
+impl Parks {
+    /// The park after `silence` without work: an eighth of the silence, at least
+    /// [`FIRST_PARK`], at most `most`, or `absent` after [`ABSENT_AFTER`] where that is set.
+    /// Short parks first, because a kernel that went quiet for a moment often speaks again
+    /// soon: a request after 100 µs of silence waits at most some 12 µs. Long ones in a long
+    /// silence, because each wake-up costs the worker several µs of CPU (in a VM: a timer
+    /// interrupt, a futex syscall and a context switch each way), so the CPU share is about
+    /// that cost over the park length; the wake-up latency then is about half a park plus
+    /// that cost (`docs/performance.md`). Growing by the silence, not by the number of parks,
+    /// keeps the ramp the same whatever one pass costs.
+    #[cfg(not(loom))]
+    fn after(self, silence: Duration) -> Duration {
+        let most = match self.absent {
+            Some(absent) if silence >= ABSENT_AFTER => absent.max(self.most),
+            _ => self.most,
+        };
+        (silence / 8).clamp(FIRST_PARK.min(most), most)
+    }
+
+    /// Under loom every park is the same (its timed waits never time out anyway).
+    #[cfg(loom)]
+    fn after(self, _: Duration) -> Duration {
+        self.most
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn parks_grow_with_the_silence_up_to_park_and_past_it_only_for_absent_clients() {
+        let us = Duration::from_micros;
+        let kernel = Parks {
+            most: us(250),
+            absent: None,
+        };
+        assert_eq!(kernel.after(Duration::ZERO), FIRST_PARK);
+        assert_eq!(kernel.after(us(100)), Duration::from_nanos(12_500));
+        assert_eq!(kernel.after(us(1000)), us(125));
+        assert_eq!(kernel.after(us(2000)), us(250));
+        assert_eq!(kernel.after(Duration::from_secs(3600)), us(250));
+        let invisible = Parks {
+            most: us(250),
+            absent: Some(Duration::from_millis(20)),
+        };
+        assert_eq!(invisible.after(us(100)), kernel.after(us(100)));
+        assert_eq!(invisible.after(ABSENT_AFTER - us(1)), us(250));
+        assert_eq!(invisible.after(ABSENT_AFTER), Duration::from_millis(20));
+        // A park below FIRST_PARK is taken as asked, never raised above it.
+        let tiny = Parks {
+            most: us(2),
+            absent: None,
+        };
+        assert_eq!(tiny.after(Duration::from_secs(1)), us(2));
+    }
+}
