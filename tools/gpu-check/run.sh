@@ -12,7 +12,7 @@
 # `SKIP name: why` line:
 #   1. nvcc builds the kit's client as a cubin (sm_90, else the local GPU's arch), then as PTX
 #      (sm_90, else compute_90); without nvcc, the clang-built PTX is used;
-#   2. rpc-run --inspect reads what nvcc built (cubin, fat binary) and each LLVM image;
+#   2. rpc-run --inspect reads the client as built (PTX, cubin, fat binary) and each LLVM image;
 #   3. cuda-gpu-check runs on the cubin, and on the PTX only if the cubin did not pass (the
 #      driver may be older than the toolkit: then it cannot JIT the toolkit's PTX, but loads
 #      its cubin); a load failure prints the driver's JIT error log;
@@ -136,6 +136,7 @@ inspect() {
     last_lines "$log"
   fi
 }
+[ -n "$ptx" ] && inspect client-ptx "$ptx" ptx
 [ -n "$cubin" ] && inspect client-cubin "$cubin" cubin
 [ -n "$fatbin" ] && inspect client-fatbin "$fatbin" fatbin
 

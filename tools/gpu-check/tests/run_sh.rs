@@ -46,10 +46,11 @@ fn run_sh_without_a_gpu_skips_every_gpu_step_and_prints_the_summary() {
             rpc_run.display()
         );
     }
-    // A PTX for the check to try (a device is needed before it is read).
+    // A PTX for the check to try (a device is needed before it loads) and rpc-run to read.
     std::fs::write(
         kit.join("rpc_client.clang.ptx"),
-        ".version 7.0\n.target sm_70\n.visible .global .align 8 .b8 __llvm_rpc_client[552];\n",
+        ".version 7.0\n.target sm_70\n.visible .global .align 8 .b8 __llvm_rpc_client[552];\n\
+         .visible .entry rpc_test_increment(.param .u64 result)\n{\nret;\n}\n",
     )
     .unwrap();
 
@@ -98,11 +99,9 @@ fn run_sh_without_a_gpu_skips_every_gpu_step_and_prints_the_summary() {
         .iter()
         .filter(|l| l.contains(" run-"))
         .all(|l| l.starts_with("SKIP ")));
-    assert_eq!(
-        count("PASS"),
-        with_images,
-        "one inspection per image: {stdout}"
-    );
+    // One inspection per image, and of the client's PTX where rpc-run is there.
+    let inspected = with_images + usize::from(rpc_run.exists());
+    assert_eq!(count("PASS"), inspected, "{stdout}");
     assert!(!kit.join("core").exists());
 }
 
