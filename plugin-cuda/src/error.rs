@@ -17,6 +17,15 @@ pub enum CudaError {
         /// Its name, from `cuGetErrorName` or [`code_name`].
         name: String,
     },
+    /// The driver could not load an image (`cuModuleLoadDataEx`); `log` is what its JIT
+    /// compiler or cubin loader wrote to `CU_JIT_ERROR_LOG_BUFFER` (empty where it said
+    /// nothing).
+    #[error("cuModuleLoadDataEx failed: {name} ({code}){}", jit_log(.log))]
+    Load {
+        code: i32,
+        name: String,
+        log: String,
+    },
     /// The caller passed something the driver cannot be asked to do.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -36,12 +45,21 @@ pub enum CudaError {
 }
 
 impl CudaError {
-    /// The driver's status code, for a [`CudaError::Driver`].
+    /// The driver's status code, for a [`CudaError::Driver`] or [`CudaError::Load`].
     pub fn code(&self) -> Option<i32> {
         match self {
-            CudaError::Driver { code, .. } => Some(*code),
+            CudaError::Driver { code, .. } | CudaError::Load { code, .. } => Some(*code),
             _ => None,
         }
+    }
+}
+
+/// The JIT's error log as the end of a message.
+fn jit_log(log: &str) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!("; the JIT's error log: {log}")
     }
 }
 

@@ -324,19 +324,33 @@ impl DriverApi for FakeDriver {
         self.mem_free(addr)
     }
 
-    unsafe fn module_load_data(&self, image: &[u8]) -> DriverResult<Module> {
-        self.check("cuModuleLoadData")?;
-        // The real driver reads PTX up to its NUL: demand one.
-        let text = CStr::from_bytes_until_nul(image).map_err(|_| 218)?;
-        let text = text.to_str().map_err(|_| 218)?;
+    unsafe fn module_load_data(&self, image: &[u8]) -> Result<Module, (Code, String)> {
+        self.check("cuModuleLoadDataEx")
+            .map_err(|code| (code, String::new()))?;
+        // The real driver reads PTX up to its NUL: demand one. Its JIT explains a bad image
+        // in the error log, as ptxas does.
+        const INVALID_PTX: Code = 218;
+        let text = CStr::from_bytes_until_nul(image)
+            .map_err(|_| (INVALID_PTX, "fake JIT: the image has no NUL".to_owned()))?;
+        let text = text
+            .to_str()
+            .map_err(|_| (INVALID_PTX, "fake JIT: the image is not UTF-8".to_owned()))?;
         let (mut entries, mut globals) = (Vec::new(), HashMap::new());
         let mut state = self.state.lock().unwrap();
-        for line in text.lines() {
+        for (number, line) in text.lines().enumerate() {
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
                 [".entry", name] => entries.push((*name).to_owned()),
                 [".global", name, size] => {
-                    let size: usize = size.parse().map_err(|_| 218)?;
+                    let size: usize = size.parse().map_err(|_| {
+                        let log = format!(
+                            "ptxas application ptx input, line {}; error   : bad size \
+                             {size:?} of .global {name}\nptxas fatal   : Ptx assembly aborted \
+                             due to errors",
+                            number + 1
+                        );
+                        (INVALID_PTX, log)
+                    })?;
                     let addr = state.next_device_addr;
                     state.next_device_addr += (size as u64).div_ceil(256) * 256 + 256;
                     globals.insert((*name).to_owned(), (addr, size));

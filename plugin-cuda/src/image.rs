@@ -1,7 +1,8 @@
-//! Images: PTX, cubin or fatbin loaded as a module (`cuModuleLoadData`), their globals
-//! (`cuModuleGetGlobal`) and kernels (`cuModuleGetFunction`).
+//! Images: PTX, cubin or fatbin loaded as a module (`cuModuleLoadDataEx`, whose JIT error log
+//! a failed load reports), their globals (`cuModuleGetGlobal`) and kernels
+//! (`cuModuleGetFunction`).
 //!
-//! `cuModuleLoadData` takes a bare pointer and reads as far as the image says: PTX up to its
+//! `cuModuleLoadDataEx` takes a bare pointer and reads as far as the image says: PTX up to its
 //! NUL, a cubin as far as its ELF tables and sections reach, a fatbin as far as its header's
 //! size. `prepare` checks that each of those ends inside the bytes we were given (appending
 //! the NUL to PTX), which is what makes the load call sound.
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use rpc_core::plugin::Symbol;
 
 use crate::device::Core;
-use crate::error::{CudaError, Result, ERROR_NOT_FOUND};
+use crate::error::{code_name, CudaError, Result, ERROR_NOT_FOUND};
 use crate::loader::{Function, Module};
 
 /// A loaded module; unloaded on drop.
@@ -35,8 +36,13 @@ impl CudaImage {
         let image = prepare(bytes)?;
         core.bind()?;
         // SAFETY: `prepare` checked that the driver reads no further than `image` reaches.
-        let module = unsafe { core.driver().module_load_data(&image) }
-            .map_err(|code| core.fail("cuModuleLoadData", code))?;
+        let module = unsafe { core.driver().module_load_data(&image) }.map_err(|(code, log)| {
+            let name = core
+                .driver()
+                .error_name(code)
+                .unwrap_or_else(|| code_name(code));
+            CudaError::Load { code, name, log }
+        })?;
         Ok(CudaImage {
             core: core.clone(),
             module,

@@ -69,6 +69,9 @@ pub const MEMHOSTALLOC_DEVICEMAP: u32 = sys::CU_MEMHOSTALLOC_DEVICEMAP;
 pub const STREAM_DEFAULT: u32 = 0;
 /// `CU_STREAM_NON_BLOCKING`: a stream not ordered with the legacy default stream.
 pub const STREAM_NON_BLOCKING: u32 = 1;
+/// Bytes of the JIT error log kept when a module fails to load (ptxas's messages are a few
+/// lines; more is cut).
+const JIT_LOG_BYTES: usize = 16 * 1024;
 
 /// The driver functions the plugin uses, as safe Rust where the call cannot break memory safety
 /// on the host and `unsafe` where it can. Every method is one driver call; `Err(code)` is the
@@ -117,12 +120,13 @@ pub trait DriverApi: Send + Sync {
     /// `cuMemFreeAsync` on `stream`.
     fn mem_free_async(&self, addr: u64, stream: Stream) -> DriverResult<()>;
 
-    /// `cuModuleLoadData`.
+    /// `cuModuleLoadDataEx` with an error log buffer (`CU_JIT_ERROR_LOG_BUFFER`): the module,
+    /// or the status code and what the JIT (or the cubin loader) wrote to the log.
     ///
     /// # Safety
     /// `image` is a whole cubin or fatbin (the driver reads as far as its headers say), or PTX
     /// text ending in a NUL byte (the driver reads up to the first NUL).
-    unsafe fn module_load_data(&self, image: &[u8]) -> DriverResult<Module>;
+    unsafe fn module_load_data(&self, image: &[u8]) -> Result<Module, (Code, String)>;
     /// `cuModuleUnload`.
     fn module_unload(&self, module: Module) -> DriverResult<()>;
     /// `cuModuleGetGlobal_v2`: device address and size of a global variable.
@@ -260,7 +264,9 @@ driver_table! {
     cuMemFree_v2(sys::CUdeviceptr);
     cuMemAllocAsync(*mut sys::CUdeviceptr, usize, sys::CUstream);
     cuMemFreeAsync(sys::CUdeviceptr, sys::CUstream);
-    cuModuleLoadData(*mut sys::CUmodule, *const c_void);
+    cuModuleLoadDataEx(
+        *mut sys::CUmodule, *const c_void, c_uint, *mut sys::CUjit_option, *mut *mut c_void,
+    );
     cuModuleUnload(sys::CUmodule);
     cuModuleGetGlobal_v2(*mut sys::CUdeviceptr, *mut usize, sys::CUmodule, *const c_char);
     cuModuleGetFunction(*mut sys::CUfunction, sys::CUmodule, *const c_char);
@@ -459,12 +465,37 @@ impl DriverApi for LibCuda {
         check(unsafe { (self.table.cuMemFreeAsync)(addr, raw(stream.0)) })
     }
 
-    unsafe fn module_load_data(&self, image: &[u8]) -> DriverResult<Module> {
+    unsafe fn module_load_data(&self, image: &[u8]) -> Result<Module, (Code, String)> {
         let mut module = std::ptr::null_mut();
-        // SAFETY: `module` is a valid out-parameter; the caller guarantees the driver reads
-        // no further than `image` reaches.
-        check(unsafe { (self.table.cuModuleLoadData)(&mut module, image.as_ptr().cast()) })?;
-        Ok(Module(module as usize))
+        let mut log = vec![0u8; JIT_LOG_BYTES];
+        let mut options = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        // The size goes by value in the pointer-sized slot; the driver writes the bytes it
+        // used back there.
+        let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), log.len() as *mut c_void];
+        // SAFETY: `module` is a valid out-parameter; the two options and their values are as
+        // the driver API documents them (a buffer of `log.len()` bytes we own, and that
+        // size); the caller guarantees the driver reads no further than `image` reaches.
+        let status = unsafe {
+            (self.table.cuModuleLoadDataEx)(
+                &mut module,
+                image.as_ptr().cast(),
+                options.len() as c_uint,
+                options.as_mut_ptr(),
+                values.as_mut_ptr(),
+            )
+        };
+        match check(status) {
+            Ok(()) => Ok(Module(module as usize)),
+            Err(code) => {
+                let used = (values[1] as usize).min(log.len());
+                let end = log[..used].iter().position(|&b| b == 0).unwrap_or(used);
+                let text = String::from_utf8_lossy(&log[..end]).trim_end().to_owned();
+                Err((code, text))
+            }
+        }
     }
 
     fn module_unload(&self, module: Module) -> DriverResult<()> {

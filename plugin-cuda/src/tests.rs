@@ -172,12 +172,39 @@ fn driver_errors_carry_the_call_the_code_and_its_name() {
         "cuLaunchKernel failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)"
     );
     // Neither knows it.
-    driver.fail("cuModuleLoadData", 4242);
+    driver.fail("cuModuleLoadDataEx", 4242);
     let error = device.load_image(IMAGE.as_bytes()).unwrap_err();
     assert_eq!(
         error.to_string(),
-        "cuModuleLoadData failed: CUDA_ERROR_4242 (4242)"
+        "cuModuleLoadDataEx failed: CUDA_ERROR_4242 (4242)"
     );
+}
+
+#[test]
+fn a_failed_load_reports_the_jit_error_log() {
+    let (_driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    let bad = ".entry main\n.global __llvm_rpc_client many\n";
+    let error = device.load_image(bad.as_bytes()).unwrap_err();
+    assert_eq!(cuda_error(&error).code(), Some(218));
+    match cuda_error(&error) {
+        CudaError::Load { log, .. } => assert_eq!(
+            log,
+            "ptxas application ptx input, line 2; error   : bad size \"many\" of .global \
+             __llvm_rpc_client\nptxas fatal   : Ptx assembly aborted due to errors"
+        ),
+        other => panic!("{other:?}"),
+    }
+    let text = error.to_string();
+    assert!(
+        text.starts_with(
+            "cuModuleLoadDataEx failed: CUDA_ERROR_INVALID_PTX (218); the JIT's error log: \
+             ptxas application ptx input, line 2"
+        ),
+        "{text}"
+    );
+    // The device still loads a good image afterwards.
+    assert!(device.load_image(IMAGE.as_bytes()).is_ok());
 }
 
 // --- Images -----------------------------------------------------------------------------------

@@ -144,7 +144,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   const u64 ports = std::strtoull(argv[2], nullptr, 10);
-  const u64 packet = (24 * ports + 63) / 64 * 64;
+  // PROTOCOL section 2: align_up(D + 24N, alignof(Buffer) = 8), as LLVM places it.
+  const u64 packet = (24 * ports + 7) / 8 * 8;
   const u64 size = packet + 64 * 32 * ports;
   int fd = open(argv[1], O_RDWR);
   if (fd < 0) {

@@ -193,7 +193,10 @@ static __device__ Port open_port(u32 opcode) {
     owned = __shfl_sync(p.mask, owned, (int)p.leader);
     if (!owned) continue;
     p.index = i;
-    p.out = load_word(&c.outbox[i]);  // only we write it, and we hold the lock
+    // Only we write the outbox, and we hold the lock: the leader reads it once for the warp.
+    u32 out = 0;
+    if (lane == p.leader) out = load_word(&c.outbox[i]);
+    p.out = __shfl_sync(p.mask, out, (int)p.leader);
     p.owns = true;
     p.receive = false;
     __threadfence_system();  // acquire: the server's last accesses to the port come first

@@ -1,23 +1,35 @@
-//! `cargo xtask gpu-check [--no-clang]`: prepares the GPU check for a machine with an NVIDIA GPU
-//! but no Rust toolchain (docs/gpu-check.md).
+//! `cargo xtask gpu-check [--no-clang] [--no-self-check]`: assembles the GPU check kit, for
+//! one run on a machine with an NVIDIA GPU and its driver but no Rust and perhaps an old
+//! distribution (docs/gpu-check.md).
 //!
-//! Builds `cuda-gpu-check` (tools/gpu-check) in release for x86-64 Linux, and puts it, the CUDA
-//! client `tools/gpu-check/rpc_client.cu` and `run.sh` into `target/gpu-check/`. Where clang is
-//! installed (and `--no-clang` is not given) it also compiles the client to
-//! `rpc_client.clang.ptx` here, which checks the source and gives run.sh a PTX for a machine
-//! without nvcc. Prints the one command to run on the GPU machine from the workspace root:
-//! `bash target/gpu-check/run.sh`.
+//! Into `target/gpu-check/`: `run.sh` (the one command), `bin/rpc-run` and
+//! `bin/cuda-gpu-check` built in release with `cargo zigbuild` for
+//! `x86_64-unknown-linux-gnu.2.17` (with `gettid_shim.c`, since Rust's std calls `gettid`,
+//! which glibc has only since 2.30) and checked with `objdump -T` to need no symbol newer
+//! than glibc 2.17; the CUDA client `rpc_client.cu`, its clang-built PTX where clang is
+//! installed (and `--no-clang` is not given); and `images/`, the PTX images of LLVM's GPU
+//! libc tests that `cargo xtask gpu-images` built. Without cargo-zigbuild the binaries are
+//! built natively, and it says which glibc they need.
+//!
+//! Then, on a machine with no NVIDIA GPU (and unless `--no-self-check`), it runs the kit's
+//! `run.sh` here: it must end with status 0, every GPU step skipped, and the
+//! `GPU-CHECK SUMMARY` line last. Its outputs are removed again, so the kit is as carried.
 
 use std::path::{Path, PathBuf};
-
-use crate::flags::Flags;
 use std::process::Command;
 
-/// The target the GPU machines run.
-const TARGET: &str = "x86_64-unknown-linux-gnu";
+use crate::flags::Flags;
+
+/// The target the kit's binaries are built for: x86-64 Linux, glibc 2.17 (RHEL/CentOS 7).
+const KIT_TARGET: &str = "x86_64-unknown-linux-gnu.2.17";
+/// Cargo's name of that target (cargo-zigbuild takes the glibc version off).
+const CARGO_TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The newest glibc symbol version the kit's binaries may need.
+const GLIBC_MAX: (u32, u32) = (2, 17);
 /// The clang names tried, newest first.
 const CLANGS: &[&str] = &[
     "clang++",
+    "clang++-22",
     "clang++-19",
     "clang++-18",
     "clang++-17",
@@ -27,56 +39,47 @@ const CLANGS: &[&str] = &[
 ];
 
 pub fn run(args: &[String]) -> crate::Result {
-    let use_clang = !Flags::parse_with("gpu-check", args, &[], &["no-clang"])?.switch("no-clang");
-    Ok(prepare(use_clang)?)
+    let flags = Flags::parse_with("gpu-check", args, &[], &["no-clang", "no-self-check"])?;
+    Ok(prepare(
+        !flags.switch("no-clang"),
+        !flags.switch("no-self-check"),
+    )?)
 }
 
-/// Builds and gathers the kit in `target/gpu-check/`.
-fn prepare(use_clang: bool) -> Result<(), String> {
+/// Builds and gathers the kit in `target/gpu-check/`, then checks it here.
+fn prepare(use_clang: bool, self_check: bool) -> Result<(), String> {
     let root = workspace_root();
     let sources = root.join("tools/gpu-check");
     let out = root.join("target/gpu-check");
 
-    // Natively where this is x86-64 Linux; otherwise cross (needs the target's std and linker).
-    let native = cfg!(all(target_arch = "x86_64", target_os = "linux"));
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.current_dir(&root).args([
-        "build",
-        "--release",
-        "-p",
-        "gpu-check",
-        "--bin",
-        "cuda-gpu-check",
-    ]);
-    if !native {
-        build.args(["--target", TARGET]);
-    }
-    println!("gpu-check: building cuda-gpu-check (release, {TARGET})");
-    let status = build
-        .status()
-        .map_err(|e| format!("gpu-check: running cargo: {e}"))?;
-    if !status.success() {
-        return Err(format!("gpu-check: cargo build failed ({status})"));
-    }
-    let binary = if native {
-        root.join("target/release/cuda-gpu-check")
-    } else {
-        root.join("target")
-            .join(TARGET)
-            .join("release/cuda-gpu-check")
-    };
-
+    let (binaries, portable) = build_binaries(&root)?;
     if out.exists() {
         std::fs::remove_dir_all(&out)
             .map_err(|e| format!("gpu-check: clearing {}: {e}", out.display()))?;
     }
-    std::fs::create_dir_all(&out)
+    std::fs::create_dir_all(out.join("bin"))
         .map_err(|e| format!("gpu-check: creating {}: {e}", out.display()))?;
-    copy(&binary, &out.join("cuda-gpu-check"))?;
+    for binary in ["rpc-run", "cuda-gpu-check"] {
+        let from = binaries.join(binary);
+        let to = out.join("bin").join(binary);
+        copy(&from, &to)?;
+        make_executable(&to)?;
+        match glibc_needed(&to) {
+            Ok(Some((major, minor))) if portable && (major, minor) > GLIBC_MAX => {
+                return Err(format!(
+                    "gpu-check: bin/{binary} needs glibc {major}.{minor}, more than {}.{}",
+                    GLIBC_MAX.0, GLIBC_MAX.1
+                ))
+            }
+            Ok(Some((major, minor))) => {
+                println!("gpu-check: bin/{binary} needs glibc {major}.{minor} at most (objdump -T)")
+            }
+            Ok(None) => println!("gpu-check: bin/{binary} needs no versioned glibc symbol"),
+            Err(why) => println!("gpu-check: bin/{binary}: glibc versions not checked ({why})"),
+        }
+    }
     copy(&sources.join("rpc_client.cu"), &out.join("rpc_client.cu"))?;
     copy(&sources.join("run.sh"), &out.join("run.sh"))?;
-    make_executable(&out.join("cuda-gpu-check"))?;
     make_executable(&out.join("run.sh"))?;
 
     if use_clang {
@@ -85,24 +88,207 @@ fn prepare(use_clang: bool) -> Result<(), String> {
             Err(why) => println!("gpu-check: no clang-built PTX ({why}); run.sh will need nvcc"),
         }
     }
-
-    println!("gpu-check: ready in {}:", out.display());
-    let mut entries: Vec<_> = std::fs::read_dir(&out)
-        .map_err(|e| format!("gpu-check: listing {}: {e}", out.display()))?
-        .filter_map(|e| e.ok())
-        .filter_map(|e| {
-            Some((
-                e.file_name().to_string_lossy().into_owned(),
-                e.metadata().ok()?.len(),
-            ))
-        })
-        .collect();
-    entries.sort();
-    for (name, len) in entries {
-        println!("  {name:<24} {len:>10} bytes");
+    let images = root.join("target/gpu-images/nvptx64");
+    let mut copied = 0;
+    if let Ok(entries) = std::fs::read_dir(&images) {
+        std::fs::create_dir_all(out.join("images"))
+            .map_err(|e| format!("gpu-check: creating images/: {e}"))?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_file() && path.extension().is_none() {
+                copy(&path, &out.join("images").join(entry.file_name()))?;
+                copied += 1;
+            }
+        }
     }
-    println!("gpu-check: on the GPU machine, from the workspace root, run:");
-    println!("  bash target/gpu-check/run.sh");
+    if copied == 0 {
+        println!(
+            "gpu-check: no LLVM images in {} (run `cargo xtask gpu-images --target nvptx64` \
+             first): run.sh will skip them",
+            images.display()
+        );
+    } else {
+        println!(
+            "gpu-check: {copied} LLVM GPU images from {}",
+            images.display()
+        );
+    }
+
+    if self_check {
+        check_here(&out)?;
+    }
+
+    println!("gpu-check: the kit is ready in {}:", out.display());
+    list(&out, &out)?;
+    println!("gpu-check: carry the directory to the GPU machine and run:");
+    println!("  bash gpu-check/run.sh        # or: bash gpu-check/run.sh --quick");
+    Ok(())
+}
+
+/// Builds rpc-run and cuda-gpu-check in release: for glibc 2.17 with cargo-zigbuild where it
+/// is installed (`true`), natively otherwise. The folder holding them.
+fn build_binaries(root: &Path) -> Result<(PathBuf, bool), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let zigbuild = Command::new("cargo-zigbuild")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let packages = ["-p", "rpc-run", "-p", "gpu-check"];
+    if !zigbuild {
+        println!(
+            "gpu-check: no cargo-zigbuild (pip install cargo-zigbuild ziglang): building \
+             natively, so the binaries need this machine's glibc or newer"
+        );
+        run_step(
+            Command::new(cargo)
+                .current_dir(root)
+                .args(["build", "--release"])
+                .args(packages),
+            "cargo build --release",
+        )?;
+        return Ok((root.join("target/release"), false));
+    }
+    let shim_dir = root.join("target/gpu-check-shim");
+    std::fs::create_dir_all(&shim_dir).map_err(|e| format!("gpu-check: {e}"))?;
+    let shim = shim_dir.join("gettid.o");
+    run_step(
+        Command::new("cargo-zigbuild")
+            .args([
+                "zig",
+                "cc",
+                "--",
+                "-target",
+                "x86_64-linux-gnu.2.17",
+                "-O2",
+                "-fPIC",
+                "-c",
+                "-o",
+            ])
+            .arg(&shim)
+            .arg(root.join("tools/gpu-check/gettid_shim.c")),
+        "zig cc gettid_shim.c",
+    )?;
+    println!("gpu-check: building rpc-run and cuda-gpu-check (release, {KIT_TARGET})");
+    run_step(
+        Command::new("cargo-zigbuild")
+            .current_dir(root)
+            .args(["zigbuild", "--release", "--target", KIT_TARGET])
+            .args(packages)
+            .env(
+                "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
+                format!("-C link-arg={}", shim.display()),
+            ),
+        "cargo zigbuild",
+    )?;
+    Ok((root.join("target").join(CARGO_TARGET).join("release"), true))
+}
+
+fn run_step(command: &mut Command, what: &str) -> Result<(), String> {
+    let status = command
+        .status()
+        .map_err(|e| format!("gpu-check: running {what}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("gpu-check: {what} failed ({status})"))
+    }
+}
+
+/// The newest `GLIBC_x.y` symbol version `binary` needs, from `objdump -T`.
+fn glibc_needed(binary: &Path) -> Result<Option<(u32, u32)>, String> {
+    let output = Command::new("objdump")
+        .arg("-T")
+        .arg(binary)
+        .output()
+        .map_err(|e| format!("objdump: {e}"))?;
+    if !output.status.success() {
+        return Err(String::from_utf8_lossy(&output.stderr).trim().to_owned());
+    }
+    Ok(newest_glibc(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// The newest `GLIBC_x.y[.z]` named in an `objdump -T` listing (`(GLIBC_2.3.4)` counts as 2.3).
+fn newest_glibc(listing: &str) -> Option<(u32, u32)> {
+    listing
+        .split(|c: char| c.is_whitespace() || c == '(' || c == ')')
+        .filter_map(|word| word.strip_prefix("GLIBC_"))
+        .filter_map(|version| {
+            let mut parts = version.split('.').map(str::parse::<u32>);
+            Some((parts.next()?.ok()?, parts.next()?.ok()?))
+        })
+        .max()
+}
+
+/// Runs the kit's run.sh here, with no GPU: it must end cleanly with every GPU step skipped
+/// and the summary last. Its outputs are removed afterwards.
+fn check_here(kit: &Path) -> Result<(), String> {
+    if Path::new("/dev/nvidia0").exists() {
+        println!("gpu-check: this machine has an NVIDIA GPU; run the kit's run.sh to use it");
+        return Ok(());
+    }
+    println!("gpu-check: running the kit's run.sh here (no GPU: every GPU step must be skipped)");
+    let output = Command::new("bash")
+        .arg(kit.join("run.sh"))
+        .arg("--quick")
+        .env("GPU_CHECK_TIMEOUT", "120")
+        .output()
+        .map_err(|e| format!("gpu-check: running run.sh: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for stale in ["results.txt", "groups.txt", "build"] {
+        let path = kit.join(stale);
+        let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir_all(&path));
+    }
+    let mut problems = Vec::new();
+    if !output.status.success() {
+        problems.push(format!("run.sh exited with {}", output.status));
+    }
+    let summary = stdout.lines().last().unwrap_or_default();
+    if !summary.starts_with("GPU-CHECK SUMMARY pass=") || !summary.contains(" fail=0 ") {
+        problems.push(format!(
+            "the last line is {summary:?}, not a summary with fail=0"
+        ));
+    }
+    for line in stdout.lines() {
+        let needs_gpu = ["gpu-check-", "run-"].iter().any(|step| {
+            line.split_once(' ')
+                .is_some_and(|(_, rest)| rest.starts_with(step))
+        });
+        if needs_gpu && !line.starts_with("SKIP ") {
+            problems.push(format!("a GPU step not skipped: {line}"));
+        }
+    }
+    if problems.is_empty() {
+        println!("gpu-check: run.sh here: {summary}");
+        Ok(())
+    } else {
+        Err(format!(
+            "gpu-check: the kit's run.sh misbehaved here:\n  {}\n--- its output:\n{stdout}",
+            problems.join("\n  ")
+        ))
+    }
+}
+
+/// Prints the kit's files with their sizes.
+fn list(dir: &Path, kit: &Path) -> Result<(), String> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| format!("gpu-check: listing {}: {e}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        if path.is_dir() {
+            list(&path, kit)?;
+        } else {
+            let len = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            let name = path
+                .strip_prefix(kit)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            println!("  {name:<32} {len:>10} bytes");
+        }
+    }
     Ok(())
 }
 
@@ -179,4 +365,21 @@ fn clang_ptx(sources: &Path, ptx: &Path) -> Result<String, String> {
         ));
     }
     Ok((*clang).to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_newest_glibc_version_of_an_objdump_listing() {
+        let listing = "0000000000000000      DF *UND*\t0000000000000000 (GLIBC_2.2.5) pthread_create\n\
+                       0000000000000000      DF *UND*\t0000000000000000  GLIBC_2.17  clock_gettime\n\
+                       0000000000000000  w   DF *UND*\t0000000000000000 (GLIBC_2.3.4) __register_atfork\n\
+                       0000000000000000      DO *UND*\t0000000000000000 (GLIBC_PRIVATE) x\n";
+        assert_eq!(newest_glibc(listing), Some((2, 17)));
+        let newer = format!("{listing}0 DF *UND* 0 (GLIBC_2.34) __libc_start_main\n");
+        assert_eq!(newest_glibc(&newer), Some((2, 34)));
+        assert_eq!(newest_glibc("no versions here"), None);
+    }
 }

@@ -44,7 +44,8 @@ commands:
   stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
   bench [--quick] [--peer llvm] [--pin] [--latency-only] [--park-us N]
                                          the performance table (docs/performance.md)
-  gpu-check [--no-clang]                 prepare target/gpu-check/ for a machine with an NVIDIA GPU
+  gpu-check [--no-clang] [--no-self-check]
+                                         assemble the GPU check kit in target/gpu-check/ (run.sh)
   soak [--seconds S] [--json]            two plugins under mixed traffic; nothing lost or leaked
   fuzz [--seconds S] [--target mailbox|printf]
                                          cargo fuzz on a fuzzed mailbox and the printf parser

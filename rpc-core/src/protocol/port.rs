@@ -230,6 +230,22 @@ impl<'a> Packet<'a> {
             offset + out.len() <= BUFFER_SIZE,
             "byte range outside the packet"
         );
+        if offset % 8 == 0 {
+            // Word-aligned (every stream packet): whole words, each a copy of constant size,
+            // then the head of the last word.
+            let first = offset / 8;
+            let whole = out.len() / 8;
+            let mut chunks = out.chunks_exact_mut(8);
+            for (i, chunk) in (&mut chunks).enumerate() {
+                chunk.copy_from_slice(&self.word(first + i).to_le_bytes());
+            }
+            let tail = chunks.into_remainder();
+            if !tail.is_empty() {
+                let n = tail.len();
+                tail.copy_from_slice(&self.word(first + whole).to_le_bytes()[..n]);
+            }
+            return;
+        }
         let mut done = 0;
         while done < out.len() {
             let at = offset + done;
@@ -247,15 +263,29 @@ impl<'a> Packet<'a> {
             offset + data.len() <= BUFFER_SIZE,
             "byte range outside the packet"
         );
+        if offset % 8 == 0 {
+            // Word-aligned (every stream packet): whole words, each a load of constant size,
+            // then the head of the last word (its other bytes kept).
+            let first = offset / 8;
+            let mut chunks = data.chunks_exact(8);
+            for (i, chunk) in (&mut chunks).enumerate() {
+                let word: [u8; 8] = chunk.try_into().expect("chunks of 8 bytes");
+                self.set_word(first + i, u64::from_le_bytes(word));
+            }
+            let tail = chunks.remainder();
+            if !tail.is_empty() {
+                let at = first + data.len() / 8;
+                let mut bytes = self.word(at).to_le_bytes();
+                bytes[..tail.len()].copy_from_slice(tail);
+                self.set_word(at, u64::from_le_bytes(bytes));
+            }
+            return;
+        }
         let mut done = 0;
         while done < data.len() {
             let at = offset + done;
             let take = (8 - at % 8).min(data.len() - done);
-            let mut bytes = if take == 8 {
-                [0; 8]
-            } else {
-                self.word(at / 8).to_le_bytes()
-            };
+            let mut bytes = self.word(at / 8).to_le_bytes();
             bytes[at % 8..at % 8 + take].copy_from_slice(&data[done..done + take]);
             self.set_word(at / 8, u64::from_le_bytes(bytes));
             done += take;
@@ -499,9 +529,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
                 let len = lengths[lane as usize];
                 if offset < len {
                     let take = (len - offset).min(BUFFER_SIZE);
-                    let bytes = &mut out[lane as usize];
-                    bytes.resize(offset + take, 0);
-                    packet.read_bytes(0, &mut bytes[offset..]);
+                    // Read on the stack and appended: no zeroing of the vector's new bytes.
+                    let mut chunk = [0u8; BUFFER_SIZE];
+                    packet.read_bytes(0, &mut chunk[..take]);
+                    out[lane as usize].extend_from_slice(&chunk[..take]);
                 }
             })
             .await?;
@@ -685,5 +716,46 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
         }
         self.count_closed();
         unlock(self.locks, self.index);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The packet's bytes as a plain array, little-endian word by word.
+    fn bytes_of(words: &[DataWord]) -> [u8; BUFFER_SIZE] {
+        let mut out = [0; BUFFER_SIZE];
+        for (i, word) in words.iter().enumerate() {
+            out[8 * i..8 * i + 8].copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        out
+    }
+
+    /// Every range of the packet (the word-aligned path and the other): `read_bytes` gives
+    /// exactly those bytes, and `write_bytes` changes exactly those, keeping the rest.
+    #[test]
+    fn byte_ranges_read_and_write_exactly_their_bytes() {
+        let before: [u8; BUFFER_SIZE] = core::array::from_fn(|i| i as u8 ^ 0xA5);
+        for offset in 0..=BUFFER_SIZE {
+            for len in 0..=BUFFER_SIZE - offset {
+                let words: Vec<DataWord> = (0..8)
+                    .map(|i| {
+                        let word: [u8; 8] = before[8 * i..8 * i + 8].try_into().unwrap();
+                        DataWord::new(u64::from_le_bytes(word))
+                    })
+                    .collect();
+                let packet = Packet { words: &words };
+                let mut read = vec![0xEE; len];
+                packet.read_bytes(offset, &mut read);
+                assert_eq!(read, before[offset..offset + len], "read {offset}+{len}");
+
+                let data: Vec<u8> = (0..len).map(|i| 0x40 + i as u8).collect();
+                packet.write_bytes(offset, &data);
+                let mut expected = before;
+                expected[offset..offset + len].copy_from_slice(&data);
+                assert_eq!(bytes_of(&words), expected, "write {offset}+{len}");
+            }
+        }
     }
 }

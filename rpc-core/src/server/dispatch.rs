@@ -169,9 +169,13 @@ struct InFlight {
     index: u32,
     opcode: Opcode,
     marks: Marks,
-    /// Both flags of the port when last seen changing, and when (for `client_timeout`).
+    /// Both flags of the port when last seen changing.
     flags: (u32, u32),
-    since: Instant,
+    /// For `client_timeout`: when a poll first found the exchange waiting on its port without
+    /// progress since it last advanced (`None`: it advanced, or left its port, at the last
+    /// look). Read from the clock only then, so an exchange that keeps advancing (a stream:
+    /// a packet per poll) never reads it.
+    since: Option<Instant>,
     /// The last poll suspended in a port operation: no use polling again until the client
     /// has answered (the port is pending again).
     on_port: bool,
@@ -342,7 +346,7 @@ impl Inner {
                             opcode,
                             marks,
                             flags,
-                            since: Instant::now(),
+                            since: None,
                         });
                     }
                 }
@@ -530,11 +534,11 @@ impl Inner {
             };
             let was_on_port = flight.on_port;
             flight.on_port = !matches!(polled, Polled::Elsewhere);
-            if client_timeout.is_some() && !(was_on_port && flight.on_port) {
+            if !(was_on_port && flight.on_port) {
                 // The client is timed only while the exchange waits on its port (the clock
                 // starts again each time it does): time spent on an I/O thread (a 400 MB
                 // printf, a slow file) is the server's, not the client's.
-                flight.since = Instant::now();
+                flight.since = None;
             }
             if let Polled::Done(result) = polled {
                 let flight = in_flight.swap_remove(k);
@@ -552,9 +556,7 @@ impl Inner {
             let flags = server.flags(flight.index);
             if flags != flight.flags {
                 flight.flags = flags;
-                if client_timeout.is_some() {
-                    flight.since = Instant::now();
-                }
+                flight.since = None;
                 progress += 1;
                 // Alone in flight and advancing: its client (a stream, say) usually answers
                 // within a cross-core transfer, so look again for a few polls before moving on,
@@ -574,7 +576,10 @@ impl Inner {
                 abandon(context, flight, Fate::Reset, "no running kernel can answer");
                 progress += 1;
                 continue;
-            } else if flight.on_port && client_timeout.is_some_and(|t| flight.since.elapsed() > t) {
+            } else if flight.on_port
+                && client_timeout
+                    .is_some_and(|t| flight.since.get_or_insert_with(Instant::now).elapsed() > t)
+            {
                 // Closed as the exchange left it, not reset to the client's word as it reads
                 // now: other client processes may use the port from the moment it looks free,
                 // and a reset would swallow a request one of them just made.

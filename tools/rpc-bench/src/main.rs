@@ -42,20 +42,19 @@ use rpc_core::protocol::Generation;
 use measure::Hog;
 use target::{Binaries, Server, Setup};
 
-const USAGE: &str = "usage: rpc-bench [--quick] [--pin] [--latency-only] [--park-us N] \
-                     [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] [--out DIR]";
+const USAGE: &str = "usage: rpc-bench [--quick] [--pin] [--latency-only | --stream-only 1|32] \
+                     [--park-us N] [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] \
+                     [--out DIR]";
 
 fn main() -> ExitCode {
     match parse(std::env::args().skip(1)) {
-        Ok((settings, latency_only, binaries, out)) => {
-            match run(settings, latency_only, &binaries, out) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(why) => {
-                    eprintln!("rpc-bench: {why}");
-                    ExitCode::FAILURE
-                }
+        Ok((settings, part, binaries, out)) => match run(settings, part, &binaries, out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(why) => {
+                eprintln!("rpc-bench: {why}");
+                ExitCode::FAILURE
             }
-        }
+        },
         Err(why) => {
             eprintln!("rpc-bench: {why}\n{USAGE}");
             ExitCode::from(2)
@@ -63,10 +62,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Which rows a run measures.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    All,
+    /// `--latency-only`: the round trips, quiet and loaded.
+    Latency,
+    /// `--stream-only L`: the stream row of L lanes alone (to profile a server on it, e.g.
+    /// under `valgrind --tool=callgrind`, docs/performance.md).
+    Stream(u32),
+}
+
 fn parse(
     mut args: impl Iterator<Item = String>,
-) -> Result<(Settings, bool, Binaries, PathBuf), String> {
-    let (mut quick, mut latency_only) = (false, false);
+) -> Result<(Settings, Part, Binaries, PathBuf), String> {
+    let (mut quick, mut part) = (false, Part::All);
     let mut binaries = Binaries {
         rpc_serve: None,
         peer_v1: None,
@@ -78,7 +88,14 @@ fn parse(
         match arg.as_str() {
             "--quick" => quick = true,
             "--pin" => PIN.store(true, Ordering::Relaxed),
-            "--latency-only" => latency_only = true,
+            "--latency-only" => part = Part::Latency,
+            "--stream-only" => {
+                part = match value()?.as_str() {
+                    "1" => Part::Stream(1),
+                    "32" => Part::Stream(32),
+                    _ => return Err("--stream-only takes 1 or 32 (lanes)".into()),
+                }
+            }
             "--park-us" => {
                 let us: u64 = value()?
                     .parse()
@@ -97,7 +114,7 @@ fn parse(
     } else {
         Settings::FULL
     };
-    Ok((settings, latency_only, binaries, out))
+    Ok((settings, part, binaries, out))
 }
 
 /// How long and how often to measure.
@@ -523,7 +540,7 @@ fn setups(
 
 fn run(
     settings: Settings,
-    latency_only: bool,
+    part: Part,
     binaries: &Binaries,
     out_dir: PathBuf,
 ) -> Result<(), String> {
@@ -546,12 +563,21 @@ fn run(
     let w = settings.window;
 
     // Latency rows, interleaved: every row of every server once per round.
-    let shapes: Vec<(u32, Vec<Setup>)> = SHAPES
-        .iter()
-        .map(|&(g, n)| Ok((n, setups(&servers, binaries, g, n, 1)?)))
-        .collect::<Result<_, String>>()?;
-    let lanes = setups(&servers, binaries, Generation::V1, 64, 32)?;
-    for loaded in [false, true] {
+    let streaming = matches!(part, Part::Stream(_));
+    let shapes: Vec<(u32, Vec<Setup>)> = if streaming {
+        Vec::new()
+    } else {
+        SHAPES
+            .iter()
+            .map(|&(g, n)| Ok((n, setups(&servers, binaries, g, n, 1)?)))
+            .collect::<Result<_, String>>()?
+    };
+    let lanes = if part == Part::Stream(1) {
+        Vec::new()
+    } else {
+        setups(&servers, binaries, Generation::V1, 64, 32)?
+    };
+    for loaded in [false, true].into_iter().filter(|_| !streaming) {
         let _hog = loaded.then(Hog::start);
         let mut latency = vec![
             Row::new(PINGPONG, Server::InProcess, loaded, "ns/round trip"),
@@ -600,12 +626,16 @@ fn run(
     }
     drop(shapes);
     let report = |rows| Report { settings, rows };
-    if latency_only {
+    if part == Part::Latency {
         return write(report(rows), &out_dir, started);
     }
 
     // Throughput: streams and printf, one server after another, quiet.
-    let small = setups(&servers, binaries, Generation::V1, 64, 1)?;
+    let small = if part == Part::Stream(32) {
+        Vec::new()
+    } else {
+        setups(&servers, binaries, Generation::V1, 64, 1)?
+    };
     let data: Vec<Vec<u8>> = (0..32u8)
         .map(|lane| {
             (0..STREAM_BYTES)
@@ -627,6 +657,9 @@ fn run(
         }
     }
     drop(data);
+    if streaming {
+        return write(report(rows), &out_dir, started);
+    }
     for setup in &lanes {
         let mut row = Row::new(PRINTF, setup.server, false, "lines/s");
         for _ in 0..settings.reps {

@@ -1,6 +1,8 @@
 //! What an image is and holds, read from its bytes with no GPU: its format (and so its
 //! plugin), its kernels with their argument sizes and stack needs, and its RPC client symbol
-//! (and so its generation and opcode numbering). `rpc-run --inspect` prints this.
+//! (and so its generation and opcode numbering). `rpc-run --inspect` prints this. PTX is
+//! read by [`ptx`], cubins by [`cubin`], fat binaries by [`fatbin`] (each entry as PTX or a
+//! cubin), AMDGPU code objects by `plugin_amdgpu::code_object`.
 
 use std::fmt;
 
@@ -9,7 +11,7 @@ use rpc_core::plugin::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
 use rpc_core::protocol::Generation;
 use rpc_core::protocol::Numbering;
 
-use crate::ptx;
+use crate::{cubin, fatbin, ptx};
 
 /// An image format, and so the plugin that runs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,21 +36,16 @@ impl Format {
     }
 }
 
-const EM_CUDA: u16 = 190;
-const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-
 /// The format of `bytes`, if it is one.
 pub fn format_of(bytes: &[u8]) -> Option<Format> {
     if bytes.starts_with(b"\x7fELF") && bytes.len() >= 20 {
         return match u16::from_le_bytes([bytes[18], bytes[19]]) {
             code_object::EM_AMDGPU => Some(Format::AmdGpu),
-            EM_CUDA => Some(Format::Cubin),
+            cubin::EM_CUDA => Some(Format::Cubin),
             _ => None,
         };
     }
-    if bytes.len() >= 4
-        && u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) == FATBIN_MAGIC
-    {
+    if fatbin::is_fatbin(bytes) {
         return Some(Format::Fatbin);
     }
     ptx::is_ptx(bytes).then_some(Format::Ptx)
@@ -60,8 +57,10 @@ pub struct Kernel {
     pub name: String,
     /// Bytes of the argument block the launch must fill (AMDGPU: explicit plus implicit).
     pub kernarg_size: Option<u32>,
+    /// Each explicit argument's bytes, in order (PTX, cubin).
+    pub params: Option<Vec<u32>>,
     /// Stack bytes per thread the compiler knows of (AMDGPU: the private segment; PTX: the
-    /// kernel's own frame).
+    /// kernel's own frame; cubin: the call tree's, as ptxas computed it).
     pub stack: Option<u32>,
     /// Whether the stack is unbounded (AMDGPU `.uses_dynamic_stack`), or calls add frames the
     /// PTX does not size (PTX: it has calls).
@@ -84,7 +83,7 @@ pub enum Client {
     },
     /// A client symbol of a size no generation has: refused.
     Unknown { symbol: &'static str, size: u64 },
-    /// The format does not tell (a fat binary).
+    /// Not read: a fat binary whose every entry is compressed.
     Unread,
 }
 
@@ -145,9 +144,11 @@ pub struct Inspection {
     pub format: Format,
     /// The target (`sm_90`, `amdgcn-amd-amdhsa--gfx942`), where the format says.
     pub target: String,
-    /// The format version where it says (PTX `7.8`, code object `1.2`).
+    /// The format version where it says (PTX `7.8`, code object `1.2`, cubin: its ELF ABI
+    /// version, `7` or `8`).
     pub version: String,
-    /// Every kernel; empty where the format does not list them (cubin, fatbin).
+    /// Every kernel; empty where the image was not read that far (a fat binary whose every
+    /// entry is compressed).
     pub kernels: Vec<Kernel>,
     /// Whether `kernels` is the whole list (false: the format was not read that far).
     pub kernels_known: bool,
@@ -155,6 +156,26 @@ pub struct Inspection {
     /// `__init_array_object_*` / `__fini_array_object_*` globals (NVPTX constructors, which
     /// LLVM's loader gathers into `__init_array_start..end` itself).
     pub init_fini: Vec<String>,
+    /// A fat binary's entries (empty for other formats). The kernels and client above are
+    /// those of the first entry read.
+    pub entries: Vec<FatbinEntry>,
+}
+
+/// One entry of a fat binary, as `--inspect` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FatbinEntry {
+    /// `ptx`, `cubin`, or `kind-N` for a kind not known here.
+    pub kind: String,
+    /// `sm_90`.
+    pub arch: String,
+    /// `major.minor`.
+    pub version: String,
+    /// Payload bytes as stored.
+    pub size: usize,
+    /// `lz4` or `zstd` where compressed (then not read).
+    pub compression: Option<&'static str>,
+    /// Why the entry could not be read, where it could not (compressed, malformed).
+    pub unread: Option<String>,
 }
 
 impl Inspection {
@@ -184,7 +205,8 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
     })?;
     match format {
         Format::Ptx => {
-            let text = String::from_utf8_lossy(bytes.strip_suffix(b"\0").unwrap_or(bytes));
+            let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+            let text = String::from_utf8_lossy(&bytes[..end]);
             let module = ptx::read(&text);
             let size = |name: &str| {
                 module
@@ -203,6 +225,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                     .map(|e| Kernel {
                         name: e.name.clone(),
                         kernarg_size: Some(e.params_size),
+                        params: Some(e.params.clone()),
                         stack: Some(e.frame),
                         dynamic_stack: Some(e.calls),
                         wavefront_size: Some(32),
@@ -211,6 +234,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                 kernels_known: true,
                 client: Client::of(size),
                 init_fini: init_fini(module.globals.iter().map(|(n, _)| n.as_str())),
+                entries: Vec::new(),
             })
         }
         Format::AmdGpu => {
@@ -231,6 +255,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                     .map(|k| Kernel {
                         name: k.name.clone(),
                         kernarg_size: Some(k.kernarg_segment_size),
+                        params: None,
                         stack: Some(k.private_segment_fixed_size),
                         dynamic_stack: Some(k.uses_dynamic_stack),
                         wavefront_size: Some(k.wavefront_size),
@@ -239,18 +264,99 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                 kernels_known: true,
                 client: Client::of(|name| object.global(name).map(|g| g.size)),
                 init_fini: Vec::new(),
+                entries: Vec::new(),
             })
         }
-        Format::Cubin | Format::Fatbin => Ok(Inspection {
-            format,
-            target: String::new(),
+        Format::Cubin => {
+            let cubin = cubin::read(bytes).map_err(|e| BadImage(format!("cubin: {}", e.0)))?;
+            let size = |name: &str| {
+                cubin
+                    .globals
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|&(_, s)| s)
+            };
+            Ok(Inspection {
+                format,
+                target: cubin.target.clone(),
+                version: cubin.abi_version.to_string(),
+                kernels: cubin
+                    .kernels
+                    .iter()
+                    .map(|k| Kernel {
+                        name: k.name.clone(),
+                        kernarg_size: k.params_size,
+                        params: k.params.clone(),
+                        stack: k.stack,
+                        dynamic_stack: None,
+                        wavefront_size: Some(32),
+                    })
+                    .collect(),
+                kernels_known: true,
+                client: Client::of(size),
+                init_fini: init_fini(cubin.globals.iter().map(|(n, _)| n.as_str())),
+                entries: Vec::new(),
+            })
+        }
+        Format::Fatbin => inspect_fatbin(bytes),
+    }
+}
+
+/// Reads a fat binary: every entry, and the first that can be read (an uncompressed PTX or
+/// cubin) in full; the driver picks the entry for its device, and all come from one source.
+fn inspect_fatbin(bytes: &[u8]) -> Result<Inspection, BadImage> {
+    let entries = fatbin::read(bytes).map_err(|e| BadImage(format!("fat binary: {}", e.0)))?;
+    let mut first: Option<Inspection> = None;
+    let mut listed = Vec::new();
+    for entry in &entries {
+        let (kind, inner) = match entry.kind {
+            fatbin::Kind::Ptx => ("ptx".to_owned(), Some(Format::Ptx)),
+            fatbin::Kind::Elf => ("cubin".to_owned(), Some(Format::Cubin)),
+            fatbin::Kind::Other(n) => (format!("kind-{n}"), None),
+        };
+        let unread = match (entry.compression, inner) {
+            (Some(how), _) => Some(format!("compressed ({how})")),
+            (None, None) => Some("a kind not known here".to_owned()),
+            // Checked first, so that a fat binary nested in an entry is not read (a hostile
+            // file could nest them deep enough to overflow the stack).
+            (None, Some(expected)) if format_of(entry.payload) != Some(expected) => {
+                Some(format!("the payload is not the {kind} its header says"))
+            }
+            (None, Some(_)) => match inspect(entry.payload) {
+                Ok(inner) => {
+                    first.get_or_insert(inner);
+                    None
+                }
+                Err(e) => Some(e.0),
+            },
+        };
+        listed.push(FatbinEntry {
+            kind,
+            arch: format!("sm_{}", entry.arch),
+            version: format!("{}.{}", entry.version.0, entry.version.1),
+            size: entry.payload.len(),
+            compression: entry.compression,
+            unread,
+        });
+    }
+    let inspection = match first {
+        Some(inner) => Inspection {
+            format: Format::Fatbin,
+            entries: listed,
+            ..inner
+        },
+        None => Inspection {
+            format: Format::Fatbin,
+            target: listed[0].arch.clone(),
             version: String::new(),
             kernels: Vec::new(),
             kernels_known: false,
             client: Client::Unread,
             init_fini: Vec::new(),
-        }),
-    }
+            entries: listed,
+        },
+    };
+    Ok(inspection)
 }
 
 /// The constructor and destructor globals among `names`.
@@ -293,7 +399,7 @@ impl fmt::Display for Inspection {
         )?;
         match &self.client {
             Client::None => writeln!(f, "client none (the image uses no RPC)")?,
-            Client::Unread => writeln!(f, "client ? (not read from this format)")?,
+            Client::Unread => writeln!(f, "client ? (not read: no entry could be read)")?,
             Client::Unknown { symbol, size } => {
                 writeln!(f, "client symbol={symbol} size={size} generation=unknown")?
             }
@@ -312,18 +418,37 @@ impl fmt::Display for Inspection {
                 known.llvm()
             )?,
         }
-        if !self.kernels_known {
-            writeln!(f, "kernels ? (not read from this format)")?;
-        }
-        for k in &self.kernels {
+        for (index, e) in self.entries.iter().enumerate() {
             writeln!(
                 f,
-                "kernel name={} kernarg={} stack={} dynamic_stack={} wavefront={}",
+                "entry index={index} kind={} arch={} version={} size={} compressed={}{}",
+                e.kind,
+                e.arch,
+                e.version,
+                e.size,
+                e.compression.unwrap_or("no"),
+                e.unread
+                    .as_ref()
+                    .map_or_else(String::new, |why| format!(" unread=\"{why}\"")),
+            )?;
+        }
+        if !self.kernels_known {
+            writeln!(f, "kernels ? (not read: no entry could be read)")?;
+        }
+        for k in &self.kernels {
+            let params = k.params.as_ref().map_or_else(
+                || "?".to_owned(),
+                |p| p.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            );
+            writeln!(
+                f,
+                "kernel name={} kernarg={} stack={} dynamic_stack={} wavefront={} params={}",
                 k.name,
                 or_unknown(&k.kernarg_size),
                 or_unknown(&k.stack),
                 or_unknown(&k.dynamic_stack),
                 or_unknown(&k.wavefront_size),
+                if params.is_empty() { "none" } else { &params },
             )?;
         }
         for name in &self.init_fini {

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! - [`image`]: the image's format (PTX, cubin, fatbin: CUDA; AMDGPU ELF: HSA), kernels,
-//!   argument sizes, stack needs and client symbol, read without a GPU (`--inspect`);
+//!   argument sizes, stack needs and client symbol, read without a GPU (`--inspect`), with
+//!   [`ptx`], [`cubin`] and [`fatbin`] for NVIDIA's formats;
 //! - [`start`]: LLVM's start protocol (`_begin`, `_start`, `_end`) over any plugin;
 //! - this file: the command line, the choice of plugin, the plugin set-up LLVM's loader does
 //!   (CUDA's 3 KiB stack limit), the watchdog, and one exit code per failure class
@@ -22,6 +23,8 @@
 //! The process exits with the program's status: `main`'s result, or the status a kernel
 //! passed to `exit`, after the program's output is flushed.
 
+pub mod cubin;
+pub mod fatbin;
 pub mod image;
 pub mod ptx;
 pub mod start;

@@ -10,6 +10,8 @@ pub struct Entry {
     pub name: String,
     /// Bytes of the parameter block, each parameter at its alignment.
     pub params_size: u32,
+    /// Each parameter's bytes, in order.
+    pub params: Vec<u32>,
     /// Bytes of the kernel's own local frame (`.local ... __local_depotN[SIZE]`).
     pub frame: u32,
     /// Whether the body has a `call` (then callees' frames come on top of `frame`).
@@ -140,6 +142,7 @@ pub fn read(text: &str) -> Module {
                     .and_then(|(_, rest)| rest.split_once(')'))
                     .map_or("", |(params, _)| params);
                 let mut size = 0u32;
+                let mut each = Vec::new();
                 for param in params.split(',').filter(|p| p.contains(".param")) {
                     let tokens = param
                         .split_whitespace()
@@ -147,11 +150,13 @@ pub fn read(text: &str) -> Module {
                         .skip(1);
                     if let Some((elem, align, _, count)) = declaration(tokens) {
                         size = size.next_multiple_of(align) + elem * count as u32;
+                        each.push(elem * count as u32);
                     }
                 }
                 current = Some(Entry {
                     name,
                     params_size: size,
+                    params: each,
                     ..Entry::default()
                 });
                 if header.contains('{') {
@@ -270,6 +275,8 @@ mod tests {
         assert!(!module.entries[0].calls);
         assert_eq!(module.entries[2].params_size, 0);
         assert_eq!(module.entries[3].params_size, 13);
+        assert_eq!(module.entries[1].params, [4, 8, 8, 8]);
+        assert_eq!(module.entries[3].params, [12, 1]);
         assert_eq!(
             module.globals,
             vec![
