@@ -197,8 +197,10 @@ pub(crate) async fn printf(mut req: Request) -> Result<()> {
             let Some((pieces, target)) = &state.parsed else {
                 continue;
             };
-            let Some(std) = std_stream(target) else {
-                // Not reached: a file or stdin is no inline target. Printed on its own.
+            let one_lane = req.mask().count_ones() == 1;
+            let Some(std) = std_stream(target).filter(|_| !one_lane) else {
+                // One lane has nothing to gather (and saves the batch's buffers); a file or
+                // stdin is no inline target (not reached).
                 let printed = print(
                     services,
                     target,
