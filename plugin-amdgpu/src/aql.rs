@@ -32,35 +32,56 @@ use crate::error::AmdGpuError;
 /// Bytes in one AQL packet (and one queue slot).
 pub const PACKET_SIZE: usize = 64;
 
-// hsa_packet_type_t
+/// `HSA_PACKET_TYPE_INVALID` (`hsa_packet_type_t`): a slot that is not ready, which the packet
+/// processor does not run.
 pub const PACKET_TYPE_INVALID: u16 = 1;
+/// `HSA_PACKET_TYPE_KERNEL_DISPATCH`: a kernel dispatch packet.
 pub const PACKET_TYPE_KERNEL_DISPATCH: u16 = 2;
-// hsa_packet_header_t (bit offsets)
+/// `HSA_PACKET_HEADER_TYPE` (`hsa_packet_header_t`): bit offset of the packet type (8 bits).
 pub const HEADER_TYPE: u16 = 0;
+/// `HSA_PACKET_HEADER_BARRIER`: bit offset of the barrier bit (the packet starts only when
+/// the packets before it have completed).
 pub const HEADER_BARRIER: u16 = 8;
+/// `HSA_PACKET_HEADER_SCACQUIRE_FENCE_SCOPE`: bit offset of the acquire fence's scope (2 bits).
 pub const HEADER_SCACQUIRE_FENCE_SCOPE: u16 = 9;
+/// `HSA_PACKET_HEADER_SCRELEASE_FENCE_SCOPE`: bit offset of the release fence's scope (2 bits).
 pub const HEADER_SCRELEASE_FENCE_SCOPE: u16 = 11;
-// hsa_fence_scope_t
+/// `HSA_FENCE_SCOPE_NONE` (`hsa_fence_scope_t`): no fence.
 pub const FENCE_SCOPE_NONE: u16 = 0;
+/// `HSA_FENCE_SCOPE_AGENT`: a fence that orders memory for the agent (the GPU) only.
 pub const FENCE_SCOPE_AGENT: u16 = 1;
+/// `HSA_FENCE_SCOPE_SYSTEM`: a fence that orders memory for every agent, the host included.
 pub const FENCE_SCOPE_SYSTEM: u16 = 2;
-// hsa_kernel_dispatch_packet_setup_t
+/// `HSA_KERNEL_DISPATCH_PACKET_SETUP_DIMENSIONS` (`hsa_kernel_dispatch_packet_setup_t`): bit
+/// offset of the grid's number of dimensions (1 to 3) in `setup`.
 pub const SETUP_DIMENSIONS: u16 = 0;
 
 /// `hsa_kernel_dispatch_packet_t`.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelDispatchPacket {
+    /// Packet type, barrier bit and fence scopes (see [`header`]); written last, with release.
     pub header: u16,
+    /// The grid's number of dimensions, at [`SETUP_DIMENSIONS`].
     pub setup: u16,
+    /// `workgroup_size_{x,y,z}`: work-items per work-group (a CUDA block) in each dimension.
     pub workgroup_size: [u16; 3],
+    /// `reserved0`: must be 0.
     pub reserved0: u16,
+    /// `grid_size_{x,y,z}`: work-items (not work-groups) in each dimension.
     pub grid_size: [u32; 3],
+    /// Scratch (private memory) bytes per work-item.
     pub private_segment_size: u32,
+    /// Group memory (LDS) bytes per work-group.
     pub group_segment_size: u32,
+    /// The kernel's code descriptor, `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT`.
     pub kernel_object: u64,
+    /// The kernarg block's address, in memory of a kernarg pool.
     pub kernarg_address: u64,
+    /// `reserved2`: must be 0.
     pub reserved2: u64,
+    /// The `hsa_signal_t` handle the packet processor decrements when the kernel completes
+    /// (0: none).
     pub completion_signal: u64,
 }
 const_assert_eq!(size_of::<KernelDispatchPacket>(), PACKET_SIZE);
@@ -96,9 +117,14 @@ pub const DISPATCH_HEADER: u16 = header(
 /// What the packet needs from the kernel's symbol.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelInfo {
+    /// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT`: the code descriptor the packet names.
     pub kernel_object: u64,
+    /// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE`: the kernarg block's bytes,
+    /// explicit and implicit arguments.
     pub kernarg_segment_size: u32,
+    /// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT`, in bytes.
     pub kernarg_segment_align: u32,
+    /// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE`: the kernel's static LDS bytes.
     pub group_segment_size: u32,
     /// Scratch bytes per work-item: the kernel's fixed size, raised to
     /// [`DYNAMIC_STACK_SIZE`] when its call stack is dynamic (see [`private_segment_size`]).

@@ -16,12 +16,15 @@ const NT_AMDGPU_METADATA: u32 = 32;
 /// What an image says about one kernel (its metadata map in `amdhsa.kernels`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelMeta {
+    /// `.name`: the kernel's symbol (its descriptor is `.symbol`, the name plus `.kd`).
     pub name: String,
     /// `.kernarg_segment_size`: explicit plus implicit arguments.
     pub kernarg_segment_size: u32,
+    /// `.kernarg_segment_align`: the argument block's alignment in bytes.
     pub kernarg_segment_align: u32,
     /// `.private_segment_fixed_size`: scratch bytes per work-item the compiler knows of.
     pub private_segment_fixed_size: u32,
+    /// `.group_segment_fixed_size`: LDS (group memory) bytes per work-group.
     pub group_segment_fixed_size: u32,
     /// `.uses_dynamic_stack`: the stack is unbounded (recursion, indirect calls).
     pub uses_dynamic_stack: bool,
@@ -32,7 +35,9 @@ pub struct KernelMeta {
 /// A global symbol of the ELF (not a kernel descriptor).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Global {
+    /// The symbol's name.
     pub name: String,
+    /// Its `st_size` in bytes.
     pub size: u64,
 }
 
@@ -43,15 +48,18 @@ pub struct CodeObject {
     pub target: String,
     /// `amdhsa.version` (`[1, 2]` is code object v5).
     pub version: Vec<u64>,
+    /// `amdhsa.kernels`, in the note's order.
     pub kernels: Vec<KernelMeta>,
     /// Object symbols (variables) with their sizes.
     pub globals: Vec<Global>,
 }
 
 impl CodeObject {
+    /// The kernel named `name` (its `.name`), if the metadata lists it.
     pub fn kernel(&self, name: &str) -> Option<&KernelMeta> {
         self.kernels.iter().find(|k| k.name == name)
     }
+    /// The global variable named `name`, if the symbol table has it.
     pub fn global(&self, name: &str) -> Option<&Global> {
         self.globals.iter().find(|g| g.name == name)
     }
@@ -60,16 +68,22 @@ impl CodeObject {
 /// Why a file is not a readable AMDGPU code object.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CodeObjectError {
+    /// The bytes do not start with the ELF magic.
     #[error("not an ELF file")]
     NotElf,
+    /// An ELF, but not `ELFCLASS64` with `ELFDATA2LSB`.
     #[error("not a 64-bit little-endian ELF")]
     NotElf64,
+    /// An ELF for another machine (its `e_machine`).
     #[error("ELF machine {0}, not AMDGPU ({EM_AMDGPU})")]
     NotAmdGpu(u16),
+    /// A header, section or symbol lies outside the file or is inconsistent (which one).
     #[error("truncated or malformed ELF: {0}")]
     Malformed(&'static str),
+    /// No metadata note: a code object v2 or older, or not a code object.
     #[error("no NT_AMDGPU_METADATA note (code object v2 or older is not supported)")]
     NoMetadata,
+    /// The metadata note is not the MessagePack map expected (what is wrong).
     #[error("malformed metadata: {0}")]
     BadMetadata(&'static str),
 }
@@ -234,7 +248,7 @@ fn find_metadata(mut notes: &[u8]) -> Result<Option<Vec<u8>>> {
 
 /// A MessagePack value (only what metadata uses; binary and extension values are skipped).
 #[derive(Clone, Debug, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     Nil,
     Bool(bool),
     Int(i64),
@@ -275,7 +289,7 @@ mod msgpack {
 
     const MAX_DEPTH: usize = 32;
 
-    pub fn parse(bytes: &[u8]) -> Result<Value> {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Value> {
         let mut reader = Reader { bytes, at: 0 };
         reader.value(0)
     }

@@ -23,12 +23,20 @@ pub enum AmdGpuError {
     },
     /// An image has no symbol of that name (or it is not of the expected kind).
     #[error("no {kind} symbol `{name}` in the image")]
-    NoSymbol { kind: &'static str, name: String },
+    NoSymbol {
+        /// The kind looked for (e.g. "kernel").
+        kind: &'static str,
+        /// The symbol's name as looked up (a kernel's descriptor, `NAME.kd`).
+        name: String,
+    },
     /// The argument block does not match the kernel's kernarg segment.
     #[error("kernel `{kernel}` takes {expected} bytes of arguments, {given} given")]
     BadArguments {
+        /// The kernel's name.
         kernel: String,
+        /// The kernel's kernarg segment size in bytes, the most it takes.
         expected: u32,
+        /// The length of the argument block the caller passed.
         given: usize,
     },
     /// A launch whose dimensions AQL cannot express (work-group size over 65535 per dimension,
@@ -37,10 +45,20 @@ pub enum AmdGpuError {
     BadGrid(&'static str),
     /// The agent lacks a memory pool this plugin needs.
     #[error("agent {agent} has no {what} memory pool")]
-    NoPool { agent: String, what: &'static str },
+    NoPool {
+        /// The agent's name (`HSA_AGENT_INFO_NAME`, e.g. `gfx942`; `CPU` for the host's).
+        agent: String,
+        /// The pool looked for (e.g. "coarse-grained").
+        what: &'static str,
+    },
     /// A kernel or the queue reported an error (memory fault, illegal instruction, ...).
     #[error("kernel failed on {device}: {reason}")]
-    KernelFailed { device: String, reason: String },
+    KernelFailed {
+        /// The device's name.
+        device: String,
+        /// The first launch failure since the last `synchronize` (a memory fault, a dead queue).
+        reason: String,
+    },
     /// The device (and so its allocator) has been released.
     #[error("the AMD GPU device has been released")]
     Released,

@@ -50,6 +50,8 @@
 //! (packet, header bits, kernarg layout, port count, doorbell record, status names) are
 //! unit-tested.
 
+#![warn(missing_docs)]
+
 pub mod aql;
 pub mod code_object;
 pub mod device;

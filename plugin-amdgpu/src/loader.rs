@@ -25,8 +25,9 @@ pub const LIBRARY: &str = "libhsa-runtime64.so.1";
 
 /// `hsa_status_t`.
 pub type Status = u32;
-pub const STATUS_SUCCESS: Status = 0x0;
-pub const STATUS_INFO_BREAK: Status = 0x1;
+const STATUS_SUCCESS: Status = 0x0;
+/// `HSA_STATUS_INFO_BREAK`: an iteration callback stopped the iteration (not an error).
+const STATUS_INFO_BREAK: Status = 0x1;
 
 macro_rules! handle {
     ($($(#[$doc:meta])* $name:ident;)*) => {$(
@@ -34,6 +35,7 @@ macro_rules! handle {
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
         pub struct $name {
+            /// The runtime's opaque handle (0 is no object).
             pub handle: u64,
         }
     )*};
@@ -60,7 +62,9 @@ handle! {
 #[repr(C)]
 #[derive(Debug)]
 pub struct Queue {
+    /// `hsa_queue_type32_t`: single or multiple producers (this plugin asks for multiple).
     pub queue_type: u32,
+    /// `hsa_queue_feature_t` bits: kernel dispatch, agent dispatch.
     pub features: u32,
     /// The ring of `size` 64-byte AQL packets.
     pub base_address: *mut c_void,
@@ -68,7 +72,9 @@ pub struct Queue {
     pub doorbell_signal: Signal,
     /// Packets in the ring (a power of two).
     pub size: u32,
+    /// `reserved1`: unused.
     pub reserved1: u32,
+    /// The queue's id, unique in the process.
     pub id: u64,
 }
 const_assert_eq!(core::mem::size_of::<Queue>(), 40);
@@ -82,14 +88,24 @@ const_assert_eq!(core::mem::offset_of!(Queue, size), 24);
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct AmdSignal {
+    /// `amd_signal_kind64_t`: [`AMD_SIGNAL_KIND_USER`] for the signals this plugin makes;
+    /// negative for a hardware doorbell.
     pub kind: i64,
+    /// The signal's value, which device code and the host change atomically.
     pub value: i64,
+    /// Where the signaller stores `event_id` before raising an interrupt (0: it raises none).
     pub event_mailbox_ptr: u64,
+    /// The interrupt's event id.
     pub event_id: u32,
+    /// `reserved1`: unused.
     pub reserved1: u32,
+    /// `start_ts`: when the dispatch it completes started (profiling; unused here).
     pub start_ts: u64,
+    /// `end_ts`: when it ended (profiling; unused here).
     pub end_ts: u64,
+    /// `queue_ptr`: the queue whose completion signal it is (for the runtime; unused here).
     pub queue_ptr: u64,
+    /// `reserved3`: unused.
     pub reserved3: [u32; 2],
 }
 const_assert_eq!(core::mem::size_of::<AmdSignal>(), 64);
@@ -107,11 +123,15 @@ const SYSTEM_INFO_TIMESTAMP_FREQUENCY: u32 = 3; // u64
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AgentU32 {
+    /// `HSA_AGENT_INFO_WAVEFRONT_SIZE`: lanes per wave, 32 or 64.
     WavefrontSize = 6,
+    /// `HSA_AGENT_INFO_QUEUE_MAX_SIZE`: the most packets a queue of the agent may hold.
     QueueMaxSize = 14,
     /// `hsa_device_type_t`.
     Device = 17,
+    /// `HSA_AMD_AGENT_INFO_COMPUTE_UNIT_COUNT`.
     ComputeUnitCount = 0xA002,
+    /// `HSA_AMD_AGENT_INFO_MAX_WAVES_PER_CU`: resident waves one compute unit holds.
     MaxWavesPerCu = 0xA00A,
 }
 
@@ -125,41 +145,63 @@ pub enum AgentName {
     ProductName = 0xA009,
 }
 
-// hsa_device_type_t
+/// `HSA_DEVICE_TYPE_CPU` (`hsa_device_type_t`): the host's agent, owner of the system pools.
 pub const DEVICE_TYPE_CPU: u32 = 0;
+/// `HSA_DEVICE_TYPE_GPU`: an agent this plugin makes a device of.
 pub const DEVICE_TYPE_GPU: u32 = 1;
 
 // hsa_amd_memory_pool_info_t, hsa_amd_segment_t, hsa_amd_memory_pool_global_flag_t
 const POOL_INFO_SEGMENT: u32 = 0; // hsa_amd_segment_t
 const POOL_INFO_GLOBAL_FLAGS: u32 = 1; // u32
 const POOL_INFO_RUNTIME_ALLOC_ALLOWED: u32 = 5; // bool
+/// `HSA_AMD_SEGMENT_GLOBAL` (`hsa_amd_segment_t`): a pool of global memory, the only kind used.
 pub const SEGMENT_GLOBAL: u32 = 0;
+/// `HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_KERNARG_INIT`: the pool can hold kernarg blocks.
 pub const POOL_FLAG_KERNARG_INIT: u32 = 1;
+/// `HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_FINE_GRAINED`: memory coherent between host and GPU while
+/// a kernel runs (the mailbox's).
 pub const POOL_FLAG_FINE_GRAINED: u32 = 2;
+/// `HSA_AMD_MEMORY_POOL_GLOBAL_FLAG_COARSE_GRAINED`: memory coherent only at dispatch
+/// boundaries (a GPU's own VRAM; MALLOC's blocks).
 pub const POOL_FLAG_COARSE_GRAINED: u32 = 4;
 
 // hsa_profile_t, hsa_default_float_rounding_mode_t
 const PROFILE_FULL: u32 = 1;
 const DEFAULT_FLOAT_ROUNDING_MODE_DEFAULT: u32 = 0;
 
-// hsa_executable_symbol_info_t, hsa_symbol_kind_t
-pub const SYMBOL_INFO_TYPE: u32 = 0; // hsa_symbol_kind_t
-pub const SYMBOL_INFO_VARIABLE_SIZE: u32 = 9; // u32
-pub const SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE: u32 = 11; // u32
-pub const SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT: u32 = 12; // u32
-pub const SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE: u32 = 13; // u32
-pub const SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE: u32 = 14; // u32
-pub const SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK: u32 = 15; // bool (1 byte)
-pub const SYMBOL_INFO_VARIABLE_ADDRESS: u32 = 21; // u64
-pub const SYMBOL_INFO_KERNEL_OBJECT: u32 = 22; // u64
+/// `HSA_EXECUTABLE_SYMBOL_INFO_TYPE` (`hsa_executable_symbol_info_t`): the symbol's
+/// `hsa_symbol_kind_t`, a `u32`.
+pub const SYMBOL_INFO_TYPE: u32 = 0;
+/// `HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_SIZE`: a variable's bytes, a `u32`.
+pub const SYMBOL_INFO_VARIABLE_SIZE: u32 = 9;
+/// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE`: a kernel's kernarg bytes, a `u32`.
+pub const SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_SIZE: u32 = 11;
+/// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT`: its alignment, a `u32`.
+pub const SYMBOL_INFO_KERNEL_KERNARG_SEGMENT_ALIGNMENT: u32 = 12;
+/// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE`: its static LDS bytes, a `u32`.
+pub const SYMBOL_INFO_KERNEL_GROUP_SEGMENT_SIZE: u32 = 13;
+/// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE`: its fixed scratch bytes per
+/// work-item, a `u32`.
+pub const SYMBOL_INFO_KERNEL_PRIVATE_SEGMENT_SIZE: u32 = 14;
+/// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK`: whether its call stack is unbounded,
+/// a `bool` (one byte).
+pub const SYMBOL_INFO_KERNEL_DYNAMIC_CALLSTACK: u32 = 15;
+/// `HSA_EXECUTABLE_SYMBOL_INFO_VARIABLE_ADDRESS`: a variable's device address, a `u64`.
+pub const SYMBOL_INFO_VARIABLE_ADDRESS: u32 = 21;
+/// `HSA_EXECUTABLE_SYMBOL_INFO_KERNEL_OBJECT`: a kernel's code descriptor, a `u64`.
+pub const SYMBOL_INFO_KERNEL_OBJECT: u32 = 22;
+/// `HSA_SYMBOL_KIND_VARIABLE` (`hsa_symbol_kind_t`).
 pub const SYMBOL_KIND_VARIABLE: u32 = 0;
+/// `HSA_SYMBOL_KIND_KERNEL`.
 pub const SYMBOL_KIND_KERNEL: u32 = 1;
 
-// hsa_signal_condition_t, hsa_wait_state_t
+/// `HSA_SIGNAL_CONDITION_EQ` (`hsa_signal_condition_t`): wait until the value equals the operand.
 pub const SIGNAL_CONDITION_EQ: u32 = 0;
+/// `HSA_SIGNAL_CONDITION_NE`: wait until it differs from the operand.
 pub const SIGNAL_CONDITION_NE: u32 = 1;
+/// `HSA_SIGNAL_CONDITION_LT`: wait until it is less than the operand.
 pub const SIGNAL_CONDITION_LT: u32 = 2;
-pub const SIGNAL_CONDITION_GTE: u32 = 3;
+// hsa_wait_state_t
 const WAIT_STATE_BLOCKED: u32 = 0;
 
 // hsa_queue_type_t

@@ -106,7 +106,7 @@ pub struct AmdGpuAllocator {
 }
 
 impl AmdGpuAllocator {
-    pub fn new(hsa: Arc<dyn HsaApi>, pool: MemoryPool, agents: Vec<Agent>) -> Self {
+    pub(crate) fn new(hsa: Arc<dyn HsaApi>, pool: MemoryPool, agents: Vec<Agent>) -> Self {
         AmdGpuAllocator {
             hsa,
             pool,

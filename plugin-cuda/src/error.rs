@@ -22,8 +22,11 @@ pub enum CudaError {
     /// nothing).
     #[error("cuModuleLoadDataEx failed: {name} ({code}){}", jit_log(.log))]
     Load {
+        /// The `CUresult` the driver returned.
         code: i32,
+        /// Its name, from `cuGetErrorName` or [`code_name`].
         name: String,
+        /// The error log the driver wrote (empty where it wrote none).
         log: String,
     },
     /// The caller passed something the driver cannot be asked to do.
@@ -32,8 +35,11 @@ pub enum CudaError {
     /// Memory the driver handed out does not have the alignment the protocol needs.
     #[error("{what} at {addr:#x} is not {align}-byte aligned")]
     Misaligned {
+        /// Which memory (e.g. "pinned host memory").
         what: &'static str,
+        /// The address the driver returned.
         addr: u64,
+        /// The alignment needed, in bytes.
         align: u64,
     },
     /// The device (and so its allocator) has been released by `deinit`.

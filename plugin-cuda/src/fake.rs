@@ -19,10 +19,16 @@ use crate::loader::{
 /// A device the fake reports.
 #[derive(Clone, Debug)]
 pub struct FakeGpu {
+    /// What `cuDeviceGetName` returns.
     pub name: &'static str,
+    /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
     pub multiprocessors: i32,
+    /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
     pub max_threads_per_multiprocessor: i32,
+    /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{MAJOR,MINOR}`.
     pub compute_capability: (i32, i32),
+    /// `CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED`: whether MALLOC/FREE go through
+    /// `cuMemAllocAsync`/`cuMemFreeAsync`.
     pub memory_pools: bool,
 }
 
@@ -42,8 +48,11 @@ impl FakeGpu {
 /// A kernel launch the fake saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
+    /// The kernel's name in its module.
     pub kernel: String,
+    /// The launch's grid and block dimensions.
     pub grid: Grid,
+    /// The packed argument block (`CU_LAUNCH_PARAM_BUFFER_POINTER`).
     pub args: Vec<u8>,
 }
 
@@ -83,6 +92,7 @@ pub struct FakeDriver {
 }
 
 impl FakeDriver {
+    /// A driver reporting `gpus`, in order, with nothing allocated and no failures set.
     pub fn new(gpus: Vec<FakeGpu>) -> Self {
         FakeDriver {
             state: Mutex::new(State {
@@ -110,24 +120,31 @@ impl FakeDriver {
     pub fn misalign_host_memory(&self) {
         self.state.lock().unwrap().misalign_host = true;
     }
+    /// Every launch so far, in order.
     pub fn launches(&self) -> Vec<Launch> {
         self.state.lock().unwrap().launches.clone()
     }
+    /// Device allocations not yet freed (`cuMemAlloc` and `cuMemAllocAsync` both).
     pub fn live_device_allocations(&self) -> usize {
         self.state.lock().unwrap().device_allocs.len()
     }
+    /// How many allocations were stream-ordered (`cuMemAllocAsync`), freed or not.
     pub fn async_allocations(&self) -> usize {
         self.state.lock().unwrap().async_allocs
     }
+    /// Pinned host allocations (`cuMemHostAlloc`) not yet freed.
     pub fn live_host_allocations(&self) -> usize {
         self.state.lock().unwrap().host.len()
     }
+    /// Modules loaded and not yet unloaded.
     pub fn live_modules(&self) -> usize {
         self.state.lock().unwrap().modules.len()
     }
+    /// Streams created and not yet destroyed.
     pub fn live_streams(&self) -> usize {
         self.state.lock().unwrap().streams.len()
     }
+    /// Primary-context retains not yet released, summed over the devices.
     pub fn retained_contexts(&self) -> i32 {
         self.state.lock().unwrap().contexts.values().sum()
     }
@@ -139,6 +156,7 @@ impl FakeDriver {
     pub fn stack_limit(&self) -> Option<usize> {
         self.state.lock().unwrap().stack_limit
     }
+    /// How many queued host functions (launch completions) have run.
     pub fn host_funcs_run(&self) -> usize {
         self.state.lock().unwrap().host_funcs_run
     }

@@ -36,6 +36,8 @@
 //! synchronous `cuMemcpyHtoD` of the client object is complete before a later kernel starts.
 //! The allocator's stream is non-blocking, so MALLOC/FREE never wait for a running kernel.
 
+#![warn(missing_docs)]
+
 pub mod device;
 pub mod error;
 pub mod image;

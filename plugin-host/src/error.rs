@@ -14,13 +14,23 @@ pub enum HostError {
     NativeImage(String),
     /// A kernel name the image does not have.
     #[error("image {image} has no kernel {kernel:?}")]
-    UnknownKernel { image: String, kernel: String },
+    UnknownKernel {
+        /// The image's name (as given to `HostImage::new`; `native` for a shared object).
+        image: String,
+        /// The name asked for.
+        kernel: String,
+    },
     /// A launch shape the plugin refuses (no threads, too many warps).
     #[error("bad launch: {0}")]
     BadLaunch(String),
     /// An address range that is no memory of this device.
     #[error("{len} bytes at {addr:#x} are not memory of this device")]
-    BadAddress { addr: u64, len: usize },
+    BadAddress {
+        /// The range's first byte, a device (here: host) address.
+        addr: u64,
+        /// The range's length in bytes.
+        len: usize,
+    },
     /// One or more warps of a kernel panicked.
     #[error("kernel failed: {0}")]
     KernelFailed(String),

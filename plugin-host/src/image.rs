@@ -69,6 +69,8 @@ impl HostImage {
         crate::loader::register(self)
     }
 
+    /// The name given to [`HostImage::new`] (`native` for a shared object): what errors call
+    /// the image.
     pub fn name(&self) -> &str {
         &self.name
     }

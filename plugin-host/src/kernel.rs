@@ -14,10 +14,9 @@ use rpc_core::protocol::{Client, ClientPort};
 use rpc_core::services::printf::{parse, Count, Piece};
 use rpc_core::{Error, Result};
 
-/// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6).
-pub const STDIN: u64 = 1;
-pub const STDOUT: u64 = 2;
-pub const STDERR: u64 = 3;
+/// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6):
+/// the server's own values.
+pub use rpc_core::services::streams::{STDERR, STDIN, STDOUT};
 
 /// The most bytes a kernel accepts back from the server in one stream.
 const RECV_BOUND: u64 = 64 << 20;
@@ -25,7 +24,9 @@ const RECV_BOUND: u64 = 64 << 20;
 /// Where printf and write go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
+    /// The server's stdout (the `*_TO_STDOUT` opcodes).
     Stdout,
+    /// The server's stderr (the `*_TO_STDERR` opcodes).
     Stderr,
     /// A handle from `fopen`.
     File(u64),
@@ -34,8 +35,11 @@ pub enum Target {
 /// A printf argument. The conversion decides how many bytes go on the wire.
 #[derive(Clone, Copy, Debug)]
 pub enum Arg<'a> {
+    /// A signed integer (`%d`, `%c`, ...): its low bytes, as many as the conversion's size.
     Int(i64),
+    /// An unsigned integer (`%u`, `%x`, ...): its low bytes, as many as the conversion's size.
     UInt(u64),
+    /// A floating-point value (`%f`, `%e`, ...), passed as the bits of a `double`.
     Double(f64),
     /// `%s`; `None` is a null pointer.
     Str(Option<&'a str>),
@@ -93,6 +97,7 @@ impl<'a> Warp<'a> {
             .ok_or_else(|| Error::Refused("this image does not use RPC".into()))
     }
 
+    /// The active lanes, bit `l` for lane `l`.
     pub fn mask(&self) -> u64 {
         self.mask
     }
@@ -100,6 +105,7 @@ impl<'a> Warp<'a> {
     pub fn lane_size(&self) -> u32 {
         self.lanes
     }
+    /// The warp's block in the grid.
     pub fn block(&self) -> u32 {
         self.block
     }
@@ -322,8 +328,11 @@ fn recv_word0(port: &mut ClientPort<'_>) -> Result<Vec<u64>> {
 /// its `%s` pointers (with their NULs).
 #[derive(Clone, Debug, Default)]
 pub struct PrintfCall {
+    /// The format string, NUL-terminated.
     pub format: Vec<u8>,
+    /// The argument buffer as the device passes it (each value in its conversion's size).
     pub args: Vec<u8>,
+    /// Each `%s` argument's string with its NUL, keyed by the address passed in `args`.
     pub strings: HashMap<u64, Vec<u8>>,
 }
 

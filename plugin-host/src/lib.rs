@@ -21,6 +21,8 @@
 //! processes, is a crate of its own, so that embedders of this plugin build none of its
 //! dependencies.
 
+#![warn(missing_docs)]
+
 pub mod device;
 pub mod error;
 pub mod image;
@@ -49,6 +51,7 @@ pub fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The host plugin's settings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HostConfig {
+    /// How many devices `init` makes (0: the plugin reports none, and says so).
     pub devices: usize,
     /// 1, 32 (like NVIDIA) or 64 (like AMD wave64).
     pub lanes: u32,
@@ -73,6 +76,8 @@ pub struct HostPlugin {
 }
 
 impl HostPlugin {
+    /// A plugin with these settings and no devices yet: `init` checks the settings and makes
+    /// the devices.
     pub fn new(config: HostConfig) -> Self {
         HostPlugin {
             config,

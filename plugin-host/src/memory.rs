@@ -169,17 +169,14 @@ impl RawMemory {
         Self::zeroed_with(size, generation.client_object_locks()..size)
     }
 
-    pub fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.ptr as u64
     }
-    pub fn as_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The word holding byte `at`, and the offset of `at` in it.
@@ -300,19 +297,19 @@ unsafe impl SharedRegion for HostShared {
 
 /// The regions of one device, so a copy or a kernel's view can be checked against them.
 #[derive(Default)]
-pub struct MemoryMap {
+pub(crate) struct MemoryMap {
     regions: Mutex<Vec<Weak<RawMemory>>>,
 }
 
 impl MemoryMap {
-    pub fn insert(&self, memory: &Arc<RawMemory>) {
+    pub(crate) fn insert(&self, memory: &Arc<RawMemory>) {
         let mut regions = lock(&self.regions);
         regions.retain(|r| r.strong_count() > 0);
         regions.push(Arc::downgrade(memory));
     }
 
     /// The live region holding `addr..addr + len`, and the offset of `addr` in it.
-    pub fn find(&self, addr: u64, len: usize) -> Option<(Arc<RawMemory>, usize)> {
+    pub(crate) fn find(&self, addr: u64, len: usize) -> Option<(Arc<RawMemory>, usize)> {
         let regions = lock(&self.regions);
         regions.iter().filter_map(Weak::upgrade).find_map(|r| {
             let offset = addr.checked_sub(r.addr())? as usize;
