@@ -194,6 +194,11 @@ impl fmt::Display for BadImage {
     }
 }
 
+/// The size of a global by its name, among `(name, size)` pairs (PTX's and a cubin's globals).
+fn sizes(globals: &[(String, u64)]) -> impl Fn(&str) -> Option<u64> + '_ {
+    move |name| globals.iter().find(|(n, _)| n == name).map(|&(_, s)| s)
+}
+
 /// Reads an image.
 pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
     let format = format_of(bytes).ok_or_else(|| {
@@ -208,13 +213,6 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
             let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
             let text = String::from_utf8_lossy(&bytes[..end]);
             let module = ptx::read(&text);
-            let size = |name: &str| {
-                module
-                    .globals
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|&(_, s)| s)
-            };
             Ok(Inspection {
                 format,
                 target: module.target.clone(),
@@ -232,7 +230,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                     })
                     .collect(),
                 kernels_known: true,
-                client: Client::of(size),
+                client: Client::of(sizes(&module.globals)),
                 init_fini: init_fini(module.globals.iter().map(|(n, _)| n.as_str())),
                 entries: Vec::new(),
             })
@@ -269,13 +267,6 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
         }
         Format::Cubin => {
             let cubin = cubin::read(bytes).map_err(|e| BadImage(format!("cubin: {}", e.0)))?;
-            let size = |name: &str| {
-                cubin
-                    .globals
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|&(_, s)| s)
-            };
             Ok(Inspection {
                 format,
                 target: cubin.target.clone(),
@@ -293,7 +284,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                     })
                     .collect(),
                 kernels_known: true,
-                client: Client::of(size),
+                client: Client::of(sizes(&cubin.globals)),
                 init_fini: init_fini(cubin.globals.iter().map(|(n, _)| n.as_str())),
                 entries: Vec::new(),
             })
