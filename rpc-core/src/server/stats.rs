@@ -161,6 +161,29 @@ impl StatsSnapshot {
         self.served.get(&opcode).copied().unwrap_or(0)
     }
 
+    /// Every counter but `served`, by its field's name, in the order both `Display` and
+    /// [`StatsSnapshot::to_json`] print them.
+    fn counters(&self) -> [(&'static str, u64); 16] {
+        [
+            ("errors", self.errors),
+            ("refused", self.refused),
+            ("unknown", self.unknown),
+            ("bad_headers", self.bad_headers),
+            ("panics", self.panics),
+            ("abandoned", self.abandoned),
+            ("passes", self.passes),
+            ("sleeps", self.sleeps),
+            ("wakeups", self.wakeups),
+            ("doorbell_sleeps", self.doorbell_sleeps),
+            ("doorbell_rings", self.doorbell_rings),
+            ("workers_started", self.workers_started),
+            ("live_workers", self.live_workers),
+            ("max_live_workers", self.max_live_workers),
+            ("blocking_calls", self.blocking_calls),
+            ("io_threads_abandoned", self.io_threads_abandoned),
+        ]
+    }
+
     /// The counters as one line of JSON: every field by its name, `total_served`, and `served`
     /// as an object keyed by opcode name (an opcode without one by its number, `"0x75000007"`).
     ///
@@ -177,25 +200,8 @@ impl StatsSnapshot {
                 None => format!("\"{:#010x}\":{n}", op.0),
             })
             .collect();
-        let counters = [
-            ("errors", self.errors),
-            ("refused", self.refused),
-            ("unknown", self.unknown),
-            ("bad_headers", self.bad_headers),
-            ("panics", self.panics),
-            ("abandoned", self.abandoned),
-            ("passes", self.passes),
-            ("sleeps", self.sleeps),
-            ("wakeups", self.wakeups),
-            ("doorbell_sleeps", self.doorbell_sleeps),
-            ("doorbell_rings", self.doorbell_rings),
-            ("workers_started", self.workers_started),
-            ("blocking_calls", self.blocking_calls),
-            ("io_threads_abandoned", self.io_threads_abandoned),
-            ("live_workers", self.live_workers),
-            ("max_live_workers", self.max_live_workers),
-        ];
-        let counters: Vec<String> = counters
+        let counters: Vec<String> = self
+            .counters()
             .iter()
             .map(|(name, n)| format!("\"{name}\":{n}"))
             .collect();
@@ -210,29 +216,10 @@ impl StatsSnapshot {
 
 impl fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "served={} errors={} refused={} unknown={} bad_headers={} panics={} abandoned={} \
-             passes={} sleeps={} wakeups={} doorbell_sleeps={} doorbell_rings={} workers_started={} \
-             live_workers={} max_live_workers={} blocking_calls={} io_threads_abandoned={}",
-            self.total_served(),
-            self.errors,
-            self.refused,
-            self.unknown,
-            self.bad_headers,
-            self.panics,
-            self.abandoned,
-            self.passes,
-            self.sleeps,
-            self.wakeups,
-            self.doorbell_sleeps,
-            self.doorbell_rings,
-            self.workers_started,
-            self.live_workers,
-            self.max_live_workers,
-            self.blocking_calls,
-            self.io_threads_abandoned
-        )?;
+        write!(f, "served={}", self.total_served())?;
+        for (name, n) in self.counters() {
+            write!(f, " {name}={n}")?;
+        }
         for (op, n) in &self.served {
             write!(f, "\n  {op}: {n}")?;
         }
