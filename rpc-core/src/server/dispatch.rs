@@ -58,7 +58,7 @@ use std::vec::Vec;
 
 use crate::protocol::error::Error;
 use crate::protocol::opcode::Opcode;
-use crate::protocol::port::WAITING_ON_PORT;
+use crate::protocol::port::{SPIN_WAITS, WAITING_ON_PORT};
 use crate::protocol::scan::{HotPorts, Step};
 use crate::server::limits::device_warn;
 use crate::server::mailboxes::{Marks, Quarantined};
@@ -68,10 +68,13 @@ use crate::server::{panic_message, Attached, Inner, ServerContext};
 use crate::sync::{lock, Arc, Ordering};
 use crate::Result;
 
-/// Re-polls of an exchange alone in flight per call of `poll_in_flight`, and the spins before
-/// each (about 64 packets of a stream, each waited for at most some 0.3 µs).
-const ALONE_REPOLLS: u32 = 64;
-const ALONE_SPINS: u32 = 128;
+/// The spin waits (`port::SPIN_WAITS`) of an exchange alone in flight per call of
+/// `poll_in_flight`: some 64 packets of a stream go by in one poll, and a new request waits at
+/// most that many short spins. None under loom, where each spin is a scheduling point.
+#[cfg(not(loom))]
+const ALONE_SPIN_WAITS: u32 = 64;
+#[cfg(loom)]
+const ALONE_SPIN_WAITS: u32 = 0;
 
 /// How often (in passes) the exchanges waiting for a client that has not answered are looked
 /// at for a kernel gone or a client timed out: at least every this many passes, and on every
@@ -438,7 +441,7 @@ impl Inner {
                 }
             }
         };
-        match poll(&mut exchange) {
+        match poll(&mut exchange, 0) {
             Polled::OnPort => Some((exchange, true)),
             Polled::Elsewhere => Some((exchange, false)),
             Polled::Done(result) => {
@@ -481,14 +484,13 @@ impl Inner {
             self.thread.notify();
         }
         // Then mailbox by mailbox, with one view of each.
-        let mut repolls = ALONE_REPOLLS;
         for mailbox in mailboxes {
             if mailbox.detached.load(Ordering::Acquire) {
                 continue;
             }
             let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let server = mailbox.server();
-                self.poll_exchanges_of(mailbox, &server, in_flight, &mut repolls, housekeeping)
+                self.poll_exchanges_of(mailbox, &server, in_flight, housekeeping)
             }));
             match polled {
                 Ok(found) => progress += found,
@@ -504,7 +506,6 @@ impl Inner {
         mailbox: &Arc<Attached>,
         server: &crate::protocol::ServerEnd<'_>,
         in_flight: &mut Vec<InFlight>,
-        repolls: &mut u32,
         housekeeping: bool,
     ) -> usize {
         let context = &self.context;
@@ -530,7 +531,10 @@ impl Inner {
             let polled = if waiting {
                 Polled::OnPort
             } else {
-                poll(&mut flight.exchange)
+                poll(
+                    &mut flight.exchange,
+                    if alone { ALONE_SPIN_WAITS } else { 0 },
+                )
             };
             let was_on_port = flight.on_port;
             flight.on_port = !matches!(polled, Polled::Elsewhere);
@@ -558,19 +562,6 @@ impl Inner {
                 flight.flags = flags;
                 flight.since = None;
                 progress += 1;
-                // Alone in flight and advancing: its client (a stream, say) usually answers
-                // within a cross-core transfer, so look again for a few polls before moving on,
-                // instead of a whole pass later (bounded per pass, so new requests wait at most
-                // `ALONE_REPOLLS` short spins).
-                if alone && *repolls > 0 {
-                    *repolls -= 1;
-                    let mut spins = 0;
-                    while !server.is_pending(flight.index) && spins < ALONE_SPINS {
-                        crate::sync::spin_hint();
-                        spins += 1;
-                    }
-                    continue;
-                }
             } else if flight.marks.gone(mailbox, context) {
                 let flight = in_flight.swap_remove(k);
                 abandon(context, flight, Fate::Reset, "no running kernel can answer");
@@ -703,12 +694,17 @@ enum Polled {
     Elsewhere,
 }
 
-/// Polls an exchange once (no-op waker: see the module docs). A panic inside it ends it as
+/// Polls an exchange once (no-op waker: see the module docs), its port operations allowed
+/// `spin_waits` spins for the client's answer before suspending. A panic inside it ends it as
 /// [`Error::Panicked`].
-fn poll(exchange: &mut Exchange) -> Polled {
+fn poll(exchange: &mut Exchange, spin_waits: u32) -> Polled {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     WAITING_ON_PORT.with(|waiting| waiting.set(false));
-    match catch(|| Ok(exchange.as_mut().poll(&mut cx))) {
+    SPIN_WAITS.with(|left| left.set(spin_waits));
+    let polled = catch(|| Ok(exchange.as_mut().poll(&mut cx)));
+    // No other exchange spins on what this one left.
+    SPIN_WAITS.with(|left| left.set(0));
+    match polled {
         Ok(std::task::Poll::Pending) if WAITING_ON_PORT.with(|waiting| waiting.get()) => {
             Polled::OnPort
         }
