@@ -769,6 +769,42 @@ mod tests {
         out
     }
 
+    /// A resumable wait spins only as `SPIN_WAITS` allows: not at all without a budget, until
+    /// the answer within one, and a wait that runs out ends the spinning for the whole poll.
+    #[cfg(feature = "std")]
+    #[test]
+    fn spin_waits_bound_the_spinning_of_resumable_waits() {
+        let calls = core::cell::Cell::new(0u32);
+        let answered_at = |n: u32| {
+            let calls = &calls;
+            move || {
+                calls.set(calls.get() + 1);
+                calls.get() >= n
+            }
+        };
+        SPIN_WAITS.with(|left| left.set(0));
+        assert!(!spin_for_answer(answered_at(1)));
+        assert_eq!(calls.get(), 0, "no budget: not even one look");
+
+        SPIN_WAITS.with(|left| left.set(2));
+        assert!(spin_for_answer(answered_at(5)));
+        assert_eq!(calls.get(), 5);
+        assert_eq!(SPIN_WAITS.with(|left| left.get()), 1, "one wait used");
+
+        calls.set(0);
+        assert!(!spin_for_answer(answered_at(u32::MAX)));
+        assert_eq!(
+            calls.get(),
+            SPINS_PER_WAIT,
+            "a wait spins at most SPINS_PER_WAIT times"
+        );
+        assert_eq!(
+            SPIN_WAITS.with(|left| left.get()),
+            0,
+            "a wait that ran out ends the spinning"
+        );
+    }
+
     /// Every range of the packet (the word-aligned path and the other): `read_bytes` gives
     /// exactly those bytes, and `write_bytes` changes exactly those, keeping the rest.
     #[test]
