@@ -267,6 +267,9 @@ struct Watchdog {
 #[derive(Default)]
 struct WatchState {
     case_started: Option<Instant>,
+    /// Where the case is, and the server's statistics when it got there: what the abort says.
+    phase: &'static str,
+    stats: String,
     done: bool,
 }
 
@@ -288,7 +291,16 @@ impl Watchdog {
                     .case_started
                     .is_some_and(|t| t.elapsed() > WATCHDOG_LIMIT)
                 {
-                    eprintln!("{name}: a case has run for {WATCHDOG_LIMIT:?}: the server hangs");
+                    // Straight to the process's stderr: the harness captures `eprintln!`, and
+                    // what it captured is lost with the abort.
+                    use std::io::Write;
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "{name}: a case has run for {WATCHDOG_LIMIT:?}: the server hangs; the \
+                         case is at: {}; statistics when it got there: {}",
+                        state.phase,
+                        state.stats
+                    );
                     std::process::abort();
                 }
                 state = wake.wait_timeout(state, Duration::from_secs(1)).unwrap().0;
@@ -303,6 +315,14 @@ impl Watchdog {
     /// Marks the start (`true`) or the end of a case.
     fn case(&self, running: bool) {
         self.state.0.lock().unwrap().case_started = running.then(Instant::now);
+    }
+
+    /// Notes where the case is, for the abort's message.
+    fn phase(&self, phase: &'static str, server: &RpcServer) {
+        let stats = server.stats().to_string();
+        let mut state = self.state.0.lock().unwrap();
+        state.phase = phase;
+        state.stats = stats;
     }
 }
 
@@ -1268,6 +1288,7 @@ fn run_property(name: &str, generation: Generation, lanes: u32, concurrent: bool
         watchdog.case(true);
         fixture.files.restore();
         loot.forget_addresses();
+        watchdog.phase("setting up", &fixture.server);
         let writer = fixture.new_stdin(&input, keep_open);
         let attached = fixture.attach();
         let mailboxes = &attached.mailboxes;
@@ -1282,6 +1303,7 @@ fn run_property(name: &str, generation: Generation, lanes: u32, concurrent: bool
             mailbox: mailboxes[mailbox].id,
             loot: &loot,
         };
+        watchdog.phase("running the scripts", &fixture.server);
         if concurrent {
             std::thread::scope(|scope| {
                 for (k, script) in scripts.iter().enumerate() {
@@ -1299,6 +1321,7 @@ fn run_property(name: &str, generation: Generation, lanes: u32, concurrent: bool
                 raws[script.mailbox].run(seat(script.mailbox, script.port), &script.steps);
             }
         }
+        watchdog.phase("increments beside blocked stdin calls", &fixture.server);
         if writer.is_some() {
             // Served while calls of the scripts may still block on stdin.
             for mailbox in mailboxes {
@@ -1309,6 +1332,7 @@ fn run_property(name: &str, generation: Generation, lanes: u32, concurrent: bool
                 );
             }
         }
+        watchdog.phase("well-formed requests after the scripts", &fixture.server);
         drop(writer);
         // End the scripts: the server abandons any exchange waiting for them.
         drop(user);
@@ -1331,8 +1355,10 @@ fn run_property(name: &str, generation: Generation, lanes: u32, concurrent: bool
         }
         // Detached while the worker serves (it lets go of them at its next pass), then the
         // kernel goes.
+        watchdog.phase("detaching", &fixture.server);
         drop(attached);
         drop(user);
+        watchdog.phase("checking invariants", &fixture.server);
         fixture.check_invariants();
         watchdog.case(false);
         prop_assert!(
