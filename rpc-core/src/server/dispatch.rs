@@ -18,8 +18,9 @@
 //! suspended on something else (an I/O call's result, a user's future) is polled every time.
 //! Whether a waiting exchange's kernels are gone, or its client timed out, is looked at every
 //! [`HOUSEKEEPING_PASSES`] passes and on each pass after one that found nothing to do.
-//! An exchange alone in flight that just advanced is re-polled for a few spins, so a lone
-//! stream is not held to one packet per pass.
+//! An exchange alone in flight is polled with a budget of spin waits (`port::SPIN_WAITS`): its
+//! port operations spin briefly for the client's answer instead of suspending, so a lone
+//! stream's packets go by inside one poll, not one poll (and a return here) per packet.
 //!
 //! A port looks free from outside while its exchange waits for the client (both flags equal).
 //! A client that takes such a port with lock bits of its own (a new process; never a GPU, whose
