@@ -58,3 +58,59 @@ impl From<PluginError> for Error {
         Error::Plugin(error)
     }
 }
+
+#[cfg(all(test, feature = "std"))]
+mod tests {
+    use std::string::ToString;
+
+    use super::*;
+
+    #[test]
+    fn a_protocol_failure_is_error_protocol_whichever_layer_it_came_up_through() {
+        let failure = ProtocolError::BadMask { mask: 0, lanes: 32 };
+        let through_server = ServerError::from(failure.clone());
+        assert_eq!(
+            Error::from(through_server),
+            Error::Protocol(failure.clone())
+        );
+        assert_eq!(Error::from(failure.clone()), Error::Protocol(failure));
+    }
+
+    #[test]
+    fn each_layers_error_reads_the_same_through_the_embedders() {
+        let server = ServerError::LiveUsers(2);
+        let error = Error::from(server.clone());
+        assert_eq!(error, Error::Server(server));
+        assert_eq!(
+            error.to_string(),
+            "2 user guard(s) still live: kernels are running"
+        );
+        let protocol = ServerError::from(ProtocolError::BadLaneSize(16));
+        assert_eq!(protocol.to_string(), "lane size 16 is not 1, 32 or 64");
+        assert_eq!(
+            Error::from(protocol).to_string(),
+            "lane size 16 is not 1, 32 or 64"
+        );
+        let plugin = Error::from(PluginError::NotFound("no image 3".into()));
+        assert_eq!(plugin.to_string(), "no image 3");
+    }
+
+    #[test]
+    fn question_mark_lifts_each_layers_error() {
+        fn protocol() -> Result<(), ProtocolError> {
+            Err(ProtocolError::BadLaneSize(3))
+        }
+        fn server() -> Result<(), ServerError> {
+            protocol()?;
+            Ok(())
+        }
+        fn embedder() -> Result<()> {
+            server()?;
+            Ok(())
+        }
+        assert_eq!(
+            embedder(),
+            Err(Error::Protocol(ProtocolError::BadLaneSize(3)))
+        );
+    }
+}

@@ -21,7 +21,8 @@
 //! and `launch` of an RPC image start it if it is stopped (also after the embedder's own
 //! `server().shutdown()`), so a kernel never runs unserved; `start` and `shutdown` twice answer
 //! `AlreadyRunning` / `AlreadyStopped`. After `deinit`, `server().start()` fails with
-//! [`ServerError::Deinitialised`](crate::ServerError::Deinitialised) and `load_image` / `launch` find no device.
+//! [`ServerError::Deinitialised`](crate::ServerError::Deinitialised) and `load_image` /
+//! `launch` find no device.
 //!
 //! # Exit policy
 //! A kernel's `exit(n)` or `abort()` ends the *host process* under the default

@@ -63,8 +63,8 @@ std::thread_local! {
 }
 
 /// The wait of a resumable exchange: never pauses, suspends instead (see the module docs). The
-/// synchronous operations of a port with this wait fail with [`ProtocolError::WouldBlock`] rather than
-/// wait.
+/// synchronous operations of a port with this wait fail with [`ProtocolError::WouldBlock`]
+/// rather than wait.
 pub struct Resumable;
 
 impl Wait for Resumable {
@@ -477,8 +477,9 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// Receives a byte string per lane (index = lane; inactive lanes get empty vectors).
-    /// A lane claiming more than `bound` bytes ends the exchange with [`ProtocolError::TooLong`]; memory
-    /// grows with the bytes actually received, never with the claimed length.
+    /// A lane claiming more than `bound` bytes ends the exchange with
+    /// [`ProtocolError::TooLong`]; memory grows with the bytes actually received, never with
+    /// the claimed length.
     pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>, ProtocolError> {
         self.recv_n_within_async(bound, u64::MAX).await
     }

@@ -8,11 +8,12 @@
 //!
 //! What a request may make the host hold is bounded by the server's [`crate::Limits`]. Streams
 //! of bytes from the device (`send_n`) are bounded per lane (`stream_bytes`) and per request
-//! (`request_bytes`): a claim above them ends the exchange at once ([`ServerError::TooLong`],
-//! [`ServerError::RequestTooLong`], logged and counted in `errors`); the rest is not drained on the
-//! server's time, and the port stays locked until the kernel is gone (see
-//! how the server ends an exchange). printf's output goes to its stream in pieces, never whole in memory;
-//! reads are served in parts of at most `read_bytes`.
+//! (`request_bytes`): a claim above them ends the exchange at once
+//! ([`ProtocolError::TooLong`](crate::ProtocolError::TooLong),
+//! [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong), logged and counted
+//! in `errors`); the rest is not drained on the server's time, and the port stays locked until
+//! the kernel is gone (see how the server ends an exchange). printf's output goes to its stream
+//! in pieces, never whole in memory; reads are served in parts of at most `read_bytes`.
 //!
 //! Each mailbox's kernels have their own open files and allocations: a handle or an address
 //! from another mailbox names nothing, the quotas (`open_files`, `malloc_bytes`) are per
