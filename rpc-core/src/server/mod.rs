@@ -230,7 +230,10 @@ impl RpcServer {
 
     /// Registers a script handler for one opcode, ahead of the standard ones and of handlers
     /// registered later: an async function of the [`Request`] whose every `.await` on the port
-    /// lets the server thread serve the other ports until the client answers.
+    /// lets the server thread serve the other ports until the client answers. It ends with
+    /// `Ok(())` or a [`ServerError`] (`?` lifts the port's [`ProtocolError`](crate::ProtocolError)s
+    /// into one): [`ServerError::Refused`] closes the port as served and counts a refusal, any
+    /// other error quarantines the port.
     ///
     /// ```no_run
     /// # let server = rpc_core::RpcServer::new(Default::default());
