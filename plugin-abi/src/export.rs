@@ -11,7 +11,8 @@ use std::sync::Arc;
 use rpc_core::plugin::panic_message;
 use rpc_core::services::KernelExit;
 use rpc_core::{
-    Error, ExitPolicy, ImageId, Opcode, PluginRuntime, Runtime, ServerConfig, Started, Stopped,
+    Error, ExitPolicy, ImageId, Opcode, PluginError, PluginRuntime, ProtocolError, Runtime,
+    ServerConfig, ServerError, Started, Stopped,
 };
 
 use crate::*;
@@ -34,11 +35,15 @@ fn set_last_error(message: String) {
 /// The code an error crosses the ABI as.
 pub fn code_of(error: &Error) -> i32 {
     match error {
-        Error::NotFound(_) | Error::NoSuchMailbox(_) => RPC_ERR_NOT_FOUND,
-        Error::Deinitialised => RPC_ERR_DEINITIALISED,
-        Error::Vendor { .. } => RPC_ERR_DEVICE,
-        Error::BadClientObjectSize(_) | Error::BadGeneration(_) => RPC_ERR_BAD_IMAGE,
-        Error::KernelsAborted(_) => RPC_ERR_KERNELS_ABORTED,
+        Error::Plugin(PluginError::NotFound(_)) | Error::Server(ServerError::NoSuchMailbox(_)) => {
+            RPC_ERR_NOT_FOUND
+        }
+        Error::Server(ServerError::Deinitialised) => RPC_ERR_DEINITIALISED,
+        Error::Plugin(PluginError::Vendor { .. }) => RPC_ERR_DEVICE,
+        Error::Protocol(
+            ProtocolError::BadClientObjectSize(_) | ProtocolError::BadGeneration(_),
+        ) => RPC_ERR_BAD_IMAGE,
+        Error::Plugin(PluginError::KernelsAborted(_)) => RPC_ERR_KERNELS_ABORTED,
         _ => RPC_ERR_OTHER,
     }
 }

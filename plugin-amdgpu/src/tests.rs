@@ -10,7 +10,7 @@ use rpc_core::plugin::{Completion, Device, Grid, Plugin};
 use rpc_core::protocol::Generation;
 use rpc_core::services::KernelExit;
 use rpc_core::PluginRuntime;
-use rpc_core::{Error, ExitPolicy, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, PluginError, ServerConfig, ServicesConfig};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::fake::{FakeAgent, FakeHsa, MEMORY_FAULT, OUT_OF_RESOURCES};
@@ -90,7 +90,7 @@ fn runtime(hsa: &Arc<FakeHsa>) -> (PluginRuntime<AmdGpuPlugin>, Captured) {
 
 fn vendor_message(error: Error) -> String {
     match error {
-        Error::Vendor { source, .. } => source.to_string(),
+        Error::Plugin(PluginError::Vendor { source, .. }) => source.to_string(),
         other => panic!("not a vendor error: {other:?}"),
     }
 }
@@ -653,7 +653,7 @@ fn kernels_that_outlive_the_deinit_wait_are_aborted_and_named() {
         .unwrap();
     assert_eq!(
         runtime.deinit(),
-        Err(Error::KernelsAborted("spin on device 0".into()))
+        Err(PluginError::KernelsAborted("spin on device 0".into()).into())
     );
     assert_eq!(hsa.completed(), 0);
     assert_eq!((hsa.live_queues(), hsa.live_signals()), (0, 0));

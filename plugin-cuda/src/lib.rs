@@ -203,7 +203,7 @@ impl plugin_abi::Loadable for CudaPlugin {
         for device in runtime.devices() {
             device
                 .set_stack_size(device::LOADER_STACK_SIZE)
-                .map_err(|e| rpc_core::Error::Vendor {
+                .map_err(|e| rpc_core::PluginError::Vendor {
                     plugin: "cuda",
                     what: "set the stack size",
                     source: rpc_core::plugin::VendorError::from(e).into(),

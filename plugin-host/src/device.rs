@@ -55,10 +55,10 @@ struct Launches {
 struct Abortable(Arc<Launches>);
 
 impl rpc_core::protocol::Wait for Abortable {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
         // Relaxed: a flag read on its own; a late sight costs one more back-off step.
         if self.0.aborted.load(Ordering::Relaxed) {
-            return Err(rpc_core::Error::Abandoned {
+            return Err(rpc_core::ProtocolError::Abandoned {
                 port,
                 reason: "the device was aborted",
             });

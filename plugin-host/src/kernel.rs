@@ -12,7 +12,7 @@ use rpc_core::protocol::lanes;
 use rpc_core::protocol::Opcode;
 use rpc_core::protocol::{Client, ClientPort};
 use rpc_core::services::printf::{parse, Count, Piece};
-use rpc_core::{Error, Result};
+use rpc_core::{ProtocolError, Result, ServerError};
 
 /// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6):
 /// the server's own values.
@@ -94,7 +94,7 @@ impl<'a> Warp<'a> {
     fn client(&self) -> Result<&Client<'a>> {
         self.client
             .as_ref()
-            .ok_or_else(|| Error::Refused("this image does not use RPC".into()))
+            .ok_or_else(|| ServerError::Refused("this image does not use RPC".into()).into())
     }
 
     /// The active lanes, bit `l` for lane `l`.
@@ -137,9 +137,9 @@ impl<'a> Warp<'a> {
             .aborted
             .is_some_and(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
         {
-            return Err(Error::Refused("the device was aborted".into()));
+            return Err(ServerError::Refused("the device was aborted".into()).into());
         }
-        self.client()?.open(opcode, self.mask)
+        Ok(self.client()?.open(opcode, self.mask)?)
     }
 
     /// Sends `buf[0] = value(lane)` for `opcode` and returns each lane's `buf[0]` reply.
@@ -206,11 +206,12 @@ impl<'a> Warp<'a> {
         send_per_lane(&mut port, self.mask, |l| nul_terminated(&path(l)))?;
         let mode = nul_terminated(mode);
         if mode.len() > 64 {
-            return Err(Error::BadLength {
+            return Err(ProtocolError::BadLength {
                 lane: 0,
                 len: mode.len(),
                 expected: 64,
-            });
+            }
+            .into());
         }
         port.send(|_, p| p.write_bytes(0, &mode))?;
         recv_word0(&mut port)
@@ -265,7 +266,9 @@ impl<'a> Warp<'a> {
 
     /// `free`. No reply comes back.
     pub fn free(&self, addr: impl Fn(u32) -> u64) -> Result<()> {
-        self.open(Opcode::FREE)?.send(|l, p| p.set_word(0, addr(l)))
+        Ok(self
+            .open(Opcode::FREE)?
+            .send(|l, p| p.set_word(0, addr(l)))?)
     }
 
     /// `exit(status)`: tells the host, then ends this warp (it does not return).
@@ -290,7 +293,7 @@ impl<'a> Warp<'a> {
         let mut port = self.open(opcode)?;
         port.send(|_, _| {})?;
         port.recv(|_, _| {})?;
-        port.send(|_, p| p.set_word(0, status as u32 as u64))
+        Ok(port.send(|_, p| p.set_word(0, status as u32 as u64))?)
     }
 }
 
@@ -315,7 +318,7 @@ fn send_per_lane(
         })
         .collect();
     let slices: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
-    port.send_n(&slices)
+    Ok(port.send_n(&slices)?)
 }
 
 fn recv_word0(port: &mut ClientPort<'_>) -> Result<Vec<u64>> {

@@ -9,7 +9,7 @@ use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
 use rpc_core::protocol::Generation;
 use rpc_core::services::KernelExit;
-use rpc_core::{Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, Opcode, PluginError, ServerConfig, ServerError, ServicesConfig};
 use rpc_core::{PluginRuntime, Runtime};
 
 /// A writer the test can read back.
@@ -140,7 +140,7 @@ fn runtimes_held_as_dyn_runtime_each_serve_their_own_kernels() {
         runtime.deinit().unwrap();
         assert_eq!(
             runtime.start_server().unwrap_err(),
-            rpc_core::Error::Deinitialised
+            rpc_core::Error::Server(rpc_core::ServerError::Deinitialised)
         );
     }
 }
@@ -450,13 +450,13 @@ fn deinit_with_a_running_kernel_aborts_it_and_names_it() {
         std::thread::yield_now();
     }
     match runtime.deinit() {
-        Err(Error::KernelsAborted(names)) => {
+        Err(Error::Plugin(PluginError::KernelsAborted(names))) => {
             assert!(names.contains("spin on device 0"), "{names}")
         }
         other => panic!("{other:?}"),
     }
     assert_eq!(runtime.deinit(), Ok(()), "twice is fine");
-    assert_eq!(runtime.server().start(), Err(Error::Deinitialised));
+    assert_eq!(runtime.server().start(), Err(ServerError::Deinitialised));
     assert!(
         runtime.load_image(0, &endless_image()).is_err(),
         "no device"
@@ -530,20 +530,28 @@ fn a_vendor_error_is_the_runtime_errors_source_whole() {
     });
     let error = runtime.load_image(0, b"no such image").unwrap_err();
     assert!(
-        matches!(error, Error::Vendor { plugin: "host", .. }),
+        matches!(
+            error,
+            Error::Plugin(PluginError::Vendor { plugin: "host", .. })
+        ),
         "{error:?}"
     );
-    // The chain: the runtime's error, then the plugin's own error value (not its text).
+    // The chain: the runtime's error (reading as the plugin layer's), then the plugin's own
+    // error value (not its text), reached through `source()` alone.
     let source = std::error::Error::source(&error).expect("a source");
     assert_eq!(format!("host: load image: {source}"), error.to_string());
-    let Error::Vendor { source, .. } = &error else {
-        unreachable!()
-    };
+    let vendor = source
+        .downcast_ref::<rpc_core::plugin::VendorSource>()
+        .expect("the vendor's error, whole");
     assert!(
         matches!(
-            source.get().downcast_ref::<plugin_host::HostError>(),
+            vendor.get().downcast_ref::<plugin_host::HostError>(),
             Some(plugin_host::HostError::UnknownImage(_))
         ),
-        "{source:?}"
+        "{vendor:?}"
     );
+    let Error::Plugin(PluginError::Vendor { source, .. }) = &error else {
+        unreachable!()
+    };
+    assert_eq!(source, vendor);
 }

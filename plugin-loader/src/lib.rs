@@ -23,8 +23,8 @@ use plugin_abi::*;
 use rpc_core::plugin::{Grid, SharedRegion, Symbol};
 use rpc_core::services::KernelExit;
 use rpc_core::{
-    Error, ImageId, MailboxId, Opcode, PacketHandler, Result, Runtime, Started, StatsSnapshot,
-    Stopped,
+    ImageId, MailboxId, Opcode, PacketHandler, PluginError, Result, Runtime, ServerError, Started,
+    StatsSnapshot, Stopped,
 };
 
 /// The environment variable of the folders searched first (colon-separated).
@@ -174,7 +174,7 @@ impl LoadedPlugin {
         Ok(LoadedPlugin {
             plugin,
             table,
-            // Error::Vendor names a plugin with a static string: one small copy per library
+            // PluginError::Vendor names a plugin with a static string: one small copy per library
             // opened.
             name: Box::leak(name.into_boxed_str()),
             handlers: Mutex::new(Vec::new()),
@@ -202,26 +202,27 @@ impl LoadedPlugin {
         }
         let message = last_error(self.table);
         Err(match code {
-            RPC_ERR_NOT_FOUND => Error::NotFound(message),
-            RPC_ERR_DEINITIALISED => Error::Deinitialised,
-            _ => Error::Vendor {
+            RPC_ERR_NOT_FOUND => PluginError::NotFound(message).into(),
+            RPC_ERR_DEINITIALISED => ServerError::Deinitialised.into(),
+            _ => PluginError::Vendor {
                 plugin: self.name,
                 what,
                 source: rpc_core::VendorError::from(message).into(),
-            },
+            }
+            .into(),
         })
     }
 
     /// `device` as the ABI's index.
     fn device_index(&self, device: usize) -> Result<u32> {
         u32::try_from(device)
-            .map_err(|_| Error::NotFound(format!("{}: no device {device}", self.name)))
+            .map_err(|_| PluginError::NotFound(format!("{}: no device {device}", self.name)).into())
     }
 
     /// The plugin pointer, or the error of a deinitialised plugin.
     fn live(&self) -> Result<*mut RpcPlugin> {
         if self.plugin.is_null() {
-            Err(Error::Deinitialised)
+            Err(ServerError::Deinitialised.into())
         } else {
             Ok(self.plugin)
         }
@@ -408,8 +409,9 @@ impl Runtime for LoadedPlugin {
         (code == RPC_OK).then_some(MailboxId(id))
     }
     fn launch(&self, image: ImageId, kernel: &str, args: &[u8], grid: Grid) -> Result<()> {
-        let kernel = CString::new(kernel)
-            .map_err(|_| Error::NotFound(format!("no kernel {kernel:?} (a NUL in its name)")))?;
+        let kernel = CString::new(kernel).map_err(|_| {
+            PluginError::NotFound(format!("no kernel {kernel:?} (a NUL in its name)"))
+        })?;
         let grid = RpcGrid::from(grid);
         // SAFETY: a live plugin pointer, a NUL-terminated name, `args` valid for its length
         // and a grid (the ABI).

@@ -203,7 +203,7 @@ fn the_host_plugin_linked_in_and_loaded_serves_twice_independently() {
         runtime.deinit().unwrap();
         assert_eq!(
             runtime.start_server().unwrap_err(),
-            rpc_core::Error::Deinitialised
+            rpc_core::Error::Server(rpc_core::ServerError::Deinitialised)
         );
     }
 }
@@ -277,7 +277,13 @@ fn the_gpu_plugins_libraries_load_with_zero_devices_and_the_reason() {
         assert!(!reason.is_empty(), "{name}");
         assert_eq!(plugin.device_name(0), None);
         let error = plugin.load_image(0, b"image").unwrap_err();
-        assert!(matches!(error, rpc_core::Error::NotFound(_)), "{error}");
+        assert!(
+            matches!(
+                error,
+                rpc_core::Error::Plugin(rpc_core::PluginError::NotFound(_))
+            ),
+            "{error}"
+        );
     }
 }
 

@@ -11,8 +11,9 @@
 //!    │        thread and its dispatch passes, the I/O threads, statistics and limits
 //!  protocol   layouts, opcodes, the mailbox, ports, the client and the server's end
 //! ```
-//! plus the one sync shim (`sync`, std or loom), which every layer uses. The errors ([`Error`])
-//! are the protocol layer's, so that every layer can name them.
+//! plus the one sync shim (`sync`, std or loom), which every layer uses. Each layer fails with
+//! its own error ([`ProtocolError`], [`ServerError`], [`PluginError`]); the embedder's
+//! [`Error`] holds any of them whole, so `?` works across the layers.
 //!
 //! # Front door
 //! - An embedder needs the names at the root: [`PluginRuntime`] (or a bare [`RpcServer`] with
@@ -20,7 +21,8 @@
 //! - A vendor plugin author implements [`plugin`]'s traits.
 //! - A client (a host-side warp, another process) uses [`protocol`].
 //!
-//! Without the `std` feature only [`protocol`] (and [`Error`]) remains, so the client builds for
+//! Without the `std` feature only [`protocol`] (and [`Error`], then only
+//! [`Error::Protocol`]) remains, so the client builds for
 //! `no_std` targets.
 //!
 //! # Quick start
@@ -69,6 +71,7 @@
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs, unreachable_pub)]
 
+mod error;
 #[cfg(feature = "std")]
 pub mod plugin;
 pub mod protocol;
@@ -78,12 +81,17 @@ mod server;
 pub mod services;
 pub(crate) mod sync;
 
+#[cfg(feature = "std")]
+pub use error::VendorError;
+pub use error::{Error, Result};
+#[cfg(feature = "std")]
+pub use plugin::error::PluginError;
 #[cfg(all(feature = "std", not(loom)))]
 pub use plugin::runtime::{ImageId, PacketHandler, PacketRequest, PluginRuntime, Runtime};
-#[cfg(feature = "std")]
-pub use protocol::error::VendorError;
-pub use protocol::error::{Error, Result};
+pub use protocol::error::ProtocolError;
 pub use protocol::Opcode;
+#[cfg(feature = "std")]
+pub use server::error::ServerError;
 #[cfg(feature = "std")]
 pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]

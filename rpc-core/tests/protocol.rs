@@ -10,7 +10,7 @@ use rpc_core::protocol::Backoff;
 use rpc_core::protocol::{
     Client, Generation, Layout, LockTable, MailboxMemory, ServerEnd, ServerPort,
 };
-use rpc_core::{Error, Opcode};
+use rpc_core::{Opcode, ProtocolError};
 
 /// A mailbox with a client lock table and a server lock table.
 struct Fixture {
@@ -49,7 +49,7 @@ const fn scaled(normal: usize, under_miri: usize) -> usize {
 }
 
 /// The test scripts of PROTOCOL section 6, server side.
-fn serve_test_opcode(port: &mut ServerPort<'_>) -> rpc_core::Result<()> {
+fn serve_test_opcode(port: &mut ServerPort<'_>) -> Result<(), ProtocolError> {
     match port.opcode() {
         Opcode::TEST_INCREMENT => port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1)),
         Opcode::TEST_STREAM => {
@@ -313,7 +313,7 @@ fn fixed_size_objects() {
             .open(Opcode::user(1), 1)
             .unwrap()
             .send_fixed(10, &[&[0; 9]]),
-        Err(Error::BadLength {
+        Err(ProtocolError::BadLength {
             lane: 0,
             len: 9,
             expected: 10
@@ -431,7 +431,10 @@ fn header_masks_with_bits_at_or_above_l_are_errors() {
         raw_request(&fixture, 0, mask, Opcode::TEST_INCREMENT.0, 1);
         let server = fixture.server();
         let port = server.try_open(0, &Backoff).unwrap();
-        assert_eq!(port.check_mask(), Err(Error::BadMask { mask, lanes }));
+        assert_eq!(
+            port.check_mask(),
+            Err(ProtocolError::BadMask { mask, lanes })
+        );
         assert_eq!(
             port.mask(),
             mask & Layout::new(Generation::V1, 1, lanes).unwrap().lane_mask()
@@ -447,7 +450,7 @@ fn header_masks_with_bits_at_or_above_l_are_errors() {
     let fixture = Fixture::new(Generation::V1, 1, 32);
     assert!(matches!(
         fixture.client().open(Opcode::NOOP, 1 << 40),
-        Err(Error::BadMask { .. })
+        Err(ProtocolError::BadMask { .. })
     ));
 }
 
@@ -463,7 +466,7 @@ fn send_n_above_the_bound_is_an_error_and_the_server_goes_on() {
     let mut sport = server.try_open(port.index(), &Backoff).unwrap();
     assert_eq!(
         sport.recv_n(BOUND),
-        Err(Error::TooLong {
+        Err(ProtocolError::TooLong {
             lane: 0,
             len: 1 << 63,
             bound: BOUND
@@ -484,9 +487,9 @@ fn send_n_above_the_bound_is_an_error_and_the_server_goes_on() {
 fn a_wait_can_give_up() {
     struct GiveUp;
     impl rpc_core::protocol::Wait for GiveUp {
-        fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+        fn pause(&self, port: u32, attempt: u32) -> Result<(), ProtocolError> {
             if attempt > 100 {
-                return Err(Error::Abandoned {
+                return Err(ProtocolError::Abandoned {
                     port,
                     reason: "test",
                 });
@@ -506,7 +509,7 @@ fn a_wait_can_give_up() {
     // The client never answers this recv's acknowledgement: the next recv gives up.
     assert!(matches!(
         sport.recv(|_, _| {}),
-        Err(Error::Abandoned { port: 0, .. })
+        Err(ProtocolError::Abandoned { port: 0, .. })
     ));
     sport.reset();
     let mut got = 0;
@@ -524,8 +527,8 @@ fn a_wait_can_give_up() {
 struct GiveUp;
 
 impl rpc_core::protocol::Wait for GiveUp {
-    fn pause(&self, port: u32, _attempt: u32) -> rpc_core::Result<()> {
-        Err(Error::Abandoned {
+    fn pause(&self, port: u32, _attempt: u32) -> Result<(), ProtocolError> {
+        Err(ProtocolError::Abandoned {
             port,
             reason: "test gives up",
         })
@@ -569,7 +572,7 @@ fn a_client_whose_recv_n_refused_a_length_keeps_its_port_locked() {
     drop(served);
     assert!(matches!(
         port.recv_n(10),
-        Err(Error::TooLong { len: 50, .. })
+        Err(ProtocolError::TooLong { len: 50, .. })
     ));
     drop(port);
     assert_eq!(client.open(Opcode::NOOP, 1).unwrap().index(), 1);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rpc_core::protocol::Backoff;
 use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{
-    Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped,
+    MailboxId, Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped,
 };
 
 /// A mailbox attached to a server, with the client's lock table.
@@ -170,13 +170,13 @@ fn shutdown_policies_with_a_live_guard() {
     let guard = server.user();
     assert_eq!(
         server.shutdown(),
-        Err(Error::LiveUsers(1)),
+        Err(ServerError::LiveUsers(1)),
         "the default policy refuses"
     );
     assert!(server.is_running());
     assert_eq!(
         server.shutdown_with(ShutdownPolicy::Wait(Duration::from_millis(20))),
-        Err(Error::LiveUsers(1))
+        Err(ServerError::LiveUsers(1))
     );
     let dropper = thread::spawn(move || {
         thread::sleep(Duration::from_millis(50));
@@ -466,7 +466,7 @@ fn detach_while_serving() {
     assert_eq!(server.mailboxes(), vec![keep.id]);
     assert_eq!(
         server.detach(MailboxId(999)),
-        Err(Error::NoSuchMailbox(999))
+        Err(ServerError::NoSuchMailbox(999))
     );
 }
 
@@ -606,7 +606,7 @@ fn a_handler_calling_start_shutdown_and_detach_on_its_own_server_does_not_deadlo
         async move {
             let server = weak.upgrade().expect("the test holds the server");
             let started = server.start() == Ok(Started::AlreadyRunning);
-            let refused = matches!(server.shutdown(), Err(Error::Refused(_)));
+            let refused = matches!(server.shutdown(), Err(ServerError::Refused(_)));
             let detached = server.detach(other_id).is_ok();
             let answer = u64::from(started) | u64::from(refused) << 1 | u64::from(detached) << 2;
             req.recv_and_send(|_, p| p.set_word(0, answer)).await
@@ -645,7 +645,7 @@ fn a_shutdown_wait_is_a_deadline_however_often_users_come_and_go() {
         });
         let result = server.shutdown_with(ShutdownPolicy::Wait(Duration::from_millis(100)));
         assert!(
-            matches!(result, Err(Error::LiveUsers(n)) if n >= 1),
+            matches!(result, Err(ServerError::LiveUsers(n)) if n >= 1),
             "{result:?}"
         );
         stop.store(true, Ordering::Relaxed);

@@ -976,7 +976,7 @@ fn a_stream_above_the_bound_ends_the_exchange_at_once() {
             let index = port.index();
             let sent = port.send_n(&slices(&data));
             assert!(
-                matches!(sent, Err(rpc_core::Error::Abandoned { .. })),
+                matches!(sent, Err(rpc_core::ProtocolError::Abandoned { .. })),
                 "{opcode}: {sent:?}"
             );
             drop(port);

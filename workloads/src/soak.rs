@@ -29,7 +29,7 @@ use rpc_core::protocol::Generation;
 use rpc_core::services::{KernelExit, MALLOC_ALIGN};
 use rpc_core::FilePolicy;
 use rpc_core::PluginRuntime;
-use rpc_core::{Error, ExitPolicy, Opcode, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, Opcode, PluginError, ServerConfig, ServicesConfig};
 
 /// The custom opcode both plugins register, each with its own answer.
 pub const CUSTOM: Opcode = Opcode::user(100);
@@ -201,7 +201,7 @@ impl Soak {
         let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
         let result = warp.open(Opcode::TEST_STREAM).and_then(|mut port| {
             port.send_n(&slices)?;
-            port.recv_n(1 << 20)
+            Ok(port.recv_n(1 << 20)?)
         });
         match result {
             Ok(back) => self
@@ -465,7 +465,9 @@ pub fn run(seconds: u64) -> Result<Report, String> {
                         let synced = launched.and_then(|()| rt.runtime.synchronize(0));
                         if let Err(error) = synced.and_then(|exit| match exit {
                             None => Ok(()),
-                            Some(exit) => Err(Error::KernelExited(format!("{exit:?}"))),
+                            Some(exit) => {
+                                Err(PluginError::KernelExited(format!("{exit:?}")).into())
+                            }
                         }) {
                             add(&counters.errors_unexpected, 1);
                             eprintln!("soak: {}: round {round}: {error}", rt.name);

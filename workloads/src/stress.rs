@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use rpc_core::protocol::Deadline;
 use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{
-    Error, MailboxId, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped, UserGuard,
+    MailboxId, Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped,
+    UserGuard,
 };
 
 /// Client threads doing round trips on the traffic mailbox.
@@ -408,7 +409,7 @@ fn op_loop(
                 match result {
                     Ok(Stopped::Stopped) => bump(&counts.stopped),
                     Ok(Stopped::AlreadyStopped) => bump(&counts.already_stopped),
-                    Err(Error::LiveUsers(_)) if policy != ShutdownPolicy::Force => {
+                    Err(ServerError::LiveUsers(_)) if policy != ShutdownPolicy::Force => {
                         bump(&counts.refused)
                     }
                     Err(error) => note(format!("shutdown {policy:?}: {error}")),

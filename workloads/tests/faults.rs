@@ -43,10 +43,10 @@ struct UntilStopped<'a> {
 }
 
 impl rpc_core::protocol::Wait for UntilStopped<'_> {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
         // Acquire: pairs with the Release that sets it (a plain flag; nothing else is ordered).
         if self.stop.load(Ordering::Acquire) {
-            return Err(rpc_core::Error::Abandoned {
+            return Err(rpc_core::ProtocolError::Abandoned {
                 port,
                 reason: "the test stopped waiting",
             });

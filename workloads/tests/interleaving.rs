@@ -13,7 +13,7 @@ use plugin_host::kernel::{self, encode_printf, PrintfCall};
 use plugin_host::{Arg, Target};
 use rpc_core::protocol::{lanes, Backoff, Deadline, Wait};
 use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
-use rpc_core::{Error, ExitPolicy, Opcode, RpcServer, ServerConfig, ServicesConfig};
+use rpc_core::{ExitPolicy, Opcode, RpcServer, ServerConfig, ServicesConfig};
 use std::sync::atomic::Ordering;
 
 /// Generous liveness bound for a loaded 2-core machine (sanitizer builds included).
@@ -154,7 +154,7 @@ fn a_slow_client_does_not_hold_up_another_port() {
 struct Pausing(Deadline);
 
 impl Wait for Pausing {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
         if attempt == 0 {
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -236,9 +236,9 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
 struct UntilTold<'a>(&'a AtomicBool);
 
 impl Wait for UntilTold<'_> {
-    fn pause(&self, port: u32, attempt: u32) -> rpc_core::Result<()> {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
         if self.0.load(Ordering::Acquire) {
-            return Err(Error::Abandoned {
+            return Err(rpc_core::ProtocolError::Abandoned {
                 port,
                 reason: "the test gave up",
             });

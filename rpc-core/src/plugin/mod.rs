@@ -13,10 +13,12 @@ use std::sync::Arc;
 
 use crate::protocol::layout::{Generation, Layout};
 
-pub use crate::protocol::error::{VendorError, VendorSource};
 pub use crate::server::{panic_message, Doorbell, SharedRegion};
 pub use crate::services::memory::DeviceAllocator;
+pub use crate::VendorError;
+pub use error::VendorSource;
 
+pub(crate) mod error;
 #[cfg(not(loom))]
 pub(crate) mod runtime;
 #[cfg(not(loom))]

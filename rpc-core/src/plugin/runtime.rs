@@ -21,7 +21,8 @@
 //! and `launch` of an RPC image start it if it is stopped (also after the embedder's own
 //! `server().shutdown()`), so a kernel never runs unserved; `start` and `shutdown` twice answer
 //! `AlreadyRunning` / `AlreadyStopped`. After `deinit`, `server().start()` fails with
-//! [`Error::Deinitialised`] and `load_image` / `launch` find no device.
+//! [`ServerError::Deinitialised`](crate::ServerError::Deinitialised) and `load_image` /
+//! `launch` find no device.
 //!
 //! # Exit policy
 //! A kernel's `exit(n)` or `abort()` ends the *host process* under the default
@@ -35,8 +36,9 @@ use std::boxed::Box;
 use std::string::String;
 use std::vec::Vec;
 
+use crate::plugin::error::PluginError;
 use crate::plugin::{Device, Grid, Plugin, SharedRegion, Symbol, VendorError};
-use crate::protocol::error::{Error, Result};
+use crate::protocol::error::ProtocolError;
 use crate::protocol::layout::{Generation, Layout};
 use crate::protocol::opcode::{Dialect, Numbering};
 use crate::protocol::Opcode;
@@ -45,6 +47,7 @@ use crate::server::thread::{Started, Stopped};
 use crate::server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};
 use crate::services::KernelExit;
 use crate::sync::{lock, Arc, Mutex};
+use crate::{Error, Result};
 use std::sync::Condvar;
 use std::time::{Duration, Instant};
 
@@ -149,10 +152,12 @@ pub struct PluginRuntime<P: Plugin> {
 }
 
 fn vendor(plugin: &'static str, what: &'static str) -> impl FnOnce(VendorError) -> Error {
-    move |error| Error::Vendor {
-        plugin,
-        what,
-        source: error.into(),
+    move |error| {
+        Error::Plugin(PluginError::Vendor {
+            plugin,
+            what,
+            source: error.into(),
+        })
     }
 }
 
@@ -198,9 +203,9 @@ impl<P: Plugin> PluginRuntime<P> {
     }
 
     fn device(&self, index: usize) -> Result<&P::Device> {
-        self.plugin.devices().get(index).ok_or_else(|| {
-            Error::NotFound(std::format!("{}: no device {index}", self.plugin.name()))
-        })
+        let name = self.plugin.name();
+        let missing = || PluginError::NotFound(std::format!("{name}: no device {index}")).into();
+        self.plugin.devices().get(index).ok_or_else(missing)
     }
 
     /// Loads an image on device `device`, attaching a mailbox if the image uses RPC (and
@@ -243,7 +248,7 @@ impl<P: Plugin> PluginRuntime<P> {
             return Ok(None);
         };
         if symbol.size != 8 {
-            return Err(Error::BadClientObjectSize(symbol.size));
+            return Err(ProtocolError::BadClientObjectSize(symbol.size).into());
         }
         let mut pointer = [0u8; 8];
         dev.copy_from_device(symbol.addr, &mut pointer)
@@ -334,7 +339,7 @@ impl<P: Plugin> PluginRuntime<P> {
         let loaded = images
             .get(image.0)
             .and_then(|l| l.as_ref())
-            .ok_or_else(|| Error::NotFound(std::format!("no image {}", image.0)))?;
+            .ok_or_else(|| PluginError::NotFound(std::format!("no image {}", image.0)))?;
         let device = self.device(loaded.device)?;
         if loaded.mailbox.is_some() {
             let _ = self.server.start()?;
@@ -386,7 +391,7 @@ impl<P: Plugin> PluginRuntime<P> {
 
     /// Waits up to the deinit wait for running kernels and aborts those left, detaches every
     /// mailbox, shuts the server down once (for good: it cannot start again), deinitialises
-    /// the plugin. Returns [`Error::KernelsAborted`] naming the kernels it aborted (after
+    /// the plugin. Returns [`PluginError::KernelsAborted`] naming the kernels it aborted (after
     /// finishing all of the above). Calling it again does nothing.
     pub fn deinit(&mut self) -> Result<()> {
         if !self.initialised {
@@ -436,7 +441,7 @@ impl<P: Plugin> PluginRuntime<P> {
                 if let Err(error) = released {
                     log::warn!("{}: {error}", self.plugin.name());
                 }
-                Err(Error::KernelsAborted(names))
+                Err(PluginError::KernelsAborted(names).into())
             }
             None => released,
         }
@@ -557,10 +562,10 @@ impl<P: Plugin> Runtime for PluginRuntime<P> {
         });
     }
     fn start_server(&self) -> Result<Started> {
-        self.server.start()
+        Ok(self.server.start()?)
     }
     fn shutdown_server(&self) -> Result<Stopped> {
-        self.server.shutdown()
+        Ok(self.server.shutdown()?)
     }
     fn stats(&self) -> StatsSnapshot {
         self.server.stats()

@@ -1,11 +1,12 @@
 //! The client side of the port protocol: what a GPU warp does, for host threads acting as one
 //! warp each (plugin-host's kernels, tests, other processes over a shared file). `no_std`.
 
-use crate::protocol::error::{Error, Result};
+use crate::protocol::error::ProtocolError;
 use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, ClientPort, Port, Wait, DEFAULT_WAIT};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::Result;
 
 /// A client of one mailbox. Every client thread of the mailbox must share one lock table (the
 /// device-private lock bits of a GPU client); share the `Client` itself or its `locks`.
@@ -33,10 +34,10 @@ pub struct ClientDoorbell<'a> {
 
 impl<'a> Client<'a> {
     /// A client over `mailbox` using `locks` (at least `ceil(N / 32)` words) as its lock bits.
-    pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self> {
+    pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self, ProtocolError> {
         let need = lock_words(mailbox.layout().ports());
         if locks.len() < need {
-            return Err(Error::BadRegion {
+            return Err(ProtocolError::BadRegion {
                 addr: 0,
                 len: locks.len() * 4,
                 need: need * 4,
@@ -67,10 +68,10 @@ impl<'a> Client<'a> {
         &self.mailbox
     }
 
-    fn check_mask(&self, mask: u64) -> Result<()> {
+    fn check_mask(&self, mask: u64) -> Result<(), ProtocolError> {
         let layout = self.mailbox.layout();
         if mask == 0 || mask & !layout.lane_mask() != 0 {
-            return Err(Error::BadMask {
+            return Err(ProtocolError::BadMask {
                 mask,
                 lanes: layout.lanes(),
             });
@@ -80,7 +81,7 @@ impl<'a> Client<'a> {
 
     /// Opens a port for `opcode` with the lanes of `mask` active, scanning from port 0 and
     /// wrapping until one is free (as a GPU warp does; the wait decides whether to give up).
-    pub fn open(&self, opcode: Opcode, mask: u64) -> Result<ClientPort<'a>> {
+    pub fn open(&self, opcode: Opcode, mask: u64) -> Result<ClientPort<'a>, ProtocolError> {
         self.check_mask(mask)?;
         let mut attempt = 0;
         loop {
@@ -100,10 +101,10 @@ impl<'a> Client<'a> {
         index: u32,
         opcode: Opcode,
         mask: u64,
-    ) -> Result<Option<ClientPort<'a>>> {
+    ) -> Result<Option<ClientPort<'a>>, ProtocolError> {
         self.check_mask(mask)?;
         if index >= self.mailbox.layout().ports() {
-            return Err(Error::BadPortCount {
+            return Err(ProtocolError::BadPortCount {
                 ports: index,
                 max: self.mailbox.layout().ports() - 1,
                 generation: self.mailbox.layout().generation(),

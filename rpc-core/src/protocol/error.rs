@@ -1,12 +1,15 @@
-//! The crate's one error type.
+//! The protocol layer's error: what the layouts, the mailbox views and the ports of either
+//! side refuse or give up on.
 
 use crate::protocol::layout::Generation;
-use crate::protocol::opcode::Opcode;
 
-/// Everything in `rpc-core` that can fail says so with one of these.
+/// A failure of the protocol itself: a layout or region that cannot be, a lane mask or a
+/// length a peer sent that breaks the rules, a wait that gave up. The server's errors
+/// ([`ServerError`](crate::ServerError)) carry it whole, and so does the embedder's
+/// [`Error`](crate::Error).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum ProtocolError {
     /// Lane size other than 1, 32 or 64.
     #[error("lane size {0} is not 1, 32 or 64")]
     BadLaneSize(u32),
@@ -93,47 +96,6 @@ pub enum Error {
         /// The port.
         port: u32,
     },
-    /// A handler panicked (the panic's message).
-    #[error("the handler panicked: {0}")]
-    Panicked(RefusalText),
-    /// No handler accepted the opcode.
-    #[error("no handler for opcode {0}")]
-    UnknownOpcode(Opcode),
-    /// `shutdown` found kernels still holding user guards and the policy refused.
-    #[error("{0} user guard(s) still live: kernels are running")]
-    LiveUsers(usize),
-    /// No attached mailbox has this id.
-    #[error("no mailbox {0} is attached")]
-    NoSuchMailbox(u64),
-    /// The worker thread could not be spawned.
-    #[error("could not spawn the server thread: {0}")]
-    Spawn(RefusalText),
-    /// A vendor plugin's hook failed: the vendor's error (its code and name) is this error's
-    /// `source()`.
-    #[error("{plugin}: {what}: {source}")]
-    Vendor {
-        /// The plugin (`cuda`, `amdgpu`, `host`).
-        plugin: &'static str,
-        /// What it was doing.
-        what: &'static str,
-        /// The vendor's error, kept whole.
-        source: VendorSource,
-    },
-    /// A device index, image or kernel that does not exist.
-    #[error("{0}")]
-    NotFound(RefusalText),
-    /// `deinit` found kernels still running after its wait; they were aborted (named here).
-    #[error("kernels still running at deinit were aborted: {0}")]
-    KernelsAborted(RefusalText),
-    /// The server of a runtime that was deinitialised: it cannot start again.
-    #[error("the runtime was deinitialised: its server cannot start again")]
-    Deinitialised,
-    /// A kernel ended through EXIT or ABORT under the record policy.
-    #[error("a kernel ended the program: {0}")]
-    KernelExited(RefusalText),
-    /// A request the server refused (bad handle, policy, ...).
-    #[error("request refused: {0}")]
-    Refused(RefusalText),
 }
 
 /// The text of a refusal. A `String` with `std`, a static text without.
@@ -142,70 +104,3 @@ pub(crate) type RefusalText = std::string::String;
 /// The text of a refusal. A `String` with `std`, a static text without.
 #[cfg(not(feature = "std"))]
 pub(crate) type RefusalText = &'static str;
-
-/// `Result` with this crate's [`Error`].
-pub type Result<T, E = Error> = core::result::Result<T, E>;
-
-#[cfg(feature = "std")]
-/// A vendor error, kept whole as the source of the glue's errors.
-pub type VendorError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// The vendor's error inside [`Error::Vendor`]: the plugin's own error value (its type, its
-/// text, its own `source()` chain), shared so that [`Error`] stays `Clone`. It reads as the
-/// vendor's error and its `source()` is the vendor error's; [`VendorSource::get`] gives the
-/// error itself, to downcast to the plugin's type. Two are equal when they are the same error
-/// or read the same.
-#[derive(Clone)]
-pub struct VendorSource(
-    #[cfg(feature = "std")] std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>,
-    #[cfg(not(feature = "std"))] &'static str,
-);
-
-#[cfg(feature = "std")]
-impl VendorSource {
-    /// The vendor's error itself (`downcast_ref` to the plugin's error type).
-    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.0
-    }
-}
-
-#[cfg(feature = "std")]
-impl From<VendorError> for VendorSource {
-    fn from(error: VendorError) -> Self {
-        VendorSource(error.into())
-    }
-}
-
-impl core::fmt::Display for VendorSource {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        core::fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl core::fmt::Debug for VendorSource {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        core::fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-impl core::error::Error for VendorSource {
-    #[cfg(feature = "std")]
-    fn source(&self) -> Option<&(dyn core::error::Error + 'static)> {
-        self.0.source()
-    }
-}
-
-impl PartialEq for VendorSource {
-    fn eq(&self, other: &Self) -> bool {
-        #[cfg(feature = "std")]
-        {
-            std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
-        }
-        #[cfg(not(feature = "std"))]
-        {
-            self.0 == other.0
-        }
-    }
-}
-
-impl Eq for VendorSource {}

@@ -23,7 +23,8 @@ use core::str::FromStr;
 
 use static_assertions::const_assert_eq;
 
-use crate::protocol::error::{Error, Result};
+use crate::protocol::error::ProtocolError;
+use crate::Result;
 
 /// One lane's packet: 8 little-endian `u64` words.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -116,11 +117,11 @@ impl Generation {
     }
 
     /// The generation whose client object has `size` bytes.
-    pub fn from_client_object_size(size: usize) -> Result<Self> {
+    pub fn from_client_object_size(size: usize) -> Result<Self, ProtocolError> {
         [Generation::V1, Generation::V2]
             .into_iter()
             .find(|g| g.client_object_size() == size)
-            .ok_or(Error::BadClientObjectSize(size))
+            .ok_or(ProtocolError::BadClientObjectSize(size))
     }
 }
 
@@ -139,15 +140,15 @@ impl fmt::Display for Generation {
 }
 
 impl FromStr for Generation {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
+    type Err = ProtocolError;
+    fn from_str(s: &str) -> Result<Self, ProtocolError> {
         match s {
             "v1" => Ok(Generation::V1),
             "v2" => Ok(Generation::V2),
             #[cfg(feature = "std")]
-            _ => Err(Error::BadGeneration(s.into())),
+            _ => Err(ProtocolError::BadGeneration(s.into())),
             #[cfg(not(feature = "std"))]
-            _ => Err(Error::BadGeneration("(not v1 or v2)")),
+            _ => Err(ProtocolError::BadGeneration("(not v1 or v2)")),
         }
     }
 }
@@ -167,13 +168,13 @@ const fn align_up(value: usize, align: usize) -> usize {
 impl Layout {
     /// A layout, or an error for a port count outside `1..=MAX_PORT_COUNT` or a lane size not
     /// in {1, 32, 64}.
-    pub fn new(generation: Generation, ports: u32, lanes: u32) -> Result<Self> {
+    pub fn new(generation: Generation, ports: u32, lanes: u32) -> Result<Self, ProtocolError> {
         if !LANE_SIZES.contains(&lanes) {
-            return Err(Error::BadLaneSize(lanes));
+            return Err(ProtocolError::BadLaneSize(lanes));
         }
         let max = generation.max_port_count();
         if ports == 0 || ports > max {
-            return Err(Error::BadPortCount {
+            return Err(ProtocolError::BadPortCount {
                 ports,
                 max,
                 generation,
@@ -237,9 +238,13 @@ impl Layout {
 
     /// Writes the device-side client object for a mailbox whose base the device sees at
     /// `device_base` into `out`, which must be exactly [`Layout::client_object_size`] bytes.
-    pub fn write_client_object(&self, device_base: u64, out: &mut [u8]) -> Result<()> {
+    pub fn write_client_object(
+        &self,
+        device_base: u64,
+        out: &mut [u8],
+    ) -> Result<(), ProtocolError> {
         if out.len() != self.client_object_size() {
-            return Err(Error::BadClientObjectSize(out.len()));
+            return Err(ProtocolError::BadClientObjectSize(out.len()));
         }
         out.fill(0);
         out[..4].copy_from_slice(&self.ports.to_le_bytes());
@@ -331,7 +336,7 @@ mod tests {
         );
         assert_eq!(
             Generation::from_client_object_size(8),
-            Err(Error::BadClientObjectSize(8))
+            Err(ProtocolError::BadClientObjectSize(8))
         );
     }
 
@@ -366,20 +371,20 @@ mod tests {
     fn invalid_parameters_are_errors() {
         assert_eq!(
             Layout::new(Generation::V1, 1, 16),
-            Err(Error::BadLaneSize(16))
+            Err(ProtocolError::BadLaneSize(16))
         );
         assert!(matches!(
             Layout::new(Generation::V1, 0, 1),
-            Err(Error::BadPortCount { .. })
+            Err(ProtocolError::BadPortCount { .. })
         ));
         assert!(matches!(
             Layout::new(Generation::V1, 4097, 1),
-            Err(Error::BadPortCount { .. })
+            Err(ProtocolError::BadPortCount { .. })
         ));
         assert!(Layout::new(Generation::V2, 16384, 64).is_ok());
         assert!(matches!(
             Layout::new(Generation::V2, 16385, 64),
-            Err(Error::BadPortCount { .. })
+            Err(ProtocolError::BadPortCount { .. })
         ));
         let layout = Layout::new(Generation::V1, 1, 1).unwrap();
         assert!(layout.write_client_object(0, &mut [0u8; 10]).is_err());

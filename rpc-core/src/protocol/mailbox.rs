@@ -8,9 +8,10 @@
 //! packet word always a `u64` one (the scan, the ports, plugin-host's copies alike).
 //! On x86-64 and AArch64 a relaxed load or store compiles to a plain move, so this costs nothing.
 
-use crate::protocol::error::{Error, Result};
+use crate::protocol::error::ProtocolError;
 use crate::protocol::layout::Layout;
 use crate::sync::{AtomicU32, DataWord};
+use crate::Result;
 
 /// A view of one mailbox: the arrays of PROTOCOL section 2 as atomics.
 #[derive(Clone, Copy)]
@@ -36,14 +37,14 @@ impl<'a> Mailbox<'a> {
         secondary: &'a [AtomicU32],
         header: &'a [DataWord],
         packet: &'a [DataWord],
-    ) -> Result<Self> {
+    ) -> Result<Self, ProtocolError> {
         let n = layout.ports() as usize;
         let lengths_ok = primary.len() == n
             && secondary.len() == n
             && header.len() == 2 * n
             && packet.len() == 8 * layout.lanes() as usize * n;
         if !lengths_ok {
-            return Err(Error::BadRegion {
+            return Err(ProtocolError::BadRegion {
                 addr: 0,
                 len: 0,
                 need: layout.total_size(),
@@ -71,10 +72,14 @@ impl<'a> Mailbox<'a> {
     ///   nothing non-atomic. Other processes and devices may write it as they like: that is
     ///   only garbage to us.
     #[cfg(not(loom))]
-    pub unsafe fn from_raw(base: *mut u8, len: usize, layout: Layout) -> Result<Self> {
+    pub unsafe fn from_raw(
+        base: *mut u8,
+        len: usize,
+        layout: Layout,
+    ) -> Result<Self, ProtocolError> {
         let need = layout.total_size();
         if base.is_null() || base as usize % 64 != 0 || len < need {
-            return Err(Error::BadRegion {
+            return Err(ProtocolError::BadRegion {
                 addr: base as usize,
                 len,
                 need,

@@ -13,7 +13,8 @@
 //! - `server_end.rs`: the server's end of one mailbox: finding pending ports and opening them
 //!   ([`ServerEnd`]; `scan.rs` finds them a word at a time).
 //!
-//! Depends on nothing else in the crate but its `error` module and the `sync` shim.
+//! Its failures are [`ProtocolError`]s (`error.rs`). It depends on nothing else in the crate
+//! but the `sync` shim.
 
 pub(crate) mod client;
 pub(crate) mod error;
@@ -31,6 +32,7 @@ pub(crate) mod server_end;
 mod loom;
 
 pub use client::{Client, ClientDoorbell};
+pub use error::ProtocolError;
 pub use layout::{Buffer, Generation, Header, Layout, BUFFER_SIZE, FIRST_PACKET_BYTES, LANE_SIZES};
 pub use mailbox::Mailbox;
 #[cfg(feature = "std")]

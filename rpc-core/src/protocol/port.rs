@@ -26,11 +26,12 @@
 //! | other word (`inbox`) | read only |
 //! | header, packets | only while `owns` (or, for the client, between open and its first send) |
 
-use crate::protocol::error::{Error, Result};
+use crate::protocol::error::ProtocolError;
 use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::protocol::mailbox::unlock;
 use crate::protocol::opcode::Opcode;
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
+use crate::Result;
 use core::future::Future;
 use core::task::{Context, Poll, Waker};
 
@@ -44,8 +45,8 @@ use alloc::vec::Vec;
 /// How a side waits for the other: called after each poll that found the buffer not yet ours.
 pub trait Wait: Sync {
     /// Pause before the next poll of `port` (`attempt` counts from 0), or give up with an error
-    /// (usually [`Error::Abandoned`]).
-    fn pause(&self, port: u32, attempt: u32) -> Result<()>;
+    /// (usually [`ProtocolError::Abandoned`]).
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), ProtocolError>;
     /// True if a port should not wait at all but suspend its operation (`Poll::Pending`), to be
     /// polled again later; `pause` is then never called. Only [`Resumable`] says yes.
     fn resumable(&self) -> bool {
@@ -92,12 +93,12 @@ fn spin_for_answer(answered: impl Fn() -> bool) -> bool {
 }
 
 /// The wait of a resumable exchange: never pauses, suspends instead (see the module docs). The
-/// synchronous operations of a port with this wait fail with [`Error::WouldBlock`] rather than
-/// wait.
+/// synchronous operations of a port with this wait fail with [`ProtocolError::WouldBlock`]
+/// rather than wait.
 pub struct Resumable;
 
 impl Wait for Resumable {
-    fn pause(&self, _port: u32, _attempt: u32) -> Result<()> {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<(), ProtocolError> {
         Ok(())
     }
     fn resumable(&self) -> bool {
@@ -109,7 +110,7 @@ impl Wait for Resumable {
 pub struct Spin;
 
 impl Wait for Spin {
-    fn pause(&self, _port: u32, _attempt: u32) -> Result<()> {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<(), ProtocolError> {
         crate::sync::spin_hint();
         Ok(())
     }
@@ -150,13 +151,13 @@ impl Backoff {
 
 #[cfg(feature = "std")]
 impl Wait for Backoff {
-    fn pause(&self, _port: u32, attempt: u32) -> Result<()> {
+    fn pause(&self, _port: u32, attempt: u32) -> Result<(), ProtocolError> {
         Backoff::step(attempt);
         Ok(())
     }
 }
 
-/// Backs off like [`Backoff`], and gives up ([`Error::Abandoned`]) once the instant has
+/// Backs off like [`Backoff`], and gives up ([`ProtocolError::Abandoned`]) once the instant has
 /// passed: for a client that must not wait forever on a server that may be gone (tests, tools,
 /// other processes).
 #[cfg(feature = "std")]
@@ -172,10 +173,10 @@ impl Deadline {
 
 #[cfg(feature = "std")]
 impl Wait for Deadline {
-    fn pause(&self, port: u32, attempt: u32) -> Result<()> {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), ProtocolError> {
         // Reading the clock costs more than a spin: only once the spinning is over.
         if attempt >= SPIN_POLLS && std::time::Instant::now() >= self.0 {
-            return Err(Error::Abandoned {
+            return Err(ProtocolError::Abandoned {
                 port,
                 reason: "deadline passed",
             });
@@ -392,7 +393,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// Whether this side owns the buffer now, taking it if so (see the module's memory-ordering
     /// note). A blocking wait pauses here until it does (or gives up); a resumable one returns
     /// `Pending` at once.
-    pub(crate) fn poll_take(&mut self) -> Poll<Result<()>> {
+    pub(crate) fn poll_take(&mut self) -> Poll<Result<(), ProtocolError>> {
         if self.owns {
             return Poll::Ready(Ok(()));
         }
@@ -423,7 +424,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// Waits (or suspends) until this side owns the buffer.
-    async fn take_buffer(&mut self) -> Result<()> {
+    async fn take_buffer(&mut self) -> Result<(), ProtocolError> {
         core::future::poll_fn(|_| self.poll_take()).await
     }
 
@@ -435,7 +436,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
-    pub(crate) async fn send_async(&mut self, mut fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+    pub(crate) async fn send_async(
+        &mut self,
+        mut fill: impl FnMut(u32, Packet<'_>),
+    ) -> Result<(), ProtocolError> {
         self.take_buffer().await?;
         for lane in lanes(self.mask) {
             fill(lane, self.packet(lane));
@@ -447,7 +451,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
     /// Waits for the other side's packet and lets `use_` read each active lane's. A recv right
     /// after a recv first hands the buffer back as an empty acknowledgement.
-    pub(crate) async fn recv_async(&mut self, mut use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+    pub(crate) async fn recv_async(
+        &mut self,
+        mut use_: impl FnMut(u32, Packet<'_>),
+    ) -> Result<(), ProtocolError> {
         if self.receive {
             self.hand_over();
         }
@@ -464,7 +471,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         &mut self,
         fill: impl FnMut(u32, Packet<'_>),
         use_: impl FnMut(u32, Packet<'_>),
-    ) -> Result<()> {
+    ) -> Result<(), ProtocolError> {
         self.send_async(fill).await?;
         self.recv_async(use_).await
     }
@@ -473,14 +480,14 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     pub(crate) async fn recv_and_send_async(
         &mut self,
         work: impl FnMut(u32, Packet<'_>),
-    ) -> Result<()> {
+    ) -> Result<(), ProtocolError> {
         self.recv_async(|_, _| {}).await?;
         self.send_async(work).await
     }
 
     /// Sends a byte string per lane (`data[lane]`; lanes past `data.len()` send 0 bytes):
     /// first packet `buf[0] = n` and up to 56 bytes, then 64-byte packets (PROTOCOL section 5).
-    pub(crate) async fn send_n_async(&mut self, data: &[&[u8]]) -> Result<()> {
+    pub(crate) async fn send_n_async(&mut self, data: &[&[u8]]) -> Result<(), ProtocolError> {
         let lane_data = |lane: u32| data.get(lane as usize).copied().unwrap_or(&[]);
         self.send_async(|lane, packet| {
             let bytes = lane_data(lane);
@@ -507,9 +514,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// Receives a byte string per lane (index = lane; inactive lanes get empty vectors).
-    /// A lane claiming more than `bound` bytes ends the exchange with [`Error::TooLong`]; memory
-    /// grows with the bytes actually received, never with the claimed length.
-    pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
+    /// A lane claiming more than `bound` bytes ends the exchange with
+    /// [`ProtocolError::TooLong`]; memory grows with the bytes actually received, never with
+    /// the claimed length.
+    pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>, ProtocolError> {
         self.recv_n_within_async(bound, u64::MAX).await
     }
 
@@ -519,7 +527,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         &mut self,
         bound: u64,
         total: u64,
-    ) -> Result<Vec<Vec<u8>>> {
+    ) -> Result<Vec<Vec<u8>>, ProtocolError> {
         let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
         // Each lane's length, kept only when one goes past the first packet: an array of 64
         // here would be most of a suspended script's size (each is a boxed future).
@@ -530,12 +538,12 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         self.recv_async(|lane, packet| {
             let len = packet.word(0);
             if len > bound {
-                too_long.get_or_insert(Error::TooLong { lane, len, bound });
+                too_long.get_or_insert(ProtocolError::TooLong { lane, len, bound });
                 return;
             }
             claimed = claimed.saturating_add(len);
             if claimed > total {
-                too_long.get_or_insert(Error::RequestTooLong {
+                too_long.get_or_insert(ProtocolError::RequestTooLong {
                     len: claimed,
                     bound: total,
                 });
@@ -580,11 +588,15 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
     /// Sends `size` bytes per active lane in `ceil(size / 64)` packets, without a length word
     /// (the fixed-size object variant). Every active lane's slice must have `size` bytes.
-    pub(crate) async fn send_fixed_async(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+    pub(crate) async fn send_fixed_async(
+        &mut self,
+        size: usize,
+        data: &[&[u8]],
+    ) -> Result<(), ProtocolError> {
         for lane in lanes(self.mask) {
             let len = data.get(lane as usize).map_or(0, |d| d.len());
             if len != size {
-                return Err(Error::BadLength {
+                return Err(ProtocolError::BadLength {
                     lane,
                     len,
                     expected: size,
@@ -602,7 +614,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// Receives `size` bytes per active lane sent by [`Port::send_fixed`].
-    pub(crate) async fn recv_fixed_async(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+    pub(crate) async fn recv_fixed_async(
+        &mut self,
+        size: usize,
+    ) -> Result<Vec<Vec<u8>>, ProtocolError> {
         let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
         for lane in lanes(self.mask) {
             out[lane as usize] = alloc_vec(size);
@@ -618,13 +633,13 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
-    pub fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+    pub fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<(), ProtocolError> {
         complete(self.index, self.send_async(fill))
     }
 
     /// Waits for the other side's packet and lets `use_` read each active lane's. A recv right
     /// after a recv first hands the buffer back as an empty acknowledgement.
-    pub fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+    pub fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<(), ProtocolError> {
         complete(self.index, self.recv_async(use_))
     }
 
@@ -633,32 +648,35 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         &mut self,
         fill: impl FnMut(u32, Packet<'_>),
         use_: impl FnMut(u32, Packet<'_>),
-    ) -> Result<()> {
+    ) -> Result<(), ProtocolError> {
         complete(self.index, self.send_and_recv_async(fill, use_))
     }
 
     /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
-    pub fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+    pub fn recv_and_send(
+        &mut self,
+        work: impl FnMut(u32, Packet<'_>),
+    ) -> Result<(), ProtocolError> {
         complete(self.index, self.recv_and_send_async(work))
     }
 
     /// Sends a byte string per lane (see `send_n_async`, PROTOCOL section 5).
-    pub fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
+    pub fn send_n(&mut self, data: &[&[u8]]) -> Result<(), ProtocolError> {
         complete(self.index, self.send_n_async(data))
     }
 
     /// Receives a byte string per lane, each at most `bound` bytes (see `recv_n_async`).
-    pub fn recv_n(&mut self, bound: u64) -> Result<Vec<Vec<u8>>> {
+    pub fn recv_n(&mut self, bound: u64) -> Result<Vec<Vec<u8>>, ProtocolError> {
         complete(self.index, self.recv_n_async(bound))
     }
 
     /// Sends `size` bytes per active lane without a length word (see `send_fixed_async`).
-    pub fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
+    pub fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<(), ProtocolError> {
         complete(self.index, self.send_fixed_async(size, data))
     }
 
     /// Receives `size` bytes per active lane sent by [`Port::send_fixed`].
-    pub fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
+    pub fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>, ProtocolError> {
         complete(self.index, self.recv_fixed_async(size))
     }
 
@@ -668,15 +686,18 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
 /// Runs a port operation to completion in one poll: a blocking wait never suspends, so only a
 /// [`Resumable`] port can be `Pending` here, and then the operation stops with
-/// [`Error::WouldBlock`] (the exchange is left midway, as after a wait that gave up).
-fn complete<T>(port: u32, operation: impl Future<Output = Result<T>>) -> Result<T> {
+/// [`ProtocolError::WouldBlock`] (the exchange is left midway, as after a wait that gave up).
+fn complete<T>(
+    port: u32,
+    operation: impl Future<Output = Result<T, ProtocolError>>,
+) -> Result<T, ProtocolError> {
     let mut operation = core::pin::pin!(operation);
     match operation
         .as_mut()
         .poll(&mut Context::from_waker(Waker::noop()))
     {
         Poll::Ready(result) => result,
-        Poll::Pending => Err(Error::WouldBlock { port }),
+        Poll::Pending => Err(ProtocolError::WouldBlock { port }),
     }
 }
 
@@ -691,9 +712,9 @@ impl<'a> Port<'a, true> {
     }
 
     /// Checks the header mask: non-empty, no bits at or above `L`.
-    pub fn check_mask(&self) -> Result<()> {
+    pub fn check_mask(&self) -> Result<(), ProtocolError> {
         if self.header_mask == 0 || self.header_mask != self.mask {
-            return Err(Error::BadMask {
+            return Err(ProtocolError::BadMask {
                 mask: self.header_mask,
                 lanes: self.lanes,
             });

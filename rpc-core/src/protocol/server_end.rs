@@ -1,11 +1,12 @@
 //! The server side of the port protocol over one mailbox: finding pending ports and opening
 //! them. The thread that drives it is [`crate::server::thread`]; handlers run the port scripts.
 
-use crate::protocol::error::{Error, Result};
+use crate::protocol::error::ProtocolError;
 use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, store_own_word, Port, ServerPort, Wait};
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
+use crate::Result;
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
 /// or two threads can open one port.
@@ -18,10 +19,10 @@ pub struct ServerEnd<'a> {
 
 impl<'a> ServerEnd<'a> {
     /// A server over `mailbox` using `locks` (at least `ceil(N / 32)` words).
-    pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self> {
+    pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self, ProtocolError> {
         let need = lock_words(mailbox.layout().ports());
         if locks.len() < need {
-            return Err(Error::BadRegion {
+            return Err(ProtocolError::BadRegion {
                 addr: 0,
                 len: locks.len() * 4,
                 need: need * 4,

@@ -57,10 +57,10 @@
 use std::time::Instant;
 use std::vec::Vec;
 
-use crate::protocol::error::Error;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{SPIN_WAITS, WAITING_ON_PORT};
 use crate::protocol::scan::{HotPorts, Step};
+use crate::server::error::ServerError;
 use crate::server::limits::device_warn;
 use crate::server::mailboxes::{Marks, Quarantined};
 use crate::server::registry::{Exchange, Handler, Registry, Request};
@@ -593,7 +593,7 @@ impl Inner {
         opcode: Opcode,
         marks: Marks,
         exchange: Exchange,
-        result: Result<()>,
+        result: Result<(), ServerError>,
     ) {
         let fate = self.finish(mailbox, index, opcode, result);
         drop(exchange);
@@ -601,7 +601,13 @@ impl Inner {
     }
 
     /// Logs and counts how a request ended; the fate of its port.
-    fn finish(&self, mailbox: &Attached, index: u32, opcode: Opcode, result: Result<()>) -> Fate {
+    fn finish(
+        &self,
+        mailbox: &Attached,
+        index: u32,
+        opcode: Opcode,
+        result: Result<(), ServerError>,
+    ) -> Fate {
         let context = &self.context;
         let name = &context.config.name;
         let id = mailbox.id.0;
@@ -610,7 +616,7 @@ impl Inner {
                 context.stats.served(opcode);
                 Fate::Close
             }
-            Err(Error::Refused(why)) => {
+            Err(ServerError::Refused(why)) => {
                 device_warn!(
                     context,
                     "{name}: mailbox {id} port {index}: {opcode} refused: {why}"
@@ -619,7 +625,7 @@ impl Inner {
                 context.stats.served(opcode);
                 Fate::Close
             }
-            Err(Error::Panicked(text)) => {
+            Err(ServerError::Panicked(text)) => {
                 log::error!(
                     "{name}: mailbox {id} port {index}: handler for {opcode} panicked: {text}; \
                      port quarantined"
@@ -688,7 +694,7 @@ fn carry_out(mailbox: &Attached, index: u32, marks: Marks, fate: Fate) {
 
 /// How a poll of an exchange went.
 enum Polled {
-    Done(Result<()>),
+    Done(Result<(), ServerError>),
     /// Suspended in a port operation: the client has not answered.
     OnPort,
     /// Suspended on something else (an I/O call, a user's future).
@@ -697,7 +703,7 @@ enum Polled {
 
 /// Polls an exchange once (no-op waker: see the module docs), its port operations allowed
 /// `spin_waits` spins for the client's answer before suspending. A panic inside it ends it as
-/// [`Error::Panicked`].
+/// [`ServerError::Panicked`].
 fn poll(exchange: &mut Exchange, spin_waits: u32) -> Polled {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     WAITING_ON_PORT.with(|waiting| waiting.set(false));
@@ -715,8 +721,8 @@ fn poll(exchange: &mut Exchange, spin_waits: u32) -> Polled {
     }
 }
 
-/// Runs `f`, turning a panic into [`Error::Panicked`] with its message.
-fn catch<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+/// Runs `f`, turning a panic into [`ServerError::Panicked`] with its message.
+fn catch<T>(f: impl FnOnce() -> Result<T, ServerError>) -> Result<T, ServerError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or_else(|panic| Err(Error::Panicked(panic_message(panic.as_ref()))))
+        .unwrap_or_else(|panic| Err(ServerError::Panicked(panic_message(panic.as_ref()))))
 }

@@ -25,10 +25,11 @@ use std::collections::VecDeque;
 use std::string::String;
 use std::time::{Duration, Instant};
 
-use crate::protocol::error::{Error, Result};
+use crate::server::error::ServerError;
 use crate::server::stats::bump;
 use crate::server::{panic_message, Inner, ServerContext};
 use crate::sync::{lock, Arc, Condvar, Mutex};
+use crate::Result;
 
 type Call = Box<dyn FnOnce() + Send>;
 
@@ -57,11 +58,11 @@ pub(crate) struct IoPool {
 type Slot<R> = Mutex<Option<core::result::Result<R, String>>>;
 
 /// Runs `call` on one of `inner`'s I/O threads; resolves to its result once it ran (a panic in
-/// it becomes [`Error::Panicked`]).
+/// it becomes [`ServerError::Panicked`]).
 pub(crate) async fn run<R: Send + 'static>(
     inner: &Arc<Inner>,
     call: impl FnOnce(&ServerContext) -> R + Send + 'static,
-) -> Result<R> {
+) -> Result<R, ServerError> {
     let slot: Arc<Slot<R>> = Arc::new(Mutex::new(None));
     let job: Call = {
         let (inner, slot) = (inner.clone(), slot.clone());
@@ -86,12 +87,12 @@ pub(crate) async fn run<R: Send + 'static>(
         None => core::task::Poll::Pending,
     })
     .await;
-    result.map_err(Error::Panicked)
+    result.map_err(ServerError::Panicked)
 }
 
 impl IoPool {
     /// Queues a call, starting a thread if none is idle and the limit allows.
-    fn submit(&self, inner: &Arc<Inner>, call: Call) -> Result<()> {
+    fn submit(&self, inner: &Arc<Inner>, call: Call) -> Result<(), ServerError> {
         let mut state = lock(&self.state);
         state.calls.push_back(call);
         if state.idle >= state.calls.len()
@@ -114,7 +115,7 @@ impl IoPool {
             }
             Err(error) => {
                 state.calls.pop_back();
-                Err(Error::Spawn(error.to_string()))
+                Err(ServerError::Spawn(error.to_string()))
             }
         }
     }

@@ -13,6 +13,7 @@ use core::task::{Context, Poll, Waker};
 use std::boxed::Box;
 use std::time::Duration;
 
+use crate::server::error::ServerError;
 use crate::server::Inner;
 use crate::sync::{thread, Arc, AtomicUsize, Ordering};
 use crate::Result;
@@ -29,7 +30,7 @@ fn server(io_threads: usize) -> RpcServer {
 }
 
 /// Polls `call` as a pass polls a suspended exchange (no-op waker) until it is ready.
-fn poll_until_ready<R>(call: &mut Pin<Box<impl Future<Output = Result<R>>>>) -> R {
+fn poll_until_ready<R>(call: &mut Pin<Box<impl Future<Output = Result<R, ServerError>>>>) -> R {
     let mut cx = Context::from_waker(Waker::noop());
     loop {
         match call.as_mut().poll(&mut cx) {
@@ -44,7 +45,7 @@ fn call<'a>(
     inner: &'a Arc<Inner>,
     runs: &Arc<AtomicUsize>,
     value: u64,
-) -> impl Future<Output = Result<u64>> + 'a {
+) -> impl Future<Output = Result<u64, ServerError>> + 'a {
     let runs = runs.clone();
     crate::server::io_pool::run(inner, move |_| {
         // RMW: a tally of runs; the result slot's lock orders it before the exchange reads it.
@@ -116,7 +117,7 @@ fn two_calls_on_one_thread_both_run() {
         // Both queued before either is waited for: the second may find the thread busy, idle
         // or not yet started.
         let early = (first.as_mut().poll(&mut cx), second.as_mut().poll(&mut cx));
-        let finish = |early: Poll<Result<u64>>, call: &mut Pin<Box<_>>| match early {
+        let finish = |early: Poll<Result<u64, ServerError>>, call: &mut Pin<Box<_>>| match early {
             Poll::Ready(result) => result.unwrap(),
             Poll::Pending => poll_until_ready(call),
         };

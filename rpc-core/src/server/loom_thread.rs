@@ -6,7 +6,7 @@ use std::vec::Vec;
 use crate::protocol::port::Spin;
 use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use crate::sync::{thread, Arc};
-use crate::{Error, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
+use crate::{Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped};
 
 fn server() -> Arc<RpcServer> {
     Arc::new(RpcServer::new(ServerConfig::default()))
@@ -78,7 +78,7 @@ fn shutdown_while_a_guard_is_live() {
         let guard = server.user();
         assert_eq!(
             server.shutdown_with(ShutdownPolicy::Refuse),
-            Err(Error::LiveUsers(1))
+            Err(ServerError::LiveUsers(1))
         );
         assert!(server.is_running(), "a refused shutdown keeps serving");
         let dropper = thread::spawn(move || drop(guard));

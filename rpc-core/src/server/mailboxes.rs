@@ -5,15 +5,16 @@ use std::boxed::Box;
 use std::time::{Duration, Instant};
 use std::vec::Vec;
 
-use crate::protocol::error::{Error, Result};
 use crate::protocol::layout::Layout;
 use crate::protocol::mailbox::{LockTable, Mailbox, MailboxMemory};
 use crate::protocol::opcode::{Dialect, Numbering};
 use crate::protocol::port::Backoff;
 use crate::protocol::server_end::ServerEnd;
+use crate::server::error::ServerError;
 use crate::server::users::Coverage;
 use crate::server::{RpcServer, ServerContext};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::Result;
 
 /// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
 /// 64-byte aligned when allocated; freed when dropped.
@@ -245,7 +246,7 @@ impl RpcServer {
         &self,
         region: Box<dyn SharedRegion>,
         layout: Layout,
-    ) -> Result<MailboxId> {
+    ) -> Result<MailboxId, ServerError> {
         // Checks alignment and size once; `RegionMailbox::view` relies on it.
         // SAFETY: a view is only built here to validate; the region outlives this statement.
         unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
@@ -271,7 +272,7 @@ impl RpcServer {
         region: Box<dyn SharedRegion>,
         layout: Layout,
         bell: Box<dyn Doorbell>,
-    ) -> Result<MailboxId> {
+    ) -> Result<MailboxId, ServerError> {
         // SAFETY: as in `attach_region`: a validating view only.
         unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
         Ok(self.attach_with_doorbell(Box::new(RegionMailbox { region, layout }), bell))
@@ -288,7 +289,7 @@ impl RpcServer {
         bell: Option<Box<dyn Doorbell>>,
         numbering: Numbering,
         printf: Dialect,
-    ) -> Result<MailboxId> {
+    ) -> Result<MailboxId, ServerError> {
         // SAFETY: as in `attach_region`: a validating view only.
         unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
         let source = Box::new(RegionMailbox { region, layout });
@@ -341,13 +342,13 @@ impl RpcServer {
     /// Detaches a mailbox and frees it once the worker no longer holds it (a wait on one of
     /// its ports is abandoned); the files its kernels opened are closed and their MALLOC
     /// allocations freed. Errors if no such mailbox is attached.
-    pub fn detach(&self, id: MailboxId) -> Result<()> {
+    pub fn detach(&self, id: MailboxId) -> Result<(), ServerError> {
         let context = &self.inner.context;
         let attached = context.mailboxes.update(|list| {
             let at = list.iter().position(|m| m.id == id)?;
             Some(list.remove(at))
         });
-        let attached = attached.ok_or(Error::NoSuchMailbox(id.0))?;
+        let attached = attached.ok_or(ServerError::NoSuchMailbox(id.0))?;
         // Release: pairs with the worker's Acquire load before it touches the mailbox again.
         attached.detached.store(true, Ordering::Release);
         // Its kernels can no longer ask anything: what they held goes now.

@@ -31,7 +31,6 @@ use std::string::{String, ToString};
 use std::time::Duration;
 use std::vec::Vec;
 
-use crate::protocol::error::{Error, Result};
 use crate::protocol::opcode::Opcode;
 use crate::server::mailboxes::{Attached, MailboxSlot, Slots, Snapshot};
 use crate::server::registry::{entry, Entry, Handler, Matcher, Registry, Request};
@@ -41,9 +40,12 @@ use crate::server::thread::{ServerThread, Started, Stopped};
 use crate::server::users::Coverage;
 pub use crate::server::worker::ABSENT_AFTER;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
+use crate::Result;
+use error::ServerError;
 use std::future::Future;
 
 pub(crate) mod dispatch;
+pub(crate) mod error;
 pub(crate) mod io_pool;
 pub(crate) mod limits;
 pub(crate) mod mailboxes;
@@ -228,7 +230,10 @@ impl RpcServer {
 
     /// Registers a script handler for one opcode, ahead of the standard ones and of handlers
     /// registered later: an async function of the [`Request`] whose every `.await` on the port
-    /// lets the server thread serve the other ports until the client answers.
+    /// lets the server thread serve the other ports until the client answers. It ends with
+    /// `Ok(())` or a [`ServerError`] (`?` lifts the port's [`ProtocolError`](crate::ProtocolError)s
+    /// into one): [`ServerError::Refused`] closes the port as served and counts a refusal, any
+    /// other error quarantines the port.
     ///
     /// ```no_run
     /// # let server = rpc_core::RpcServer::new(Default::default());
@@ -241,7 +246,7 @@ impl RpcServer {
     pub fn register<F, Fut>(&self, opcode: Opcode, script: F)
     where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<()>> + Send + 'static,
+        Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
     {
         self.register_handler(
             Matcher::Opcode(opcode),
@@ -279,7 +284,7 @@ impl RpcServer {
         script: F,
     ) where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<()>> + Send + 'static,
+        Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
     {
         self.register_handler(
             Matcher::Predicate(std::sync::Arc::new(accepts)),
@@ -313,7 +318,7 @@ impl RpcServer {
     /// called any number of times, in any order: a second one says it had nothing to do. A
     /// [`crate::PluginRuntime`] starts its server itself whenever it loads or launches an RPC
     /// image (after a `shutdown` too), and after its `deinit` `start` fails with
-    /// [`Error::Deinitialised`].
+    /// [`ServerError::Deinitialised`].
     ///
     /// ```
     /// use rpc_core::{RpcServer, ServerConfig, Started, Stopped};
@@ -327,10 +332,10 @@ impl RpcServer {
     /// # let _ = server.shutdown()?;
     /// # Ok::<(), rpc_core::Error>(())
     /// ```
-    pub fn start(&self) -> Result<Started> {
+    pub fn start(&self) -> Result<Started, ServerError> {
         // Acquire: pairs with `retire`'s Release (a plain flag; nothing else is ordered by it).
         if self.inner.context.retired.load(Ordering::Acquire) {
-            return Err(Error::Deinitialised);
+            return Err(ServerError::Deinitialised);
         }
         let inner = self.inner.clone();
         let stats = &self.inner.context.stats;
@@ -339,7 +344,7 @@ impl RpcServer {
             .start(stats, move || crate::server::worker::run(inner))
     }
 
-    /// Makes every later `start` fail with [`Error::Deinitialised`] (the runtime's `deinit`).
+    /// Makes every later `start` fail with [`ServerError::Deinitialised`] (the runtime's `deinit`).
     #[cfg_attr(loom, allow(dead_code))] // Its one caller, the runtime, is not built under loom.
     pub(crate) fn retire(&self) {
         self.inner.context.retired.store(true, Ordering::Release);
@@ -347,16 +352,16 @@ impl RpcServer {
 
     /// Stops the worker and joins it; `AlreadyStopped` if none ran (see [`RpcServer::start`]).
     /// With kernels still holding user guards, the configured [`ShutdownPolicy`] decides:
-    /// refuse with [`Error::LiveUsers`] (at once or after a wait) and keep serving, or stop
+    /// refuse with [`ServerError::LiveUsers`] (at once or after a wait) and keep serving, or stop
     /// anyway. Exchanges still in flight are abandoned (their ports quarantined, never handed
     /// wrong data), and I/O threads stuck in a call are left behind and counted
     /// (`io_threads_abandoned`), never joined forever.
-    pub fn shutdown(&self) -> Result<Stopped> {
+    pub fn shutdown(&self) -> Result<Stopped, ServerError> {
         self.shutdown_with(self.inner.context.config.shutdown_policy)
     }
 
     /// Stops the worker with an explicit policy.
-    pub fn shutdown_with(&self, policy: ShutdownPolicy) -> Result<Stopped> {
+    pub fn shutdown_with(&self, policy: ShutdownPolicy) -> Result<Stopped, ServerError> {
         let stopped = self.inner.thread.shutdown(policy)?;
         if stopped == Stopped::Stopped && self.inner.context.config.log_stats_on_shutdown {
             log::info!("{}: server statistics: {}", self.name(), self.stats());

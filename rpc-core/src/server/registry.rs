@@ -19,22 +19,23 @@ use std::pin::Pin;
 use std::string::String;
 use std::vec::Vec;
 
-use crate::protocol::error::Result;
 use crate::protocol::layout::Layout;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::Packet;
 use crate::protocol::ServerPort;
+use crate::server::error::ServerError;
 use crate::server::{Attached, Inner, MailboxId, ServerContext};
 use crate::sync::Arc;
+use crate::Result;
 
 /// What a script handler returns: the rest of the exchange, polled by the server thread.
-pub(crate) type Exchange = Pin<Box<dyn Future<Output = Result<()>> + Send + 'static>>;
+pub(crate) type Exchange = Pin<Box<dyn Future<Output = Result<(), ServerError>> + Send + 'static>>;
 
 /// A packet handler as the server runs it: the whole one-packet script over the open port (it
 /// never waits: the client's packet is there when the port opens). Built by [`Handler::packet`]
 /// from a per-lane closure, which is called directly (one dynamic call per request, not per
 /// lane).
-pub(crate) type PacketFn = dyn Fn(&mut ServerPort<'_>) -> Result<()> + Send + Sync;
+pub(crate) type PacketFn = dyn Fn(&mut ServerPort<'_>) -> Result<(), ServerError> + Send + Sync;
 
 /// A script handler: starts the exchange of one request.
 pub(crate) type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
@@ -53,7 +54,7 @@ impl Handler {
     pub(crate) fn script<F, Fut>(script: F) -> Self
     where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<()>> + Send + 'static,
+        Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
     {
         Handler::Script(std::sync::Arc::new(move |request| {
             Box::pin(script(request))
@@ -63,7 +64,7 @@ impl Handler {
     /// A packet handler from a closure that rewrites each active lane's packet in place.
     pub(crate) fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
         Handler::Packet(std::sync::Arc::new(move |port: &mut ServerPort<'_>| {
-            port.recv_and_send(&reply)
+            Ok(port.recv_and_send(&reply)?)
         }))
     }
 }
@@ -289,19 +290,22 @@ impl Request {
     }
 
     /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
-    pub async fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+    pub async fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<(), ServerError> {
         self.port.send_async(fill).await?;
         self.trace(format_args!("sent a packet"));
         Ok(())
     }
     /// Waits for the client's packet and lets `use_` read each active lane's.
-    pub async fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+    pub async fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<(), ServerError> {
         self.port.recv_async(use_).await?;
         self.trace(format_args!("received a packet"));
         Ok(())
     }
     /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
-    pub async fn recv_and_send(&mut self, work: impl FnMut(u32, Packet<'_>)) -> Result<()> {
+    pub async fn recv_and_send(
+        &mut self,
+        work: impl FnMut(u32, Packet<'_>),
+    ) -> Result<(), ServerError> {
         self.port.recv_and_send_async(work).await?;
         self.trace(format_args!("received a packet and sent it back"));
         Ok(())
@@ -311,13 +315,13 @@ impl Request {
         &mut self,
         fill: impl FnMut(u32, Packet<'_>),
         use_: impl FnMut(u32, Packet<'_>),
-    ) -> Result<()> {
+    ) -> Result<(), ServerError> {
         self.port.send_and_recv_async(fill, use_).await?;
         self.trace(format_args!("sent a packet, received the reply"));
         Ok(())
     }
     /// Sends a byte string per lane (PROTOCOL section 5).
-    pub async fn send_n(&mut self, data: &[&[u8]]) -> Result<()> {
+    pub async fn send_n(&mut self, data: &[&[u8]]) -> Result<(), ServerError> {
         self.port.send_n_async(data).await?;
         let longest = data.iter().map(|d| d.len()).max().unwrap_or(0);
         self.trace(format_args!("sent a stream (longest lane {longest} bytes)"));
@@ -325,8 +329,9 @@ impl Request {
     }
     /// Receives a byte string per lane, bounded by the server's [`crate::Limits`]: a lane
     /// above `stream_bytes`, or the request's streams together above `request_bytes`, end the
-    /// exchange at once ([`crate::Error::TooLong`], [`crate::Error::RequestTooLong`]).
-    pub async fn recv_n(&mut self) -> Result<Vec<Vec<u8>>> {
+    /// exchange at once ([`ProtocolError::TooLong`](crate::ProtocolError::TooLong),
+    /// [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong)).
+    pub async fn recv_n(&mut self) -> Result<Vec<Vec<u8>>, ServerError> {
         let limits = &self.inner.context.config.limits;
         let left = limits.request_bytes.saturating_sub(self.received);
         let data = self
@@ -341,12 +346,12 @@ impl Request {
         Ok(data)
     }
     /// Sends `size` bytes per active lane without a length word.
-    pub async fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<()> {
-        self.port.send_fixed_async(size, data).await
+    pub async fn send_fixed(&mut self, size: usize, data: &[&[u8]]) -> Result<(), ServerError> {
+        Ok(self.port.send_fixed_async(size, data).await?)
     }
     /// Receives `size` bytes per active lane without a length word.
-    pub async fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>> {
-        self.port.recv_fixed_async(size).await
+    pub async fn recv_fixed(&mut self, size: usize) -> Result<Vec<Vec<u8>>, ServerError> {
+        Ok(self.port.recv_fixed_async(size).await?)
     }
 
     /// Runs `call` on one of the server's I/O threads and waits (suspended, the port held) for
@@ -354,7 +359,7 @@ impl Request {
     pub async fn blocking<R: Send + 'static>(
         &self,
         call: impl FnOnce(&ServerContext) -> R + Send + 'static,
-    ) -> Result<R> {
+    ) -> Result<R, ServerError> {
         crate::server::io_pool::run(&self.inner, call).await
     }
 }

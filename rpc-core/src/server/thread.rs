@@ -67,16 +67,17 @@
 use std::string::String;
 use std::time::Duration;
 
-use crate::protocol::error::{Error, Result};
+use crate::server::error::ServerError;
 use crate::server::mailboxes::Attached;
 use crate::server::stats::{bump, Stats};
 use crate::server::users::Coverage;
 use crate::sync::{self, lock, thread, Arc, AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
+use crate::Result;
 
 /// What to do when `shutdown` finds kernels still holding user guards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShutdownPolicy {
-    /// Return [`Error::LiveUsers`] and keep serving.
+    /// Return [`ServerError::LiveUsers`] and keep serving.
     Refuse,
     /// Wait up to this long for the guards to go, then refuse as above.
     Wait(Duration),
@@ -230,14 +231,14 @@ impl ServerThread {
         &self,
         stats: &Stats,
         worker: impl FnOnce() + Send + 'static,
-    ) -> Result<Started> {
+    ) -> Result<Started, ServerError> {
         let control = lock(&self.control);
         // From a handler, on the worker itself: it runs (or, in its last pass, is stopping and
         // cannot wait for itself to be joined).
         if control.worker == Some(thread::current().id()) {
             return match control.state {
                 State::Running => Ok(Started::AlreadyRunning),
-                _ => Err(Error::Refused(
+                _ => Err(ServerError::Refused(
                     "start called from the server's own worker while it stops".into(),
                 )),
             };
@@ -247,7 +248,7 @@ impl ServerThread {
             return Ok(Started::AlreadyRunning);
         }
         let name: String = std::format!("rpc-{}", self.name);
-        let handle = sync::spawn(name, worker).map_err(|e| Error::Spawn(e.to_string()))?;
+        let handle = sync::spawn(name, worker).map_err(|e| ServerError::Spawn(e.to_string()))?;
         // RMW: one more live worker, counted from its spawn (the worker counts itself out as
         // it leaves). Relaxed, as every statistic: a read-modify-write reads the latest count
         // whatever the ordering, so the high-water mark below is exact.
@@ -261,13 +262,13 @@ impl ServerThread {
         Ok(Started::Started)
     }
 
-    pub(crate) fn shutdown(&self, policy: ShutdownPolicy) -> Result<Stopped> {
+    pub(crate) fn shutdown(&self, policy: ShutdownPolicy) -> Result<Stopped, ServerError> {
         let name = &self.name;
         let mut control = lock(&self.control);
         // From a handler, on the worker itself: it cannot join itself (checked before waiting
         // for a stopping worker, which may be this one in its last pass).
         if control.worker == Some(thread::current().id()) {
-            return Err(Error::Refused(
+            return Err(ServerError::Refused(
                 "shutdown called from the server's own worker".into(),
             ));
         }
@@ -286,7 +287,7 @@ impl ServerThread {
                 break;
             }
             match policy {
-                ShutdownPolicy::Refuse => return Err(Error::LiveUsers(control.users)),
+                ShutdownPolicy::Refuse => return Err(ServerError::LiveUsers(control.users)),
                 ShutdownPolicy::Force => {
                     forced = control.users;
                     break;
@@ -298,7 +299,7 @@ impl ServerThread {
                         .map(|d| d.saturating_duration_since(std::time::Instant::now()))
                         .unwrap_or_default();
                     if left.is_zero() {
-                        return Err(Error::LiveUsers(control.users));
+                        return Err(ServerError::LiveUsers(control.users));
                     }
                     control = self
                         .cv

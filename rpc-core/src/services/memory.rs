@@ -12,11 +12,12 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use super::{active, per_lane, recv_words, send_word0, Refusals};
-use crate::protocol::error::VendorError;
+use crate::server::error::ServerError;
 use crate::server::limits::device_warn;
 use crate::server::registry::Request;
 use crate::sync::lock;
 use crate::Result;
+use crate::VendorError;
 
 /// Device-accessible memory for the MALLOC/FREE services, raw: blocks of bytes at whatever
 /// alignment the device gives them (the server aligns them, see the module docs). What kernels
@@ -157,7 +158,7 @@ impl Allocations {
 /// MALLOC: C send buf\[0\] = size; S send buf\[0\] = address (2 MiB aligned) or 0. Size 0 and
 /// failed allocations answer 0, as C's malloc may; no allocator set, or a size that would take
 /// the mailbox above `Limits::malloc_bytes`, is a refusal (0).
-pub(crate) async fn malloc(mut req: Request) -> Result<()> {
+pub(crate) async fn malloc(mut req: Request) -> Result<(), ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let services = &context.services();
@@ -212,7 +213,7 @@ pub(crate) async fn malloc(mut req: Request) -> Result<()> {
 /// FREE: C send buf\[0\] = address; S frees; no reply. Address 0 is a no-op (`free(NULL)`);
 /// anything else that is not a live allocation of this mailbox (foreign, another mailbox's, or
 /// freed already) is refused and nothing is freed.
-pub(crate) async fn free(mut req: Request) -> Result<()> {
+pub(crate) async fn free(mut req: Request) -> Result<(), ServerError> {
     let words = recv_words(&mut req).await?;
     let mailbox = super::mailbox_state(&req);
     let mut refusals = Refusals::default();

@@ -4,15 +4,16 @@
 //! The host trusts nothing the device sends (DESIGN, "Safety and policy"). Every handler runs
 //! its opcode's whole script, whatever the input, so the client never hangs; a lane whose input
 //! is refused gets the error value the C function would return, and the request ends in
-//! [`Error::Refused`] (logged at `warn`, counted in `stats().refused`).
+//! [`ServerError::Refused`] (logged at `warn`, counted in `stats().refused`).
 //!
 //! What a request may make the host hold is bounded by the server's [`crate::Limits`]. Streams
 //! of bytes from the device (`send_n`) are bounded per lane (`stream_bytes`) and per request
-//! (`request_bytes`): a claim above them ends the exchange at once ([`Error::TooLong`],
-//! [`Error::RequestTooLong`], logged and counted in `errors`); the rest is not drained on the
-//! server's time, and the port stays locked until the kernel is gone (see
-//! how the server ends an exchange). printf's output goes to its stream in pieces, never whole in memory;
-//! reads are served in parts of at most `read_bytes`.
+//! (`request_bytes`): a claim above them ends the exchange at once
+//! ([`ProtocolError::TooLong`](crate::ProtocolError::TooLong),
+//! [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong), logged and counted
+//! in `errors`); the rest is not drained on the server's time, and the port stays locked until
+//! the kernel is gone (see how the server ends an exchange). printf's output goes to its stream
+//! in pieces, never whole in memory; reads are served in parts of at most `read_bytes`.
 //!
 //! Each mailbox's kernels have their own open files and allocations: a handle or an address
 //! from another mailbox names nothing, the quotas (`open_files`, `malloc_bytes`) are per
@@ -70,8 +71,8 @@ use std::string::String;
 use std::sync::Arc;
 use std::vec::Vec;
 
-use crate::protocol::error::Error;
 use crate::protocol::port::lanes;
+use crate::server::error::ServerError;
 use crate::server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 use crate::server::mailboxes::{MailboxSlot, Slots};
 use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
@@ -498,7 +499,7 @@ pub(crate) async fn io<R: Send + 'static>(
     req: &Request,
     touches: impl Into<Touches>,
     work: impl FnOnce(&ServerContext) -> R + Send + 'static,
-) -> Result<R> {
+) -> Result<R, ServerError> {
     let touches = touches.into();
     if touches.stdin {
         let turn = StdinTurn::take(req).await;
@@ -573,7 +574,7 @@ pub(crate) fn per_lane<T: Clone>(req: &Request, value: T) -> Vec<T> {
 }
 
 /// `recv`, keeping every active lane's eight words.
-pub(crate) async fn recv_words(req: &mut Request) -> Result<LaneWords> {
+pub(crate) async fn recv_words(req: &mut Request) -> Result<LaneWords, ServerError> {
     let mut words = per_lane(req, [0u64; 8]);
     req.recv(|lane, p| words[lane as usize] = p.read().data)
         .await?;
@@ -581,7 +582,7 @@ pub(crate) async fn recv_words(req: &mut Request) -> Result<LaneWords> {
 }
 
 /// `send` of one reply word (buf\[0\]) per lane.
-pub(crate) async fn send_word0(req: &mut Request, replies: &[u64]) -> Result<()> {
+pub(crate) async fn send_word0(req: &mut Request, replies: &[u64]) -> Result<(), ServerError> {
     req.send(|lane, p| p.set_word(0, replies[lane as usize]))
         .await
 }
@@ -591,7 +592,7 @@ pub(crate) fn until_nul(bytes: &[u8]) -> &[u8] {
     bytes.split(|&b| b == 0).next().unwrap_or_default()
 }
 
-/// The refusals of one request, per lane; the request ends with [`Error::Refused`] if any.
+/// The refusals of one request, per lane; the request ends with [`ServerError::Refused`] if any.
 #[derive(Default)]
 pub(crate) struct Refusals {
     first: Option<String>,
@@ -607,11 +608,11 @@ impl Refusals {
         }
     }
     /// `Ok` if nothing was refused, else the refusal (the script must be complete by now).
-    pub(crate) fn finish(self) -> Result<()> {
+    pub(crate) fn finish(self) -> Result<(), ServerError> {
         match self.first {
             None => Ok(()),
-            Some(first) if self.more == 0 => Err(Error::Refused(first)),
-            Some(first) => Err(Error::Refused(std::format!(
+            Some(first) if self.more == 0 => Err(ServerError::Refused(first)),
+            Some(first) => Err(ServerError::Refused(std::format!(
                 "{first} (and {} more lane(s))",
                 self.more
             ))),

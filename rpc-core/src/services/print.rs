@@ -30,6 +30,7 @@ use std::vec::Vec;
 use super::streams::Target;
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::protocol::opcode::Opcode;
+use crate::server::error::ServerError;
 use crate::server::registry::Request;
 use crate::services::printf::{
     args_size, format_in, output_bound, parse_in, string_pointers, Dialect, Piece, CHUNK,
@@ -51,7 +52,7 @@ struct Lane<'f> {
 
 /// Serves every PRINTF_TO_* opcode. The lanes' state is one vector (a request costs few
 /// allocations: printf is the busiest opcode there is).
-pub(crate) async fn printf(mut req: Request) -> Result<()> {
+pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let opcode = req.opcode();
     let packed = matches!(
         opcode,

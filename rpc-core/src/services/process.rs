@@ -7,6 +7,7 @@ use super::{
     active, c_result, io, per_lane, recv_words, send_word0, until_nul, ExitPolicy, KernelExit,
     Refusals,
 };
+use crate::server::error::ServerError;
 use crate::server::registry::Request;
 use crate::sync::lock;
 use crate::Result;
@@ -15,14 +16,14 @@ use crate::Result;
 pub const HOST_CALL_REFUSED: u64 = u64::MAX;
 
 /// The handshake of EXIT and ABORT: C send; S recv; S send; C recv.
-async fn handshake(req: &mut Request) -> Result<()> {
+async fn handshake(req: &mut Request) -> Result<(), ServerError> {
     req.recv(|_, _| {}).await?;
     req.send(|_, _| {}).await
 }
 
 /// Ends the kernel per the policy: the process (after flushing the device's output), or a
 /// record for the launcher.
-fn finish(req: &Request, how: KernelExit) -> Result<()> {
+fn finish(req: &Request, how: KernelExit) -> Result<(), ServerError> {
     let services = &req.context().services();
     match services.config().exit {
         ExitPolicy::Record => {
@@ -48,7 +49,7 @@ fn finish(req: &Request, how: KernelExit) -> Result<()> {
 
 /// EXIT: handshake; C send buf\[0\] low 32 bits = status; S recv; then the exit policy. The
 /// first active lane's status counts.
-pub(crate) async fn exit(mut req: Request) -> Result<()> {
+pub(crate) async fn exit(mut req: Request) -> Result<(), ServerError> {
     handshake(&mut req).await?;
     let words = recv_words(&mut req).await?;
     let status = words[req.first_lane() as usize][0] as u32 as i32;
@@ -56,7 +57,7 @@ pub(crate) async fn exit(mut req: Request) -> Result<()> {
 }
 
 /// ABORT: handshake; C send; S recv; then the exit policy.
-pub(crate) async fn abort(mut req: Request) -> Result<()> {
+pub(crate) async fn abort(mut req: Request) -> Result<(), ServerError> {
     handshake(&mut req).await?;
     req.recv(|_, _| {}).await?;
     finish(&req, KernelExit::Abort)
@@ -65,7 +66,7 @@ pub(crate) async fn abort(mut req: Request) -> Result<()> {
 /// HOST_CALL and OFFLOAD_HOST_CALL: C send_n(argument block); C send buf\[0\] = function
 /// address; S calls the function registered at that address (on an I/O thread: it may block);
 /// S send buf\[0\] = result.
-pub(crate) async fn host_call(mut req: Request) -> Result<()> {
+pub(crate) async fn host_call(mut req: Request) -> Result<(), ServerError> {
     let args = req.recv_n().await?;
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
@@ -107,7 +108,7 @@ pub(crate) async fn host_call(mut req: Request) -> Result<()> {
 
 /// SYSTEM: C send_n(command); S send buf\[0\] = `system`'s status (run on an I/O thread), or
 /// -1 unless allowed.
-pub(crate) async fn system(mut req: Request) -> Result<()> {
+pub(crate) async fn system(mut req: Request) -> Result<(), ServerError> {
     let commands = req.recv_n().await?;
     let context = super::context(&req);
     let allowed = context.services().config().allow_system;

@@ -12,6 +12,7 @@ use super::{
     active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, Touches,
     EOF_WORD,
 };
+use crate::server::error::ServerError;
 use crate::server::registry::Request;
 use crate::Result;
 
@@ -23,7 +24,7 @@ async fn write_lanes(
     target: impl Fn(u32) -> Option<Target>,
     newline: bool,
     refusals: &mut Refusals,
-) -> Result<()> {
+) -> Result<(), ServerError> {
     let mut writes = Vec::new();
     for lane in active(req) {
         match target(lane) {
@@ -57,7 +58,11 @@ async fn write_lanes(
     send_word0(req, &replies).await
 }
 
-async fn write_std(mut req: Request, target: fn() -> Target, newline: bool) -> Result<()> {
+async fn write_std(
+    mut req: Request,
+    target: fn() -> Target,
+    newline: bool,
+) -> Result<(), ServerError> {
     let data = req.recv_n().await?;
     let mut refusals = Refusals::default();
     write_lanes(&mut req, data, |_| Some(target()), newline, &mut refusals).await?;
@@ -65,22 +70,22 @@ async fn write_std(mut req: Request, target: fn() -> Target, newline: bool) -> R
 }
 
 /// WRITE_TO_STDOUT: C send_n(bytes); S send buf\[0\] = written.
-pub(crate) async fn write_to_stdout(req: Request) -> Result<()> {
+pub(crate) async fn write_to_stdout(req: Request) -> Result<(), ServerError> {
     write_std(req, || Target::Stdout, false).await
 }
 
 /// WRITE_TO_STDERR: as WRITE_TO_STDOUT, to stderr.
-pub(crate) async fn write_to_stderr(req: Request) -> Result<()> {
+pub(crate) async fn write_to_stderr(req: Request) -> Result<(), ServerError> {
     write_std(req, || Target::Stderr, false).await
 }
 
 /// WRITE_TO_STDOUT_NEWLINE: as WRITE_TO_STDOUT, then `\n` (in the same write), counted.
-pub(crate) async fn write_to_stdout_newline(req: Request) -> Result<()> {
+pub(crate) async fn write_to_stdout_newline(req: Request) -> Result<(), ServerError> {
     write_std(req, || Target::Stdout, true).await
 }
 
 /// WRITE_TO_STREAM: C send buf\[0\] = raw handle; C send_n(bytes); S send buf\[0\] = written.
-pub(crate) async fn write_to_stream(mut req: Request) -> Result<()> {
+pub(crate) async fn write_to_stream(mut req: Request) -> Result<(), ServerError> {
     let handles = recv_words(&mut req).await?;
     let data = req.recv_n().await?;
     let context = super::context(&req);
@@ -108,7 +113,7 @@ fn take_budget(budget: &mut u64, want: u64) -> usize {
 /// READ_FROM_STREAM: C send {buf\[0\] = max, buf\[1\] = tagged}; S send_n(data);
 /// S send buf\[0\] = bytes read. The lanes together read at most `Limits::read_bytes` (a short
 /// count beyond, as a read of a pipe may return).
-pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
+pub(crate) async fn read_from_stream(mut req: Request) -> Result<(), ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
@@ -144,7 +149,7 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<()> {
 /// READ_FGETS: C send {buf\[0\] = count, buf\[1\] = tagged}; S send_n(line incl. NUL, or 0
 /// bytes at the end or on an error). The lanes' counts together are bounded by
 /// `Limits::read_bytes` (a longer line comes in parts, as with a smaller count).
-pub(crate) async fn read_fgets(mut req: Request) -> Result<()> {
+pub(crate) async fn read_fgets(mut req: Request) -> Result<(), ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
@@ -186,7 +191,7 @@ fn valid_mode(mode: &[u8]) -> bool {
 /// OPEN_FILE: C send_n(path incl. NUL); C send(mode incl. NUL in the buffer);
 /// S send buf\[0\] = handle or 0. The file policy's checks and the open run on an I/O thread
 /// (a slow file system may block; a FIFO does not, it is refused at once).
-pub(crate) async fn open_file(mut req: Request) -> Result<()> {
+pub(crate) async fn open_file(mut req: Request) -> Result<(), ServerError> {
     let paths = req.recv_n().await?;
     let mut modes = per_lane(&req, [0u8; 64]);
     req.recv(|lane, p| p.read_bytes(0, &mut modes[lane as usize]))
@@ -260,7 +265,7 @@ async fn on_stream(
     bad: u64,
     handle: fn(&Services, &MailboxState, u64) -> Option<Target>,
     op: StreamOp,
-) -> Result<()> {
+) -> Result<(), ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
@@ -296,7 +301,7 @@ async fn on_stream(
 }
 
 /// FEOF: C send buf\[0\] = tagged; S send buf\[0\] = feof (1 for a bad handle).
-pub(crate) async fn feof(req: Request) -> Result<()> {
+pub(crate) async fn feof(req: Request) -> Result<(), ServerError> {
     on_stream(req, 0, 1, Services::tagged, |s, _, t, _| {
         c_result(s.eof(t).into())
     })
@@ -304,7 +309,7 @@ pub(crate) async fn feof(req: Request) -> Result<()> {
 }
 
 /// FERROR: C send buf\[0\] = tagged; S send buf\[0\] = ferror (1 for a bad handle).
-pub(crate) async fn ferror(req: Request) -> Result<()> {
+pub(crate) async fn ferror(req: Request) -> Result<(), ServerError> {
     on_stream(req, 0, 1, Services::tagged, |s, _, t, _| {
         c_result(s.error(t).into())
     })
@@ -312,7 +317,7 @@ pub(crate) async fn ferror(req: Request) -> Result<()> {
 }
 
 /// FTELL: C send buf\[0\] = tagged; S send buf\[0\] = ftell as i64 (-1 for a bad handle).
-pub(crate) async fn ftell(req: Request) -> Result<()> {
+pub(crate) async fn ftell(req: Request) -> Result<(), ServerError> {
     on_stream(req, 0, c_result(-1), Services::tagged, |s, _, t, _| {
         c_result(s.tell(t))
     })
@@ -320,7 +325,7 @@ pub(crate) async fn ftell(req: Request) -> Result<()> {
 }
 
 /// FSEEK: C send {tagged, offset, whence}; S send buf\[0\] = 0 or -1.
-pub(crate) async fn fseek(req: Request) -> Result<()> {
+pub(crate) async fn fseek(req: Request) -> Result<(), ServerError> {
     on_stream(req, 0, c_result(-1), Services::tagged, |s, _, t, w| {
         c_result(s.seek(t, w[1] as i64, w[2]).into())
     })
@@ -328,7 +333,7 @@ pub(crate) async fn fseek(req: Request) -> Result<()> {
 }
 
 /// UNGETC: C send {buf\[0\] = c, buf\[1\] = tagged}; S send buf\[0\] = c or EOF.
-pub(crate) async fn ungetc(req: Request) -> Result<()> {
+pub(crate) async fn ungetc(req: Request) -> Result<(), ServerError> {
     on_stream(req, 1, EOF_WORD, Services::tagged, |s, _, t, w| {
         c_result(s.ungetc(t, w[0] as u32 as c_int).into())
     })
@@ -338,7 +343,7 @@ pub(crate) async fn ungetc(req: Request) -> Result<()> {
 /// CLEARERR: C send buf\[0\] = tagged; S clears; S sends the buffer back unchanged. Clearing
 /// stdin's or a file's indicators takes that stream's lock, which a read may hold while it
 /// blocks: so it runs on an I/O thread, as every other stdin and file opcode does.
-pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
+pub(crate) async fn clearerr(mut req: Request) -> Result<(), ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
@@ -366,7 +371,7 @@ pub(crate) async fn clearerr(mut req: Request) -> Result<()> {
 
 /// CLOSE_FILE: C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF. The standard
 /// streams cannot be closed.
-pub(crate) async fn close_file(req: Request) -> Result<()> {
+pub(crate) async fn close_file(req: Request) -> Result<(), ServerError> {
     let file =
         |services: &Services, mailbox: &MailboxState, handle| match services.raw(mailbox, handle) {
             Some(target @ Target::File(_)) => Some(target),
@@ -381,7 +386,7 @@ pub(crate) async fn close_file(req: Request) -> Result<()> {
 
 /// FFLUSH: C send buf\[0\] = tagged; S send buf\[0\] = 0 or EOF. Handle 0 (`fflush(NULL)`)
 /// flushes every standard output and open file, as C does.
-pub(crate) async fn fflush(req: Request) -> Result<()> {
+pub(crate) async fn fflush(req: Request) -> Result<(), ServerError> {
     // Handle 0 stands for "every stream": stdin's target marks it (flushing stdin is a no-op).
     let every = |services: &Services, mailbox: &MailboxState, handle| match handle {
         0 => Some(Target::Stdin),
@@ -399,13 +404,13 @@ pub(crate) async fn fflush(req: Request) -> Result<()> {
 }
 
 /// REMOVE: C send_n(path); S send buf\[0\] = 0 or -1.
-pub(crate) async fn remove(mut req: Request) -> Result<()> {
+pub(crate) async fn remove(mut req: Request) -> Result<(), ServerError> {
     let paths = req.recv_n().await?;
     on_paths(req, std::vec![paths], |rules, p| files::remove(rules, p[0])).await
 }
 
 /// RENAME: C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1.
-pub(crate) async fn rename(mut req: Request) -> Result<()> {
+pub(crate) async fn rename(mut req: Request) -> Result<(), ServerError> {
     let old = req.recv_n().await?;
     let new = req.recv_n().await?;
     on_paths(req, std::vec![old, new], |rules, p| {
@@ -421,7 +426,7 @@ async fn on_paths(
     req: Request,
     streams: Vec<Vec<Vec<u8>>>,
     call: fn(&Rules, &[&[u8]]) -> core::result::Result<(), Denial>,
-) -> Result<()> {
+) -> Result<(), ServerError> {
     let lanes: Vec<u32> = active(&req).collect();
     let opcode = req.opcode();
     let results = io(&req, true, move |context| {
@@ -452,7 +457,7 @@ async fn on_paths(
 async fn reply_calls(
     mut req: Request,
     results: Vec<core::result::Result<(u32, c_int), (u32, String)>>,
-) -> Result<()> {
+) -> Result<(), ServerError> {
     let mut refusals = Refusals::default();
     let mut replies = per_lane(&req, c_result(-1));
     for result in results {

@@ -3,11 +3,12 @@
 use std::vec::Vec;
 
 use crate::protocol::port::Packet;
+use crate::server::error::ServerError;
 use crate::server::registry::Request;
 use crate::Result;
 
 /// NOOP: C send(any). S recv.
-pub(crate) async fn noop(mut req: Request) -> Result<()> {
+pub(crate) async fn noop(mut req: Request) -> Result<(), ServerError> {
     req.recv(|_, _| {}).await
 }
 
@@ -17,7 +18,7 @@ pub(crate) fn increment(_lane: u32, p: Packet<'_>) {
 }
 
 /// TEST_STREAM: C send_n(data); S recv_n then send_n the same bytes back.
-pub(crate) async fn stream(mut req: Request) -> Result<()> {
+pub(crate) async fn stream(mut req: Request) -> Result<(), ServerError> {
     let data = req.recv_n().await?;
     let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     req.send_n(&slices).await
@@ -26,7 +27,7 @@ pub(crate) async fn stream(mut req: Request) -> Result<()> {
 /// TEST_INTERFACE: C send buf[0] = end_with_recv; C send buf[0] = cnt; then S: send(cnt+1),
 /// recv, send(cnt+1), recv, recv, send(cnt+1), send(cnt+1), then recv if the flag was set, else
 /// send(cnt+1). Exercises every send/recv adjacency.
-pub(crate) async fn interface(mut req: Request) -> Result<()> {
+pub(crate) async fn interface(mut req: Request) -> Result<(), ServerError> {
     let mut end_with_recv = [false; 64];
     let mut cnt = super::per_lane(&req, 0u64);
     req.recv(|l, p| end_with_recv[l as usize] = p.word(0) != 0)

@@ -30,7 +30,7 @@ use plugin_cuda::{CudaDevice, CudaPlugin};
 use rpc_core::plugin::{Device, Grid};
 use rpc_core::protocol::Generation;
 use rpc_core::services::KernelExit;
-use rpc_core::{Error, ExitPolicy, ServerConfig, ServicesConfig};
+use rpc_core::{Error, ExitPolicy, PluginError, ServerConfig, ServicesConfig};
 use rpc_core::{ImageId, PluginRuntime};
 
 const USAGE: &str = "usage: cuda-gpu-check PTX [--quick] [--iterations-1warp N] \
@@ -219,7 +219,7 @@ impl Check<'_> {
     fn run(&self, kernel: &str, args: &[u64], grid: Grid) -> Result<Duration, Error> {
         match self.run_to_end(kernel, args, grid)? {
             (None, elapsed) => Ok(elapsed),
-            (Some(exit), _) => Err(Error::KernelExited(format!("{exit:?}"))),
+            (Some(exit), _) => Err(PluginError::KernelExited(format!("{exit:?}")).into()),
         }
     }
 

@@ -226,7 +226,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 pub(crate) struct SpinThenYield;
 
 impl rpc_core::protocol::Wait for SpinThenYield {
-    fn pause(&self, _port: u32, attempt: u32) -> rpc_core::Result<()> {
+    fn pause(&self, _port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
         spin_then_yield(attempt);
         Ok(())
     }

@@ -67,9 +67,9 @@ pub fn pipelined(
     let mut open: Vec<Option<(rpc_core::protocol::ClientPort<'_>, u8)>> =
         (0..ports).map(|_| None).collect();
     let mut ready = vec![Instant::now(); ports as usize];
-    let blocked = |r: rpc_core::Result<()>| match r {
+    let blocked = |r: rpc_core::Result<(), rpc_core::ProtocolError>| match r {
         Ok(()) => Ok(true),
-        Err(rpc_core::Error::WouldBlock { .. }) => Ok(false),
+        Err(rpc_core::ProtocolError::WouldBlock { .. }) => Ok(false),
         Err(e) => Err(e.to_string()),
     };
     let start = Instant::now();

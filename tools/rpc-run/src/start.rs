@@ -200,7 +200,9 @@ pub fn run(
         }));
     }
     let image = runtime.load_image(device, image).map_err(|e| match e {
-        rpc_core::Error::BadClientObjectSize(_) => Failure::UnknownGeneration(e.to_string()),
+        rpc_core::Error::Protocol(rpc_core::ProtocolError::BadClientObjectSize(_)) => {
+            Failure::UnknownGeneration(e.to_string())
+        }
         other => Failure::BadImage(format!("loading the image: {other}")),
     })?;
     let tables = fill_constructor_tables(runtime, device, image, constructors)?;

@@ -1,0 +1,42 @@
+//! The server layer's error: what the server, its handlers and the standard services fail
+//! with, a protocol failure among them.
+
+use std::string::String;
+
+use crate::protocol::error::ProtocolError;
+use crate::protocol::Opcode;
+
+/// A failure of the server (starting, stopping, attaching, detaching) or of one request it
+/// serves (a handler's refusal or panic). A protocol failure under it is kept whole as
+/// [`ServerError::Protocol`]; the embedder's [`Error`](crate::Error) holds that one as its
+/// own [`Error::Protocol`](crate::Error::Protocol).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// The protocol failed under the server (a bad region, a bad lane mask, a stream above
+    /// its bound, a wait given up).
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    /// A handler panicked (the panic's message).
+    #[error("the handler panicked: {0}")]
+    Panicked(String),
+    /// No handler accepted the opcode.
+    #[error("no handler for opcode {0}")]
+    UnknownOpcode(Opcode),
+    /// `shutdown` found kernels still holding user guards and the policy refused.
+    #[error("{0} user guard(s) still live: kernels are running")]
+    LiveUsers(usize),
+    /// No attached mailbox has this id.
+    #[error("no mailbox {0} is attached")]
+    NoSuchMailbox(u64),
+    /// A thread of the server (the worker, an I/O thread) could not be spawned.
+    #[error("could not spawn the server thread: {0}")]
+    Spawn(String),
+    /// The server of a runtime that was deinitialised: it cannot start again.
+    #[error("the runtime was deinitialised: its server cannot start again")]
+    Deinitialised,
+    /// A request the server refused (bad handle, policy, ...), or a start or shutdown it
+    /// refused (from its own worker thread).
+    #[error("request refused: {0}")]
+    Refused(String),
+}
