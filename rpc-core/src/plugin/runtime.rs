@@ -2,10 +2,12 @@
 //! public methods do the bookkeeping, the plugin's hooks do the vendor work).
 //!
 //! - [`PluginRuntime::load_image`]: loads the image; if it has the client symbol
-//!   (`__llvm_rpc_client`, whose size names the generation: 552 -> v1, 2096 -> v2; or LLVM 19's
-//!   `__llvm_libc_rpc_client`, a pointer to a v1 object, whose clients number opcodes 0, 1,
-//!   2... in 16 bits: [`crate::protocol::opcode::Numbering::Llvm19`]; any other size is refused as an
-//!   unknown generation), allocates the mailbox in memory the
+//!   (`__llvm_rpc_client`, whose size names the generation: 552 -> v1, 2096 -> v2; or LLVM
+//!   18/19's `__llvm_libc_rpc_client`, a pointer to the client object, whose size the plugin
+//!   reads from the image ([`Device::symbol_size_at`]): 96 -> v0 (LLVM 18), 552 -> v1 (LLVM
+//!   19), both of whose clients number opcodes 0, 1, 2... in 16 bits:
+//!   [`crate::protocol::opcode::Numbering::Llvm19`]; any other size, or one the plugin cannot
+//!   read, is refused as an unknown generation), allocates the mailbox in memory the
 //!   device sees, writes the client object with the device's addresses, attaches the mailbox to
 //!   this plugin's server with the device's allocator for MALLOC, and starts the server
 //!   (idempotent). Images without the symbol get no mailbox and start nothing.
@@ -248,13 +250,17 @@ impl<P: Plugin> PluginRuntime<P> {
         let mut pointer = [0u8; 8];
         dev.copy_from_device(symbol.addr, &mut pointer)
             .map_err(vendor(self.plugin.name(), "read client pointer"))?;
-        // Images old enough to use the pointer symbol (LLVM 19) speak the pre-doorbell layout
-        // with 16-bit opcodes.
-        Ok(Some((
-            u64::from_le_bytes(pointer),
-            Generation::V1,
-            Numbering::Llvm19,
-        )))
+        let pointer = u64::from_le_bytes(pointer);
+        // LLVM 18 (v0, 96 bytes) and 19 (v1, 552 bytes) both use the pointer: only the size of
+        // the object it points to tells them apart. Never guessed: an unknown size is refused
+        // before anything is written there. Both number opcodes in 16 bits.
+        let size = dev.symbol_size_at(image, pointer).unwrap_or(0);
+        match Generation::from_client_object_size(size)? {
+            generation @ (Generation::V0 | Generation::V1) => {
+                Ok(Some((pointer, generation, Numbering::Llvm19)))
+            }
+            Generation::V2 => Err(Error::BadClientObjectSize(size)),
+        }
     }
 
     fn attach_mailbox(
@@ -288,9 +294,10 @@ impl<P: Plugin> PluginRuntime<P> {
         let object = layout.client_object(region.device_addr());
         dev.copy_to_device(object_addr, &object)
             .map_err(vendor(name, "write client object"))?;
-        // LLVM 19-22's servers format with LLVM libc's printf core, 23+'s with the host's.
+        // LLVM 19-22's servers format with LLVM libc's printf core, 23+'s with the host's
+        // (LLVM 18 has no printf opcodes: the dialect never matters there).
         let printf = match generation {
-            Generation::V1 => Dialect::LlvmLibc,
+            Generation::V0 | Generation::V1 => Dialect::LlvmLibc,
             Generation::V2 => Dialect::HostC,
         };
         let id = self
