@@ -50,7 +50,7 @@ commands:
   fuzz [--seconds S] [--target mailbox|printf]
                                          cargo fuzz on a fuzzed mailbox and the printf parser
   sanitize [thread|address]... [-- ARGS] rpc-core's tests under ThreadSanitizer/AddressSanitizer
-  llvm-client [--allow-skip] [--gen v1|v2]
+  llvm-client [--allow-skip] [--gen v0|v1|v2]
                                          LLVM's own client (Debian's LLVM 22 and 23) against rpc-serve
   gpu-images [--allow-skip] [--target nvptx64|amdgcn]
                                          build LLVM's GPU libc, its integration tests and a hello
