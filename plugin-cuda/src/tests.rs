@@ -233,6 +233,34 @@ fn the_client_symbol_size_names_the_generation() {
     assert_eq!(device.find_symbol(&image, "bad\0name"), None);
 }
 
+/// LLVM 18 and 19 images point `__llvm_libc_rpc_client` to their `rpc::client` object: the
+/// plugin gives the size of that object at the address the pointer holds (96 bytes: LLVM 18,
+/// 552: LLVM 19), and nothing for another address.
+#[test]
+fn the_size_of_llvm_libcs_client_object_is_found_at_its_address() {
+    let (_driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    for (namespace, size) in [("__llvm_libc_18_1_8_", 96), ("__llvm_libc_19_1_7_", 552)] {
+        let object = format!("_ZN{}{namespace}3rpc6clientE", namespace.len());
+        let text = format!(".global __llvm_libc_rpc_client 8\n.global {object} {size}\n");
+        let image = device.load_image(text.as_bytes()).unwrap();
+        let at = device.find_symbol(&image, &object).unwrap().addr;
+        assert_eq!(device.symbol_size_at(&image, at), Some(size), "{object}");
+        let pointer = device
+            .find_symbol(&image, "__llvm_libc_rpc_client")
+            .unwrap();
+        assert_eq!(device.symbol_size_at(&image, pointer.addr), None);
+    }
+    let image = device
+        .load_image(b".global __llvm_libc_rpc_client 8\n")
+        .unwrap();
+    assert_eq!(
+        device.symbol_size_at(&image, 0x1000),
+        None,
+        "no client object"
+    );
+}
+
 #[test]
 fn images_load_as_nul_terminated_ptx_copy_and_unload() {
     let (driver, plugin) = one_gpu();

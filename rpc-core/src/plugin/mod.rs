@@ -20,7 +20,9 @@ pub use crate::services::memory::DeviceAllocator;
 #[cfg(not(loom))]
 pub(crate) mod runtime;
 #[cfg(not(loom))]
-pub use runtime::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
+pub use runtime::{
+    libc_rpc_client_names, libc_rpc_client_namespace, CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL,
+};
 
 /// A global variable of a loaded image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

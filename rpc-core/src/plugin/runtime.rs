@@ -55,6 +55,38 @@ pub const CLIENT_SYMBOL: &str = "__llvm_rpc_client";
 /// The older symbol: a pointer to the client object.
 pub const LEGACY_CLIENT_SYMBOL: &str = "__llvm_libc_rpc_client";
 
+/// The namespace of a mangled `NAMESPACE::rpc::client` (`_ZN19__llvm_libc_18_1_8_3rpc6clientE`
+/// -> `__llvm_libc_18_1_8_`): the object LLVM 18's and 19's [`LEGACY_CLIENT_SYMBOL`] points to
+/// (`libc/src/__support/RPC/rpc_client.cpp`: `Client client; void *__llvm_libc_rpc_client =
+/// &client;`). Both releases require the namespace to start with `__llvm_libc`. How plugins
+/// and loaders find that object's size ([`Device::symbol_size_at`]), which names the release.
+pub fn libc_rpc_client_namespace(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("_ZN")?.strip_suffix("3rpc6clientE")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let len: usize = rest[..digits].parse().ok()?;
+    let namespace = &rest[digits..];
+    (namespace.len() == len && namespace.starts_with("__llvm_libc")).then_some(namespace)
+}
+
+/// Every distinct `__llvm_libc*::rpc::client` name ([`libc_rpc_client_namespace`]) written in
+/// `bytes`, an image in any format: PTX text names its globals, an ELF its symbols' string
+/// table. No parse: a byte scan for `_ZN` and the identifier after it.
+pub fn libc_rpc_client_names(bytes: &[u8]) -> Vec<String> {
+    let identifier = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
+    let mut names: Vec<String> = Vec::new();
+    let mut at = 0;
+    while let Some(found) = bytes[at..].windows(3).position(|w| w == b"_ZN") {
+        let start = at + found;
+        let len = bytes[start..].iter().take_while(|b| identifier(b)).count();
+        let word = std::str::from_utf8(&bytes[start..start + len]).unwrap_or("");
+        if libc_rpc_client_namespace(word).is_some() && !names.iter().any(|n| n == word) {
+            names.push(word.to_owned());
+        }
+        at = start + len.max(3);
+    }
+    names
+}
+
 /// How long `synchronize` waits for the server to finish a completed kernel's last requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -235,11 +267,11 @@ impl<P: Plugin> PluginRuntime<P> {
         image: &<P::Device as Device>::Image,
     ) -> Result<Option<(u64, Generation, Numbering)>> {
         if let Some(symbol) = dev.find_symbol(image, CLIENT_SYMBOL) {
-            return Ok(Some((
-                symbol.addr,
-                Generation::from_client_object_size(symbol.size)?,
-                Numbering::Current,
-            )));
+            // LLVM 20+: v1 or v2; a 96-byte object is LLVM 18's, which no image names so.
+            return match Generation::from_client_object_size(symbol.size)? {
+                Generation::V0 => Err(Error::BadClientObjectSize(symbol.size)),
+                generation => Ok(Some((symbol.addr, generation, Numbering::Current))),
+            };
         }
         let Some(symbol) = dev.find_symbol(image, LEGACY_CLIENT_SYMBOL) else {
             return Ok(None);
@@ -604,5 +636,30 @@ impl<P: Plugin> Runtime for PluginRuntime<P> {
     }
     fn deinit(&mut self) -> Result<()> {
         PluginRuntime::deinit(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_libcs_client_object_is_found_by_its_mangled_name() {
+        let name = "_ZN19__llvm_libc_18_1_8_3rpc6clientE";
+        assert_eq!(libc_rpc_client_namespace(name), Some("__llvm_libc_18_1_8_"));
+        for not in [
+            "_ZN20__llvm_libc_18_1_8_3rpc6clientE", // the length is wrong
+            "_ZN5mylib3rpc6clientE",                // LLVM wants `__llvm_libc` first
+            "_ZN19__llvm_libc_18_1_8_3rpc6clientEx",
+            "__llvm_libc_rpc_client",
+        ] {
+            assert_eq!(libc_rpc_client_namespace(not), None, "{not}");
+        }
+        // In PTX text and in an ELF string table alike, each name once.
+        let ptx = format!(".global .b8 {name}[96];\n.global .u64 x = generic({name});\n");
+        assert_eq!(libc_rpc_client_names(ptx.as_bytes()), [name]);
+        let strtab = format!("\0_ZN3foo3barE\0{name}\0_ZN\0");
+        assert_eq!(libc_rpc_client_names(strtab.as_bytes()), [name]);
+        assert!(libc_rpc_client_names(b"_ZN").is_empty());
     }
 }

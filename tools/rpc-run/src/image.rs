@@ -7,7 +7,7 @@
 use std::fmt;
 
 use plugin_amdgpu::code_object;
-use rpc_core::plugin::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
+use rpc_core::plugin::{libc_rpc_client_namespace, CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
 use rpc_core::protocol::Generation;
 use rpc_core::protocol::Numbering;
 
@@ -88,17 +88,6 @@ pub enum Client {
     Unclear(String),
     /// Not read: a fat binary whose every entry is compressed.
     Unread,
-}
-
-/// The namespace of a mangled `NAMESPACE::rpc::client` (`_ZN19__llvm_libc_18_1_8_3rpc6clientE`
-/// -> `__llvm_libc_18_1_8_`): the object LLVM 18's and 19's `__llvm_libc_rpc_client` points
-/// to (`libc/src/__support/RPC/rpc_client.cpp`).
-fn libc_rpc_client_namespace(name: &str) -> Option<&str> {
-    let rest = name.strip_prefix("_ZN")?.strip_suffix("3rpc6clientE")?;
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    let len: usize = rest[..digits].parse().ok()?;
-    let namespace = &rest[digits..];
-    (namespace.len() == len).then_some(namespace)
 }
 
 /// The LLVM major release a libc namespace names, where it follows LLVM's default
@@ -557,9 +546,10 @@ mod tests {
                 "LLVM 18",
             ),
             (
-                // A namespace of the user's own: the size alone decides.
-                ".global .align 8 .b8 _ZN5mylib3rpc6clientE[96];\n.visible .global .align 8 \
-                 .u64 __llvm_libc_rpc_client;",
+                // A namespace of the builder's own (LLVM wants `__llvm_libc` first): the size
+                // alone decides.
+                ".global .align 8 .b8 _ZN16__llvm_libc_mine3rpc6clientE[96];\n.visible .global \
+                 .align 8 .u64 __llvm_libc_rpc_client;",
                 "generation=v0",
                 "LLVM 18",
             ),
@@ -593,12 +583,13 @@ mod tests {
             ("", "the image has 0"),
             (
                 ".global .b8 _ZN19__llvm_libc_18_1_8_3rpc6clientE[96];\n.global .b8 \
-                 _ZN2ns3rpc6clientE[552];",
-                "the image has 2 (_ZN19__llvm_libc_18_1_8_3rpc6clientE, _ZN2ns3rpc6clientE)",
+                 _ZN13__llvm_libc_x3rpc6clientE[552];",
+                "the image has 2 (_ZN19__llvm_libc_18_1_8_3rpc6clientE, \
+                 _ZN13__llvm_libc_x3rpc6clientE)",
             ),
             (
-                ".global .b8 _ZN2ns3rpc6clientE[100];",
-                "`_ZN2ns3rpc6clientE` of 100 bytes",
+                ".global .b8 _ZN13__llvm_libc_x3rpc6clientE[100];",
+                "`_ZN13__llvm_libc_x3rpc6clientE` of 100 bytes",
             ),
             (
                 ".global .b8 _ZN19__llvm_libc_19_1_7_3rpc6clientE[96];",
