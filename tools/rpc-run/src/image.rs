@@ -608,11 +608,6 @@ mod tests {
                 "{report}"
             );
         }
-        assert_eq!(
-            libc_rpc_client_namespace("_ZN3abc3rpc6clientE"),
-            Some("abc")
-        );
-        assert_eq!(libc_rpc_client_namespace("_ZN4abc3rpc6clientE"), None);
         assert_eq!(namespace_major("__llvm_libc_18_1_8_"), Some(18));
         assert_eq!(namespace_major("mylib"), None);
     }
