@@ -1,4 +1,4 @@
-//! `cargo xtask llvm-client [--allow-skip] [--gen v1|v2]`: LLVM's own client against
+//! `cargo xtask llvm-client [--allow-skip] [--gen v0|v1|v2]`: LLVM's own client against
 //! `rpc-serve`, in every generation Debian carries the source of (docs/llvm-compat.md).
 //!
 //! 1. **Sources.** LLVM's header-only client (`libc/shared/rpc.h`, `rpc_util.h`,
@@ -9,7 +9,9 @@
 //!    fetches them, the orig tarball is checked against the SHA-256 of the signed Sources index
 //!    (`apt-get source --print-uris`), and `tar --occurrence` takes out only those files (it stops
 //!    reading once it has them). They are kept in `target/llvm-src/llvm-MAJOR/` (with a
-//!    `VERSION` file) and the tarball is deleted: a rerun downloads nothing. Nothing from LLVM is
+//!    `VERSION` file) and the tarball is deleted: a rerun downloads nothing. LLVM 18 (trixie's
+//!    `llvm-toolchain-18`: v0) has no header-only client: its `libc/src/__support/RPC/rpc.h` and
+//!    the libc headers it includes are taken out by pattern ([`FILES_18`]). Nothing from LLVM is
 //!    committed.
 //! 2. **Build.** Our driver, `workloads/llvm-client/driver.cpp`, compiled for the host (a CPU
 //!    client: lane size one) against each generation's headers with `$CXX` (else g++, c++ or

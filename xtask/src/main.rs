@@ -40,7 +40,8 @@ commands:
   build --plugin host|cuda|amdgpu|all [--release]
                                          build the binaries embedding those plugins and the
                                          plugins' libraries (target/plugins/lib/libplugin_*.so)
-  layout --gen v1|v2 --ports N --lanes L print a mailbox layout's offsets and sizes in bytes
+  layout --gen v0|v1|v2 --ports N --lanes L
+                                         print a mailbox layout's offsets and sizes in bytes
   stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
   bench [--quick] [--peer llvm] [--pin] [--latency-only] [--park-us N]
                                          the performance table (docs/performance.md)
