@@ -408,6 +408,12 @@ impl Device for AmdGpuDevice {
         image.variable(name)
     }
 
+    fn symbol_size_at(&self, image: &AmdGpuImage, addr: u64) -> Option<usize> {
+        // Asked only of the address `__llvm_libc_rpc_client` holds: LLVM's client object.
+        let _ = addr;
+        image.libc_client_size()
+    }
+
     fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError> {
         // SAFETY: `dst` is a device address the caller got from this device (a symbol or an
         // allocation) with room for `bytes.len()` bytes, which no Rust reference covers.

@@ -24,6 +24,10 @@ pub struct AmdGpuImage {
     /// The widest `.wavefront_size` of its kernels, from the code object's metadata (LLVM's
     /// loader sizes the mailbox's lanes by it: HSA does not say).
     wavefront_size: Option<u32>,
+    /// The sizes of the code object's `__llvm_libc*::rpc::client` objects (LLVM 18/19's
+    /// client object, which `__llvm_libc_rpc_client` points to), from its symbol table: the
+    /// symbol is local, so HSA cannot look it up.
+    libc_client_sizes: Vec<u64>,
 }
 
 // SAFETY: an executable handle may be used from any thread (the runtime locks internally);
@@ -54,10 +58,20 @@ impl AmdGpuImage {
         // SAFETY: `bytes` outlives the reader, which is destroyed before this function returns.
         let reader = unsafe { hsa.code_object_reader_create(bytes) }?;
         let result = Self::load_with(hsa.clone(), agent, reader).map(|mut image| {
-            image.wavefront_size = crate::code_object::read(bytes)
-                .ok()
-                .and_then(|object| object.kernels.iter().map(|k| k.wavefront_size).max())
-                .filter(|&w| w == 32 || w == 64);
+            if let Ok(object) = crate::code_object::read(bytes) {
+                image.wavefront_size = object
+                    .kernels
+                    .iter()
+                    .map(|k| k.wavefront_size)
+                    .max()
+                    .filter(|&w| w == 32 || w == 64);
+                image.libc_client_sizes = object
+                    .globals
+                    .iter()
+                    .filter(|g| rpc_core::plugin::libc_rpc_client_namespace(&g.name).is_some())
+                    .map(|g| g.size)
+                    .collect();
+            }
             image
         });
         // Executables do not depend on their readers.
@@ -79,6 +93,7 @@ impl AmdGpuImage {
             agent,
             executable,
             wavefront_size: None,
+            libc_client_sizes: Vec::new(),
         };
         image
             .hsa
@@ -103,6 +118,16 @@ impl AmdGpuImage {
                 .executable_symbol_get_info(symbol, attribute, (&raw mut value).cast())
         }?;
         Ok(value)
+    }
+
+    /// The size of LLVM 18/19's client object, where the code object has exactly one (HSA
+    /// gives no address of a local symbol to compare with; the pointer's target is that
+    /// object in every image LLVM builds).
+    pub fn libc_client_size(&self) -> Option<usize> {
+        match self.libc_client_sizes[..] {
+            [size] => usize::try_from(size).ok(),
+            _ => None,
+        }
     }
 
     /// A global variable's device address and size, if the image defines `name`.

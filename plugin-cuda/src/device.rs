@@ -449,6 +449,10 @@ impl Device for CudaDevice {
         image.global(name)
     }
 
+    fn symbol_size_at(&self, image: &CudaImage, addr: u64) -> Option<usize> {
+        image.size_at(addr)
+    }
+
     fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError> {
         if bytes.is_empty() {
             return Ok(());

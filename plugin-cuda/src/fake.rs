@@ -164,6 +164,18 @@ impl FakeDriver {
     pub fn memory_at(&self, addr: u64) -> Option<Vec<u8>> {
         self.state.lock().unwrap().memory.get(&addr).cloned()
     }
+    /// The length of every copy into device memory so far (and of every pointer the JIT
+    /// initialised), in address order.
+    pub fn copy_sizes(&self) -> Vec<usize> {
+        let state = self.state.lock().unwrap();
+        let mut copies: Vec<(u64, usize)> = state
+            .memory
+            .iter()
+            .map(|(&at, bytes)| (at, bytes.len()))
+            .collect();
+        copies.sort();
+        copies.into_iter().map(|(_, len)| len).collect()
+    }
     /// Runs the host functions queued on every stream, as if the kernels before them completed
     /// on their own (without anyone synchronising).
     pub fn complete_kernels(&self) {
@@ -354,6 +366,7 @@ impl DriverApi for FakeDriver {
             .to_str()
             .map_err(|_| (INVALID_PTX, "fake JIT: the image is not UTF-8".to_owned()))?;
         let (mut entries, mut globals) = (Vec::new(), HashMap::new());
+        let mut pointers = Vec::new();
         let mut state = self.state.lock().unwrap();
         for (number, line) in text.lines().enumerate() {
             let words: Vec<&str> = line.split_whitespace().collect();
@@ -373,8 +386,18 @@ impl DriverApi for FakeDriver {
                     state.next_device_addr += (size as u64).div_ceil(256) * 256 + 256;
                     globals.insert((*name).to_owned(), (addr, size));
                 }
+                // `.global NAME 8 = TARGET`: a pointer the JIT initialises with TARGET's
+                // address, as PTX's `= generic(TARGET)` is (LLVM 18/19's client pointer).
+                [".global", name, "8", "=", target] => pointers.push((*name, *target)),
                 _ => {}
             }
+        }
+        for (name, target) in pointers {
+            let addr = state.next_device_addr;
+            state.next_device_addr += 256;
+            globals.insert(name.to_owned(), (addr, 8));
+            let value = globals.get(target).map_or(0, |&(at, _)| at);
+            state.memory.insert(addr, value.to_le_bytes().to_vec());
         }
         let handle = Self::handle(&mut state);
         state.modules.insert(handle, (entries, globals));

@@ -21,6 +21,9 @@ use crate::loader::{Function, Module};
 pub struct CudaImage {
     core: Arc<Core>,
     module: Module,
+    /// The `__llvm_libc*::rpc::client` names the image's bytes hold (LLVM 18/19's client
+    /// object, which `__llvm_libc_rpc_client` points to; usually one, or none).
+    libc_clients: Vec<String>,
 }
 
 impl std::fmt::Debug for CudaImage {
@@ -46,7 +49,19 @@ impl CudaImage {
         Ok(CudaImage {
             core: core.clone(),
             module,
+            libc_clients: rpc_core::plugin::libc_rpc_client_names(bytes),
         })
+    }
+
+    /// The size of the global at device address `addr`, among LLVM libc's client objects
+    /// (the only globals a loader asks this of): each is looked up by name, and only one the
+    /// driver places at `addr` counts.
+    pub(crate) fn size_at(&self, addr: u64) -> Option<usize> {
+        self.libc_clients
+            .iter()
+            .filter_map(|name| self.global(name))
+            .find(|symbol| symbol.addr == addr)
+            .map(|symbol| symbol.size)
     }
 
     /// The global `name`: its device address and size. `None` if the module has none.

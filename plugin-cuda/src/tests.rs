@@ -233,6 +233,76 @@ fn the_client_symbol_size_names_the_generation() {
     assert_eq!(device.find_symbol(&image, "bad\0name"), None);
 }
 
+/// LLVM 18 and 19 images point `__llvm_libc_rpc_client` to their `rpc::client` object: the
+/// plugin gives the size of that object at the address the pointer holds (96 bytes: LLVM 18,
+/// 552: LLVM 19), and nothing for another address.
+#[test]
+fn the_size_of_llvm_libcs_client_object_is_found_at_its_address() {
+    let (_driver, plugin) = one_gpu();
+    let device = &plugin.devices()[0];
+    for (namespace, size) in [("__llvm_libc_18_1_8_", 96), ("__llvm_libc_19_1_7_", 552)] {
+        let object = format!("_ZN{}{namespace}3rpc6clientE", namespace.len());
+        let text = format!(".global __llvm_libc_rpc_client 8\n.global {object} {size}\n");
+        let image = device.load_image(text.as_bytes()).unwrap();
+        let at = device.find_symbol(&image, &object).unwrap().addr;
+        assert_eq!(device.symbol_size_at(&image, at), Some(size), "{object}");
+        let pointer = device
+            .find_symbol(&image, "__llvm_libc_rpc_client")
+            .unwrap();
+        assert_eq!(device.symbol_size_at(&image, pointer.addr), None);
+    }
+    let image = device
+        .load_image(b".global __llvm_libc_rpc_client 8\n")
+        .unwrap();
+    assert_eq!(
+        device.symbol_size_at(&image, 0x1000),
+        None,
+        "no client object"
+    );
+}
+
+/// The runtime over an LLVM 18 or 19 image writes exactly that release's client object where
+/// the pointer points (96 bytes, v0; 552, v1), and over an image whose object it cannot tell
+/// refuses it, writing nothing.
+#[test]
+fn the_runtime_writes_llvm_18s_or_19s_client_object_and_nothing_it_cannot_tell() {
+    use rpc_core::protocol::Layout;
+    for (namespace, size, generation) in [
+        ("__llvm_libc_18_1_8_", 96, Generation::V0),
+        ("__llvm_libc_19_1_7_", 552, Generation::V1),
+    ] {
+        let (driver, plugin) = one_gpu();
+        let mut runtime = rpc_core::PluginRuntime::new(plugin, Default::default()).unwrap();
+        let object = format!("_ZN{}{namespace}3rpc6clientE", namespace.len());
+        let text = format!(
+            ".global {object} {size}\n.global __llvm_libc_rpc_client 8 = {object}\n.entry _start\n"
+        );
+        let image = runtime.load_image(0, text.as_bytes()).unwrap();
+        let at = runtime.find_symbol(image, &object).unwrap().addr;
+        let written = driver.memory_at(at).expect("the client object was written");
+        assert_eq!(written.len(), size, "{object}");
+        let ports = u32::from_le_bytes(written[..4].try_into().unwrap());
+        let base = u64::from_le_bytes(written[8..16].try_into().unwrap());
+        let layout = Layout::new(generation, ports, 32).unwrap();
+        assert_eq!(written, layout.client_object(base), "{object}");
+        runtime.deinit().unwrap();
+    }
+    let (driver, plugin) = one_gpu();
+    let runtime = rpc_core::PluginRuntime::new(plugin, Default::default()).unwrap();
+    let object = "_ZN13__llvm_libc_x3rpc6clientE";
+    let text = format!(".global {object} 100\n.global __llvm_libc_rpc_client 8 = {object}\n");
+    let error = runtime.load_image(0, text.as_bytes()).unwrap_err();
+    assert_eq!(
+        error,
+        rpc_core::Error::Protocol(rpc_core::ProtocolError::BadClientObjectSize(100))
+    );
+    assert_eq!(
+        driver.copy_sizes(),
+        [8],
+        "only the JIT's pointer initialiser: nothing written to an unknown object"
+    );
+}
+
 #[test]
 fn images_load_as_nul_terminated_ptx_copy_and_unload() {
     let (driver, plugin) = one_gpu();

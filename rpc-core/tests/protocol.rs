@@ -133,7 +133,7 @@ fn increment(client: &Client<'_>, mask: u64, base: u64) -> Vec<u64> {
 
 #[test]
 fn increment_for_every_lane_size_and_partial_masks() {
-    for generation in [Generation::V1, Generation::V2] {
+    for generation in Generation::ALL {
         for (lanes, masks) in [
             (1u32, vec![1u64]),
             (32, vec![0xFFFF_FFFF, 0x1, 0x8000_0001, 0x0F0F_0000]),
@@ -211,8 +211,15 @@ fn interface(client: &Client<'_>, mask: u64, end_with_recv: bool) {
 
 #[test]
 fn every_send_recv_adjacency_both_ways() {
-    for lanes in [1, 32, 64] {
-        let fixture = Fixture::new(Generation::V1, 4, lanes);
+    for (generation, lanes) in [
+        (Generation::V1, 1),
+        (Generation::V1, 32),
+        (Generation::V1, 64),
+    ]
+    .into_iter()
+    .chain([(Generation::V0, 1), (Generation::V0, 64)])
+    {
+        let fixture = Fixture::new(generation, 4, lanes);
         let mask = if lanes == 1 { 1 } else { 0b1011 };
         let (_, served) = with_server(&fixture, || {
             let client = fixture.client();
@@ -259,13 +266,19 @@ fn send_n_recv_n_lengths_around_packet_edges() {
         4096.min(longest),
         longest,
     ];
-    for lanes in [1u32, 32] {
-        let fixture = Fixture::new(Generation::V2, 4, lanes);
+    for (generation, lanes) in [
+        (Generation::V2, 1u32),
+        (Generation::V2, 32),
+        (Generation::V0, 1),
+        (Generation::V0, 32),
+    ] {
+        let fixture = Fixture::new(generation, 4, lanes);
         with_server(&fixture, || {
             let client = fixture.client();
             for &len in &lengths {
                 let data = vec![pattern(len, 7)];
-                assert_eq!(stream(&client, 1, &data)[0], data[0], "L={lanes} len={len}");
+                let got = stream(&client, 1, &data);
+                assert_eq!(got[0], data[0], "{generation} L={lanes} len={len}");
             }
             if lanes == 32 {
                 // Lanes of different lengths in one warp, lane 3 inactive.
@@ -387,15 +400,54 @@ fn raw_request(fixture: &Fixture, port: usize, mask: u64, opcode: u32, secondary
     // SAFETY: offsets inside the owned region; every access to it is atomic.
     unsafe {
         let header =
-            &*(base.add(layout.header() + 16 * port) as *const std::sync::atomic::AtomicU64);
+            &*(base.add(layout.header_of(port as u32)) as *const std::sync::atomic::AtomicU64);
         header.store(mask, Ordering::Relaxed);
         let opc =
-            &*(base.add(layout.header() + 16 * port + 8) as *const std::sync::atomic::AtomicU64);
+            &*(base.add(layout.header_of(port as u32) + 8) as *const std::sync::atomic::AtomicU64);
         opc.store(u64::from(opcode), Ordering::Relaxed);
         let c = &*(base.add(layout.secondary() + 4 * port) as *const AtomicU32);
         std::sync::atomic::fence(Ordering::Release);
         c.store(secondary, Ordering::Relaxed);
     }
+}
+
+/// The `u64` at byte `offset` of the fixture's region.
+fn word_at(fixture: &Fixture, offset: usize) -> &std::sync::atomic::AtomicU64 {
+    assert!(offset % 8 == 0 && offset + 8 <= fixture.memory.layout().total_size());
+    // SAFETY: an aligned word inside the owned region, which outlives the borrow of `fixture`;
+    // every access to it is an atomic of this size.
+    unsafe { &*(fixture.memory.as_ptr().add(offset) as *const std::sync::atomic::AtomicU64) }
+}
+
+/// LLVM 18's packet, written by hand where its `rpc.h` puts it: the server finds port 2's
+/// header and lane 1's buffer inside port 2's 64 + 64L-byte packet, 64-aligned after the
+/// flags, and answers there, touching no other port's packet.
+#[test]
+fn the_server_reads_and_writes_llvm18_packets_where_llvm18_puts_them() {
+    let fixture = Fixture::new(Generation::V0, 3, 32);
+    let layout = fixture.memory.layout();
+    assert_eq!(layout.header(), 64);
+    assert_eq!(layout.header_of(2), 64 + 2 * (64 + 64 * 32));
+    let buffer = |port: u32, lane: u32| word_at(&fixture, layout.packet_of(port, lane));
+    for port in 0..3 {
+        buffer(port, 1).store(41 + u64::from(port), Ordering::Relaxed);
+    }
+    let (_, served) = with_server(&fixture, || {
+        // Lane 1 only; the opcode in the low 16 bits of the header's second word would be
+        // LLVM 18's number, here the table's own (this mailbox numbers as `Current`).
+        raw_request(&fixture, 2, 0b10, Opcode::TEST_INCREMENT.0, 1);
+        while primary_word(&fixture, 2) != 1 {
+            std::thread::yield_now();
+        }
+    });
+    assert_eq!(served, 1);
+    assert_eq!(
+        buffer(2, 1).load(Ordering::Relaxed),
+        44,
+        "port 2, lane 1 incremented"
+    );
+    assert_eq!(buffer(1, 1).load(Ordering::Relaxed), 42, "port 1 untouched");
+    assert_eq!(buffer(0, 1).load(Ordering::Relaxed), 41, "port 0 untouched");
 }
 
 fn primary_word(fixture: &Fixture, port: usize) -> u32 {

@@ -3,7 +3,7 @@
 // against `rpc-serve` in another process. `cargo xtask llvm-client` builds and runs it; see
 // docs/llvm-compat.md.
 //
-//   llvm-client MAILBOX --bytes B --ports N --gen v1|v2 --expect DIR --stdin FILE [--threads T]
+//   llvm-client MAILBOX --bytes B --ports N --gen v0|v1|v2 --expect DIR --stdin FILE [--threads T]
 //
 // (T defaults to 4; 0 runs the serial part only.)
 //
@@ -23,7 +23,10 @@
 //   DIR/stdout.serial, DIR/stderr.serial   the single-threaded part, in order;
 //   DIR/stdout.tK, DIR/stderr.tK           thread K's lines (each starts "tK "), in its order;
 //   DIR/files/NAME                         the files left in the sandbox;
-//   DIR/client-object.bin, .base           the client object's bytes and the base (decimal).
+//   DIR/client-object.bin, .base           the client object's bytes and the base (decimal);
+//   DIR/allocation-sizes.txt               LLVM's allocation_size for some N and every L.
+// Built with -DLLVM_RPC_18 against LLVM 18's libc/src/__support/RPC/rpc.h instead (see below),
+// it runs everything LLVM 18's opcodes have: not printf, RENAME or REMOVE.
 // Any mismatch prints what was expected and what came, and exits 1. printf's expected text is
 // the host C library's (`snprintf` with the same values): rpc-serve formats like glibc.
 //
@@ -32,8 +35,57 @@
 // way clang lays out NVPTX varargs (each argument aligned to its size) or AMDGPU's packed ones,
 // since an x86-64 va_list is no buffer.
 
+#ifdef LLVM_RPC_18
+// LLVM 18 has no header-only client: its client is `libc/src/__support/RPC/rpc.h` in libc's
+// own namespace (built with -DLIBC_NAMESPACE=..., -isystem LIBC), its opcodes are
+// `include/llvm-libc-types/rpc_opcodes_t.h`'s RPC_* (numbered 0, 1, 2... in 16 bits, no
+// printf, REMOVE or RENAME). Named here as the later headers name them.
+#include "include/llvm-libc-types/rpc_opcodes_t.h"
+#include "include/llvm-libc-types/test_rpc_opcodes_t.h"
+#include "src/__support/RPC/rpc.h"
+namespace rpc = LIBC_NAMESPACE::rpc;
+enum : uint32_t {
+  LIBC_WRITE_TO_STDOUT = RPC_WRITE_TO_STDOUT,
+  LIBC_WRITE_TO_STDERR = RPC_WRITE_TO_STDERR,
+  LIBC_WRITE_TO_STREAM = RPC_WRITE_TO_STREAM,
+  LIBC_WRITE_TO_STDOUT_NEWLINE = RPC_WRITE_TO_STDOUT_NEWLINE,
+  LIBC_READ_FROM_STREAM = RPC_READ_FROM_STREAM,
+  LIBC_READ_FGETS = RPC_READ_FGETS,
+  LIBC_OPEN_FILE = RPC_OPEN_FILE,
+  LIBC_CLOSE_FILE = RPC_CLOSE_FILE,
+  LIBC_MALLOC = RPC_MALLOC,
+  LIBC_FREE = RPC_FREE,
+  LIBC_FEOF = RPC_FEOF,
+  LIBC_FERROR = RPC_FERROR,
+  LIBC_CLEARERR = RPC_CLEARERR,
+  LIBC_FSEEK = RPC_FSEEK,
+  LIBC_FTELL = RPC_FTELL,
+  LIBC_FFLUSH = RPC_FFLUSH,
+  LIBC_UNGETC = RPC_UNGETC,
+  LIBC_TEST_INCREMENT = RPC_TEST_INCREMENT,
+  LIBC_TEST_INTERFACE = RPC_TEST_INTERFACE,
+  LIBC_TEST_STREAM = RPC_TEST_STREAM,
+};
+// The mailbox's process of the client side (its flags' offsets).
+using ClientProcess = rpc::Process<false, rpc::Packet<1>>;
+uint64_t llvm_allocation_size(uint32_t lanes, uint32_t ports) {
+  switch (lanes) {
+  case 1:
+    return rpc::Server<1>::allocation_size(ports);
+  case 32:
+    return rpc::Server<32>::allocation_size(ports);
+  default:
+    return rpc::Server<64>::allocation_size(ports);
+  }
+}
+#else
 #include "rpc.h"
 #include "rpc_opcodes.h"
+using ClientProcess = rpc::Process<false>;
+uint64_t llvm_allocation_size(uint32_t lanes, uint32_t ports) {
+  return rpc::Server::allocation_size(lanes, ports);
+}
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -73,7 +125,7 @@ namespace {
   _exit(1);
 }
 
-std::string show(const std::string &bytes) {
+[[maybe_unused]] std::string show(const std::string &bytes) {
   std::string out;
   for (unsigned char c : bytes) {
     if (c == '\\')
@@ -116,16 +168,20 @@ void expect_bytes(const char *what, const void *got, uint64_t got_len, const voi
 
 // ---- the client object, as LLVM's loader makes it ------------------------------------------
 
-// v1 (LLVM 20-22): 552 bytes and `Port::close()` public; v2 (LLVM 23+): 2096 bytes, close()
-// private and run by ~Port.
-constexpr int GENERATION = sizeof(rpc::Client) == 552 ? 1 : sizeof(rpc::Client) == 2096 ? 2 : 0;
-static_assert(GENERATION != 0, "rpc.h is neither the v1 (552-byte) nor the v2 (2096-byte) client");
+// v0 (LLVM 18): 96 bytes, v1 (LLVM 20-22): 552 bytes, both with `Port::close()` public; v2
+// (LLVM 23+): 2096 bytes, close() private and run by ~Port.
+constexpr int GENERATION = sizeof(rpc::Client) == 96     ? 0
+                           : sizeof(rpc::Client) == 552  ? 1
+                           : sizeof(rpc::Client) == 2096 ? 2
+                                                         : -1;
+static_assert(GENERATION != -1,
+              "rpc.h is neither the v0 (96-byte), v1 (552-byte) nor v2 (2096-byte) client");
 
 template <typename P, typename = void> struct has_public_close : std::false_type {};
 template <typename P>
 struct has_public_close<P, std::void_t<decltype(std::declval<P &>().close())>> : std::true_type {};
-static_assert(has_public_close<rpc::Client::Port>::value == (GENERATION == 1),
-              "Port::close() is public exactly in v1");
+static_assert(has_public_close<rpc::Client::Port>::value == (GENERATION != 2),
+              "Port::close() is public exactly in v0 and v1");
 
 template <typename P> void close_port(P &port) {
   if constexpr (has_public_close<P>::value)
@@ -322,6 +378,7 @@ void test_stdio(Run &run) {
 }
 
 // ---- printf --------------------------------------------------------------------------------
+#ifndef LLVM_RPC_18 // LLVM 18 has no printf opcodes.
 
 // `%Lf` and friends: the device passes a double (NVPTX and AMDGPU have no wider long double),
 // the host C library is given the same value as a long double.
@@ -539,6 +596,8 @@ void test_printf(Run &run) {
   (void)sink;
 }
 
+#endif // LLVM_RPC_18
+
 // ---- files in rpc-serve's sandbox ----------------------------------------------------------
 
 uint64_t open_file(const std::string &path, const char *mode) {
@@ -669,8 +728,10 @@ void test_files(Run &run) {
   expect_u64("WRITE_TO_STREAM: bytes written",
              write_to<LIBC_WRITE_TO_STREAM>(f, payload.data(), payload.size()), payload.size());
   content += payload;
+#ifndef LLVM_RPC_18
   content += check_printf<LIBC_PRINTF_TO_STREAM>(run, f, "|%s %d %.2f|", "to a file", 7, 0.25);
   content += check_printf<LIBC_PRINTF_TO_STREAM_PACKED>(run, f, "|%c%lld|", 'p', -1LL);
+#endif
   expect_u64("FFLUSH of a file", stream_call<LIBC_FFLUSH>(f), 0);
   expect_u64("FTELL after writing", stream_call<LIBC_FTELL>(f), content.size());
   expect_u64("CLOSE_FILE", close_file(f), 0);
@@ -728,6 +789,10 @@ void test_files(Run &run) {
 
   // Rename it, keep it for the caller to compare; a second file is made and removed.
   const std::string kept = run.name("kept.txt");
+#ifdef LLVM_RPC_18
+  // No RENAME or REMOVE: the file stays under its name.
+  run.files.emplace_back(name, content);
+#else
   expect_u64("RENAME", path_call<LIBC_RENAME>(name, &kept), 0);
   expect_u64("OPEN_FILE of the old name after RENAME", open_file(name, "r"), 0);
   run.files.emplace_back(kept, content);
@@ -739,6 +804,7 @@ void test_files(Run &run) {
   expect_u64("REMOVE", path_call<LIBC_REMOVE>(gone, nullptr), 0);
   expect_u64("OPEN_FILE after REMOVE", open_file(gone, "r"), 0);
   run.checks += 5;
+#endif
 }
 
 // rpc-serve's stdin (the caller fed it `stdin`): fgets, then reads of the rest (serial only).
@@ -788,9 +854,9 @@ void free_call(uint64_t ptr) {
 void wait_until_served() {
   const uint32_t n = client_ports;
   const uint32_t *inbox = reinterpret_cast<const uint32_t *>(
-      static_cast<const char *>(client_base) + rpc::Process<false>::inbox_offset(n));
+      static_cast<const char *>(client_base) + ClientProcess::inbox_offset(n));
   const uint32_t *outbox = reinterpret_cast<const uint32_t *>(
-      static_cast<const char *>(client_base) + rpc::Process<false>::outbox_offset(n));
+      static_cast<const char *>(client_base) + ClientProcess::outbox_offset(n));
   for (uint32_t i = 0; i < n; ++i)
     while (__atomic_load_n(&inbox[i], __ATOMIC_ACQUIRE) !=
            __atomic_load_n(&outbox[i], __ATOMIC_RELAXED))
@@ -843,7 +909,9 @@ void suite(Run &run, const std::string &stdin_text) {
   test_interface(run, false);
   test_stream(run);
   test_stdio(run);
+#ifndef LLVM_RPC_18
   test_printf(run);
+#endif
   test_files(run);
   if (run.serial())
     test_stdin(run, stdin_text);
@@ -871,7 +939,7 @@ std::string read_file(const std::string &path) {
 
 [[noreturn]] void usage(const char *why) {
   fprintf(stderr,
-          "llvm-client: %s\nusage: llvm-client MAILBOX --bytes B --ports N --gen v1|v2 "
+          "llvm-client: %s\nusage: llvm-client MAILBOX --bytes B --ports N --gen v0|v1|v2 "
           "--expect DIR --stdin FILE [--threads T]\n",
           why);
   exit(2);
@@ -913,16 +981,23 @@ int main(int argc, char **argv) {
   const std::string dir = expect_dir;
 
   // The generation rpc-serve was started with must be the header's.
-  if (std::string(gen) != (GENERATION == 1 ? "v1" : "v2"))
+  if (std::string(gen) != "v" + std::to_string(GENERATION))
     die("rpc-serve serves %s but this rpc.h is the v%d client (%zu bytes)", gen, GENERATION,
         sizeof(rpc::Client));
   if (ports > rpc::MAX_PORT_COUNT)
     die("%u ports: LLVM's client holds at most %llu", ports,
         (unsigned long long)rpc::MAX_PORT_COUNT);
   // LLVM's loader: allocation_size(warp size, ports) bytes of host memory.
-  const uint64_t llvm_bytes = rpc::Server::allocation_size(1, ports);
+  const uint64_t llvm_bytes = llvm_allocation_size(1, ports);
   expect_u64("LLVM's allocation_size(lane size 1, ports) against rpc-serve's mailbox bytes",
              llvm_bytes, bytes);
+  // LLVM's sizes at every lane size and some port counts, for the caller to compare with
+  // rpc-core's Layout: "PORTS LANES BYTES" lines.
+  std::string sizes;
+  for (uint32_t lanes : {1u, 32u, 64u})
+    for (uint32_t n : {1u, 3u, 9u, 64u, 65u, static_cast<uint32_t>(rpc::MAX_PORT_COUNT)})
+      sizes += std::to_string(n) + " " + std::to_string(lanes) + " " +
+               std::to_string(llvm_allocation_size(lanes, n)) + "\n";
 
   int fd = open(mailbox, O_RDWR);
   if (fd < 0)
@@ -940,6 +1015,7 @@ int main(int argc, char **argv) {
   write_file(dir + "/client-object.bin",
              std::string(reinterpret_cast<const char *>(client_storage), sizeof client_storage));
   write_file(dir + "/client-object.base", std::to_string(reinterpret_cast<uintptr_t>(base)));
+  write_file(dir + "/allocation-sizes.txt", sizes);
 
   const std::string stdin_text = read_file(stdin_path);
   Run serial{-1, {}, {}, {}, 0, SplitMix{0x1111}};

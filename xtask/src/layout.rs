@@ -1,5 +1,7 @@
-//! `cargo xtask layout --gen v1|v2 --ports N --lanes L`: one line with the mailbox's offsets and
-//! sizes in bytes, from [`rpc_core::protocol::Layout`] (PROTOCOL section 2).
+//! `cargo xtask layout --gen v0|v1|v2 --ports N --lanes L`: one line with the mailbox's offsets
+//! and sizes in bytes, from [`rpc_core::protocol::Layout`] (PROTOCOL section 2). For v0 (LLVM
+//! 18), `header` and `packet` are port 0's header and lane 0 buffer, inside its packet, and
+//! `stride` the bytes from one port's packet to the next.
 
 use rpc_core::protocol::{Generation, Layout};
 
@@ -15,11 +17,12 @@ pub fn run(args: &[String]) -> Result {
 fn parse(args: &[String]) -> Result<Layout> {
     let flags = Flags::parse("layout", args, &["gen", "ports", "lanes"])?;
     let generation = match flags.required("gen")? {
+        "v0" => Generation::V0,
         "v1" => Generation::V1,
         "v2" => Generation::V2,
         other => {
             return Err(Failure::Usage(format!(
-                "layout: --gen wants v1 or v2, not `{other}`"
+                "layout: --gen wants v0, v1 or v2, not `{other}`"
             )))
         }
     };
@@ -29,10 +32,14 @@ fn parse(args: &[String]) -> Result<Layout> {
     Layout::new(generation, ports, lanes).map_err(|e| Failure::Usage(format!("layout: {e}")))
 }
 
-/// `primary=.. secondary=.. header=.. packet=.. total=.. client_object=..`
+/// `primary=.. secondary=.. header=.. packet=.. total=.. client_object=..` (v0: `stride=..`)
 fn line(layout: &Layout) -> String {
+    let stride = match layout.generation() {
+        Generation::V0 => format!(" stride={}", layout.packet_stride()),
+        Generation::V1 | Generation::V2 => String::new(),
+    };
     format!(
-        "primary={} secondary={} header={} packet={} total={} client_object={}",
+        "primary={} secondary={} header={} packet={} total={} client_object={}{stride}",
         layout.primary(),
         layout.secondary(),
         layout.header(),
@@ -64,6 +71,11 @@ mod tests {
             ("v1", 4096, 32, "primary=0 secondary=16384 header=32768 packet=98304 total=8486912 client_object=552"),
             ("v2", 64, 32, "primary=64 secondary=320 header=576 packet=1600 total=132672 client_object=2096"),
             ("v2", 16384, 64, "primary=64 secondary=65600 header=131136 packet=393280 total=67502144 client_object=2096"),
+            // LLVM 18: the header inside each 64 + 64L-byte packet, at align_up(8N, 64).
+            ("v0", 1, 1, "primary=0 secondary=4 header=64 packet=80 total=192 client_object=96 stride=128"),
+            ("v0", 3, 1, "primary=0 secondary=12 header=64 packet=80 total=448 client_object=96 stride=128"),
+            ("v0", 9, 64, "primary=0 secondary=36 header=128 packet=144 total=37568 client_object=96 stride=4160"),
+            ("v0", 512, 64, "primary=0 secondary=2048 header=4096 packet=4112 total=2134016 client_object=96 stride=4160"),
         ];
         for (generation, ports, lanes, want) in vectors {
             let args = format!("--gen {generation} --ports {ports} --lanes {lanes}");
@@ -90,6 +102,7 @@ mod tests {
             "--gen v1 --ports 0 --lanes 32",
             "--gen v1 --ports 4097 --lanes 32",
             "--gen v2 --ports 16385 --lanes 32",
+            "--gen v0 --ports 513 --lanes 32",
             "--gen v1 --ports 64 --lanes 16",
             "--gen v1 --ports 64 --lanes 32 --extra 1",
             "--gen v1 --ports 64 --lanes 32 stray",

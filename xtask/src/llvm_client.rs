@@ -1,4 +1,4 @@
-//! `cargo xtask llvm-client [--allow-skip] [--gen v1|v2]`: LLVM's own client against
+//! `cargo xtask llvm-client [--allow-skip] [--gen v0|v1|v2]`: LLVM's own client against
 //! `rpc-serve`, in every generation Debian carries the source of (docs/llvm-compat.md).
 //!
 //! 1. **Sources.** LLVM's header-only client (`libc/shared/rpc.h`, `rpc_util.h`,
@@ -9,7 +9,9 @@
 //!    fetches them, the orig tarball is checked against the SHA-256 of the signed Sources index
 //!    (`apt-get source --print-uris`), and `tar --occurrence` takes out only those files (it stops
 //!    reading once it has them). They are kept in `target/llvm-src/llvm-MAJOR/` (with a
-//!    `VERSION` file) and the tarball is deleted: a rerun downloads nothing. Nothing from LLVM is
+//!    `VERSION` file) and the tarball is deleted: a rerun downloads nothing. LLVM 18 (trixie's
+//!    `llvm-toolchain-18`: v0) has no header-only client: its `libc/src/__support/RPC/rpc.h` and
+//!    the libc headers it includes are taken out by pattern ([`FILES_18`]). Nothing from LLVM is
 //!    committed.
 //! 2. **Build.** Our driver, `workloads/llvm-client/driver.cpp`, compiled for the host (a CPU
 //!    client: lane size one) against each generation's headers with `$CXX` (else g++, c++ or
@@ -40,7 +42,11 @@ use rpc_core::protocol::{Generation, Layout};
 use crate::{cargo, project_root, Failure, Result};
 
 /// The Debian source packages tried, the generation their client speaks, newest LLVM last.
-const SOURCES: &[(u32, Generation)] = &[(22, Generation::V1), (23, Generation::V2)];
+const SOURCES: &[(u32, Generation)] = &[
+    (18, Generation::V0),
+    (22, Generation::V1),
+    (23, Generation::V2),
+];
 /// The runs of each generation: port count (0: LLVM's MAX_PORT_COUNT, 4096 or 16384) and client
 /// threads after the serial part. Three ports for four threads make them contend for ports,
 /// and 3 is no multiple of 8, where LLVM's packet offset `align_up(D + 24N, 8)` once disagreed
@@ -79,6 +85,21 @@ const FILES: &[&str] = &[
     "offload/plugins-nextgen/common/include/RPC.h",
     "offload/plugins-nextgen/common/src/RPC.cpp",
 ];
+/// LLVM 18 has no header-only client: its client is `libc/src/__support/RPC/rpc.h`, which
+/// includes libc's `CPP/`, `GPU/`, `macros/` support and `string/memory_utils/`; its opcodes
+/// are in `include/llvm-libc-types/`; `utils/gpu/` holds its loaders and server (read, not
+/// built), `CMakeLists.txt` its default `LIBC_NAMESPACE`. Patterns: one pass over the tarball.
+const FILES_18: &[&str] = &[
+    "libc/src/__support/*",
+    "libc/src/string/memory_utils/*",
+    "libc/include/llvm-libc-types/*",
+    "libc/utils/gpu/*",
+    "libc/CMakeLists.txt",
+];
+/// LLVM 18's default `LIBC_NAMESPACE` for 18.1.8 (`__llvm_libc_MAJOR_MINOR_PATCH_SUFFIX` in
+/// its `libc/CMakeLists.txt`, the suffix empty in a release).
+const LIBC_NAMESPACE_18: &str = "__llvm_libc_18_1_8_";
+
 /// What rpc-serve's stdin holds for the driver to read back.
 const STDIN: &str = "stdin first line\nthe rest of stdin, read by READ_FROM_STREAM\nlast line\n";
 /// Liveness bounds: far beyond what a run takes on a loaded 2-core machine.
@@ -153,7 +174,7 @@ pub fn run(args: &[String]) -> Result {
         .iter()
         .map(|(major, generation, dir, version)| {
             let binary = out.join(format!("llvm-client-{major}"));
-            let build = start_driver_build(&compiler, &root, dir, &binary);
+            let build = start_driver_build(&compiler, &root, dir, *generation, &binary);
             (build, (*generation, binary, version.clone()))
         })
         .collect();
@@ -186,6 +207,9 @@ pub fn run(args: &[String]) -> Result {
         passed.push(format!("{generation} (LLVM {version})"));
     }
     let run_time = begin.elapsed();
+    if let Some((_, _, dir, _)) = fetched.iter().find(|f| f.1 == Generation::V0) {
+        llvm18_gpu_objects(&out, dir)?;
+    }
     println!(
         "llvm-client: passed {}{}; sources {:.1} s, driver build {:.1} s, rpc-serve build {:.1} \
          s, runs {:.1} s, total {:.1} s",
@@ -217,7 +241,11 @@ pub fn run(args: &[String]) -> Result {
 /// the folder and the upstream version.
 fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Problem> {
     let cache = root.join(format!("target/llvm-src/llvm-{major}"));
-    fetch_source(major, &cache, FILES, false)
+    if major == 18 {
+        fetch_source(major, &cache, FILES_18, true)
+    } else {
+        fetch_source(major, &cache, FILES, false)
+    }
 }
 
 /// Parts of LLVM MAJOR's source tree in `cache`: the cached folder, or fetched from Debian's
@@ -535,6 +563,7 @@ fn start_driver_build(
     compiler: &str,
     root: &Path,
     headers: &Path,
+    generation: Generation,
     binary: &Path,
 ) -> Result<DriverBuild> {
     if let Some(dir) = binary.parent() {
@@ -553,8 +582,19 @@ fn start_driver_build(
             "-pthread",
         ])
         .arg("-U_FORTIFY_SOURCE")
-        .arg("-isystem")
-        .arg(headers.join("libc/shared"))
+        .args(match generation {
+            // LLVM 18's client lives in libc's own tree and namespace.
+            Generation::V0 => vec![
+                "-DLLVM_RPC_18".to_string(),
+                format!("-DLIBC_NAMESPACE={LIBC_NAMESPACE_18}"),
+                "-isystem".to_string(),
+                headers.join("libc").display().to_string(),
+            ],
+            Generation::V1 | Generation::V2 => vec![
+                "-isystem".to_string(),
+                headers.join("libc/shared").display().to_string(),
+            ],
+        })
         .arg(&source)
         .arg("-o")
         .arg(binary)
@@ -608,6 +648,117 @@ fn build_rpc_serve(root: &Path) -> Result<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
     Ok(target.join("debug/rpc-serve"))
+}
+
+// ---- LLVM 18's client as real GPU code ---------------------------------------------------
+
+/// The two targets LLVM 18's GPU libc builds for: triple, clang flags, output name.
+const GPU_TARGETS_18: &[(&str, &[&str], &str)] = &[
+    (
+        "nvptx64-nvidia-cuda",
+        // PTX text (-S): what the CUDA plugin JIT-compiles; sm_90 needs PTX 7.8.
+        &[
+            "-march=sm_90",
+            "-Xclang",
+            "-target-feature",
+            "-Xclang",
+            "+ptx78",
+            "-S",
+        ],
+        "rpc_client_18.ptx",
+    ),
+    (
+        "amdgcn-amd-amdhsa",
+        // A linked code object; clang 22 no longer defines the wavefront macro LLVM 18 reads.
+        &[
+            "-mcpu=gfx942",
+            "-nogpulib",
+            "-nostdlib",
+            "-D__AMDGCN_WAVEFRONT_SIZE=64",
+            "-fuse-ld=lld",
+        ],
+        "rpc_client_18.amdgcn",
+    ),
+];
+
+/// LLVM 18's `libc/src/__support/RPC/rpc_client.cpp` (its `rpc::client` and the
+/// `__llvm_libc_rpc_client` pointer to it) compiled by clang-22 for NVPTX and AMDGPU, then
+/// read by `rpc-run --inspect`'s reader, which must call both LLVM 18 (v0). Skipped, saying
+/// so, without clang-22 and ld.lld-22.
+fn llvm18_gpu_objects(out: &Path, tree: &Path) -> Result {
+    let missing: Vec<&str> = ["clang-22", "ld.lld-22"]
+        .into_iter()
+        .filter(|tool| !on_path(tool))
+        .collect();
+    let linker = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join("ld.lld-22"))
+            .find(|p| p.is_file())
+    });
+    let (true, Some(linker)) = (missing.is_empty(), linker) else {
+        println!(
+            "llvm-client: LLVM 18 GPU objects SKIPPED: no {} (apt-get install clang-22 lld-22)",
+            missing.join(", ")
+        );
+        return Ok(());
+    };
+    let dir = out.join("llvm18-gpu");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let libc = tree.join("libc");
+    for (triple, flags, name) in GPU_TARGETS_18 {
+        let object = dir.join(name);
+        let output = Command::new("clang-22")
+            .arg(format!("--target={triple}"))
+            .args(*flags)
+            .args([
+                "-std=c++17",
+                "-O2",
+                "-ffreestanding",
+                "-nostdlibinc",
+                "-fno-exceptions",
+            ])
+            .args(["-fno-rtti", "-fvisibility=hidden"])
+            .arg(format!("--ld-path={}", linker.display()))
+            .arg(format!("-DLIBC_NAMESPACE={LIBC_NAMESPACE_18}"))
+            .arg("-I")
+            .arg(&libc)
+            .arg("-I")
+            .arg(libc.join("include"))
+            .arg(libc.join("src/__support/RPC/rpc_client.cpp"))
+            .arg("-o")
+            .arg(&object)
+            .output()
+            .map_err(|e| format!("llvm-client: running clang-22: {e}"))?;
+        if !output.status.success() {
+            return Err(Failure::Failed(format!(
+                "llvm-client: clang-22 --target={triple} of LLVM 18's rpc_client.cpp failed:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        }
+        let bytes = read(&object).map_err(Failure::Failed)?;
+        let inspection = rpc_run::image::inspect(&bytes)
+            .map_err(|e| format!("llvm-client: inspecting {}: {e}", object.display()))?;
+        let text = inspection.to_string();
+        let client = text
+            .lines()
+            .find(|l| l.starts_with("client "))
+            .unwrap_or("");
+        if !matches!(
+            inspection.client,
+            rpc_run::image::Client::Known {
+                generation: Generation::V0,
+                ..
+            }
+        ) || inspection.client.llvm() != "LLVM 18"
+        {
+            return Err(Failure::Failed(format!(
+                "llvm-client: {} (LLVM 18's client, {triple}) was not read as LLVM 18: {client}",
+                object.display()
+            )));
+        }
+        println!("llvm-client: LLVM 18's rpc_client.cpp for {triple}: {client}");
+    }
+    Ok(())
 }
 
 // ---- 3. one run --------------------------------------------------------------------------
@@ -814,6 +965,8 @@ fn run_one(
         .parse()
         .map_err(|e| format!("client-object.base: {e}"))?;
     compare_client_object(&object, &layout.client_object(base), layout)?;
+    let sizes = String::from_utf8_lossy(&read(&expect.join("allocation-sizes.txt"))?).into_owned();
+    compare_allocation_sizes(&sizes, generation)?;
 
     Ok(format!(
         "{} rpc-serve {}",
@@ -916,6 +1069,41 @@ fn compare_files(sandbox: &Path, expected: &Path) -> std::result::Result<(), Str
     Ok(())
 }
 
+/// LLVM's `allocation_size` ("PORTS LANES BYTES" lines) against rpc-core's `Layout`.
+fn compare_allocation_sizes(
+    lines: &str,
+    generation: Generation,
+) -> std::result::Result<(), String> {
+    let mut compared = 0;
+    for line in lines.lines() {
+        let numbers: Vec<u64> = line
+            .split_whitespace()
+            .map(|w| {
+                w.parse()
+                    .map_err(|e| format!("allocation-sizes.txt: {line:?}: {e}"))
+            })
+            .collect::<std::result::Result<_, _>>()?;
+        let [ports, lanes, llvm] = numbers[..] else {
+            return Err(format!(
+                "allocation-sizes.txt: not PORTS LANES BYTES: {line:?}"
+            ));
+        };
+        let layout =
+            Layout::new(generation, ports as u32, lanes as u32).map_err(|e| e.to_string())?;
+        if layout.total_size() as u64 != llvm {
+            return Err(format!(
+                "LLVM's allocation_size for {layout} is {llvm} bytes, rpc-core's Layout says {}",
+                layout.total_size()
+            ));
+        }
+        compared += 1;
+    }
+    if compared == 0 {
+        return Err("allocation-sizes.txt lists no size".into());
+    }
+    Ok(())
+}
+
 /// LLVM's `rpc::Client(ports, base)` against rpc-core's client object for the same base.
 fn compare_client_object(
     llvm: &[u8],
@@ -970,6 +1158,20 @@ mod tests {
         assert!(compare_output(b"s\0t0 a\nt1 x\nt0 b\n", b"S\0", &threads).is_err());
         // A line split by another thread's write would not end where it should.
         assert!(compare_output(b"S\0t0 at1 x\n\nt0 b\n", b"S\0", &threads).is_err());
+    }
+
+    #[test]
+    fn allocation_sizes_are_compared_with_the_layout() {
+        let good = "1 1 192\n3 1 448\n512 64 2134016\n";
+        assert_eq!(compare_allocation_sizes(good, Generation::V0), Ok(()));
+        let why = compare_allocation_sizes("3 1 264\n", Generation::V0).unwrap_err();
+        assert!(why.contains("264 bytes"), "{why}");
+        assert_eq!(
+            compare_allocation_sizes("3 1 264\n", Generation::V1),
+            Ok(())
+        );
+        assert!(compare_allocation_sizes("", Generation::V1).is_err());
+        assert!(compare_allocation_sizes("3 1\n", Generation::V1).is_err());
     }
 
     #[test]

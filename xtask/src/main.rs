@@ -40,7 +40,8 @@ commands:
   build --plugin host|cuda|amdgpu|all [--release]
                                          build the binaries embedding those plugins and the
                                          plugins' libraries (target/plugins/lib/libplugin_*.so)
-  layout --gen v1|v2 --ports N --lanes L print a mailbox layout's offsets and sizes in bytes
+  layout --gen v0|v1|v2 --ports N --lanes L
+                                         print a mailbox layout's offsets and sizes in bytes
   stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
   bench [--quick] [--peer llvm] [--pin] [--latency-only] [--park-us N]
                                          the performance table (docs/performance.md)
@@ -50,7 +51,7 @@ commands:
   fuzz [--seconds S] [--target mailbox|printf]
                                          cargo fuzz on a fuzzed mailbox and the printf parser
   sanitize [thread|address]... [-- ARGS] rpc-core's tests under ThreadSanitizer/AddressSanitizer
-  llvm-client [--allow-skip] [--gen v1|v2]
+  llvm-client [--allow-skip] [--gen v0|v1|v2]
                                          LLVM's own client (Debian's LLVM 22 and 23) against rpc-serve
   gpu-images [--allow-skip] [--target nvptx64|amdgcn]
                                          build LLVM's GPU libc, its integration tests and a hello

@@ -22,7 +22,9 @@ pub(crate) mod error;
 #[cfg(not(loom))]
 pub(crate) mod runtime;
 #[cfg(not(loom))]
-pub use runtime::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
+pub use runtime::{
+    libc_rpc_client_names, libc_rpc_client_namespace, CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL,
+};
 
 /// A global variable of a loaded image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +107,14 @@ pub trait Device: Send + Sync {
     fn load_image(&self, bytes: &[u8]) -> Result<Self::Image, VendorError>;
     /// A global variable of `image`, if it has one of that name.
     fn find_symbol(&self, image: &Self::Image, name: &str) -> Option<Symbol>;
+    /// The size of the global variable of `image` at device address `addr`, if the plugin
+    /// can tell: how the glue tells an LLVM 18 image from an LLVM 19 one, both of whose
+    /// `__llvm_libc_rpc_client` point to their client object (96 bytes in 18, 552 in 19). By
+    /// default `None`, and the glue then refuses such an image rather than guess.
+    fn symbol_size_at(&self, image: &Self::Image, addr: u64) -> Option<usize> {
+        let _ = (image, addr);
+        None
+    }
     /// Copies `bytes` to device address `dst`.
     fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError>;
     /// Copies from device address `src` into `out`.

@@ -2,10 +2,12 @@
 //! public methods do the bookkeeping, the plugin's hooks do the vendor work).
 //!
 //! - [`PluginRuntime::load_image`]: loads the image; if it has the client symbol
-//!   (`__llvm_rpc_client`, whose size names the generation: 552 -> v1, 2096 -> v2; or LLVM 19's
-//!   `__llvm_libc_rpc_client`, a pointer to a v1 object, whose clients number opcodes 0, 1,
-//!   2... in 16 bits: [`crate::protocol::opcode::Numbering::Llvm19`]; any other size is refused as an
-//!   unknown generation), allocates the mailbox in memory the
+//!   (`__llvm_rpc_client`, whose size names the generation: 552 -> v1, 2096 -> v2; or LLVM
+//!   18/19's `__llvm_libc_rpc_client`, a pointer to the client object, whose size the plugin
+//!   reads from the image ([`Device::symbol_size_at`]): 96 -> v0 (LLVM 18), 552 -> v1 (LLVM
+//!   19), both of whose clients number opcodes 0, 1, 2... in 16 bits:
+//!   [`crate::protocol::opcode::Numbering::Llvm19`]; any other size, or one the plugin cannot
+//!   read, is refused as an unknown generation), allocates the mailbox in memory the
 //!   device sees, writes the client object with the device's addresses, attaches the mailbox to
 //!   this plugin's server with the device's allocator for MALLOC, and starts the server
 //!   (idempotent). Images without the symbol get no mailbox and start nothing.
@@ -55,6 +57,38 @@ use std::time::{Duration, Instant};
 pub const CLIENT_SYMBOL: &str = "__llvm_rpc_client";
 /// The older symbol: a pointer to the client object.
 pub const LEGACY_CLIENT_SYMBOL: &str = "__llvm_libc_rpc_client";
+
+/// The namespace of a mangled `NAMESPACE::rpc::client` (`_ZN19__llvm_libc_18_1_8_3rpc6clientE`
+/// -> `__llvm_libc_18_1_8_`): the object LLVM 18's and 19's [`LEGACY_CLIENT_SYMBOL`] points to
+/// (`libc/src/__support/RPC/rpc_client.cpp`: `Client client; void *__llvm_libc_rpc_client =
+/// &client;`). Both releases require the namespace to start with `__llvm_libc`. How plugins
+/// and loaders find that object's size ([`Device::symbol_size_at`]), which names the release.
+pub fn libc_rpc_client_namespace(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix("_ZN")?.strip_suffix("3rpc6clientE")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let len: usize = rest[..digits].parse().ok()?;
+    let namespace = &rest[digits..];
+    (namespace.len() == len && namespace.starts_with("__llvm_libc")).then_some(namespace)
+}
+
+/// Every distinct `__llvm_libc*::rpc::client` name ([`libc_rpc_client_namespace`]) written in
+/// `bytes`, an image in any format: PTX text names its globals, an ELF its symbols' string
+/// table. No parse: a byte scan for `_ZN` and the identifier after it.
+pub fn libc_rpc_client_names(bytes: &[u8]) -> Vec<String> {
+    let identifier = |b: &u8| b.is_ascii_alphanumeric() || *b == b'_';
+    let mut names: Vec<String> = Vec::new();
+    let mut at = 0;
+    while let Some(found) = bytes[at..].windows(3).position(|w| w == b"_ZN") {
+        let start = at + found;
+        let len = bytes[start..].iter().take_while(|b| identifier(b)).count();
+        let word = std::str::from_utf8(&bytes[start..start + len]).unwrap_or("");
+        if libc_rpc_client_namespace(word).is_some() && !names.iter().any(|n| n == word) {
+            names.push(word.to_owned());
+        }
+        at = start + len.max(3);
+    }
+    names
+}
 
 /// How long `synchronize` waits for the server to finish a completed kernel's last requests.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -238,11 +272,11 @@ impl<P: Plugin> PluginRuntime<P> {
         image: &<P::Device as Device>::Image,
     ) -> Result<Option<(u64, Generation, Numbering)>> {
         if let Some(symbol) = dev.find_symbol(image, CLIENT_SYMBOL) {
-            return Ok(Some((
-                symbol.addr,
-                Generation::from_client_object_size(symbol.size)?,
-                Numbering::Current,
-            )));
+            // LLVM 20+: v1 or v2; a 96-byte object is LLVM 18's, which no image names so.
+            return match Generation::from_client_object_size(symbol.size)? {
+                Generation::V0 => Err(ProtocolError::BadClientObjectSize(symbol.size).into()),
+                generation => Ok(Some((symbol.addr, generation, Numbering::Current))),
+            };
         }
         let Some(symbol) = dev.find_symbol(image, LEGACY_CLIENT_SYMBOL) else {
             return Ok(None);
@@ -253,13 +287,17 @@ impl<P: Plugin> PluginRuntime<P> {
         let mut pointer = [0u8; 8];
         dev.copy_from_device(symbol.addr, &mut pointer)
             .map_err(vendor(self.plugin.name(), "read client pointer"))?;
-        // Images old enough to use the pointer symbol (LLVM 19) speak the pre-doorbell layout
-        // with 16-bit opcodes.
-        Ok(Some((
-            u64::from_le_bytes(pointer),
-            Generation::V1,
-            Numbering::Llvm19,
-        )))
+        let pointer = u64::from_le_bytes(pointer);
+        // LLVM 18 (v0, 96 bytes) and 19 (v1, 552 bytes) both use the pointer: only the size of
+        // the object it points to tells them apart. Never guessed: an unknown size is refused
+        // before anything is written there. Both number opcodes in 16 bits.
+        let size = dev.symbol_size_at(image, pointer).unwrap_or(0);
+        match Generation::from_client_object_size(size)? {
+            generation @ (Generation::V0 | Generation::V1) => {
+                Ok(Some((pointer, generation, Numbering::Llvm19)))
+            }
+            Generation::V2 => Err(ProtocolError::BadClientObjectSize(size).into()),
+        }
     }
 
     fn attach_mailbox(
@@ -293,9 +331,10 @@ impl<P: Plugin> PluginRuntime<P> {
         let object = layout.client_object(region.device_addr());
         dev.copy_to_device(object_addr, &object)
             .map_err(vendor(name, "write client object"))?;
-        // LLVM 19-22's servers format with LLVM libc's printf core, 23+'s with the host's.
+        // LLVM 19-22's servers format with LLVM libc's printf core, 23+'s with the host's
+        // (LLVM 18 has no printf opcodes: the dialect never matters there).
         let printf = match generation {
-            Generation::V1 => Dialect::LlvmLibc,
+            Generation::V0 | Generation::V1 => Dialect::LlvmLibc,
             Generation::V2 => Dialect::HostC,
         };
         let id = self
@@ -602,5 +641,30 @@ impl<P: Plugin> Runtime for PluginRuntime<P> {
     }
     fn deinit(&mut self) -> Result<()> {
         PluginRuntime::deinit(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_libcs_client_object_is_found_by_its_mangled_name() {
+        let name = "_ZN19__llvm_libc_18_1_8_3rpc6clientE";
+        assert_eq!(libc_rpc_client_namespace(name), Some("__llvm_libc_18_1_8_"));
+        for not in [
+            "_ZN20__llvm_libc_18_1_8_3rpc6clientE", // the length is wrong
+            "_ZN5mylib3rpc6clientE",                // LLVM wants `__llvm_libc` first
+            "_ZN19__llvm_libc_18_1_8_3rpc6clientEx",
+            "__llvm_libc_rpc_client",
+        ] {
+            assert_eq!(libc_rpc_client_namespace(not), None, "{not}");
+        }
+        // In PTX text and in an ELF string table alike, each name once.
+        let ptx = format!(".global .b8 {name}[96];\n.global .u64 x = generic({name});\n");
+        assert_eq!(libc_rpc_client_names(ptx.as_bytes()), [name]);
+        let strtab = format!("\0_ZN3foo3barE\0{name}\0_ZN\0");
+        assert_eq!(libc_rpc_client_names(strtab.as_bytes()), [name]);
+        assert!(libc_rpc_client_names(b"_ZN").is_empty());
     }
 }

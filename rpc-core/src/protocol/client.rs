@@ -130,7 +130,7 @@ impl<'a> Client<'a> {
         // Pairs with the server's release fence before its last flip: it is done with the
         // buffers before we write the header (and later the packets).
         fence(Ordering::Acquire);
-        let header = &self.mailbox.header[2 * i..2 * i + 2];
+        let header = self.mailbox.header(index);
         header[0].store(mask.to_le(), Ordering::Relaxed);
         header[1].store(u64::from(opcode.0).to_le(), Ordering::Relaxed);
         if let Some(bell) = &self.doorbell {

@@ -23,11 +23,13 @@ pub enum ProtocolError {
         /// The generation asked for.
         generation: Generation,
     },
-    /// A client object size of no known generation: neither 552 (v1) nor 2096 (v2).
+    /// A client object size of no known generation: not 552 (v1) or 2096 (v2), or behind LLVM
+    /// 18/19's pointer not 96 (v0) or 552 (v1); 0 when the plugin cannot say.
     #[error(
         "unknown RPC generation: a client object of {0} bytes (known: `__llvm_rpc_client` of 552 \
          bytes, LLVM 20-22, or 2096 bytes, LLVM 23+; `__llvm_libc_rpc_client`, an 8-byte \
-         pointer, LLVM 19)"
+         pointer to an object of 96 bytes, LLVM 18, or 552 bytes, LLVM 19; 0: the size of the \
+         object it points to could not be read)"
     )]
     BadClientObjectSize(usize),
     /// Mailbox memory that is not 64-byte aligned or has the wrong size.

@@ -21,28 +21,53 @@ pub struct Mailbox<'a> {
     pub(crate) primary: &'a [AtomicU32],
     /// Client-written words, one per port.
     pub(crate) secondary: &'a [AtomicU32],
-    /// Two words per port: `mask`, then `opcode` in the low 32 bits (padding above).
-    pub(crate) header: &'a [DataWord],
-    /// `8 * L` words per port.
-    pub(crate) packet: &'a [DataWord],
+    /// Every `u64` word from port 0's header to the region's end: the headers and packets,
+    /// wherever the generation puts them (two arrays in v1 and v2, one of packets holding
+    /// their headers in v0), found through the strides below.
+    words: &'a [DataWord],
+    /// Words from one port's header to the next one's.
+    header_stride: usize,
+    /// Words from port 0's header to its lane 0 buffer.
+    packet_start: usize,
+    /// Words from one port's lane 0 buffer to the next one's.
+    packet_stride: usize,
+}
+
+/// The `u64` words from port 0's header to the end of `layout`'s region.
+const fn data_words(layout: &Layout) -> usize {
+    (layout.total_size() - layout.header()) / 8
 }
 
 impl<'a> Mailbox<'a> {
+    fn with_words(
+        layout: Layout,
+        primary: &'a [AtomicU32],
+        secondary: &'a [AtomicU32],
+        words: &'a [DataWord],
+    ) -> Self {
+        Mailbox {
+            layout,
+            primary,
+            secondary,
+            words,
+            header_stride: layout.header_stride() / 8,
+            packet_start: (layout.packet() - layout.header()) / 8,
+            packet_stride: layout.packet_stride() / 8,
+        }
+    }
+
     /// A view over arrays owned elsewhere ([`MailboxMemory`] under loom, which cannot wrap
-    /// foreign memory).
+    /// foreign memory): the flags, and the words from port 0's header to the end.
     #[cfg(loom)]
     pub(crate) fn from_parts(
         layout: Layout,
         primary: &'a [AtomicU32],
         secondary: &'a [AtomicU32],
-        header: &'a [DataWord],
-        packet: &'a [DataWord],
+        words: &'a [DataWord],
     ) -> Result<Self, ProtocolError> {
         let n = layout.ports() as usize;
-        let lengths_ok = primary.len() == n
-            && secondary.len() == n
-            && header.len() == 2 * n
-            && packet.len() == 8 * layout.lanes() as usize * n;
+        let lengths_ok =
+            primary.len() == n && secondary.len() == n && words.len() == data_words(&layout);
         if !lengths_ok {
             return Err(ProtocolError::BadRegion {
                 addr: 0,
@@ -50,13 +75,7 @@ impl<'a> Mailbox<'a> {
                 need: layout.total_size(),
             });
         }
-        Ok(Mailbox {
-            layout,
-            primary,
-            secondary,
-            header,
-            packet,
-        })
+        Ok(Mailbox::with_words(layout, primary, secondary, words))
     }
 
     /// A view over raw memory laid out as `layout`.
@@ -94,16 +113,12 @@ impl<'a> Mailbox<'a> {
         // process.
         unsafe {
             let at = |offset: usize| base.add(offset);
-            Ok(Mailbox {
+            Ok(Mailbox::with_words(
                 layout,
-                primary: core::slice::from_raw_parts(at(layout.primary()).cast(), n),
-                secondary: core::slice::from_raw_parts(at(layout.secondary()).cast(), n),
-                header: core::slice::from_raw_parts(at(layout.header()).cast(), 2 * n),
-                packet: core::slice::from_raw_parts(
-                    at(layout.packet()).cast(),
-                    8 * layout.lanes() as usize * n,
-                ),
-            })
+                core::slice::from_raw_parts(at(layout.primary()).cast(), n),
+                core::slice::from_raw_parts(at(layout.secondary()).cast(), n),
+                core::slice::from_raw_parts(at(layout.header()).cast(), data_words(&layout)),
+            ))
         }
     }
 
@@ -112,10 +127,16 @@ impl<'a> Mailbox<'a> {
         self.layout
     }
 
+    /// This port's two header words: `mask`, then `opcode` in the low bits (LLVM 18: 16,
+    /// later: 32; padding above).
+    pub(crate) fn header(&self, index: u32) -> &'a [DataWord] {
+        &self.words[index as usize * self.header_stride..][..2]
+    }
+
     /// This port's `8 * L` packet words.
     pub(crate) fn packets(&self, index: u32) -> &'a [DataWord] {
         let per_port = 8 * self.layout.lanes() as usize;
-        &self.packet[index as usize * per_port..][..per_port]
+        &self.words[self.packet_start + index as usize * self.packet_stride..][..per_port]
     }
 }
 
@@ -171,7 +192,6 @@ pub struct MailboxMemory {
         std::vec::Vec<AtomicU32>,
         std::vec::Vec<AtomicU32>,
         std::vec::Vec<DataWord>,
-        std::vec::Vec<DataWord>,
     ),
 }
 
@@ -193,12 +213,7 @@ impl MailboxMemory {
             let u64s = |k: usize| (0..k).map(|_| DataWord::new(0)).collect();
             MailboxMemory {
                 layout,
-                arrays: (
-                    u32s(n),
-                    u32s(n),
-                    u64s(2 * n),
-                    u64s(8 * layout.lanes() as usize * n),
-                ),
+                arrays: (u32s(n), u32s(n), u64s(data_words(&layout))),
             }
         }
     }
@@ -226,8 +241,8 @@ impl MailboxMemory {
         }
         #[cfg(loom)]
         {
-            let (p, s, h, k) = &self.arrays;
-            Mailbox::from_parts(self.layout, p, s, h, k).expect("arrays sized from the layout")
+            let (p, s, words) = &self.arrays;
+            Mailbox::from_parts(self.layout, p, s, words).expect("arrays sized from the layout")
         }
     }
 }

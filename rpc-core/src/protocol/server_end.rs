@@ -113,7 +113,7 @@ impl<'a> ServerEnd<'a> {
         // The client wrote the header and (usually) lane 0's packet just before its flip: start
         // fetching both lines now, in parallel with each other and with the lock, instead of
         // one after the other when the header and then the handler read them.
-        prefetch(&self.mailbox.header[2 * i]);
+        prefetch(&self.mailbox.header(index)[0]);
         prefetch(&self.mailbox.packets(index)[0]);
         if !try_lock(self.locks, index) {
             return None;
@@ -128,7 +128,7 @@ impl<'a> ServerEnd<'a> {
         }
         // Pairs with the client's release fence before its flip: header and packets are visible.
         fence(Ordering::Acquire);
-        let header = &self.mailbox.header[2 * i..2 * i + 2];
+        let header = self.mailbox.header(index);
         let header_mask = u64::from_le(header[0].load(Ordering::Relaxed));
         let opcode = Opcode(u64::from_le(header[1].load(Ordering::Relaxed)) as u32);
         let layout = self.mailbox.layout();

@@ -53,6 +53,8 @@ impl Binaries {
             (Server::RpcServe, _) => self.rpc_serve.as_deref(),
             (Server::Llvm, Generation::V1) => self.peer_v1.as_deref(),
             (Server::Llvm, Generation::V2) => self.peer_v2.as_deref(),
+            // The benchmark measures the two generations LLVM's header-only server speaks.
+            (Server::Llvm, Generation::V0) => None,
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::fmt;
 
 use plugin_amdgpu::code_object;
-use rpc_core::plugin::{CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
+use rpc_core::plugin::{libc_rpc_client_namespace, CLIENT_SYMBOL, LEGACY_CLIENT_SYMBOL};
 use rpc_core::protocol::Generation;
 use rpc_core::protocol::Numbering;
 
@@ -83,12 +83,24 @@ pub enum Client {
     },
     /// A client symbol of a size no generation has: refused.
     Unknown { symbol: &'static str, size: u64 },
+    /// LLVM 18/19's pointer whose object could not be told apart (none, several, or a size or
+    /// libc namespace of no known release): refused, with what was found.
+    Unclear(String),
     /// Not read: a fat binary whose every entry is compressed.
     Unread,
 }
 
+/// The LLVM major release a libc namespace names, where it follows LLVM's default
+/// `__llvm_libc_MAJOR_MINOR_PATCH_SUFFIX`.
+fn namespace_major(namespace: &str) -> Option<u32> {
+    let rest = namespace.strip_prefix("__llvm_libc_")?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    rest[..digits].parse().ok()
+}
+
 impl Client {
-    fn of(symbol_size: impl Fn(&str) -> Option<u64>) -> Client {
+    fn of(globals: &[(String, u64)]) -> Client {
+        let symbol_size = |name: &str| globals.iter().find(|(n, _)| n == name).map(|&(_, s)| s);
         if let Some(size) = symbol_size(CLIENT_SYMBOL) {
             return match Generation::from_client_object_size(size as usize) {
                 Ok(generation) => Client::Known {
@@ -105,12 +117,7 @@ impl Client {
         }
         match symbol_size(LEGACY_CLIENT_SYMBOL) {
             None => Client::None,
-            Some(8) => Client::Known {
-                symbol: LEGACY_CLIENT_SYMBOL,
-                size: 8,
-                generation: Generation::V1,
-                numbering: Numbering::Llvm19,
-            },
+            Some(8) => Client::legacy(globals),
             Some(size) => Client::Unknown {
                 symbol: LEGACY_CLIENT_SYMBOL,
                 size,
@@ -118,9 +125,55 @@ impl Client {
         }
     }
 
+    /// LLVM 18 or 19: the size of the `rpc::client` object the pointer points to says which
+    /// (96 bytes: v0, 552: v1), and LLVM's default libc namespace, where the image has it,
+    /// must agree. Anything else is refused, never guessed.
+    fn legacy(globals: &[(String, u64)]) -> Client {
+        let objects: Vec<(&str, &str, u64)> = globals
+            .iter()
+            .filter_map(|(name, size)| {
+                libc_rpc_client_namespace(name).map(|ns| (name.as_str(), ns, *size))
+            })
+            .collect();
+        let [(name, namespace, size)] = objects[..] else {
+            let names: Vec<&str> = objects.iter().map(|o| o.0).collect();
+            return Client::Unclear(format!(
+                "`{LEGACY_CLIENT_SYMBOL}` (LLVM 18 or 19) should point to one                  `NAMESPACE::rpc::client` object; the image has {} ({})",
+                objects.len(),
+                names.join(", ")
+            ));
+        };
+        let generation = match Generation::from_client_object_size(size as usize) {
+            Ok(g @ (Generation::V0 | Generation::V1)) => g,
+            _ => {
+                return Client::Unclear(format!(
+                    "`{LEGACY_CLIENT_SYMBOL}` points to `{name}` of {size} bytes: neither LLVM \
+                     18's 96-byte client nor LLVM 19's 552-byte one"
+                ))
+            }
+        };
+        let release = if generation == Generation::V0 { 18 } else { 19 };
+        if let Some(major) = namespace_major(namespace).filter(|&m| m != release) {
+            return Client::Unclear(format!(
+                "`{name}` is {size} bytes, LLVM {release}'s client, but its namespace names LLVM \
+                 {major}"
+            ));
+        }
+        Client::Known {
+            symbol: LEGACY_CLIENT_SYMBOL,
+            size: 8,
+            generation,
+            numbering: Numbering::Llvm19,
+        }
+    }
+
     /// Which LLVM releases build images with this client.
     pub fn llvm(&self) -> &'static str {
         match self {
+            Client::Known {
+                generation: Generation::V0,
+                ..
+            } => "LLVM 18",
             Client::Known {
                 numbering: Numbering::Llvm19,
                 ..
@@ -194,11 +247,6 @@ impl fmt::Display for BadImage {
     }
 }
 
-/// The size of a global by its name, among `(name, size)` pairs (PTX's and a cubin's globals).
-fn sizes(globals: &[(String, u64)]) -> impl Fn(&str) -> Option<u64> + '_ {
-    move |name| globals.iter().find(|(n, _)| n == name).map(|&(_, s)| s)
-}
-
 /// Reads an image.
 pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
     let format = format_of(bytes).ok_or_else(|| {
@@ -230,7 +278,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                     })
                     .collect(),
                 kernels_known: true,
-                client: Client::of(sizes(&module.globals)),
+                client: Client::of(&module.globals),
                 init_fini: init_fini(module.globals.iter().map(|(n, _)| n.as_str())),
                 entries: Vec::new(),
             })
@@ -260,7 +308,13 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                     })
                     .collect(),
                 kernels_known: true,
-                client: Client::of(|name| object.global(name).map(|g| g.size)),
+                client: Client::of(
+                    &object
+                        .globals
+                        .iter()
+                        .map(|g| (g.name.clone(), g.size))
+                        .collect::<Vec<_>>(),
+                ),
                 init_fini: Vec::new(),
                 entries: Vec::new(),
             })
@@ -284,7 +338,7 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
                     })
                     .collect(),
                 kernels_known: true,
-                client: Client::of(sizes(&cubin.globals)),
+                client: Client::of(&cubin.globals),
                 init_fini: init_fini(cubin.globals.iter().map(|(n, _)| n.as_str())),
                 entries: Vec::new(),
             })
@@ -394,6 +448,10 @@ impl fmt::Display for Inspection {
             Client::Unknown { symbol, size } => {
                 writeln!(f, "client symbol={symbol} size={size} generation=unknown")?
             }
+            Client::Unclear(why) => writeln!(
+                f,
+                "client symbol={LEGACY_CLIENT_SYMBOL} size=8 generation=unknown why=\"{why}\""
+            )?,
             known @ Client::Known {
                 symbol,
                 size,
@@ -474,9 +532,26 @@ mod tests {
                 "LLVM 23+",
             ),
             (
-                ".visible .global .align 8 .u64 __llvm_libc_rpc_client;",
-                "opcodes=16-bit",
+                ".global .align 8 .b8 _ZN19__llvm_libc_19_1_7_3rpc6clientE[552];\n.visible \
+                 .global .align 8 .u64 __llvm_libc_rpc_client = \
+                 generic(_ZN19__llvm_libc_19_1_7_3rpc6clientE);",
+                "generation=v1 opcodes=16-bit",
                 "LLVM 19",
+            ),
+            (
+                ".global .align 8 .b8 _ZN19__llvm_libc_18_1_8_3rpc6clientE[96];\n.visible \
+                 .global .align 8 .u64 __llvm_libc_rpc_client = \
+                 generic(_ZN19__llvm_libc_18_1_8_3rpc6clientE);",
+                "generation=v0 opcodes=16-bit",
+                "LLVM 18",
+            ),
+            (
+                // A namespace of the builder's own (LLVM wants `__llvm_libc` first): the size
+                // alone decides.
+                ".global .align 8 .b8 _ZN16__llvm_libc_mine3rpc6clientE[96];\n.visible .global \
+                 .align 8 .u64 __llvm_libc_rpc_client;",
+                "generation=v0",
+                "LLVM 18",
             ),
         ];
         for (decl, generation, llvm) in cases {
@@ -499,6 +574,42 @@ mod tests {
         );
         let none = inspect(ptx_with_client("").as_bytes()).unwrap();
         assert_eq!(none.client, Client::None);
+    }
+
+    #[test]
+    fn an_llvm18_or_19_pointer_whose_object_is_unclear_is_refused_naming_what_was_found() {
+        let pointer = ".visible .global .align 8 .u64 __llvm_libc_rpc_client;";
+        let cases = [
+            ("", "the image has 0"),
+            (
+                ".global .b8 _ZN19__llvm_libc_18_1_8_3rpc6clientE[96];\n.global .b8 \
+                 _ZN13__llvm_libc_x3rpc6clientE[552];",
+                "the image has 2 (_ZN19__llvm_libc_18_1_8_3rpc6clientE, \
+                 _ZN13__llvm_libc_x3rpc6clientE)",
+            ),
+            (
+                ".global .b8 _ZN13__llvm_libc_x3rpc6clientE[100];",
+                "`_ZN13__llvm_libc_x3rpc6clientE` of 100 bytes",
+            ),
+            (
+                ".global .b8 _ZN19__llvm_libc_19_1_7_3rpc6clientE[96];",
+                "LLVM 18's client, but its namespace names LLVM 19",
+            ),
+        ];
+        for (objects, why) in cases {
+            let report = inspect(ptx_with_client(&format!("{objects}\n{pointer}")).as_bytes());
+            let report = report.unwrap();
+            let Client::Unclear(text) = &report.client else {
+                panic!("{objects}: {:?}", report.client);
+            };
+            assert!(text.contains(why), "{text}");
+            assert!(
+                report.to_string().contains("generation=unknown why="),
+                "{report}"
+            );
+        }
+        assert_eq!(namespace_major("__llvm_libc_18_1_8_"), Some(18));
+        assert_eq!(namespace_major("mylib"), None);
     }
 
     #[test]

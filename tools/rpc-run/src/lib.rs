@@ -243,7 +243,13 @@ pub fn check_runnable(inspection: &Inspection) -> Result<(), Failure> {
         return Err(Failure::UnknownGeneration(format!(
             "unknown RPC generation: `{symbol}` is {size} bytes; known are `__llvm_rpc_client` \
              of 552 bytes (LLVM 20-22, v1) or 2096 bytes (LLVM 23+, v2) and \
-             `__llvm_libc_rpc_client`, an 8-byte pointer (LLVM 19)"
+             `__llvm_libc_rpc_client`, an 8-byte pointer to a 96-byte (LLVM 18, v0) or \
+             552-byte (LLVM 19, v1) client"
+        )));
+    }
+    if let Client::Unclear(why) = &inspection.client {
+        return Err(Failure::UnknownGeneration(format!(
+            "unknown RPC generation: {why}"
         )));
     }
     if inspection.kernels_known {

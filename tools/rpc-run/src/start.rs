@@ -8,7 +8,7 @@
 //!    constructors there and registers the destructors with `atexit`);
 //! 3. `_start(int argc, char **argv, char **envp, int *ret)` runs on the grid: every thread
 //!    calls `main` and ors its result into `*ret`;
-//! 4. `_end()` runs on one thread (LLVM 19 images: `_end(int ret)`, which calls `exit(ret)`
+//! 4. `_end()` runs on one thread (LLVM 18 and 19 images: `_end(int ret)`, which calls `exit(ret)`
 //!    itself), running the `atexit` functions and destructors.
 //!
 //! NVPTX has no linker that gathers constructors, so before `_begin` the loader does, as

@@ -87,7 +87,9 @@ fn a_valid_image_without_a_gpu_is_no_device() {
 
 #[test]
 fn inspect_prints_the_generation_and_kernels() {
-    let client = ".visible .global .align 8 .u64 __llvm_libc_rpc_client;";
+    // LLVM 19's client: the pointer to its 552-byte `rpc::client`.
+    let client = ".global .align 8 .b8 _ZN19__llvm_libc_19_1_7_3rpc6clientE[552];\n.visible \
+                  .global .align 8 .u64 __llvm_libc_rpc_client;";
     let image = scratch("llvm19.ptx", &ptx(client, &["_begin", "_start", "_end"]));
     let output = rpc_run(&["--inspect", image.to_str().unwrap()]);
     assert!(output.status.success());

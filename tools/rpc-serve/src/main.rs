@@ -2,9 +2,12 @@
 //! another process (in any language) can use it.
 //!
 //! ```text
-//! rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L [--files DIR|deny|all]
+//! rpc-serve [--file PATH | --memfd] --gen v0|v1|v2 --ports N --lanes L [--files DIR|deny|all]
 //!           [--allow-system] [--stdout FILE] [--stderr FILE] [--client-timeout MS] [--json]
 //! ```
+//! `--gen v0` is LLVM 18's layout, whose clients number their opcodes as LLVM 18 and 19 do
+//! (0, 1, 2... in 16 bits: `Numbering::Llvm19`); v1 and v2 clients use today's numbers.
+//!
 //! The mailbox is a memfd (`--memfd`, also what happens without `--file`), sized to the
 //! layout, zeroed and sealed against shrinking and growing; rpc-serve prints `ready
 //! /proc/PID/fd/N BYTES` once it serves, and a client of the same user opens that path
@@ -50,7 +53,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpc_core::protocol::{Generation, Layout};
+use rpc_core::protocol::{Dialect, Generation, Layout, Numbering};
 use rpc_core::{ExitPolicy, FilePolicy, Limits, RpcServer, ServerConfig, ServicesConfig};
 
 mod mailbox;
@@ -59,7 +62,7 @@ mod sigbus;
 use mailbox::{Backing, Mapped};
 use plugin_host::HostAllocator;
 
-const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v1|v2 --ports N --lanes L \
+const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v0|v1|v2 --ports N --lanes L \
                      [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE] \
                      [--client-timeout MS] [--json]";
 
@@ -243,8 +246,19 @@ fn serve(args: Args) -> Result<Ended, String> {
         let err = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         server.context().services().set_stderr(Box::new(err));
     }
+    // The only v0 clients are LLVM 18's, which number opcodes 0, 1, 2... in 16 bits.
+    let numbering = match args.layout.generation() {
+        Generation::V0 => Numbering::Llvm19,
+        Generation::V1 | Generation::V2 => Numbering::Current,
+    };
     let mailbox = server
-        .attach_region(Box::new(region), args.layout)
+        .attach_region_for(
+            Box::new(region),
+            args.layout,
+            None,
+            numbering,
+            Dialect::HostC,
+        )
         .map_err(|e| e.to_string())?;
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
