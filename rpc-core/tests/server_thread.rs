@@ -996,3 +996,55 @@ fn detach_ends_an_exchange_waiting_on_the_mailbox_and_returns() {
     );
     drop(port);
 }
+
+/// A request sent after `register` returned is served by the new handler even when the pass
+/// that meets it began, and took its copy of the registry, before the registration (it was
+/// answered as an unknown opcode: found by the ASan run of `services.rs`, whose tests register
+/// while the worker runs). Made certain here: the handler of port 0 registers the new opcode
+/// from the worker itself, midway through the pass, and waits there until port 1's request
+/// with it has been sent, so the same pass meets that request next.
+#[test]
+fn a_handler_registered_midway_through_a_pass_serves_the_requests_sent_after() {
+    const FIRST: Opcode = Opcode::user(30);
+    const LATE: Opcode = Opcode::user(31);
+    let server = Arc::new(RpcServer::new(config("mid-pass")));
+    let mailbox = Mailbox::attach(&server, 2, 1);
+    let (registered_tx, registered) = std::sync::mpsc::channel::<()>();
+    let (sent, sent_rx) = std::sync::mpsc::channel::<()>();
+    let sent_rx = Arc::new(std::sync::Mutex::new(sent_rx));
+    let weak = Arc::downgrade(&server);
+    server.register(FIRST, move |mut req| {
+        let (weak, registered, sent) = (weak.clone(), registered_tx.clone(), sent_rx.clone());
+        async move {
+            req.recv(|_, _| {}).await?;
+            let server = weak.upgrade().expect("the test holds the server");
+            server.register_packet(LATE, |_, p| p.set_word(0, p.word(0) + 100));
+            registered.send(()).unwrap();
+            // The worker waits here, inside this pass, until port 1's request is sent.
+            let _ = sent.lock().unwrap().recv_timeout(Duration::from_secs(60));
+            req.send(|_, p| p.set_word(0, 1)).await
+        }
+    });
+    let _ = server.start().unwrap();
+    let _user = server.user();
+    let wait = rpc_core::protocol::Deadline::after(Duration::from_secs(60));
+    let client = mailbox.client().with_wait(&wait);
+    let mut first = client.try_open_at(0, FIRST, 1).unwrap().unwrap();
+    first.send(|_, p| p.set_word(0, 0)).unwrap();
+    registered
+        .recv_timeout(Duration::from_secs(60))
+        .expect("FIRST's handler runs");
+    let mut late = client.try_open_at(1, LATE, 1).unwrap().unwrap();
+    late.send(|_, p| p.set_word(0, 7)).unwrap();
+    sent.send(()).unwrap();
+    let mut back = 0;
+    late.recv(|_, p| back = p.word(0)).unwrap();
+    assert_eq!(
+        back, 107,
+        "LATE's handler answered (7 is the request read back unanswered)"
+    );
+    let mut done = 0;
+    first.recv(|_, p| done = p.word(0)).unwrap();
+    assert_eq!(done, 1);
+    assert_eq!(server.stats().unknown, 0);
+}

@@ -389,7 +389,18 @@ impl Inner {
             return None; // Dropping the port closes it: the client reads its own request back.
         }
         // A user's matcher may panic: that request alone goes unanswered, as an unknown one.
-        let found = catch(|| Ok(registry.find(opcode)));
+        // The pass's copy of the registry may predate a handler registered just before this
+        // request was sent (the pass began first): an opcode it does not know is looked up
+        // again in the current registry. `register` published it before the client's flip,
+        // which `try_open`'s acquire fence ordered before this lock of the snapshot.
+        let current: Arc<Registry>;
+        let found = match catch(|| Ok(registry.find(opcode))) {
+            Ok(None) => {
+                current = context.registry.get();
+                catch(|| Ok(current.find(opcode)))
+            }
+            found => found,
+        };
         let entry = match found {
             Ok(entry) => entry,
             Err(error) => {
