@@ -377,8 +377,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         self.mask.trailing_zeros().min(self.lanes.saturating_sub(1))
     }
 
+    /// Whether the other side's word says the buffer is ours. Relaxed: a poll; the acquire
+    /// fence in `poll_take` orders the data once it says so.
     #[inline]
-    fn owned(&self, inbox: u32) -> bool {
+    fn owned(&self) -> bool {
+        let inbox = normalize(self.inbox.load(Ordering::Relaxed));
         // Client owns iff the words are equal; server owns iff they differ.
         (inbox != self.out) == SERVER
     }
@@ -398,13 +401,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             return Poll::Ready(Ok(()));
         }
         let mut attempt = 0;
-        while !self.owned(normalize(self.inbox.load(Ordering::Relaxed))) {
+        while !self.owned() {
             if self.wait.resumable() {
                 #[cfg(feature = "std")]
                 {
-                    // Relaxed, as the loop's own load: the fence below orders the data.
-                    if spin_for_answer(|| self.owned(normalize(self.inbox.load(Ordering::Relaxed))))
-                    {
+                    if spin_for_answer(|| self.owned()) {
                         break;
                     }
                     WAITING_ON_PORT.with(|waiting| waiting.set(true));
