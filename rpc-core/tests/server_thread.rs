@@ -1048,3 +1048,55 @@ fn a_handler_registered_midway_through_a_pass_serves_the_requests_sent_after() {
     assert_eq!(done, 1);
     assert_eq!(server.stats().unknown, 0);
 }
+
+/// `Request::yield_now` lets the other ports go first: YIELDER's exchange yields until port 1's
+/// request has been served, which the server thread can only do between its polls of port 0.
+#[test]
+fn an_exchange_that_yields_lets_the_other_ports_be_served_meanwhile() {
+    const YIELDER: Opcode = Opcode::user(32);
+    const MARKER: Opcode = Opcode::user(33);
+    let server = RpcServer::new(config("yield"));
+    let mailbox = Mailbox::attach(&server, 2, 1);
+    let marked = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = marked.clone();
+    server.register_packet(MARKER, move |_, p| {
+        seen.store(true, std::sync::atomic::Ordering::Release);
+        p.set_word(0, 1);
+    });
+    let started = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (flag, start_flag) = (marked.clone(), started.clone());
+    server.register(YIELDER, move |mut req| {
+        let (marked, started) = (flag.clone(), start_flag.clone());
+        async move {
+            req.recv(|_, _| {}).await?;
+            started.store(true, std::sync::atomic::Ordering::Release);
+            let mut yields = 0u64;
+            while !marked.load(std::sync::atomic::Ordering::Acquire) {
+                req.yield_now().await;
+                yields += 1;
+            }
+            req.send(|_, p| p.set_word(0, yields)).await
+        }
+    });
+    let _ = server.start().unwrap();
+    let _user = server.user();
+    let wait = rpc_core::protocol::Deadline::after(Duration::from_secs(60));
+    let client = mailbox.client().with_wait(&wait);
+    let mut yielder = client.try_open_at(0, YIELDER, 1).unwrap().unwrap();
+    yielder.send(|_, _| {}).unwrap();
+    // Port 0's exchange is yielding (it saw no mark yet): port 1 is still served.
+    eventually("YIELDER's exchange starts", || {
+        started.load(std::sync::atomic::Ordering::Acquire)
+    });
+    let mut marker = client.try_open_at(1, MARKER, 1).unwrap().unwrap();
+    let mut marked_back = 0;
+    marker
+        .send_and_recv(|_, _| {}, |_, p| marked_back = p.word(0))
+        .unwrap();
+    assert_eq!(marked_back, 1);
+    let mut yields = 0;
+    yielder.recv(|_, p| yields = p.word(0)).unwrap();
+    assert!(yields >= 1, "it yielded until port 1 was served");
+    let stats = server.stats();
+    assert_eq!((stats.errors, stats.panics), (0, 0));
+}

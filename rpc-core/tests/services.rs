@@ -1520,6 +1520,59 @@ fn short_printfs_of_all_lanes_go_out_in_one_write() {
     fx.expect_counts(0, 0);
 }
 
+/// The short printf lines that one pass formats for different exchanges go out in one write (a
+/// group commit), and each exchange replies only once its line was written. Deterministic: GATE
+/// holds the server thread while both clients send their arguments, so the next pass finds
+/// both exchanges ready and stages both lines before either is polled again to commit.
+#[test]
+fn printfs_formatted_in_one_pass_go_out_in_one_write_before_their_replies() {
+    const GATE: Opcode = Opcode::user(23);
+    let fx = Fx::new("printf-group-commit", 1, 1);
+    let writes = WriteSizes::default();
+    fx.services().set_stdout(Box::new(writes.clone()));
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let (go, go_rx) = std::sync::mpsc::channel::<()>();
+    let (entered_tx, go_rx) = (Mutex::new(entered_tx), Mutex::new(go_rx));
+    fx.server.register_packet(GATE, move |_, _| {
+        entered_tx.lock().unwrap().send(()).unwrap();
+        go_rx.lock().unwrap().recv_timeout(LIVENESS).unwrap();
+    });
+    let lines = [&b"first %d\n"[..], b"second %d\n"];
+    let mut ports: Vec<_> = lines
+        .iter()
+        .map(|format| {
+            let mut port = fx.open(Opcode::PRINTF_TO_STDOUT);
+            let mut format = format.to_vec();
+            format.push(0);
+            port.send_n(&[&format]).unwrap();
+            port
+        })
+        .collect();
+    for port in &mut ports {
+        let mut size = 0;
+        port.recv(|_, p| size = p.word(0)).unwrap();
+        assert_eq!(size, 4);
+    }
+    let mut gate = fx.open(GATE);
+    gate.send(|_, _| {}).unwrap();
+    entered.recv_timeout(LIVENESS).unwrap();
+    for (k, port) in ports.iter_mut().enumerate() {
+        port.send_n(&[&(k as i32).to_le_bytes()]).unwrap();
+    }
+    go.send(()).unwrap();
+    gate.recv(|_, _| {}).unwrap();
+    let expected = [b"first 0\n".len(), b"second 1\n".len()];
+    for (port, len) in ports.iter_mut().zip(expected) {
+        let mut result = 0;
+        port.recv(|_, p| result = p.word(0)).unwrap();
+        assert_eq!(result, len as u64);
+        // The reply came after the write that carried both lines.
+        assert_eq!(*writes.0.lock().unwrap(), [expected.iter().sum::<usize>()]);
+    }
+    drop(ports);
+    fx.expect_counts(0, 0);
+}
+
 /// A pointer printed many times is fetched once; strings above the request's limit make the
 /// lane print nothing and answer -1 (a refusal), and the other lanes print.
 #[test]

@@ -219,7 +219,7 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
             .collect();
         expected.push(request);
     }
-    // Each request's output is one write per lane; requests may interleave with each other only
+    // Each lane's output is written whole (with others' in one write); requests may interleave only
     // between whole lines.
     let out = String::from_utf8(fixture.out.0.lock().unwrap().clone()).unwrap();
     let mut got: Vec<&str> = out.lines().collect();

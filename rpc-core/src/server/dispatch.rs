@@ -63,7 +63,7 @@ use crate::protocol::scan::{HotPorts, Step};
 use crate::server::error::ServerError;
 use crate::server::limits::device_warn;
 use crate::server::mailboxes::{Marks, Quarantined};
-use crate::server::registry::{Exchange, Handler, Registry, Request};
+use crate::server::registry::{Exchange, Handler, Registry, Request, YIELDED};
 use crate::server::stats::bump;
 use crate::server::{panic_message, Attached, Inner, ServerContext};
 use crate::sync::{lock, Arc, Ordering};
@@ -455,7 +455,7 @@ impl Inner {
         };
         match poll(&mut exchange, 0) {
             Polled::OnPort => Some((exchange, true)),
-            Polled::Elsewhere => Some((exchange, false)),
+            Polled::Elsewhere | Polled::Yielded => Some((exchange, false)),
             Polled::Done(result) => {
                 inner.end(mailbox, index, opcode, marks, exchange, result);
                 None
@@ -549,7 +549,11 @@ impl Inner {
                 )
             };
             let was_on_port = flight.on_port;
-            flight.on_port = !matches!(polled, Polled::Elsewhere);
+            flight.on_port = matches!(polled, Polled::OnPort);
+            if matches!(polled, Polled::Yielded) {
+                // It asked to be polled again soon: the thread must not back off meanwhile.
+                progress += 1;
+            }
             if !(was_on_port && flight.on_port) {
                 // The client is timed only while the exchange waits on its port (the clock
                 // starts again each time it does): time spent on an I/O thread (a 400 MB
@@ -710,6 +714,8 @@ enum Polled {
     OnPort,
     /// Suspended on something else (an I/O call, a user's future).
     Elsewhere,
+    /// Suspended in `Request::yield_now`, to be polled again soon.
+    Yielded,
 }
 
 /// Polls an exchange once (no-op waker: see the module docs), its port operations allowed
@@ -718,6 +724,7 @@ enum Polled {
 fn poll(exchange: &mut Exchange, spin_waits: u32) -> Polled {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     WAITING_ON_PORT.with(|waiting| waiting.set(false));
+    YIELDED.with(|yielded| yielded.set(false));
     SPIN_WAITS.with(|left| left.set(spin_waits));
     let polled = catch(|| Ok(exchange.as_mut().poll(&mut cx)));
     // No other exchange spins on what this one left.
@@ -726,6 +733,7 @@ fn poll(exchange: &mut Exchange, spin_waits: u32) -> Polled {
         Ok(std::task::Poll::Pending) if WAITING_ON_PORT.with(|waiting| waiting.get()) => {
             Polled::OnPort
         }
+        Ok(std::task::Poll::Pending) if YIELDED.with(|yielded| yielded.get()) => Polled::Yielded,
         Ok(std::task::Poll::Pending) => Polled::Elsewhere,
         Ok(std::task::Poll::Ready(result)) => Polled::Done(result),
         Err(error) => Polled::Done(Err(error)),

@@ -362,6 +362,42 @@ impl Request {
     ) -> Result<R, ServerError> {
         crate::server::io_pool::run(&self.inner, call).await
     }
+
+    /// Suspends the exchange once, its port held: the server thread serves the other ports,
+    /// then polls this exchange again at the pass's next checkpoint or at the start of the next
+    /// pass. It counts as progress, so the thread does not back off meanwhile. For work that
+    /// gains from letting the others go first: printf's output, written once for all the lines
+    /// a pass formatted (a group commit).
+    pub async fn yield_now(&self) {
+        YieldNow { yielded: false }.await
+    }
+}
+
+std::thread_local! {
+    /// Set when an exchange suspends in [`Request::yield_now`]: the executor polls it again
+    /// soon and counts the poll as progress (nothing else would wake it).
+    pub(crate) static YIELDED: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+}
+
+/// The future of [`Request::yield_now`]: pending once, then ready.
+struct YieldNow {
+    yielded: bool,
+}
+
+impl Future for YieldNow {
+    type Output = ();
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        if self.yielded {
+            return std::task::Poll::Ready(());
+        }
+        self.yielded = true;
+        YIELDED.with(|yielded| yielded.set(true));
+        std::task::Poll::Pending
+    }
 }
 
 #[cfg(all(test, not(loom)))]

@@ -213,13 +213,15 @@ impl Services {
     }
 
     /// Sends the device's stdout (WRITE_TO_STDOUT, PRINTF_TO_STDOUT, handle 2) to `writer`
-    /// instead of the process's stdout. Each request's output is one `write_all` + `flush`.
+    /// instead of the process's stdout. Each request's output is written whole and flushed
+    /// before its reply; the short printf lines of one pass go out together (one `write_all`
+    /// and one `flush` for them all).
     pub fn set_stdout(&self, writer: Box<dyn Write + Send>) {
-        *lock(&self.stdout) = Output::new(writer);
+        lock(&self.stdout).set_writer(writer);
     }
     /// The same for stderr.
     pub fn set_stderr(&self, writer: Box<dyn Write + Send>) {
-        *lock(&self.stderr) = Output::new(writer);
+        lock(&self.stderr).set_writer(writer);
     }
     /// Reads the device's stdin (handle 1) from `reader` instead of the process's stdin.
     pub fn set_stdin(&self, reader: Box<dyn Read + Send>) {

@@ -9,9 +9,18 @@
 //!    buf\[1\] = the lane's next pointer, last-first as LLVM asks, or 0}; C send_n(the string
 //!    incl. NUL, or nothing for 0). A pointer printed twice is fetched once.
 //! 6. S formats each lane's output and writes it to the lane's stream in pieces of
-//!    [`CHUNK`] bytes (never the whole of a longer output in memory; short lines of the lanes
-//!    that print to one of stdout and stderr go out together, one write), then S send
-//!    {buf\[0\] = bytes written or -1, buf\[1\] = 0}.
+//!    [`CHUNK`] bytes (never the whole of a longer output in memory), then S send
+//!    {buf\[0\] = bytes written or -1, buf\[1\] = 0}: the reply always comes after the write.
+//!
+//! Short lines to stdout or stderr are *staged* (see `streams::Output`): the exchange stages
+//! its lanes' lines, yields ([`Request::yield_now`]) so that the pass serves the other ports,
+//! and when polled again commits every line staged meanwhile, its own and other exchanges',
+//! in one write, unless one of those did already; then it replies. So the lines of a pass go
+//! out in one write (a group commit: one syscall for a pass's lines, not one per request), in
+//! the order they were formatted, each printf still returns only once its line was written,
+//! and a printf to stdout is written before a later one of the same thread to stderr. Lanes of
+//! one request that print to stdout and stderr (PRINTF_TO_STREAM) are written stream by
+//! stream, not interleaved in lane order (C orders no two streams either).
 //!
 //! A lane gets -1 and no output for a bad handle, an argument
 //! buffer shorter than the format needs, or `%s` strings above `Limits::printf_string_bytes`
@@ -27,14 +36,16 @@ use std::format;
 use std::string::String;
 use std::vec::Vec;
 
-use super::streams::Target;
+use super::streams::{Target, Ticket};
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::protocol::opcode::Opcode;
 use crate::server::error::ServerError;
 use crate::server::registry::Request;
 use crate::services::printf::{
-    args_size, format_in, output_bound, parse_in, string_pointers, Dialect, Piece, CHUNK,
+    args_size, format_in, format_onto, output_bound, parse_in, string_pointers, Dialect, Piece,
+    CHUNK,
 };
+use crate::sync::lock;
 use crate::Result;
 
 /// One lane of a printf request.
@@ -48,6 +59,8 @@ struct Lane<'f> {
     asked: u64,
     /// The strings fetched, by pointer.
     strings: HashMap<u64, Vec<u8>>,
+    /// The commit that writes the lane's staged line, and its length.
+    staged: Option<(Ticket, usize)>,
 }
 
 /// Serves every PRINTF_TO_* opcode. The lanes' state is one vector (a request costs few
@@ -190,51 +203,42 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         Err(why) => refusals.lane(lane as u32, why),
     };
     if touches.inline() {
-        // Short outputs to stdout or stderr: the lanes' lines go out together, one write per
-        // run of lanes with the same stream (a syscall per request, not per lane), in lane
-        // order, before the reply.
-        let mut batch = Batch::default();
-        for (i, state) in lanes.iter().enumerate() {
+        // Short outputs to stdout or stderr: each lane's line is staged on its stream, in lane
+        // order, and written by one commit with the lines the other exchanges stage this pass
+        // (see `streams::Output`): the first of them polled again after yielding commits, and
+        // each replies once its bytes were written.
+        let mut staged = false;
+        for (i, state) in lanes.iter_mut().enumerate() {
             let Some((pieces, target)) = &state.parsed else {
                 continue;
             };
-            let one_lane = req.mask().count_ones() == 1;
-            let Some(std) = std_stream(target).filter(|_| !one_lane) else {
-                // One lane has nothing to gather (and saves the batch's buffers); a file or
-                // stdin is no inline target (not reached).
-                let printed = print(
-                    services,
-                    target,
-                    pieces,
-                    &args[i],
-                    (dialect, packed),
-                    &state.strings,
-                );
-                record(i, printed);
-                continue;
+            let Some(output) = services.output(target) else {
+                continue; // Not reached: a file or stdin is no inline target.
             };
-            if batch
-                .target
-                .as_ref()
-                .is_some_and(|t| std_stream(t) != Some(std))
-            {
-                batch.write(services, &mut record);
-            }
             let fetch = |p| state.strings.get(&p).cloned();
-            let start = batch.bytes.len();
-            let mut sink = |chunk: &[u8]| batch.bytes.extend_from_slice(chunk);
-            match format_in(dialect, pieces, &args[i], packed, &fetch, &mut sink) {
-                Ok(()) => {
-                    batch.target.get_or_insert(std.target());
-                    batch.lanes.push((i, (batch.bytes.len() - start) as u64));
+            let format =
+                |out: &mut Vec<u8>| format_onto(dialect, pieces, &args[i], packed, &fetch, out);
+            match lock(output).stage(format) {
+                Ok(ticket) => {
+                    state.staged = Some(ticket);
+                    staged = true;
                 }
-                Err(why) => {
-                    batch.bytes.truncate(start);
-                    record(i, Err(why.to_string()));
-                }
+                Err(why) => record(i, Err(why.to_string())),
             }
         }
-        batch.write(services, &mut record);
+        if staged {
+            // Should the exchange be dropped here (abandoned), its lines are written now.
+            let guard = CommitOnDrop(Some(services));
+            req.yield_now().await;
+            core::mem::forget(guard);
+        }
+        for (i, state) in lanes.iter().enumerate() {
+            let (Some((_, target)), Some((ticket, len))) = (&state.parsed, state.staged) else {
+                continue;
+            };
+            let written = services.output(target).map(|o| lock(o).committed(ticket));
+            record(i, Ok(written.unwrap_or(false).then_some(len as u64)));
+        }
     } else {
         // The parsed pieces borrow `formats`, which the call takes: they are parsed again there.
         let jobs: Vec<_> = lanes
@@ -274,52 +278,15 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
 /// is written after that, as C's printf stops too), or why the arguments do not fit.
 type Printed = core::result::Result<Option<u64>, String>;
 
-/// The formatted output of consecutive lanes printing to one std stream, written at once.
-#[derive(Default)]
-struct Batch {
-    target: Option<Target>,
-    bytes: Vec<u8>,
-    /// Each lane's index and its bytes in `bytes`, in order.
-    lanes: Vec<(usize, u64)>,
-}
+/// Commits the staged lines of stdout and stderr when dropped: for an exchange dropped before
+/// it redeemed its stage, so its lines are written at once, not with the stream's next output.
+struct CommitOnDrop<'s>(Option<&'s super::Services>);
 
-impl Batch {
-    /// Writes the lanes' output and records each lane's count; all get -1 (as C's printf when
-    /// its stream fails) if the write fails.
-    fn write(&mut self, services: &super::Services, record: &mut impl FnMut(usize, Printed)) {
-        let Some(target) = self.target.take() else {
-            return;
-        };
-        let whole = services.write(&target, &self.bytes) == self.bytes.len();
-        for (lane, len) in self.lanes.drain(..) {
-            record(lane, Ok(whole.then_some(len)));
+impl Drop for CommitOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(services) = self.0 {
+            services.flush_std();
         }
-        self.bytes.clear();
-    }
-}
-
-/// Stdout or stderr, the streams a batch writes to.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Std {
-    Out,
-    Err,
-}
-
-impl Std {
-    fn target(self) -> Target {
-        match self {
-            Std::Out => Target::Stdout,
-            Std::Err => Target::Stderr,
-        }
-    }
-}
-
-/// Which std stream `target` is, if it is one.
-fn std_stream(target: &Target) -> Option<Std> {
-    match target {
-        Target::Stdout => Some(Std::Out),
-        Target::Stderr => Some(Std::Err),
-        Target::Stdin | Target::File(_) => None,
     }
 }
 

@@ -490,47 +490,93 @@ pub fn format_in(
     // Room for a usual line; a longer output grows it (up to a chunk). Not the bound: that is
     // about 330 bytes a conversion, a large allocation (glibc's costlier path) for every line.
     let mut out = Vec::with_capacity(output_bound(pieces, 0).min(256));
-    walk(pieces, args, packed, |arg, piece| match (arg, piece) {
-        (Some(arg), Piece::Malformed { text, .. }) => {
-            malformed(dialect, &mut out, &arg, text, sink);
-            hand_on_full_chunks(&mut out, sink);
-        }
-        (Some(arg), _) => {
-            convert(dialect, &mut out, &arg, strings);
-            hand_on_full_chunks(&mut out, sink);
-        }
-        (None, Piece::Literal(bytes)) => push_literal(&mut out, bytes, sink),
-        (None, _) => push_literal(&mut out, b"%", sink),
-    })?;
+    let mut chunks = Chunks { size: CHUNK, sink };
+    append(
+        dialect,
+        pieces,
+        args,
+        packed,
+        strings,
+        &mut out,
+        &mut chunks,
+    )?;
     if !out.is_empty() {
-        sink(&out);
+        (chunks.sink)(&out);
     }
     Ok(())
 }
 
+/// [`format_in`], appending the whole output to `out`: for an output known to be short (by
+/// [`output_bound`]), as nothing bounds what `out` holds.
+pub(crate) fn format_onto(
+    dialect: Dialect,
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    out: &mut Vec<u8>,
+) -> Result<(), FormatError> {
+    let mut chunks = Chunks {
+        size: usize::MAX,
+        sink: &mut |_| {},
+    };
+    append(dialect, pieces, args, packed, strings, out, &mut chunks)
+}
+
+/// Where formatted output goes once `out` holds `size` bytes: to `sink`, in pieces of `size`.
+struct Chunks<'s> {
+    size: usize,
+    sink: &'s mut dyn FnMut(&[u8]),
+}
+
+/// Appends the output to `out`, handing each full chunk on.
+fn append(
+    dialect: Dialect,
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    out: &mut Vec<u8>,
+    chunks: &mut Chunks,
+) -> Result<(), FormatError> {
+    walk(pieces, args, packed, |arg, piece| match (arg, piece) {
+        (Some(arg), Piece::Malformed { text, .. }) => {
+            malformed(dialect, out, &arg, text, chunks);
+            hand_on_full_chunks(out, chunks);
+        }
+        (Some(arg), _) => {
+            convert(dialect, out, &arg, strings);
+            hand_on_full_chunks(out, chunks);
+        }
+        (None, Piece::Literal(bytes)) => push_literal(out, bytes, chunks),
+        (None, _) => push_literal(out, b"%", chunks),
+    })
+}
+
 /// Hands on the whole chunks `out` holds, keeping the rest.
-fn hand_on_full_chunks(out: &mut Vec<u8>, sink: &mut dyn FnMut(&[u8])) {
-    let full = out.len() / CHUNK * CHUNK;
+fn hand_on_full_chunks(out: &mut Vec<u8>, chunks: &mut Chunks) {
+    let full = out.len() / chunks.size * chunks.size;
     if full > 0 {
-        out[..full].chunks(CHUNK).for_each(&mut *sink);
+        out[..full].chunks(chunks.size).for_each(&mut *chunks.sink);
         out.drain(..full);
     }
 }
 
 /// Appends `bytes` to `out`, handing each chunk on as it fills; whole chunks of `bytes` go
 /// to the sink straight from `bytes`, uncopied.
-fn push_literal(out: &mut Vec<u8>, mut bytes: &[u8], sink: &mut dyn FnMut(&[u8])) {
+fn push_literal(out: &mut Vec<u8>, mut bytes: &[u8], chunks: &mut Chunks) {
+    let size = chunks.size;
     while !bytes.is_empty() {
-        if out.is_empty() && bytes.len() >= CHUNK {
-            sink(&bytes[..CHUNK]);
-            bytes = &bytes[CHUNK..];
+        if out.is_empty() && bytes.len() >= size {
+            (chunks.sink)(&bytes[..size]);
+            bytes = &bytes[size..];
             continue;
         }
-        let take = (CHUNK - out.len()).min(bytes.len());
+        let take = (size - out.len()).min(bytes.len());
         out.extend_from_slice(&bytes[..take]);
         bytes = &bytes[take..];
-        if out.len() == CHUNK {
-            sink(out);
+        if out.len() == size {
+            (chunks.sink)(out);
             out.clear();
         }
     }
@@ -775,17 +821,11 @@ fn append_snprintf(out: &mut Vec<u8>, call: impl Fn(*mut c_char, usize) -> c_int
 /// literal); a positional `%N$` prints `%`, what glibc prints for it, without glibc reading N
 /// arguments; and glibc's own conversions LLVM does not know, `%m` (errno's message), `%C`
 /// and `%S` (of a zero value: a NUL, `(null)`), get clamped fields, as padding is real there.
-fn malformed(
-    dialect: Dialect,
-    out: &mut Vec<u8>,
-    a: &Resolved,
-    text: &[u8],
-    sink: &mut dyn FnMut(&[u8]),
-) {
+fn malformed(dialect: Dialect, out: &mut Vec<u8>, a: &Resolved, text: &[u8], chunks: &mut Chunks) {
     let conversion = a.spec.conversion;
     let positional = matches!(text.get(1), Some(b'1'..=b'9')) && conversion == b'$';
     if dialect == Dialect::LlvmLibc || conversion == 0 {
-        return push_literal(out, text, sink);
+        return push_literal(out, text, chunks);
     }
     if positional {
         return out.push(b'%');
