@@ -42,8 +42,8 @@ use crate::protocol::opcode::Opcode;
 use crate::server::error::ServerError;
 use crate::server::registry::Request;
 use crate::services::printf::{
-    args_size, format_in, format_onto, output_bound, parse_in, string_pointers, Dialect, Piece,
-    CHUNK,
+    args_size, format_in, format_onto, output_bound, parse_in, string_pointers, Chunks, Dialect,
+    Piece, CHUNK,
 };
 use crate::sync::lock;
 use crate::Result;
@@ -216,8 +216,18 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                 continue; // Not reached: a file or stdin is no inline target.
             };
             let fetch = |p| state.strings.get(&p).cloned();
-            let format =
-                |out: &mut Vec<u8>| format_onto(dialect, pieces, &args[i], packed, &fetch, out);
+            let format = |out: &mut Vec<u8>| {
+                let mut unchunked = Chunks::none();
+                format_onto(
+                    dialect,
+                    pieces,
+                    &args[i],
+                    packed,
+                    &fetch,
+                    out,
+                    &mut unchunked,
+                )
+            };
             match lock(output).stage(format) {
                 Ok(ticket) => {
                     state.staged = Some(ticket);

@@ -491,7 +491,7 @@ pub fn format_in(
     // about 330 bytes a conversion, a large allocation (glibc's costlier path) for every line.
     let mut out = Vec::with_capacity(output_bound(pieces, 0).min(256));
     let mut chunks = Chunks { size: CHUNK, sink };
-    append(
+    format_onto(
         dialect,
         pieces,
         args,
@@ -506,31 +506,26 @@ pub fn format_in(
     Ok(())
 }
 
-/// [`format_in`], appending the whole output to `out`: for an output known to be short (by
-/// [`output_bound`]), as nothing bounds what `out` holds.
-pub(crate) fn format_onto(
-    dialect: Dialect,
-    pieces: &[Piece],
-    args: &[u8],
-    packed: bool,
-    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
-    out: &mut Vec<u8>,
-) -> Result<(), FormatError> {
-    let mut chunks = Chunks {
-        size: usize::MAX,
-        sink: &mut |_| {},
-    };
-    append(dialect, pieces, args, packed, strings, out, &mut chunks)
-}
-
 /// Where formatted output goes once `out` holds `size` bytes: to `sink`, in pieces of `size`.
-struct Chunks<'s> {
+pub(crate) struct Chunks<'s> {
     size: usize,
     sink: &'s mut dyn FnMut(&[u8]),
 }
 
-/// Appends the output to `out`, handing each full chunk on.
-fn append(
+impl Chunks<'_> {
+    /// No chunks: everything stays in `out`, for an output known to be short (by
+    /// [`output_bound`]), as nothing else bounds what `out` then holds.
+    pub(crate) fn none() -> Chunks<'static> {
+        Chunks {
+            size: usize::MAX,
+            // A closure of no captures is zero-sized: boxing and leaking it allocates nothing.
+            sink: Box::leak(Box::new(|_: &[u8]| {})),
+        }
+    }
+}
+
+/// [`format_in`], appending the output to `out` and handing each full chunk on to `chunks`.
+pub(crate) fn format_onto(
     dialect: Dialect,
     pieces: &[Piece],
     args: &[u8],
