@@ -238,7 +238,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         }
         if staged {
             // Should the exchange be dropped here (abandoned), its lines are written now.
-            let guard = CommitOnDrop(Some(services));
+            let guard = CommitOnDrop(services);
             req.yield_now().await;
             core::mem::forget(guard);
         }
@@ -290,13 +290,11 @@ type Printed = core::result::Result<Option<u64>, String>;
 
 /// Commits the staged lines of stdout and stderr when dropped: for an exchange dropped before
 /// it redeemed its stage, so its lines are written at once, not with the stream's next output.
-struct CommitOnDrop<'s>(Option<&'s super::Services>);
+struct CommitOnDrop<'s>(&'s super::Services);
 
 impl Drop for CommitOnDrop<'_> {
     fn drop(&mut self) {
-        if let Some(services) = self.0 {
-            services.flush_std();
-        }
+        self.0.flush_std();
     }
 }
 
