@@ -10,6 +10,7 @@
 #![no_main]
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
 use rpc_core::services::printf::{
@@ -45,10 +46,16 @@ fuzz_target!(|data: &[u8]| {
         .filter(|p| matches!(p, Piece::Spec(_) | Piece::Malformed { .. }))
         .count();
     let pointers = string_pointers(&pieces, args, packed);
+    // The strings the formatter may ask for, fetched up front: it borrows them.
+    let strings: HashMap<u64, Vec<u8>> = pointers
+        .iter()
+        .flatten()
+        .filter_map(|&ptr| Some((ptr, fetched(ptr)?)))
+        .collect();
     let asked = RefCell::new(Vec::new());
     let fetch = |ptr: u64| {
         asked.borrow_mut().push(ptr);
-        fetched(ptr)
+        strings.get(&ptr).map(Vec::as_slice)
     };
     let out = format(&pieces, args, packed, &fetch);
     if args.len() < size {
@@ -63,19 +70,25 @@ fuzz_target!(|data: &[u8]| {
     );
     // Each %s prints at most its string (or its width); every other conversion is bounded.
     let string_len = |ptr: u64| fetched(ptr).map_or(0, |s| s.iter().position(|&b| b == 0).unwrap());
-    let strings: usize = pointers.iter().map(|&p| string_len(p)).sum();
-    let bound = format_bytes.len() + specs * (3 * MAX_FIELD + 1024) + strings;
+    let string_bytes: usize = pointers.iter().map(|&p| string_len(p)).sum();
+    let bound = format_bytes.len() + specs * (3 * MAX_FIELD + 1024) + string_bytes;
     assert!(out.len() <= bound, "{} bytes of output", out.len());
 
     // The same output in pieces: whole chunks, the last one shorter (so none is above
     // `CHUNK + MAX_FIELD`, not even with a `%s` string).
     let mut sizes = Vec::new();
     let mut joined = Vec::new();
-    format_to(&pieces, args, packed, &fetched, &mut |piece| {
-        assert!(piece.len() <= CHUNK, "a piece of {} bytes", piece.len());
-        sizes.push(piece.len());
-        joined.extend_from_slice(piece);
-    })
+    format_to(
+        &pieces,
+        args,
+        packed,
+        &|ptr| strings.get(&ptr).map(Vec::as_slice),
+        &mut |piece| {
+            assert!(piece.len() <= CHUNK, "a piece of {} bytes", piece.len());
+            sizes.push(piece.len());
+            joined.extend_from_slice(piece);
+        },
+    )
     .expect("formats as `format` did");
     sizes.pop();
     assert!(

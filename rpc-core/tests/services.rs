@@ -1639,6 +1639,54 @@ fn printf_strings_are_fetched_once_and_within_the_limit() {
     fx.expect_counts(1, 0);
 }
 
+/// Lanes that send the same format share one parse of it, also when the lane that parsed it
+/// is refused (its arguments too short, its string above the limit): the others still print.
+#[test]
+fn lanes_of_one_format_share_its_parse_whichever_of_them_is_refused() {
+    let fx = Fx::with("printf-shared", 32, 0b1_1111, |c| {
+        c.limits.printf_string_bytes = 100;
+    });
+    let shared = "n=%d s=%s\n";
+    // Unpacked: the int, padding to 8, the pointer.
+    let args_of =
+        |n: i32, pointer: u64| [&n.to_le_bytes()[..], &[0; 4], &pointer.to_le_bytes()].concat();
+    let memory = HashMap::from([
+        (0x10, cstr("one")),
+        (0x30, vec![b'z'; 200]),
+        (0x40, cstr("four")),
+    ]);
+    // Lane 0 parses the shared format and is refused (short arguments), lane 1 prints with
+    // its parse; lane 2's format differs, so lane 3 parses the shared one again and is refused
+    // (its string goes above the limit), and lane 4 prints with lane 3's parse.
+    let formats = per_lane(|l| cstr(if l == 2 { "other %d\n" } else { shared }));
+    let args = per_lane(|l| match l {
+        0 => 7i32.to_le_bytes().to_vec(),
+        2 => 2i32.to_le_bytes().to_vec(),
+        l => args_of(l as i32, 0x10 * u64::from(l)),
+    });
+    let (results, asked, sizes) =
+        fx.printf(Opcode::PRINTF_TO_STDOUT, None, &formats, &args, &memory);
+    assert_eq!(&sizes[..5], &[16, 16, 4, 16, 16]);
+    assert_eq!(
+        &asked[..5],
+        &[vec![], vec![0x10], vec![], vec![0x30], vec![0x40]]
+    );
+    let lines = ["", "n=1 s=one\n", "other 2\n", "", "n=4 s=four\n"];
+    let want: Vec<i64> = lines
+        .iter()
+        .map(|line| {
+            if line.is_empty() {
+                -1
+            } else {
+                line.len() as i64
+            }
+        })
+        .collect();
+    assert_eq!(&results[..5], &want[..]);
+    assert_eq!(fx.out.take(), lines.concat().into_bytes());
+    fx.expect_counts(1, 0);
+}
+
 /// A read of 2^62 bytes from an endless stdin holds at most the request's read limit: the
 /// lanes get it in lane order, each a short count, and the count matches the data.
 #[test]

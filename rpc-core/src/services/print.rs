@@ -31,6 +31,7 @@
 //! formatted and written on an I/O thread, so that the server thread never spends long on one
 //! request.
 
+use core::ops::Range;
 use std::collections::HashMap;
 use std::format;
 use std::string::String;
@@ -42,29 +43,59 @@ use crate::protocol::opcode::Opcode;
 use crate::server::error::ServerError;
 use crate::server::registry::Request;
 use crate::services::printf::{
-    args_size, format_in, format_onto, output_bound, parse_in, string_pointers, Chunks, Dialect,
-    Piece, CHUNK,
+    args_size, format_in, format_onto, output_bound, parse_in, push_string_pointers, Chunks,
+    Dialect, Piece, CHUNK,
 };
 use crate::sync::lock;
 use crate::Result;
 
 /// One lane of a printf request.
-#[derive(Default)]
 struct Lane<'f> {
-    /// The parsed format and the stream it prints to; `None` once the lane is refused (it
-    /// answers -1).
-    parsed: Option<(Vec<Piece<'f>>, Target)>,
-    /// Non-null `%s` pointers not fetched yet (popped last-first), and the one asked for now.
-    pending: Vec<u64>,
+    /// The lane whose `pieces` hold this lane's parsed format (itself, or an earlier lane
+    /// that sent the same format: the lanes of one call site parse it once) and the stream it
+    /// prints to; `None` once the lane is refused (it answers -1).
+    parsed: Option<(usize, Target)>,
+    /// The parsed format of a lane that parsed its own (empty for one sharing another's).
+    pieces: Vec<Piece<'f>>,
+    /// Its non-null `%s` pointers not fetched yet (indices into the request's list of
+    /// pointers, popped last-first), and the one asked for now.
+    pending: Range<usize>,
     asked: u64,
-    /// The strings fetched, by pointer.
-    strings: HashMap<u64, Vec<u8>>,
+    /// Bytes of its `%s` strings fetched.
+    fetched: usize,
     /// The commit that writes the lane's staged line, and its length.
     staged: Option<(Ticket, usize)>,
+    /// The reply: bytes written, or -1.
+    result: u64,
 }
 
-/// Serves every PRINTF_TO_* opcode. The lanes' state is one vector (a request costs few
-/// allocations: printf is the busiest opcode there is).
+impl Default for Lane<'_> {
+    fn default() -> Self {
+        Lane {
+            parsed: None,
+            pieces: Vec::new(),
+            pending: 0..0,
+            asked: 0,
+            fetched: 0,
+            staged: None,
+            result: c_result(-1),
+        }
+    }
+}
+
+impl Lane<'_> {
+    /// Refuses the lane: it answers -1 and asks for no more strings. Its pieces stay, for
+    /// the lanes that share them.
+    fn refuse(&mut self) {
+        self.parsed = None;
+        self.pending = 0..0;
+        self.asked = 0;
+    }
+}
+
+/// Serves every PRINTF_TO_* opcode. A request costs few allocations whatever its lanes (printf
+/// is the busiest opcode there is): one vector of lane states, one list of `%s` pointers and
+/// one map of fetched strings for all of them, and a parse per distinct format.
 pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let opcode = req.opcode();
     let packed = matches!(
@@ -102,51 +133,63 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     // 2, 3. The formats, and the argument sizes they need.
     let formats = req.recv_n().await?;
     let mut lanes: Vec<Lane<'_>> = (0..req.lane_size()).map(|_| Lane::default()).collect();
+    let mut last_parsed = None;
     for lane in active(&req) {
         let i = lane as usize;
-        let format = &formats[i];
         let Some(target) = target(lane) else {
             let handle = handles.as_ref().map_or(0, |w| w[i][0]);
             refusals.lane(lane, format!("{handle:#x} is not a live stream handle"));
             continue;
         };
-        lanes[i].parsed = Some((parse_in(dialect, format), target));
+        let owner = match last_parsed {
+            Some(j) if formats[j] == formats[i] => j,
+            _ => {
+                lanes[i].pieces = parse_in(dialect, &formats[i]);
+                last_parsed = Some(i);
+                i
+            }
+        };
+        lanes[i].parsed = Some((owner, target));
     }
     req.send(|lane, p| {
         let size = lanes[lane as usize]
             .parsed
             .as_ref()
-            .map_or(0, |(pieces, _)| args_size(pieces, packed));
+            .map_or(0, |&(owner, _)| args_size(&lanes[owner].pieces, packed));
         p.set_word(0, size as u64)
     })
     .await?;
 
     // 4. The arguments, and the strings they point to.
     let args = req.recv_n().await?;
+    let mut pointers = Vec::new();
     for lane in active(&req) {
-        let (i, state) = (lane as usize, &mut lanes[lane as usize]);
-        let Some((pieces, _)) = &state.parsed else {
+        let i = lane as usize;
+        let Some((owner, _)) = lanes[i].parsed else {
             continue;
         };
-        match string_pointers(pieces, &args[i], packed) {
-            Ok(pointers) => state.pending = pointers,
+        let first = pointers.len();
+        match push_string_pointers(&lanes[owner].pieces, &args[i], packed, &mut pointers) {
+            Ok(()) => lanes[i].pending = first..pointers.len(),
             Err(why) => {
                 refusals.lane(lane, format!("{why} for {}", quoted(&formats[i])));
-                state.parsed = None;
+                lanes[i].refuse();
             }
         }
     }
 
-    // 5. Fetch the strings, last-first, each pointer once, within the request's budget.
+    // 5. Fetch the strings, last-first, each pointer once per lane, within the request's
+    // budget.
+    let mut strings: HashMap<(u32, u64), Vec<u8>> = HashMap::new();
     let mut budget = context.config.limits.printf_string_bytes;
     loop {
         let mut asking = false;
         for lane in active(&req) {
             let state = &mut lanes[lane as usize];
             state.asked = 0;
-            while let Some(pointer) = state.pending.pop() {
-                if !state.strings.contains_key(&pointer) {
-                    state.asked = pointer;
+            while let Some(k) = state.pending.next_back() {
+                if !strings.contains_key(&(lane, pointers[k])) {
+                    state.asked = pointers[k];
                     asking = true;
                     break;
                 }
@@ -166,8 +209,8 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             if state.asked == 0 || state.parsed.is_none() {
                 continue;
             }
-            let len = fetched[i].len() as u64;
-            if len > budget {
+            let len = fetched[i].len();
+            if len as u64 > budget {
                 refusals.lane(
                     lane,
                     format!(
@@ -175,13 +218,12 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                         context.config.limits.printf_string_bytes
                     ),
                 );
-                *state = Lane::default();
+                state.refuse();
                 continue;
             }
-            budget -= len;
-            state
-                .strings
-                .insert(state.asked, std::mem::take(&mut fetched[i]));
+            budget -= len as u64;
+            state.fetched += len;
+            strings.insert((lane, state.asked), std::mem::take(&mut fetched[i]));
         }
     }
 
@@ -189,33 +231,29 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     // much) on an I/O thread; reply.
     let mut long = false;
     for state in &lanes {
-        if let Some((pieces, _)) = &state.parsed {
-            let fetched = state.strings.values().map(Vec::len).sum();
-            long |= output_bound(pieces, fetched) > CHUNK;
+        if let Some((owner, _)) = state.parsed {
+            long |= output_bound(&lanes[owner].pieces, state.fetched) > CHUNK;
         }
     }
     let mut touches =
         super::Touches::streams(lanes.iter().filter_map(|s| s.parsed.as_ref().map(|p| &p.1)));
     touches.blocks |= long;
-    let mut results = per_lane(&req, c_result(-1));
-    let mut record = |lane: usize, printed: Printed| match printed {
-        Ok(written) => results[lane] = written.unwrap_or(c_result(-1)),
-        Err(why) => refusals.lane(lane as u32, why),
-    };
     if touches.inline() {
         // Short outputs to stdout or stderr: each lane's line is staged on its stream, in lane
         // order, and written by one commit with the lines the other exchanges stage this pass
         // (see `streams::Output`): the first of them polled again after yielding commits, and
         // each replies once its bytes were written.
         let mut staged = false;
-        for (i, state) in lanes.iter_mut().enumerate() {
-            let Some((pieces, target)) = &state.parsed else {
+        for i in 0..lanes.len() {
+            let lane = i as u32;
+            let Some((owner, target)) = &lanes[i].parsed else {
                 continue;
             };
             let Some(output) = services.output(target) else {
                 continue; // Not reached: a file or stdin is no inline target.
             };
-            let fetch = |p| state.strings.get(&p).cloned();
+            let fetch = |p| strings.get(&(lane, p)).map(Vec::as_slice);
+            let pieces = &lanes[*owner].pieces;
             let format = |out: &mut Vec<u8>| {
                 let mut unchunked = Chunks::none();
                 format_onto(
@@ -228,12 +266,13 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                     &mut unchunked,
                 )
             };
-            match lock(output).stage(format) {
+            let outcome = lock(output).stage(format);
+            match outcome {
                 Ok(ticket) => {
-                    state.staged = Some(ticket);
+                    lanes[i].staged = Some(ticket);
                     staged = true;
                 }
-                Err(why) => record(i, Err(why.to_string())),
+                Err(why) => refusals.lane(lane, why.to_string()),
             }
         }
         if staged {
@@ -242,46 +281,59 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             req.yield_now().await;
             core::mem::forget(guard);
         }
-        for (i, state) in lanes.iter().enumerate() {
+        for state in &mut lanes {
             let (Some((_, target)), Some((ticket, len))) = (&state.parsed, state.staged) else {
                 continue;
             };
             let written = services.output(target).map(|o| lock(o).committed(ticket));
-            record(i, Ok(written.unwrap_or(false).then_some(len as u64)));
+            if written.unwrap_or(false) {
+                state.result = len as u64;
+            }
         }
+        reply(&mut req, |lane| lanes[lane].result).await?;
     } else {
         // The parsed pieces borrow `formats`, which the call takes: they are parsed again there.
         let jobs: Vec<_> = lanes
             .into_iter()
             .enumerate()
-            .filter_map(|(i, state)| Some((i, state.parsed?.1, state.strings)))
+            .filter_map(|(i, state)| Some((i, state.parsed?.1)))
             .collect();
         let printed = super::io(&req, touches, move |context| {
-            let run = |(i, target, strings): (usize, Target, HashMap<u64, Vec<u8>>)| {
+            let run = |(i, target): (usize, Target)| {
                 let pieces = parse_in(dialect, &formats[i]);
+                let fetch = |p| strings.get(&(i as u32, p)).map(Vec::as_slice);
                 let printed = print(
                     context.services(),
                     &target,
                     &pieces,
                     &args[i],
                     (dialect, packed),
-                    &strings,
+                    &fetch,
                 );
                 (i, printed)
             };
             jobs.into_iter().map(run).collect::<Vec<_>>()
         })
         .await?;
+        let mut results = per_lane(&req, c_result(-1));
         for (i, outcome) in printed {
-            record(i, outcome);
+            match outcome {
+                Ok(written) => results[i] = written.unwrap_or(c_result(-1)),
+                Err(why) => refusals.lane(i as u32, why),
+            }
         }
+        reply(&mut req, |lane| results[lane]).await?;
     }
+    refusals.finish()
+}
+
+/// The last packet: each lane's result (bytes written or -1) in buf\[0\].
+async fn reply(req: &mut Request, result: impl Fn(usize) -> u64) -> Result<(), ServerError> {
     req.send(|lane, p| {
-        p.set_word(0, results[lane as usize]);
+        p.set_word(0, result(lane as usize));
         p.set_word(1, 0);
     })
-    .await?;
-    refusals.finish()
+    .await
 }
 
 /// What printing one lane came to: the bytes written, `None` if a write failed (nothing more
@@ -299,15 +351,14 @@ impl Drop for CommitOnDrop<'_> {
 }
 
 /// Formats one lane's output and writes it to `target` in pieces of [`CHUNK`] bytes.
-fn print(
+fn print<'s>(
     services: &super::Services,
     target: &Target,
     pieces: &[Piece],
     args: &[u8],
     (dialect, packed): (Dialect, bool),
-    strings: &HashMap<u64, Vec<u8>>,
+    strings: &dyn Fn(u64) -> Option<&'s [u8]>,
 ) -> Printed {
-    let fetch = |p| strings.get(&p).cloned();
     let (mut written, mut lost) = (0u64, false);
     let mut sink = |chunk: &[u8]| {
         if !lost {
@@ -316,7 +367,7 @@ fn print(
             lost = n < chunk.len();
         }
     };
-    format_in(dialect, pieces, args, packed, &fetch, &mut sink).map_err(|e| e.to_string())?;
+    format_in(dialect, pieces, args, packed, strings, &mut sink).map_err(|e| e.to_string())?;
     Ok((!lost).then_some(written))
 }
 

@@ -25,7 +25,7 @@
 //! (`strings` returned `None`) prints the same way, as if it were null. A length modifier on `c s
 //! p n` or a float is accepted and ignored: `%lc`/`%ls` print as `%c`/`%s`, `%Lf` as `%f`.
 
-use std::ffi::{c_char, c_double, c_int, c_longlong, c_uint, c_ulonglong, c_void, CStr};
+use std::ffi::{c_char, c_double, c_int, c_longlong, c_uint, c_ulonglong, c_void, CStr, CString};
 use std::fmt;
 use std::io::Write as _;
 use std::vec::Vec;
@@ -432,12 +432,28 @@ pub fn string_pointers(
     packed: bool,
 ) -> Result<Vec<u64>, FormatError> {
     let mut pointers = Vec::new();
-    walk(pieces, args, packed, |arg, _| {
+    push_string_pointers(pieces, args, packed, &mut pointers)?;
+    Ok(pointers)
+}
+
+/// [`string_pointers`], appended to `pointers` (one vector for every lane of a request); on
+/// an error `pointers` is left as it was.
+pub(crate) fn push_string_pointers(
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    pointers: &mut Vec<u64>,
+) -> Result<(), FormatError> {
+    let before = pointers.len();
+    let walked = walk(pieces, args, packed, |arg, _| {
         if let Some(arg) = arg.filter(|a| a.spec.conversion == b's' && a.value != 0) {
             pointers.push(arg.value);
         }
-    })?;
-    Ok(pointers)
+    });
+    if walked.is_err() {
+        pointers.truncate(before);
+    }
+    walked
 }
 
 /// The size of the pieces [`format_to`] hands its sink: output is gathered up to this, then
@@ -449,11 +465,11 @@ pub const CHUNK: usize = 64 << 10;
 /// `strings(ptr)` returns the bytes of the device string at a non-null `%s` pointer (its NUL, and
 /// anything after a NUL, is ignored), or `None` if it was not fetched: that string then prints as
 /// a null `%s` does (see the module documentation).
-pub fn format(
+pub fn format<'s>(
     pieces: &[Piece],
     args: &[u8],
     packed: bool,
-    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    strings: &dyn Fn(u64) -> Option<&'s [u8]>,
 ) -> Result<Vec<u8>, FormatError> {
     let mut all = Vec::new();
     format_to(pieces, args, packed, strings, &mut |chunk| {
@@ -468,23 +484,23 @@ pub fn format(
 /// format is handed on from the format itself. A missing argument is found only where it is
 /// needed, after the output before it was handed on: check the arguments with
 /// [`string_pointers`] first.
-pub fn format_to(
+pub fn format_to<'s>(
     pieces: &[Piece],
     args: &[u8],
     packed: bool,
-    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    strings: &dyn Fn(u64) -> Option<&'s [u8]>,
     sink: &mut dyn FnMut(&[u8]),
 ) -> Result<(), FormatError> {
     format_in(Dialect::HostC, pieces, args, packed, strings, sink)
 }
 
 /// [`format_to`] in `dialect`.
-pub fn format_in(
+pub fn format_in<'s>(
     dialect: Dialect,
     pieces: &[Piece],
     args: &[u8],
     packed: bool,
-    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    strings: &dyn Fn(u64) -> Option<&'s [u8]>,
     sink: &mut dyn FnMut(&[u8]),
 ) -> Result<(), FormatError> {
     // Room for a usual line; a longer output grows it (up to a chunk). Not the bound: that is
@@ -525,12 +541,12 @@ impl Chunks<'_> {
 }
 
 /// [`format_in`], appending the output to `out` and handing each full chunk on to `chunks`.
-pub(crate) fn format_onto(
+pub(crate) fn format_onto<'s>(
     dialect: Dialect,
     pieces: &[Piece],
     args: &[u8],
     packed: bool,
-    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    strings: &dyn Fn(u64) -> Option<&'s [u8]>,
     out: &mut Vec<u8>,
     chunks: &mut Chunks,
 ) -> Result<(), FormatError> {
@@ -613,11 +629,11 @@ fn padded(out: &mut Vec<u8>, a: &Resolved, text: &[u8]) {
 }
 
 /// Appends one conversion.
-fn convert(
+fn convert<'s>(
     dialect: Dialect,
     out: &mut Vec<u8>,
     a: &Resolved,
-    strings: &dyn Fn(u64) -> Option<Vec<u8>>,
+    strings: &dyn Fn(u64) -> Option<&'s [u8]>,
 ) {
     let (v, wide) = (a.value, a.spec.length.wide());
     match (dialect, a.spec.conversion) {
@@ -637,14 +653,21 @@ fn convert(
         b'b' | b'B' => binary(out, a),
         b's' => {
             let fetched = if v == 0 { None } else { strings(v) };
-            let mut text = fetched.unwrap_or_else(|| match a.precision {
-                Some(p) if p < 6 => Vec::new(),
-                _ => b"(null)".to_vec(),
-            });
-            text.push(0);
-            if let Ok(text) = CStr::from_bytes_until_nul(&text) {
-                c_format(out, a, CValue::Str(text));
-            }
+            let missing = match a.precision {
+                Some(p) if p < 6 => c"",
+                _ => c"(null)",
+            };
+            // A string ends at its first NUL; one sent without any is copied to add one.
+            let copied;
+            let text = match fetched.map(CStr::from_bytes_until_nul) {
+                None => missing,
+                Some(Ok(text)) => text,
+                Some(Err(_)) => {
+                    copied = CString::new(fetched.unwrap_or_default()).unwrap_or_default();
+                    copied.as_c_str()
+                }
+            };
+            c_format(out, a, CValue::Str(text));
         }
         b'p' => c_format(
             out,
@@ -1141,7 +1164,10 @@ mod tests {
                 assert_eq!(args_size(&pieces, packed), args.len(), "{what}");
                 let got = string_pointers(&pieces, &args, packed);
                 assert_eq!(got, Ok(pointers), "{what}");
-                let got = format(&pieces, &args, packed, &|p| strings.get(&p).cloned()).unwrap();
+                let got = format(&pieces, &args, packed, &|p| {
+                    strings.get(&p).map(Vec::as_slice)
+                })
+                .unwrap();
                 let lossy = String::from_utf8_lossy;
                 assert_eq!(lossy(&got), lossy(&expected), "{what}");
                 assert_eq!(got, expected, "{what}");
@@ -1360,7 +1386,8 @@ mod tests {
         let pieces = parse(b"%*d|%.*s");
         let words = [i32::MIN as u32 as u64, i32::MAX as u64, 1]; // Unpacked: star, 0, star, ptr.
         let args: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-        let out = format(&pieces, &args, false, &|_| Some(vec![b'x'; 10_000])).unwrap();
+        let long = vec![b'x'; 10_000];
+        let out = format(&pieces, &args, false, &|_| Some(&long[..])).unwrap();
         assert_eq!((out.len(), out[0]), (MAX_FIELD + 1 + MAX_FIELD, b'0'));
     }
 
@@ -1368,7 +1395,7 @@ mod tests {
     fn unfetched_and_nul_containing_strings() {
         let pieces = parse(b"[%s][%.3s][%s]");
         let args: Vec<u8> = [1u64, 2, 3].iter().flat_map(|p| p.to_le_bytes()).collect();
-        let strings = |p| (p == 3).then(|| b"ab\0cd".to_vec());
+        let strings = |p| (p == 3).then_some(&b"ab\0cd"[..]);
         let out = format(&pieces, &args, true, &strings).unwrap();
         assert_eq!(out, b"[(null)][][ab]");
     }
@@ -1390,7 +1417,7 @@ mod tests {
         args.extend_from_slice(&1u64.to_le_bytes());
         let pieces = parse(&format);
         let string = vec![b's'; 2 * CHUNK];
-        let strings = |_| Some(string.clone());
+        let strings = |_| Some(&string[..]);
         let mut sizes = Vec::new();
         let mut joined = Vec::new();
         format_to(&pieces, &args, false, &strings, &mut |piece| {
@@ -1427,7 +1454,8 @@ mod tests {
             for (dialect, packed) in [(Dialect::HostC, false), (Dialect::LlvmLibc, true)] {
                 let pieces = parse_in(dialect, &fmt);
                 let _ = string_pointers(&pieces, &args, packed);
-                let strings = |p: u64| (p & 1 == 0).then(|| p.to_le_bytes().to_vec());
+                let bytes = [7u8; 8];
+                let strings = |p: u64| (p & 1 == 0).then_some(&bytes[..]);
                 let _ = format_in(dialect, &pieces, &args, packed, &strings, &mut |_| {});
             }
         }
