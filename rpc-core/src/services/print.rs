@@ -49,11 +49,14 @@ use crate::services::printf::{
 use crate::sync::lock;
 use crate::Result;
 
-/// One lane of a printf request.
+/// One active lane of a printf request.
 struct Lane<'f> {
+    /// Its index in the warp.
+    lane: u32,
     /// The lane whose `pieces` hold this lane's parsed format (itself, or an earlier lane
-    /// that sent the same format: the lanes of one call site parse it once) and the stream it
-    /// prints to; `None` once the lane is refused (it answers -1).
+    /// that sent the same format: the lanes of one call site parse it once), as a position in
+    /// the request's lanes, and the stream it prints to; `None` once the lane is refused (it
+    /// answers -1).
     parsed: Option<(usize, Target)>,
     /// The parsed format of a lane that parsed its own (empty for one sharing another's).
     pieces: Vec<Piece<'f>>,
@@ -69,9 +72,10 @@ struct Lane<'f> {
     result: u64,
 }
 
-impl Default for Lane<'_> {
-    fn default() -> Self {
+impl Lane<'_> {
+    fn new(lane: u32) -> Self {
         Lane {
+            lane,
             parsed: None,
             pieces: Vec::new(),
             pending: 0..0,
@@ -81,9 +85,7 @@ impl Default for Lane<'_> {
             result: c_result(-1),
         }
     }
-}
 
-impl Lane<'_> {
     /// Refuses the lane: it answers -1 and asks for no more strings. Its pieces stay, for
     /// the lanes that share them.
     fn refuse(&mut self) {
@@ -93,9 +95,16 @@ impl Lane<'_> {
     }
 }
 
+/// The state of `lane` among the active `lanes` (in lane order).
+fn at<'l, 'f>(lanes: &'l [Lane<'f>], lane: u32) -> Option<&'l Lane<'f>> {
+    let position = lanes.binary_search_by_key(&lane, |state| state.lane).ok()?;
+    lanes.get(position)
+}
+
 /// Serves every PRINTF_TO_* opcode. A request costs few allocations whatever its lanes (printf
-/// is the busiest opcode there is): one vector of lane states, one list of `%s` pointers and
-/// one map of fetched strings for all of them, and a parse per distinct format.
+/// is the busiest opcode there is): one vector of the active lanes' states (a warp's single
+/// printing thread costs one, not 32), one list of `%s` pointers and one map of fetched
+/// strings for all of them, and a parse per distinct format.
 pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let opcode = req.opcode();
     let packed = matches!(
@@ -132,29 +141,28 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
 
     // 2, 3. The formats, and the argument sizes they need.
     let formats = req.recv_n().await?;
-    let mut lanes: Vec<Lane<'_>> = (0..req.lane_size()).map(|_| Lane::default()).collect();
-    let mut last_parsed = None;
-    for lane in active(&req) {
-        let i = lane as usize;
+    let mut lanes: Vec<Lane<'_>> = active(&req).map(Lane::new).collect();
+    let mut last_parsed: Option<usize> = None;
+    for k in 0..lanes.len() {
+        let (lane, i) = (lanes[k].lane, lanes[k].lane as usize);
         let Some(target) = target(lane) else {
             let handle = handles.as_ref().map_or(0, |w| w[i][0]);
             refusals.lane(lane, format!("{handle:#x} is not a live stream handle"));
             continue;
         };
         let owner = match last_parsed {
-            Some(j) if formats[j] == formats[i] => j,
+            Some(j) if formats[lanes[j].lane as usize] == formats[i] => j,
             _ => {
-                lanes[i].pieces = parse_in(dialect, &formats[i]);
-                last_parsed = Some(i);
-                i
+                lanes[k].pieces = parse_in(dialect, &formats[i]);
+                last_parsed = Some(k);
+                k
             }
         };
-        lanes[i].parsed = Some((owner, target));
+        lanes[k].parsed = Some((owner, target));
     }
     req.send(|lane, p| {
-        let size = lanes[lane as usize]
-            .parsed
-            .as_ref()
+        let size = at(&lanes, lane)
+            .and_then(|state| state.parsed.as_ref())
             .map_or(0, |&(owner, _)| args_size(&lanes[owner].pieces, packed));
         p.set_word(0, size as u64)
     })
@@ -163,17 +171,17 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     // 4. The arguments, and the strings they point to.
     let args = req.recv_n().await?;
     let mut pointers = Vec::new();
-    for lane in active(&req) {
-        let i = lane as usize;
-        let Some((owner, _)) = lanes[i].parsed else {
+    for k in 0..lanes.len() {
+        let (lane, i) = (lanes[k].lane, lanes[k].lane as usize);
+        let Some((owner, _)) = lanes[k].parsed else {
             continue;
         };
         let first = pointers.len();
         match push_string_pointers(&lanes[owner].pieces, &args[i], packed, &mut pointers) {
-            Ok(()) => lanes[i].pending = first..pointers.len(),
+            Ok(()) => lanes[k].pending = first..pointers.len(),
             Err(why) => {
                 refusals.lane(lane, format!("{why} for {}", quoted(&formats[i])));
-                lanes[i].refuse();
+                lanes[k].refuse();
             }
         }
     }
@@ -184,11 +192,10 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let mut budget = context.config.limits.printf_string_bytes;
     loop {
         let mut asking = false;
-        for lane in active(&req) {
-            let state = &mut lanes[lane as usize];
+        for state in &mut lanes {
             state.asked = 0;
             while let Some(k) = state.pending.next_back() {
-                if !strings.contains_key(&(lane, pointers[k])) {
+                if !strings.contains_key(&(state.lane, pointers[k])) {
                     state.asked = pointers[k];
                     asking = true;
                     break;
@@ -200,12 +207,12 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         }
         req.send(|lane, p| {
             p.set_word(0, 0);
-            p.set_word(1, lanes[lane as usize].asked);
+            p.set_word(1, at(&lanes, lane).map_or(0, |state| state.asked));
         })
         .await?;
         let mut fetched = req.recv_n().await?;
-        for lane in active(&req) {
-            let (i, state) = (lane as usize, &mut lanes[lane as usize]);
+        for state in &mut lanes {
+            let (lane, i) = (state.lane, state.lane as usize);
             if state.asked == 0 || state.parsed.is_none() {
                 continue;
             }
@@ -244,9 +251,9 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         // (see `streams::Output`): the first of them polled again after yielding commits, and
         // each replies once its bytes were written.
         let mut staged = false;
-        for i in 0..lanes.len() {
-            let lane = i as u32;
-            let Some((owner, target)) = &lanes[i].parsed else {
+        for k in 0..lanes.len() {
+            let (lane, i) = (lanes[k].lane, lanes[k].lane as usize);
+            let Some((owner, target)) = &lanes[k].parsed else {
                 continue;
             };
             let Some(output) = services.output(target) else {
@@ -269,7 +276,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             let outcome = lock(output).stage(format);
             match outcome {
                 Ok(ticket) => {
-                    lanes[i].staged = Some(ticket);
+                    lanes[k].staged = Some(ticket);
                     staged = true;
                 }
                 Err(why) => refusals.lane(lane, why.to_string()),
@@ -290,13 +297,15 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                 state.result = len as u64;
             }
         }
-        reply(&mut req, |lane| lanes[lane].result).await?;
+        reply(&mut req, |lane| {
+            at(&lanes, lane).map_or(c_result(-1), |s| s.result)
+        })
+        .await?;
     } else {
         // The parsed pieces borrow `formats`, which the call takes: they are parsed again there.
         let jobs: Vec<_> = lanes
             .into_iter()
-            .enumerate()
-            .filter_map(|(i, state)| Some((i, state.parsed?.1)))
+            .filter_map(|state| Some((state.lane as usize, state.parsed?.1)))
             .collect();
         let printed = super::io(&req, touches, move |context| {
             let run = |(i, target): (usize, Target)| {
@@ -322,15 +331,15 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                 Err(why) => refusals.lane(i as u32, why),
             }
         }
-        reply(&mut req, |lane| results[lane]).await?;
+        reply(&mut req, |lane| results[lane as usize]).await?;
     }
     refusals.finish()
 }
 
 /// The last packet: each lane's result (bytes written or -1) in buf\[0\].
-async fn reply(req: &mut Request, result: impl Fn(usize) -> u64) -> Result<(), ServerError> {
+async fn reply(req: &mut Request, result: impl Fn(u32) -> u64) -> Result<(), ServerError> {
     req.send(|lane, p| {
-        p.set_word(0, result(lane as usize));
+        p.set_word(0, result(lane));
         p.set_word(1, 0);
     })
     .await
