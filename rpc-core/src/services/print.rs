@@ -97,6 +97,10 @@ impl Lane<'_> {
 
 /// The state of `lane` among the active `lanes` (in lane order).
 fn at<'l, 'f>(lanes: &'l [Lane<'f>], lane: u32) -> Option<&'l Lane<'f>> {
+    // Where every lane up to it is active (a full warp), a lane's state is at its own index.
+    if let Some(state) = lanes.get(lane as usize).filter(|state| state.lane == lane) {
+        return Some(state);
+    }
     let position = lanes.binary_search_by_key(&lane, |state| state.lane).ok()?;
     lanes.get(position)
 }
