@@ -659,13 +659,15 @@ fn convert<'s>(
             };
             // A string ends at its first NUL; one sent without any is copied to add one.
             let copied;
-            let text = match fetched.map(CStr::from_bytes_until_nul) {
+            let text = match fetched {
                 None => missing,
-                Some(Ok(text)) => text,
-                Some(Err(_)) => {
-                    copied = CString::new(fetched.unwrap_or_default()).unwrap_or_default();
-                    copied.as_c_str()
-                }
+                Some(bytes) => match CStr::from_bytes_until_nul(bytes) {
+                    Ok(text) => text,
+                    Err(_) => {
+                        copied = CString::new(bytes).unwrap_or_default();
+                        copied.as_c_str()
+                    }
+                },
             };
             c_format(out, a, CValue::Str(text));
         }
@@ -1398,6 +1400,10 @@ mod tests {
         let strings = |p| (p == 3).then_some(&b"ab\0cd"[..]);
         let out = format(&pieces, &args, true, &strings).unwrap();
         assert_eq!(out, b"[(null)][][ab]");
+        // A string sent without its NUL prints whole.
+        let unterminated = |p| (p == 1).then_some(&b"xyz"[..]);
+        let out = format(&pieces, &args, true, &unterminated).unwrap();
+        assert_eq!(out, b"[xyz][][(null)]");
     }
 
     /// Pieces are `CHUNK` bytes (the last one shorter) whatever comes just before a chunk's
