@@ -42,7 +42,8 @@ use rpc_core::protocol::Generation;
 use measure::Hog;
 use target::{Binaries, Server, Setup};
 
-const USAGE: &str = "usage: rpc-bench [--quick] [--pin] [--latency-only | --stream-only 1|32] \
+const USAGE: &str =
+    "usage: rpc-bench [--quick] [--pin] [--latency-only | --stream-only 1|32 | --pipelined-only] \
                      [--park-us N] [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] \
                      [--out DIR]";
 
@@ -71,6 +72,8 @@ enum Part {
     /// `--stream-only L`: the stream row of L lanes alone (to profile a server on it, e.g.
     /// under `valgrind --tool=callgrind`, docs/performance.md).
     Stream(u32),
+    /// `--pipelined-only`: the pipelined rows alone (to profile or compare servers on them).
+    Pipelined,
 }
 
 fn parse(
@@ -89,6 +92,7 @@ fn parse(
             "--quick" => quick = true,
             "--pin" => PIN.store(true, Ordering::Relaxed),
             "--latency-only" => part = Part::Latency,
+            "--pipelined-only" => part = Part::Pipelined,
             "--stream-only" => {
                 part = match value()?.as_str() {
                     "1" => Part::Stream(1),
@@ -564,7 +568,8 @@ fn run(
 
     // Latency rows, interleaved: every row of every server once per round.
     let streaming = matches!(part, Part::Stream(_));
-    let shapes: Vec<(u32, Vec<Setup>)> = if streaming {
+    let latency_rows = !streaming && part != Part::Pipelined;
+    let shapes: Vec<(u32, Vec<Setup>)> = if !latency_rows {
         Vec::new()
     } else {
         SHAPES
@@ -572,12 +577,12 @@ fn run(
             .map(|&(g, n)| Ok((n, setups(&servers, binaries, g, n, 1)?)))
             .collect::<Result<_, String>>()?
     };
-    let lanes = if part == Part::Stream(1) {
+    let lanes = if matches!(part, Part::Stream(1) | Part::Pipelined) {
         Vec::new()
     } else {
         setups(&servers, binaries, Generation::V1, 64, 32)?
     };
-    for loaded in [false, true].into_iter().filter(|_| !streaming) {
+    for loaded in [false, true].into_iter().filter(|_| latency_rows) {
         let _hog = loaded.then(Hog::start);
         let mut latency = vec![
             Row::new(PINGPONG, Server::InProcess, loaded, "ns/round trip"),
@@ -643,10 +648,11 @@ fn run(
                 .collect()
         })
         .collect();
-    for (what, setups, mask) in [
+    let streams = [
         (STREAM_L1, &small, 1),
         (STREAM_L32, &lanes, u64::from(u32::MAX)),
-    ] {
+    ];
+    for (what, setups, mask) in streams.into_iter().filter(|_| part != Part::Pipelined) {
         for setup in setups {
             let mut row = Row::new(what, setup.server, false, "MB/s");
             measure::stream(setup, mask, &data)?; // warm-up
@@ -661,6 +667,7 @@ fn run(
         return write(report(rows), &out_dir, started);
     }
     for setup in &lanes {
+        // (`lanes` is empty with `--pipelined-only`.)
         let mut row = Row::new(PRINTF, setup.server, false, "lines/s");
         for _ in 0..settings.reps {
             row.values.push(measure::printf_lines(setup, w)?);
@@ -694,6 +701,9 @@ fn run(
     }
 
     progress(started, "pipelined");
+    if part == Part::Pipelined {
+        return write(report(rows), &out_dir, started);
+    }
 
     // Idle CPU and wake-up latency, one server at a time (the others stopped or asleep).
     let fresh = setups(&servers, binaries, Generation::V1, 64, 1)?;
