@@ -95,6 +95,8 @@ pub use server::error::ServerError;
 #[cfg(feature = "std")]
 pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]
+pub use server::recycle::Streams;
+#[cfg(feature = "std")]
 pub use server::registry::{MailboxInfo, Request};
 #[cfg(feature = "std")]
 pub use server::stats::StatsSnapshot;

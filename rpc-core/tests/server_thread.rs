@@ -1100,3 +1100,53 @@ fn an_exchange_that_yields_lets_the_other_ports_be_served_meanwhile() {
     let stats = server.stats();
     assert_eq!((stats.errors, stats.panics), (0, 0));
 }
+
+#[test]
+fn each_request_receives_only_its_own_bytes_though_buffers_are_reused() {
+    // `recv_n` fills buffers a finished exchange left (`recycle.rs`): a request after a
+    // longer one, or with fewer lanes, must see exactly its own strings.
+    let server = RpcServer::new(config("recycled"));
+    let seen: Arc<std::sync::Mutex<Vec<Vec<Vec<u8>>>>> = Arc::default();
+    let record = seen.clone();
+    server.register(Opcode::user(9), move |mut req| {
+        let record = record.clone();
+        async move {
+            let streams = req.recv_n().await?;
+            record.lock().unwrap().push(streams.to_vec());
+            req.send(|lane, p| p.set_word(0, u64::from(lane))).await
+        }
+    });
+    let mailbox = Mailbox::attach(&server, 1, 32);
+    let _ = server.start().unwrap();
+    let _kernel = server.user_for(mailbox.id);
+    let client = mailbox.client();
+    // (lane, length) per active lane; the other lanes' strings are empty.
+    let request = |lanes: &[(usize, usize)]| -> (u64, Vec<Vec<u8>>) {
+        let mut data = std::vec![Vec::new(); 32];
+        let mut mask = 0;
+        for &(lane, len) in lanes {
+            data[lane] = (0..len).map(|i| (lane * 7) as u8 ^ i as u8).collect();
+            mask |= 1 << lane;
+        }
+        (mask, data)
+    };
+    let requests = [
+        request(&[(0, 300), (1, 200), (2, 100), (31, 64)]),
+        request(&[(0, 3)]),
+        request(&[(1, 0), (2, 70)]),
+        request(&[(0, 57), (5, 1), (31, 2)]),
+    ];
+    for _ in 0..scaled(3, 1) {
+        for (mask, data) in &requests {
+            let mut port = client.open(Opcode::user(9), *mask).unwrap();
+            let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
+            port.send_n(&slices).unwrap();
+            port.recv(|_, _| {}).unwrap();
+        }
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), requests.len() * scaled(3, 1));
+    for (got, (_, sent)) in seen.iter().zip(requests.iter().cycle()) {
+        assert_eq!(got.as_slice(), sent.as_slice());
+    }
+}

@@ -519,17 +519,20 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// [`ProtocolError::TooLong`]; memory grows with the bytes actually received, never with
     /// the claimed length.
     pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>, ProtocolError> {
-        self.recv_n_within_async(bound, u64::MAX).await
+        self.recv_n_within_async(bound, u64::MAX, Vec::new()).await
     }
 
     /// `recv_n_async` whose lanes together may claim at most `total` bytes (a request's
-    /// budget): above it the script stops as above a lane's `bound`.
+    /// budget): above it the script stops as above a lane's `bound`. The strings are received
+    /// into `out`'s buffers, emptied (their capacity reused: a server's are recycled).
     pub(crate) async fn recv_n_within_async(
         &mut self,
         bound: u64,
         total: u64,
+        mut out: Vec<Vec<u8>>,
     ) -> Result<Vec<Vec<u8>>, ProtocolError> {
-        let mut out: Vec<Vec<u8>> = (0..self.lanes).map(|_| Vec::new()).collect();
+        out.iter_mut().for_each(Vec::clear);
+        out.resize_with(self.lanes as usize, Vec::new);
         // Each lane's length, kept only when one goes past the first packet: an array of 64
         // here would be most of a suspended script's size (each is a boxed future).
         let mut lengths: Vec<usize> = Vec::new();

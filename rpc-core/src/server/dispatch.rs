@@ -726,7 +726,7 @@ fn poll(exchange: &mut Exchange, spin_waits: u32) -> Polled {
     WAITING_ON_PORT.with(|waiting| waiting.set(false));
     YIELDED.with(|yielded| yielded.set(false));
     SPIN_WAITS.with(|left| left.set(spin_waits));
-    let polled = catch(|| Ok(exchange.as_mut().poll(&mut cx)));
+    let polled = catch(|| Ok(exchange.poll(&mut cx)));
     // No other exchange spins on what this one left.
     SPIN_WAITS.with(|left| left.set(0));
     match polled {

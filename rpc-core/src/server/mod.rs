@@ -49,6 +49,7 @@ pub(crate) mod error;
 pub(crate) mod io_pool;
 pub(crate) mod limits;
 pub(crate) mod mailboxes;
+pub(crate) mod recycle;
 pub(crate) mod registry;
 pub(crate) mod stats;
 pub(crate) mod thread;

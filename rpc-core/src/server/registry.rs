@@ -12,7 +12,6 @@
 //!   serves the other ports meanwhile (see [`crate::server::dispatch`]); [`Request::blocking`] runs a
 //!   call that may block (a file, a FIFO, a terminal, a command) on the server's I/O threads.
 
-use std::boxed::Box;
 use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::pin::Pin;
@@ -24,12 +23,11 @@ use crate::protocol::opcode::Opcode;
 use crate::protocol::port::Packet;
 use crate::protocol::ServerPort;
 use crate::server::error::ServerError;
+pub(crate) use crate::server::recycle::Exchange;
+use crate::server::recycle::Streams;
 use crate::server::{Attached, Inner, MailboxId, ServerContext};
 use crate::sync::Arc;
 use crate::Result;
-
-/// What a script handler returns: the rest of the exchange, polled by the server thread.
-pub(crate) type Exchange = Pin<Box<dyn Future<Output = Result<(), ServerError>> + Send + 'static>>;
 
 /// A packet handler as the server runs it: the whole one-packet script over the open port (it
 /// never waits: the client's packet is there when the port opens). Built by [`Handler::packet`]
@@ -57,7 +55,7 @@ impl Handler {
         Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
     {
         Handler::Script(std::sync::Arc::new(move |request| {
-            Box::pin(script(request))
+            Exchange::new(script(request))
         }))
     }
 
@@ -327,17 +325,20 @@ impl Request {
         self.trace(format_args!("sent a stream (longest lane {longest} bytes)"));
         Ok(())
     }
-    /// Receives a byte string per lane, bounded by the server's [`crate::Limits`]: a lane
+    /// Receives a byte string per lane ([`Streams`]: index = lane, inactive lanes empty; its
+    /// buffers are reused by later requests once it is dropped), bounded by the server's
+    /// [`crate::Limits`]: a lane
     /// above `stream_bytes`, or the request's streams together above `request_bytes`, end the
     /// exchange at once ([`ProtocolError::TooLong`](crate::ProtocolError::TooLong),
     /// [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong)).
-    pub async fn recv_n(&mut self) -> Result<Vec<Vec<u8>>, ServerError> {
+    pub async fn recv_n(&mut self) -> Result<Streams, ServerError> {
         let limits = &self.inner.context.config.limits;
         let left = limits.request_bytes.saturating_sub(self.received);
         let data = self
             .port
-            .recv_n_within_async(limits.stream_bytes, left)
+            .recv_n_within_async(limits.stream_bytes, left, Streams::buffers())
             .await?;
+        let data = Streams::new(data);
         self.received += data.iter().map(|d| d.len() as u64).sum::<u64>();
         let longest = data.iter().map(Vec::len).max().unwrap_or(0);
         self.trace(format_args!(

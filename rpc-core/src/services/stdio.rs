@@ -13,6 +13,7 @@ use super::{
     EOF_WORD,
 };
 use crate::server::error::ServerError;
+use crate::server::recycle::Streams;
 use crate::server::registry::Request;
 use crate::Result;
 
@@ -20,7 +21,7 @@ use crate::Result;
 /// the bytes written.
 async fn write_lanes(
     req: &mut Request,
-    data: Vec<Vec<u8>>,
+    data: Streams,
     target: impl Fn(u32) -> Option<Target>,
     newline: bool,
     refusals: &mut Refusals,
@@ -424,7 +425,7 @@ pub(crate) async fn rename(mut req: Request) -> Result<(), ServerError> {
 /// reply is 0 on success, -1 on a failure (an ordinary C result) or a refusal.
 async fn on_paths(
     req: Request,
-    streams: Vec<Vec<Vec<u8>>>,
+    streams: Vec<Streams>,
     call: fn(&Rules, &[&[u8]]) -> core::result::Result<(), Denial>,
 ) -> Result<(), ServerError> {
     let lanes: Vec<u32> = active(&req).collect();

@@ -1,0 +1,283 @@
+//! Memory a finished exchange leaves behind, kept for the next exchanges of the same thread:
+//! the block that held its future ([`Exchange`]) and the buffers of its `recv_n` results
+//! ([`Streams`]).
+//!
+//! Why: a server thread with many exchanges in flight (the pipelined rows of
+//! docs/performance.md) ends a score of them in one pass and begins as many in the next. The C
+//! library's per-thread cache keeps only a few blocks of each size (glibc: 7, and none above
+//! 1 KiB), so most of those allocations took the allocator's slow path: a fifth of the server
+//! thread's instructions on a printf of one lane. The pool is per thread (no lock; memory freed
+//! on another thread, an I/O thread's, joins that thread's pool) and bounded in bytes
+//! ([`KEEP_BYTES`]); what does not fit goes back to the allocator.
+
+use std::alloc::Layout;
+use std::cell::RefCell;
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
+use std::ptr::NonNull;
+use std::task::{Context, Poll};
+use std::vec::Vec;
+
+use crate::server::error::ServerError;
+use crate::Result;
+
+/// The most bytes one thread's pool keeps (blocks and buffer capacity together): a few hundred
+/// exchanges' worth of printf state.
+pub(crate) const KEEP_BYTES: usize = 256 << 10;
+
+/// The future of a script handler's exchange.
+type Script = dyn Future<Output = Result<(), ServerError>> + Send + 'static;
+
+/// What a script handler returns: the rest of the exchange, pinned in a block of memory that
+/// goes back to this thread's pool when the exchange ends (a `Pin<Box<dyn Future>>` whose
+/// block is reused).
+pub(crate) struct Exchange(NonNull<Script>);
+
+// SAFETY: the future is `Send` (`Exchange::new` requires it) and only the `Exchange` reaches
+// it, so the `Exchange` may move to another thread with it.
+unsafe impl Send for Exchange {}
+
+impl Exchange {
+    pub(crate) fn new<F>(future: F) -> Self
+    where
+        F: Future<Output = Result<(), ServerError>> + Send + 'static,
+    {
+        let layout = Layout::new::<F>();
+        let block: NonNull<F> = if layout.size() == 0 {
+            NonNull::dangling()
+        } else {
+            with_pool(|pool| pool.take_block(layout))
+                .flatten()
+                .unwrap_or_else(|| {
+                    // SAFETY: `layout` has a nonzero size.
+                    let raw = unsafe { std::alloc::alloc(layout) };
+                    NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
+                })
+                .cast()
+        };
+        // SAFETY: `block` is valid for a write of an `F` and aligned for it: allocated (now or
+        // for an earlier exchange) with `F`'s layout, or dangling and `F` has no size.
+        unsafe { block.as_ptr().write(future) };
+        Exchange(block)
+    }
+
+    /// Polls the future once.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ServerError>> {
+        // SAFETY: the future lives in its block, never moved, until `drop` drops it in place:
+        // it is pinned. `&mut self` makes this the only reference to it.
+        unsafe { Pin::new_unchecked(self.0.as_mut()) }.poll(cx)
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        // SAFETY: the future is alive until the line after (see `poll`).
+        let layout = Layout::for_value(unsafe { self.0.as_ref() });
+        // SAFETY: as above; it is dropped once, here, and its block not read again but to be
+        // reused or freed. (Should its destructor panic, the block leaks: no harm.)
+        unsafe { self.0.as_ptr().drop_in_place() };
+        if layout.size() == 0 {
+            return;
+        }
+        let block = self.0.cast::<u8>();
+        let kept = with_pool(|pool| pool.give_block(block, layout)).unwrap_or(false);
+        if !kept {
+            // SAFETY: `block` was allocated by the global allocator with `layout` and is no
+            // longer used.
+            unsafe { std::alloc::dealloc(block.as_ptr(), layout) };
+        }
+    }
+}
+
+/// The byte strings one `recv_n` received, one per lane (index = lane; inactive lanes'
+/// strings are empty). Read it as a slice of vectors; its buffers go back to this thread's
+/// pool when it is dropped ([`Streams::into_vec`] keeps them instead).
+#[derive(Debug, Default)]
+pub struct Streams(Vec<Vec<u8>>);
+
+impl Streams {
+    /// Buffers from this thread's pool where it has some, for a `recv_n` to empty and fill.
+    pub(crate) fn buffers() -> Vec<Vec<u8>> {
+        with_pool(|pool| {
+            let (buffers, bytes) = pool.streams.pop()?;
+            pool.bytes -= bytes;
+            Some(buffers)
+        })
+        .flatten()
+        .unwrap_or_default()
+    }
+
+    pub(crate) fn new(streams: Vec<Vec<u8>>) -> Self {
+        Streams(streams)
+    }
+
+    /// The strings as vectors of their own (not returned to the pool).
+    pub fn into_vec(mut self) -> Vec<Vec<u8>> {
+        std::mem::take(&mut self.0)
+    }
+}
+
+impl Deref for Streams {
+    type Target = [Vec<u8>];
+    fn deref(&self) -> &[Vec<u8>] {
+        &self.0
+    }
+}
+
+impl DerefMut for Streams {
+    fn deref_mut(&mut self) -> &mut [Vec<u8>] {
+        &mut self.0
+    }
+}
+
+impl Drop for Streams {
+    fn drop(&mut self) {
+        let buffers = std::mem::take(&mut self.0);
+        if buffers.capacity() == 0 {
+            return;
+        }
+        let bytes = buffers.capacity() * core::mem::size_of::<Vec<u8>>()
+            + buffers.iter().map(Vec::capacity).sum::<usize>();
+        with_pool(|pool| {
+            if pool.bytes + bytes <= KEEP_BYTES {
+                pool.bytes += bytes;
+                pool.streams.push((buffers, bytes));
+            }
+        });
+    }
+}
+
+/// One thread's kept memory.
+#[derive(Default)]
+struct Pool {
+    /// Free blocks by layout (one entry per kind of future served on this thread).
+    blocks: Vec<(Layout, Vec<NonNull<u8>>)>,
+    /// Dropped `recv_n` results (their bytes not yet cleared), with the bytes each holds.
+    streams: Vec<(Vec<Vec<u8>>, usize)>,
+    /// Bytes kept, blocks and buffers together (at most [`KEEP_BYTES`]).
+    bytes: usize,
+}
+
+impl Pool {
+    fn take_block(&mut self, layout: Layout) -> Option<NonNull<u8>> {
+        let (_, free) = self.blocks.iter_mut().find(|(kept, _)| *kept == layout)?;
+        let block = free.pop()?;
+        self.bytes -= layout.size();
+        Some(block)
+    }
+
+    /// Keeps a free block of `layout` if the budget allows; says whether it did.
+    fn give_block(&mut self, block: NonNull<u8>, layout: Layout) -> bool {
+        if self.bytes + layout.size() > KEEP_BYTES {
+            return false;
+        }
+        let free = match self.blocks.iter().position(|(kept, _)| *kept == layout) {
+            Some(k) => &mut self.blocks[k].1,
+            None => {
+                self.blocks.push((layout, Vec::new()));
+                &mut self.blocks.last_mut().expect("just pushed").1
+            }
+        };
+        free.push(block);
+        self.bytes += layout.size();
+        true
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        for (layout, free) in &self.blocks {
+            for block in free {
+                // SAFETY: every kept block was allocated by the global allocator with its
+                // entry's layout, and nothing uses it.
+                unsafe { std::alloc::dealloc(block.as_ptr(), *layout) };
+            }
+        }
+    }
+}
+
+std::thread_local! {
+    static POOL: RefCell<Pool> = RefCell::new(Pool::default());
+}
+
+/// Runs `f` on this thread's pool; `None` while the thread is being torn down (its pool is
+/// gone: the caller uses the allocator).
+fn with_pool<T>(f: impl FnOnce(&mut Pool) -> T) -> Option<T> {
+    POOL.try_with(|pool| pool.try_borrow_mut().ok().map(|mut pool| f(&mut pool)))
+        .ok()
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exchange_of(bytes: [u8; 100]) -> Exchange {
+        Exchange::new(async move {
+            if bytes[99] == 7 {
+                Ok(())
+            } else {
+                Err(ServerError::Refused("not seven".into()))
+            }
+        })
+    }
+
+    fn poll_once(exchange: &mut Exchange) -> Poll<Result<(), ServerError>> {
+        exchange.poll(&mut Context::from_waker(std::task::Waker::noop()))
+    }
+
+    #[test]
+    fn an_ended_exchange_block_serves_the_next_exchange_of_its_layout() {
+        let first = exchange_of([7; 100]);
+        let block = first.0.cast::<u8>();
+        drop(first);
+        let mut second = exchange_of([1; 100]);
+        assert_eq!(second.0.cast::<u8>(), block, "the freed block was reused");
+        assert!(matches!(poll_once(&mut second), Poll::Ready(Err(_))));
+        let mut third = exchange_of([7; 100]);
+        assert_ne!(
+            third.0.cast::<u8>(),
+            block,
+            "a block in use is not handed out"
+        );
+        assert!(matches!(poll_once(&mut third), Poll::Ready(Ok(()))));
+    }
+
+    #[test]
+    fn the_pool_keeps_at_most_its_budget() {
+        let exchanges: Vec<Exchange> = (0..2 * KEEP_BYTES / 8192)
+            .map(|_| {
+                let big = [3u8; 8192];
+                Exchange::new(async move {
+                    (big[0] == 3)
+                        .then_some(())
+                        .ok_or(ServerError::Deinitialised)
+                })
+            })
+            .collect();
+        drop(exchanges);
+        let kept = with_pool(|pool| pool.bytes).unwrap();
+        assert!(kept <= KEEP_BYTES, "{kept} bytes kept");
+        assert!(kept > KEEP_BYTES / 2, "{kept} bytes kept");
+        let streams: Vec<Streams> = (0..64)
+            .map(|_| Streams::new(std::vec![std::vec![0u8; 8 << 10]]))
+            .collect();
+        drop(streams);
+        let kept = with_pool(|pool| pool.bytes).unwrap();
+        assert!(kept <= KEEP_BYTES, "{kept} bytes kept");
+    }
+
+    #[test]
+    fn dropped_streams_come_back_with_their_capacity() {
+        let streams = Streams::new(std::vec![std::vec![5u8; 40], std::vec![6u8; 3]]);
+        let capacity = streams[0].capacity();
+        drop(streams);
+        let buffers = Streams::buffers();
+        assert_eq!(buffers.len(), 2);
+        assert_eq!(buffers[0].capacity(), capacity);
+        // Taken out with `into_vec`, they stay with the caller.
+        let out = Streams::new(std::vec![std::vec![1, 2, 3]]).into_vec();
+        assert_eq!(out, std::vec![std::vec![1, 2, 3]]);
+    }
+}
