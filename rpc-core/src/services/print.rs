@@ -32,7 +32,7 @@
 //! request.
 
 use core::ops::Range;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::format;
 use std::string::String;
 use std::vec::Vec;
@@ -41,6 +41,7 @@ use super::streams::{Target, Ticket};
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::protocol::opcode::Opcode;
 use crate::server::error::ServerError;
+use crate::server::recycle::Streams;
 use crate::server::registry::Request;
 use crate::services::printf::{
     args_size, format_in, format_onto, output_bound, parse_in, push_string_pointers, Chunks,
@@ -191,8 +192,12 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     }
 
     // 5. Fetch the strings, last-first, each pointer once per lane, within the request's
-    // budget.
-    let mut strings: HashMap<(u32, u64), Vec<u8>> = HashMap::new();
+    // budget. Each round's strings stay in the buffers it was received in (reused by later
+    // requests once dropped); `strings` finds a lane's string by its pointer: the round that
+    // brought it. (A B-tree: std's hash table spent more on SipHash and on growing than the
+    // lookups cost.)
+    let mut rounds: Vec<Streams> = Vec::new();
+    let mut strings: BTreeMap<(u32, u64), usize> = BTreeMap::new();
     let mut budget = context.config.limits.printf_string_bytes;
     loop {
         let mut asking = false;
@@ -214,7 +219,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             p.set_word(1, at(&lanes, lane).map_or(0, |state| state.asked));
         })
         .await?;
-        let mut fetched = req.recv_n().await?;
+        let fetched = req.recv_n().await?;
         for state in &mut lanes {
             let (lane, i) = (state.lane, state.lane as usize);
             if state.asked == 0 || state.parsed.is_none() {
@@ -234,8 +239,9 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             }
             budget -= len as u64;
             state.fetched += len;
-            strings.insert((lane, state.asked), std::mem::take(&mut fetched[i]));
+            strings.insert((lane, state.asked), rounds.len());
         }
+        rounds.push(fetched);
     }
 
     // 6. Format and print in pieces, here or (if any lane prints to a file or may print
@@ -263,7 +269,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             let Some(output) = services.output(target) else {
                 continue; // Not reached: a file or stdin is no inline target.
             };
-            let fetch = |p| strings.get(&(lane, p)).map(Vec::as_slice);
+            let fetch = |p| strings.get(&(lane, p)).map(|&r| rounds[r][i].as_slice());
             let pieces = &lanes[*owner].pieces;
             let format = |out: &mut Vec<u8>| {
                 let mut unchunked = Chunks::none();
@@ -314,7 +320,11 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         let printed = super::io(&req, touches, move |context| {
             let run = |(i, target): (usize, Target)| {
                 let pieces = parse_in(dialect, &formats[i]);
-                let fetch = |p| strings.get(&(i as u32, p)).map(Vec::as_slice);
+                let fetch = |p| {
+                    strings
+                        .get(&(i as u32, p))
+                        .map(|&r| rounds[r][i].as_slice())
+                };
                 let printed = print(
                     context.services(),
                     &target,
