@@ -7,15 +7,18 @@
 //! handler's exchange is a future (an `async` function of its [`Request`], see
 //! [`crate::server::registry`]): it runs until it needs a packet the client has not sent yet (or the
 //! result of a call on the I/O threads), and then *suspends*. The pass keeps it in flight and
-//! moves on to the other ports; every later pass polls it again, at the start and at every
-//! checkpoint of the scan (`scan::HOT_STRIDE` ports), so an exchange whose client
-//! answers quickly still advances about as fast as if it had the thread alone, while one whose
-//! client is slow costs a poll per pass and its port's slot, and nobody waits for it.
+//! moves on to the other ports; later passes poll it again whenever it can advance, so an
+//! exchange whose client answers quickly still advances about as fast as if it had the thread
+//! alone, while one whose client is slow costs its port's slot, and nobody waits for it.
 //!
 //! We poll rather than wake: a device cannot signal the host, so the pass looks at every port
-//! anyway. Polls run with a no-op waker. An exchange suspended in a port operation is not
-//! polled again until its port is pending (the client answered), which costs two loads; one
-//! suspended on something else (an I/O call's result, a user's future) is polled every time.
+//! anyway. Polls run with a no-op waker. An exchange suspended in a port operation waits until
+//! its port is pending again (the client answered): the sweep that finds the port pending polls
+//! it there, found through the mailbox's table of positions (`Attached::in_flight`), so a pass
+//! spends nothing on the exchanges whose clients are silent, however many there are. One
+//! suspended on something else (yielded, an I/O call's result, a user's future) is polled at the
+//! start of every pass and at every checkpoint of the scan (`scan::HOT_STRIDE` ports), as are,
+//! at checkpoints, those whose ports turned pending (in a mailbox of more ports than a stride).
 //! Whether a waiting exchange's kernels are gone, or its client timed out, is looked at every
 //! [`HOUSEKEEPING_PASSES`] passes and on each pass after one that found nothing to do.
 //! An exchange alone in flight is polled with a budget of spin waits (`port::SPIN_WAITS`): its
@@ -96,21 +99,18 @@ pub(crate) enum Fate {
 }
 
 impl Attached {
-    /// Marks port `index` as having (or no longer having) an exchange in flight. Relaxed: only
-    /// the worker writes and reads these bits; they order nothing.
-    fn set_in_flight(&self, index: u32, on: bool) {
-        let (word, bit) = (&self.in_flight[index as usize / 64], 1u64 << (index % 64));
-        if on {
-            // RMW: sets this port's bit.
-            word.fetch_or(bit, Ordering::Relaxed);
-        } else {
-            // RMW: clears this port's bit.
-            word.fetch_and(!bit, Ordering::Relaxed);
-        }
+    /// Where port `index`'s exchange is in the worker's [`Flights`], if it has one in flight.
+    /// Relaxed: only the worker writes and reads these words; they order nothing.
+    fn flight_of(&self, index: u32) -> Option<usize> {
+        let word = self.in_flight[index as usize].load(Ordering::Relaxed);
+        (word as usize).checked_sub(1)
     }
 
-    fn has_in_flight(&self, index: u32) -> bool {
-        self.in_flight[index as usize / 64].load(Ordering::Relaxed) & (1 << (index % 64)) != 0
+    /// Records where port `index`'s exchange is in the worker's [`Flights`] (`None`: it has
+    /// none). Relaxed: as `flight_of`.
+    fn set_flight(&self, index: u32, position: Option<usize>) {
+        let word = position.map_or(0, |k| k as u32 + 1);
+        self.in_flight[index as usize].store(word, Ordering::Relaxed);
     }
 
     /// Records whether port `index`'s request owned the buffer when it was dropped. Relaxed: set
@@ -165,6 +165,19 @@ impl Attached {
     }
 }
 
+/// Which exchanges in flight a poll of them looks at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// Those that can advance (see `Inner::step`), and of the others whether their kernels
+    /// are gone or their client timed out.
+    Housekeeping,
+    /// Those that can advance: not waiting on their port, or their client has answered.
+    Ready,
+    /// Those not waiting on their port: a yielded exchange or one waiting on an I/O call. The
+    /// sweep that follows polls the others where it finds their ports pending.
+    OffPort,
+}
+
 /// One exchange in flight.
 struct InFlight {
     /// The rest of the script; owns its `Request` and so the port.
@@ -185,6 +198,47 @@ struct InFlight {
     on_port: bool,
 }
 
+/// The exchanges in flight, each found from its port through `Attached::in_flight`, which
+/// every change of the list keeps current (the one place positions change).
+pub(crate) struct Flights(Vec<InFlight>);
+
+impl Flights {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn get(&self, k: usize) -> &InFlight {
+        &self.0[k]
+    }
+
+    fn get_mut(&mut self, k: usize) -> &mut InFlight {
+        &mut self.0[k]
+    }
+
+    fn push(&mut self, flight: InFlight) {
+        flight.mailbox.set_flight(flight.index, Some(self.0.len()));
+        self.0.push(flight);
+    }
+
+    /// Takes exchange `k` out of the list (the last one takes its place).
+    fn swap_remove(&mut self, k: usize) -> InFlight {
+        let flight = self.0.swap_remove(k);
+        flight.mailbox.set_flight(flight.index, None);
+        if let Some(moved) = self.0.get(k) {
+            moved.mailbox.set_flight(moved.index, Some(k));
+        }
+        flight
+    }
+
+    /// Takes every exchange out of the list.
+    fn take_all(&mut self) -> Vec<InFlight> {
+        for flight in &self.0 {
+            flight.mailbox.set_flight(flight.index, None);
+        }
+        std::mem::take(&mut self.0)
+    }
+}
+
 /// The worker's state between passes: its copies of the mailbox list and the registry
 /// (refreshed when they change) and the exchanges in flight.
 pub(crate) struct PassCache {
@@ -195,7 +249,7 @@ pub(crate) struct PassCache {
     /// The ports of all of `mailboxes` together (what one pass scans).
     ports: usize,
     versions: (u64, u64),
-    in_flight: Vec<InFlight>,
+    in_flight: Flights,
     /// Passes since the waiting exchanges were last looked at (see [`HOUSEKEEPING_PASSES`]),
     /// and whether the last pass made progress.
     since_housekeeping: u32,
@@ -210,7 +264,7 @@ impl PassCache {
             hot: Vec::new(),
             ports: 0,
             versions: (u64::MAX, u64::MAX),
-            in_flight: Vec::new(),
+            in_flight: Flights(Vec::new()),
             since_housekeeping: 0,
             last_progress: false,
         }
@@ -260,7 +314,7 @@ impl PassCache {
     /// user left, or to exit) and lets go of every mailbox, so `detach` never waits on a
     /// sleeping or finished worker.
     pub(crate) fn clear(&mut self, context: &ServerContext, fate: Fate, reason: &str) {
-        for exchange in std::mem::take(&mut self.in_flight) {
+        for exchange in self.in_flight.take_all() {
             abandon(context, exchange, fate, reason);
         }
         self.mailboxes = None;
@@ -295,18 +349,31 @@ impl Inner {
         let (Some(mailboxes), Some(registry)) = (mailboxes, registry) else {
             return 0;
         };
-        let mut progress = inner.poll_in_flight(mailboxes, in_flight, housekeeping);
+        let mut progress = inner.drop_detached(in_flight);
         let stopping = inner.thread.stopping();
+        // The exchanges waiting on their ports are polled by the sweep, where it finds their
+        // ports pending; a pass with no sweep (a shutdown under way) polls them here.
+        let look = if housekeeping {
+            Look::Housekeeping
+        } else if stopping {
+            Look::Ready
+        } else {
+            Look::OffPort
+        };
         for (mailbox, hot) in mailboxes.iter().zip(hot.iter_mut()) {
-            if stopping || mailbox.detached.load(Ordering::Acquire) {
+            if mailbox.detached.load(Ordering::Acquire) {
                 continue;
             }
             // A panic in this mailbox's part of the pass (its memory source, a matcher) costs
             // this mailbox only: see `Attached::fail`.
             let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let mut found = 0;
-                mailbox.release_quarantined(context);
+                // One view of the mailbox for its whole part of the pass.
                 let server = mailbox.server();
+                let mut found = inner.poll_exchanges_of(mailbox, &server, in_flight, look);
+                if stopping {
+                    return found;
+                }
+                mailbox.release_quarantined(context);
                 // Every pending port in index order, plus the recently served ports re-checked on
                 // the way, and the exchanges in flight polled at each checkpoint (see `scan`).
                 let mut sweep = server.sweep(hot);
@@ -314,14 +381,24 @@ impl Inner {
                     let index = match sweep.next() {
                         None => break,
                         Some(Step::Checkpoint) => {
-                            found += inner.poll_in_flight(mailboxes, in_flight, false);
+                            found += inner.poll_in_flight(mailboxes, in_flight, Look::Ready);
                             continue;
                         }
                         Some(Step::Pending(index)) => index,
                     };
                     // A port whose exchange is in flight looks pending each time its client
-                    // answers; the exchange is polled, not opened again.
-                    if mailbox.has_in_flight(index) {
+                    // answers: the exchange is polled here, not opened again. One not waiting
+                    // on its port (yielded, or on an I/O call) was polled at the start of the
+                    // pass, and is left for the next.
+                    if let Some(k) = mailbox.flight_of(index) {
+                        let flight = in_flight.get(k);
+                        debug_assert!(
+                            flight.index == index && Arc::ptr_eq(&flight.mailbox, mailbox),
+                            "the table of positions is out of date"
+                        );
+                        if flight.on_port {
+                            found += inner.step(mailbox, &server, in_flight, k, false).0;
+                        }
                         continue;
                     }
                     let Some(mut port) = server.try_open(index, &crate::protocol::port::Resumable)
@@ -338,10 +415,9 @@ impl Inner {
                     found += 1;
                     let opcode = port.opcode();
                     if let Some((exchange, on_port)) =
-                        Inner::start(inner, port, mailbox, marks, registry)
+                        Inner::start(inner, &server, port, mailbox, marks, registry)
                     {
                         let flags = server.flags(index);
-                        mailbox.set_in_flight(index, true);
                         in_flight.push(InFlight {
                             exchange,
                             on_port,
@@ -368,9 +444,11 @@ impl Inner {
         progress
     }
 
-    /// Starts serving a port just opened; returns its exchange if it suspended.
+    /// Starts serving a port just opened on `server`, `mailbox`'s view; returns its exchange
+    /// if it suspended.
     fn start(
         inner: &Arc<Inner>,
+        server: &crate::protocol::ServerEnd<'_>,
         mut port: crate::protocol::ServerPort<'_>,
         mailbox: &Arc<Attached>,
         marks: Marks,
@@ -434,7 +512,7 @@ impl Inner {
                 let result = catch(|| reply(&mut port));
                 if inner.finish(mailbox, index, opcode, result) == Fate::Quarantine {
                     port.quarantine();
-                    carry_out(mailbox, index, marks, Fate::Quarantine);
+                    carry_out(mailbox, Some(server), index, marks, Fate::Quarantine);
                 }
                 return None;
             }
@@ -447,7 +525,7 @@ impl Inner {
                     Err(error) => {
                         // The request went in the unwinding, leaving the port locked.
                         let fate = inner.finish(mailbox, index, opcode, Err(error));
-                        carry_out(mailbox, index, marks, fate);
+                        carry_out(mailbox, Some(server), index, marks, fate);
                         return None;
                     }
                 }
@@ -457,153 +535,181 @@ impl Inner {
             Polled::OnPort => Some((exchange, true)),
             Polled::Elsewhere | Polled::Yielded => Some((exchange, false)),
             Polled::Done(result) => {
-                inner.end(mailbox, index, opcode, marks, exchange, result);
+                inner.end(mailbox, server, index, opcode, marks, exchange, result);
                 None
             }
         }
     }
 
-    /// Polls every exchange in flight once, ending those that completed or, with
-    /// `housekeeping`, can no longer be answered. Returns how many made progress.
-    fn poll_in_flight(
-        &self,
-        mailboxes: &[Arc<Attached>],
-        in_flight: &mut Vec<InFlight>,
-        housekeeping: bool,
-    ) -> usize {
-        if in_flight.is_empty() {
-            return 0;
-        }
-        let context = &self.context;
-        let mut progress = 0;
-        // First the exchanges of detached mailboxes: no pass touches their memory again.
+    /// Ends the exchanges of detached mailboxes (no pass touches their memory again). Asked of
+    /// every exchange, not only of the listed mailboxes: `detach` takes its mailbox off the
+    /// list before it marks it detached. Returns how many ended.
+    fn drop_detached(&self, in_flight: &mut Flights) -> usize {
+        let mut ended = 0;
         let mut k = 0;
         while k < in_flight.len() {
-            if in_flight[k].mailbox.detached.load(Ordering::Acquire) {
-                abandon(
-                    context,
-                    in_flight.swap_remove(k),
-                    Fate::Quarantine,
-                    "mailbox detached",
-                );
-                progress += 1;
+            if in_flight.get(k).mailbox.detached.load(Ordering::Acquire) {
+                let flight = in_flight.swap_remove(k);
+                abandon(&self.context, flight, Fate::Quarantine, "mailbox detached");
+                ended += 1;
             } else {
                 k += 1;
             }
         }
-        if progress > 0 {
+        if ended > 0 {
             // A `detach` may be waiting for these exchanges to let go of its mailbox.
             self.thread.notify();
         }
-        // Then mailbox by mailbox, with one view of each.
+        ended
+    }
+
+    /// Polls the exchanges in flight of every mailbox that `look` picks, with one view of
+    /// each mailbox. Returns how many made progress.
+    fn poll_in_flight(
+        &self,
+        mailboxes: &[Arc<Attached>],
+        in_flight: &mut Flights,
+        look: Look,
+    ) -> usize {
+        if in_flight.len() == 0 {
+            return 0;
+        }
+        let mut progress = 0;
         for mailbox in mailboxes {
             if mailbox.detached.load(Ordering::Acquire) {
                 continue;
             }
             let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 let server = mailbox.server();
-                self.poll_exchanges_of(mailbox, &server, in_flight, housekeeping)
+                self.poll_exchanges_of(mailbox, &server, in_flight, look)
             }));
             match polled {
                 Ok(found) => progress += found,
-                Err(panic) => mailbox.fail(context, panic.as_ref()),
+                Err(panic) => mailbox.fail(&self.context, panic.as_ref()),
             }
         }
         progress
     }
 
-    /// [`Inner::poll_in_flight`] for the exchanges of one attached mailbox.
+    /// [`Inner::poll_in_flight`] for the exchanges of one attached mailbox, `server` its view.
     fn poll_exchanges_of(
         &self,
         mailbox: &Arc<Attached>,
         server: &crate::protocol::ServerEnd<'_>,
-        in_flight: &mut Vec<InFlight>,
-        housekeeping: bool,
+        in_flight: &mut Flights,
+        look: Look,
     ) -> usize {
-        let context = &self.context;
-        let client_timeout = context.config.client_timeout;
         let mut progress = 0;
         let mut k = 0;
         while k < in_flight.len() {
-            let alone = in_flight.len() == 1;
-            let flight = &mut in_flight[k];
-            if !Arc::ptr_eq(&flight.mailbox, mailbox) {
+            let flight = in_flight.get(k);
+            let skip =
+                !Arc::ptr_eq(&flight.mailbox, mailbox) || (look == Look::OffPort && flight.on_port);
+            if skip {
                 k += 1;
                 continue;
             }
-            // Polled before asking whether its kernel is gone: a kernel's last packet (EXIT's
-            // status) may come just before it ends. Not polled while it waits for a client that
-            // has not answered (the port not pending): that poll could only suspend again, and
-            // its flags cannot have changed, so only housekeeping has anything to look at.
-            let waiting = flight.on_port && !server.is_pending(flight.index);
-            if waiting && !housekeeping {
+            let (found, ended) =
+                self.step(mailbox, server, in_flight, k, look == Look::Housekeeping);
+            progress += found;
+            if !ended {
                 k += 1;
-                continue;
             }
-            let polled = if waiting {
-                Polled::OnPort
-            } else {
-                poll(
-                    &mut flight.exchange,
-                    if alone { ALONE_SPIN_WAITS } else { 0 },
-                )
-            };
-            let was_on_port = flight.on_port;
-            flight.on_port = matches!(polled, Polled::OnPort);
-            if matches!(polled, Polled::Yielded) {
-                // It asked to be polled again soon: the thread must not back off meanwhile.
-                progress += 1;
-            }
-            if !(was_on_port && flight.on_port) {
-                // The client is timed only while the exchange waits on its port (the clock
-                // starts again each time it does): time spent on an I/O thread (a 400 MB
-                // printf, a slow file) is the server's, not the client's.
-                flight.since = None;
-            }
-            if let Polled::Done(result) = polled {
-                let flight = in_flight.swap_remove(k);
-                self.end(
-                    &flight.mailbox,
-                    flight.index,
-                    flight.opcode,
-                    flight.marks,
-                    flight.exchange,
-                    result,
-                );
-                progress += 1;
-                continue;
-            }
-            let flags = server.flags(flight.index);
-            if flags != flight.flags {
-                flight.flags = flags;
-                flight.since = None;
-                progress += 1;
-            } else if flight.marks.gone(mailbox, context) {
-                let flight = in_flight.swap_remove(k);
-                abandon(context, flight, Fate::Reset, "no running kernel can answer");
-                progress += 1;
-                continue;
-            } else if flight.on_port
-                && client_timeout
-                    .is_some_and(|t| flight.since.get_or_insert_with(Instant::now).elapsed() > t)
-            {
-                // Closed as the exchange left it, not reset to the client's word as it reads
-                // now: other client processes may use the port from the moment it looks free,
-                // and a reset would swallow a request one of them just made.
-                let flight = in_flight.swap_remove(k);
-                abandon(context, flight, Fate::Close, "the client timed out");
-                continue;
-            }
-            k += 1;
         }
         progress
     }
 
+    /// Polls exchange `k` of `in_flight` (of `mailbox`, `server` its view) unless it waits for
+    /// a client that has not answered, and ends it if it completed or, with `housekeeping`,
+    /// can no longer be answered. Returns how much progress it made and whether it ended (then
+    /// the list's last exchange took its place).
+    fn step(
+        &self,
+        mailbox: &Arc<Attached>,
+        server: &crate::protocol::ServerEnd<'_>,
+        in_flight: &mut Flights,
+        k: usize,
+        housekeeping: bool,
+    ) -> (usize, bool) {
+        let context = &self.context;
+        let alone = in_flight.len() == 1;
+        let flight = in_flight.get_mut(k);
+        // Polled before asking whether its kernel is gone: a kernel's last packet (EXIT's
+        // status) may come just before it ends. Not polled while it waits for a client that
+        // has not answered (the port not pending): that poll could only suspend again, and
+        // its flags cannot have changed, so only housekeeping has anything to look at.
+        let waiting = flight.on_port && !server.is_pending(flight.index);
+        if waiting && !housekeeping {
+            return (0, false);
+        }
+        let mut progress = 0;
+        let polled = if waiting {
+            Polled::OnPort
+        } else {
+            poll(
+                &mut flight.exchange,
+                if alone { ALONE_SPIN_WAITS } else { 0 },
+            )
+        };
+        let was_on_port = flight.on_port;
+        flight.on_port = matches!(polled, Polled::OnPort);
+        if matches!(polled, Polled::Yielded) {
+            // It asked to be polled again soon: the thread must not back off meanwhile.
+            progress += 1;
+        }
+        if !(was_on_port && flight.on_port) {
+            // The client is timed only while the exchange waits on its port (the clock
+            // starts again each time it does): time spent on an I/O thread (a 400 MB
+            // printf, a slow file) is the server's, not the client's.
+            flight.since = None;
+        }
+        if let Polled::Done(result) = polled {
+            let flight = in_flight.swap_remove(k);
+            self.end(
+                &flight.mailbox,
+                server,
+                flight.index,
+                flight.opcode,
+                flight.marks,
+                flight.exchange,
+                result,
+            );
+            return (progress + 1, true);
+        }
+        let flags = server.flags(flight.index);
+        if flags != flight.flags {
+            flight.flags = flags;
+            flight.since = None;
+            return (progress + 1, false);
+        }
+        if flight.marks.gone(mailbox, context) {
+            let flight = in_flight.swap_remove(k);
+            abandon(context, flight, Fate::Reset, "no running kernel can answer");
+            return (progress + 1, true);
+        }
+        let timed_out = flight.on_port
+            && context
+                .config
+                .client_timeout
+                .is_some_and(|t| flight.since.get_or_insert_with(Instant::now).elapsed() > t);
+        if timed_out {
+            // Closed as the exchange left it, not reset to the client's word as it reads
+            // now: other client processes may use the port from the moment it looks free,
+            // and a reset would swallow a request one of them just made.
+            let flight = in_flight.swap_remove(k);
+            abandon(context, flight, Fate::Close, "the client timed out");
+            return (progress, true);
+        }
+        (progress, false)
+    }
+
     /// Ends a completed exchange: logs and counts its result, then drops it with the fate that
     /// result calls for.
+    #[allow(clippy::too_many_arguments)] // The exchange's parts, taken apart by its owner.
     fn end(
         &self,
         mailbox: &Arc<Attached>,
+        server: &crate::protocol::ServerEnd<'_>,
         index: u32,
         opcode: Opcode,
         marks: Marks,
@@ -612,7 +718,7 @@ impl Inner {
     ) {
         let fate = self.finish(mailbox, index, opcode, result);
         drop(exchange);
-        carry_out(mailbox, index, marks, fate);
+        carry_out(mailbox, Some(server), index, marks, fate);
     }
 
     /// Logs and counts how a request ended; the fate of its port.
@@ -675,7 +781,7 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
         Fate::Quarantine => "port left locked",
     };
     drop(exchange);
-    carry_out(&mailbox, index, marks, fate);
+    carry_out(&mailbox, None, index, marks, fate);
     // Logged once done, so whoever reads the line finds the port as it says.
     log::warn!(
         "{}: mailbox {} port {index}: {opcode} abandoned: {reason}; {action}",
@@ -685,25 +791,35 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
     bump(&context.stats.abandoned);
 }
 
-/// Does to the port what its fate says, once its request is gone (see the module docs). A
-/// detached mailbox's ports are left untouched: the server no longer writes that memory.
-fn carry_out(mailbox: &Attached, index: u32, marks: Marks, fate: Fate) {
-    mailbox.set_in_flight(index, false);
+/// Does to the port what its fate says, once its request is gone (see the module docs), through
+/// `server`, the mailbox's view, if the caller has one. A detached mailbox's ports are left
+/// untouched: the server no longer writes that memory.
+fn carry_out(
+    mailbox: &Attached,
+    server: Option<&crate::protocol::ServerEnd<'_>>,
+    index: u32,
+    marks: Marks,
+    fate: Fate,
+) {
     if mailbox.detached.load(Ordering::Acquire) {
         return;
     }
-    match fate {
+    let close = |server: &crate::protocol::ServerEnd<'_>| match fate {
         Fate::Close => {
             let owned = mailbox.owned[index as usize].load(Ordering::Relaxed);
-            mailbox.server().close(index, owned)
+            server.close(index, owned)
         }
-        Fate::Reset => mailbox.server().release(index),
-        Fate::Quarantine => {
+        _ => server.release(index),
+    };
+    match (fate, server) {
+        (Fate::Quarantine, _) => {
             let mut quarantine = lock(&mailbox.quarantine);
             quarantine.push(Quarantined { index, marks });
             // RMW: one quarantined port more, under the lock (see `release_quarantined`).
             mailbox.quarantined.fetch_add(1, Ordering::Relaxed);
         }
+        (_, Some(server)) => close(server),
+        (_, None) => close(&mailbox.server()),
     }
 }
 

@@ -13,7 +13,7 @@ use crate::protocol::server_end::ServerEnd;
 use crate::server::error::ServerError;
 use crate::server::users::Coverage;
 use crate::server::{RpcServer, ServerContext};
-use crate::sync::{lock, Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
+use crate::sync::{lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
 use crate::Result;
 
 /// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
@@ -154,9 +154,10 @@ pub(crate) struct Attached {
     pub(crate) quarantine: Mutex<Vec<Quarantined>>,
     /// How many ports `quarantine` holds, read without its lock.
     pub(crate) quarantined: AtomicUsize,
-    /// One bit per port with an exchange in flight (written by the worker only), so that a
-    /// pass does not try to open those ports again when their clients answer.
-    pub(crate) in_flight: Box<[AtomicU64]>,
+    /// Per port with an exchange in flight: 1 + its position in the worker's list of them,
+    /// else 0 (written by the worker only), so that a pass finding the port pending polls that
+    /// exchange rather than opening the port again.
+    pub(crate) in_flight: Box<[AtomicU32]>,
 }
 
 impl Attached {
@@ -326,9 +327,7 @@ impl RpcServer {
                 .collect(),
             quarantine: Mutex::new(Vec::new()),
             quarantined: AtomicUsize::new(0),
-            in_flight: (0..layout.ports().div_ceil(64))
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            in_flight: (0..layout.ports()).map(|_| AtomicU32::new(0)).collect(),
         });
         context.mailboxes.update(|list| list.push(attached));
         log::debug!(
