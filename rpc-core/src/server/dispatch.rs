@@ -15,12 +15,14 @@
 //! anyway. Polls run with a no-op waker. An exchange suspended in a port operation waits until
 //! its port is pending again (the client answered): the sweep that finds the port pending polls
 //! it there, found through the mailbox's table of positions (`Attached::in_flight`), so a pass
-//! spends nothing on the exchanges whose clients are silent, however many there are. One
+//! other than a housekeeping one (below) spends nothing on the exchanges whose clients are
+//! silent, however many there are. One
 //! suspended on something else (yielded, an I/O call's result, a user's future) is polled at the
 //! start of every pass and at every checkpoint of the scan (`scan::HOT_STRIDE` ports), as are,
 //! at checkpoints, those whose ports turned pending (in a mailbox of more ports than a stride).
 //! Whether a waiting exchange's kernels are gone, or its client timed out, is looked at every
-//! [`HOUSEKEEPING_PASSES`] passes and on each pass after one that found nothing to do.
+//! [`HOUSEKEEPING_PASSES`] passes, and every [`IDLE_HOUSEKEEPING_PASSES`] while passes find
+//! nothing to do.
 //! An exchange alone in flight is polled with a budget of spin waits (`port::SPIN_WAITS`): its
 //! port operations spin briefly for the client's answer instead of suspending, so a lone
 //! stream's packets go by inside one poll, not one poll (and a return here) per packet.
@@ -81,11 +83,20 @@ const ALONE_SPIN_WAITS: u32 = 64;
 const ALONE_SPIN_WAITS: u32 = 0;
 
 /// How often (in passes) the exchanges waiting for a client that has not answered are looked
-/// at for a kernel gone or a client timed out: at least every this many passes, and on every
-/// pass after one that found nothing to do. Between those, such an exchange costs a pass two
-/// loads (its flags); looking also reads the users' marks and, with a client timeout, the
-/// clock, which per exchange per pass was most of what a pass cost with 64 in flight.
+/// at for a kernel gone or a client timed out: at least every this many passes (and more often
+/// while idle, [`IDLE_HOUSEKEEPING_PASSES`]). Between those, such an exchange costs a pass
+/// nothing (the sweep polls it once its port is pending); looking reads its flags and the
+/// users' marks and, with a client timeout, the clock.
 const HOUSEKEEPING_PASSES: u32 = 32;
+
+/// How many passes apart the waiting exchanges are looked at while passes find nothing to do:
+/// the worker polls back to back before it backs off, and a look at every waiting exchange on
+/// each idle pass would cost O(exchanges) a pass just when a client's answer may come (with 64
+/// in flight, most of what an idle pass cost). None under loom, whose passes are few.
+#[cfg(not(loom))]
+const IDLE_HOUSEKEEPING_PASSES: u32 = 8;
+#[cfg(loom)]
+const IDLE_HOUSEKEEPING_PASSES: u32 = 0;
 
 /// What ending an exchange does to its port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -332,7 +343,9 @@ impl Inner {
             // A `detach` may be waiting for us to let go of its mailbox.
             inner.thread.notify();
         }
-        let housekeeping = !cache.last_progress || cache.since_housekeeping >= HOUSEKEEPING_PASSES;
+        let since = cache.since_housekeeping;
+        let housekeeping = since >= HOUSEKEEPING_PASSES
+            || (!cache.last_progress && since >= IDLE_HOUSEKEEPING_PASSES);
         cache.since_housekeeping = if housekeeping {
             0
         } else {
