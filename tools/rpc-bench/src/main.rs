@@ -255,32 +255,67 @@ static PIN: AtomicBool = AtomicBool::new(false);
 pub(crate) static PARK_US: AtomicU64 = AtomicU64::new(0);
 
 /// The CPUs the client threads and the server threads run on with `--pin`: the first two this
-/// process may use. `None` without `--pin` or where fewer than two CPUs are allowed.
+/// process may use. `None` without `--pin` or where fewer than two CPUs are allowed. Read once,
+/// before `pin_client` narrows the calling thread's own set to one CPU (read after that, the
+/// set has one CPU, nothing would be pinned, and every server thread spawned later would
+/// inherit the client's CPU).
 fn cpu_pair() -> Option<(usize, usize)> {
-    if !PIN.load(Ordering::Relaxed) {
-        return None;
-    }
-    // SAFETY: `set` is a plain bit set that sched_getaffinity fills in; the size passed is its size.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+    static PAIR: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
+    *PAIR.get_or_init(|| {
+        if !PIN.load(Ordering::Relaxed) {
             return None;
         }
+        // SAFETY: `set` is a plain bit set that sched_getaffinity fills in; the size passed is
+        // its size.
+        let set = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+                return None;
+            }
+            set
+        };
+        // SAFETY: CPU_ISSET only reads the bit set.
+        let mut cpus =
+            (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+        Some((cpus.next()?, cpus.next()?))
+    })
+}
+
+/// The bit set of one CPU.
+fn one_cpu(cpu: usize) -> libc::cpu_set_t {
+    // SAFETY: a zeroed `cpu_set_t` is an empty bit set; CPU_SET sets one bit of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
         set
-    };
-    // SAFETY: CPU_ISSET only reads the bit set.
-    let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
-    Some((cpus.next()?, cpus.next()?))
+    }
 }
 
 /// Pins thread `tid` (0: the calling thread) to `cpu`; best effort (a failure only adds noise).
 fn pin(tid: i32, cpu: usize) {
-    // SAFETY: `set` is a zeroed bit set with one bit set by CPU_SET; sched_setaffinity reads
-    // `size_of::<cpu_set_t>()` bytes of it and changes only the target thread's placement.
+    let set = one_cpu(cpu);
+    // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set` and changes only
+    // the target thread's placement.
     unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
         libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+/// With `--pin`, makes `command`'s process (all its threads) run on the servers' CPU: set in
+/// the child before it executes the server, since a child inherits the client's CPU.
+pub(crate) fn pin_server_process(command: &mut std::process::Command) {
+    let Some((_, cpu)) = cpu_pair() else {
+        return;
+    };
+    let set = one_cpu(cpu);
+    // SAFETY: the closure runs in the child between fork and exec; it only makes the
+    // sched_setaffinity system call (async-signal-safe) on a bit set built before the fork,
+    // and allocates nothing.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(command, move || {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            Ok(())
+        });
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox, MailboxMemory};
 use rpc_core::{RpcServer, ServerConfig, UserGuard};
 
-use crate::{pin_server, SpinThenYield, PARK_US};
+use crate::{pin_server, pin_server_process, SpinThenYield, PARK_US};
 
 /// Which server a row measures.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -235,7 +235,9 @@ unsafe impl Sync for Process {}
 
 impl Process {
     fn start(binary: &Path, layout: Layout) -> Result<Self, String> {
-        let mut child = Command::new(binary)
+        let mut command = Command::new(binary);
+        pin_server_process(&mut command);
+        let mut child = command
             .args(["--gen", &layout.generation().to_string()])
             .args(["--ports", &layout.ports().to_string()])
             .args(["--lanes", &layout.lanes().to_string()])
