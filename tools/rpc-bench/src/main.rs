@@ -540,6 +540,7 @@ const LANES_HALF: &str = "lanes L=32 half mask";
 const STREAM_L1: &str = "stream 1 MiB, L=1";
 const STREAM_L32: &str = "stream 1 MiB/lane, L=32";
 const PRINTF: &str = "printf L=32, 3 arguments, one %s";
+const PRINTF_ENCODING: &str = "printf L=32: the client's encoding alone";
 const IDLE_NO_KERNEL: &str = "idle CPU, no kernel";
 const IDLE_NO_CLIENT: &str = "idle CPU, no client for 1 s+";
 const IDLE_SILENT: &str = "idle CPU, kernel silent for 10 ms+";
@@ -706,6 +707,14 @@ fn run(
         let mut row = Row::new(PRINTF, setup.server, false, "lines/s");
         for _ in 0..settings.reps {
             row.values.push(measure::printf_lines(setup, w)?);
+        }
+        rows.push(row);
+    }
+    if !lanes.is_empty() {
+        // What bounds the row above whatever the server: the client's own encoding.
+        let mut row = Row::new(PRINTF_ENCODING, Server::InProcess, false, "lines/s");
+        for _ in 0..settings.reps {
+            row.values.push(measure::printf_encoding(32, w)?);
         }
         rows.push(row);
     }
