@@ -1150,3 +1150,46 @@ fn each_request_receives_only_its_own_bytes_though_buffers_are_reused() {
         assert_eq!(got.as_slice(), sent.as_slice());
     }
 }
+
+/// Regression: when its last user left, the worker ran a last pass and then reset every
+/// exchange still in flight ("no running kernel can answer"). A kernel that arrived in between
+/// could have its request opened by that last pass and then reset midway: its next packet was
+/// taken for a new request (the adversarial test's rare `Fixture::own` failure: OPEN_FILE's
+/// mode read as a path length). Kernels here come and go back to back, each a two-packet
+/// exchange, with pauses between them; every one must get its sum. Bounded in count and time;
+/// a lost exchange shows as a client deadline (10 s) or a wrong sum.
+#[test]
+fn kernels_arriving_while_the_worker_ends_its_stretch_keep_their_exchanges() {
+    let server = RpcServer::new(config("stretch"));
+    let started = Arc::new(AtomicBool::new(false));
+    register_sum(&server, &started);
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    let _ = server.start().unwrap();
+    let wait = rpc_core::protocol::Deadline::after(Duration::from_secs(10));
+    let client = Client::new(mailbox.memory.view(), mailbox.locks.words())
+        .unwrap()
+        .with_wait(&wait);
+    let until = Instant::now() + Duration::from_secs(if cfg!(miri) { 1 } else { 5 });
+    let mut kernels = 0u64;
+    while kernels < scaled(20_000, 20) as u64 && Instant::now() < until {
+        let kernel = server.user();
+        let mut port = client.open(Opcode::user(1), 1).unwrap();
+        port.send(|_, p| p.set_word(0, kernels)).unwrap();
+        let mut sum = 0;
+        port.send_and_recv(|_, p| p.set_word(0, 1), |_, p| sum = p.word(0))
+            .unwrap();
+        assert_eq!(sum, kernels + 1, "kernel {kernels}");
+        drop(port);
+        drop(kernel);
+        kernels += 1;
+        // A pause of 0-400 µs (pseudo-random): the worker notices that no user is left
+        // only after its back-off, so the next kernel arrives before, during or after the
+        // end of the stretch.
+        let pause = Duration::from_micros(kernels.wrapping_mul(0x9E37_79B9) % 400);
+        let from = Instant::now();
+        while from.elapsed() < pause {
+            thread::yield_now();
+        }
+    }
+    assert_eq!(server.stats().abandoned, 0, "after {kernels} kernels");
+}

@@ -92,7 +92,9 @@ const HOUSEKEEPING_PASSES: u32 = 32;
 /// How many passes apart the waiting exchanges are looked at while passes find nothing to do:
 /// the worker polls back to back before it backs off, and a look at every waiting exchange on
 /// each idle pass would cost O(exchanges) a pass just when a client's answer may come (with 64
-/// in flight, most of what an idle pass cost). None under loom, whose passes are few.
+/// in flight, most of what an idle pass cost). Once the worker parks, a pass is a park, so a
+/// kernel gone or a client timed out is then seen up to 8 parks late (rpc-serve's longest
+/// park is 100 ms; its client timeout 10 s). None under loom, whose passes are few.
 #[cfg(not(loom))]
 const IDLE_HOUSEKEEPING_PASSES: u32 = 8;
 #[cfg(loom)]
@@ -330,6 +332,26 @@ impl PassCache {
         }
         self.mailboxes = None;
     }
+
+    /// At the end of a stretch (no user was left when the worker looked): resets the ports of
+    /// the exchanges whose kernels are all gone and lets go of every mailbox. An exchange of a
+    /// kernel that arrived after the worker looked (the stretch's last pass may have opened its
+    /// request) stays in flight: resetting it midway would make the kernel's next packet read
+    /// as a new request. The worker serves it before it sleeps, since that kernel's arrival
+    /// changed the epoch `wait_for_users` compares.
+    pub(crate) fn clear_gone(&mut self, context: &ServerContext, reason: &str) {
+        let mut k = 0;
+        while k < self.in_flight.len() {
+            let flight = self.in_flight.get(k);
+            if flight.marks.gone(&flight.mailbox, context) {
+                let flight = self.in_flight.swap_remove(k);
+                abandon(context, flight, Fate::Reset, reason);
+            } else {
+                k += 1;
+            }
+        }
+        self.mailboxes = None;
+    }
 }
 
 impl Inner {
@@ -405,11 +427,12 @@ impl Inner {
                     // pass, and is left for the next.
                     if let Some(k) = mailbox.flight_of(index) {
                         let flight = in_flight.get(k);
-                        debug_assert!(
-                            flight.index == index && Arc::ptr_eq(&flight.mailbox, mailbox),
-                            "the table of positions is out of date"
-                        );
-                        if flight.on_port {
+                        // `Flights` keeps the table current; checked all the same, as polling
+                        // another port's exchange would close that port through this view.
+                        let found_it =
+                            flight.index == index && Arc::ptr_eq(&flight.mailbox, mailbox);
+                        debug_assert!(found_it, "the table of positions is out of date");
+                        if found_it && flight.on_port {
                             found += inner.step(mailbox, &server, in_flight, k, false).0;
                         }
                         continue;

@@ -80,15 +80,16 @@ pub(crate) fn run(inner: Arc<Inner>) {
             guarded(&inner, || serve_while_used(&inner, &mut cache, park));
         }
         // One last pass: requests left by kernels that finished (FREE needs no answer) and
-        // exchanges that can still end. Then no user is left (every exchange still in flight
-        // belongs to a kernel that is gone) or a shutdown is under way (the exchanges lose
-        // their server: quarantined, see `dispatch`).
+        // exchanges that can still end. Then either a shutdown is under way (the exchanges
+        // lose their server: quarantined, see `dispatch`), or no user was left when the worker
+        // looked: the exchanges of kernels that are gone are reset, and those of a kernel that
+        // came since stay for the next stretch (`PassCache::clear_gone`).
         guarded(&inner, || {
             Inner::serve_pass(&inner, &mut cache);
             if this.stopping() {
                 cache.clear(&inner.context, Fate::Quarantine, "server shutting down");
             } else {
-                cache.clear(&inner.context, Fate::Reset, "no running kernel can answer");
+                cache.clear_gone(&inner.context, "no running kernel can answer");
             }
         });
         // The mailboxes were let go of just above: a `detach` may be waiting for that.
@@ -96,6 +97,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
             break;
         }
     }
+    // A shutdown that began after the last pass's look finds exchanges kept for a new kernel:
+    // they lose their server too.
+    guarded(&inner, || {
+        cache.clear(&inner.context, Fate::Quarantine, "server shutting down")
+    });
     // No blocking call comes after the last pass: the I/O threads stop with the worker (here,
     // so that a worker nobody joins, see `abandon_from_worker`, stops them too).
     let stuck = inner.io.stop(inner.context.config.io_grace);
