@@ -243,12 +243,26 @@ impl Flights {
         flight
     }
 
-    /// Takes every exchange out of the list.
-    fn take_all(&mut self) -> Vec<InFlight> {
-        for flight in &self.0 {
-            flight.mailbox.set_flight(flight.index, None);
+    /// Ends every exchange that `ends` picks ([`abandon`] with `fate` and `reason`); returns
+    /// how many.
+    fn abandon_where(
+        &mut self,
+        context: &ServerContext,
+        ends: impl Fn(&InFlight) -> bool,
+        fate: Fate,
+        reason: &str,
+    ) -> usize {
+        let mut ended = 0;
+        let mut k = 0;
+        while k < self.len() {
+            if ends(self.get(k)) {
+                abandon(context, self.swap_remove(k), fate, reason);
+                ended += 1;
+            } else {
+                k += 1;
+            }
         }
-        std::mem::take(&mut self.0)
+        ended
     }
 }
 
@@ -327,9 +341,8 @@ impl PassCache {
     /// user left, or to exit) and lets go of every mailbox, so `detach` never waits on a
     /// sleeping or finished worker.
     pub(crate) fn clear(&mut self, context: &ServerContext, fate: Fate, reason: &str) {
-        for exchange in self.in_flight.take_all() {
-            abandon(context, exchange, fate, reason);
-        }
+        self.in_flight
+            .abandon_where(context, |_| true, fate, reason);
         self.mailboxes = None;
     }
 
@@ -340,16 +353,9 @@ impl PassCache {
     /// as a new request. The worker serves it before it sleeps, since that kernel's arrival
     /// changed the epoch `wait_for_users` compares.
     pub(crate) fn clear_gone(&mut self, context: &ServerContext, reason: &str) {
-        let mut k = 0;
-        while k < self.in_flight.len() {
-            let flight = self.in_flight.get(k);
-            if flight.marks.gone(&flight.mailbox, context) {
-                let flight = self.in_flight.swap_remove(k);
-                abandon(context, flight, Fate::Reset, reason);
-            } else {
-                k += 1;
-            }
-        }
+        let gone = |flight: &InFlight| flight.marks.gone(&flight.mailbox, context);
+        self.in_flight
+            .abandon_where(context, gone, Fate::Reset, reason);
         self.mailboxes = None;
     }
 }
@@ -581,17 +587,13 @@ impl Inner {
     /// every exchange, not only of the listed mailboxes: `detach` takes its mailbox off the
     /// list before it marks it detached. Returns how many ended.
     fn drop_detached(&self, in_flight: &mut Flights) -> usize {
-        let mut ended = 0;
-        let mut k = 0;
-        while k < in_flight.len() {
-            if in_flight.get(k).mailbox.detached.load(Ordering::Acquire) {
-                let flight = in_flight.swap_remove(k);
-                abandon(&self.context, flight, Fate::Quarantine, "mailbox detached");
-                ended += 1;
-            } else {
-                k += 1;
-            }
-        }
+        let detached = |flight: &InFlight| flight.mailbox.detached.load(Ordering::Acquire);
+        let ended = in_flight.abandon_where(
+            &self.context,
+            detached,
+            Fate::Quarantine,
+            "mailbox detached",
+        );
         if ended > 0 {
             // A `detach` may be waiting for these exchanges to let go of its mailbox.
             self.thread.notify();
@@ -840,22 +842,26 @@ fn carry_out(
     if mailbox.detached.load(Ordering::Acquire) {
         return;
     }
-    let close = |server: &crate::protocol::ServerEnd<'_>| match fate {
-        Fate::Close => {
-            let owned = mailbox.owned[index as usize].load(Ordering::Relaxed);
-            server.close(index, owned)
+    if fate == Fate::Quarantine {
+        let mut quarantine = lock(&mailbox.quarantine);
+        quarantine.push(Quarantined { index, marks });
+        // RMW: one quarantined port more, under the lock (see `release_quarantined`).
+        mailbox.quarantined.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let built;
+    let server = match server {
+        Some(server) => server,
+        None => {
+            built = mailbox.server();
+            &built
         }
-        _ => server.release(index),
     };
-    match (fate, server) {
-        (Fate::Quarantine, _) => {
-            let mut quarantine = lock(&mailbox.quarantine);
-            quarantine.push(Quarantined { index, marks });
-            // RMW: one quarantined port more, under the lock (see `release_quarantined`).
-            mailbox.quarantined.fetch_add(1, Ordering::Relaxed);
-        }
-        (_, Some(server)) => close(server),
-        (_, None) => close(&mailbox.server()),
+    if fate == Fate::Close {
+        let owned = mailbox.owned[index as usize].load(Ordering::Relaxed);
+        server.close(index, owned)
+    } else {
+        server.release(index)
     }
 }
 
