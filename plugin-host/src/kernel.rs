@@ -405,20 +405,30 @@ pub fn printf(
     if let Target::File(handle) = target {
         port.send(|_, p| p.set_word(0, handle))?;
     }
-    let formats: Vec<&[u8]> = (0..64).map(|l| call(l).format.as_slice()).collect();
+    // Per-lane slices on the stack: a request allocates nothing but padding the server asked for.
+    let formats: [&[u8]; 64] = std::array::from_fn(|l| call(l as u32).format.as_slice());
     port.send_n(&formats)?;
     let mut sizes = [0usize; 64];
     port.recv(|l, p| sizes[l as usize] = p.word(0) as usize)?;
-    // Send exactly what the server asked for, so the script stays in step even if we disagree.
-    let args: Vec<Vec<u8>> = (0..64)
+    // Send exactly what the server asked for, so the script stays in step even if we disagree:
+    // a prefix of the lane's buffer, or the buffer padded with zeros where it asks for more.
+    let size = |l: usize| sizes[l].min(RECV_BOUND as usize);
+    let padded: Vec<(usize, Vec<u8>)> = (0..64)
+        .filter(|&l| size(l) > call(l as u32).args.len())
         .map(|l| {
-            let mut a = call(l).args.clone();
-            a.resize(sizes[l as usize].min(RECV_BOUND as usize), 0);
-            a
+            let mut a = call(l as u32).args.clone();
+            a.resize(size(l), 0);
+            (l, a)
         })
         .collect();
-    let slices: Vec<&[u8]> = args.iter().map(Vec::as_slice).collect();
-    port.send_n(&slices)?;
+    let mut args: [&[u8]; 64] = std::array::from_fn(|l| {
+        let a = &call(l as u32).args;
+        &a[..size(l).min(a.len())]
+    });
+    for (l, a) in &padded {
+        args[*l] = a;
+    }
+    port.send_n(&args)?;
     loop {
         let mut pointers = [0u64; 64];
         let mut results = [0i64; 64];
@@ -429,14 +439,12 @@ pub fn printf(
         if lanes(mask).all(|l| pointers[l as usize] == 0) {
             return Ok(results.to_vec());
         }
-        let strings: Vec<&[u8]> = (0..64)
-            .map(|l| {
-                call(l)
-                    .strings
-                    .get(&pointers[l as usize])
-                    .map_or(&[][..], Vec::as_slice)
-            })
-            .collect();
+        let strings: [&[u8]; 64] = std::array::from_fn(|l| {
+            call(l as u32)
+                .strings
+                .get(&pointers[l])
+                .map_or(&[][..], Vec::as_slice)
+        });
         port.send_n(&strings)?;
     }
 }
