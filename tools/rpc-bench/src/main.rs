@@ -43,7 +43,8 @@ use measure::Hog;
 use target::{Binaries, Server, Setup};
 
 const USAGE: &str =
-    "usage: rpc-bench [--quick] [--pin] [--latency-only | --stream-only 1|32 | --pipelined-only] \
+    "usage: rpc-bench [--quick] [--pin] [--latency-only | --stream-only 1|32 | --printf-only | \
+                     --pipelined-only] \
                      [--park-us N] [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] \
                      [--out DIR]";
 
@@ -72,6 +73,8 @@ enum Part {
     /// `--stream-only L`: the stream row of L lanes alone (to profile a server on it, e.g.
     /// under `valgrind --tool=callgrind`, docs/performance.md).
     Stream(u32),
+    /// `--printf-only`: the printf lines rows alone (to profile a server on them).
+    Printf,
     /// `--pipelined-only`: the pipelined rows alone (to profile or compare servers on them).
     Pipelined,
 }
@@ -93,6 +96,7 @@ fn parse(
             "--pin" => PIN.store(true, Ordering::Relaxed),
             "--latency-only" => part = Part::Latency,
             "--pipelined-only" => part = Part::Pipelined,
+            "--printf-only" => part = Part::Printf,
             "--stream-only" => {
                 part = match value()?.as_str() {
                     "1" => Part::Stream(1),
@@ -540,10 +544,10 @@ const LANES_HALF: &str = "lanes L=32 half mask";
 const STREAM_L1: &str = "stream 1 MiB, L=1";
 const STREAM_L32: &str = "stream 1 MiB/lane, L=32";
 const PRINTF: &str = "printf L=32, 3 arguments, one %s";
-const PRINTF_ENCODING: &str = "printf L=32: the client's encoding alone";
 const IDLE_NO_KERNEL: &str = "idle CPU, no kernel";
 const IDLE_NO_CLIENT: &str = "idle CPU, no client for 1 s+";
 const IDLE_SILENT: &str = "idle CPU, kernel silent for 10 ms+";
+const PARK_FLOOR: &str = "idle CPU, a thread parking 250 µs at a time (floor)";
 
 fn wake_row(silence: &str) -> String {
     format!("wake after {silence} silence")
@@ -604,7 +608,7 @@ fn run(
 
     // Latency rows, interleaved: every row of every server once per round.
     let streaming = matches!(part, Part::Stream(_));
-    let latency_rows = !streaming && part != Part::Pipelined;
+    let latency_rows = matches!(part, Part::All | Part::Latency);
     let shapes: Vec<(u32, Vec<Setup>)> = if !latency_rows {
         Vec::new()
     } else {
@@ -671,8 +675,8 @@ fn run(
         return write(report(rows), &out_dir, started);
     }
 
-    // Throughput: streams and printf, one server after another, quiet.
-    let small = if part == Part::Stream(32) {
+    // Throughput: streams and printf, then the pipelined rows, quiet, each set in rounds.
+    let small = if matches!(part, Part::Stream(32) | Part::Printf) {
         Vec::new()
     } else {
         setups(&servers, binaries, Generation::V1, 64, 1)?
@@ -688,61 +692,58 @@ fn run(
         (STREAM_L1, &small, 1),
         (STREAM_L32, &lanes, u64::from(u32::MAX)),
     ];
-    for (what, setups, mask) in streams.into_iter().filter(|_| part != Part::Pipelined) {
+    let stream_rows = matches!(part, Part::All | Part::Stream(_));
+    let mut plan: Vec<Measured<'_>> = Vec::new();
+    for (what, setups, mask) in streams.into_iter().filter(|_| stream_rows) {
         for setup in setups {
-            let mut row = Row::new(what, setup.server, false, "MB/s");
-            measure::stream(setup, mask, &data)?; // warm-up
-            for _ in 0..settings.reps {
-                row.values.push(measure::stream(setup, mask, &data)?);
-            }
-            rows.push(row);
+            let row = Row::new(what, setup.server, false, "MB/s");
+            let data = &data;
+            plan.push((row, Box::new(move || measure::stream(setup, mask, data))));
         }
     }
-    drop(data);
-    if streaming {
-        return write(report(rows), &out_dir, started);
-    }
-    for setup in &lanes {
+    for setup in lanes.iter().filter(|_| !streaming) {
         // (`lanes` is empty with `--pipelined-only`.)
-        let mut row = Row::new(PRINTF, setup.server, false, "lines/s");
-        for _ in 0..settings.reps {
-            row.values.push(measure::printf_lines(setup, w)?);
-        }
-        rows.push(row);
+        let row = Row::new(PRINTF, setup.server, false, "lines/s");
+        let mut repetition = 0;
+        plan.push((
+            row,
+            Box::new(move || {
+                repetition += 1;
+                measure::printf_lines(setup, w, repetition)
+            }),
+        ));
     }
-    if !lanes.is_empty() {
-        // What bounds the row above whatever the server: the client's own encoding.
-        let mut row = Row::new(PRINTF_ENCODING, Server::InProcess, false, "lines/s");
-        for _ in 0..settings.reps {
-            row.values.push(measure::printf_encoding(32, w)?);
-        }
-        rows.push(row);
-    }
+    in_rounds(settings.reps, plan, &mut rows)?;
+    drop(data);
     drop(lanes);
     progress(started, "streams and printf");
+    if streaming || part == Part::Printf {
+        return write(report(rows), &out_dir, started);
+    }
 
     // Pipelined exchanges: M ports at once against M = 1, in the same run.
+    let mut plan: Vec<Measured<'_>> = Vec::new();
     for printf in [false, true] {
         for delay_us in [0u64, 2] {
             for ports in [PIPELINED_PORTS, 1] {
                 let what = if printf { "printf" } else { "increment" };
                 for setup in &small {
-                    let mut row = Row::new(
+                    let row = Row::new(
                         format!("pipelined {what} M={ports} D={delay_us}us"),
                         setup.server,
                         false,
                         "exchanges/s",
                     );
                     let delay = Duration::from_micros(delay_us);
-                    for _ in 0..settings.reps {
-                        let per_s = measure::pipelined(setup, ports, printf, delay, w)?;
-                        row.values.push(per_s);
-                    }
-                    rows.push(row);
+                    plan.push((
+                        row,
+                        Box::new(move || measure::pipelined(setup, ports, printf, delay, w)),
+                    ));
                 }
             }
         }
     }
+    in_rounds(settings.reps, plan, &mut rows)?;
 
     progress(started, "pipelined");
     if part == Part::Pipelined {
@@ -769,6 +770,11 @@ fn run(
         }
     }
     drop(fresh);
+    // What a silent kernel costs any server that looks every 250 µs: the wake-ups alone.
+    let mut row = Row::new(PARK_FLOOR, Server::InProcess, false, "% of a core");
+    let park = rpc_core::ServerConfig::default().park;
+    row.values.push(measure::park_floor(park, settings.idle)?);
+    rows.push(row);
     for setup in &small {
         let _serving = setup.serving();
         measure::roundtrip(setup, 0, 1, w)?;
@@ -784,6 +790,26 @@ fn run(
     }
     drop(small);
     write(report(rows), &out_dir, started)
+}
+
+/// A row, and the measurement of one repetition of it.
+type Measured<'a> = (Row, Box<dyn FnMut() -> Result<f64, String> + 'a>);
+
+/// Measures `reps` repetitions of every row of `plan` in rounds, one repetition of each row a
+/// round (after one unrecorded warm-up each), so that a change of the machine during the run
+/// (another tenant's load, the host scheduling this VM's CPUs elsewhere) falls on every server
+/// alike, not on whichever ran then; appends the rows to `rows`.
+fn in_rounds(reps: usize, mut plan: Vec<Measured<'_>>, rows: &mut Vec<Row>) -> Result<(), String> {
+    for (_, measure) in &mut plan {
+        measure()?;
+    }
+    for _ in 0..reps {
+        for (row, measure) in &mut plan {
+            row.values.push(measure()?);
+        }
+    }
+    rows.extend(plan.into_iter().map(|(row, _)| row));
+    Ok(())
 }
 
 /// Says on stderr that a part of the run is done.

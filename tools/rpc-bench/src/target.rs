@@ -347,7 +347,7 @@ impl Drop for Process {
 }
 
 /// The CPU time in a schedstat file (its first field, ns).
-fn schedstat(path: &str) -> Result<Duration, String> {
+pub(crate) fn schedstat(path: &str) -> Result<Duration, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
     text.split_whitespace()
         .next()
