@@ -13,9 +13,10 @@ pub(crate) use loom::{
 };
 
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{
-    fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-};
+pub(crate) use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+// Only the server (`std`) uses these.
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) use core::sync::atomic::{AtomicBool, AtomicUsize};
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) use std::{
     sync::{Arc, Condvar, Mutex, MutexGuard},

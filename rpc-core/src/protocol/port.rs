@@ -95,8 +95,10 @@ fn spin_for_answer(answered: impl Fn() -> bool) -> bool {
 /// The wait of a resumable exchange: never pauses, suspends instead (see the module docs). The
 /// synchronous operations of a port with this wait fail with [`ProtocolError::WouldBlock`]
 /// rather than wait.
+#[cfg(feature = "std")]
 pub struct Resumable;
 
+#[cfg(feature = "std")]
 impl Wait for Resumable {
     fn pause(&self, _port: u32, _attempt: u32) -> Result<(), ProtocolError> {
         Ok(())
@@ -191,7 +193,7 @@ impl Wait for Deadline {
 pub(crate) static DEFAULT_WAIT: Backoff = Backoff;
 /// The default wait of a side: [`Backoff`] with `std`, [`Spin`] without.
 #[cfg(not(feature = "std"))]
-pub static DEFAULT_WAIT: Spin = Spin;
+pub(crate) static DEFAULT_WAIT: Spin = Spin;
 
 /// A mailbox word as the protocol reads it: any non-zero value counts as 1 (robustness: a peer
 /// that writes garbage cannot push us outside the two states).
