@@ -59,8 +59,10 @@ struct Lane<'f> {
     /// the request's lanes, and the stream it prints to; `None` once the lane is refused (it
     /// answers -1).
     parsed: Option<(usize, Target)>,
-    /// The parsed format of a lane that parsed its own (empty for one sharing another's).
+    /// The parsed format of a lane that parsed its own (empty for one sharing another's),
+    /// and the argument bytes it takes.
     pieces: Vec<Piece<'f>>,
+    args_size: usize,
     /// Its non-null `%s` pointers not fetched yet (indices into the request's list of
     /// pointers, popped last-first), and the one asked for now.
     pending: Range<usize>,
@@ -79,6 +81,7 @@ impl Lane<'_> {
             lane,
             parsed: None,
             pieces: Vec::new(),
+            args_size: 0,
             pending: 0..0,
             asked: 0,
             fetched: 0,
@@ -159,6 +162,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             Some(j) if formats[lanes[j].lane as usize] == formats[i] => j,
             _ => {
                 lanes[k].pieces = parse_in(dialect, &formats[i]);
+                lanes[k].args_size = args_size(&lanes[k].pieces, packed);
                 last_parsed = Some(k);
                 k
             }
@@ -168,7 +172,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     req.send(|lane, p| {
         let size = at(&lanes, lane)
             .and_then(|state| state.parsed.as_ref())
-            .map_or(0, |&(owner, _)| args_size(&lanes[owner].pieces, packed));
+            .map_or(0, |&(owner, _)| lanes[owner].args_size);
         p.set_word(0, size as u64)
     })
     .await?;

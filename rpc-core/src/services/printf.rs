@@ -310,6 +310,12 @@ fn parse_count(s: &[u8], i: &mut usize) -> Count {
 fn place(offset: usize, size: usize, packed: bool) -> (usize, usize) {
     let start = if packed {
         offset
+    } else if size.is_power_of_two() {
+        // Every argument is 4 or 8 bytes: aligning is a mask, not a division (two per
+        // argument of every lane, parsed and formatted, were a tenth of a printf's server time).
+        offset
+            .checked_add(size - 1)
+            .map_or(usize::MAX, |end| end & !(size - 1))
     } else {
         offset.checked_next_multiple_of(size).unwrap_or(usize::MAX)
     };
@@ -566,6 +572,9 @@ pub(crate) fn format_onto<'s>(
 
 /// Hands on the whole chunks `out` holds, keeping the rest.
 fn hand_on_full_chunks(out: &mut Vec<u8>, chunks: &mut Chunks) {
+    if out.len() < chunks.size {
+        return; // Most calls, and all without chunks: no division.
+    }
     let full = out.len() / chunks.size * chunks.size;
     if full > 0 {
         out[..full].chunks(chunks.size).for_each(&mut *chunks.sink);
