@@ -882,4 +882,33 @@ mod tests {
         assert_eq!(report.vs_llvm("roundtrip N=64 port 63", false), 0.5);
         assert!(report.summary().contains("vs_llvm_n64_quiet=0.50"));
     }
+
+    #[test]
+    fn throughput_rows_are_measured_in_rounds_after_one_warm_up_each() {
+        let calls = std::cell::RefCell::new(Vec::new());
+        let plan: Vec<Measured<'_>> = ["a", "b"]
+            .into_iter()
+            .map(|name| {
+                let calls = &calls;
+                let mut n = 0.0;
+                let measure = move || {
+                    calls.borrow_mut().push(name);
+                    n += 1.0;
+                    Ok(n)
+                };
+                let row = Row::new(name, Server::InProcess, false, "MB/s");
+                (
+                    row,
+                    Box::new(measure) as Box<dyn FnMut() -> Result<f64, String>>,
+                )
+            })
+            .collect();
+        let mut rows = Vec::new();
+        in_rounds(3, plan, &mut rows).unwrap();
+        assert_eq!(*calls.borrow(), ["a", "b", "a", "b", "a", "b", "a", "b"]);
+        // The warm-up (each row's first call) is not recorded.
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].values, [2.0, 3.0, 4.0]);
+        assert_eq!(rows[1].values, [2.0, 3.0, 4.0]);
+    }
 }
