@@ -311,8 +311,8 @@ fn place(offset: usize, size: usize, packed: bool) -> (usize, usize) {
     let start = if packed {
         offset
     } else if size.is_power_of_two() {
-        // Every argument is 4 or 8 bytes: aligning is a mask, not a division (two per
-        // argument of every lane, parsed and formatted, were a tenth of a printf's server time).
+        // Every argument is 4 or 8 bytes: aligning is a mask, not a division (one per argument
+        // of every lane, in each of the two walks of its format).
         offset
             .checked_add(size - 1)
             .map_or(usize::MAX, |end| end & !(size - 1))
@@ -379,7 +379,7 @@ fn walk<'s>(
         offset = end;
         // Every argument is 4 or 8 bytes: read as such, one load. (A copy of a run-time
         // length into a word was a call to memcpy, and the word's load then waited for its
-        // bytes' stores: a third of the time of formatting a short line.)
+        // bytes' stores: perf put a third of `format_onto`'s samples there.)
         Ok(match *bytes {
             [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
             [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),

@@ -624,42 +624,39 @@ fn run(
     };
     for loaded in [false, true].into_iter().filter(|_| latency_rows) {
         let _hog = loaded.then(Hog::start);
-        let mut latency = vec![
-            Row::new(PINGPONG, Server::InProcess, loaded, "ns/round trip"),
-            Row::new(BARE, Server::InProcess, loaded, "ns/round trip"),
+        let unit = "ns/round trip";
+        let mut plan: Vec<Measured<'_>> = vec![
+            (
+                Row::new(PINGPONG, Server::InProcess, loaded, unit),
+                Box::new(move || measure::pingpong(w)),
+            ),
+            (
+                Row::new(BARE, Server::InProcess, loaded, unit),
+                Box::new(move || measure::bare_roundtrip(w)),
+            ),
         ];
-        // (row index, setup, port, mask)
-        let mut plan: Vec<(usize, &Setup, u32, u64)> = Vec::new();
         for (n, setups) in &shapes {
             for setup in setups {
                 let ports: &[u32] = if *n == 64 { &[0, 63] } else { &[n - 1] };
                 for &port in ports {
-                    plan.push((latency.len(), setup, port, 1));
-                    latency.push(Row::new(
-                        format!("roundtrip N={n} port {port}"),
-                        setup.server,
-                        loaded,
-                        "ns/round trip",
+                    let what = format!("roundtrip N={n} port {port}");
+                    plan.push((
+                        Row::new(what, setup.server, loaded, unit),
+                        Box::new(move || measure::roundtrip(setup, port, 1, w)),
                     ));
                 }
             }
         }
         for setup in &lanes {
             for (what, mask) in [(LANES_FULL, u64::from(u32::MAX)), (LANES_HALF, 0xFFFF)] {
-                plan.push((latency.len(), setup, 0, mask));
-                latency.push(Row::new(what, setup.server, loaded, "ns/round trip"));
+                plan.push((
+                    Row::new(what, setup.server, loaded, unit),
+                    Box::new(move || measure::roundtrip(setup, 0, mask, w)),
+                ));
             }
         }
-        for _ in 0..settings.rounds {
-            latency[0].values.push(measure::pingpong(w)?);
-            latency[1].values.push(measure::bare_roundtrip(w)?);
-            for &(k, setup, port, mask) in &plan {
-                latency[k]
-                    .values
-                    .push(measure::roundtrip(setup, port, mask, w)?);
-            }
-        }
-        rows.extend(latency);
+        // Each of these warms up inside its window already.
+        in_rounds(settings.rounds, false, plan, &mut rows)?;
         progress(
             started,
             if loaded {
@@ -713,7 +710,7 @@ fn run(
             }),
         ));
     }
-    in_rounds(settings.reps, plan, &mut rows)?;
+    in_rounds(settings.reps, true, plan, &mut rows)?;
     drop(data);
     drop(lanes);
     progress(started, "streams and printf");
@@ -743,7 +740,7 @@ fn run(
             }
         }
     }
-    in_rounds(settings.reps, plan, &mut rows)?;
+    in_rounds(settings.reps, true, plan, &mut rows)?;
 
     progress(started, "pipelined");
     if part == Part::Pipelined {
@@ -795,15 +792,20 @@ fn run(
 /// A row, and the measurement of one repetition of it.
 type Measured<'a> = (Row, Box<dyn FnMut() -> Result<f64, String> + 'a>);
 
-/// Measures `reps` repetitions of every row of `plan` in rounds, one repetition of each row a
-/// round (after one unrecorded warm-up each), so that a change of the machine during the run
+/// Measures every row of `plan` in `rounds` rounds, one repetition of each row a round (after
+/// one unrecorded warm-up each with `warm_up`), so that a change of the machine during the run
 /// (another tenant's load, the host scheduling this VM's CPUs elsewhere) falls on every server
 /// alike, not on whichever ran then; appends the rows to `rows`.
-fn in_rounds(reps: usize, mut plan: Vec<Measured<'_>>, rows: &mut Vec<Row>) -> Result<(), String> {
-    for (_, measure) in &mut plan {
+fn in_rounds(
+    rounds: usize,
+    warm_up: bool,
+    mut plan: Vec<Measured<'_>>,
+    rows: &mut Vec<Row>,
+) -> Result<(), String> {
+    for (_, measure) in plan.iter_mut().filter(|_| warm_up) {
         measure()?;
     }
-    for _ in 0..reps {
+    for _ in 0..rounds {
         for (row, measure) in &mut plan {
             row.values.push(measure()?);
         }
@@ -884,31 +886,40 @@ mod tests {
     }
 
     #[test]
-    fn throughput_rows_are_measured_in_rounds_after_one_warm_up_each() {
+    fn rows_are_measured_in_rounds_with_or_without_a_warm_up_each() {
         let calls = std::cell::RefCell::new(Vec::new());
-        let plan: Vec<Measured<'_>> = ["a", "b"]
-            .into_iter()
-            .map(|name| {
-                let calls = &calls;
-                let mut n = 0.0;
-                let measure = move || {
-                    calls.borrow_mut().push(name);
-                    n += 1.0;
-                    Ok(n)
-                };
-                let row = Row::new(name, Server::InProcess, false, "MB/s");
-                (
-                    row,
-                    Box::new(measure) as Box<dyn FnMut() -> Result<f64, String>>,
-                )
-            })
-            .collect();
+        // Rows "a" and "b", each counting its calls and logging them in `calls`.
+        fn plan<'a>(calls: &'a std::cell::RefCell<Vec<&'static str>>) -> Vec<Measured<'a>> {
+            ["a", "b"]
+                .into_iter()
+                .map(|name| {
+                    let mut n = 0.0;
+                    let measure = move || {
+                        calls.borrow_mut().push(name);
+                        n += 1.0;
+                        Ok(n)
+                    };
+                    let row = Row::new(name, Server::InProcess, false, "MB/s");
+                    (
+                        row,
+                        Box::new(measure) as Box<dyn FnMut() -> Result<f64, String>>,
+                    )
+                })
+                .collect()
+        }
         let mut rows = Vec::new();
-        in_rounds(3, plan, &mut rows).unwrap();
+        in_rounds(3, true, plan(&calls), &mut rows).unwrap();
         assert_eq!(*calls.borrow(), ["a", "b", "a", "b", "a", "b", "a", "b"]);
         // The warm-up (each row's first call) is not recorded.
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].values, [2.0, 3.0, 4.0]);
         assert_eq!(rows[1].values, [2.0, 3.0, 4.0]);
+
+        // The latency rows warm up inside their windows: no call goes unrecorded.
+        calls.borrow_mut().clear();
+        let mut rows = Vec::new();
+        in_rounds(2, false, plan(&calls), &mut rows).unwrap();
+        assert_eq!(*calls.borrow(), ["a", "b", "a", "b"]);
+        assert_eq!(rows[0].values, [1.0, 2.0]);
     }
 }
