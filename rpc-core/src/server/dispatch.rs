@@ -94,7 +94,7 @@ const HOUSEKEEPING_PASSES: u32 = 32;
 /// each idle pass would cost O(exchanges) a pass just when a client's answer may come (with 64
 /// in flight, most of what an idle pass cost). Once the worker parks, a pass is a park, so a
 /// kernel gone or a client timed out is then seen up to 8 parks late (rpc-serve's longest
-/// park is 100 ms; its client timeout 10 s). None under loom, whose passes are few.
+/// park is 250 ms, so 2 s; its client timeout 10 s). None under loom, whose passes are few.
 #[cfg(not(loom))]
 const IDLE_HOUSEKEEPING_PASSES: u32 = 8;
 #[cfg(loom)]

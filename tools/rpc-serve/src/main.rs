@@ -19,10 +19,12 @@
 //! statistics and exits 1.
 //!
 //! Served and silent, its worker parks longer as the silence grows: at most 250 µs while a
-//! client may still be speaking, up to 100 ms once nothing was asked for a second (a client in
-//! another process is invisible, so that is taken as none: rpc-serve with no client costs below
-//! 0.1% of a core, and the first request after such a silence waits up to 100 ms). A signal
-//! ends it within half a second.
+//! client may still be speaking; once nothing was asked for a second (a client in another
+//! process is invisible, so that is taken as none) an eighth of the silence, up to 250 ms. So
+//! rpc-serve with no client costs well below 0.1% of a core, and the first request after a
+//! silence of a second or more waits up to an eighth of it (at most 250 ms). Its main thread
+//! sleeps until a signal, which ends rpc-serve at once. A client's EXIT or ABORT is logged (at
+//! `info`, shown by default) when it comes.
 //!
 //! rpc-serve serves until SIGINT or SIGTERM, then prints its statistics (`stopped: ...`, or with
 //! `--json` one line of JSON, `StatsSnapshot::to_json`) and exits 0. Bad
@@ -48,6 +50,8 @@
 //! memory (2 MiB aligned, as LLVM's GPU allocator needs; at most 1 GiB live at once), FREE frees
 //! it, and what the client did not free is freed at exit.
 
+use std::io::Read;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -73,14 +77,17 @@ const MALLOC_BYTES: u64 = 1 << 30;
 const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest park of the worker once nothing was asked for a second (`absent_park`): a
-/// client in another process is invisible, so a long silence is taken as no client. The first
-/// request after such a silence waits up to this. A wake-up costs 15-80 µs of CPU on a shared
-/// VM, so this and [`WATCH`] (12 wake-ups a second together) keep an unused rpc-serve below
-/// 0.1% of a core.
-const ABSENT_PARK: Duration = Duration::from_millis(100);
+/// client in another process is invisible, so a long silence is taken as no client. The parks
+/// grow to this as an eighth of the silence, so the first request after a silence waits at
+/// most an eighth of it longer, and never more than this. A wake-up costs 25-150 µs of CPU on
+/// this project's VMs (nested: `docs/performance.md`), so the worker's 4-8 wake-ups a second
+/// (the only ones: the main thread sleeps until a signal) keep an unused rpc-serve below 0.1%
+/// of a core.
+const ABSENT_PARK: Duration = Duration::from_millis(250);
 
-/// How often the main thread looks for a stop signal, a client's exit and a truncated mailbox.
-const WATCH: Duration = Duration::from_millis(500);
+/// The log filter without `RUST_LOG`: warnings, and the core's line for a client's EXIT or
+/// ABORT (`info`), which an in-process runtime collects instead.
+const DEFAULT_LOG: &str = "warn,rpc_core::services::process=info";
 
 struct Args {
     mailbox: Backing,
@@ -209,6 +216,22 @@ enum Ended {
 }
 
 fn serve(args: Args) -> Result<Ended, String> {
+    // The main thread sleeps reading `wake` until a stop signal or a mended SIGBUS writes to
+    // `waker`: it costs no wake-ups while rpc-serve serves or idles. Each sets its flag before
+    // it writes (signal-hook runs a signal's actions in the order they were registered), and
+    // the loop below reads the flags after each wake-up, so none is missed.
+    let (mut wake, waker) = UnixStream::pair().map_err(|e| format!("wake-up socket: {e}"))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let waker = waker
+            .try_clone()
+            .map_err(|e| format!("wake-up socket: {e}"))?;
+        signal_hook::flag::register(signal, stop.clone())
+            .and_then(|_| signal_hook::low_level::pipe::register(signal, waker))
+            .map_err(|e| format!("signal handler: {e}"))?;
+    }
+    // Before the mailbox is mapped, so before it can fault.
+    sigbus::wake_on_fault(waker);
     let size = args.layout.total_size();
     let (region, path) = Mapped::create(&args.mailbox, size)?;
     let config = ServerConfig {
@@ -260,21 +283,12 @@ fn serve(args: Args) -> Result<Ended, String> {
             Dialect::HostC,
         )
         .map_err(|e| e.to_string())?;
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, stop.clone())
-            .map_err(|e| format!("signal handler: {e}"))?;
-    }
     let _ = server.start().map_err(|e| e.to_string())?;
     // Clients in other processes are no kernel launches we can see: one user for our whole life.
     let user = server.user();
     println!("ready {} {size}", path.display());
     let mut ended = Ended::Stopped;
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(WATCH);
-        if let Some(exit) = server.context().services().take_exit(mailbox) {
-            log::warn!("a client ended its program: {exit:?}");
-        }
         if sigbus::faulted() {
             match &args.mailbox {
                 Backing::File(file) => log::error!(
@@ -292,6 +306,16 @@ fn serve(args: Args) -> Result<Ended, String> {
             server.detach(mailbox).map_err(|e| e.to_string())?;
             ended = Ended::Faulted;
             break;
+        }
+        // Any number of wake-up bytes at once; an error other than EINTR means the socket is
+        // broken and no signal could wake us: stop rather than sleep for ever.
+        match wake.read(&mut [0; 64]) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            outcome => {
+                log::error!("wake-up socket: {outcome:?}; stopping");
+                break;
+            }
         }
     }
     drop(user);
@@ -313,7 +337,7 @@ fn serve(args: Args) -> Result<Ended, String> {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(DEFAULT_LOG)).init();
     // A write past RLIMIT_FSIZE (`ulimit -f`) raises SIGXFSZ, which would end rpc-serve; ignored,
     // the write fails with EFBIG and the device gets an error reply.
     // SAFETY: SIG_IGN is a valid disposition; no other thread exists yet.

@@ -8,7 +8,8 @@
 //! maps anonymous zero pages over the whole of it (`MAP_FIXED`, so the address range stays
 //! mapped and every pointer into it stays valid) and sets a flag; the faulting access is then
 //! retried by the CPU and succeeds on the zero pages, which the server reads as an idle mailbox.
-//! The main loop sees [`faulted`], detaches the mailbox and exits. A fault anywhere else is not
+//! The handler then wakes the main loop through the socket given to [`wake_on_fault`]; it sees
+//! [`faulted`], detaches the mailbox and exits. A fault anywhere else is not
 //! ours to mend: it goes to the handler installed before (std's, which tells a stack overflow
 //! from other faults), or the default disposition is restored and the access faults again and
 //! kills the process, as it would have without us.
@@ -19,9 +20,9 @@
 //!
 //! # Memory ordering
 //! The handler runs on whichever thread faulted, interrupting it anywhere, so it only loads
-//! atomics (lock-free statics: std's, never loom's) and makes two system calls (`mmap`,
-//! `sigaction`; `mmap` is not on POSIX's async-signal-safe list but is a bare system call on
-//! Linux, which is what Wayland compositors rely on too).
+//! atomics (lock-free statics: std's, never loom's) and makes three system calls (`mmap`,
+//! `sigaction`, `send`; `mmap` is not on POSIX's async-signal-safe list but is a bare system
+//! call on Linux, which is what Wayland compositors rely on too).
 //! - `BASE`/`LEN` describe the guarded mapping. [`guard`] stores `LEN` (relaxed), then `BASE`
 //!   (release); the handler loads `BASE` (acquire) and then `LEN`, so a non-zero base comes with
 //!   its length. The guard is taken before the mailbox is attached, so before any thread of ours
@@ -34,12 +35,18 @@
 //! - `FAULTED` is a plain flag, stored (release) by the handler after its `mmap` and loaded
 //!   (acquire) by the main loop: the main loop only reports and detaches, and the zero pages are
 //!   the kernel's, visible to every thread once the `mmap` returned, so acquire/release only
-//!   makes the order explicit.
+//!   makes the order explicit. The handler stores it before it sends the wake-up byte, and the
+//!   main loop reads it after each wake-up (and before it first blocks), so no fault is missed.
+//! - `WAKE` (the socket's descriptor) is stored once by [`wake_on_fault`] before the mailbox is
+//!   mapped, so before any fault of ours; relaxed, since a handler that saw no descriptor yet
+//!   has nobody to wake.
 //! - `PREVIOUS` (the action replaced) is written once by [`install`] before the handler is put in
 //!   place, and read by the handler through `OnceLock::get`, one acquire load with no lock.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::os::fd::IntoRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// The guarded mapping's first byte (0: none).
@@ -48,6 +55,8 @@ static BASE: AtomicUsize = AtomicUsize::new(0);
 static LEN: AtomicUsize = AtomicUsize::new(0);
 /// Set once the handler has replaced the guarded mapping with zero pages.
 static FAULTED: AtomicBool = AtomicBool::new(false);
+/// The socket the handler writes a byte to once it has set `FAULTED` (-1: none).
+static WAKE: AtomicI32 = AtomicI32::new(-1);
 
 /// The `SIGBUS` action in place before [`install`] (std's stack-overflow handler, usually).
 struct Previous(libc::sigaction);
@@ -121,6 +130,14 @@ impl Drop for Guard {
     }
 }
 
+/// After a fault it mended, the handler writes a byte to `socket` (without blocking: a full
+/// socket is already readable), so a thread blocked reading the other end wakes and sees
+/// [`faulted`]. Call once, before the guarded mapping is made; the socket lives as long as the
+/// process.
+pub fn wake_on_fault(socket: UnixStream) {
+    WAKE.store(socket.into_raw_fd(), Ordering::Relaxed);
+}
+
 /// True once the handler replaced the guarded mapping (its file was truncated).
 pub fn faulted() -> bool {
     // Acquire: pairs with the handler's release store after its mmap.
@@ -159,6 +176,13 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
             // Release: after the mmap (see "Memory ordering"). Another thread faulting at the
             // same time maps zero pages over the range again, which is as harmless.
             FAULTED.store(true, Ordering::Release);
+            let wake = WAKE.load(Ordering::Relaxed);
+            if wake >= 0 {
+                // SAFETY: `wake` is a socket `wake_on_fault` took for the whole process; one
+                // byte from a static; `send` is async-signal-safe, and MSG_DONTWAIT keeps it
+                // from blocking (a full socket already wakes its reader).
+                unsafe { libc::send(wake, b"B".as_ptr().cast(), 1, libc::MSG_DONTWAIT) };
+            }
             // SAFETY: as above, this thread's errno.
             unsafe { *libc::__errno_location() = errno };
             // Returning retries the faulting access, now on zero pages.

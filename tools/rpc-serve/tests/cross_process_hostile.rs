@@ -8,7 +8,8 @@
 //!   to die of SIGXFSZ; now the write fails, the device is told 0 bytes were written, and
 //!   serving goes on;
 //! - it writes lines to stderr that look like rpc-serve's log: with `--stderr FILE` they land in
-//!   that file, never in rpc-serve's stderr.
+//!   that file, never in rpc-serve's stderr;
+//! - it calls `exit(3)`: rpc-serve logs it when it comes and serves on.
 //!
 //! Every wait is on a condition (a reply, a log line, an exit); the durations are liveness
 //! bounds only, so that a broken rpc-serve fails the test instead of hanging it.
@@ -158,4 +159,22 @@ fn device_stderr_goes_to_the_stderr_file_never_into_the_log() {
     assert!(!log.iter().any(|line| line.contains("forged")), "{log:?}");
     assert_eq!(std::fs::read_to_string(&err).unwrap(), forged);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_client_exit_is_logged_when_it_comes_and_rpc_serve_serves_on() {
+    let serve = serve(&[], None);
+    let map = common::map(&serve.path);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(BOUND);
+    let warp = common::warp(&map, layout(), &locks, Some(&wait), 1);
+    // `exit` ends the warp by unwinding, as a kernel's thread ends.
+    let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| warp.exit(3)));
+    assert!(ended.is_err());
+    // While rpc-serve runs: its main thread sleeps until a signal, so the line comes from the
+    // worker as it serves the EXIT.
+    let line = common::wait_for_line(&serve.log, "kernel ended with Exit(3)", BOUND);
+    assert!(line.contains("INFO"), "{line}");
+    assert_eq!(increment(&map, 1), 2);
+    serve.stop();
 }

@@ -159,8 +159,8 @@ pub fn serve_with_stdin(
     command
         .args(["--gen", "v2", "--ports", &PORTS.to_string(), "--lanes", "1"])
         .args(args)
-        // The tests read warnings and errors from the log.
-        .env("RUST_LOG", "warn")
+        // rpc-serve's own log filter, what its users see: warnings, errors and clients' exits.
+        .env_remove("RUST_LOG")
         .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
