@@ -9,6 +9,15 @@
 //! thread's instructions on a printf of one lane. The pool is per thread (no lock; memory freed
 //! on another thread, an I/O thread's, joins that thread's pool) and bounded in bytes
 //! ([`KEEP_BYTES`]); what does not fit goes back to the allocator.
+//!
+//! Besides, the server thread keeps the buffers of the last stream too large for that budget
+//! (a 1 MiB stream: [`keep_large_streams`]), until it has served nothing for
+//! [`KEEP_LARGE_FOR`] ([`release_large`]). A `recv_n` grows its vectors as the bytes come
+//! (never by the length a client claims, `docs/reliability.md`), so each 1 MiB stream into new
+//! vectors reallocated and copied them some 5 times: about a tenth of a 32-lane stream's time
+//! (`docs/performance.md`). What is kept grew to hold bytes a client really sent, so it is at
+//! most about twice what a request may carry (`Limits::request_bytes`), and kept only while
+//! streams keep coming.
 
 use std::alloc::Layout;
 use std::cell::RefCell;
@@ -25,6 +34,9 @@ use crate::Result;
 /// The most bytes one thread's pool keeps (blocks and buffer capacity together): a few hundred
 /// exchanges' worth of printf state.
 pub(crate) const KEEP_BYTES: usize = 256 << 10;
+
+/// How long a silent server thread keeps the buffers of a stream larger than its budget.
+pub(crate) const KEEP_LARGE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The future of a script handler's exchange.
 type Script = dyn Future<Output = Result<(), ServerError>> + Send + 'static;
@@ -99,10 +111,12 @@ pub struct Streams(Vec<Vec<u8>>);
 impl Streams {
     /// Buffers from this thread's pool where it has some, for a `recv_n` to empty and fill.
     pub(crate) fn buffers() -> Vec<Vec<u8>> {
-        with_pool(|pool| {
-            let (buffers, bytes) = pool.streams.pop()?;
-            pool.bytes -= bytes;
-            Some(buffers)
+        with_pool(|pool| match pool.streams.pop() {
+            Some((buffers, bytes)) => {
+                pool.bytes -= bytes;
+                Some(buffers)
+            }
+            None => pool.large.take(),
         })
         .flatten()
         .unwrap_or_default()
@@ -143,9 +157,26 @@ impl Drop for Streams {
             if pool.bytes + bytes <= KEEP_BYTES {
                 pool.bytes += bytes;
                 pool.streams.push((buffers, bytes));
+            } else if pool.keeps_large && bytes > KEEP_BYTES {
+                // The last one kept: a set kept before is freed.
+                pool.large = Some(buffers);
             }
         });
     }
+}
+
+/// This thread keeps the buffers of the last stream too large for [`KEEP_BYTES`], until
+/// [`release_large`]: only for a thread that calls that when it goes quiet (the server
+/// thread; an I/O thread would keep them for ever).
+pub(crate) fn keep_large_streams() {
+    with_pool(|pool| pool.keeps_large = true);
+}
+
+/// Frees the stream buffers kept beyond [`KEEP_BYTES`], if any.
+pub(crate) fn release_large() {
+    let large = with_pool(|pool| pool.large.take()).flatten();
+    // Freed outside the pool's borrow.
+    drop(large);
 }
 
 /// One thread's kept memory.
@@ -157,6 +188,10 @@ struct Pool {
     streams: Vec<(Vec<Vec<u8>>, usize)>,
     /// Bytes kept, blocks and buffers together (at most [`KEEP_BYTES`]).
     bytes: usize,
+    /// The last dropped `recv_n` result too large for `bytes`, where `keeps_large`.
+    large: Option<Vec<Vec<u8>>>,
+    /// Set by [`keep_large_streams`].
+    keeps_large: bool,
 }
 
 impl Pool {
@@ -266,6 +301,35 @@ mod tests {
         drop(streams);
         let kept = with_pool(|pool| pool.bytes).unwrap();
         assert!(kept <= KEEP_BYTES, "{kept} bytes kept");
+    }
+
+    #[test]
+    fn a_large_stream_is_kept_only_where_asked_and_until_released() {
+        let large = || Streams::new(std::vec![std::vec![9u8; 2 * KEEP_BYTES]]);
+        let capacity_of = |buffers: &[Vec<u8>]| buffers.first().map_or(0, Vec::capacity);
+        // Run on threads of their own: the pool is per thread.
+        std::thread::spawn(move || {
+            drop(large());
+            assert_eq!(capacity_of(&Streams::buffers()), 0, "not kept unasked");
+        })
+        .join()
+        .unwrap();
+        std::thread::spawn(move || {
+            keep_large_streams();
+            drop(large());
+            let kept = Streams::buffers();
+            assert!(capacity_of(&kept) >= 2 * KEEP_BYTES, "kept when asked");
+            drop(Streams::new(kept));
+            // Small sets come first; the large one when there is none.
+            drop(Streams::new(std::vec![std::vec![1u8; 10]]));
+            assert!(capacity_of(&Streams::buffers()) < KEEP_BYTES);
+            assert!(capacity_of(&Streams::buffers()) >= 2 * KEEP_BYTES);
+            drop(large());
+            release_large();
+            assert_eq!(capacity_of(&Streams::buffers()), 0, "released");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

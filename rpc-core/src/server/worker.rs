@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::server::dispatch::{Fate, PassCache};
+use crate::server::recycle;
 use crate::server::stats::bump;
 use crate::server::Inner;
 use crate::sync::{thread, Arc, Ordering};
@@ -70,7 +71,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
         absent: inner.context.config.absent_park,
     };
     let mut seen_epoch = 0;
+    recycle::keep_large_streams();
     loop {
+        // Nothing to serve until a user comes: a kept stream's buffers would wait unused.
+        recycle::release_large();
         // Asleep while nobody could send a request (see `thread`'s module docs).
         let running = this.wait_for_users(&inner.context.stats, &mut seen_epoch);
         // Everything the worker calls (plugin memory views, doorbells, matchers) runs under
@@ -187,7 +191,11 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
                 }
                 continue;
             }
-            let length = park.after(last_work.elapsed());
+            let silence = last_work.elapsed();
+            if silence >= recycle::KEEP_LARGE_FOR {
+                recycle::release_large();
+            }
+            let length = park.after(silence);
             slack.set(length < park.most);
             if !this.keep_serving(Some(length)) {
                 return;
