@@ -460,6 +460,9 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     ) -> Result<(), ProtocolError> {
         if self.receive {
             self.hand_over();
+            // Sent: a synchronous `recv` of a resumable port that stops at the wait below
+            // (`WouldBlock`) and is called again must not acknowledge twice.
+            self.receive = false;
         }
         self.take_buffer().await?;
         for lane in lanes(self.mask) {
