@@ -720,10 +720,10 @@ fn run(
 
     // Pipelined exchanges: M ports at once against M = 1, in the same run.
     let mut plan: Vec<Measured<'_>> = Vec::new();
-    for printf in [false, true] {
+    for kind in measure::Pipelined::ALL {
         for delay_us in [0u64, 2] {
             for ports in [PIPELINED_PORTS, 1] {
-                let what = if printf { "printf" } else { "increment" };
+                let what = kind.name();
                 for setup in &small {
                     let row = Row::new(
                         format!("pipelined {what} M={ports} D={delay_us}us"),
@@ -734,7 +734,7 @@ fn run(
                     let delay = Duration::from_micros(delay_us);
                     plan.push((
                         row,
-                        Box::new(move || measure::pipelined(setup, ports, printf, delay, w)),
+                        Box::new(move || measure::pipelined(setup, ports, kind, delay, w)),
                     ));
                 }
             }

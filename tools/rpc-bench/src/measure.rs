@@ -39,16 +39,69 @@ pub fn increment(client: &Client<'_>, index: u32, mask: u64, x: u64) -> Result<(
     }
 }
 
-/// One client thread drives `ports` exchanges at once (TEST_INCREMENT, or a printf of four
-/// packets: format, sizes, arguments, result), each on its own port, sending each next packet
-/// `delay` after the reply to the last one arrived; returns exchanges per second. The client's
-/// wait is `Resumable`, so an operation whose buffer is not back yet returns `WouldBlock` and
-/// is retried on the next round over the ports (every retried operation starts with a wait:
-/// nothing is sent twice).
+/// The exchange of a pipelined row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pipelined {
+    /// TEST_INCREMENT: one packet each way.
+    Increment,
+    /// A printf of one lane: four hand-overs (format, sizes, arguments, result).
+    Printf,
+    /// TEST_STREAM of [`PIPELINED_STREAM_BYTES`]: four packets sent, four echoed.
+    Stream,
+}
+
+/// The bytes of a pipelined stream: the first packet's 56, then three of 64.
+pub const PIPELINED_STREAM_BYTES: usize = 56 + 3 * 64;
+
+impl Pipelined {
+    pub const ALL: [Pipelined; 3] = [Pipelined::Increment, Pipelined::Printf, Pipelined::Stream];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pipelined::Increment => "increment",
+            Pipelined::Printf => "printf",
+            Pipelined::Stream => "stream",
+        }
+    }
+
+    fn opcode(self) -> Opcode {
+        match self {
+            Pipelined::Increment => Opcode::TEST_INCREMENT,
+            Pipelined::Printf => Opcode::PRINTF_TO_STDOUT,
+            Pipelined::Stream => Opcode::TEST_STREAM,
+        }
+    }
+
+    /// The client's operations per exchange.
+    fn steps(self) -> u8 {
+        match self {
+            Pipelined::Increment => 2,
+            Pipelined::Printf => 4,
+            Pipelined::Stream => 8,
+        }
+    }
+
+    /// Whether the client's next packet comes D after operation `step` (counted from 0): the
+    /// packet that answers a reply. A printf's or an increment's operations alternate send and
+    /// recv, so that is after each recv; every operation of a stream hands a packet over (a
+    /// send, or a recv's acknowledgement of the packet before), so after each.
+    fn delay_after(self, step: u8) -> bool {
+        match self {
+            Pipelined::Increment | Pipelined::Printf => step % 2 == 1,
+            Pipelined::Stream => true,
+        }
+    }
+}
+
+/// One client thread drives `ports` exchanges of `kind` at once, each on its own port, sending
+/// each next packet `delay` after the reply it answers; returns exchanges per second. The
+/// client's wait is `Resumable`, so an operation whose buffer is not back yet returns
+/// `WouldBlock` and is retried on the next round over the ports (every operation is one packet
+/// and starts with its wait: nothing is sent twice).
 pub fn pipelined(
     setup: &Setup,
     ports: u32,
-    printf: bool,
+    kind: Pipelined,
     delay: Duration,
     window: Duration,
 ) -> Result<f64, String> {
@@ -58,23 +111,65 @@ pub fn pipelined(
         .with_wait(&rpc_core::protocol::Resumable);
     let format: &[u8] = b"%d %d %d\n\0";
     let args = [7u8; 12];
-    let op = if printf {
-        Opcode::PRINTF_TO_STDOUT
-    } else {
-        Opcode::TEST_INCREMENT
+    let stream: Vec<u8> = (0..PIPELINED_STREAM_BYTES).map(|i| i as u8).collect();
+    // The first 8 bytes of stream packet `n` (0-based; the first carries the length first).
+    let stream_word = |n: usize| {
+        let at = 56 + 64 * (n - 1);
+        u64::from_le_bytes(stream[at..at + 8].try_into().expect("8 bytes"))
     };
-    // Per port: the open exchange, its next step, and when that step may be sent.
+    // Step `step` (after the open) of the exchange on `port` `k`: Ok(false) if it must wait.
+    let run = |port: &mut rpc_core::protocol::ClientPort<'_>, k: u32, step: u8| {
+        let result = match (kind, step) {
+            (Pipelined::Increment, 0) => port.send(|_, p| p.set_word(0, u64::from(k))),
+            (Pipelined::Printf, 0) => port.send_n(&[format]),
+            (Pipelined::Printf, 2) => port.send_n(&[&args]),
+            (Pipelined::Stream, 0) => port.send(|_, p| {
+                p.set_word(0, PIPELINED_STREAM_BYTES as u64);
+                p.write_bytes(8, &stream[..56]);
+            }),
+            (Pipelined::Stream, 1..=3) => {
+                let at = 56 + 64 * (usize::from(step) - 1);
+                port.send(|_, p| p.write_bytes(0, &stream[at..at + 64]))
+            }
+            (Pipelined::Stream, 4) => {
+                let mut ok = true;
+                let result = port.recv(|_, p| ok = p.word(0) == PIPELINED_STREAM_BYTES as u64);
+                if result.is_ok() && !ok {
+                    return Err(format!("TEST_STREAM on port {k}: wrong length echoed"));
+                }
+                result
+            }
+            (Pipelined::Stream, _) => {
+                let (mut ok, want) = (true, stream_word(usize::from(step) - 4));
+                let result = port.recv(|_, p| ok = p.word(0) == want);
+                if result.is_ok() && !ok {
+                    return Err(format!("TEST_STREAM on port {k}: wrong bytes echoed"));
+                }
+                result
+            }
+            (Pipelined::Increment, _) => {
+                let mut ok = true;
+                let result = port.recv(|_, p| ok = p.word(0) == u64::from(k) + 1);
+                if result.is_ok() && !ok {
+                    return Err(format!("TEST_INCREMENT on port {k}: wrong answer"));
+                }
+                result
+            }
+            (Pipelined::Printf, _) => port.recv(|_, _| {}),
+        };
+        match result {
+            Ok(()) => Ok(true),
+            Err(rpc_core::ProtocolError::WouldBlock { .. }) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    };
+    // Per port: the open exchange and its next step, and when that step may be sent.
     let mut open: Vec<Option<(rpc_core::protocol::ClientPort<'_>, u8)>> =
         (0..ports).map(|_| None).collect();
     let mut ready = vec![Instant::now(); ports as usize];
-    let blocked = |r: rpc_core::Result<(), rpc_core::ProtocolError>| match r {
-        Ok(()) => Ok(true),
-        Err(rpc_core::ProtocolError::WouldBlock { .. }) => Ok(false),
-        Err(e) => Err(e.to_string()),
-    };
     let start = Instant::now();
     let mut done = 0u64;
-    // One clock read a round over the ports, and one more per reply only where a delay
+    // One clock read a round over the ports, and one more per step only where a delay
     // follows: at M=1 the clock reads were most of the client's loop, each one adding to how
     // late it noticed a reply.
     loop {
@@ -86,66 +181,38 @@ pub fn pipelined(
             if now < ready[k] {
                 continue;
             }
-            let Some((port, step)) = &mut open[k] else {
-                if let Some(mut port) = client
-                    .try_open_at(k as u32, op, 1)
+            if open[k].is_none() {
+                open[k] = client
+                    .try_open_at(k as u32, kind.opcode(), 1)
                     .map_err(|e| e.to_string())?
-                {
-                    if printf {
-                        port.send_n(&[format]).map_err(|e| e.to_string())?;
-                    } else {
-                        port.send(|_, p| p.set_word(0, k as u64))
-                            .map_err(|e| e.to_string())?;
-                    }
-                    open[k] = Some((port, 1));
-                }
+                    .map(|port| (port, 0));
+            }
+            let Some((port, step)) = &mut open[k] else {
                 continue;
             };
-            match *step {
-                1 | 3 => {
-                    if !blocked(port.recv(|_, _| {}))? {
-                        continue;
-                    }
-                    if !delay.is_zero() {
-                        ready[k] = Instant::now() + delay;
-                    }
-                    if printf && *step == 1 {
-                        *step = 2;
-                    } else {
-                        open[k] = None;
-                        done += 1;
-                    }
-                }
-                _ => {
-                    if blocked(port.send_n(&[&args]))? {
-                        *step = 3;
-                    }
-                }
+            if !run(port, k as u32, *step)? {
+                continue;
+            }
+            if !delay.is_zero() && kind.delay_after(*step) {
+                ready[k] = Instant::now() + delay;
+            }
+            *step += 1;
+            if *step == kind.steps() {
+                open[k] = None;
+                done += 1;
             }
         }
     }
     // Let the exchanges still open finish, so the server is idle for the next row.
     let deadline = Instant::now() + Duration::from_secs(5);
     while open.iter().any(Option::is_some) {
-        for slot in open.iter_mut() {
+        for (k, slot) in open.iter_mut().enumerate() {
             let Some((port, step)) = slot else { continue };
-            let finished = match *step {
-                2 => {
-                    if blocked(port.send_n(&[&args]))? {
-                        *step = 3;
-                    }
-                    false
+            if run(port, k as u32, *step)? {
+                *step += 1;
+                if *step == kind.steps() {
+                    *slot = None;
                 }
-                1 if printf => {
-                    if blocked(port.recv(|_, _| {}))? {
-                        *step = 2;
-                    }
-                    false
-                }
-                _ => blocked(port.recv(|_, _| {}))?,
-            };
-            if finished {
-                *slot = None;
             }
         }
         if Instant::now() > deadline {
