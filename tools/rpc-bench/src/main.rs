@@ -19,8 +19,8 @@
 //! - `lanes L=32 full / half`: TEST_INCREMENT with 32 or 16 active lanes;
 //! - `stream 1 MiB L=1 / L=32`: TEST_STREAM, MB/s of payload both ways;
 //! - `printf L=32`: lines per second of a 3-argument format with one `%s`;
-//! - `pipelined increment / printf M=.. D=..`: one client thread drives M exchanges at once,
-//!   sending each next packet D after the reply to the last; exchanges per second;
+//! - `pipelined increment / printf / stream M=.. D=..`: one client thread drives M exchanges at
+//!   once, sending each next packet D after the reply it answers; exchanges per second;
 //! - `idle CPU`: the server's CPU share with no client or kernel, and with a silent kernel;
 //! - `wake after S`: the latency of the first request after S = 100 µs, 1 ms, 10 ms of silence.
 //!
