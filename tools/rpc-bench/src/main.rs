@@ -258,31 +258,37 @@ static PIN: AtomicBool = AtomicBool::new(false);
 /// idle CPU / wake-up latency trade-off.
 pub(crate) static PARK_US: AtomicU64 = AtomicU64::new(0);
 
-/// The CPUs the client threads and the server threads run on with `--pin`: the first two this
-/// process may use. `None` without `--pin` or where fewer than two CPUs are allowed. Read once,
-/// before `pin_client` narrows the calling thread's own set to one CPU (read after that, the
-/// set has one CPU, nothing would be pinned, and every server thread spawned later would
-/// inherit the client's CPU).
-fn cpu_pair() -> Option<(usize, usize)> {
-    static PAIR: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
-    *PAIR.get_or_init(|| {
-        if !PIN.load(Ordering::Relaxed) {
-            return None;
-        }
+/// Set while the loaded regime runs (see [`Loaded`]): threads a row spawns as its server run
+/// on the client's CPU.
+static LOADED: AtomicBool = AtomicBool::new(false);
+
+/// The CPUs this process may use, as it started: read once, in `run`, before any thread is
+/// pinned (read after that, the calling thread's set could be one CPU).
+fn allowed_cpus() -> Option<libc::cpu_set_t> {
+    static SET: std::sync::OnceLock<Option<libc::cpu_set_t>> = std::sync::OnceLock::new();
+    *SET.get_or_init(|| {
         // SAFETY: `set` is a plain bit set that sched_getaffinity fills in; the size passed is
         // its size.
-        let set = unsafe {
+        unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-                return None;
-            }
-            set
-        };
-        // SAFETY: CPU_ISSET only reads the bit set.
-        let mut cpus =
-            (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
-        Some((cpus.next()?, cpus.next()?))
+            (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+                .then_some(set)
+        }
     })
+}
+
+/// The first two CPUs of [`allowed_cpus`], where there are two.
+fn two_cpus() -> Option<(usize, usize)> {
+    let set = allowed_cpus()?;
+    // SAFETY: CPU_ISSET only reads the bit set.
+    let mut cpus = (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) });
+    Some((cpus.next()?, cpus.next()?))
+}
+
+/// The CPUs the client threads and the server threads run on with `--pin`: [`two_cpus`];
+/// `None` without `--pin`.
+fn cpu_pair() -> Option<(usize, usize)> {
+    PIN.load(Ordering::Relaxed).then(two_cpus).flatten()
 }
 
 /// The bit set of one CPU.
@@ -297,11 +303,69 @@ fn one_cpu(cpu: usize) -> libc::cpu_set_t {
 
 /// Pins thread `tid` (0: the calling thread) to `cpu`; best effort (a failure only adds noise).
 fn pin(tid: i32, cpu: usize) {
-    let set = one_cpu(cpu);
+    place(tid, &one_cpu(cpu));
+}
+
+/// Lets thread `tid` (0: the calling thread) run on `set`; best effort.
+fn place(tid: i32, set: &libc::cpu_set_t) {
     // SAFETY: sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of `set` and changes only
     // the target thread's placement.
     unsafe {
-        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set);
+    }
+}
+
+/// Puts thread `tid` back where the quiet regime runs it: the client's or the servers' CPU
+/// with `--pin`, else any CPU the process may use.
+fn unplace(tid: i32, client: bool) {
+    match cpu_pair() {
+        Some((a, b)) => pin(tid, if client { a } else { b }),
+        None => {
+            if let Some(set) = allowed_cpus() {
+                place(tid, &set);
+            }
+        }
+    }
+}
+
+/// The loaded regime, while alive: a thread that keeps one CPU busy ([`Hog`]), pinned to one
+/// CPU, and the client (the calling thread) and every thread of every server pinned to the
+/// other, so that the client and the server share a CPU and every hand-over goes through the
+/// scheduler, in every round alike. (A hog left to float shared a CPU now with the client, now
+/// with the server, and the loaded rows were bimodal.) Where fewer than two CPUs are allowed,
+/// the hog alone.
+struct Loaded {
+    _hog: Hog,
+    /// The server threads it pinned.
+    threads: Vec<i32>,
+}
+
+impl Loaded {
+    fn start<'s>(setups: impl IntoIterator<Item = &'s Setup>) -> Self {
+        let Some((shared, hogged)) = two_cpus() else {
+            return Loaded {
+                _hog: Hog::start(None),
+                threads: Vec::new(),
+            };
+        };
+        LOADED.store(true, Ordering::Relaxed);
+        let hog = Hog::start(Some(hogged));
+        pin(0, shared);
+        let threads: Vec<i32> = setups.into_iter().flat_map(Setup::threads).collect();
+        for &tid in &threads {
+            pin(tid, shared);
+        }
+        Loaded { _hog: hog, threads }
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        LOADED.store(false, Ordering::Relaxed);
+        unplace(0, true);
+        for &tid in &self.threads {
+            unplace(tid, false);
+        }
     }
 }
 
@@ -330,9 +394,14 @@ fn pin_client() {
     }
 }
 
-/// Pins the calling thread or a server's worker to the second CPU of the pair.
+/// Pins the calling thread or a server's worker to the second CPU of the pair; in the loaded
+/// regime, to the client's CPU.
 pub(crate) fn pin_server(tid: i32) {
-    if let Some((_, server)) = cpu_pair() {
+    if LOADED.load(Ordering::Relaxed) {
+        if let Some((shared, _)) = two_cpus() {
+            pin(tid, shared);
+        }
+    } else if let Some((_, server)) = cpu_pair() {
         pin(tid, server);
     }
 }
@@ -589,6 +658,8 @@ fn run(
     out_dir: PathBuf,
 ) -> Result<(), String> {
     let started = Instant::now();
+    // Before any thread is pinned: see `allowed_cpus`.
+    allowed_cpus();
     pin_client();
     let servers = servers(binaries);
     eprintln!(
@@ -623,7 +694,8 @@ fn run(
         setups(&servers, binaries, Generation::V1, 64, 32)?
     };
     for loaded in [false, true].into_iter().filter(|_| latency_rows) {
-        let _hog = loaded.then(Hog::start);
+        let _loaded =
+            loaded.then(|| Loaded::start(shapes.iter().flat_map(|(_, s)| s).chain(&lanes)));
         let unit = "ns/round trip";
         let mut plan: Vec<Measured<'_>> = vec![
             (

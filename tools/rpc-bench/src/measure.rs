@@ -487,12 +487,16 @@ pub struct Hog {
 }
 
 impl Hog {
-    pub fn start() -> Self {
+    /// On `cpu` where given.
+    pub fn start(cpu: Option<usize>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
             // Relaxed: the flag only ends the loop; nothing else is published through it.
             thread::spawn(move || {
+                if let Some(cpu) = cpu {
+                    crate::pin(0, cpu);
+                }
                 while !stop.load(Ordering::Relaxed) {
                     std::hint::spin_loop();
                 }

@@ -147,6 +147,15 @@ impl Setup {
         }
     }
 
+    /// The kernel thread ids of the server's threads: the in-process worker, or every thread
+    /// of the process.
+    pub fn threads(&self) -> Vec<i32> {
+        match &self.host {
+            Host::InProcess { worker, .. } => vec![*worker],
+            Host::Process(process) => process.threads(),
+        }
+    }
+
     /// CPU time the server has used so far: the in-process worker's, or all the process's
     /// threads'.
     pub fn cpu(&self) -> Result<Duration, String> {
@@ -322,6 +331,17 @@ impl Process {
     }
 
     /// The CPU time of all the process's threads.
+    fn threads(&self) -> Vec<i32> {
+        let dir = format!("/proc/{}/task", self.child.id());
+        std::fs::read_dir(dir)
+            .map(|tasks| {
+                tasks
+                    .filter_map(|task| task.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn cpu(&self) -> Result<Duration, String> {
         let dir = format!("/proc/{}/task", self.child.id());
         let mut total = Duration::ZERO;
