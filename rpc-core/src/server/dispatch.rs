@@ -281,6 +281,8 @@ pub(crate) struct PassCache {
     /// and whether the last pass made progress.
     since_housekeeping: u32,
     last_progress: bool,
+    /// The ports the last pass scanned after its last progress (all of them if it made none).
+    quiet_ports: usize,
 }
 
 impl PassCache {
@@ -294,6 +296,7 @@ impl PassCache {
             in_flight: Flights(Vec::new()),
             since_housekeeping: 0,
             last_progress: false,
+            quiet_ports: 0,
         }
     }
 
@@ -316,6 +319,11 @@ impl PassCache {
     /// The ports one pass scans (as of the last pass).
     pub(crate) fn ports(&self) -> usize {
         self.ports
+    }
+
+    /// [`quiet_ports`](Self::quiet_ports) of the last pass.
+    pub(crate) fn quiet_ports(&self) -> usize {
+        self.quiet_ports
     }
 
     /// A doorbell to sleep on: only when every attached mailbox has one and no request is open
@@ -385,12 +393,15 @@ impl Inner {
             hot,
             in_flight,
             last_progress,
+            quiet_ports,
             ..
         } = cache;
         let (Some(mailboxes), Some(registry)) = (mailboxes, registry) else {
             return 0;
         };
         let mut progress = inner.drop_detached(in_flight);
+        // Ports scanned since the last progress of this pass (see `quiet_ports`).
+        let mut quiet = 0;
         let stopping = inner.thread.stopping();
         // The exchanges waiting on their ports are polled by the sweep, where it finds their
         // ports pending; a pass with no sweep (a shutdown under way) polls them here.
@@ -407,10 +418,15 @@ impl Inner {
             }
             // A panic in this mailbox's part of the pass (its memory source, a matcher) costs
             // this mailbox only: see `Attached::fail`.
+            // Where in this mailbox's scan its last progress came (0: before the scan).
+            let mut last_at = None;
             let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 // One view of the mailbox for its whole part of the pass.
                 let server = mailbox.server();
                 let mut found = inner.poll_exchanges_of(mailbox, &server, in_flight, look);
+                if found > 0 {
+                    last_at = Some(0);
+                }
                 if stopping {
                     return found;
                 }
@@ -422,7 +438,11 @@ impl Inner {
                     let index = match sweep.next() {
                         None => break,
                         Some(Step::Checkpoint) => {
-                            found += inner.poll_in_flight(mailboxes, in_flight, Look::Ready);
+                            let polled = inner.poll_in_flight(mailboxes, in_flight, Look::Ready);
+                            if polled > 0 {
+                                found += polled;
+                                last_at = Some(sweep.position());
+                            }
                             continue;
                         }
                         Some(Step::Pending(index)) => index,
@@ -439,7 +459,11 @@ impl Inner {
                             flight.index == index && Arc::ptr_eq(&flight.mailbox, mailbox);
                         debug_assert!(found_it, "the table of positions is out of date");
                         if found_it && flight.on_port {
-                            found += inner.step(mailbox, &server, in_flight, k, false).0;
+                            let stepped = inner.step(mailbox, &server, in_flight, k, false).0;
+                            if stepped > 0 {
+                                found += stepped;
+                                last_at = Some(sweep.position());
+                            }
                         }
                         continue;
                     }
@@ -455,6 +479,7 @@ impl Inner {
                     let marks = Marks::now(mailbox, context);
                     sweep.served(index);
                     found += 1;
+                    last_at = Some(sweep.position());
                     let opcode = port.opcode();
                     if let Some((exchange, on_port)) =
                         Inner::start(inner, &server, port, mailbox, marks, registry)
@@ -478,7 +503,13 @@ impl Inner {
                 Ok(found) => progress += found,
                 Err(panic) => mailbox.fail(context, panic.as_ref()),
             }
+            let ports = mailbox.layout.ports() as usize;
+            quiet = match last_at {
+                Some(at) => ports.saturating_sub(at),
+                None => quiet + ports,
+            };
         }
+        *quiet_ports = quiet;
         // Only the worker writes this counter: a plain load and store, no RMW needed.
         let passes = &context.stats.passes;
         passes.store(passes.load(Ordering::Relaxed) + 1, Ordering::Relaxed);

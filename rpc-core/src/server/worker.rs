@@ -14,8 +14,8 @@ use crate::sync::{thread, Arc, Ordering};
 /// The silence after which `ServerConfig::absent_park` applies.
 pub const ABSENT_AFTER: Duration = Duration::from_secs(1);
 
-/// Back-to-back passes before the worker starts yielding, and passes before it parks (passes
-/// over up to 256 ports; a pass over more counts as several).
+/// Back-to-back passes before the worker starts yielding, and passes before it parks, in units
+/// of 256 ports scanned since the last work (an idle pass over fewer counts as one).
 /// Under loom it parks at once: loom's timed waits never time out, which bounds the model.
 #[cfg(not(loom))]
 const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
@@ -154,23 +154,31 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
         if this.stopping() {
             return;
         }
+        // Back-off in units of 256 ports scanned without work (at least one a pass), so that
+        // it lasts about as long (in time) however many ports there are: 96 back-to-back
+        // passes over 16384 ports would hold the CPU for some 240 µs, which a client sharing
+        // that CPU would wait through. A pass that made progress counts the ports it scanned
+        // after its last progress: after answering a client that shares our CPU (another
+        // program keeps the other busy), a scan of 16384 ports is already some 3 µs of that
+        // client waiting for us to yield. A phase ends once its units are done (`<`): one
+        // idle scan of 16384 ports (64 units) ends the spinning, as 64 passes over 64 ports do.
         if Inner::serve_pass(inner, cache) > 0 {
-            idle = 0;
             last_work = Instant::now();
-            continue;
+            idle = (cache.quiet_ports() / 256) as u32;
+            if idle == 0 {
+                continue;
+            }
+        } else {
+            idle = idle.saturating_add((cache.ports() / 256).max(1) as u32);
         }
-        // Back-off in units of a pass over up to 256 ports, so that it lasts about as long (in
-        // time) however many ports there are: 96 back-to-back passes over 16384 ports would
-        // hold the CPU for some 240 µs, which a client sharing that CPU would wait through.
-        idle = idle.saturating_add((cache.ports() / 256).max(1) as u32);
         #[allow(clippy::absurd_extreme_comparisons)] // HOT_PASSES is 0 under loom.
-        if idle <= HOT_PASSES {
+        if idle < HOT_PASSES {
             // Right after serving, the next request of a client in a loop is a cross-core
             // transfer away: poll back to back (a PAUSE here would add half its length to the
             // average detection delay of every round trip).
-        } else if idle <= spin {
+        } else if idle < spin {
             crate::sync::spin_hint();
-        } else if idle <= yield_ {
+        } else if idle < yield_ {
             thread::yield_now();
         } else {
             // The plugin's doorbells are asked before the server thread's lock is taken (no
