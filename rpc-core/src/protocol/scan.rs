@@ -9,10 +9,10 @@
 //!   pending). An idle port then costs two loads and two ALU operations instead of two loads,
 //!   two normalisations, a compare and a branch.
 //! - **Hot ports.** A [`Sweep`] (one pass over one mailbox) checks the few most recently served
-//!   ports ([`HotPorts`]) first, and again every [`HOT_STRIDE`] ports of its scan, so a client
-//!   that talks to the server in a loop is answered within a stride of scanning instead of a
-//!   whole pass, however many idle ports there are. Every pending port the sweep passes is
-//!   still served in the same pass.
+//!   ports ([`HotPorts`]) first (in a mailbox of more than a stride), and again every
+//!   [`HOT_STRIDE`] ports of its scan, so a client that talks to the server in a loop is
+//!   answered within a stride of scanning instead of a whole pass, however many idle ports
+//!   there are. Every pending port the sweep passes is still served in the same pass.
 //!
 //! # Why plain relaxed atomic loads are sound and enough
 //! Every word is read with a `Relaxed` atomic load of its own size (`u32`): the arrays are
@@ -148,11 +148,16 @@ impl<'a> Sweep<'a> {
         secondary: &'a [AtomicU32],
         hot: &'a mut HotPorts,
     ) -> Self {
-        // The hot ports first, too: a client in a loop on one port of a large mailbox shares
-        // its CPU with the server when another program keeps the other busy (the loaded
-        // regime of `docs/performance.md`); it sends its next request while the server yields
-        // between passes, and the next pass then finds it at once, not after a whole scan.
-        let hot_left = hot.len;
+        // The hot ports first, too, in a mailbox of more than a stride: a client in a loop on
+        // one port of a large mailbox shares its CPU with the server when another program
+        // keeps the other busy (the loaded regime of `docs/performance.md`); it sends its next
+        // request while the server yields between passes, and the next pass then finds it at
+        // once, not after a whole scan. A smaller mailbox is scanned within a stride anyway.
+        let hot_left = if primary.len().min(secondary.len()) > HOT_STRIDE {
+            hot.len
+        } else {
+            0
+        };
         Sweep {
             primary,
             secondary,
