@@ -416,10 +416,10 @@ impl Inner {
             if mailbox.detached.load(Ordering::Acquire) {
                 continue;
             }
-            // A panic in this mailbox's part of the pass (its memory source, a matcher) costs
-            // this mailbox only: see `Attached::fail`.
             // Where in this mailbox's scan its last progress came (0: before the scan).
             let mut last_at = None;
+            // A panic in this mailbox's part of the pass (its memory source, a matcher) costs
+            // this mailbox only: see `Attached::fail`.
             let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 // One view of the mailbox for its whole part of the pass.
                 let server = mailbox.server();
