@@ -416,7 +416,8 @@ impl Inner {
             if mailbox.detached.load(Ordering::Acquire) {
                 continue;
             }
-            // Where in this mailbox's scan its last progress came (0: before the scan).
+            // Where in this mailbox's scan its last progress came (0: before the scan; None:
+            // none, or a shutdown under way).
             let mut last_at = None;
             // A panic in this mailbox's part of the pass (its memory source, a matcher) costs
             // this mailbox only: see `Attached::fail`.
@@ -424,9 +425,6 @@ impl Inner {
                 // One view of the mailbox for its whole part of the pass.
                 let server = mailbox.server();
                 let mut found = inner.poll_exchanges_of(mailbox, &server, in_flight, look);
-                if found > 0 {
-                    last_at = Some(0);
-                }
                 if stopping {
                     return found;
                 }
@@ -434,15 +432,21 @@ impl Inner {
                 // Every pending port in index order, plus the recently served ports re-checked on
                 // the way, and the exchanges in flight polled at each checkpoint (see `scan`).
                 let mut sweep = server.sweep(hot);
-                while !mailbox.detached.load(Ordering::Acquire) {
+                // `found` as of `last_at`: each step's progress is placed where the scan stood
+                // after it, at the top of the next turn (the scan moves only in `sweep.next`).
+                let mut placed = 0;
+                loop {
+                    if found > placed {
+                        placed = found;
+                        last_at = Some(sweep.position());
+                    }
+                    if mailbox.detached.load(Ordering::Acquire) {
+                        break;
+                    }
                     let index = match sweep.next() {
                         None => break,
                         Some(Step::Checkpoint) => {
-                            let polled = inner.poll_in_flight(mailboxes, in_flight, Look::Ready);
-                            if polled > 0 {
-                                found += polled;
-                                last_at = Some(sweep.position());
-                            }
+                            found += inner.poll_in_flight(mailboxes, in_flight, Look::Ready);
                             continue;
                         }
                         Some(Step::Pending(index)) => index,
@@ -459,11 +463,7 @@ impl Inner {
                             flight.index == index && Arc::ptr_eq(&flight.mailbox, mailbox);
                         debug_assert!(found_it, "the table of positions is out of date");
                         if found_it && flight.on_port {
-                            let stepped = inner.step(mailbox, &server, in_flight, k, false).0;
-                            if stepped > 0 {
-                                found += stepped;
-                                last_at = Some(sweep.position());
-                            }
+                            found += inner.step(mailbox, &server, in_flight, k, false).0;
                         }
                         continue;
                     }
@@ -479,7 +479,6 @@ impl Inner {
                     let marks = Marks::now(mailbox, context);
                     sweep.served(index);
                     found += 1;
-                    last_at = Some(sweep.position());
                     let opcode = port.opcode();
                     if let Some((exchange, on_port)) =
                         Inner::start(inner, &server, port, mailbox, marks, registry)

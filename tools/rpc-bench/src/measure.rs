@@ -112,55 +112,52 @@ pub fn pipelined(
     let format: &[u8] = b"%d %d %d\n\0";
     let args = [7u8; 12];
     let stream: Vec<u8> = (0..PIPELINED_STREAM_BYTES).map(|i| i as u8).collect();
-    // The first 8 bytes of stream packet `n` (0-based; the first carries the length first).
-    let stream_word = |n: usize| {
-        let at = 56 + 64 * (n - 1);
-        u64::from_le_bytes(stream[at..at + 8].try_into().expect("8 bytes"))
+    // The bytes of stream packet `n` after the first (1..=3), 64 each.
+    let stream_packet = |n: u8| &stream[56 + 64 * (usize::from(n) - 1)..][..64];
+    // Whether a port operation went through: Ok(false) if it must wait (`WouldBlock`).
+    let done = |result: rpc_core::Result<(), rpc_core::ProtocolError>| match result {
+        Ok(()) => Ok(true),
+        Err(rpc_core::ProtocolError::WouldBlock { .. }) => Ok(false),
+        Err(e) => Err(e.to_string()),
     };
-    // Step `step` (after the open) of the exchange on `port` `k`: Ok(false) if it must wait.
-    let run = |port: &mut rpc_core::protocol::ClientPort<'_>, k: u32, step: u8| {
-        let result = match (kind, step) {
-            (Pipelined::Increment, 0) => port.send(|_, p| p.set_word(0, u64::from(k))),
-            (Pipelined::Printf, 0) => port.send_n(&[format]),
-            (Pipelined::Printf, 2) => port.send_n(&[&args]),
-            (Pipelined::Stream, 0) => port.send(|_, p| {
-                p.set_word(0, PIPELINED_STREAM_BYTES as u64);
-                p.write_bytes(8, &stream[..56]);
-            }),
-            (Pipelined::Stream, 1..=3) => {
-                let at = 56 + 64 * (usize::from(step) - 1);
-                port.send(|_, p| p.write_bytes(0, &stream[at..at + 64]))
+    // A recv whose packet must start with `want` (else the error `wrong`, on port `k`).
+    let recv_expecting =
+        |port: &mut rpc_core::protocol::ClientPort<'_>, k: u32, want: u64, wrong: &str| {
+            let mut word = want;
+            let received = done(port.recv(|_, p| word = p.word(0)))?;
+            if word != want {
+                return Err(format!("port {k}: {wrong}"));
             }
-            (Pipelined::Stream, 4) => {
-                let mut ok = true;
-                let result = port.recv(|_, p| ok = p.word(0) == PIPELINED_STREAM_BYTES as u64);
-                if result.is_ok() && !ok {
-                    return Err(format!("TEST_STREAM on port {k}: wrong length echoed"));
-                }
-                result
-            }
-            (Pipelined::Stream, _) => {
-                let (mut ok, want) = (true, stream_word(usize::from(step) - 4));
-                let result = port.recv(|_, p| ok = p.word(0) == want);
-                if result.is_ok() && !ok {
-                    return Err(format!("TEST_STREAM on port {k}: wrong bytes echoed"));
-                }
-                result
-            }
-            (Pipelined::Increment, _) => {
-                let mut ok = true;
-                let result = port.recv(|_, p| ok = p.word(0) == u64::from(k) + 1);
-                if result.is_ok() && !ok {
-                    return Err(format!("TEST_INCREMENT on port {k}: wrong answer"));
-                }
-                result
-            }
-            (Pipelined::Printf, _) => port.recv(|_, _| {}),
+            Ok(received)
         };
-        match result {
-            Ok(()) => Ok(true),
-            Err(rpc_core::ProtocolError::WouldBlock { .. }) => Ok(false),
-            Err(e) => Err(e.to_string()),
+    // Step `step` (after the open) of the exchange on `port` `k`: Ok(false) if it must wait.
+    let run = |port: &mut rpc_core::protocol::ClientPort<'_>, k: u32, step: u8| match (kind, step) {
+        (Pipelined::Increment, 0) => done(port.send(|_, p| p.set_word(0, u64::from(k)))),
+        (Pipelined::Increment, _) => {
+            recv_expecting(port, k, u64::from(k) + 1, "TEST_INCREMENT: wrong answer")
+        }
+        (Pipelined::Printf, 0) => done(port.send_n(&[format])),
+        (Pipelined::Printf, 2) => done(port.send_n(&[&args])),
+        (Pipelined::Printf, _) => done(port.recv(|_, _| {})),
+        (Pipelined::Stream, 0) => done(port.send(|_, p| {
+            p.set_word(0, PIPELINED_STREAM_BYTES as u64);
+            p.write_bytes(8, &stream[..56]);
+        })),
+        (Pipelined::Stream, 1..=3) => done(port.send(|_, p| p.write_bytes(0, stream_packet(step)))),
+        (Pipelined::Stream, 4) => recv_expecting(
+            port,
+            k,
+            PIPELINED_STREAM_BYTES as u64,
+            "TEST_STREAM: wrong length echoed",
+        ),
+        (Pipelined::Stream, n) => {
+            let first = stream_packet(n - 4)[..8].try_into().expect("8 bytes");
+            recv_expecting(
+                port,
+                k,
+                u64::from_le_bytes(first),
+                "TEST_STREAM: wrong bytes echoed",
+            )
         }
     };
     // Per port: the open exchange and its next step, and when that step may be sent.

@@ -152,7 +152,8 @@ impl Setup {
     pub fn threads(&self) -> Vec<i32> {
         match &self.host {
             Host::InProcess { worker, .. } => vec![*worker],
-            Host::Process(process) => process.threads(),
+            // Best effort, as pinning is: a process whose threads cannot be listed is not moved.
+            Host::Process(process) => process.threads().unwrap_or_default(),
         }
     }
 
@@ -330,29 +331,24 @@ impl Process {
         unsafe { libc::kill(self.child.id() as i32, signal) };
     }
 
-    /// The CPU time of all the process's threads.
-    fn threads(&self) -> Vec<i32> {
+    /// The kernel thread ids of the process's threads.
+    fn threads(&self) -> Result<Vec<i32>, String> {
         let dir = format!("/proc/{}/task", self.child.id());
-        std::fs::read_dir(dir)
-            .map(|tasks| {
-                tasks
-                    .filter_map(|task| task.ok()?.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
+        let tasks = std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))?;
+        Ok(tasks
+            .filter_map(|task| task.ok()?.file_name().to_str()?.parse().ok())
+            .collect())
     }
 
+    /// The CPU time of all the process's threads.
     fn cpu(&self) -> Result<Duration, String> {
-        let dir = format!("/proc/{}/task", self.child.id());
-        let mut total = Duration::ZERO;
-        for task in std::fs::read_dir(&dir).map_err(|e| format!("{dir}: {e}"))? {
-            let task = task.map_err(|e| e.to_string())?;
-            // A thread that exits between the listing and the read is simply not counted.
-            if let Ok(cpu) = schedstat(&format!("{}/schedstat", task.path().display())) {
-                total += cpu;
-            }
-        }
-        Ok(total)
+        let pid = self.child.id();
+        // A thread that exits between the listing and the read is simply not counted.
+        Ok(self
+            .threads()?
+            .into_iter()
+            .filter_map(|tid| schedstat(&format!("/proc/{pid}/task/{tid}/schedstat")).ok())
+            .sum())
     }
 }
 
