@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::Backoff;
+use rpc_core::protocol::{Backoff, Deadline};
 use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{
     MailboxId, Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped,
@@ -1192,4 +1192,89 @@ fn kernels_arriving_while_the_worker_ends_its_stretch_keep_their_exchanges() {
         }
     }
     assert_eq!(server.stats().abandoned, 0, "after {kernels} kernels");
+}
+
+/// Many exchanges in flight at once, as from a pipelining client or many warps: the worker's
+/// passes that begin with two or more then publish their hand-overs and unlocks in batches
+/// (`protocol::deferred`). Four client threads run TEST_INTERFACE (every send/recv adjacency,
+/// so acknowledgements among them) and TEST_STREAM echoes of 1 to 5 packets each way: every
+/// answer must be right, every exchange served once, no port left locked.
+#[test]
+fn many_exchanges_in_flight_are_each_served_whole() {
+    // How long a client waits for an answer before it fails: generous, as `eventually`; miri
+    // interprets the server thread some thousand times slower.
+    const PATIENCE: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 10 });
+    const THREADS: u64 = 4;
+    let rounds = scaled(300, 1) as u64;
+    let server = RpcServer::new(config("in-flight"));
+    let mailbox = Mailbox::attach(&server, 64, 1);
+    let _ = server.start().unwrap();
+    let _user = server.user_for(mailbox.id);
+    thread::scope(|scope| {
+        for t in 0..THREADS {
+            let mailbox = &mailbox;
+            scope.spawn(move || {
+                // A hand-over never published fails the test rather than hanging it.
+                let wait = Deadline::after(PATIENCE);
+                let client = mailbox.client().with_wait(&wait);
+                for round in 0..rounds {
+                    let mut port = client.open(Opcode::TEST_INTERFACE, 1).unwrap();
+                    // TEST_INTERFACE: the client's part, each number one more than the last.
+                    let end_with_recv = round % 2 == 0;
+                    let mut count = 100 * t + round;
+                    port.send(|_, p| p.set_word(0, end_with_recv as u64))
+                        .unwrap();
+                    port.send(|_, p| p.set_word(0, count)).unwrap();
+                    let mut step = |send: bool| {
+                        if send {
+                            count += 1;
+                            port.send(|_, p| p.set_word(0, count)).unwrap();
+                        } else {
+                            port.recv(|_, p| {
+                                assert_eq!(p.word(0), count + 1, "thread {t} round {round}");
+                                count += 1;
+                            })
+                            .unwrap();
+                        }
+                    };
+                    for send in [false, true, false, true, true, false, false, end_with_recv] {
+                        step(send);
+                    }
+                    drop(port);
+                    let data: Vec<u8> = (0..1 + (t * 97 + round * 31) % 300)
+                        .map(|i| (i ^ t ^ round) as u8)
+                        .collect();
+                    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
+                    port.send_n(&[&data]).unwrap();
+                    let back = port.recv_n(u64::MAX).unwrap();
+                    assert_eq!(back[0], data, "thread {t} round {round}");
+                }
+            });
+        }
+    });
+    let each = THREADS * rounds;
+    eventually("every exchange is counted", || {
+        let stats = server.stats();
+        stats.served_of(Opcode::TEST_STREAM) == each
+    });
+    let stats = server.stats();
+    assert_eq!(stats.served_of(Opcode::TEST_INTERFACE), each);
+    assert_eq!((stats.errors, stats.abandoned, stats.panics), (0, 0, 0));
+    // Every port was handed back and unlocked: each serves one more request.
+    let wait = Deadline::after(PATIENCE);
+    let client = mailbox.client().with_wait(&wait);
+    for k in 0..64 {
+        let port = std::cell::RefCell::new(None);
+        eventually("the port is the client's again", || {
+            *port.borrow_mut() = client.try_open_at(k, Opcode::TEST_INCREMENT, 1).unwrap();
+            port.borrow().is_some()
+        });
+        let mut port = port.into_inner().unwrap();
+        let mut got = 0;
+        port.send_and_recv(|_, p| p.set_word(0, k.into()), |_, p| got = p.word(0))
+            .unwrap();
+        assert_eq!(got, u64::from(k) + 1, "port {k}");
+    }
+    drop(_user);
+    let _ = server.shutdown().unwrap();
 }

@@ -10,6 +10,7 @@
 //! - `port.rs`: the per-port state machine both sides share ([`ClientPort`], [`ServerPort`]),
 //!   and the ways to wait ([`Wait`]);
 //! - `client.rs`: opening ports as a GPU warp does ([`Client`]);
+//! - `deferred.rs`: a server thread's flips and unlocks published in batches;
 //! - `server_end.rs`: the server's end of one mailbox: finding pending ports and opening them
 //!   ([`ServerEnd`]; `scan.rs` finds them a word at a time).
 //!
@@ -17,6 +18,9 @@
 //! but the `sync` shim.
 
 pub(crate) mod client;
+// Its batches serve only the server thread, which needs `std`.
+#[cfg_attr(not(feature = "std"), allow(dead_code))]
+pub(crate) mod deferred;
 pub(crate) mod error;
 pub(crate) mod layout;
 pub(crate) mod mailbox;

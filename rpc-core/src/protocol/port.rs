@@ -2,8 +2,9 @@
 //!
 //! # Memory ordering
 //! Ownership of a port's header and packets moves by flipping one's own word:
-//! - before a flip, `fence(Release)` then a `Relaxed` store (`Port::hand_over`): every header
-//!   and packet write before it is visible to whoever sees the flip;
+//! - before a flip, `fence(Release)` then a `Relaxed` store (`Port::hand_over`, through
+//!   `deferred::store_own_word`, or in a server thread's batch, `deferred`): every header and
+//!   packet write before it is visible to whoever sees the flip;
 //! - waiting for the other side's flip uses `Relaxed` loads, then `fence(Acquire)`
 //!   (`Port::take_buffer`), which pairs with that side's release fence, so its writes are
 //!   visible before we read or overwrite the buffers.
@@ -26,6 +27,7 @@
 //! | other word (`inbox`) | read only |
 //! | header, packets | only while `owns` (or, for the client, between open and its first send) |
 
+use crate::protocol::deferred;
 use crate::protocol::error::ProtocolError;
 use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::protocol::mailbox::unlock;
@@ -81,6 +83,8 @@ fn spin_for_answer(answered: impl Fn() -> bool) -> bool {
             return false;
         }
         left.set(left.get() - 1);
+        // The answer may wait on a flip of ours still deferred.
+        deferred::publish();
         for _ in 0..SPINS_PER_WAIT {
             crate::sync::spin_hint();
             if answered() {
@@ -200,15 +204,6 @@ pub(crate) static DEFAULT_WAIT: Spin = Spin;
 #[inline]
 pub(crate) fn normalize(word: u32) -> u32 {
     (word != 0) as u32
-}
-
-/// Stores this side's word (a flip, or a reset to the other side's value): `fence(Release)`
-/// first, so every header and packet write before it is visible to whoever sees the new word
-/// (see the module's memory-ordering note). The one place a side's word is written after open.
-#[inline]
-pub(crate) fn store_own_word(word: &AtomicU32, value: u32) {
-    fence(Ordering::Release);
-    word.store(value, Ordering::Relaxed);
 }
 
 /// The lanes whose bits are set in `mask`, lowest first.
@@ -414,6 +409,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
                 }
                 return Poll::Pending;
             }
+            deferred::publish();
             if let Err(error) = self.wait.pause(self.index, attempt) {
                 self.gave_up = true;
                 return Poll::Ready(Err(error));
@@ -431,10 +427,15 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         core::future::poll_fn(|_| self.poll_take()).await
     }
 
-    /// Hands the buffer to the other side by flipping our own word.
+    /// Hands the buffer to the other side by flipping our own word (a server thread's flip
+    /// may wait in a batch: `deferred`).
     fn hand_over(&mut self) {
         self.out ^= 1;
-        store_own_word(self.outbox, self.out);
+        if SERVER {
+            deferred::flip(self.outbox, self.out);
+        } else {
+            deferred::store_own_word(self.outbox, self.out);
+        }
         self.owns = false;
     }
 
@@ -746,7 +747,7 @@ impl<'a> Port<'a, true> {
     /// finished exchange) and releases the port, whatever step the script was at.
     pub fn reset(mut self) {
         self.out = normalize(self.inbox.load(Ordering::Relaxed));
-        store_own_word(self.outbox, self.out);
+        deferred::store_own_word(self.outbox, self.out);
         self.owns = false;
     }
 }
@@ -782,7 +783,11 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
             self.hand_over();
         }
         self.count_closed();
-        unlock(self.locks, self.index);
+        if SERVER {
+            deferred::unlock(self.locks, self.index);
+        } else {
+            unlock(self.locks, self.index);
+        }
     }
 }
 

@@ -1,10 +1,11 @@
 //! The server side of the port protocol over one mailbox: finding pending ports and opening
 //! them. The thread that drives it is [`crate::server::thread`]; handlers run the port scripts.
 
+use crate::protocol::deferred;
 use crate::protocol::error::ProtocolError;
 use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
-use crate::protocol::port::{normalize, store_own_word, Port, ServerPort, Wait};
+use crate::protocol::port::{normalize, Port, ServerPort, Wait};
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
 use crate::Result;
 
@@ -71,11 +72,13 @@ impl<'a> ServerEnd<'a> {
     pub(crate) fn close(&self, index: u32, owned: bool) {
         let i = index as usize;
         if owned {
-            // Only we write our word, so it reads what we last stored.
+            // Only we write our word, so once our deferred flips are out it reads what we
+            // last stored.
+            deferred::publish();
             let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
-            store_own_word(&self.mailbox.primary[i], out ^ 1);
+            deferred::flip(&self.mailbox.primary[i], out ^ 1);
         }
-        unlock(self.locks, index);
+        deferred::unlock(self.locks, index);
     }
 
     /// Resets port `index`, which the caller holds locked and whose client is gone (so nobody
@@ -84,7 +87,7 @@ impl<'a> ServerEnd<'a> {
     pub(crate) fn release(&self, index: u32) {
         let i = index as usize;
         let client = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
-        store_own_word(&self.mailbox.primary[i], client);
+        deferred::store_own_word(&self.mailbox.primary[i], client);
         unlock(self.locks, index);
     }
 

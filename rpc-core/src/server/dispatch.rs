@@ -62,6 +62,7 @@
 use std::time::Instant;
 use std::vec::Vec;
 
+use crate::protocol::deferred;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{SPIN_WAITS, WAITING_ON_PORT};
 use crate::protocol::scan::{HotPorts, Step};
@@ -400,6 +401,13 @@ impl Inner {
             return 0;
         };
         let mut progress = inner.drop_detached(in_flight);
+        // A pass that begins with two or more exchanges in flight (a client that pipelines, or
+        // many warps) publishes its flips and unlocks in batches: see `deferred`, which is why
+        // that pays and what it costs. Published at the latest when `batch` drops, at the end
+        // of this function.
+        // SAFETY: the mailboxes whose ports the pass flips and unlocks are held by `mailboxes`
+        // (and by the exchanges in flight) until after it returns.
+        let _batch = (in_flight.len() >= 2).then(|| unsafe { deferred::Batch::begin() });
         // Ports scanned since the last progress of this pass (see `quiet_ports`).
         let mut quiet = 0;
         let stopping = inner.thread.stopping();
