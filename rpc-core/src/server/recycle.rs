@@ -1,6 +1,6 @@
 //! Memory a finished exchange leaves behind, kept for the next exchanges of the same thread:
-//! the block that held its future ([`Exchange`]) and the buffers of its `recv_n` results
-//! ([`Streams`]).
+//! the block that held its future ([`Exchange`]), the buffers of its `recv_n` results
+//! ([`Streams`]) and of the vectors a service made for it ([`PooledVec`]).
 //!
 //! Why: a server thread with many exchanges in flight (the pipelined rows of
 //! docs/performance.md) ends a score of them in one pass and begins as many in the next. The C
@@ -22,6 +22,7 @@
 use std::alloc::Layout;
 use std::cell::RefCell;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 use std::ptr::NonNull;
@@ -98,6 +99,77 @@ impl Drop for Exchange {
             // SAFETY: `block` was allocated by the global allocator with `layout` and is no
             // longer used.
             unsafe { std::alloc::dealloc(block.as_ptr(), layout) };
+        }
+    }
+}
+
+/// A vector whose buffer comes from this thread's pool of blocks, and goes back to it when
+/// the vector is dropped (emptied): for the vectors a busy service makes for every request
+/// (printf's active lanes and parsed formats), which the C library's per-thread cache could
+/// not keep with dozens of exchanges in flight (docs/performance.md).
+pub(crate) struct PooledVec<T>(ManuallyDrop<Vec<T>>);
+
+impl<T> PooledVec<T> {
+    /// An empty vector with room for `capacity` elements, in a kept block where there is one.
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        let kept = Layout::array::<T>(capacity)
+            .ok()
+            .filter(|layout| layout.size() > 0)
+            .and_then(|layout| with_pool(|pool| pool.take_block(layout)).flatten());
+        PooledVec(ManuallyDrop::new(match kept {
+            // SAFETY: the block was allocated by the global allocator with the layout of
+            // `capacity` `T`s (by `Drop` below, from a vector of that capacity, or by the
+            // allocator for one), which is what a vector of that capacity owns; it is unused.
+            Some(block) => unsafe { Vec::from_raw_parts(block.as_ptr().cast(), 0, capacity) },
+            None => Vec::with_capacity(capacity),
+        }))
+    }
+}
+
+impl<T> Deref for PooledVec<T> {
+    type Target = Vec<T>;
+    fn deref(&self) -> &Vec<T> {
+        &self.0
+    }
+}
+
+impl<T> DerefMut for PooledVec<T> {
+    fn deref_mut(&mut self) -> &mut Vec<T> {
+        &mut self.0
+    }
+}
+
+impl<'v, T> IntoIterator for &'v PooledVec<T> {
+    type Item = &'v T;
+    type IntoIter = core::slice::Iter<'v, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl<'v, T> IntoIterator for &'v mut PooledVec<T> {
+    type Item = &'v mut T;
+    type IntoIter = core::slice::IterMut<'v, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter_mut()
+    }
+}
+
+impl<T> Drop for PooledVec<T> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here; the field is not used again.
+        let mut vec = unsafe { ManuallyDrop::take(&mut self.0) };
+        vec.clear();
+        let Some(layout) = Layout::array::<T>(vec.capacity())
+            .ok()
+            .filter(|layout| layout.size() > 0)
+        else {
+            return;
+        };
+        let block = NonNull::new(vec.as_mut_ptr().cast::<u8>()).expect("a buffer of that size");
+        if with_pool(|pool| pool.give_block(block, layout)).unwrap_or(false) {
+            // The pool owns the block now (a vector allocates exactly its capacity's layout).
+            core::mem::forget(vec);
         }
     }
 }
@@ -186,7 +258,8 @@ pub(crate) fn release_large() {
 /// One thread's kept memory.
 #[derive(Default)]
 struct Pool {
-    /// Free blocks by layout (one entry per kind of future served on this thread).
+    /// Free blocks by layout (one entry per kind of future served on this thread, and per
+    /// size of [`PooledVec`]).
     blocks: Vec<(Layout, Vec<NonNull<u8>>)>,
     /// Dropped `recv_n` results (their bytes not yet cleared), with the bytes each holds.
     streams: Vec<(Vec<Vec<u8>>, usize)>,
@@ -281,6 +354,33 @@ mod tests {
             "a block in use is not handed out"
         );
         assert!(matches!(poll_once(&mut third), Poll::Ready(Ok(()))));
+    }
+
+    #[test]
+    fn a_dropped_pooled_vector_gives_its_buffer_to_the_next_of_its_capacity() {
+        let live = std::rc::Rc::new(());
+        let mut first = PooledVec::with_capacity(5);
+        first.extend((0..3).map(|_| live.clone()));
+        let buffer = first.as_ptr();
+        drop(first);
+        assert_eq!(
+            std::rc::Rc::strong_count(&live),
+            1,
+            "its elements were dropped"
+        );
+        let second: PooledVec<std::rc::Rc<()>> = PooledVec::with_capacity(5);
+        assert_eq!(second.as_ptr(), buffer, "the buffer was reused");
+        assert_eq!((second.len(), second.capacity()), (0, 5));
+        let other: PooledVec<std::rc::Rc<()>> = PooledVec::with_capacity(5);
+        assert_ne!(other.as_ptr(), buffer, "a buffer in use is not handed out");
+        // One that grew gives back the buffer it has, under that capacity's layout.
+        let mut grown = PooledVec::with_capacity(1);
+        grown.extend((0..40).map(|_| live.clone()));
+        let (buffer, capacity) = (grown.as_ptr(), grown.capacity());
+        drop(grown);
+        let again: PooledVec<std::rc::Rc<()>> = PooledVec::with_capacity(capacity);
+        assert_eq!(again.as_ptr(), buffer);
+        assert_eq!(std::rc::Rc::strong_count(&live), 1);
     }
 
     #[test]

@@ -41,11 +41,11 @@ use super::streams::{Target, Ticket};
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::protocol::opcode::Opcode;
 use crate::server::error::ServerError;
-use crate::server::recycle::Streams;
+use crate::server::recycle::{PooledVec, Streams};
 use crate::server::registry::Request;
 use crate::services::printf::{
-    args_size, format_in, format_onto, output_bound, parse_in, push_string_pointers, Chunks,
-    Dialect, Piece, CHUNK,
+    args_size, format_in, format_onto, output_bound, parse_in, parse_onto, push_string_pointers,
+    Chunks, Dialect, Piece, CHUNK,
 };
 use crate::sync::lock;
 use crate::Result;
@@ -61,7 +61,7 @@ struct Lane<'f> {
     parsed: Option<(usize, Target)>,
     /// The parsed format of a lane that parsed its own (empty for one sharing another's),
     /// and the argument bytes it takes.
-    pieces: Vec<Piece<'f>>,
+    pieces: PooledVec<Piece<'f>>,
     args_size: usize,
     /// Its non-null `%s` pointers not fetched yet (indices into the request's list of
     /// pointers, popped last-first), and the one asked for now.
@@ -75,12 +75,16 @@ struct Lane<'f> {
     result: u64,
 }
 
+/// Room for the pieces of a format of up to 3 conversions (a literal before each and one at
+/// the end), parsed without growing the vector.
+const PIECES: usize = 8;
+
 impl Lane<'_> {
     fn new(lane: u32) -> Self {
         Lane {
             lane,
             parsed: None,
-            pieces: Vec::new(),
+            pieces: PooledVec::with_capacity(0),
             args_size: 0,
             pending: 0..0,
             asked: 0,
@@ -111,8 +115,9 @@ fn at<'l, 'f>(lanes: &'l [Lane<'f>], lane: u32) -> Option<&'l Lane<'f>> {
 
 /// Serves every PRINTF_TO_* opcode. A request costs few allocations whatever its lanes (printf
 /// is the busiest opcode there is): one vector of the active lanes' states (a warp's single
-/// printing thread costs one, not 32), one list of `%s` pointers and one map of fetched
-/// strings for all of them, and a parse per distinct format.
+/// printing thread costs one, not 32) and one per distinct format parsed, both in blocks of
+/// the thread's pool (`PooledVec`), and, with `%s`, one list of pointers and one map of
+/// fetched strings for all the lanes.
 pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let opcode = req.opcode();
     let packed = matches!(
@@ -149,7 +154,10 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
 
     // 2, 3. The formats, and the argument sizes they need.
     let formats = req.recv_n().await?;
-    let mut lanes: Vec<Lane<'_>> = active(&req).map(Lane::new).collect();
+    // Capacities in powers of two: few sizes of block for the thread's pool to keep.
+    let active_lanes = req.mask().count_ones() as usize;
+    let mut lanes: PooledVec<Lane<'_>> = PooledVec::with_capacity(active_lanes.next_power_of_two());
+    lanes.extend(active(&req).map(Lane::new));
     let mut last_parsed: Option<usize> = None;
     for k in 0..lanes.len() {
         let (lane, i) = (lanes[k].lane, lanes[k].lane as usize);
@@ -161,7 +169,8 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         let owner = match last_parsed {
             Some(j) if formats[lanes[j].lane as usize] == formats[i] => j,
             _ => {
-                lanes[k].pieces = parse_in(dialect, &formats[i]);
+                lanes[k].pieces = PooledVec::with_capacity(PIECES);
+                parse_onto(dialect, &formats[i], &mut lanes[k].pieces);
                 lanes[k].args_size = args_size(&lanes[k].pieces, packed);
                 last_parsed = Some(k);
                 k
@@ -318,9 +327,10 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     } else {
         // The parsed pieces borrow `formats`, which the call takes: they are parsed again there.
         let jobs: Vec<_> = lanes
-            .into_iter()
+            .drain(..)
             .filter_map(|state| Some((state.lane as usize, state.parsed?.1)))
             .collect();
+        drop(lanes);
         let printed = super::io(&req, touches, move |context| {
             let run = |(i, target): (usize, Target)| {
                 let pieces = parse_in(dialect, &formats[i]);

@@ -184,10 +184,17 @@ pub fn parse(format: &[u8]) -> Vec<Piece<'_>> {
 /// is a [`Piece::Malformed`], printed as that printf prints it: as its text by LLVM libc's
 /// printf core (LLVM 20-22), again in glibc's form by the host C library (LLVM 23+).
 pub fn parse_in(dialect: Dialect, format: &[u8]) -> Vec<Piece<'_>> {
+    let mut pieces = Vec::new();
+    parse_onto(dialect, format, &mut pieces);
+    pieces
+}
+
+/// [`parse_in`], onto the end of `pieces` (for a vector the caller keeps for reuse).
+pub(crate) fn parse_onto<'f>(dialect: Dialect, format: &'f [u8], pieces: &mut Vec<Piece<'f>>) {
     let format = format.split(|&b| b == 0).next().unwrap_or_default();
-    // A literal and a spec per `%` at most, and a last literal: one allocation.
+    // A literal and a spec per `%` at most, and a last literal: at most one allocation.
     let specs = format.iter().filter(|&&b| b == b'%').count();
-    let mut pieces = Vec::with_capacity(2 * specs + 1);
+    pieces.reserve(2 * specs + 1);
     let mut rest = format;
     let mut at = 0;
     while !rest.is_empty() {
@@ -217,7 +224,6 @@ pub fn parse_in(dialect: Dialect, format: &[u8]) -> Vec<Piece<'_>> {
         at += used;
         rest = spec.get(used..).unwrap_or_default();
     }
-    pieces
 }
 
 /// Whether `dialect`'s printf formats `conversion`. LLVM 20-22's server builds LLVM libc's
