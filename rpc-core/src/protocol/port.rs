@@ -206,6 +206,23 @@ pub(crate) fn normalize(word: u32) -> u32 {
     (word != 0) as u32
 }
 
+/// Hints the CPU to fetch the cache line holding `word` (no-op where we have no such hint).
+/// A prefetch reads nothing the program sees and cannot fault, so it neither races nor needs an
+/// ordering: the fences of the protocol still order the loads that use the data.
+#[inline(always)]
+pub(crate) fn prefetch(word: &DataWord) {
+    #[cfg(all(target_arch = "x86_64", not(loom)))]
+    // SAFETY: PREFETCHT0 is part of SSE, which every x86-64 CPU has; it only takes an address,
+    // which is valid anyway (it comes from a reference).
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
+            word.as_ptr().cast::<i8>().cast_const(),
+        );
+    }
+    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
+    let _ = word;
+}
+
 /// The lanes whose bits are set in `mask`, lowest first.
 pub fn lanes(mut mask: u64) -> impl Iterator<Item = u32> {
     core::iter::from_fn(move || {
@@ -466,6 +483,16 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             self.receive = false;
         }
         self.take_buffer().await?;
+        // The other side wrote each active lane's packet line, so each read below misses. The
+        // loop reads them one after the other (each read's use decides what comes next); asked
+        // for at once, the lines come in parallel. At L=32 the first reads were three quarters
+        // of printf's `recv_n`, and printf lines went up 13-21%. Only the server's ports: a
+        // client's loop is the device's (or, here, the bench's measuring instrument).
+        if SERVER && self.mask & (self.mask - 1) != 0 {
+            for lane in lanes(self.mask) {
+                prefetch(&self.packets[8 * lane as usize]);
+            }
+        }
         for lane in lanes(self.mask) {
             use_(lane, self.packet(lane));
         }

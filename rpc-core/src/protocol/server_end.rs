@@ -5,8 +5,8 @@ use crate::protocol::deferred;
 use crate::protocol::error::ProtocolError;
 use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
-use crate::protocol::port::{normalize, Port, ServerPort, Wait};
-use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
+use crate::protocol::port::{normalize, prefetch, Port, ServerPort, Wait};
+use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 use crate::Result;
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
@@ -164,21 +164,4 @@ impl<'a> ServerEnd<'a> {
         }
         None
     }
-}
-
-/// Hints the CPU to fetch the cache line holding `word` (no-op where we have no such hint).
-/// A prefetch reads nothing the program sees and cannot fault, so it neither races nor needs an
-/// ordering: the fences of the protocol still order the loads that use the data.
-#[inline(always)]
-fn prefetch(word: &DataWord) {
-    #[cfg(all(target_arch = "x86_64", not(loom)))]
-    // SAFETY: PREFETCHT0 is part of SSE, which every x86-64 CPU has; it only takes an address,
-    // which is valid anyway (it comes from a reference).
-    unsafe {
-        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(
-            word.as_ptr().cast::<i8>().cast_const(),
-        );
-    }
-    #[cfg(not(all(target_arch = "x86_64", not(loom))))]
-    let _ = word;
 }
