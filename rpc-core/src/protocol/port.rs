@@ -488,7 +488,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         // for at once, the lines come in parallel. At L=32 the first reads were three quarters
         // of printf's `recv_n`, and printf lines went up 13-21%. Only the server's ports: a
         // client's loop is the device's (or, here, the bench's measuring instrument).
-        if SERVER && self.mask & (self.mask - 1) != 0 {
+        if SERVER && self.mask.count_ones() > 1 {
             for lane in lanes(self.mask) {
                 prefetch(&self.packets[8 * lane as usize]);
             }
