@@ -32,7 +32,6 @@
 //! request.
 
 use core::ops::Range;
-use std::collections::BTreeMap;
 use std::format;
 use std::string::String;
 use std::vec::Vec;
@@ -63,10 +62,11 @@ struct Lane<'f> {
     /// and the argument bytes it takes.
     pieces: PooledVec<Piece<'f>>,
     args_size: usize,
-    /// Its non-null `%s` pointers not fetched yet (indices into the request's list of
-    /// pointers, popped last-first), and the one asked for now.
+    /// Its non-null `%s` pointers (indices into the request's list of pointers), those not
+    /// fetched yet (popped last-first), and the one asked for now.
+    strings: Range<usize>,
     pending: Range<usize>,
-    asked: u64,
+    asked: Option<usize>,
     /// Bytes of its `%s` strings fetched.
     fetched: usize,
     /// The commit that writes the lane's staged line, and its length.
@@ -86,8 +86,9 @@ impl Lane<'_> {
             parsed: None,
             pieces: PooledVec::with_capacity(0),
             args_size: 0,
+            strings: 0..0,
             pending: 0..0,
-            asked: 0,
+            asked: None,
             fetched: 0,
             staged: None,
             result: c_result(-1),
@@ -99,8 +100,20 @@ impl Lane<'_> {
     fn refuse(&mut self) {
         self.parsed = None;
         self.pending = 0..0;
-        self.asked = 0;
+        self.asked = None;
     }
+}
+
+/// The round that fetched the string at `pointer` for a lane whose `%s` pointers are the
+/// entries `mine` of the request's `pointers` (a pointer printed twice is fetched once).
+fn round_of(
+    pointers: &[u64],
+    fetched_in: &[Option<usize>],
+    mine: Range<usize>,
+    pointer: u64,
+) -> Option<usize> {
+    mine.filter(|&k| pointers[k] == pointer)
+        .find_map(|k| fetched_in[k])
 }
 
 /// The state of `lane` among the active `lanes` (in lane order).
@@ -116,8 +129,8 @@ fn at<'l, 'f>(lanes: &'l [Lane<'f>], lane: u32) -> Option<&'l Lane<'f>> {
 /// Serves every PRINTF_TO_* opcode. A request costs few allocations whatever its lanes (printf
 /// is the busiest opcode there is): one vector of the active lanes' states (a warp's single
 /// printing thread costs one, not 32) and one per distinct format parsed, both in blocks of
-/// the thread's pool (`PooledVec`), and, with `%s`, one list of pointers and one map of
-/// fetched strings for all the lanes.
+/// the thread's pool (`PooledVec`), and, with `%s`, one list of pointers for all the lanes
+/// and one of the rounds that fetched them.
 pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let opcode = req.opcode();
     let packed = matches!(
@@ -196,7 +209,10 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         };
         let first = pointers.len();
         match push_string_pointers(&lanes[owner].pieces, &args[i], packed, &mut pointers) {
-            Ok(()) => lanes[k].pending = first..pointers.len(),
+            Ok(()) => {
+                lanes[k].strings = first..pointers.len();
+                lanes[k].pending = first..pointers.len();
+            }
             Err(why) => {
                 refusals.lane(lane, format!("{why} for {}", quoted(&formats[i])));
                 lanes[k].refuse();
@@ -206,19 +222,20 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
 
     // 5. Fetch the strings, last-first, each pointer once per lane, within the request's
     // budget. Each round's strings stay in the buffers it was received in (reused by later
-    // requests once dropped); `strings` finds a lane's string by its pointer: the round that
-    // brought it. (A B-tree: std's hash table spent more on SipHash and on growing than the
-    // lookups cost.)
+    // requests once dropped); `fetched_in` holds, for each entry of `pointers`, the round that
+    // brought its string, and a lane finds a string by looking through its own few entries
+    // (`round_of`). (It was a map keyed by lane and pointer: at L=32, its 32 inserts and their
+    // nodes showed in the profile.)
     let mut rounds: Vec<Streams> = Vec::new();
-    let mut strings: BTreeMap<(u32, u64), usize> = BTreeMap::new();
+    let mut fetched_in: Vec<Option<usize>> = vec![None; pointers.len()];
     let mut budget = context.config.limits.printf_string_bytes;
     loop {
         let mut asking = false;
         for state in &mut lanes {
-            state.asked = 0;
+            state.asked = None;
             while let Some(k) = state.pending.next_back() {
-                if !strings.contains_key(&(state.lane, pointers[k])) {
-                    state.asked = pointers[k];
+                if round_of(&pointers, &fetched_in, state.strings.clone(), pointers[k]).is_none() {
+                    state.asked = Some(k);
                     asking = true;
                     break;
                 }
@@ -229,15 +246,16 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         }
         req.send(|lane, p| {
             p.set_word(0, 0);
-            p.set_word(1, at(&lanes, lane).map_or(0, |state| state.asked));
+            let asked = at(&lanes, lane).and_then(|state| state.asked);
+            p.set_word(1, asked.map_or(0, |k| pointers[k]));
         })
         .await?;
         let fetched = req.recv_n().await?;
         for state in &mut lanes {
             let (lane, i) = (state.lane, state.lane as usize);
-            if state.asked == 0 || state.parsed.is_none() {
+            let (Some(asked), Some(_)) = (state.asked, &state.parsed) else {
                 continue;
-            }
+            };
             let len = fetched[i].len();
             if len as u64 > budget {
                 refusals.lane(
@@ -252,7 +270,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             }
             budget -= len as u64;
             state.fetched += len;
-            strings.insert((lane, state.asked), rounds.len());
+            fetched_in[asked] = Some(rounds.len());
         }
         rounds.push(fetched);
     }
@@ -284,7 +302,11 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                 let Some(output) = services.output(target) else {
                     continue; // Not reached: a file or stdin is no inline target.
                 };
-                let fetch = |p| strings.get(&(lane, p)).map(|&r| rounds[r][i].as_slice());
+                let mine = lanes[k].strings.clone();
+                let fetch = |p| {
+                    round_of(&pointers, &fetched_in, mine.clone(), p)
+                        .map(|r| rounds[r][i].as_slice())
+                };
                 let pieces = &lanes[*owner].pieces;
                 let format = |out: &mut Vec<u8>| {
                     let mut unchunked = Chunks::none();
@@ -336,16 +358,15 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         // The parsed pieces borrow `formats`, which the call takes: they are parsed again there.
         let jobs: Vec<_> = lanes
             .drain(..)
-            .filter_map(|state| Some((state.lane as usize, state.parsed?.1)))
+            .filter_map(|state| Some((state.lane as usize, state.parsed?.1, state.strings)))
             .collect();
         drop(lanes);
         let printed = super::io(&req, touches, move |context| {
-            let run = |(i, target): (usize, Target)| {
+            let run = |(i, target, mine): (usize, Target, Range<usize>)| {
                 let pieces = parse_in(dialect, &formats[i]);
                 let fetch = |p| {
-                    strings
-                        .get(&(i as u32, p))
-                        .map(|&r| rounds[r][i].as_slice())
+                    round_of(&pointers, &fetched_in, mine.clone(), p)
+                        .map(|r| rounds[r][i].as_slice())
                 };
                 let printed = print(
                     context.services(),
