@@ -62,11 +62,12 @@ struct Lane<'f> {
     /// and the argument bytes it takes.
     pieces: PooledVec<Piece<'f>>,
     args_size: usize,
-    /// Its non-null `%s` pointers (indices into the request's list of pointers), those not
-    /// fetched yet (popped last-first), and the one asked for now.
-    strings: Range<usize>,
+    /// Its non-null `%s` pointers not fetched yet (indices into the request's list of
+    /// pointers, popped last-first), and the one asked for now.
     pending: Range<usize>,
-    asked: Option<usize>,
+    asked: u64,
+    /// Its entries in the request's [`Fetched`].
+    strings: Range<usize>,
     /// Bytes of its `%s` strings fetched.
     fetched: usize,
     /// The commit that writes the lane's staged line, and its length.
@@ -86,9 +87,9 @@ impl Lane<'_> {
             parsed: None,
             pieces: PooledVec::with_capacity(0),
             args_size: 0,
-            strings: 0..0,
             pending: 0..0,
-            asked: None,
+            asked: 0,
+            strings: 0..0,
             fetched: 0,
             staged: None,
             result: c_result(-1),
@@ -100,20 +101,57 @@ impl Lane<'_> {
     fn refuse(&mut self) {
         self.parsed = None;
         self.pending = 0..0;
-        self.asked = None;
+        self.asked = 0;
     }
 }
 
-/// The round that fetched the string at `pointer` for a lane whose `%s` pointers are the
-/// entries `mine` of the request's `pointers` (a pointer printed twice is fetched once).
-fn round_of(
-    pointers: &[u64],
-    fetched_in: &[Option<usize>],
-    mine: Range<usize>,
-    pointer: u64,
-) -> Option<usize> {
-    mine.filter(|&k| pointers[k] == pointer)
-        .find_map(|k| fetched_in[k])
+/// Which round of a request fetched each lane's string at each of its `%s` pointers: per lane
+/// (its `strings`), its distinct pointers sorted, so a lookup is a binary search among the
+/// lane's own few entries however many `%s` a format carries (a device may send thousands).
+/// One vector for the request, and none without `%s`.
+struct Fetched(Vec<(u64, Option<usize>)>);
+
+impl Fetched {
+    /// No string fetched yet, for the `%s` pointers of `lanes` (entries of `pointers`); sets
+    /// each lane's `strings`.
+    fn new(lanes: &mut [Lane], pointers: &[u64]) -> Self {
+        let mut all: Vec<(u64, Option<usize>)> = Vec::new();
+        for state in lanes {
+            let start = all.len();
+            all.extend(state.pending.clone().map(|k| (pointers[k], None)));
+            all[start..].sort_unstable_by_key(|&(pointer, _)| pointer);
+            // Each pointer once: a pointer printed twice is fetched once.
+            let mut kept = start;
+            for k in start..all.len() {
+                if kept == start || all[kept - 1].0 != all[k].0 {
+                    all[kept] = all[k];
+                    kept += 1;
+                }
+            }
+            all.truncate(kept);
+            state.strings = start..kept;
+        }
+        Fetched(all)
+    }
+
+    /// Where among a lane's entries (`strings`) `pointer` is.
+    fn find(&self, strings: &Range<usize>, pointer: u64) -> Option<usize> {
+        let mine = &self.0[strings.clone()];
+        let k = mine.binary_search_by_key(&pointer, |&(p, _)| p).ok()?;
+        Some(strings.start + k)
+    }
+
+    /// The round that brought the string at `pointer` of the lane with entries `strings`.
+    fn round(&self, strings: &Range<usize>, pointer: u64) -> Option<usize> {
+        self.0[self.find(strings, pointer)?].1
+    }
+
+    /// Notes that round `round` brought the string at `pointer` of the lane with `strings`.
+    fn set(&mut self, strings: &Range<usize>, pointer: u64, round: usize) {
+        if let Some(k) = self.find(strings, pointer) {
+            self.0[k].1 = Some(round);
+        }
+    }
 }
 
 /// The state of `lane` among the active `lanes` (in lane order).
@@ -130,7 +168,7 @@ fn at<'l, 'f>(lanes: &'l [Lane<'f>], lane: u32) -> Option<&'l Lane<'f>> {
 /// is the busiest opcode there is): one vector of the active lanes' states (a warp's single
 /// printing thread costs one, not 32) and one per distinct format parsed, both in blocks of
 /// the thread's pool (`PooledVec`), and, with `%s`, one list of pointers for all the lanes
-/// and one of the rounds that fetched them.
+/// and one of the rounds that fetched them ([`Fetched`]).
 pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let opcode = req.opcode();
     let packed = matches!(
@@ -209,10 +247,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         };
         let first = pointers.len();
         match push_string_pointers(&lanes[owner].pieces, &args[i], packed, &mut pointers) {
-            Ok(()) => {
-                lanes[k].strings = first..pointers.len();
-                lanes[k].pending = first..pointers.len();
-            }
+            Ok(()) => lanes[k].pending = first..pointers.len(),
             Err(why) => {
                 refusals.lane(lane, format!("{why} for {}", quoted(&formats[i])));
                 lanes[k].refuse();
@@ -222,20 +257,19 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
 
     // 5. Fetch the strings, last-first, each pointer once per lane, within the request's
     // budget. Each round's strings stay in the buffers it was received in (reused by later
-    // requests once dropped); `fetched_in` holds, for each entry of `pointers`, the round that
-    // brought its string, and a lane finds a string by looking through its own few entries
-    // (`round_of`). (It was a map keyed by lane and pointer: at L=32, its 32 inserts and their
-    // nodes showed in the profile.)
+    // requests once dropped); `fetched` finds a lane's string by its pointer: the round that
+    // brought it. (It was a B-tree map: at L=32 its 32 inserts and their nodes showed in the
+    // profile; one sorted vector, built at once, costs one allocation.)
     let mut rounds: Vec<Streams> = Vec::new();
-    let mut fetched_in: Vec<Option<usize>> = vec![None; pointers.len()];
+    let mut fetched = Fetched::new(&mut lanes, &pointers);
     let mut budget = context.config.limits.printf_string_bytes;
     loop {
         let mut asking = false;
         for state in &mut lanes {
-            state.asked = None;
+            state.asked = 0;
             while let Some(k) = state.pending.next_back() {
-                if round_of(&pointers, &fetched_in, state.strings.clone(), pointers[k]).is_none() {
-                    state.asked = Some(k);
+                if fetched.round(&state.strings, pointers[k]).is_none() {
+                    state.asked = pointers[k];
                     asking = true;
                     break;
                 }
@@ -246,17 +280,16 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         }
         req.send(|lane, p| {
             p.set_word(0, 0);
-            let asked = at(&lanes, lane).and_then(|state| state.asked);
-            p.set_word(1, asked.map_or(0, |k| pointers[k]));
+            p.set_word(1, at(&lanes, lane).map_or(0, |state| state.asked));
         })
         .await?;
-        let fetched = req.recv_n().await?;
+        let strings = req.recv_n().await?;
         for state in &mut lanes {
             let (lane, i) = (state.lane, state.lane as usize);
-            let (Some(asked), Some(_)) = (state.asked, &state.parsed) else {
+            if state.asked == 0 || state.parsed.is_none() {
                 continue;
-            };
-            let len = fetched[i].len();
+            }
+            let len = strings[i].len();
             if len as u64 > budget {
                 refusals.lane(
                     lane,
@@ -270,9 +303,9 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             }
             budget -= len as u64;
             state.fetched += len;
-            fetched_in[asked] = Some(rounds.len());
+            fetched.set(&state.strings, state.asked, rounds.len());
         }
-        rounds.push(fetched);
+        rounds.push(strings);
     }
 
     // 6. Format and print in pieces, here or (if any lane prints to a file or may print
@@ -302,11 +335,8 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                 let Some(output) = services.output(target) else {
                     continue; // Not reached: a file or stdin is no inline target.
                 };
-                let mine = lanes[k].strings.clone();
-                let fetch = |p| {
-                    round_of(&pointers, &fetched_in, mine.clone(), p)
-                        .map(|r| rounds[r][i].as_slice())
-                };
+                let mine = &lanes[k].strings;
+                let fetch = |p| fetched.round(mine, p).map(|r| rounds[r][i].as_slice());
                 let pieces = &lanes[*owner].pieces;
                 let format = |out: &mut Vec<u8>| {
                     let mut unchunked = Chunks::none();
@@ -364,10 +394,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         let printed = super::io(&req, touches, move |context| {
             let run = |(i, target, mine): (usize, Target, Range<usize>)| {
                 let pieces = parse_in(dialect, &formats[i]);
-                let fetch = |p| {
-                    round_of(&pointers, &fetched_in, mine.clone(), p)
-                        .map(|r| rounds[r][i].as_slice())
-                };
+                let fetch = |p| fetched.round(&mine, p).map(|r| rounds[r][i].as_slice());
                 let printed = print(
                     context.services(),
                     &target,
@@ -462,5 +489,36 @@ fn quoted(format: &[u8]) -> String {
         format!("{cut:?}...")
     } else {
         format!("{cut:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fetched_keeps_each_lanes_distinct_pointers_apart_and_finds_them() {
+        // Lane 0 prints 9, 5, 9; lane 3 prints 5; lane 7 prints nothing.
+        let pointers = [9, 5, 9, 5];
+        let mut lanes = [Lane::new(0), Lane::new(3), Lane::new(7)];
+        lanes[0].pending = 0..3;
+        lanes[1].pending = 3..4;
+        let mut fetched = Fetched::new(&mut lanes, &pointers);
+        assert_eq!(
+            (lanes[0].strings.clone(), lanes[1].strings.clone()),
+            (0..2, 2..3)
+        );
+        assert!(lanes[2].strings.is_empty());
+        let (zero, three) = (lanes[0].strings.clone(), lanes[1].strings.clone());
+        assert_eq!(fetched.round(&zero, 9), None);
+        fetched.set(&zero, 9, 0);
+        fetched.set(&three, 5, 1);
+        // A pointer printed twice is fetched once; lanes do not see each other's.
+        assert_eq!(fetched.round(&zero, 9), Some(0));
+        assert_eq!(fetched.round(&zero, 5), None);
+        assert_eq!(fetched.round(&three, 5), Some(1));
+        assert_eq!(fetched.round(&three, 9), None, "not a pointer of lane 3");
+        fetched.set(&three, 7, 2); // Not one of its pointers: nothing to note.
+        assert_eq!(fetched.round(&three, 7), None);
     }
 }
