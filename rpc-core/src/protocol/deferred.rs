@@ -39,6 +39,7 @@ use crate::protocol::mailbox::unlock as unlock_now;
 use crate::sync::{fence, AtomicU32, Ordering};
 
 /// The most flips, and the most unlocks, that wait before a batch is published.
+#[cfg_attr(loom, allow(dead_code))] // Under loom there is no list to bound.
 pub(crate) const MAX: usize = 16;
 
 #[cfg(all(feature = "std", not(loom)))]
@@ -159,44 +160,49 @@ impl Drop for Batch {
 #[inline]
 pub(crate) fn store_own_word(word: &AtomicU32, value: u32) {
     publish();
+    store_now(word, value);
+}
+
+/// The store of [`store_own_word`], for a thread with nothing deferred.
+#[inline]
+fn store_now(word: &AtomicU32, value: u32) {
     fence(Ordering::Release);
     word.store(value, Ordering::Relaxed);
+}
+
+/// Runs `add` on this thread's list if a batch lives on the thread; says whether one did
+/// (if not, the list is empty: nothing to publish first).
+#[cfg(all(feature = "std", not(loom)))]
+#[inline]
+fn into_batch(add: impl FnOnce(&mut pending::Pending)) -> bool {
+    pending::PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        if p.on {
+            add(&mut p);
+        }
+        p.on
+    })
 }
 
 /// Stores `value` to our `word` (a server port's flip), or defers it under a batch.
 #[inline]
 pub(crate) fn flip(word: &AtomicU32, value: u32) {
     #[cfg(all(feature = "std", not(loom)))]
-    {
-        let deferred = pending::PENDING.with(|p| {
-            let mut p = p.borrow_mut();
-            if p.on {
-                p.flip(word, value);
-            }
-            p.on
-        });
-        if deferred {
-            return;
-        }
+    if into_batch(|p| p.flip(word, value)) {
+        return;
     }
-    store_own_word(word, value);
+    store_now(word, value);
 }
 
 /// Unlocks server port `index` of `locks`, or defers it under a batch (after the port's flips).
 #[inline]
 pub(crate) fn unlock(locks: &[AtomicU32], index: u32) {
     #[cfg(all(feature = "std", not(loom)))]
-    {
-        let deferred = pending::PENDING.with(|p| {
-            let mut p = p.borrow_mut();
-            if p.on {
-                p.unlock(&locks[index as usize / 32], 1 << (index % 32));
-            }
-            p.on
-        });
-        if deferred {
-            return;
-        }
+    if into_batch(|p| {
+        let (word, bit) = crate::protocol::mailbox::lock_bit(locks, index);
+        p.unlock(word, bit)
+    }) {
+        return;
     }
     unlock_now(locks, index);
 }

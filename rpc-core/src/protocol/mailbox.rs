@@ -145,18 +145,24 @@ pub(crate) const fn lock_words(ports: u32) -> usize {
     ports.div_ceil(32) as usize
 }
 
+/// Port `index`'s lock bit: the word of `locks` that holds it, and the bit.
+pub(crate) fn lock_bit(locks: &[AtomicU32], index: u32) -> (&AtomicU32, u32) {
+    (&locks[index as usize / 32], 1 << (index % 32))
+}
+
 /// Takes port `index`'s lock bit. `Acquire` pairs with the `Release` of the last [`unlock`], so
 /// everything the previous holder did with the port (its flips of its own word) is visible.
 pub(crate) fn try_lock(locks: &[AtomicU32], index: u32) -> bool {
-    let bit = 1 << (index % 32);
+    let (word, bit) = lock_bit(locks, index);
     // RMW: sets the bit (unlocked -> locked); we hold the lock iff it was clear before.
-    locks[index as usize / 32].fetch_or(bit, crate::sync::Ordering::Acquire) & bit == 0
+    word.fetch_or(bit, crate::sync::Ordering::Acquire) & bit == 0
 }
 
 /// Releases port `index`'s lock bit. `Release` publishes the holder's work to the next holder.
 pub(crate) fn unlock(locks: &[AtomicU32], index: u32) {
+    let (word, bit) = lock_bit(locks, index);
     // RMW: clears our bit (locked -> unlocked) without touching the other ports' bits.
-    locks[index as usize / 32].fetch_and(!(1 << (index % 32)), crate::sync::Ordering::Release);
+    word.fetch_and(!bit, crate::sync::Ordering::Release);
 }
 
 /// A table of port lock bits, to be shared by every thread serving (or every client thread

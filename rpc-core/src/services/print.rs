@@ -423,8 +423,8 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
 /// The lock of one stream's `Output`, kept from lane to lane while they print to that stream
 /// (a request's lanes mostly do): a lock per request, not per lane (at L=32 the per-lane locks
 /// showed in the profile, each locked instruction waiting for the line just formatted to
-/// leave the store buffer). One stream at a time, as everywhere else. Scoped to end before the exchange waits: a guard cannot cross an
-/// `await`.
+/// leave the store buffer). One stream at a time, as everywhere else. Scoped to end before
+/// the exchange waits: a guard cannot cross an `await`.
 struct Held<'s>(Option<(&'s Mutex<Output>, MutexGuard<'s, Output>)>);
 
 impl<'s> Held<'s> {
