@@ -139,6 +139,7 @@ pub struct Spec {
 
 impl Spec {
     /// Size in bytes of the value argument (after any `*` arguments); 0 for `%`, which has none.
+    #[inline]
     pub fn value_size(&self) -> usize {
         match self.conversion {
             b'%' => 0,
@@ -452,29 +453,54 @@ pub fn string_pointers(
     args: &[u8],
     packed: bool,
 ) -> Result<Vec<u64>, FormatError> {
+    let needed = args_size(pieces, packed);
+    if args.len() < needed {
+        return Err(FormatError::MissingArguments {
+            needed,
+            available: args.len(),
+        });
+    }
+    let mut at = Vec::new();
+    string_offsets_onto(pieces, packed, &mut at);
     let mut pointers = Vec::new();
-    push_string_pointers(pieces, args, packed, &mut pointers)?;
+    push_pointers_at(&at, args, &mut pointers);
     Ok(pointers)
 }
 
-/// [`string_pointers`], appended to `pointers` (one vector for every lane of a request); on
-/// an error `pointers` is left as it was.
-pub(crate) fn push_string_pointers(
-    pieces: &[Piece],
-    args: &[u8],
-    packed: bool,
-    pointers: &mut Vec<u64>,
-) -> Result<(), FormatError> {
-    let before = pointers.len();
-    let walked = walk(pieces, args, packed, |arg, _| {
-        if let Some(arg) = arg.filter(|a| a.spec.conversion == b's' && a.value != 0) {
-            pointers.push(arg.value);
+/// Where each `%s` pointer lies in the argument buffer of `pieces` (its offset), in format
+/// order, appended to `at`. The same for every buffer: the lanes of one call site read their
+/// pointers at the offsets found once, without walking the format each.
+pub(crate) fn string_offsets_onto(pieces: &[Piece], packed: bool, at: &mut Vec<usize>) {
+    let mut offset = 0;
+    for piece in pieces {
+        let mut start = 0;
+        for size in arg_sizes(piece) {
+            (start, offset) = place(offset, size, packed);
         }
-    });
-    if walked.is_err() {
-        pointers.truncate(before);
+        // A `%s` takes a value, its last argument: the pointer.
+        if is_string(piece) {
+            at.push(start);
+        }
     }
-    walked
+}
+
+/// Whether `piece` is a `%s` conversion: its argument is a pointer to a string the server
+/// fetches from the device.
+fn is_string(piece: &Piece) -> bool {
+    matches!(piece, Piece::Spec(spec) if spec.conversion == b's')
+}
+
+/// Appends the non-null pointers at offsets `at` of `args` (which holds all of its format's
+/// arguments, [`args_size`]) to `pointers`.
+pub(crate) fn push_pointers_at(at: &[usize], args: &[u8], pointers: &mut Vec<u64>) {
+    for &start in at {
+        let word = args
+            .get(start..start + 8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+        if word != 0 {
+            pointers.push(word);
+        }
+    }
 }
 
 /// The size of the pieces [`format_to`] hands its sink: output is gathered up to this, then
@@ -530,7 +556,7 @@ pub fn format_in<'s>(
     let mut chunks = Chunks { size: CHUNK, sink };
     format_onto(
         dialect,
-        pieces,
+        Format::new(pieces),
         args,
         packed,
         strings,
@@ -561,16 +587,36 @@ impl Chunks<'_> {
     }
 }
 
+/// A parsed format as the formatter takes it: its pieces, and whether every one of them
+/// [`is_plain`], found once for all the lanes that print it.
+#[derive(Clone, Copy)]
+pub(crate) struct Format<'p, 'f> {
+    pub(crate) pieces: &'p [Piece<'f>],
+    pub(crate) plain: bool,
+}
+
+impl<'p, 'f> Format<'p, 'f> {
+    pub(crate) fn new(pieces: &'p [Piece<'f>]) -> Self {
+        Format {
+            pieces,
+            plain: pieces.iter().all(is_plain),
+        }
+    }
+}
+
 /// [`format_in`], appending the output to `out` and handing each full chunk on to `chunks`.
 pub(crate) fn format_onto<'s>(
     dialect: Dialect,
-    pieces: &[Piece],
+    Format { pieces, plain }: Format,
     args: &[u8],
     packed: bool,
     strings: &dyn Fn(u64) -> Option<&'s [u8]>,
     out: &mut Vec<u8>,
     chunks: &mut Chunks,
 ) -> Result<(), FormatError> {
+    if plain {
+        return format_plain(pieces, args, packed, strings, out, chunks);
+    }
     walk(pieces, args, packed, |arg, piece| match (arg, piece) {
         (Some(arg), Piece::Malformed { text, .. }) => {
             malformed(dialect, out, &arg, text, chunks);
@@ -756,16 +802,104 @@ fn plain(out: &mut Vec<u8>, a: &Resolved, value: CValue) -> bool {
     if !matches!(a.spec.conversion, b'd' | b'i' | b'u' | b'x' | b'X' | b'o') {
         return false;
     }
+    push_integer(out, a.spec.conversion, negative, magnitude);
+    true
+}
+
+/// Appends an integer as a plain conversion prints it: a `-` if `negative`, then the
+/// magnitude's digits in the base of `conversion` (one of `d i u x X o`).
+fn push_integer(out: &mut Vec<u8>, conversion: u8, negative: bool, magnitude: u64) {
     if negative {
         out.push(b'-');
     }
-    match a.spec.conversion {
+    match conversion {
         b'x' => push_digits::<16>(out, magnitude, b"0123456789abcdef"),
         b'X' => push_digits::<16>(out, magnitude, b"0123456789ABCDEF"),
         b'o' => push_digits::<8>(out, magnitude, b"01234567"),
         _ => push_digits::<10>(out, magnitude, b"0123456789"),
     }
-    true
+}
+
+/// Whether [`plain`] prints `piece` whatever its argument: a literal, `%%`, or a conversion
+/// with no flags, width or precision of an integer of its full C type, a character or a
+/// string.
+fn is_plain(piece: &Piece) -> bool {
+    let Piece::Spec(spec) = piece else {
+        return !matches!(piece, Piece::Malformed { .. });
+    };
+    let f = spec.flags;
+    let bare = !(f.left || f.plus || f.space || f.alt || f.zero)
+        && matches!(spec.width, Count::None | Count::Fixed(0))
+        && spec.precision == Count::None;
+    bare && match spec.conversion {
+        b'c' | b's' => true,
+        b'd' | b'i' | b'u' | b'x' | b'X' | b'o' => !matches!(spec.length, Length::H | Length::Hh),
+        _ => false,
+    }
+}
+
+/// [`format_onto`] of a format whose every piece [`is_plain`] (most of what kernels print):
+/// each piece straight onto `out`, as [`plain`] prints it, without resolving a specification
+/// and going through the general conversion for each (a line of `"lane %d of %s: %d\n"` took
+/// 69 ns that way here, 43 this way).
+fn format_plain<'s>(
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    strings: &dyn Fn(u64) -> Option<&'s [u8]>,
+    out: &mut Vec<u8>,
+    chunks: &mut Chunks,
+) -> Result<(), FormatError> {
+    let mut offset = 0;
+    for piece in pieces {
+        let spec = match piece {
+            Piece::Spec(spec) => spec,
+            Piece::Literal(bytes) => {
+                push_literal(out, bytes, chunks);
+                continue;
+            }
+            _ => {
+                push_literal(out, b"%", chunks);
+                continue;
+            }
+        };
+        let (start, end) = place(offset, spec.value_size(), packed);
+        offset = end;
+        let value = match args.get(start..end) {
+            Some(&[a, b, c, d]) => u64::from(u32::from_le_bytes([a, b, c, d])),
+            Some(&[a, b, c, d, e, f, g, h]) => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+            _ => {
+                return Err(FormatError::MissingArguments {
+                    needed: args_size(pieces, packed),
+                    available: args.len(),
+                })
+            }
+        };
+        let wide = end - start == 8;
+        match spec.conversion {
+            b'c' => out.push(value as u8),
+            b's' => {
+                // A string ends at its first NUL, if it has one; a null or unfetched one
+                // prints as glibc and LLVM print a null `%s`.
+                let fetched = if value == 0 { None } else { strings(value) };
+                let text = fetched.map_or(&b"(null)"[..], |bytes| {
+                    CStr::from_bytes_until_nul(bytes).map_or(bytes, CStr::to_bytes)
+                });
+                out.extend_from_slice(text);
+            }
+            b'd' | b'i' => {
+                let v = if wide {
+                    value as i64
+                } else {
+                    i64::from(value as u32 as i32)
+                };
+                push_integer(out, b'd', v < 0, v.unsigned_abs());
+            }
+            conversion => push_integer(out, conversion, false, value),
+        }
+        hand_on_full_chunks(out, chunks);
+    }
+    Ok(())
 }
 
 /// Appends `value`'s digits in base `RADIX` (a constant, so the divisions are multiplications).
@@ -1205,6 +1339,69 @@ mod tests {
                     assert_eq!(got, err, "{what}");
                 }
             }
+        }
+    }
+
+    /// The plain path ([`format_plain`]) prints what the general one prints, in both dialects,
+    /// packed or not, with every string, with none fetched, and with one argument byte short
+    /// (the same error, after the same output).
+    #[test]
+    fn plain_formats_print_the_same_by_either_path() {
+        let mut plain_rows = 0;
+        for row in &rows() {
+            let pieces = parse(row.format.to_bytes());
+            let fast = Format::new(&pieces);
+            if !fast.plain {
+                continue;
+            }
+            plain_rows += 1;
+            let general = Format {
+                pieces: &pieces,
+                plain: false,
+            };
+            for (dialect, packed) in [
+                (Dialect::HostC, false),
+                (Dialect::HostC, true),
+                (Dialect::LlvmLibc, false),
+                (Dialect::LlvmLibc, true),
+            ] {
+                let (args, strings, _) = encode(&row.args, packed);
+                let fetched = |p| strings.get(&p).map(Vec::as_slice);
+                let none = |_| None::<&[u8]>;
+                let short = &args[..args.len().saturating_sub(1)];
+                let what = std::format!("{:?} {dialect:?} packed={packed}", row.format);
+                for (args, unfetched) in [(&args[..], false), (&args[..], true), (short, false)] {
+                    let print = |format| {
+                        let mut out = Vec::new();
+                        let mut chunks = Chunks::none();
+                        let done = if unfetched {
+                            format_onto(dialect, format, args, packed, &none, &mut out, &mut chunks)
+                        } else {
+                            let strings = &fetched;
+                            format_onto(
+                                dialect,
+                                format,
+                                args,
+                                packed,
+                                strings,
+                                &mut out,
+                                &mut chunks,
+                            )
+                        };
+                        (done, out)
+                    };
+                    assert_eq!(print(fast), print(general), "{what} {args:?} {unfetched}");
+                }
+            }
+        }
+        assert!(plain_rows >= 15, "only {plain_rows} plain rows");
+        // Anything else takes the general path.
+        for format in [
+            "%5d", "%-d", "%+d", "% d", "%#x", "%05d", "%.1d", "%*d", "%.*s", "%hd", "%hhu", "%p",
+            "%f", "%b", "%n", "%y", "a%5%", "%1$d",
+        ] {
+            let pieces = parse(format.as_bytes());
+            assert!(!Format::new(&pieces).plain, "{format}");
         }
     }
 
