@@ -670,6 +670,7 @@ pub(crate) enum OpenError {
 }
 
 /// A stream a request names.
+#[derive(Clone)]
 pub(crate) enum Target {
     Stdin,
     Stdout,
