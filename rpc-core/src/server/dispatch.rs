@@ -69,7 +69,7 @@ use crate::protocol::scan::{HotPorts, Step};
 use crate::server::error::ServerError;
 use crate::server::limits::device_warn;
 use crate::server::mailboxes::{Marks, Quarantined};
-use crate::server::registry::{Exchange, Handler, Registry, Request, YIELDED};
+use crate::server::registry::{Exchange, Handler, Registry, Request, ALONE, YIELDED};
 use crate::server::stats::bump;
 use crate::server::{panic_message, Attached, Inner, ServerContext};
 use crate::sync::{lock, Arc, Ordering};
@@ -611,7 +611,7 @@ impl Inner {
                 }
             }
         };
-        match poll(&mut exchange, 0) {
+        match poll(&mut exchange, false) {
             Polled::OnPort => Some((exchange, true)),
             Polled::Elsewhere | Polled::Yielded => Some((exchange, false)),
             Polled::Done(result) => {
@@ -722,10 +722,7 @@ impl Inner {
         let polled = if waiting {
             Polled::OnPort
         } else {
-            poll(
-                &mut flight.exchange,
-                if alone { ALONE_SPIN_WAITS } else { 0 },
-            )
+            poll(&mut flight.exchange, alone)
         };
         let was_on_port = flight.on_port;
         flight.on_port = matches!(polled, Polled::OnPort);
@@ -914,17 +911,19 @@ enum Polled {
     Yielded,
 }
 
-/// Polls an exchange once (no-op waker: see the module docs), its port operations allowed
-/// `spin_waits` spins for the client's answer before suspending. A panic inside it ends it as
-/// [`ServerError::Panicked`].
-fn poll(exchange: &mut Exchange, spin_waits: u32) -> Polled {
+/// Polls an exchange once (no-op waker: see the module docs). One `alone` in flight may spin
+/// for its client's answer ([`ALONE_SPIN_WAITS`]) before suspending, and goes on at once from
+/// a `Request::yield_unless_alone`. A panic inside it ends it as [`ServerError::Panicked`].
+fn poll(exchange: &mut Exchange, alone: bool) -> Polled {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     WAITING_ON_PORT.with(|waiting| waiting.set(false));
     YIELDED.with(|yielded| yielded.set(false));
-    SPIN_WAITS.with(|left| left.set(spin_waits));
+    ALONE.with(|flag| flag.set(alone));
+    SPIN_WAITS.with(|left| left.set(if alone { ALONE_SPIN_WAITS } else { 0 }));
     let polled = catch(|| Ok(exchange.poll(&mut cx)));
-    // No other exchange spins on what this one left.
+    // No other exchange spins on what this one left, or takes it to be alone.
     SPIN_WAITS.with(|left| left.set(0));
+    ALONE.with(|flag| flag.set(false));
     match polled {
         Ok(std::task::Poll::Pending) if WAITING_ON_PORT.with(|waiting| waiting.get()) => {
             Polled::OnPort

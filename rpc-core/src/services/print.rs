@@ -13,9 +13,10 @@
 //!    {buf\[0\] = bytes written or -1, buf\[1\] = 0}: the reply always comes after the write.
 //!
 //! Short lines to stdout or stderr are *staged* (see `streams::Output`): the exchange stages
-//! its lanes' lines, yields ([`Request::yield_now`]) so that the pass serves the other ports,
-//! and when polled again commits every line staged meanwhile, its own and other exchanges',
-//! in one write, unless one of those did already; then it replies. So the lines of a pass go
+//! its lanes' lines, yields ([`Request::yield_unless_alone`]: not when no other exchange is in
+//! flight) so that the pass serves the other ports, and when polled again commits every line
+//! staged meanwhile, its own and other exchanges', in one write, unless one of those did
+//! already; then it replies. So the lines of a pass go
 //! out in one write (a group commit: one syscall for a pass's lines, not one per request), in
 //! the order they were formatted, each printf still returns only once its line was written,
 //! and a printf to stdout is written before a later one of the same thread to stderr. Lanes of
@@ -402,7 +403,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         if staged {
             // Should the exchange be dropped here (abandoned), its lines are written now.
             let guard = CommitOnDrop(services);
-            req.yield_now().await;
+            req.yield_unless_alone().await;
             core::mem::forget(guard);
         }
         {
