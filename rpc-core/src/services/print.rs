@@ -132,17 +132,21 @@ impl Fetched {
         for state in lanes {
             let start = all.len();
             all.extend(state.pending.clone().map(|k| (pointers[k], None)));
-            all[start..].sort_unstable_by_key(|&(pointer, _)| pointer);
-            // Each pointer once: a pointer printed twice is fetched once.
-            let mut kept = start;
-            for k in start..all.len() {
-                if kept == start || all[kept - 1].0 != all[k].0 {
-                    all[kept] = all[k];
-                    kept += 1;
+            // Each pointer once: a pointer printed twice is fetched once. A lane of one `%s`
+            // (most) skips this: reading back the entry just written, to move it onto itself,
+            // waited for its writes to leave the store buffer.
+            if all.len() - start > 1 {
+                all[start..].sort_unstable_by_key(|&(pointer, _)| pointer);
+                let mut kept = start + 1;
+                for k in start + 1..all.len() {
+                    if all[kept - 1].0 != all[k].0 {
+                        all[kept] = all[k];
+                        kept += 1;
+                    }
                 }
+                all.truncate(kept);
             }
-            all.truncate(kept);
-            state.strings = start..kept;
+            state.strings = start..all.len();
         }
         Fetched(all)
     }
