@@ -13,7 +13,7 @@
 //!    {buf\[0\] = bytes written or -1, buf\[1\] = 0}: the reply always comes after the write.
 //!
 //! Short lines to stdout or stderr are *staged* (see `streams::Output`): the exchange stages
-//! its lanes' lines, yields ([`Request::yield_unless_alone`]: not when no other exchange is in
+//! its lanes' lines, yields (`Request::yield_unless_alone`: not when no other exchange is in
 //! flight) so that the pass serves the other ports, and when polled again commits every line
 //! staged meanwhile, its own and other exchanges', in one write, unless one of those did
 //! already; then it replies. So the lines of a pass go
@@ -73,8 +73,8 @@ struct Lane {
 }
 
 /// A format of a request, parsed once for the lanes that send it (those of one call site),
-/// and what each of them needs of it, found once. Kept apart from the lanes' states, which
-/// stay small: at 168 bytes a state, making the 32 of a warp took some 270 ns more than at 160.
+/// and what each of them needs of it, found once (it was kept in the state of the first lane
+/// that sent it, which the others then pointed to).
 struct Parsed<'f> {
     /// The first lane that sent it (its index in the warp).
     lane: usize,

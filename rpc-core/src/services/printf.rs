@@ -5,7 +5,10 @@
 //! raw argument buffer; the host asks for the strings behind the non-null `%s` pointers
 //! ([`string_pointers`]) and finally [`format()`]s the output, byte-identical to the host C
 //! library's `printf` for the same format and values (each conversion is handed to `snprintf`,
-//! except `%b`/`%B`, formatted here, and `%n`, which prints nothing).
+//! except `%b`/`%B` and the plain ones, formatted here, and `%n`, which prints nothing). A plain
+//! conversion has no flags, width or precision and prints an integer of its full C type, a
+//! character or a string; a format of only plain conversions (most of what kernels print) is
+//! formatted in one pass over its pieces (`format_plain`).
 //!
 //! Argument sizes (LLVM's, the same for every conversion): `%c` 4 bytes; integers `d i o u x X
 //! b B` 4 bytes, 8 with a length `l ll j z t q L` (`h`, `hh` stay 4 and truncate when printed);
