@@ -370,6 +370,37 @@ struct Resolved<'s> {
     value: u64,
 }
 
+/// Reads the argument of `size` bytes placed after `offset` (see [`place`]) and moves `offset`
+/// past it; zero-extended. One the buffer does not hold is a missing argument.
+fn take_arg(
+    pieces: &[Piece],
+    args: &[u8],
+    packed: bool,
+    offset: &mut usize,
+    size: usize,
+) -> Result<u64, FormatError> {
+    let (start, end) = place(*offset, size, packed);
+    let Some(bytes) = args.get(start..end) else {
+        return Err(FormatError::MissingArguments {
+            needed: args_size(pieces, packed),
+            available: args.len(),
+        });
+    };
+    *offset = end;
+    // Every argument is 4 or 8 bytes: read as such, one load. (A copy of a run-time length
+    // into a word was a call to memcpy, and the word's load then waited for its bytes' stores:
+    // perf put a third of `format_onto`'s samples there.)
+    Ok(match *bytes {
+        [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
+        [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+        _ => {
+            let mut word = [0u8; 8];
+            word.iter_mut().zip(bytes).for_each(|(w, b)| *w = *b);
+            u64::from_le_bytes(word)
+        }
+    })
+}
+
 /// Reads the arguments of every specification in order and hands each to `visit`.
 fn walk<'s>(
     pieces: &'s [Piece],
@@ -378,28 +409,7 @@ fn walk<'s>(
     mut visit: impl FnMut(Option<Resolved<'s>>, &'s Piece),
 ) -> Result<(), FormatError> {
     let mut offset = 0;
-    let mut take = |size: usize| -> Result<u64, FormatError> {
-        let (start, end) = place(offset, size, packed);
-        let needed = || args_size(pieces, packed);
-        let missing = || FormatError::MissingArguments {
-            needed: needed(),
-            available: args.len(),
-        };
-        let bytes = args.get(start..end).ok_or_else(missing)?;
-        offset = end;
-        // Every argument is 4 or 8 bytes: read as such, one load. (A copy of a run-time
-        // length into a word was a call to memcpy, and the word's load then waited for its
-        // bytes' stores: perf put a third of `format_onto`'s samples there.)
-        Ok(match *bytes {
-            [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
-            [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
-            _ => {
-                let mut word = [0u8; 8];
-                word.iter_mut().zip(bytes).for_each(|(w, b)| *w = *b);
-                u64::from_le_bytes(word)
-            }
-        })
-    };
+    let mut take = |size: usize| take_arg(pieces, args, packed, &mut offset, size);
     for piece in pieces {
         let spec = match piece {
             Piece::Spec(spec) | Piece::Malformed { spec, .. } => spec,
@@ -778,9 +788,7 @@ enum CValue<'a> {
 /// magnitude's digits in the conversion's base), or its bytes, written here, and the call to
 /// `snprintf`, the costliest part of a short printf, is saved. Returns whether it was one.
 fn plain(out: &mut Vec<u8>, a: &Resolved, value: CValue) -> bool {
-    let f = a.flags;
-    let bare = !(f.left || f.plus || f.space || f.alt || f.zero);
-    if !bare || a.width.unwrap_or(0) != 0 || a.precision.is_some() {
+    if a.flags != Flags::default() || a.width.unwrap_or(0) != 0 || a.precision.is_some() {
         return false;
     }
     // `h` and `hh` truncate first, which snprintf does; only the full C types come here.
@@ -830,8 +838,7 @@ fn is_plain(piece: &Piece) -> bool {
     let Piece::Spec(spec) = piece else {
         return !matches!(piece, Piece::Malformed { .. });
     };
-    let f = spec.flags;
-    let bare = !(f.left || f.plus || f.space || f.alt || f.zero)
+    let bare = spec.flags == Flags::default()
         && matches!(spec.width, Count::None | Count::Fixed(0))
         && spec.precision == Count::None;
     bare && match spec.conversion {
@@ -866,19 +873,8 @@ fn format_plain<'s>(
                 continue;
             }
         };
-        let (start, end) = place(offset, spec.value_size(), packed);
-        offset = end;
-        let value = match args.get(start..end) {
-            Some(&[a, b, c, d]) => u64::from(u32::from_le_bytes([a, b, c, d])),
-            Some(&[a, b, c, d, e, f, g, h]) => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
-            _ => {
-                return Err(FormatError::MissingArguments {
-                    needed: args_size(pieces, packed),
-                    available: args.len(),
-                })
-            }
-        };
-        let wide = end - start == 8;
+        let size = spec.value_size();
+        let value = take_arg(pieces, args, packed, &mut offset, size)?;
         match spec.conversion {
             b'c' => out.push(value as u8),
             b's' => {
@@ -891,7 +887,7 @@ fn format_plain<'s>(
                 out.extend_from_slice(text);
             }
             b'd' | b'i' => {
-                let v = if wide {
+                let v = if size == 8 {
                     value as i64
                 } else {
                     i64::from(value as u32 as i32)
