@@ -44,8 +44,8 @@ use crate::server::error::ServerError;
 use crate::server::recycle::{PooledVec, Streams};
 use crate::server::registry::Request;
 use crate::services::printf::{
-    args_size, format_in, format_onto, output_bound, parse_in, parse_onto, push_pointers_at,
-    string_offsets_onto, Chunks, Dialect, Format, FormatError, Piece, CHUNK,
+    args_size, format_in, format_onto, output_bound, parse_in, parse_onto, plan_onto,
+    push_pointers_at, string_offsets_onto, Chunks, Dialect, Format, FormatError, Piece, CHUNK,
 };
 use crate::sync::{lock, Mutex, MutexGuard};
 use crate::Result;
@@ -83,14 +83,15 @@ struct Parsed<'f> {
     args_size: usize,
     /// Where its `%s` pointers lie in an argument buffer: a range of the request's `offsets`.
     pointer_at: Range<usize>,
-    /// Whether every piece is plain (`printf::Format`).
-    plain: bool,
+    /// Its plan, if every piece is plain (`printf::plan_onto`): a range of the request's
+    /// `plans`.
+    plan: Option<Range<usize>>,
     /// A bound of its output without strings, which add to it (`output_bound`).
     bound: usize,
 }
 
 /// Room for the pieces of a format of up to 3 conversions (a literal before each and one at
-/// the end), parsed without growing the vector.
+/// the end), parsed without growing the vector; the same for its plan (a step per piece).
 const PIECES: usize = 8;
 
 /// Room for the rounds of `%s` strings of a format of up to 4 `%s`, kept without growing.
@@ -184,10 +185,10 @@ fn at(lanes: &[Lane], lane: u32) -> Option<&Lane> {
 /// Serves every PRINTF_TO_* opcode. A request's vectors are few whatever its lanes (printf is
 /// the busiest opcode there is), each sized once and taken from the thread's pool
 /// (`PooledVec`), not the allocator: the active lanes' states (a warp's single printing thread
-/// costs one, not 32), the formats parsed ([`Parsed`], one per call site), their pieces and
-/// `%s` offsets, and with `%s` the pointers of all the lanes, the rounds that fetched them
+/// costs one, not 32), the formats parsed ([`Parsed`], one per call site), their pieces, plans
+/// and `%s` offsets, and with `%s` the pointers of all the lanes, the rounds that fetched them
 /// and [`Fetched`]. The work per lane is what differs between lanes: what a format implies
-/// (its argument size, its pointers' offsets, whether it is plain) is found once per format.
+/// (its argument size, its pointers' offsets, its plan if plain) is found once per format.
 pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let opcode = req.opcode();
     let packed = matches!(
@@ -238,6 +239,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     // Most requests print one format: room for one, grown for more.
     let mut parsed: PooledVec<Parsed> = PooledVec::with_capacity(1);
     let mut offsets = PooledVec::with_capacity(PIECES);
+    let mut plans = PooledVec::with_capacity(PIECES);
     for state in &mut lanes {
         let (lane, i) = (state.lane, state.lane as usize);
         let Some(target) = target(lane) else {
@@ -251,11 +253,13 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             parse_onto(dialect, &formats[i], &mut pieces);
             let first = offsets.len();
             string_offsets_onto(&pieces, packed, &mut offsets);
+            let first_step = plans.len();
+            let plain = plan_onto(&pieces, packed, &mut plans);
             parsed.push(Parsed {
                 lane: i,
                 args_size: args_size(&pieces, packed),
                 pointer_at: first..offsets.len(),
-                plain: Format::new(&pieces).plain,
+                plan: plain.then(|| first_step..plans.len()),
                 bound: output_bound(&pieces, 0),
                 pieces,
             });
@@ -380,7 +384,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                 let fetch = |p| fetched.round(mine, p).map(|r| rounds[r][i].as_slice());
                 let format = Format {
                     pieces: &parsed[*format].pieces,
-                    plain: parsed[*format].plain,
+                    plan: parsed[*format].plan.clone().map(|steps| &plans[steps]),
                 };
                 let line = |out: &mut Vec<u8>| {
                     let mut unchunked = Chunks::none();
@@ -434,7 +438,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             .drain(..)
             .filter_map(|state| Some((state.lane as usize, state.parsed?.1, state.strings)))
             .collect();
-        drop((lanes, parsed));
+        drop((lanes, parsed, plans));
         let printed = super::io(&req, touches, move |context| {
             let run = |(i, target, mine): (usize, Target, Range<usize>)| {
                 let pieces = parse_in(dialect, &formats[i]);

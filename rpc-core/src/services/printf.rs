@@ -8,7 +8,8 @@
 //! except `%b`/`%B` and the plain ones, formatted here, and `%n`, which prints nothing). A plain
 //! conversion has no flags, width or precision and prints an integer of its full C type, a
 //! character or a string; a format of only plain conversions (most of what kernels print) is
-//! formatted in one pass over its pieces (`format_plain`).
+//! planned once ([`plan_onto`]: each piece's step, each argument's place) and each lane's line
+//! printed by running the plan (`format_plain`).
 //!
 //! Argument sizes (LLVM's, the same for every conversion): `%c` 4 bytes; integers `d i o u x X
 //! b B` 4 bytes, 8 with a length `l ll j z t q L` (`h`, `hh` stay 4 and truncate when printed);
@@ -380,17 +381,18 @@ fn take_arg(
     size: usize,
 ) -> Result<u64, FormatError> {
     let (start, end) = place(*offset, size, packed);
-    let Some(bytes) = args.get(start..end) else {
-        return Err(FormatError::MissingArguments {
-            needed: args_size(pieces, packed),
-            available: args.len(),
-        });
-    };
+    let value = arg_at(args, start, size).ok_or_else(|| missing(pieces, args, packed))?;
     *offset = end;
+    Ok(value)
+}
+
+/// The argument of `size` bytes at `start` of `args`, zero-extended, if `args` holds it.
+fn arg_at(args: &[u8], start: usize, size: usize) -> Option<u64> {
+    let bytes = args.get(start..)?.get(..size)?;
     // Every argument is 4 or 8 bytes: read as such, one load. (A copy of a run-time length
     // into a word was a call to memcpy, and the word's load then waited for its bytes' stores:
     // perf put a third of `format_onto`'s samples there.)
-    Ok(match *bytes {
+    Some(match *bytes {
         [a, b, c, d] => u64::from(u32::from_le_bytes([a, b, c, d])),
         [a, b, c, d, e, f, g, h] => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
         _ => {
@@ -399,6 +401,14 @@ fn take_arg(
             u64::from_le_bytes(word)
         }
     })
+}
+
+/// The error of an argument buffer `args` too short for `pieces`.
+fn missing(pieces: &[Piece], args: &[u8], packed: bool) -> FormatError {
+    FormatError::MissingArguments {
+        needed: args_size(pieces, packed),
+        available: args.len(),
+    }
 }
 
 /// Reads the arguments of every specification in order and hands each to `visit`.
@@ -567,9 +577,14 @@ pub fn format_in<'s>(
     // about 330 bytes a conversion, a large allocation (glibc's costlier path) for every line.
     let mut out = Vec::with_capacity(output_bound(pieces, 0).min(256));
     let mut chunks = Chunks { size: CHUNK, sink };
+    let mut plan = Vec::new();
+    let plain = plan_onto(pieces, packed, &mut plan);
     format_onto(
         dialect,
-        Format::new(pieces),
+        Format {
+            pieces,
+            plan: plain.then_some(&plan[..]),
+        },
         args,
         packed,
         strings,
@@ -600,35 +615,75 @@ impl Chunks<'_> {
     }
 }
 
-/// A parsed format as the formatter takes it: its pieces, and whether every one of them
-/// [`is_plain`], found once for all the lanes that print it.
+/// A parsed format as the formatter takes it: its pieces, and its plan if every one of them
+/// [`is_plain`] ([`plan_onto`]), made once for all the lanes that print it.
 #[derive(Clone, Copy)]
 pub(crate) struct Format<'p, 'f> {
     pub(crate) pieces: &'p [Piece<'f>],
-    pub(crate) plain: bool,
+    pub(crate) plan: Option<&'p [Step<'f>]>,
 }
 
-impl<'p, 'f> Format<'p, 'f> {
-    pub(crate) fn new(pieces: &'p [Piece<'f>]) -> Self {
-        Format {
-            pieces,
-            plain: pieces.iter().all(is_plain),
-        }
+/// What a piece of a plain format prints, its argument's place in an argument buffer found
+/// once ([`plan_onto`]), not per lane.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Step<'f> {
+    /// Bytes printed as they are: a literal, or the `%` of a `%%`.
+    Literal(&'f [u8]),
+    /// The integer of 4 bytes (8 if `wide`) at `at`, printed as `conversion` (`d i u x X o`).
+    Integer {
+        at: usize,
+        wide: bool,
+        conversion: u8,
+    },
+    /// A `%c`: the low byte of the int at `at`.
+    Char { at: usize },
+    /// A `%s`: the string at the pointer at `at`.
+    Str { at: usize },
+}
+
+/// Appends the plan of `pieces` to `plan` if every piece [`is_plain`], its arguments placed in
+/// a buffer packed or not; returns whether it did (if not, `plan` is unchanged).
+pub(crate) fn plan_onto<'f>(pieces: &[Piece<'f>], packed: bool, plan: &mut Vec<Step<'f>>) -> bool {
+    if !pieces.iter().all(is_plain) {
+        return false;
     }
+    let mut offset = 0;
+    plan.extend(pieces.iter().map(|piece| {
+        let Piece::Spec(spec) = piece else {
+            return Step::Literal(match piece {
+                Piece::Literal(bytes) => bytes,
+                _ => b"%", // A `%%` (a malformed piece is not plain).
+            });
+        };
+        let size = spec.value_size();
+        let (at, end) = place(offset, size, packed);
+        offset = end;
+        match spec.conversion {
+            b'c' => Step::Char { at },
+            b's' => Step::Str { at },
+            conversion => Step::Integer {
+                at,
+                wide: size == 8,
+                conversion,
+            },
+        }
+    }));
+    true
 }
 
 /// [`format_in`], appending the output to `out` and handing each full chunk on to `chunks`.
 pub(crate) fn format_onto<'s>(
     dialect: Dialect,
-    Format { pieces, plain }: Format,
+    Format { pieces, plan }: Format,
     args: &[u8],
     packed: bool,
     strings: &dyn Fn(u64) -> Option<&'s [u8]>,
     out: &mut Vec<u8>,
     chunks: &mut Chunks,
 ) -> Result<(), FormatError> {
-    if plain {
-        return format_plain(pieces, args, packed, strings, out, chunks);
+    if let Some(plan) = plan {
+        return format_plain(plan, args, strings, out, chunks)
+            .map_err(|()| missing(pieces, args, packed));
     }
     walk(pieces, args, packed, |arg, piece| match (arg, piece) {
         (Some(arg), Piece::Malformed { text, .. }) => {
@@ -660,6 +715,10 @@ fn hand_on_full_chunks(out: &mut Vec<u8>, chunks: &mut Chunks) {
 /// to the sink straight from `bytes`, uncopied.
 fn push_literal(out: &mut Vec<u8>, mut bytes: &[u8], chunks: &mut Chunks) {
     let size = chunks.size;
+    if bytes.len() < size.saturating_sub(out.len()) {
+        out.extend_from_slice(bytes); // Most: the chunk being filled does not fill up.
+        return;
+    }
     while !bytes.is_empty() {
         if out.is_empty() && bytes.len() >= size {
             (chunks.sink)(&bytes[..size]);
@@ -848,53 +907,52 @@ fn is_plain(piece: &Piece) -> bool {
     }
 }
 
-/// [`format_onto`] of a format whose every piece [`is_plain`] (most of what kernels print):
-/// each piece straight onto `out`, as [`plain`] prints it, without resolving a specification
-/// and going through the general conversion for each (a line of `"lane %d of %s: %d\n"` took
-/// 69 ns that way here, 43 this way).
+/// [`format_onto`] of a plain format, by its plan: each step straight onto `out`, as [`plain`]
+/// prints it, without resolving a specification, placing its argument and going through the
+/// general conversion for each (a line of `"lane %d of %s: %d\n"` took 69 ns that way here, 43
+/// by the pieces of the format, 30 by its plan). `Err` where `args` lacks an argument, after
+/// the output before it.
 fn format_plain<'s>(
-    pieces: &[Piece],
+    plan: &[Step],
     args: &[u8],
-    packed: bool,
     strings: &dyn Fn(u64) -> Option<&'s [u8]>,
     out: &mut Vec<u8>,
     chunks: &mut Chunks,
-) -> Result<(), FormatError> {
-    let mut offset = 0;
-    for piece in pieces {
-        let spec = match piece {
-            Piece::Spec(spec) => spec,
-            Piece::Literal(bytes) => {
+) -> Result<(), ()> {
+    for step in plan {
+        match *step {
+            Step::Literal(bytes) => {
                 push_literal(out, bytes, chunks);
                 continue;
             }
-            _ => {
-                push_literal(out, b"%", chunks);
-                continue;
-            }
-        };
-        let size = spec.value_size();
-        let value = take_arg(pieces, args, packed, &mut offset, size)?;
-        match spec.conversion {
-            b'c' => out.push(value as u8),
-            b's' => {
+            Step::Char { at } => out.push(arg_at(args, at, 4).ok_or(())? as u8),
+            Step::Str { at } => {
                 // A string ends at its first NUL, if it has one; a null or unfetched one
                 // prints as glibc and LLVM print a null `%s`.
-                let fetched = if value == 0 { None } else { strings(value) };
+                let pointer = arg_at(args, at, 8).ok_or(())?;
+                let fetched = if pointer == 0 { None } else { strings(pointer) };
                 let text = fetched.map_or(&b"(null)"[..], |bytes| {
                     CStr::from_bytes_until_nul(bytes).map_or(bytes, CStr::to_bytes)
                 });
                 out.extend_from_slice(text);
             }
-            b'd' | b'i' => {
-                let v = if size == 8 {
-                    value as i64
+            Step::Integer {
+                at,
+                wide,
+                conversion,
+            } => {
+                let value = arg_at(args, at, if wide { 8 } else { 4 }).ok_or(())?;
+                if matches!(conversion, b'd' | b'i') {
+                    let v = if wide {
+                        value as i64
+                    } else {
+                        i64::from(value as u32 as i32)
+                    };
+                    push_integer(out, b'd', v < 0, v.unsigned_abs());
                 } else {
-                    i64::from(value as u32 as i32)
-                };
-                push_integer(out, b'd', v < 0, v.unsigned_abs());
+                    push_integer(out, conversion, false, value);
+                }
             }
-            conversion => push_integer(out, conversion, false, value),
         }
         hand_on_full_chunks(out, chunks);
     }
@@ -1349,14 +1407,13 @@ mod tests {
         let mut plain_rows = 0;
         for row in &rows() {
             let pieces = parse(row.format.to_bytes());
-            let fast = Format::new(&pieces);
-            if !fast.plain {
+            if !plan_onto(&pieces, false, &mut Vec::new()) {
                 continue;
             }
             plain_rows += 1;
             let general = Format {
                 pieces: &pieces,
-                plain: false,
+                plan: None,
             };
             for (dialect, packed) in [
                 (Dialect::HostC, false),
@@ -1369,6 +1426,12 @@ mod tests {
                 let none = |_| None::<&[u8]>;
                 let short = &args[..args.len().saturating_sub(1)];
                 let what = std::format!("{:?} {dialect:?} packed={packed}", row.format);
+                let mut plan = Vec::new();
+                assert!(plan_onto(&pieces, packed, &mut plan), "{what}");
+                let fast = Format {
+                    pieces: &pieces,
+                    plan: Some(&plan),
+                };
                 for (args, unfetched) in [(&args[..], false), (&args[..], true), (short, false)] {
                     let print = |format| {
                         let mut out = Vec::new();
@@ -1400,7 +1463,9 @@ mod tests {
             "%f", "%b", "%n", "%y", "a%5%", "%1$d",
         ] {
             let pieces = parse(format.as_bytes());
-            assert!(!Format::new(&pieces).plain, "{format}");
+            let mut plan = std::vec![Step::Literal(b"kept")];
+            assert!(!plan_onto(&pieces, false, &mut plan), "{format}");
+            assert_eq!(plan.len(), 1, "{format}: the plan is left as it was");
         }
     }
 
