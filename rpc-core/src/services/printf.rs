@@ -8,7 +8,7 @@
 //! except `%b`/`%B` and the plain ones, formatted here, and `%n`, which prints nothing). A plain
 //! conversion has no flags, width or precision and prints an integer of its full C type, a
 //! character or a string; a format of only plain conversions (most of what kernels print) is
-//! planned once ([`plan_onto`]: each piece's step, each argument's place) and each lane's line
+//! planned once (`plan_onto`: each piece's step, each argument's place) and each lane's line
 //! printed by running the plan (`format_plain`).
 //!
 //! Argument sizes (LLVM's, the same for every conversion): `%c` 4 bytes; integers `d i o u x X
