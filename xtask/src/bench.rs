@@ -24,7 +24,7 @@ pub fn run(args: &[String]) -> Result {
         "bench",
         args,
         &["peer", "park-us"],
-        &["quick", "pin", "latency-only"],
+        &["quick", "float", "latency-only"],
     )?;
     let peer = match flags.get("peer") {
         None => false,
@@ -35,7 +35,7 @@ pub fn run(args: &[String]) -> Result {
             )))
         }
     };
-    let mut pass: Vec<String> = ["quick", "pin", "latency-only"]
+    let mut pass: Vec<String> = ["quick", "float", "latency-only"]
         .into_iter()
         .filter(|name| flags.switch(name))
         .map(|name| format!("--{name}"))

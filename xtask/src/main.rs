@@ -43,7 +43,7 @@ commands:
   layout --gen v0|v1|v2 --ports N --lanes L
                                          print a mailbox layout's offsets and sizes in bytes
   stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
-  bench [--quick] [--peer llvm] [--pin] [--latency-only] [--park-us N]
+  bench [--quick] [--peer llvm] [--float] [--latency-only] [--park-us N]
                                          the performance table (docs/performance.md)
   gpu-check [--no-clang] [--no-self-check]
                                          assemble the GPU check kit in target/gpu-check/ (run.sh)

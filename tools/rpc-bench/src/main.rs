@@ -43,7 +43,7 @@ use measure::Hog;
 use target::{Binaries, Server, Setup};
 
 const USAGE: &str =
-    "usage: rpc-bench [--quick] [--pin] [--latency-only | --stream-only 1|32 | --printf-only | \
+    "usage: rpc-bench [--quick] [--float] [--latency-only | --stream-only 1|32 | --printf-only | \
                      --pipelined-only] \
                      [--park-us N] [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] \
                      [--out DIR]";
@@ -93,7 +93,7 @@ fn parse(
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--quick" => quick = true,
-            "--pin" => PIN.store(true, Ordering::Relaxed),
+            "--float" => PIN.store(false, Ordering::Relaxed),
             "--latency-only" => part = Part::Latency,
             "--pipelined-only" => part = Part::Pipelined,
             "--printf-only" => part = Part::Printf,
@@ -248,11 +248,13 @@ pub(crate) fn spin_then_yield(attempt: u32) {
     }
 }
 
-/// `--pin`: run client threads on one CPU and server threads (and the ping-pong partner) on
-/// another. On a quiet machine this removes the repetitions where the scheduler put both on one
-/// CPU; on a busy one it hurts (a pinned thread cannot flee a CPU another process hogs), hence
-/// off by default.
-static PIN: AtomicBool = AtomicBool::new(false);
+/// Client threads on one CPU and server threads (and the ping-pong partner) on another, in the
+/// quiet regime, unless `--float`: what the quiet regime means (each side has a CPU), made
+/// sure rather than left to the scheduler, which now and then placed both sides so that every
+/// hand-over took twice as long for a stretch of repetitions (the stream rows were bimodal,
+/// 90 or 190 MB/s for every server, docs/performance.md). `--float` leaves placement to the
+/// scheduler: on a machine other programs keep busy, a pinned thread cannot flee their CPU.
+static PIN: AtomicBool = AtomicBool::new(true);
 
 /// `--park-us N`: the benchmark servers' `ServerConfig::park` (0: the default), to measure the
 /// idle CPU / wake-up latency trade-off.
@@ -285,8 +287,8 @@ fn two_cpus() -> Option<(usize, usize)> {
     Some((cpus.next()?, cpus.next()?))
 }
 
-/// The CPUs the client threads and the server threads run on with `--pin`: [`two_cpus`];
-/// `None` without `--pin`.
+/// The CPUs the client threads and the server threads run on: [`two_cpus`]; `None` with
+/// `--float`.
 fn cpu_pair() -> Option<(usize, usize)> {
     PIN.load(Ordering::Relaxed).then(two_cpus).flatten()
 }
@@ -316,7 +318,7 @@ fn place(tid: i32, set: &libc::cpu_set_t) {
 }
 
 /// Puts thread `tid` back where the quiet regime runs it: the client's or the servers' CPU
-/// with `--pin`, else any CPU the process may use.
+/// unless `--float`, else any CPU the process may use.
 fn unplace(tid: i32, client: bool) {
     match cpu_pair() {
         Some((a, b)) => pin(tid, if client { a } else { b }),
@@ -369,7 +371,7 @@ impl Drop for Loaded {
     }
 }
 
-/// With `--pin`, makes `command`'s process (all its threads) run on the servers' CPU: set in
+/// Unless `--float`, makes `command`'s process (all its threads) run on the servers' CPU: set in
 /// the child before it executes the server, since a child inherits the client's CPU.
 pub(crate) fn pin_server_process(command: &mut std::process::Command) {
     let Some((_, cpu)) = cpu_pair() else {

@@ -430,6 +430,9 @@ pub fn cpu_share(setup: &Setup, window: Duration) -> Result<f64, String> {
 /// the silent-kernel row, measured in the same run.
 pub fn park_floor(park: Duration, window: Duration) -> Result<f64, String> {
     let parking = thread::spawn(move || {
+        // Where the servers' workers run, whose floor this is (a thread spawned by the client
+        // would run on the client's CPU).
+        pin_server(0);
         let own = "/proc/thread-self/schedstat";
         let (cpu, wall) = (schedstat(own)?, Instant::now());
         while wall.elapsed() < window {
