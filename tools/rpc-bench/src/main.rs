@@ -293,6 +293,14 @@ fn cpu_pair() -> Option<(usize, usize)> {
     PIN.load(Ordering::Relaxed).then(two_cpus).flatten()
 }
 
+/// Where the quiet regime runs the threads, as the report says it.
+fn placement() -> String {
+    match cpu_pair() {
+        Some((client, server)) => format!("client on CPU {client}, servers on CPU {server}"),
+        None => "threads placed by the scheduler".into(),
+    }
+}
+
 /// The bit set of one CPU.
 fn one_cpu(cpu: usize) -> libc::cpu_set_t {
     // SAFETY: a zeroed `cpu_set_t` is an empty bit set; CPU_SET sets one bit of it.
@@ -543,6 +551,7 @@ impl Report {
             "mode": self.settings.name,
             "rounds": self.settings.rounds,
             "window_ms": self.settings.window.as_millis() as u64,
+            "quiet_placement": placement(),
             "stream_bytes_per_lane": STREAM_BYTES,
             "rows": rows,
             "summary": self.summary(),
@@ -665,8 +674,8 @@ fn run(
     pin_client();
     let servers = servers(binaries);
     eprintln!(
-        "rpc-bench ({}): servers {}; {} interleaved rounds of {} ms per latency row, quiet and \
-         loaded ...",
+        "rpc-bench ({}): servers {}; {} interleaved rounds of {} ms per latency row, quiet ({}) \
+         and loaded ...",
         settings.name,
         servers
             .iter()
@@ -674,7 +683,8 @@ fn run(
             .collect::<Vec<_>>()
             .join(", "),
         settings.rounds,
-        settings.window.as_millis()
+        settings.window.as_millis(),
+        placement()
     );
     let mut rows = Vec::new();
     let w = settings.window;
