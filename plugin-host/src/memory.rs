@@ -22,6 +22,7 @@ use std::alloc::Layout as AllocLayout;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use crate::lock;
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
@@ -331,6 +332,28 @@ impl Signal {
         let _guard = lock(&self.lock);
         self.rung.notify_all();
     }
+
+    /// Blocks until `counter` is non-zero (true) or `timeout` passes (false): a doorbell's
+    /// wait, for the counter this signal is raised for.
+    pub fn wait_for(&self, counter: &AtomicU64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut guard = lock(&self.lock);
+        loop {
+            // Relaxed: the counter only decides whether to keep sleeping.
+            if counter.load(Ordering::Relaxed) != 0 {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            guard = self
+                .rung
+                .wait_timeout(guard, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
 }
 
 /// A v2 doorbell of a host mailbox (PROTOCOL section 9): the `value` counter and the `mailbox`
@@ -356,24 +379,7 @@ impl rpc_core::plugin::Doorbell for HostDoorbell {
     }
 
     fn wait(&self, timeout: std::time::Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
-        let mut guard = lock(&self.signal.lock);
-        loop {
-            // Relaxed: the counter only decides whether to keep sleeping.
-            if self.counter().load(std::sync::atomic::Ordering::Relaxed) != 0 {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            guard = self
-                .signal
-                .rung
-                .wait_timeout(guard, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        self.signal.wait_for(self.counter(), timeout)
     }
 }
 

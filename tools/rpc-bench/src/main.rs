@@ -22,7 +22,9 @@
 //! - `pipelined increment / printf / stream M=.. D=..`: one client thread drives M exchanges at
 //!   once, sending each next packet D after the reply it answers; exchanges per second;
 //! - `idle CPU`: the server's CPU share with no client or kernel, and with a silent kernel;
-//! - `wake after S`: the latency of the first request after S = 100 µs, 1 ms, 10 ms of silence.
+//! - `wake after S`: the latency of the first request after S = 100 µs, 1 ms, 10 ms of silence;
+//! - the last two also for an in-process v2 mailbox whose client rings a doorbell (`, v2
+//!   doorbell`), on which the worker sleeps instead of parking.
 //!
 //! Written to `OUT/bench-{quick,full}.{json,md,svg}`; the last line printed is the summary.
 
@@ -44,7 +46,7 @@ use target::{Binaries, Server, Setup};
 
 const USAGE: &str =
     "usage: rpc-bench [--quick] [--float] [--latency-only | --stream-only 1|32 | --printf-only | \
-                     --pipelined-only] \
+                     --pipelined-only | --idle-only] \
                      [--park-us N] [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] \
                      [--out DIR]";
 
@@ -77,6 +79,8 @@ enum Part {
     Printf,
     /// `--pipelined-only`: the pipelined rows alone (to profile or compare servers on them).
     Pipelined,
+    /// `--idle-only`: the idle CPU and wake-up rows alone.
+    Idle,
 }
 
 fn parse(
@@ -96,6 +100,7 @@ fn parse(
             "--float" => PIN.store(false, Ordering::Relaxed),
             "--latency-only" => part = Part::Latency,
             "--pipelined-only" => part = Part::Pipelined,
+            "--idle-only" => part = Part::Idle,
             "--printf-only" => part = Part::Printf,
             "--stream-only" => {
                 part = match value()?.as_str() {
@@ -452,7 +457,8 @@ impl Report {
              scan_ratio_xp_quiet={:.2} scan_ratio_xp_loaded={:.2} vs_llvm_n64_quiet={:.2} \
              vs_llvm_n64_loaded={:.2} vs_llvm_n16384_quiet={:.2} vs_llvm_n16384_loaded={:.2} \
              stream_mb_s={:.0} idle_cpu_pct={:.3} rpc_serve_idle_cpu_pct={:.3} \
-             wake_us_p50={:.1} wake_us_p99={:.1}",
+             silent_cpu_pct={:.2} silent_doorbell_cpu_pct={:.2} wake_us_p50={:.1} \
+             wake_us_p99={:.1}",
             ip(&last(64)),
             ip(PINGPONG),
             ip(&last(64)) / ip(PINGPONG),
@@ -466,6 +472,8 @@ impl Report {
             ip(STREAM_L1),
             ip(IDLE_NO_KERNEL),
             self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
+            ip(IDLE_SILENT),
+            ip(&format!("{IDLE_SILENT}{RINGS}")),
             percentile(&wake, 50.0),
             percentile(&wake, 99.0),
         )
@@ -628,6 +636,8 @@ const IDLE_NO_KERNEL: &str = "idle CPU, no kernel";
 const IDLE_NO_CLIENT: &str = "idle CPU, no client for 1 s+";
 const IDLE_SILENT: &str = "idle CPU, kernel silent for 10 ms+";
 const PARK_FLOOR: &str = "idle CPU, a thread parking 250 µs at a time (floor)";
+/// Appended to the names of the rows whose client rings a v2 doorbell.
+const RINGS: &str = ", v2 doorbell";
 
 fn wake_row(silence: &str) -> String {
     format!("wake after {silence} silence")
@@ -700,7 +710,7 @@ fn run(
             .map(|&(g, n)| Ok((n, setups(&servers, binaries, g, n, 1)?)))
             .collect::<Result<_, String>>()?
     };
-    let lanes = if matches!(part, Part::Stream(1) | Part::Pipelined) {
+    let lanes = if matches!(part, Part::Stream(1) | Part::Pipelined | Part::Idle) {
         Vec::new()
     } else {
         setups(&servers, binaries, Generation::V1, 64, 32)?
@@ -783,7 +793,7 @@ fn run(
         }
     }
     for setup in lanes.iter().filter(|_| !streaming) {
-        // (`lanes` is empty with `--pipelined-only`.)
+        // (`lanes` is empty with `--pipelined-only` and `--idle-only`.)
         let row = Row::new(PRINTF, setup.server, false, "lines/s");
         let mut repetition = 0;
         plan.push((
@@ -804,7 +814,11 @@ fn run(
 
     // Pipelined exchanges: M ports at once against M = 1, in the same run.
     let mut plan: Vec<Measured<'_>> = Vec::new();
-    for kind in measure::Pipelined::ALL {
+    let pipelined_rows = part != Part::Idle;
+    for kind in measure::Pipelined::ALL
+        .into_iter()
+        .filter(|_| pipelined_rows)
+    {
         for delay_us in [0u64, 2] {
             for ports in [PIPELINED_PORTS, 1] {
                 let what = kind.name();
@@ -856,20 +870,33 @@ fn run(
     let park = rpc_core::ServerConfig::default().park;
     row.values.push(measure::park_floor(park, settings.idle)?);
     rows.push(row);
-    for setup in &small {
+    // And the same for a v2 kernel whose device rings a doorbell: the worker sleeps on it.
+    let bell = Setup::with_doorbell(64, 1)?;
+    for setup in small.iter().chain([&bell]) {
+        let rung = if setup.rings() { RINGS } else { "" };
         let _serving = setup.serving();
         measure::roundtrip(setup, 0, 1, w)?;
         thread::sleep(Duration::from_millis(10));
-        let mut row = Row::new(IDLE_SILENT, setup.server, false, "% of a core");
+        let mut row = Row::new(
+            format!("{IDLE_SILENT}{rung}"),
+            setup.server,
+            false,
+            "% of a core",
+        );
         row.values.push(measure::cpu_share(setup, settings.idle)?);
         rows.push(row);
         for (silence, label) in SILENCES {
-            let mut row = Row::new(wake_row(label), setup.server, false, "µs");
+            let mut row = Row::new(
+                format!("{}{rung}", wake_row(label)),
+                setup.server,
+                false,
+                "µs",
+            );
             row.values = measure::wake(setup, silence, settings.wake_samples)?;
             rows.push(row);
         }
     }
-    drop(small);
+    drop((small, bell));
     write(report(rows), &out_dir, started)
 }
 

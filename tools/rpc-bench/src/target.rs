@@ -1,5 +1,6 @@
-//! What a row is measured against: an in-process `RpcServer` over `MailboxMemory`, or a server
-//! process (`rpc-serve` or LLVM's server with our glue) whose memfd mailbox this process maps.
+//! What a row is measured against: an in-process `RpcServer` over `MailboxMemory` (with a v2
+//! doorbell, or without), or a server process (`rpc-serve` or LLVM's server with our glue) whose
+//! memfd mailbox this process maps.
 //!
 //! A server process is stopped (SIGSTOP) whenever none of its rows runs, so that the timed
 //! parks of a dozen idle servers do not load the machine the measured one runs on; it is
@@ -8,12 +9,16 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::{Client, Generation, Layout, LockTable, Mailbox, MailboxMemory};
+use plugin_host::memory::Signal;
+use rpc_core::plugin::Doorbell;
+use rpc_core::protocol::{
+    Client, ClientDoorbell, Generation, Layout, LockTable, Mailbox, MailboxMemory,
+};
 use rpc_core::{RpcServer, ServerConfig, UserGuard};
 
 use crate::{pin_server, pin_server_process, SpinThenYield, PARK_US};
@@ -73,6 +78,8 @@ enum Host {
         memory: Arc<MailboxMemory>,
         /// The worker's kernel thread id (it runs from the setup to its end).
         worker: i32,
+        /// The mailbox's v2 doorbell, which the client rings.
+        bell: Option<Arc<Bell>>,
     },
     Process(Process),
 }
@@ -89,12 +96,7 @@ impl Setup {
     ) -> Result<Option<Self>, String> {
         let layout = Layout::new(generation, ports, lanes).map_err(|e| e.to_string())?;
         let host = if server == Server::InProcess {
-            let (server, memory, worker) = in_process(layout)?;
-            Host::InProcess {
-                server,
-                memory,
-                worker,
-            }
+            in_process(layout, None)?
         } else {
             let Some(binary) = binaries.of(server, generation) else {
                 return Ok(None);
@@ -107,6 +109,23 @@ impl Setup {
             locks: LockTable::new(ports),
             layout,
         }))
+    }
+
+    /// An in-process server over a fresh v2 mailbox whose client rings a doorbell (PROTOCOL
+    /// section 9), so that the worker sleeps on it while no request is open.
+    pub fn with_doorbell(ports: u32, lanes: u32) -> Result<Self, String> {
+        let layout = Layout::new(Generation::V2, ports, lanes).map_err(|e| e.to_string())?;
+        Ok(Setup {
+            server: Server::InProcess,
+            host: in_process(layout, Some(Arc::new(Bell::default())))?,
+            locks: LockTable::new(ports),
+            layout,
+        })
+    }
+
+    /// Whether the client rings a doorbell.
+    pub fn rings(&self) -> bool {
+        matches!(&self.host, Host::InProcess { bell: Some(_), .. })
     }
 
     pub fn layout(&self) -> Layout {
@@ -124,11 +143,22 @@ impl Setup {
         self.locks.words()
     }
 
-    /// A client that spins, then yields.
+    /// A client that spins, then yields (and rings the doorbell, where there is one).
     pub fn client(&self) -> Client<'_> {
-        Client::new(self.view(), self.locks.words())
+        let client = Client::new(self.view(), self.locks.words())
             .expect("lock table sized for the mailbox")
-            .with_wait(&SpinThenYield)
+            .with_wait(&SpinThenYield);
+        match &self.host {
+            Host::InProcess {
+                bell: Some(bell), ..
+            } => client.with_doorbell(ClientDoorbell {
+                value: &bell.value,
+                mailbox: &bell.mailbox,
+                event_id: Bell::EVENT_ID,
+                raise: &*bell.raise,
+            }),
+            _ => client,
+        }
     }
 
     /// Makes the server serve for as long as the guard lives: a user guard in process (a
@@ -187,7 +217,56 @@ impl Drop for Serving<'_> {
     }
 }
 
-fn in_process(layout: Layout) -> Result<(RpcServer, Arc<MailboxMemory>, i32), String> {
+/// A v2 doorbell in this process: the record's `value` and `mailbox` words, and the host
+/// plugin's interrupt (a condition variable).
+struct Bell {
+    value: AtomicU64,
+    mailbox: AtomicU64,
+    signal: Arc<Signal>,
+    /// Raises `signal` (the client's part takes a function).
+    raise: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Bell {
+    const EVENT_ID: u32 = 1;
+}
+
+impl Default for Bell {
+    fn default() -> Self {
+        let signal = Arc::new(Signal::default());
+        let raised = signal.clone();
+        Bell {
+            value: AtomicU64::new(0),
+            mailbox: AtomicU64::new(0),
+            signal,
+            raise: Box::new(move || raised.raise()),
+        }
+    }
+}
+
+/// The server's part of a [`Bell`].
+struct ServerBell(Arc<Bell>);
+
+impl Doorbell for ServerBell {
+    fn record(&self) -> [u8; 64] {
+        // This process's addresses: device and host are one here.
+        let mut record = [0u8; 64];
+        record[..8].copy_from_slice(&(&self.0.value as *const AtomicU64 as u64).to_le_bytes());
+        record[8..16].copy_from_slice(&(&self.0.mailbox as *const AtomicU64 as u64).to_le_bytes());
+        record[16..20].copy_from_slice(&Bell::EVENT_ID.to_le_bytes());
+        record
+    }
+
+    fn counter(&self) -> &AtomicU64 {
+        &self.0.value
+    }
+
+    fn wait(&self, timeout: Duration) -> bool {
+        self.0.signal.wait_for(&self.0.value, timeout)
+    }
+}
+
+fn in_process(layout: Layout, bell: Option<Arc<Bell>>) -> Result<Host, String> {
     // A name no other server of this process has, short enough that the kernel keeps all of
     // the worker's thread name ("rpc-" and it, in 15 bytes): the worker is found by it.
     static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -205,7 +284,11 @@ fn in_process(layout: Layout) -> Result<(RpcServer, Arc<MailboxMemory>, i32), St
         .services()
         .set_stdout(Box::new(std::io::sink()));
     let memory = Arc::new(MailboxMemory::new(layout));
-    server.attach(Box::new(memory.clone()));
+    match &bell {
+        Some(bell) => server
+            .attach_with_doorbell(Box::new(memory.clone()), Box::new(ServerBell(bell.clone()))),
+        None => server.attach(Box::new(memory.clone())),
+    };
     let _ = server.start().map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(5);
     let worker = loop {
@@ -216,7 +299,12 @@ fn in_process(layout: Layout) -> Result<(RpcServer, Arc<MailboxMemory>, i32), St
         }
     };
     pin_server(worker);
-    Ok((server, memory, worker))
+    Ok(Host::InProcess {
+        server,
+        memory,
+        worker,
+        bell,
+    })
 }
 
 /// The kernel's id of this process's thread named `name`.
