@@ -100,8 +100,11 @@ pub struct ServerConfig {
     /// almost nothing, and the first request after such a silence waits up to this long.
     /// `None` (the default): never past `park`.
     pub absent_park: Option<Duration>,
-    /// With doorbells (v2, a device that raises interrupts): the longest the worker sleeps on
-    /// one while no request is open before it polls anyway (a lost interrupt costs this much).
+    /// With doorbells (v2, a device that raises interrupts, on every attached mailbox): the
+    /// longest the worker sleeps on one while no request is open before it polls anyway (a
+    /// lost interrupt costs this much). It sleeps on them instead of parking once a park would
+    /// last 50 µs (or `park`, if shorter), after some 400 µs of silence: the shorter parks
+    /// before answer sooner than an interrupt's wake-up. Default 1 ms.
     pub doorbell_sleep: Duration,
     /// Log the statistics (at `info`) when the worker stops.
     pub log_stats_on_shutdown: bool,

@@ -181,12 +181,20 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
         } else if idle < yield_ {
             thread::yield_now();
         } else {
+            let silence = last_work.elapsed();
+            if silence >= recycle::KEEP_LARGE_FOR {
+                recycle::release_large();
+            }
+            let length = park.after(silence);
             // The plugin's doorbells are asked before the server thread's lock is taken (no
             // plugin code runs under it, see `thread`). Sleeping on one is not a wait on its
             // condition variable: a new user or a shutdown waits at most `doorbell_sleep` for
             // it, whenever the doorbell was asked, so asking first loses no wake-up.
-            let bell = cache.quiet_doorbell();
-            if let Some(bell) = bell {
+            if let Some(bell) = park
+                .bell_instead(length)
+                .then(|| cache.quiet_doorbell())
+                .flatten()
+            {
                 if !this.keep_serving(None) {
                     return;
                 }
@@ -199,11 +207,6 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
                 }
                 continue;
             }
-            let silence = last_work.elapsed();
-            if silence >= recycle::KEEP_LARGE_FOR {
-                recycle::release_large();
-            }
-            let length = park.after(silence);
             slack.set(length < park.most);
             if !this.keep_serving(Some(length)) {
                 return;
@@ -211,6 +214,13 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
         }
     }
 }
+
+/// Where every mailbox has a doorbell, the worker sleeps on them instead of a park this long or
+/// longer. A request after such a sleep waits for the interrupt's wake-up (some 45 µs in this
+/// VM, `docs/performance.md`); one after a park waits about half the park plus a timer's
+/// wake-up (some 15 µs). So the short parks right after traffic stay (they answer sooner), and
+/// the long ones, which would each cost a timer's wake-up, are slept through.
+const BELL_AFTER_PARK: Duration = Duration::from_micros(50);
 
 /// The shortest timed park, right after the spin and yield passes.
 #[cfg(not(loom))]
@@ -248,6 +258,12 @@ impl Parks {
     fn after(self, _: Duration) -> Duration {
         self.most
     }
+
+    /// Whether to sleep on the doorbells, where every mailbox has one, instead of a park of
+    /// `length`: from [`BELL_AFTER_PARK`] on, or from the longest park where that is shorter.
+    fn bell_instead(self, length: Duration) -> bool {
+        length >= BELL_AFTER_PARK.min(self.most)
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -280,5 +296,26 @@ mod tests {
             absent: None,
         };
         assert_eq!(tiny.after(Duration::from_secs(1)), us(2));
+    }
+
+    #[test]
+    fn doorbells_replace_the_parks_of_50_us_and_longer_or_the_longest() {
+        let us = Duration::from_micros;
+        let kernel = Parks {
+            most: us(250),
+            absent: None,
+        };
+        // A request after 100 µs of silence finds the worker in a short park, not asleep.
+        assert!(!kernel.bell_instead(kernel.after(us(100))));
+        assert!(!kernel.bell_instead(kernel.after(us(399))));
+        assert!(kernel.bell_instead(kernel.after(us(400))));
+        assert!(kernel.bell_instead(kernel.after(Duration::from_secs(1))));
+        // Parks configured shorter than 50 µs: the doorbell from the longest park on.
+        let short = Parks {
+            most: us(20),
+            absent: None,
+        };
+        assert!(!short.bell_instead(short.after(us(100))));
+        assert!(short.bell_instead(short.after(us(160))));
     }
 }
