@@ -567,7 +567,8 @@ impl Report {
     }
 
     /// The medians the picture plots: per server and regime, latency of port N-1 against N
-    /// (ns), and wake-up latency p50 against silence (µs).
+    /// (ns), and wake-up latency p50 against silence (µs), the in-process server's with a v2
+    /// doorbell as a series of its own.
     fn series(&self) -> (Vec<svg::Series>, Vec<svg::Series>) {
         let mut by_ports = Vec::new();
         let mut by_silence = Vec::new();
@@ -592,16 +593,22 @@ impl Report {
                     });
                 }
             }
+        }
+        let wake_series = [Server::InProcess, Server::RpcServe, Server::Llvm]
+            .map(|server| (server, ""))
+            .into_iter()
+            .chain([(Server::InProcess, RINGS)]);
+        for (server, rung) in wake_series {
             let points: Vec<(f64, f64)> = SILENCES
                 .iter()
                 .filter_map(|&(silence, label)| {
-                    let row = self.find(&wake_row(label), server, false)?;
+                    let row = self.find(&format!("{}{rung}", wake_row(label)), server, false)?;
                     Some((silence.as_secs_f64() * 1e6, row.median()))
                 })
                 .collect();
             if !points.is_empty() {
                 by_silence.push(svg::Series {
-                    name: server.name().to_string(),
+                    name: format!("{}{rung}", server.name()),
                     points,
                 });
             }
