@@ -1004,6 +1004,38 @@ mod tests {
     }
 
     #[test]
+    fn the_doorbell_rows_client_rings_and_their_worker_sleeps_on_the_doorbell() {
+        let setup = Setup::with_doorbell(64, 1).unwrap();
+        assert!(setup.rings());
+        let _serving = setup.serving();
+        let client = setup.client();
+        let stats = || setup.stats().expect("in process");
+        // Each round: wait until the worker sleeps on the doorbell (no request open, the short
+        // parks over), then send a request, which rings it. A ring can come just as a sleep
+        // ends on its timeout (the worker then finds the request by polling), so rounds until
+        // one wakes it. A liveness bound only.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut x = 0;
+        while stats().doorbell_rings == 0 {
+            let slept = stats().doorbell_sleeps;
+            while stats().doorbell_sleeps == slept {
+                assert!(
+                    Instant::now() < deadline,
+                    "the worker never slept on the doorbell"
+                );
+                thread::sleep(Duration::from_micros(200));
+            }
+            measure::increment(&client, 0, 1, x).unwrap();
+            x += 1;
+            assert!(
+                Instant::now() < deadline,
+                "no request woke the worker by ringing"
+            );
+        }
+        assert_eq!(stats().served_of(rpc_core::Opcode::TEST_INCREMENT), x);
+    }
+
+    #[test]
     fn rows_are_measured_in_rounds_with_or_without_a_warm_up_each() {
         let calls = std::cell::RefCell::new(Vec::new());
         // Rows "a" and "b", each counting its calls and logging them in `calls`.

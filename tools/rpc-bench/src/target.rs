@@ -128,6 +128,15 @@ impl Setup {
         matches!(&self.host, Host::InProcess { bell: Some(_), .. })
     }
 
+    /// The in-process server's statistics.
+    #[cfg(test)]
+    pub fn stats(&self) -> Option<rpc_core::StatsSnapshot> {
+        match &self.host {
+            Host::InProcess { server, .. } => Some(server.stats()),
+            Host::Process(_) => None,
+        }
+    }
+
     pub fn layout(&self) -> Layout {
         self.layout
     }
