@@ -380,6 +380,15 @@ pub type ClientPort<'a> = Port<'a, false>;
 /// A port opened by the server.
 pub type ServerPort<'a> = Port<'a, true>;
 
+/// Which bytes of each lane a packet of a `recv_n` after its first holds: `offset..` of the
+/// lane's length, and whether it is the last packet.
+#[derive(Clone, Copy)]
+struct Chunk<'l> {
+    offset: usize,
+    lengths: &'l [usize],
+    last: bool,
+}
+
 impl<'a, const SERVER: bool> Port<'a, SERVER> {
     pub fn index(&self) -> u32 {
         self.index
@@ -465,16 +474,6 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         self.owns = false;
     }
 
-    /// Hands a received buffer back at once, as the next recv would first: for a caller that
-    /// knows a recv comes next, so that the other side may write its next packet while this
-    /// side still works on the last one.
-    fn acknowledge(&mut self) {
-        if self.receive {
-            self.hand_over();
-            self.receive = false;
-        }
-    }
-
     /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
     pub(crate) async fn send_async(
         &mut self,
@@ -495,6 +494,17 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         &mut self,
         mut use_: impl FnMut(u32, Packet<'_>),
     ) -> Result<(), ProtocolError> {
+        self.take_packets().await?;
+        for lane in lanes(self.mask) {
+            use_(lane, self.packet(lane));
+        }
+        self.receive = true;
+        Ok(())
+    }
+
+    /// The wait of a recv: acknowledges the last packet if the last operation was a recv too,
+    /// then waits for the other side's packets (and asks for their lines).
+    async fn take_packets(&mut self) -> Result<(), ProtocolError> {
         if self.receive {
             self.hand_over();
             // Sent: a synchronous `recv` of a resumable port that stops at the wait below
@@ -512,10 +522,6 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
                 prefetch(&self.packets[8 * lane as usize]);
             }
         }
-        for lane in lanes(self.mask) {
-            use_(lane, self.packet(lane));
-        }
-        self.receive = true;
         Ok(())
     }
 
@@ -627,34 +633,54 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         }
         let longest = lengths.iter().copied().max().unwrap_or(0);
         let mut offset = FIRST_PACKET_BYTES;
-        // Each later packet is read into `chunks`, handed back, and only then appended. The
-        // appends are stores into vectors far from the cache (a 1 MiB stream's), and the flip
-        // that hands the buffer back, a store too, becomes visible only after them (x86 keeps
-        // stores in order); handed back first, the other side writes its next packet while
-        // this side appends. A 32-lane stream went 3-10% faster in A/B runs.
-        let mut chunks: Vec<[u8; BUFFER_SIZE]> = Vec::new();
-        if offset < longest {
-            chunks.resize(lane_count, [0; BUFFER_SIZE]);
-        }
         while offset < longest {
-            let take = |lane: u32| {
-                lengths[lane as usize]
-                    .saturating_sub(offset)
-                    .min(BUFFER_SIZE)
+            self.take_packets().await?;
+            // No await from here to the end of the iteration: the scratch `append_packets`
+            // reads into lives on the stack, not in the (boxed) future.
+            let last = offset + BUFFER_SIZE >= longest;
+            let chunk = Chunk {
+                offset,
+                lengths: &lengths,
+                last,
             };
-            self.recv_async(|lane, packet| {
-                packet.read_bytes(0, &mut chunks[lane as usize][..take(lane)]);
-            })
-            .await?;
-            if offset + BUFFER_SIZE < longest {
-                self.acknowledge();
-            }
-            for lane in lanes(self.mask) {
-                out[lane as usize].extend_from_slice(&chunks[lane as usize][..take(lane)]);
+            match self.lanes {
+                1 => self.append_packets::<1>(chunk, &mut out),
+                32 => self.append_packets::<32>(chunk, &mut out),
+                _ => self.append_packets::<64>(chunk, &mut out),
             }
             offset += BUFFER_SIZE;
         }
         Ok(out)
+    }
+
+    /// The packets of a `recv_n` after its first, once they are ours: reads each active lane's
+    /// bytes of `chunk` into a scratch of `L` lanes, hands the buffer back unless it held the
+    /// last bytes, then appends them to `out`. The appends are stores into vectors far from
+    /// the cache (a 1 MiB stream's), and the flip that hands the buffer back, a store too,
+    /// would become visible only after them (x86 keeps stores in order); handed back first,
+    /// the other side writes its next packet while this side appends: a 32-lane stream some
+    /// 3-10% faster in A/B runs (docs/performance.md).
+    fn append_packets<const L: usize>(&mut self, chunk: Chunk<'_>, out: &mut [Vec<u8>]) {
+        let take = |lane: u32| {
+            chunk.lengths[lane as usize]
+                .saturating_sub(chunk.offset)
+                .min(BUFFER_SIZE)
+        };
+        let mut scratch = [[0u8; BUFFER_SIZE]; L];
+        for lane in lanes(self.mask) {
+            self.packet(lane)
+                .read_bytes(0, &mut scratch[lane as usize][..take(lane)]);
+        }
+        if chunk.last {
+            // The next operation may be a send, which hands the buffer over itself.
+            self.receive = true;
+        } else {
+            self.hand_over();
+            self.receive = false;
+        }
+        for lane in lanes(self.mask) {
+            out[lane as usize].extend_from_slice(&scratch[lane as usize][..take(lane)]);
+        }
     }
 
     /// Sends `size` bytes per active lane in `ceil(size / 64)` packets, without a length word
