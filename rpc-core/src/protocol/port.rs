@@ -380,15 +380,6 @@ pub type ClientPort<'a> = Port<'a, false>;
 /// A port opened by the server.
 pub type ServerPort<'a> = Port<'a, true>;
 
-/// Which bytes of each lane a packet of a `recv_n` after its first holds: `offset..` of the
-/// lane's length, and whether it is the last packet.
-#[derive(Clone, Copy)]
-struct Chunk<'l> {
-    offset: usize,
-    lengths: &'l [usize],
-    last: bool,
-}
-
 impl<'a, const SERVER: bool> Port<'a, SERVER> {
     pub fn index(&self) -> u32 {
         self.index
@@ -507,12 +498,7 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// not an `async fn`: one state machine less in every recv (with one, the pipelined rows
     /// read 1.5-2% slower in A/B runs).
     fn poll_packets(&mut self) -> Poll<Result<(), ProtocolError>> {
-        if self.receive {
-            self.hand_over();
-            // Sent: a synchronous `recv` of a resumable port that stops at the wait below
-            // (`WouldBlock`) and is polled again must not acknowledge twice.
-            self.receive = false;
-        }
+        self.acknowledge();
         match self.poll_take() {
             Poll::Ready(Ok(())) => {}
             other => return other,
@@ -528,6 +514,17 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             }
         }
         Poll::Ready(Ok(()))
+    }
+
+    /// Hands the buffer of the last recv back, as an empty packet, if the last operation was a
+    /// recv: the other side's next send waits for it.
+    fn acknowledge(&mut self) {
+        if self.receive {
+            self.hand_over();
+            // Sent: a synchronous `recv` of a resumable port that stops at its wait
+            // (`WouldBlock`) and is polled again must not acknowledge twice.
+            self.receive = false;
+        }
     }
 
     /// `send(fill)` then `recv(use_)`.
@@ -643,15 +640,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             // No await from here to the end of the iteration: the scratch `append_packets`
             // reads into lives on the stack, not in the (boxed) future.
             let last = offset + BUFFER_SIZE >= longest;
-            let chunk = Chunk {
-                offset,
-                lengths: &lengths,
-                last,
-            };
             match self.lanes {
-                1 => self.append_packets::<1>(chunk, &mut out),
-                32 => self.append_packets::<32>(chunk, &mut out),
-                _ => self.append_packets::<64>(chunk, &mut out),
+                1 => self.append_packets::<1>(offset, &lengths, last, &mut out),
+                32 => self.append_packets::<32>(offset, &lengths, last, &mut out),
+                _ => self.append_packets::<64>(offset, &lengths, last, &mut out),
             }
             offset += BUFFER_SIZE;
         }
@@ -659,16 +651,22 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// The packets of a `recv_n` after its first, once they are ours: reads each active lane's
-    /// bytes of `chunk` into a scratch of `L` lanes, hands the buffer back unless it held the
-    /// last bytes, then appends them to `out`. The appends are stores into vectors far from
+    /// bytes from `offset` (of its length in `lengths`) into a scratch of `L` lanes, hands the
+    /// buffer back unless these are the `last` bytes, then appends them to `out`. The appends are stores into vectors far from
     /// the cache (a 1 MiB stream's), and the flip that hands the buffer back, a store too,
     /// would become visible only after them (x86 keeps stores in order); handed back first,
     /// the other side writes its next packet while this side appends: a 32-lane stream some
     /// 3-10% faster in A/B runs (docs/performance.md).
-    fn append_packets<const L: usize>(&mut self, chunk: Chunk<'_>, out: &mut [Vec<u8>]) {
+    fn append_packets<const L: usize>(
+        &mut self,
+        offset: usize,
+        lengths: &[usize],
+        last: bool,
+        out: &mut [Vec<u8>],
+    ) {
         let take = |lane: u32| {
-            chunk.lengths[lane as usize]
-                .saturating_sub(chunk.offset)
+            lengths[lane as usize]
+                .saturating_sub(offset)
                 .min(BUFFER_SIZE)
         };
         let mut scratch = [[0u8; BUFFER_SIZE]; L];
@@ -676,12 +674,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             self.packet(lane)
                 .read_bytes(0, &mut scratch[lane as usize][..take(lane)]);
         }
-        if chunk.last {
-            // The next operation may be a send, which hands the buffer over itself.
-            self.receive = true;
-        } else {
-            self.hand_over();
-            self.receive = false;
+        self.receive = true;
+        if !last {
+            // A recv comes next: acknowledge now rather than when it begins. (After the last
+            // packet a send may come, which hands the buffer over itself.)
+            self.acknowledge();
         }
         for lane in lanes(self.mask) {
             out[lane as usize].extend_from_slice(&scratch[lane as usize][..take(lane)]);

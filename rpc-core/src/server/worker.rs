@@ -190,11 +190,12 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             // plugin code runs under it, see `thread`). Sleeping on one is not a wait on its
             // condition variable: a new user or a shutdown waits at most `doorbell_sleep` for
             // it, whenever the doorbell was asked, so asking first loses no wake-up.
-            if let Some(bell) = park
-                .bell_instead(length)
-                .then(|| cache.quiet_doorbell())
-                .flatten()
-            {
+            let bell = if park.bell_instead(length) {
+                cache.quiet_doorbell()
+            } else {
+                None
+            };
+            if let Some(bell) = bell {
                 if !this.keep_serving(None) {
                     return;
                 }
@@ -271,13 +272,15 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// The parks of a server whose clients are visible (a kernel), the longest `most`.
+    fn kernel_parks(most: Duration) -> Parks {
+        Parks { most, absent: None }
+    }
+
     #[test]
     fn parks_grow_with_the_silence_up_to_park_and_past_it_only_for_absent_clients() {
         let us = Duration::from_micros;
-        let kernel = Parks {
-            most: us(250),
-            absent: None,
-        };
+        let kernel = kernel_parks(us(250));
         assert_eq!(kernel.after(Duration::ZERO), FIRST_PARK);
         assert_eq!(kernel.after(us(100)), Duration::from_nanos(12_500));
         assert_eq!(kernel.after(us(1000)), us(125));
@@ -291,30 +294,21 @@ mod tests {
         assert_eq!(invisible.after(ABSENT_AFTER - us(1)), us(250));
         assert_eq!(invisible.after(ABSENT_AFTER), Duration::from_millis(20));
         // A park below FIRST_PARK is taken as asked, never raised above it.
-        let tiny = Parks {
-            most: us(2),
-            absent: None,
-        };
+        let tiny = kernel_parks(us(2));
         assert_eq!(tiny.after(Duration::from_secs(1)), us(2));
     }
 
     #[test]
     fn doorbells_replace_the_parks_of_50_us_and_longer_or_the_longest() {
         let us = Duration::from_micros;
-        let kernel = Parks {
-            most: us(250),
-            absent: None,
-        };
+        let kernel = kernel_parks(us(250));
         // A request after 100 µs of silence finds the worker in a short park, not asleep.
         assert!(!kernel.bell_instead(kernel.after(us(100))));
         assert!(!kernel.bell_instead(kernel.after(us(399))));
         assert!(kernel.bell_instead(kernel.after(us(400))));
         assert!(kernel.bell_instead(kernel.after(Duration::from_secs(1))));
         // Parks configured shorter than 50 µs: the doorbell from the longest park on.
-        let short = Parks {
-            most: us(20),
-            absent: None,
-        };
+        let short = kernel_parks(us(20));
         assert!(!short.bell_instead(short.after(us(100))));
         assert!(short.bell_instead(short.after(us(160))));
     }

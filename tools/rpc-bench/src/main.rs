@@ -449,7 +449,7 @@ impl Report {
         let xp = |what: &str, loaded| self.median(what, Server::RpcServe, loaded);
         let last = |ports: u32| format!("roundtrip N={ports} port {}", ports - 1);
         let wake = self
-            .find(&wake_row(SILENCES[2].1), Server::InProcess, false)
+            .find(&wake_row(SILENCES[2].1, ""), Server::InProcess, false)
             .map(Row::sorted)
             .unwrap_or_default();
         format!(
@@ -472,8 +472,8 @@ impl Report {
             ip(STREAM_L1),
             ip(IDLE_NO_KERNEL),
             self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
-            ip(IDLE_SILENT),
-            ip(&format!("{IDLE_SILENT}{RINGS}")),
+            ip(&silent_row("")),
+            ip(&silent_row(RINGS)),
             percentile(&wake, 50.0),
             percentile(&wake, 99.0),
         )
@@ -602,7 +602,7 @@ impl Report {
             let points: Vec<(f64, f64)> = SILENCES
                 .iter()
                 .filter_map(|&(silence, label)| {
-                    let row = self.find(&format!("{}{rung}", wake_row(label)), server, false)?;
+                    let row = self.find(&wake_row(label, rung), server, false)?;
                     Some((silence.as_secs_f64() * 1e6, row.median()))
                 })
                 .collect();
@@ -641,13 +641,18 @@ const STREAM_L32: &str = "stream 1 MiB/lane, L=32";
 const PRINTF: &str = "printf L=32, 3 arguments, one %s";
 const IDLE_NO_KERNEL: &str = "idle CPU, no kernel";
 const IDLE_NO_CLIENT: &str = "idle CPU, no client for 1 s+";
-const IDLE_SILENT: &str = "idle CPU, kernel silent for 10 ms+";
 const PARK_FLOOR: &str = "idle CPU, a thread parking 250 µs at a time (floor)";
 /// Appended to the names of the rows whose client rings a v2 doorbell.
 const RINGS: &str = ", v2 doorbell";
 
-fn wake_row(silence: &str) -> String {
-    format!("wake after {silence} silence")
+/// The silent-kernel row, `rung` [`RINGS`] for a doorbell's or empty.
+fn silent_row(rung: &str) -> String {
+    format!("idle CPU, kernel silent for 10 ms+{rung}")
+}
+
+/// The wake-up row after `silence`, `rung` [`RINGS`] for a doorbell's or empty.
+fn wake_row(silence: &str, rung: &str) -> String {
+    format!("wake after {silence} silence{rung}")
 }
 
 /// The servers to measure: in-process, and those whose binary was given.
@@ -884,21 +889,11 @@ fn run(
         let _serving = setup.serving();
         measure::roundtrip(setup, 0, 1, w)?;
         thread::sleep(Duration::from_millis(10));
-        let mut row = Row::new(
-            format!("{IDLE_SILENT}{rung}"),
-            setup.server,
-            false,
-            "% of a core",
-        );
+        let mut row = Row::new(silent_row(rung), setup.server, false, "% of a core");
         row.values.push(measure::cpu_share(setup, settings.idle)?);
         rows.push(row);
         for (silence, label) in SILENCES {
-            let mut row = Row::new(
-                format!("{}{rung}", wake_row(label)),
-                setup.server,
-                false,
-                "µs",
-            );
+            let mut row = Row::new(wake_row(label, rung), setup.server, false, "µs");
             row.values = measure::wake(setup, silence, settings.wake_samples)?;
             rows.push(row);
         }
