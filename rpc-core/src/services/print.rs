@@ -199,7 +199,6 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     );
     let context = super::context(&req);
     let services = &context.services();
-    let mailbox = super::mailbox_state(&req);
     let dialect = req.printf_dialect();
     let mut refusals = Refusals::default();
 
@@ -208,14 +207,16 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         opcode,
         Opcode::PRINTF_TO_STREAM | Opcode::PRINTF_TO_STREAM_PACKED
     );
+    // With the mailbox's streams, taken only here: a reference count is a locked instruction,
+    // and each one waits for the stores before it (see `protocol::deferred`).
     let handles = if stream {
-        Some(recv_words(&mut req).await?)
+        Some((recv_words(&mut req).await?, super::mailbox_state(&req)))
     } else {
         None
     };
     let target = |lane: u32| -> Option<Target> {
         match (&handles, opcode) {
-            (Some(words), _) => services.raw(&mailbox, words[lane as usize][0]),
+            (Some((words, mailbox)), _) => services.raw(mailbox, words[lane as usize][0]),
             (None, Opcode::PRINTF_TO_STDERR | Opcode::PRINTF_TO_STDERR_PACKED) => {
                 Some(Target::Stderr)
             }
@@ -243,7 +244,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     for state in &mut lanes {
         let (lane, i) = (state.lane, state.lane as usize);
         let Some(target) = target(lane) else {
-            let handle = handles.as_ref().map_or(0, |w| w[i][0]);
+            let handle = handles.as_ref().map_or(0, |(w, _)| w[i][0]);
             refusals.lane(lane, format!("{handle:#x} is not a live stream handle"));
             continue;
         };
