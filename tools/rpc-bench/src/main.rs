@@ -46,7 +46,7 @@ use target::{Binaries, Server, Setup};
 
 const USAGE: &str =
     "usage: rpc-bench [--quick] [--float] [--latency-only | --stream-only 1|32 | --printf-only | \
-                     --pipelined-only | --idle-only] \
+                     --pipelined-only [increment|printf|stream] | --idle-only] \
                      [--park-us N] [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] \
                      [--out DIR]";
 
@@ -77,14 +77,15 @@ enum Part {
     Stream(u32),
     /// `--printf-only`: the printf lines rows alone (to profile a server on them).
     Printf,
-    /// `--pipelined-only`: the pipelined rows alone (to profile or compare servers on them).
-    Pipelined,
+    /// `--pipelined-only [KIND]`: the pipelined rows alone, or those of one kind of exchange
+    /// (`increment`, `printf` or `stream`), to profile or compare servers on them.
+    Pipelined(Option<measure::Pipelined>),
     /// `--idle-only`: the idle CPU and wake-up rows alone.
     Idle,
 }
 
 fn parse(
-    mut args: impl Iterator<Item = String>,
+    args: impl Iterator<Item = String>,
 ) -> Result<(Settings, Part, Binaries, PathBuf), String> {
     let (mut quick, mut part) = (false, Part::All);
     let mut binaries = Binaries {
@@ -93,13 +94,25 @@ fn parse(
         peer_v2: None,
     };
     let mut out = PathBuf::from("target/bench");
+    let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--quick" => quick = true,
             "--float" => PIN.store(false, Ordering::Relaxed),
             "--latency-only" => part = Part::Latency,
-            "--pipelined-only" => part = Part::Pipelined,
+            "--pipelined-only" => {
+                let kind = args.next_if(|next| !next.starts_with("--"));
+                let kind = kind.map(|name| {
+                    measure::Pipelined::ALL
+                        .into_iter()
+                        .find(|kind| kind.name() == name)
+                        .ok_or(format!(
+                            "--pipelined-only takes increment, printf or stream, not {name:?}"
+                        ))
+                });
+                part = Part::Pipelined(kind.transpose()?);
+            }
             "--idle-only" => part = Part::Idle,
             "--printf-only" => part = Part::Printf,
             "--stream-only" => {
@@ -722,7 +735,7 @@ fn run(
             .map(|&(g, n)| Ok((n, setups(&servers, binaries, g, n, 1)?)))
             .collect::<Result<_, String>>()?
     };
-    let lanes = if matches!(part, Part::Stream(1) | Part::Pipelined | Part::Idle) {
+    let lanes = if matches!(part, Part::Stream(1) | Part::Pipelined(_) | Part::Idle) {
         Vec::new()
     } else {
         setups(&servers, binaries, Generation::V1, 64, 32)?
@@ -827,9 +840,13 @@ fn run(
     // Pipelined exchanges: M ports at once against M = 1, in the same run.
     let mut plan: Vec<Measured<'_>> = Vec::new();
     let pipelined_rows = part != Part::Idle;
+    let only_kind = match part {
+        Part::Pipelined(kind) => kind,
+        _ => None,
+    };
     for kind in measure::Pipelined::ALL
         .into_iter()
-        .filter(|_| pipelined_rows)
+        .filter(|&kind| pipelined_rows && [None, Some(kind)].contains(&only_kind))
     {
         for delay_us in [0u64, 2] {
             for ports in [PIPELINED_PORTS, 1] {
@@ -853,7 +870,7 @@ fn run(
     in_rounds(settings.reps, true, plan, &mut rows)?;
 
     progress(started, "pipelined");
-    if part == Part::Pipelined {
+    if let Part::Pipelined(_) = part {
         return write(report(rows), &out_dir, started);
     }
 
