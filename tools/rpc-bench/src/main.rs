@@ -1084,4 +1084,18 @@ mod tests {
         assert_eq!(*calls.borrow(), ["a", "b", "a", "b"]);
         assert_eq!(rows[0].values, [1.0, 2.0]);
     }
+
+    #[test]
+    fn pipelined_only_takes_an_optional_kind() {
+        let part = |args: &[&str]| {
+            parse(args.iter().map(|arg| arg.to_string()))
+                .map(|(settings, part, _, _)| (settings.reps == Settings::QUICK.reps, part))
+        };
+        assert!(part(&["--pipelined-only"]) == Ok((false, Part::Pipelined(None))));
+        let printf = Part::Pipelined(Some(measure::Pipelined::Printf));
+        assert!(part(&["--pipelined-only", "printf", "--quick"]) == Ok((true, printf)));
+        let any = Part::Pipelined(None);
+        assert!(part(&["--pipelined-only", "--quick"]) == Ok((true, any)));
+        assert!(part(&["--pipelined-only", "bogus"]).is_err());
+    }
 }
