@@ -197,8 +197,10 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             | Opcode::PRINTF_TO_STDERR_PACKED
             | Opcode::PRINTF_TO_STREAM_PACKED
     );
-    let context = super::context(&req);
-    let services = &context.services();
+    // The server's state is borrowed from `req` where it is used, not held as a clone of its
+    // `Arc`: a reference count is a locked instruction, and each one waits for the stores
+    // before it (see `protocol::deferred`).
+    let string_limit = req.context().config.limits.printf_string_bytes;
     let dialect = req.printf_dialect();
     let mut refusals = Refusals::default();
 
@@ -207,13 +209,16 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         opcode,
         Opcode::PRINTF_TO_STREAM | Opcode::PRINTF_TO_STREAM_PACKED
     );
-    // With the mailbox's streams, taken only here: a reference count is a locked instruction,
-    // and each one waits for the stores before it (see `protocol::deferred`).
+    // With the mailbox's streams, taken only here (a reference count).
     let handles = if stream {
         Some((recv_words(&mut req).await?, super::mailbox_state(&req)))
     } else {
         None
     };
+
+    // 2, 3. The formats, and the argument sizes they need.
+    let formats = req.recv_n().await?;
+    let services = req.context().services();
     let target = |lane: u32| -> Option<Target> {
         match (&handles, opcode) {
             (Some((words, mailbox)), _) => services.raw(mailbox, words[lane as usize][0]),
@@ -223,9 +228,6 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             (None, _) => Some(Target::Stdout),
         }
     };
-
-    // 2, 3. The formats, and the argument sizes they need.
-    let formats = req.recv_n().await?;
     // Capacities in powers of two: few sizes of block for the thread's pool to keep.
     let active_lanes = req.mask().count_ones() as usize;
     let mut lanes: PooledVec<Lane> = PooledVec::with_capacity(active_lanes.next_power_of_two());
@@ -308,7 +310,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     // profile; one sorted vector is built at once.)
     let mut rounds: PooledVec<Streams> = PooledVec::with_capacity(ROUNDS);
     let mut fetched = Fetched::new(&mut lanes, &pointers);
-    let mut budget = context.config.limits.printf_string_bytes;
+    let mut budget = string_limit;
     loop {
         let mut asking = false;
         for state in &mut lanes {
@@ -339,10 +341,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             if len as u64 > budget {
                 refusals.lane(
                     lane,
-                    format!(
-                        "its %s strings go above the request's limit of {} bytes",
-                        context.config.limits.printf_string_bytes
-                    ),
+                    format!("its %s strings go above the request's limit of {string_limit} bytes"),
                 );
                 state.refuse();
                 continue;
@@ -366,6 +365,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         super::Touches::streams(lanes.iter().filter_map(|s| s.parsed.as_ref().map(|p| &p.1)));
     touches.blocks |= long;
     if touches.inline() {
+        let services = req.context().services();
         // Short outputs to stdout or stderr: each lane's line is staged on its stream, in lane
         // order, and written by one commit with the lines the other exchanges stage this pass
         // (see `streams::Output`): the first of them polled again after yielding commits, and
