@@ -652,11 +652,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
     /// The packets of a `recv_n` after its first, once they are ours: reads each active lane's
     /// bytes from `offset` (of its length in `lengths`) into a scratch of `L` lanes, hands the
-    /// buffer back unless these are the `last` bytes, then appends them to `out`. The appends are stores into vectors far from
-    /// the cache (a 1 MiB stream's), and the flip that hands the buffer back, a store too,
-    /// would become visible only after them (x86 keeps stores in order); handed back first,
-    /// the other side writes its next packet while this side appends: a 32-lane stream some
-    /// 3-10% faster in A/B runs (docs/performance.md).
+    /// buffer back unless these are the `last` bytes, then appends them to `out`. The appends
+    /// are stores into vectors far from the cache (a 1 MiB stream's), and the flip that hands
+    /// the buffer back, a store too, would become visible only after them (x86 keeps stores in
+    /// order); handed back first, the other side writes its next packet while this side
+    /// appends: a 32-lane stream some 3-10% faster in A/B runs (docs/performance.md).
     fn append_packets<const L: usize>(
         &mut self,
         offset: usize,
