@@ -82,7 +82,7 @@ const SPINS_PER_WAIT: u32 = 128;
 /// rounds the L=32 stream row read 1.23-1.37x as much in A/B runs. The yields give the CPU
 /// to a client that shares it.
 #[cfg(feature = "std")]
-const YIELDS_PER_WAIT: u32 = 8;
+const ROUNDS_PER_WAIT: u32 = 8;
 
 /// Spins (and yields between rounds of spins) while [`SPIN_WAITS`] allows, until `answered`.
 /// A wait that runs out ends the spinning for the rest of the poll: that client is slow, and
@@ -96,7 +96,7 @@ fn spin_for_answer(answered: impl Fn() -> bool) -> bool {
         left.set(left.get() - 1);
         // The answer may wait on a flip of ours still deferred.
         deferred::publish();
-        for round in 0..YIELDS_PER_WAIT {
+        for round in 0..ROUNDS_PER_WAIT {
             if round > 0 {
                 std::thread::yield_now();
             }
@@ -935,7 +935,7 @@ mod tests {
         assert!(!spin_for_answer(answered_at(u32::MAX)));
         assert_eq!(
             calls.get(),
-            SPINS_PER_WAIT * YIELDS_PER_WAIT,
+            SPINS_PER_WAIT * ROUNDS_PER_WAIT,
             "a wait looks at most SPINS_PER_WAIT times a round"
         );
         assert_eq!(
