@@ -839,14 +839,14 @@ fn run(
 
     // Pipelined exchanges: M ports at once against M = 1, in the same run.
     let mut plan: Vec<Measured<'_>> = Vec::new();
-    let pipelined_rows = part != Part::Idle;
-    let only_kind = match part {
-        Part::Pipelined(kind) => kind,
-        _ => None,
+    let wanted = |kind| match part {
+        Part::Idle => false,
+        Part::Pipelined(Some(only)) => kind == only,
+        _ => true,
     };
     for kind in measure::Pipelined::ALL
         .into_iter()
-        .filter(|&kind| pipelined_rows && [None, Some(kind)].contains(&only_kind))
+        .filter(|&kind| wanted(kind))
     {
         for delay_us in [0u64, 2] {
             for ports in [PIPELINED_PORTS, 1] {
