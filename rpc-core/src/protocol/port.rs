@@ -595,18 +595,24 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// [`ProtocolError::TooLong`]; memory grows with the bytes actually received, never with
     /// the claimed length.
     pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>, ProtocolError> {
-        self.recv_n_within_async(bound, u64::MAX, Vec::new()).await
+        let mut out = Vec::new();
+        self.recv_n_within_async(bound, u64::MAX, &mut out).await?;
+        Ok(out)
     }
 
     /// `recv_n_async` whose lanes together may claim at most `total` bytes (a request's
     /// budget): above it the script stops as above a lane's `bound`. The strings are received
-    /// into `out`'s buffers, emptied (their capacity reused: a server's are recycled).
+    /// into `out`'s buffers, emptied (their capacity reused: a server's are recycled). `out` is
+    /// borrowed, not moved in: a vector moved into the future was copied there with wider loads
+    /// than the stores that had just made it, which the store buffer cannot forward, so each
+    /// waited for the exchange's stores to shared memory (`protocol::deferred`): 1-4% of a
+    /// pipelined printf (docs/performance.md).
     pub(crate) async fn recv_n_within_async(
         &mut self,
         bound: u64,
         total: u64,
-        mut out: Vec<Vec<u8>>,
-    ) -> Result<Vec<Vec<u8>>, ProtocolError> {
+        out: &mut Vec<Vec<u8>>,
+    ) -> Result<(), ProtocolError> {
         out.iter_mut().for_each(Vec::clear);
         out.resize_with(self.lanes as usize, Vec::new);
         // Each lane's length, kept only when one goes past the first packet: an array of 64
@@ -657,13 +663,13 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             // reads into lives on the stack, not in the (boxed) future.
             let last = offset + BUFFER_SIZE >= longest;
             match self.lanes {
-                1 => self.append_packets::<1>(offset, &lengths, last, &mut out),
-                32 => self.append_packets::<32>(offset, &lengths, last, &mut out),
-                _ => self.append_packets::<64>(offset, &lengths, last, &mut out),
+                1 => self.append_packets::<1>(offset, &lengths, last, out),
+                32 => self.append_packets::<32>(offset, &lengths, last, out),
+                _ => self.append_packets::<64>(offset, &lengths, last, out),
             }
             offset += BUFFER_SIZE;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// The packets of a `recv_n` after its first, once they are ours: reads each active lane's

@@ -334,9 +334,9 @@ impl Request {
     pub async fn recv_n(&mut self) -> Result<Streams, ServerError> {
         let limits = &self.inner.context.config.limits;
         let left = limits.request_bytes.saturating_sub(self.received);
-        let data = self
-            .port
-            .recv_n_within_async(limits.stream_bytes, left, Streams::buffers())
+        let mut data = Streams::buffers();
+        self.port
+            .recv_n_within_async(limits.stream_bytes, left, &mut data)
             .await?;
         let data = Streams::new(data);
         self.received += data.iter().map(|d| d.len() as u64).sum::<u64>();
