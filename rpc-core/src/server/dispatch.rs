@@ -487,22 +487,7 @@ impl Inner {
                     let marks = Marks::now(mailbox, context);
                     sweep.served(index);
                     found += 1;
-                    let opcode = port.opcode();
-                    if let Some((exchange, on_port)) =
-                        Inner::start(inner, &server, port, mailbox, marks, registry)
-                    {
-                        let flags = server.flags(index);
-                        in_flight.push(InFlight {
-                            exchange,
-                            on_port,
-                            mailbox: mailbox.clone(),
-                            index,
-                            opcode,
-                            marks,
-                            flags,
-                            since: None,
-                        });
-                    }
+                    Inner::start(inner, &server, port, mailbox, marks, registry, in_flight);
                 }
                 found
             }));
@@ -524,8 +509,11 @@ impl Inner {
         progress
     }
 
-    /// Starts serving a port just opened on `server`, `mailbox`'s view; returns its exchange
-    /// if it suspended.
+    /// Starts serving a port just opened on `server`, `mailbox`'s view; puts its exchange in
+    /// flight if it suspended. Not inlined, so the sweep's loop in `serve_pass` stays small
+    /// (the pipelined rows gained, docs/performance.md); an exchange in flight is written
+    /// once, where it stays, not returned and copied.
+    #[inline(never)]
     fn start(
         inner: &Arc<Inner>,
         server: &crate::protocol::ServerEnd<'_>,
@@ -533,7 +521,8 @@ impl Inner {
         mailbox: &Arc<Attached>,
         marks: Marks,
         registry: &Registry,
-    ) -> Option<(Exchange, bool)> {
+        in_flight: &mut Flights,
+    ) {
         let context = &inner.context;
         let name = &context.config.name;
         let (opcode, index) = (port.opcode(), port.index());
@@ -544,7 +533,7 @@ impl Inner {
                 mailbox.id.0
             );
             bump(&context.stats.bad_headers);
-            return None; // Dropping the port closes it: the client reads its own request back.
+            return; // Dropping the port closes it: the client reads its own request back.
         }
         // A user's matcher may panic: that request alone goes unanswered, as an unknown one.
         // The pass's copy of the registry may predate a handler registered just before this
@@ -568,7 +557,7 @@ impl Inner {
                     mailbox.id.0
                 );
                 bump(&context.stats.panics);
-                return None;
+                return;
             }
         };
         let Some(entry) = entry else {
@@ -578,7 +567,7 @@ impl Inner {
                 mailbox.id.0
             );
             bump(&context.stats.unknown);
-            return None;
+            return;
         };
         log::debug!(
             "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
@@ -594,7 +583,7 @@ impl Inner {
                     port.quarantine();
                     carry_out(mailbox, Some(server), index, marks, Fate::Quarantine);
                 }
-                return None;
+                return;
             }
             Handler::Script(script) => {
                 // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
@@ -606,19 +595,29 @@ impl Inner {
                         // The request went in the unwinding, leaving the port locked.
                         let fate = inner.finish(mailbox, index, opcode, Err(error));
                         carry_out(mailbox, Some(server), index, marks, fate);
-                        return None;
+                        return;
                     }
                 }
             }
         };
-        match poll(&mut exchange, false) {
-            Polled::OnPort => Some((exchange, true)),
-            Polled::Elsewhere | Polled::Yielded => Some((exchange, false)),
+        let on_port = match poll(&mut exchange, false) {
+            Polled::OnPort => true,
+            Polled::Elsewhere | Polled::Yielded => false,
             Polled::Done(result) => {
                 inner.end(mailbox, server, index, opcode, marks, exchange, result);
-                None
+                return;
             }
-        }
+        };
+        in_flight.push(InFlight {
+            exchange,
+            on_port,
+            mailbox: mailbox.clone(),
+            index,
+            opcode,
+            marks,
+            flags: server.flags(index),
+            since: None,
+        });
     }
 
     /// Ends the exchanges of detached mailboxes (no pass touches their memory again). Asked of
