@@ -1264,32 +1264,37 @@ fn printf_matches_the_host_snprintf_packed_and_unpacked() {
                 }
                 let opcode = opcodes[r % 3];
                 let stream = (opcode == opcodes[2]).then_some(&handles);
-                let (results, asked, sizes) = fx.printf(opcode, stream, &formats, &args, &memory);
-                let what = format!("L={lanes} {opcode} {:?}", row.format);
-                let mut expect = Vec::new();
-                for l in fx.lanes() {
-                    let i = l as usize;
-                    let reference = &table[i][r].reference;
-                    assert_eq!(sizes[i], args[i].len() as u64, "{what} lane {l}: args size");
-                    let mut last_first = pointers[i].clone();
-                    last_first.reverse();
-                    assert_eq!(asked[i], last_first, "{what} lane {l}: fetch order");
-                    assert_eq!(results[i], reference.len() as i64, "{what} lane {l}");
-                    if stream.is_some() {
-                        in_files[i].extend(reference);
-                    } else {
-                        expect.extend(reference);
+                // Twice: the second time, a plain format comes from the worker's kept formats
+                // (`print::Known`), not parsed again.
+                for time in ["first", "again"] {
+                    let (results, asked, sizes) =
+                        fx.printf(opcode, stream, &formats, &args, &memory);
+                    let what = format!("L={lanes} {opcode} {:?} ({time})", row.format);
+                    let mut expect = Vec::new();
+                    for l in fx.lanes() {
+                        let i = l as usize;
+                        let reference = &table[i][r].reference;
+                        assert_eq!(sizes[i], args[i].len() as u64, "{what} lane {l}: args size");
+                        let mut last_first = pointers[i].clone();
+                        last_first.reverse();
+                        assert_eq!(asked[i], last_first, "{what} lane {l}: fetch order");
+                        assert_eq!(results[i], reference.len() as i64, "{what} lane {l}");
+                        if stream.is_some() {
+                            in_files[i].extend(reference);
+                        } else {
+                            expect.extend(reference);
+                        }
                     }
+                    let got = match r % 3 {
+                        0 => fx.out.take(),
+                        1 => fx.err.take(),
+                        _ => Vec::new(),
+                    };
+                    let lossy = String::from_utf8_lossy;
+                    assert_eq!(lossy(&got), lossy(&expect), "{what}");
+                    assert_eq!(got, expect, "{what}");
+                    checked += 1;
                 }
-                let got = match r % 3 {
-                    0 => fx.out.take(),
-                    1 => fx.err.take(),
-                    _ => Vec::new(),
-                };
-                let lossy = String::from_utf8_lossy;
-                assert_eq!(lossy(&got), lossy(&expect), "{what}");
-                assert_eq!(got, expect, "{what}");
-                checked += 1;
             }
         }
         let out = fx.on_handles(Opcode::CLOSE_FILE, &handles);
@@ -1303,7 +1308,7 @@ fn printf_matches_the_host_snprintf_packed_and_unpacked() {
         }
         fx.expect_counts(0, 0);
     }
-    assert!(checked >= 2 * 2 * 20);
+    assert!(checked >= 2 * 2 * 2 * 20);
 }
 
 /// LLVM's own client (`cargo xtask llvm-client`) found this: `%5%` was refused (-1, nothing

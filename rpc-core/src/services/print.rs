@@ -45,7 +45,8 @@ use crate::server::recycle::{PooledVec, Streams};
 use crate::server::registry::Request;
 use crate::services::printf::{
     args_size, format_in, format_onto, output_bound, parse_in, parse_onto, plan_onto,
-    push_pointers_at, string_offsets_onto, Chunks, Dialect, Format, FormatError, Piece, CHUNK,
+    push_pointers_at, string_offsets_onto, Chunks, Dialect, Format, FormatError, KeptStep, Piece,
+    Step, CHUNK,
 };
 use crate::sync::{lock, Mutex, MutexGuard};
 use crate::Result;
@@ -172,6 +173,94 @@ impl Fetched {
     }
 }
 
+/// The plain formats this thread printed last, each kept with what it implies (its argument
+/// size, its output bound, its `%s` offsets, its plan), so that a format seen again is not
+/// parsed again: with a warp printing the same line in a loop, parsing it was about a fifth of
+/// the server's time per request (docs/performance.md). Per thread, so no lock. A kept format
+/// comes without its pieces: a plain one prints by its plan alone (`printf::format_onto`).
+/// At most [`KNOWN`] formats of at most [`KNOWN_BYTES`] bytes each.
+#[derive(Default)]
+struct Known {
+    formats: Vec<KnownFormat>,
+    /// The entry the next format replaces once all are used.
+    next: usize,
+}
+
+/// One plain format kept by [`Known`], for a dialect and a packing.
+struct KnownFormat {
+    how: (Dialect, bool),
+    format: Vec<u8>,
+    /// Its argument size and output bound.
+    sizes: (usize, usize),
+    pointer_at: Vec<usize>,
+    plan: Vec<KeptStep>,
+}
+
+/// How many formats [`Known`] keeps: a few call sites printing in turn.
+const KNOWN: usize = 8;
+/// The longest format [`Known`] keeps (with its NUL): a line, not a page.
+const KNOWN_BYTES: usize = 256;
+
+std::thread_local! {
+    static KNOWN_FORMATS: core::cell::RefCell<Known> = core::cell::RefCell::new(Known::default());
+}
+
+impl Known {
+    /// If `format` was kept for `how`, appends its `%s` offsets to `pointer_at` and its plan
+    /// (over `format`'s bytes) to `plan`, and returns its argument size and output bound.
+    fn recall<'f>(
+        how: (Dialect, bool),
+        format: &'f [u8],
+        pointer_at: &mut Vec<usize>,
+        plan: &mut Vec<Step<&'f [u8]>>,
+    ) -> Option<(usize, usize)> {
+        KNOWN_FORMATS
+            .try_with(|cell| {
+                let known = cell.try_borrow().ok()?;
+                let kept = known
+                    .formats
+                    .iter()
+                    .find(|kept| kept.how == how && kept.format == format)?;
+                pointer_at.extend_from_slice(&kept.pointer_at);
+                plan.extend(kept.plan.iter().map(|step| step.within(format)));
+                Some(kept.sizes)
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Keeps the plain `format` for `how`, with its `%s` offsets and plan (made from
+    /// `format`'s bytes) and its argument size and output bound, if it is short enough.
+    fn keep(
+        how: (Dialect, bool),
+        format: &[u8],
+        (pointer_at, plan): (&[usize], &[Step<&[u8]>]),
+        sizes: (usize, usize),
+    ) {
+        if format.len() > KNOWN_BYTES {
+            return;
+        }
+        let kept = KnownFormat {
+            how,
+            format: format.to_vec(),
+            sizes,
+            pointer_at: pointer_at.to_vec(),
+            plan: plan.iter().map(|step| step.keep(format)).collect(),
+        };
+        let _ = KNOWN_FORMATS.try_with(|cell| {
+            if let Ok(mut known) = cell.try_borrow_mut() {
+                if known.formats.len() < KNOWN {
+                    known.formats.push(kept);
+                } else {
+                    let next = known.next;
+                    known.formats[next] = kept;
+                    known.next = (next + 1) % KNOWN;
+                }
+            }
+        });
+    }
+}
+
 /// The state of `lane` among the active `lanes` (in lane order).
 fn at(lanes: &[Lane], lane: u32) -> Option<&Lane> {
     // Where every lane up to it is active (a full warp), a lane's state is at its own index.
@@ -252,18 +341,32 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         };
         // A lane mostly sends the format of the lane before it.
         if !matches!(parsed.last(), Some(last) if formats[last.lane] == formats[i]) {
-            let mut pieces = PooledVec::with_capacity(PIECES);
-            parse_onto(dialect, &formats[i], &mut pieces);
-            let first = offsets.len();
-            string_offsets_onto(&pieces, packed, &mut offsets);
-            let first_step = plans.len();
-            let plain = plan_onto(&pieces, packed, &mut plans);
+            let format = &formats[i];
+            let (first, first_step) = (offsets.len(), plans.len());
+            let how = (dialect, packed);
+            let (pieces, sizes, plain) = match Known::recall(how, format, &mut offsets, &mut plans)
+            {
+                // Planned before: the pieces are not needed (see `Known`).
+                Some(sizes) => (PooledVec::with_capacity(0), sizes, true),
+                None => {
+                    let mut pieces = PooledVec::with_capacity(PIECES);
+                    parse_onto(dialect, format, &mut pieces);
+                    string_offsets_onto(&pieces, packed, &mut offsets);
+                    let sizes = (args_size(&pieces, packed), output_bound(&pieces, 0));
+                    let plain = plan_onto(&pieces, packed, &mut plans);
+                    if plain {
+                        let planned = (&offsets[first..], &plans[first_step..]);
+                        Known::keep(how, format, planned, sizes);
+                    }
+                    (pieces, sizes, plain)
+                }
+            };
             parsed.push(Parsed {
                 lane: i,
-                args_size: args_size(&pieces, packed),
+                args_size: sizes.0,
                 pointer_at: first..offsets.len(),
                 plan: plain.then(|| first_step..plans.len()),
-                bound: output_bound(&pieces, 0),
+                bound: sizes.1,
                 pieces,
             });
         }
@@ -544,6 +647,66 @@ fn quoted(format: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keeps `format` as the printf service does (parsed and planned), if it is plain.
+    fn keep(format: &[u8]) {
+        let pieces = parse_in(Dialect::HostC, format);
+        let (mut offsets, mut plan) = (Vec::new(), Vec::new());
+        string_offsets_onto(&pieces, false, &mut offsets);
+        assert!(plan_onto(&pieces, false, &mut plan));
+        let sizes = (args_size(&pieces, false), output_bound(&pieces, 0));
+        Known::keep((Dialect::HostC, false), format, (&offsets, &plan), sizes);
+    }
+
+    /// Whether `Known` has `format` for `how`; if so, checks that what it gives is what
+    /// parsing and planning a copy of the format make, the plan's literals in the copy.
+    fn recall(format: &[u8], how: (Dialect, bool)) -> bool {
+        let copy = format.to_vec();
+        let (mut offsets, mut plan) = (Vec::new(), Vec::new());
+        let Some(sizes) = Known::recall(how, &copy, &mut offsets, &mut plan) else {
+            return false;
+        };
+        let pieces = parse_in(how.0, &copy);
+        let (mut fresh_offsets, mut fresh_plan) = (Vec::new(), Vec::new());
+        string_offsets_onto(&pieces, how.1, &mut fresh_offsets);
+        assert!(plan_onto(&pieces, how.1, &mut fresh_plan));
+        let fresh_sizes = (args_size(&pieces, how.1), output_bound(&pieces, 0));
+        assert_eq!(
+            (sizes, offsets, &plan),
+            (fresh_sizes, fresh_offsets, &fresh_plan)
+        );
+        let within = copy.as_ptr_range();
+        for step in &plan {
+            if let Step::Literal(bytes) = step {
+                let inside = within.contains(&bytes.as_ptr());
+                assert!(inside || *bytes == b"%", "a literal outside the format");
+            }
+        }
+        true
+    }
+
+    #[test]
+    fn known_formats_are_the_last_few_short_plain_ones_for_their_dialect_and_packing() {
+        let host = (Dialect::HostC, false);
+        let format = |k: usize| std::format!("line {k}: %d of %s, 100%%\n\0").into_bytes();
+        keep(&format(0));
+        assert!(recall(&format(0), host));
+        assert!(!recall(&format(0), (Dialect::HostC, true)), "packed");
+        assert!(!recall(&format(0), (Dialect::LlvmLibc, false)), "dialect");
+        assert!(!recall(b"line 0: %d\0", host));
+        // The ninth format replaces the first one kept.
+        for k in 1..=KNOWN {
+            keep(&format(k));
+        }
+        assert!(!recall(&format(0), host));
+        for k in 1..=KNOWN {
+            assert!(recall(&format(k), host), "{k}");
+        }
+        // A long format is planned for its request only.
+        let long = [&[b'x'; KNOWN_BYTES][..], b"%d\0"].concat();
+        keep(&long);
+        assert!(!recall(&long, host));
+    }
 
     #[test]
     fn fetched_keeps_each_lanes_distinct_pointers_apart_and_finds_them() {

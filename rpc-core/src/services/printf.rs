@@ -29,6 +29,7 @@
 //! (`strings` returned `None`) prints the same way, as if it were null. A length modifier on `c s
 //! p n` or a float is accepted and ignored: `%lc`/`%ls` print as `%c`/`%s`, `%Lf` as `%f`.
 
+use core::ops::Range;
 use std::ffi::{c_char, c_double, c_int, c_longlong, c_uint, c_ulonglong, c_void, CStr, CString};
 use std::fmt;
 use std::io::Write as _;
@@ -620,15 +621,16 @@ impl Chunks<'_> {
 #[derive(Clone, Copy)]
 pub(crate) struct Format<'p, 'f> {
     pub(crate) pieces: &'p [Piece<'f>],
-    pub(crate) plan: Option<&'p [Step<'f>]>,
+    pub(crate) plan: Option<&'p [Step<&'f [u8]>]>,
 }
 
 /// What a piece of a plain format prints, its argument's place in an argument buffer found
-/// once ([`plan_onto`]), not per lane.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Step<'f> {
+/// once ([`plan_onto`]), not per lane. `L` is a literal's bytes (`&[u8]`), or where they lie
+/// in the format for a plan kept apart from it ([`KeptStep`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step<L> {
     /// Bytes printed as they are: a literal, or the `%` of a `%%`.
-    Literal(&'f [u8]),
+    Literal(L),
     /// The integer of 4 bytes (8 if `wide`) at `at`, printed as `conversion` (`d i u x X o`).
     Integer {
         at: usize,
@@ -641,9 +643,65 @@ pub(crate) enum Step<'f> {
     Str { at: usize },
 }
 
+/// A plan's step kept apart from the bytes of its format: a literal as the range of the format
+/// it lies in (`None`: the `%` of a `%%`, which the format does not hold alone).
+pub(crate) type KeptStep = Step<Option<Range<usize>>>;
+
+impl<L> Step<L> {
+    /// The same step, its literal (if it is one) mapped by `f`.
+    fn map_literal<M>(self, f: impl FnOnce(L) -> M) -> Step<M> {
+        match self {
+            Step::Literal(literal) => Step::Literal(f(literal)),
+            Step::Integer {
+                at,
+                wide,
+                conversion,
+            } => Step::Integer {
+                at,
+                wide,
+                conversion,
+            },
+            Step::Char { at } => Step::Char { at },
+            Step::Str { at } => Step::Str { at },
+        }
+    }
+
+    /// The end of the step's argument in the buffer (0 for a literal).
+    fn args_end(&self) -> usize {
+        match *self {
+            Step::Literal(_) => 0,
+            Step::Integer { at, wide, .. } => at + if wide { 8 } else { 4 },
+            Step::Char { at } => at + 4,
+            Step::Str { at } => at + 8,
+        }
+    }
+}
+
+impl Step<&[u8]> {
+    /// The step kept apart from `format`, the bytes its plan was made from.
+    pub(crate) fn keep(self, format: &[u8]) -> KeptStep {
+        self.map_literal(|bytes| {
+            let at = (bytes.as_ptr() as usize).wrapping_sub(format.as_ptr() as usize);
+            (at <= format.len() && bytes.len() <= format.len() - at).then(|| at..at + bytes.len())
+        })
+    }
+}
+
+impl KeptStep {
+    /// The step over `format`, bytes equal to those it was kept apart from.
+    pub(crate) fn within<'f>(&self, format: &'f [u8]) -> Step<&'f [u8]> {
+        self.clone()
+            .map_literal(|at| at.map_or(&b"%"[..], |at| &format[at]))
+    }
+}
+
 /// Appends the plan of `pieces` to `plan` if every piece [`is_plain`], its arguments placed in
 /// a buffer packed or not; returns whether it did (if not, `plan` is unchanged).
-pub(crate) fn plan_onto<'f>(pieces: &[Piece<'f>], packed: bool, plan: &mut Vec<Step<'f>>) -> bool {
+pub(crate) fn plan_onto<'f>(
+    pieces: &[Piece<'f>],
+    packed: bool,
+    plan: &mut Vec<Step<&'f [u8]>>,
+) -> bool {
     if !pieces.iter().all(is_plain) {
         return false;
     }
@@ -651,7 +709,7 @@ pub(crate) fn plan_onto<'f>(pieces: &[Piece<'f>], packed: bool, plan: &mut Vec<S
     plan.extend(pieces.iter().map(|piece| {
         let Piece::Spec(spec) = piece else {
             return Step::Literal(match piece {
-                Piece::Literal(bytes) => bytes,
+                Piece::Literal(bytes) => *bytes,
                 _ => b"%", // A `%%` (a malformed piece is not plain).
             });
         };
@@ -682,8 +740,14 @@ pub(crate) fn format_onto<'s>(
     chunks: &mut Chunks,
 ) -> Result<(), FormatError> {
     if let Some(plan) = plan {
-        return format_plain(plan, args, strings, out, chunks)
-            .map_err(|()| missing(pieces, args, packed));
+        // The plan's last argument ends where the format's arguments end ([`args_size`]): the
+        // pieces are not needed (a format planned before may come without them, see `print`).
+        return format_plain(plan, args, strings, out, chunks).map_err(|()| {
+            FormatError::MissingArguments {
+                needed: plan.iter().map(Step::args_end).max().unwrap_or(0),
+                available: args.len(),
+            }
+        });
     }
     walk(pieces, args, packed, |arg, piece| match (arg, piece) {
         (Some(arg), Piece::Malformed { text, .. }) => {
@@ -913,7 +977,7 @@ fn is_plain(piece: &Piece) -> bool {
 /// by the pieces of the format, 33 by its plan). `Err` where `args` lacks an argument, after
 /// the output before it.
 fn format_plain<'s>(
-    plan: &[Step],
+    plan: &[Step<&[u8]>],
     args: &[u8],
     strings: &dyn Fn(u64) -> Option<&'s [u8]>,
     out: &mut Vec<u8>,
@@ -1463,7 +1527,7 @@ mod tests {
             "%f", "%b", "%n", "%y", "a%5%", "%1$d",
         ] {
             let pieces = parse(format.as_bytes());
-            let mut plan = std::vec![Step::Literal(b"kept")];
+            let mut plan = std::vec![Step::Literal(&b"kept"[..])];
             assert!(!plan_onto(&pieces, false, &mut plan), "{format}");
             assert_eq!(plan.len(), 1, "{format}: the plan is left as it was");
         }
