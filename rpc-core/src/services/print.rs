@@ -187,6 +187,7 @@ struct Known {
 }
 
 /// One plain format kept by [`Known`], for a dialect and a packing.
+#[derive(Default)]
 struct KnownFormat {
     how: (Dialect, bool),
     format: Vec<u8>,
@@ -230,7 +231,9 @@ impl Known {
     }
 
     /// Keeps the plain `format` for `how`, with its `%s` offsets and plan (made from
-    /// `format`'s bytes) and its argument size and output bound, if it is short enough.
+    /// `format`'s bytes) and its argument size and output bound, if it is short enough. The
+    /// entry it replaces lends its vectors: a thread printing more formats in turn than are
+    /// kept allocates nothing for them once warm.
     fn keep(
         how: (Dialect, bool),
         format: &[u8],
@@ -240,23 +243,27 @@ impl Known {
         if format.len() > KNOWN_BYTES {
             return;
         }
-        let kept = KnownFormat {
-            how,
-            format: format.to_vec(),
-            sizes,
-            pointer_at: pointer_at.to_vec(),
-            plan: plan.iter().map(|step| step.keep(format)).collect(),
-        };
         let _ = KNOWN_FORMATS.try_with(|cell| {
-            if let Ok(mut known) = cell.try_borrow_mut() {
-                if known.formats.len() < KNOWN {
-                    known.formats.push(kept);
-                } else {
-                    let next = known.next;
-                    known.formats[next] = kept;
-                    known.next = (next + 1) % KNOWN;
-                }
-            }
+            let Ok(mut known) = cell.try_borrow_mut() else {
+                return;
+            };
+            let known = &mut *known;
+            let kept = if known.formats.len() < KNOWN {
+                known.formats.push(KnownFormat::default());
+                known.formats.last_mut().expect("just pushed")
+            } else {
+                let next = known.next;
+                known.next = (next + 1) % KNOWN;
+                &mut known.formats[next]
+            };
+            kept.how = how;
+            kept.sizes = sizes;
+            kept.format.clear();
+            kept.format.extend_from_slice(format);
+            kept.pointer_at.clear();
+            kept.pointer_at.extend_from_slice(pointer_at);
+            kept.plan.clear();
+            kept.plan.extend(plan.iter().map(|step| step.keep(format)));
         });
     }
 }
