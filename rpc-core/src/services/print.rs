@@ -98,6 +98,45 @@ const PIECES: usize = 8;
 /// Room for the rounds of `%s` strings of a format of up to 4 `%s`, kept without growing.
 const ROUNDS: usize = 4;
 
+impl<'f> Parsed<'f> {
+    /// The format `format` that lane `lane` sent, for `how` (dialect, packing): kept from an
+    /// earlier request (see [`Known`]: then without pieces), or parsed (and kept if plain). Its
+    /// `%s` offsets are appended to `offsets`, its plan, if plain, to `plans`.
+    fn new(
+        lane: usize,
+        how: (Dialect, bool),
+        format: &'f [u8],
+        offsets: &mut Vec<usize>,
+        plans: &mut Vec<Step<&'f [u8]>>,
+    ) -> Self {
+        let (dialect, packed) = how;
+        let (first, first_step) = (offsets.len(), plans.len());
+        let (pieces, (args_size, bound), plain) = match Known::recall(how, format, offsets, plans) {
+            Some(sizes) => (PooledVec::with_capacity(0), sizes, true),
+            None => {
+                let mut pieces = PooledVec::with_capacity(PIECES);
+                parse_onto(dialect, format, &mut pieces);
+                string_offsets_onto(&pieces, packed, offsets);
+                let sizes = (args_size(&pieces, packed), output_bound(&pieces, 0));
+                let plain = plan_onto(&pieces, packed, plans);
+                if plain {
+                    let planned = (&offsets[first..], &plans[first_step..]);
+                    Known::keep(how, format, planned, sizes);
+                }
+                (pieces, sizes, plain)
+            }
+        };
+        Parsed {
+            lane,
+            pieces,
+            args_size,
+            pointer_at: first..offsets.len(),
+            plan: plain.then_some(first_step..plans.len()),
+            bound,
+        }
+    }
+}
+
 impl Lane {
     fn new(lane: u32) -> Self {
         Lane {
@@ -348,34 +387,8 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         };
         // A lane mostly sends the format of the lane before it.
         if !matches!(parsed.last(), Some(last) if formats[last.lane] == formats[i]) {
-            let format = &formats[i];
-            let (first, first_step) = (offsets.len(), plans.len());
             let how = (dialect, packed);
-            let (pieces, sizes, plain) = match Known::recall(how, format, &mut offsets, &mut plans)
-            {
-                // Planned before: the pieces are not needed (see `Known`).
-                Some(sizes) => (PooledVec::with_capacity(0), sizes, true),
-                None => {
-                    let mut pieces = PooledVec::with_capacity(PIECES);
-                    parse_onto(dialect, format, &mut pieces);
-                    string_offsets_onto(&pieces, packed, &mut offsets);
-                    let sizes = (args_size(&pieces, packed), output_bound(&pieces, 0));
-                    let plain = plan_onto(&pieces, packed, &mut plans);
-                    if plain {
-                        let planned = (&offsets[first..], &plans[first_step..]);
-                        Known::keep(how, format, planned, sizes);
-                    }
-                    (pieces, sizes, plain)
-                }
-            };
-            parsed.push(Parsed {
-                lane: i,
-                args_size: sizes.0,
-                pointer_at: first..offsets.len(),
-                plan: plain.then(|| first_step..plans.len()),
-                bound: sizes.1,
-                pieces,
-            });
+            parsed.push(Parsed::new(i, how, &formats[i], &mut offsets, &mut plans));
         }
         state.parsed = Some((parsed.len() - 1, target));
     }
@@ -655,14 +668,10 @@ fn quoted(format: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    /// Keeps `format` as the printf service does (parsed and planned), if it is plain.
+    /// Parses `format` as a request does, which keeps it if it is plain (and new).
     fn keep(format: &[u8]) {
-        let pieces = parse_in(Dialect::HostC, format);
-        let (mut offsets, mut plan) = (Vec::new(), Vec::new());
-        string_offsets_onto(&pieces, false, &mut offsets);
-        assert!(plan_onto(&pieces, false, &mut plan));
-        let sizes = (args_size(&pieces, false), output_bound(&pieces, 0));
-        Known::keep((Dialect::HostC, false), format, (&offsets, &plan), sizes);
+        let host = (Dialect::HostC, false);
+        Parsed::new(0, host, format, &mut Vec::new(), &mut Vec::new());
     }
 
     /// Whether `Known` has `format` for `how`; if so, checks that what it gives is what
