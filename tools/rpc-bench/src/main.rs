@@ -14,6 +14,8 @@
 //! Rows (`docs/performance.md` explains what bounds each):
 //! - `pingpong`: two threads bounce two `u32` flags on separate cache lines: the floor;
 //! - `bare loop`: TEST_INCREMENT against a thread running only `rpc_core::Server`;
+//! - `minimal loop`: TEST_INCREMENT against a thread that only flips port 0's flag with raw
+//!   atomics: the least a server can do, the floor of the round trips;
 //! - `roundtrip N=.. port ..`: TEST_INCREMENT, L=1, on port 0 and on port N-1, for N = 64,
 //!   1024, 4096 (v1) and 16384 (v2);
 //! - `lanes L=32 full / half`: TEST_INCREMENT with 32 or 16 active lanes;
@@ -647,6 +649,7 @@ fn fmt(value: f64) -> String {
 
 const PINGPONG: &str = "pingpong (2 flags, 2 cache lines)";
 const BARE: &str = "roundtrip, bare Server loop";
+const MINIMAL: &str = "roundtrip, minimal loop (raw atomics)";
 const LANES_FULL: &str = "lanes L=32 full mask";
 const LANES_HALF: &str = "lanes L=32 half mask";
 const STREAM_L1: &str = "stream 1 MiB, L=1";
@@ -752,6 +755,10 @@ fn run(
             (
                 Row::new(BARE, Server::InProcess, loaded, unit),
                 Box::new(move || measure::bare_roundtrip(w)),
+            ),
+            (
+                Row::new(MINIMAL, Server::InProcess, loaded, unit),
+                Box::new(move || measure::minimal_roundtrip(w)),
             ),
         ];
         for (n, setups) in &shapes {

@@ -1,6 +1,6 @@
 //! The measurements: each returns one repetition's figure, speaking the real protocol.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -346,6 +346,66 @@ pub fn bare_roundtrip(window: Duration) -> Result<f64, String> {
         stop.store(true, Ordering::Relaxed);
         result
     })
+}
+
+/// One repetition of TEST_INCREMENT round trips on port 0 against the least a server can do:
+/// a thread that waits for port 0's flags to differ, reads the header's opcode and the packet,
+/// writes the answer and flips its flag, with atomics at the v1 layout's offsets and nothing
+/// else (no scan, lock, registry, statistics or back-off but the bare loop's): ns per round
+/// trip. The floor of the round-trip rows, for this client on this machine.
+pub fn minimal_roundtrip(window: Duration) -> Result<f64, String> {
+    let layout = Layout::new(Generation::V1, 64, 1).map_err(|e| e.to_string())?;
+    let memory = MailboxMemory::new(layout);
+    let client_locks = LockTable::new(64);
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            pin_server(0);
+            let ours = u32_at(&memory, layout.primary());
+            let theirs = u32_at(&memory, layout.secondary());
+            let opcode = u32_at(&memory, layout.header_of(0) + 8);
+            let word = u64_at(&memory, layout.packet_of(0, 0));
+            let mut idle = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let flag = ours.load(Ordering::Relaxed);
+                if (theirs.load(Ordering::Relaxed) != 0) == (flag != 0) {
+                    spin_then_yield(idle);
+                    idle += 1;
+                    continue;
+                }
+                idle = 0;
+                // Acquire: the client's header and packet, written before its flip.
+                fence(Ordering::Acquire);
+                if opcode.load(Ordering::Relaxed) == Opcode::TEST_INCREMENT.0 {
+                    word.store(word.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                }
+                // Release: the answer before the flip that hands it back.
+                ours.store(u32::from(flag == 0), Ordering::Release);
+            }
+        });
+        let client = Client::new(memory.view(), client_locks.words())
+            .expect("lock table sized for the mailbox")
+            .with_wait(&SpinThenYield);
+        let result = time_per_op(window, |x| increment(&client, 0, 1, x));
+        stop.store(true, Ordering::Relaxed);
+        result
+    })
+}
+
+/// The `u32` word at `offset` bytes into `memory`, as an atomic.
+fn u32_at(memory: &MailboxMemory, offset: usize) -> &AtomicU32 {
+    assert!(offset % 4 == 0 && offset + 4 <= memory.layout().total_size());
+    // SAFETY: in bounds and aligned (asserted; the region is 64-byte aligned), borrowed from
+    // `memory`, which outlives the reference, and the mailbox's memory is only ever accessed
+    // through atomics, this word always through 4-byte ones (the client's flags and opcode).
+    unsafe { &*memory.as_ptr().add(offset).cast::<AtomicU32>() }
+}
+
+/// The `u64` word at `offset` bytes into `memory`, as an atomic.
+fn u64_at(memory: &MailboxMemory, offset: usize) -> &AtomicU64 {
+    assert!(offset % 8 == 0 && offset + 8 <= memory.layout().total_size());
+    // SAFETY: as in `u32_at`; a packet's words are always accessed as 8-byte atomics.
+    unsafe { &*memory.as_ptr().add(offset).cast::<AtomicU64>() }
 }
 
 /// One TEST_STREAM exchange of `STREAM_BYTES` per active lane: MB/s of payload carried (both
