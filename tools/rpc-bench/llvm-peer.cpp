@@ -11,9 +11,14 @@
 // (its default `SleepFunction`, include/RPC.h; a plugin with a doorbell waits on it instead, and
 // a cross-process client has none).
 //
-//   llvm-peer --gen v1|v2 --ports N --lanes L [--memfd] [--stdout FILE] [other rpc-serve flags]
+//   llvm-peer --gen v1|v2 --ports N --lanes L [--memfd | --file PATH] [--stdout FILE]
+//             [other rpc-serve flags]
 //
-// Prints `ready /proc/PID/fd/N BYTES` once it serves; SIGTERM or SIGINT end it with
+// The mailbox is a fresh memfd, or with `--file PATH` the existing file PATH of exactly the
+// mailbox's size, served as it is (unlike rpc-serve's `--file`, which creates or truncates
+// PATH): the bench has rpc-serve create it and this server serve the same memory, so both
+// are measured on the same cache lines. Prints `ready PATH BYTES` (`/proc/PID/fd/N` for the
+// memfd) once it serves; SIGTERM or SIGINT end it with
 // `stopped: served=K`. The generation must be the one the headers speak (LLVM 22: v1,
 // LLVM 23: v2). Flags of rpc-serve it has no use for (--files, --stderr, --client-timeout,
 // --allow-system) are accepted and ignored.
@@ -45,7 +50,9 @@ static auto handle(rpc::Server::Port &port, uint32_t lanes) {
 #include <string>
 #include <thread>
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef LLVM_PEER_GENERATION
@@ -58,14 +65,14 @@ static void on_signal(int) { stop_requested.store(true, std::memory_order_relaxe
 
 [[noreturn]] static void usage(const char *why) {
   std::fprintf(stderr,
-               "llvm-peer: %s\nusage: llvm-peer --gen v1|v2 --ports N --lanes L [--memfd] "
-               "[--stdout FILE]\n",
+               "llvm-peer: %s\nusage: llvm-peer --gen v1|v2 --ports N --lanes L "
+               "[--memfd | --file PATH] [--stdout FILE]\n",
                why);
   std::exit(2);
 }
 
 int main(int argc, char **argv) {
-  std::string generation, stdout_path;
+  std::string generation, stdout_path, file_path;
   unsigned long ports = 0, lanes = 0;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -82,6 +89,8 @@ int main(int argc, char **argv) {
       lanes = std::strtoul(value().c_str(), nullptr, 10);
     else if (arg == "--stdout")
       stdout_path = value();
+    else if (arg == "--file")
+      file_path = value();
     else if (arg == "--memfd" || arg == "--allow-system")
       continue;
     else if (arg == "--files" || arg == "--stderr" || arg == "--client-timeout")
@@ -96,12 +105,31 @@ int main(int argc, char **argv) {
   if (lanes != 1 && lanes != 32 && lanes != 64)
     usage("--lanes must be 1, 32 or 64");
 
-  // The mailbox: a memfd sized as LLVM's loader sizes it, zeroed (a fresh memfd is).
+  // The mailbox: a memfd sized as LLVM's loader sizes it, zeroed (a fresh memfd is), or the
+  // given file, which must be that size already.
   const uint64_t bytes = rpc::Server::allocation_size(lanes, ports);
-  int fd = memfd_create("llvm-peer-mailbox", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-    std::perror("llvm-peer: memfd");
-    return 1;
+  int fd;
+  std::string path;
+  if (file_path.empty()) {
+    fd = memfd_create("llvm-peer-mailbox", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      std::perror("llvm-peer: memfd");
+      return 1;
+    }
+    path = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd);
+  } else {
+    fd = open(file_path.c_str(), O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+      std::perror(("llvm-peer: " + file_path).c_str());
+      return 1;
+    }
+    if (static_cast<uint64_t>(st.st_size) != bytes) {
+      std::fprintf(stderr, "llvm-peer: %s is %lld bytes, the mailbox %llu\n", file_path.c_str(),
+                   static_cast<long long>(st.st_size), static_cast<unsigned long long>(bytes));
+      return 1;
+    }
+    path = file_path;
   }
   void *buffer = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (buffer == MAP_FAILED) {
@@ -119,8 +147,7 @@ int main(int argc, char **argv) {
   std::signal(SIGINT, on_signal);
 
   rpc::Server server(static_cast<uint32_t>(ports), buffer);
-  std::fprintf(announce, "ready /proc/%d/fd/%d %llu\n", static_cast<int>(getpid()), fd,
-               static_cast<unsigned long long>(bytes));
+  std::fprintf(announce, "ready %s %llu\n", path.c_str(), static_cast<unsigned long long>(bytes));
   std::fflush(announce);
 
   // RPC.cpp's ServerThread::run with one user for our whole life.

@@ -13,9 +13,10 @@
 //!
 //! Rows (`docs/performance.md` explains what bounds each):
 //! - `pingpong`: two threads bounce two `u32` flags on separate cache lines: the floor;
-//! - `bare loop`: TEST_INCREMENT against a thread running only `rpc_core::Server`;
+//! - `bare loop`: TEST_INCREMENT against a thread running only `rpc_core::Server`, on
+//!   rpc-serve's N=64 mailbox (rpc-serve stopped);
 //! - `minimal loop`: TEST_INCREMENT against a thread that only flips port 0's flag with raw
-//!   atomics: the least a server can do, the floor of the round trips;
+//!   atomics, on the same mailbox: the least a server can do;
 //! - `roundtrip N=.. port ..`: TEST_INCREMENT, L=1, on port 0 and on port N-1, for N = 64,
 //!   1024, 4096 (v1) and 16384 (v2);
 //! - `lanes L=32 full / half`: TEST_INCREMENT with 32 or 16 active lanes;
@@ -35,7 +36,7 @@ mod svg;
 mod target;
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
@@ -684,6 +685,13 @@ fn servers(binaries: &Binaries) -> Vec<Server> {
 }
 
 /// A setup of every server for one mailbox shape (servers whose binary is missing left out).
+///
+/// The server processes serve one mailbox in turn, a file in /dev/shm that rpc-serve creates
+/// and LLVM's peer opens, so that their rows cross the same cache lines. A line's transfer
+/// between the two CPUs took 228-283 ns here depending on the line (where its address lands
+/// in the shared cache), now and then twice that, the same for a line from run to run: with
+/// a mailbox each, a server's rows were up to 2x faster or slower for its memory alone (the
+/// same rpc-serve binary in both slots read 219 and 84 MB/s on the L=1 stream).
 fn setups(
     servers: &[Server],
     binaries: &Binaries,
@@ -691,9 +699,25 @@ fn setups(
     ports: u32,
     lanes: u32,
 ) -> Result<Vec<Setup>, String> {
+    static MAILBOXES: AtomicU64 = AtomicU64::new(0);
+    let shm = Path::new("/dev/shm");
+    let file = shm.is_dir().then(|| {
+        let n = MAILBOXES.fetch_add(1, Ordering::Relaxed);
+        shm.join(format!("rpc-bench-{}-{n}", std::process::id()))
+    });
+    // The file once rpc-serve serves it; until then the peer makes its own.
+    let mut created = None;
     let mut out = Vec::new();
     for &server in servers {
-        if let Some(setup) = Setup::new(server, binaries, generation, ports, lanes)? {
+        let file = match server {
+            Server::InProcess => None,
+            Server::RpcServe => file.as_deref(),
+            Server::Llvm => created,
+        };
+        if let Some(setup) = Setup::new(server, binaries, generation, ports, lanes, file)? {
+            if server == Server::RpcServe {
+                created = file;
+            }
             out.push(setup);
         }
     }
@@ -747,20 +771,26 @@ fn run(
         let _loaded =
             loaded.then(|| Loaded::start(shapes.iter().flat_map(|(_, s)| s).chain(&lanes)));
         let unit = "ns/round trip";
-        let mut plan: Vec<Measured<'_>> = vec![
-            (
-                Row::new(PINGPONG, Server::InProcess, loaded, unit),
-                Box::new(move || measure::pingpong(w)),
-            ),
-            (
+        let mut plan: Vec<Measured<'_>> = vec![(
+            Row::new(PINGPONG, Server::InProcess, loaded, unit),
+            Box::new(move || measure::pingpong(w)),
+        )];
+        // The bare and minimal loops run on the lines the server processes serve: rpc-serve's
+        // N=64 mailbox, rpc-serve stopped.
+        let shared = shapes
+            .iter()
+            .find(|(n, _)| *n == 64)
+            .and_then(|(_, setups)| setups.iter().find(|setup| setup.server == Server::RpcServe));
+        if let Some(setup) = shared {
+            plan.push((
                 Row::new(BARE, Server::InProcess, loaded, unit),
-                Box::new(move || measure::bare_roundtrip(w)),
-            ),
-            (
+                Box::new(move || measure::bare_roundtrip(setup, w)),
+            ));
+            plan.push((
                 Row::new(MINIMAL, Server::InProcess, loaded, unit),
-                Box::new(move || measure::minimal_roundtrip(w)),
-            ),
-        ];
+                Box::new(move || measure::minimal_roundtrip(setup, w)),
+            ));
+        }
         for (n, setups) in &shapes {
             for setup in setups {
                 let ports: &[u32] = if *n == 64 { &[0, 63] } else { &[n - 1] };

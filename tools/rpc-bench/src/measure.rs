@@ -1,15 +1,15 @@
 //! The measurements: each returns one repetition's figure, speaking the real protocol.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use plugin_host::kernel::{encode_printf, printf, Arg, PrintfCall, Target};
-use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::protocol::{Client, LockTable};
 use rpc_core::Opcode;
 
-use crate::target::{schedstat, Setup};
+use crate::target::{schedstat, Server, Setup};
 use crate::{pin_server, spin_then_yield, SpinThenYield, STREAM_BYTES};
 
 /// One TEST_INCREMENT exchange on port `index` with the lanes of `mask`; checks the answer.
@@ -314,16 +314,18 @@ pub fn roundtrip(setup: &Setup, index: u32, mask: u64, window: Duration) -> Resu
 /// One repetition of TEST_INCREMENT round trips against a bare `rpc_core::Server` loop (a
 /// thread that only opens pending ports and answers them: no `RpcServer`, registry, statistics
 /// or back-off): ns per round trip. The gap to `roundtrip` is the cost of the real server's
-/// per-pass and per-request work; the gap to `pingpong` that of the protocol itself.
-pub fn bare_roundtrip(window: Duration) -> Result<f64, String> {
-    let layout = Layout::new(Generation::V1, 64, 1).map_err(|e| e.to_string())?;
-    let memory = MailboxMemory::new(layout);
-    let (client_locks, server_locks) = (LockTable::new(64), LockTable::new(64));
+/// per-pass and per-request work; the gap to `pingpong` that of the protocol itself. Like
+/// [`minimal_roundtrip`], on the mailbox of a stopped server process.
+pub fn bare_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
+    if setup.server == Server::InProcess {
+        return Err("the bare loop runs on a stopped server process's mailbox".into());
+    }
+    let server_locks = LockTable::new(setup.layout().ports());
     let stop = AtomicBool::new(false);
     thread::scope(|scope| {
         scope.spawn(|| {
             pin_server(0);
-            let server = rpc_core::protocol::ServerEnd::new(memory.view(), server_locks.words())
+            let server = rpc_core::protocol::ServerEnd::new(setup.view(), server_locks.words())
                 .expect("lock table sized for the mailbox");
             let mut idle = 0;
             while !stop.load(Ordering::Relaxed) {
@@ -339,9 +341,7 @@ pub fn bare_roundtrip(window: Duration) -> Result<f64, String> {
                 }
             }
         });
-        let client = Client::new(memory.view(), client_locks.words())
-            .expect("lock table sized for the mailbox")
-            .with_wait(&SpinThenYield);
+        let client = setup.client();
         let result = time_per_op(window, |x| increment(&client, 0, 1, x));
         stop.store(true, Ordering::Relaxed);
         result
@@ -350,21 +350,23 @@ pub fn bare_roundtrip(window: Duration) -> Result<f64, String> {
 
 /// One repetition of TEST_INCREMENT round trips on port 0 against the least a server can do:
 /// a thread that waits for port 0's flags to differ, reads the header's opcode and the packet,
-/// writes the answer and flips its flag, with atomics at the v1 layout's offsets and nothing
+/// writes the answer and flips its flag, with atomics at the layout's offsets and nothing
 /// else (no scan, lock, registry, statistics or back-off but the bare loop's): ns per round
-/// trip. The floor of the round-trip rows, for this client on this machine.
-pub fn minimal_roundtrip(window: Duration) -> Result<f64, String> {
-    let layout = Layout::new(Generation::V1, 64, 1).map_err(|e| e.to_string())?;
-    let memory = MailboxMemory::new(layout);
-    let client_locks = LockTable::new(64);
+/// trip. It runs on the mailbox of `setup`, a server process that stays stopped meanwhile
+/// (rpc-serve's, which LLVM's peer shares), so this floor crosses the very lines both serve.
+pub fn minimal_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
+    if setup.server == Server::InProcess {
+        return Err("the minimal loop runs on a stopped server process's mailbox".into());
+    }
+    let layout = setup.layout();
     let stop = AtomicBool::new(false);
     thread::scope(|scope| {
         scope.spawn(|| {
             pin_server(0);
-            let ours = u32_at(&memory, layout.primary());
-            let theirs = u32_at(&memory, layout.secondary());
-            let opcode = u32_at(&memory, layout.header_of(0) + 8);
-            let word = u64_at(&memory, layout.packet_of(0, 0));
+            let ours = setup.u32_at(layout.primary());
+            let theirs = setup.u32_at(layout.secondary());
+            let opcode = setup.u32_at(layout.header_of(0) + 8);
+            let word = setup.u64_at(layout.packet_of(0, 0));
             let mut idle = 0;
             while !stop.load(Ordering::Relaxed) {
                 let flag = ours.load(Ordering::Relaxed);
@@ -383,29 +385,11 @@ pub fn minimal_roundtrip(window: Duration) -> Result<f64, String> {
                 ours.store(u32::from(flag == 0), Ordering::Release);
             }
         });
-        let client = Client::new(memory.view(), client_locks.words())
-            .expect("lock table sized for the mailbox")
-            .with_wait(&SpinThenYield);
+        let client = setup.client();
         let result = time_per_op(window, |x| increment(&client, 0, 1, x));
         stop.store(true, Ordering::Relaxed);
         result
     })
-}
-
-/// The `u32` word at `offset` bytes into `memory`, as an atomic.
-fn u32_at(memory: &MailboxMemory, offset: usize) -> &AtomicU32 {
-    assert!(offset % 4 == 0 && offset + 4 <= memory.layout().total_size());
-    // SAFETY: in bounds and aligned (asserted; the region is 64-byte aligned), borrowed from
-    // `memory`, which outlives the reference, and the mailbox's memory is only ever accessed
-    // through atomics, this word always through 4-byte ones (the client's flags and opcode).
-    unsafe { &*memory.as_ptr().add(offset).cast::<AtomicU32>() }
-}
-
-/// The `u64` word at `offset` bytes into `memory`, as an atomic.
-fn u64_at(memory: &MailboxMemory, offset: usize) -> &AtomicU64 {
-    assert!(offset % 8 == 0 && offset + 8 <= memory.layout().total_size());
-    // SAFETY: as in `u32_at`; a packet's words are always accessed as 8-byte atomics.
-    unsafe { &*memory.as_ptr().add(offset).cast::<AtomicU64>() }
 }
 
 /// One TEST_STREAM exchange of `STREAM_BYTES` per active lane: MB/s of payload carried (both

@@ -4,12 +4,14 @@
 //!
 //! A server process is stopped (SIGSTOP) whenever none of its rows runs, so that the timed
 //! parks of a dozen idle servers do not load the machine the measured one runs on; it is
-//! continued (SIGCONT) for its rows and killed when dropped.
+//! continued (SIGCONT) for its rows and killed when dropped. The server processes of one
+//! mailbox shape may serve one mailbox file in turn (see `setups` in main.rs), so a stop
+//! returns only once the process has stopped: two servers never serve one mailbox at once.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, ErrorKind};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -85,14 +87,16 @@ enum Host {
 }
 
 impl Setup {
-    /// `server` over a fresh mailbox of the given shape; `None` for a server process whose
-    /// binary is missing.
+    /// `server` over a mailbox of the given shape: a fresh one, or for a server process the
+    /// file `file` (`--file`: rpc-serve creates it, LLVM's peer serves it as it is); `None`
+    /// for a server process whose binary is missing.
     pub fn new(
         server: Server,
         binaries: &Binaries,
         generation: Generation,
         ports: u32,
         lanes: u32,
+        file: Option<&Path>,
     ) -> Result<Option<Self>, String> {
         let layout = Layout::new(generation, ports, lanes).map_err(|e| e.to_string())?;
         let host = if server == Server::InProcess {
@@ -101,7 +105,7 @@ impl Setup {
             let Some(binary) = binaries.of(server, generation) else {
                 return Ok(None);
             };
-            Host::Process(Process::start(binary, layout)?)
+            Host::Process(Process::start(binary, layout, file)?)
         };
         Ok(Some(Setup {
             server,
@@ -148,7 +152,34 @@ impl Setup {
         }
     }
 
-    pub fn locks(&self) -> &[std::sync::atomic::AtomicU32] {
+    /// The mailbox's `u32` word at `offset` bytes, as an atomic (for the bench's own loop on
+    /// it, `measure::minimal_roundtrip`).
+    pub fn u32_at(&self, offset: usize) -> &AtomicU32 {
+        let (base, len) = self.region();
+        assert!(offset % 4 == 0 && offset + 4 <= len);
+        // SAFETY: in bounds and aligned (asserted; the region is 64-byte aligned), borrowed
+        // from `self`, which keeps the region mapped, and the mailbox is only ever accessed
+        // through atomics, this word always through 4-byte ones (flags, opcodes).
+        unsafe { &*base.add(offset).cast::<AtomicU32>() }
+    }
+
+    /// The mailbox's `u64` word at `offset` bytes, as an atomic.
+    pub fn u64_at(&self, offset: usize) -> &AtomicU64 {
+        let (base, len) = self.region();
+        assert!(offset % 8 == 0 && offset + 8 <= len);
+        // SAFETY: as in `u32_at`; a packet's words are always accessed as 8-byte atomics.
+        unsafe { &*base.add(offset).cast::<AtomicU64>() }
+    }
+
+    /// Where the mailbox is in this process, and its length.
+    fn region(&self) -> (*mut u8, usize) {
+        match &self.host {
+            Host::InProcess { memory, .. } => (memory.as_ptr(), self.layout.total_size()),
+            Host::Process(process) => (process.base, process.len),
+        }
+    }
+
+    pub fn locks(&self) -> &[AtomicU32] {
         self.locks.words()
     }
 
@@ -220,7 +251,7 @@ impl Drop for Serving<'_> {
             let mut serving = process.serving.lock().expect("never poisoned");
             *serving -= 1;
             if *serving == 0 {
-                process.signal(libc::SIGSTOP);
+                process.stop();
             }
         }
     }
@@ -278,7 +309,7 @@ impl Doorbell for ServerBell {
 fn in_process(layout: Layout, bell: Option<Arc<Bell>>) -> Result<Host, String> {
     // A name no other server of this process has, short enough that the kernel keeps all of
     // the worker's thread name ("rpc-" and it, in 15 bytes): the worker is found by it.
-    static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static SERVERS: AtomicU32 = AtomicU32::new(0);
     let name = format!("bench{}", SERVERS.fetch_add(1, Ordering::Relaxed));
     let server = RpcServer::new(ServerConfig {
         name: name.clone(),
@@ -341,9 +372,12 @@ unsafe impl Send for Process {}
 unsafe impl Sync for Process {}
 
 impl Process {
-    fn start(binary: &Path, layout: Layout) -> Result<Self, String> {
+    fn start(binary: &Path, layout: Layout, file: Option<&Path>) -> Result<Self, String> {
         let mut command = Command::new(binary);
         pin_server_process(&mut command);
+        if let Some(file) = file {
+            command.arg("--file").arg(file);
+        }
         let mut child = command
             .args(["--gen", &layout.generation().to_string()])
             .args(["--ports", &layout.ports().to_string()])
@@ -411,7 +445,7 @@ impl Process {
             base: base.cast(),
             len,
         };
-        process.signal(libc::SIGSTOP);
+        process.stop();
         Ok(process)
     }
 
@@ -421,6 +455,23 @@ impl Process {
         // whose accesses are atomic and same-size. The server process writes it as it likes:
         // garbage to us at worst.
         unsafe { Mailbox::from_raw(self.base, self.len, layout) }.expect("mapped to size")
+    }
+
+    /// Stops the running process and returns once all its threads have stopped (the stop that
+    /// `waitpid` reports), or it has exited.
+    fn stop(&self) {
+        self.signal(libc::SIGSTOP);
+        let mut status = 0;
+        loop {
+            // SAFETY: waitpid on our unreaped child, writing its status into `status`; with
+            // WUNTRACED it returns at the stop. (Only a running process is ever stopped, so
+            // there is always a stop to report.)
+            let waited =
+                unsafe { libc::waitpid(self.child.id() as i32, &mut status, libc::WUNTRACED) };
+            if waited >= 0 || std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+                return;
+            }
+        }
     }
 
     fn signal(&self, signal: i32) {
