@@ -686,12 +686,13 @@ fn servers(binaries: &Binaries) -> Vec<Server> {
 
 /// A setup of every server for one mailbox shape (servers whose binary is missing left out).
 ///
-/// The server processes serve one mailbox in turn, a file in /dev/shm that rpc-serve creates
-/// and LLVM's peer opens, so that their rows cross the same cache lines. A line's transfer
-/// between the two CPUs took 228-283 ns here depending on the line (where its address lands
-/// in the shared cache), now and then twice that, the same for a line from run to run: with
-/// a mailbox each, a server's rows were up to 2x faster or slower for its memory alone (the
-/// same rpc-serve binary in both slots read 219 and 84 MB/s on the L=1 stream).
+/// All of them serve one mailbox, in turn: a file in /dev/shm that rpc-serve creates, LLVM's
+/// peer opens and the in-process server maps, so that their rows cross the same cache lines.
+/// A line's transfer between the two CPUs took 228-283 ns here depending on the line (where
+/// its address lands in the shared cache), now and then twice that, the same for a line from
+/// run to run: with a mailbox each, a server's rows were up to 2x faster or slower for its
+/// memory alone (the same rpc-serve binary in both slots read 219 and 84 MB/s on the L=1
+/// stream). Without rpc-serve (or /dev/shm) each server has a mailbox of its own.
 fn setups(
     servers: &[Server],
     binaries: &Binaries,
@@ -705,14 +706,14 @@ fn setups(
         let n = MAILBOXES.fetch_add(1, Ordering::Relaxed);
         shm.join(format!("rpc-bench-{}-{n}", std::process::id()))
     });
-    // The file once rpc-serve serves it; until then the peer makes its own.
+    // rpc-serve first: it creates the file the others then serve.
+    let order = [Server::RpcServe, Server::Llvm, Server::InProcess];
     let mut created = None;
     let mut out = Vec::new();
-    for &server in servers {
+    for server in order.into_iter().filter(|s| servers.contains(s)) {
         let file = match server {
-            Server::InProcess => None,
             Server::RpcServe => file.as_deref(),
-            Server::Llvm => created,
+            Server::Llvm | Server::InProcess => created,
         };
         if let Some(setup) = Setup::new(server, binaries, generation, ports, lanes, file)? {
             if server == Server::RpcServe {
@@ -721,6 +722,8 @@ fn setups(
             out.push(setup);
         }
     }
+    // In the order of `servers`, as the tables list them.
+    out.sort_by_key(|setup| servers.iter().position(|&s| s == setup.server));
     Ok(out)
 }
 

@@ -17,7 +17,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use plugin_host::memory::Signal;
-use rpc_core::plugin::Doorbell;
+use rpc_core::plugin::{Doorbell, SharedRegion};
 use rpc_core::protocol::{
     Client, ClientDoorbell, Generation, Layout, LockTable, Mailbox, MailboxMemory,
 };
@@ -77,7 +77,7 @@ pub struct Setup {
 enum Host {
     InProcess {
         server: RpcServer,
-        memory: Arc<MailboxMemory>,
+        memory: Memory,
         /// The worker's kernel thread id (it runs from the setup to its end).
         worker: i32,
         /// The mailbox's v2 doorbell, which the client rings.
@@ -86,10 +86,16 @@ enum Host {
     Process(Process),
 }
 
+/// The in-process server's mailbox: its own, or the file the server processes serve.
+enum Memory {
+    Own(Arc<MailboxMemory>),
+    Shared(Arc<Mapping>),
+}
+
 impl Setup {
-    /// `server` over a mailbox of the given shape: a fresh one, or for a server process the
-    /// file `file` (`--file`: rpc-serve creates it, LLVM's peer serves it as it is); `None`
-    /// for a server process whose binary is missing.
+    /// `server` over a mailbox of the given shape: a fresh one, or the file `file` (a server
+    /// process's `--file`: rpc-serve creates it, LLVM's peer serves it as it is; the in-process
+    /// server maps it); `None` for a server process whose binary is missing.
     pub fn new(
         server: Server,
         binaries: &Binaries,
@@ -100,7 +106,7 @@ impl Setup {
     ) -> Result<Option<Self>, String> {
         let layout = Layout::new(generation, ports, lanes).map_err(|e| e.to_string())?;
         let host = if server == Server::InProcess {
-            in_process(layout, None)?
+            in_process(layout, None, file)?
         } else {
             let Some(binary) = binaries.of(server, generation) else {
                 return Ok(None);
@@ -121,7 +127,7 @@ impl Setup {
         let layout = Layout::new(Generation::V2, ports, lanes).map_err(|e| e.to_string())?;
         Ok(Setup {
             server: Server::InProcess,
-            host: in_process(layout, Some(Arc::new(Bell::default())))?,
+            host: in_process(layout, Some(Arc::new(Bell::default())), None)?,
             locks: LockTable::new(ports),
             layout,
         })
@@ -146,10 +152,12 @@ impl Setup {
     }
 
     pub fn view(&self) -> Mailbox<'_> {
-        match &self.host {
-            Host::InProcess { memory, .. } => memory.view(),
-            Host::Process(process) => process.view(self.layout),
-        }
+        let (base, len) = self.region();
+        // SAFETY: the region is mapped (or allocated), 64-byte aligned and `len` bytes while
+        // `self` lives (the view borrows it); this process touches it only through such
+        // views and `u32_at` / `u64_at`, all atomic and same-size. A server process writes it
+        // as it likes: garbage to us at worst.
+        unsafe { Mailbox::from_raw(base, len, self.layout) }.expect("sized for the layout")
     }
 
     /// The mailbox's `u32` word at `offset` bytes, as an atomic (for the bench's own loop on
@@ -174,8 +182,15 @@ impl Setup {
     /// Where the mailbox is in this process, and its length.
     fn region(&self) -> (*mut u8, usize) {
         match &self.host {
-            Host::InProcess { memory, .. } => (memory.as_ptr(), self.layout.total_size()),
-            Host::Process(process) => (process.base, process.len),
+            Host::InProcess {
+                memory: Memory::Own(memory),
+                ..
+            } => (memory.as_ptr(), self.layout.total_size()),
+            Host::InProcess {
+                memory: Memory::Shared(mapping),
+                ..
+            } => (mapping.base, mapping.len),
+            Host::Process(process) => (process.mapping.base, process.mapping.len),
         }
     }
 
@@ -205,7 +220,10 @@ impl Setup {
     /// kernel runs), SIGCONT then SIGSTOP for a process.
     pub fn serving(&self) -> Serving<'_> {
         match &self.host {
-            Host::InProcess { server, .. } => Serving::User(server.user()),
+            Host::InProcess { server, .. } => Serving::User {
+                server,
+                guard: Some(server.user()),
+            },
             Host::Process(process) => {
                 let mut serving = process.serving.lock().expect("never poisoned");
                 if *serving == 0 {
@@ -241,17 +259,35 @@ impl Setup {
 
 /// See [`Setup::serving`].
 pub enum Serving<'a> {
-    User(#[allow(dead_code)] UserGuard),
+    User {
+        server: &'a RpcServer,
+        guard: Option<UserGuard>,
+    },
     Continued(&'a Process),
 }
 
 impl Drop for Serving<'_> {
     fn drop(&mut self) {
-        if let Serving::Continued(process) = self {
-            let mut serving = process.serving.lock().expect("never poisoned");
-            *serving -= 1;
-            if *serving == 0 {
-                process.stop();
+        match self {
+            Serving::User { server, guard } => {
+                // The worker polls on through its back-off after the last user leaves; it may
+                // share its mailbox with the server processes, so wait until it sleeps.
+                let asleep = || server.stats().sleeps;
+                let before = asleep();
+                drop(guard.take());
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while asleep() == before {
+                    // A liveness bound only.
+                    assert!(Instant::now() < deadline, "the worker never went to sleep");
+                    thread::sleep(Duration::from_micros(20));
+                }
+            }
+            Serving::Continued(process) => {
+                let mut serving = process.serving.lock().expect("never poisoned");
+                *serving -= 1;
+                if *serving == 0 {
+                    process.stop();
+                }
             }
         }
     }
@@ -306,7 +342,11 @@ impl Doorbell for ServerBell {
     }
 }
 
-fn in_process(layout: Layout, bell: Option<Arc<Bell>>) -> Result<Host, String> {
+fn in_process(
+    layout: Layout,
+    bell: Option<Arc<Bell>>,
+    file: Option<&Path>,
+) -> Result<Host, String> {
     // A name no other server of this process has, short enough that the kernel keeps all of
     // the worker's thread name ("rpc-" and it, in 15 bytes): the worker is found by it.
     static SERVERS: AtomicU32 = AtomicU32::new(0);
@@ -323,11 +363,25 @@ fn in_process(layout: Layout, bell: Option<Arc<Bell>>) -> Result<Host, String> {
         .context()
         .services()
         .set_stdout(Box::new(std::io::sink()));
-    let memory = Arc::new(MailboxMemory::new(layout));
-    match &bell {
-        Some(bell) => server
-            .attach_with_doorbell(Box::new(memory.clone()), Box::new(ServerBell(bell.clone()))),
-        None => server.attach(Box::new(memory.clone())),
+    let memory = match file {
+        Some(file) => {
+            let mapping = Arc::new(Mapping::new(file, layout.total_size())?);
+            server
+                .attach_region(Box::new(SharedMapping(mapping.clone())), layout)
+                .map_err(|e| e.to_string())?;
+            Memory::Shared(mapping)
+        }
+        None => {
+            let memory = Arc::new(MailboxMemory::new(layout));
+            match &bell {
+                Some(bell) => server.attach_with_doorbell(
+                    Box::new(memory.clone()),
+                    Box::new(ServerBell(bell.clone())),
+                ),
+                None => server.attach(Box::new(memory.clone())),
+            };
+            Memory::Own(memory)
+        }
     };
     let _ = server.start().map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -356,20 +410,89 @@ fn thread_named(name: &str) -> Option<i32> {
     })
 }
 
+/// A mailbox file mapped here, shared.
+struct Mapping {
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory that lives as long as `Mapping`; every access to
+// it goes through `Mailbox` views and `Setup::u32_at` / `u64_at`, which are atomic.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: shared use of the mapping is only through atomics.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps the file `path`, which must be `len` bytes.
+    fn new(path: &Path, len: usize) -> Result<Self, String> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let size = file.metadata().map_err(|e| e.to_string())?.len();
+        if size != len as u64 {
+            return Err(format!("{}: {size} bytes, not {len}", path.display()));
+        }
+        // SAFETY: a fresh shared mapping of the whole file (`len` bytes, checked above); the
+        // kernel picks the address. The descriptor may close after mmap.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(format!(
+                "mmap {}: {}",
+                path.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(Mapping {
+            base: base.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once; nothing borrowed from it outlives
+        // `self` (views and words borrow the `Setup` that owns it).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// A [`Mapping`] as the in-process server's region.
+struct SharedMapping(Arc<Mapping>);
+
+// SAFETY: the mapping is page-aligned (an mmap) and stays mapped at the same address and length
+// while this value (an owner of it) lives; the server reads and writes it only through atomic
+// views. The file is never truncated while mapped (rpc-serve removes it only when it stops).
+unsafe impl SharedRegion for SharedMapping {
+    fn host_ptr(&self) -> *mut u8 {
+        self.0.base
+    }
+    fn device_addr(&self) -> u64 {
+        self.0.base as u64
+    }
+    fn len(&self) -> usize {
+        self.0.len
+    }
+}
+
 /// A server process and its mailbox, mapped here.
 pub struct Process {
     child: Child,
     /// Live [`Serving`] guards: the first continues the process, the last stops it.
     serving: std::sync::Mutex<usize>,
-    base: *mut u8,
-    len: usize,
+    mapping: Mapping,
 }
-
-// SAFETY: the mapping is plain shared memory that lives as long as `Process`; every access to
-// it goes through `Mailbox` views, which are atomic (see `view`).
-unsafe impl Send for Process {}
-// SAFETY: as above: shared use of the mapping is only through atomic views.
-unsafe impl Sync for Process {}
 
 impl Process {
     fn start(binary: &Path, layout: Layout, file: Option<&Path>) -> Result<Self, String> {
@@ -410,51 +533,25 @@ impl Process {
             .strip_prefix("ready ")
             .and_then(|rest| rest.rsplit_once(' '))
             .ok_or_else(|| format!("{}: not a ready line: {line:?}", binary.display()))?;
-        if bytes != layout.total_size().to_string() {
-            let _ = child.kill();
-            return Err(format!(
+        let mapping = if bytes == layout.total_size().to_string() {
+            Mapping::new(Path::new(path), layout.total_size())
+        } else {
+            Err(format!(
                 "{}: the mailbox is {bytes} bytes, rpc-core's layout {}",
                 binary.display(),
                 layout.total_size()
-            ));
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| format!("{path}: {e}"))?;
-        let len = layout.total_size();
-        // SAFETY: a fresh shared mapping of the whole file (it is `len` bytes, checked above);
-        // the kernel picks the address. The descriptor may close after mmap.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&file),
-                0,
-            )
+            ))
         };
-        if base == libc::MAP_FAILED {
-            return Err(format!("mmap {path}: {}", std::io::Error::last_os_error()));
-        }
+        let mapping = mapping.inspect_err(|_| {
+            let _ = child.kill();
+        })?;
         let process = Process {
             child,
             serving: std::sync::Mutex::new(0),
-            base: base.cast(),
-            len,
+            mapping,
         };
         process.stop();
         Ok(process)
-    }
-
-    fn view(&self, layout: Layout) -> Mailbox<'_> {
-        // SAFETY: the mapping is `len` bytes, page-aligned, and stays mapped while `self`
-        // lives (the view borrows `self`); this process touches it only through such views,
-        // whose accesses are atomic and same-size. The server process writes it as it likes:
-        // garbage to us at worst.
-        unsafe { Mailbox::from_raw(self.base, self.len, layout) }.expect("mapped to size")
     }
 
     /// Stops the running process and returns once all its threads have stopped (the stop that
@@ -505,8 +602,6 @@ impl Drop for Process {
         self.signal(libc::SIGCONT);
         self.signal(libc::SIGTERM);
         let _ = self.child.wait();
-        // SAFETY: the mapping made in `start`, unmapped once; no view outlives `self`.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
