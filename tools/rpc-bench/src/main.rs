@@ -13,8 +13,8 @@
 //!
 //! Rows (`docs/performance.md` explains what bounds each):
 //! - `pingpong`: two threads bounce two `u32` flags on separate cache lines: the floor;
-//! - `bare loop`: TEST_INCREMENT against a thread running only `rpc_core::Server`, on
-//!   rpc-serve's N=64 mailbox (rpc-serve stopped);
+//! - `bare loop`: TEST_INCREMENT against a thread running only `rpc_core::Server`, on the
+//!   N=64 mailbox every server shares (all of them stopped or asleep);
 //! - `minimal loop`: TEST_INCREMENT against a thread that only flips port 0's flag with raw
 //!   atomics, on the same mailbox: the least a server can do;
 //! - `roundtrip N=.. port ..`: TEST_INCREMENT, L=1, on port 0 and on port N-1, for N = 64,
@@ -778,8 +778,8 @@ fn run(
             Row::new(PINGPONG, Server::InProcess, loaded, unit),
             Box::new(move || measure::pingpong(w)),
         )];
-        // The bare and minimal loops run on the lines the server processes serve: rpc-serve's
-        // N=64 mailbox, rpc-serve stopped.
+        // The bare and minimal loops run on the lines every server serves: the N=64 mailbox
+        // (rpc-serve's setup of it; every server is stopped or asleep between its rows).
         let shared = shapes
             .iter()
             .find(|(n, _)| *n == 64)

@@ -353,7 +353,7 @@ pub fn bare_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
 /// writes the answer and flips its flag, with atomics at the layout's offsets and nothing
 /// else (no scan, lock, registry, statistics or back-off but the bare loop's): ns per round
 /// trip. It runs on the mailbox of `setup`, a server process that stays stopped meanwhile
-/// (rpc-serve's, which LLVM's peer shares), so this floor crosses the very lines both serve.
+/// (rpc-serve's, which the other servers share), so it crosses the very lines they serve.
 pub fn minimal_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
     if setup.server == Server::InProcess {
         return Err("the minimal loop runs on a stopped server process's mailbox".into());

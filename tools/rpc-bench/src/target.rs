@@ -4,9 +4,10 @@
 //!
 //! A server process is stopped (SIGSTOP) whenever none of its rows runs, so that the timed
 //! parks of a dozen idle servers do not load the machine the measured one runs on; it is
-//! continued (SIGCONT) for its rows and killed when dropped. The server processes of one
-//! mailbox shape may serve one mailbox file in turn (see `setups` in main.rs), so a stop
-//! returns only once the process has stopped: two servers never serve one mailbox at once.
+//! continued (SIGCONT) for its rows and killed when dropped. The servers of one mailbox shape
+//! serve one mailbox file in turn (see `setups` in main.rs), so a stop returns only once the
+//! process has stopped, and the end of an in-process row only once its worker sleeps: two
+//! servers never serve one mailbox at once.
 
 use std::io::{BufRead, BufReader, ErrorKind};
 use std::path::{Path, PathBuf};
@@ -82,6 +83,8 @@ enum Host {
         worker: i32,
         /// The mailbox's v2 doorbell, which the client rings.
         bell: Option<Arc<Bell>>,
+        /// Live [`Serving`] guards: the worker sleeps once the last is dropped.
+        users: std::sync::Mutex<usize>,
     },
     Process(Process),
 }
@@ -220,10 +223,14 @@ impl Setup {
     /// kernel runs), SIGCONT then SIGSTOP for a process.
     pub fn serving(&self) -> Serving<'_> {
         match &self.host {
-            Host::InProcess { server, .. } => Serving::User {
-                server,
-                guard: Some(server.user()),
-            },
+            Host::InProcess { server, users, .. } => {
+                *users.lock().expect("never poisoned") += 1;
+                Serving::User {
+                    server,
+                    users,
+                    guard: Some(server.user()),
+                }
+            }
             Host::Process(process) => {
                 let mut serving = process.serving.lock().expect("never poisoned");
                 if *serving == 0 {
@@ -261,6 +268,8 @@ impl Setup {
 pub enum Serving<'a> {
     User {
         server: &'a RpcServer,
+        /// The setup's live guards (a row may hold one inside another's).
+        users: &'a std::sync::Mutex<usize>,
         guard: Option<UserGuard>,
     },
     Continued(&'a Process),
@@ -269,7 +278,16 @@ pub enum Serving<'a> {
 impl Drop for Serving<'_> {
     fn drop(&mut self) {
         match self {
-            Serving::User { server, guard } => {
+            Serving::User {
+                server,
+                users,
+                guard,
+            } => {
+                let mut users = users.lock().expect("never poisoned");
+                *users -= 1;
+                if *users > 0 {
+                    return;
+                }
                 // The worker polls on through its back-off after the last user leaves; it may
                 // share its mailbox with the server processes, so wait until it sleeps.
                 let asleep = || server.stats().sleeps;
@@ -398,6 +416,7 @@ fn in_process(
         memory,
         worker,
         bell,
+        users: std::sync::Mutex::new(0),
     })
 }
 
