@@ -314,37 +314,25 @@ pub fn roundtrip(setup: &Setup, index: u32, mask: u64, window: Duration) -> Resu
 /// One repetition of TEST_INCREMENT round trips against a bare `rpc_core::Server` loop (a
 /// thread that only opens pending ports and answers them: no `RpcServer`, registry, statistics
 /// or back-off): ns per round trip. The gap to `roundtrip` is the cost of the real server's
-/// per-pass and per-request work; the gap to `pingpong` that of the protocol itself. Like
-/// [`minimal_roundtrip`], on the mailbox of a stopped server process.
+/// per-pass and per-request work; the gap to `pingpong` that of the protocol itself.
 pub fn bare_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
-    if setup.server == Server::InProcess {
-        return Err("the bare loop runs on a stopped server process's mailbox".into());
-    }
     let server_locks = LockTable::new(setup.layout().ports());
-    let stop = AtomicBool::new(false);
-    thread::scope(|scope| {
-        scope.spawn(|| {
-            pin_server(0);
-            let server = rpc_core::protocol::ServerEnd::new(setup.view(), server_locks.words())
-                .expect("lock table sized for the mailbox");
-            let mut idle = 0;
-            while !stop.load(Ordering::Relaxed) {
-                match server.open_next(0, &SpinThenYield) {
-                    Some(mut port) => {
-                        let _ = port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1));
-                        idle = 0;
-                    }
-                    None => {
-                        spin_then_yield(idle);
-                        idle += 1;
-                    }
+    against_loop(setup, window, |stop| {
+        let server = rpc_core::protocol::ServerEnd::new(setup.view(), server_locks.words())
+            .expect("lock table sized for the mailbox");
+        let mut idle = 0;
+        while !stop.load(Ordering::Relaxed) {
+            match server.open_next(0, &SpinThenYield) {
+                Some(mut port) => {
+                    let _ = port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1));
+                    idle = 0;
+                }
+                None => {
+                    spin_then_yield(idle);
+                    idle += 1;
                 }
             }
-        });
-        let client = setup.client();
-        let result = time_per_op(window, |x| increment(&client, 0, 1, x));
-        stop.store(true, Ordering::Relaxed);
-        result
+        }
     })
 }
 
@@ -352,38 +340,51 @@ pub fn bare_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
 /// a thread that waits for port 0's flags to differ, reads the header's opcode and the packet,
 /// writes the answer and flips its flag, with atomics at the layout's offsets and nothing
 /// else (no scan, lock, registry, statistics or back-off but the bare loop's): ns per round
-/// trip. It runs on the mailbox of `setup`, a server process that stays stopped meanwhile
-/// (rpc-serve's, which the other servers share), so it crosses the very lines they serve.
+/// trip.
 pub fn minimal_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
-    if setup.server == Server::InProcess {
-        return Err("the minimal loop runs on a stopped server process's mailbox".into());
-    }
     let layout = setup.layout();
+    against_loop(setup, window, |stop| {
+        let ours = setup.u32_at(layout.primary());
+        let theirs = setup.u32_at(layout.secondary());
+        let opcode = setup.u32_at(layout.header_of(0) + 8);
+        let word = setup.u64_at(layout.packet_of(0, 0));
+        let mut idle = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let flag = ours.load(Ordering::Relaxed);
+            if (theirs.load(Ordering::Relaxed) != 0) == (flag != 0) {
+                spin_then_yield(idle);
+                idle += 1;
+                continue;
+            }
+            idle = 0;
+            // Acquire: the client's header and packet, written before its flip.
+            fence(Ordering::Acquire);
+            if opcode.load(Ordering::Relaxed) == Opcode::TEST_INCREMENT.0 {
+                word.store(word.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            }
+            // Release: the answer before the flip that hands it back.
+            ours.store(u32::from(flag == 0), Ordering::Release);
+        }
+    })
+}
+
+/// TEST_INCREMENT round trips on port 0 of `setup`'s mailbox against `serve`, a server loop of
+/// the bench's own run on the servers' CPU until its flag is set: ns per round trip. `setup` is
+/// a server process, which stays stopped meanwhile (rpc-serve's, whose mailbox every server
+/// shares), so the loop crosses the very lines the servers serve.
+fn against_loop(
+    setup: &Setup,
+    window: Duration,
+    serve: impl FnOnce(&AtomicBool) + Send,
+) -> Result<f64, String> {
+    if setup.server == Server::InProcess {
+        return Err("the bench's own loops run on a stopped server process's mailbox".into());
+    }
     let stop = AtomicBool::new(false);
     thread::scope(|scope| {
         scope.spawn(|| {
             pin_server(0);
-            let ours = setup.u32_at(layout.primary());
-            let theirs = setup.u32_at(layout.secondary());
-            let opcode = setup.u32_at(layout.header_of(0) + 8);
-            let word = setup.u64_at(layout.packet_of(0, 0));
-            let mut idle = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let flag = ours.load(Ordering::Relaxed);
-                if (theirs.load(Ordering::Relaxed) != 0) == (flag != 0) {
-                    spin_then_yield(idle);
-                    idle += 1;
-                    continue;
-                }
-                idle = 0;
-                // Acquire: the client's header and packet, written before its flip.
-                fence(Ordering::Acquire);
-                if opcode.load(Ordering::Relaxed) == Opcode::TEST_INCREMENT.0 {
-                    word.store(word.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                }
-                // Release: the answer before the flip that hands it back.
-                ours.store(u32::from(flag == 0), Ordering::Release);
-            }
+            serve(&stop);
         });
         let client = setup.client();
         let result = time_per_op(window, |x| increment(&client, 0, 1, x));
