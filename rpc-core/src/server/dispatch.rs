@@ -59,7 +59,7 @@
 //! client process is gone, but other processes may take the port the moment it looks free,
 //! so its exchange is closed, not reset.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use std::vec::Vec;
 
 use crate::protocol::deferred;
@@ -72,7 +72,7 @@ use crate::server::mailboxes::{Marks, Quarantined};
 use crate::server::registry::{Exchange, Handler, Registry, Request, ALONE, YIELDED};
 use crate::server::stats::bump;
 use crate::server::{panic_message, Attached, Inner, ServerContext};
-use crate::sync::{lock, Arc, Ordering};
+use crate::sync::{lock, thread, Arc, Ordering};
 use crate::Result;
 
 /// The spin waits (`port::SPIN_WAITS`) of an exchange alone in flight per call of
@@ -267,6 +267,20 @@ impl Flights {
     }
 }
 
+/// Yields the CPU, and says whether another thread ran meanwhile: a yield that finds no other
+/// thread ready is a system call (some 170 ns here), one that runs another is two context
+/// switches and that thread's turn, some µs. Only how soon the worker yields depends on the
+/// answer (its back-off, `PassCache::yield_every`): a wrong one costs some yields or spins,
+/// never a request.
+pub(crate) fn yield_to_others() -> bool {
+    let start = Instant::now();
+    thread::yield_now();
+    start.elapsed() > YIELD_ALONE
+}
+
+/// The longest yield counted as one that ran nobody else (see [`yield_to_others`]).
+const YIELD_ALONE: Duration = Duration::from_micros(1);
+
 /// The worker's state between passes: its copies of the mailbox list and the registry
 /// (refreshed when they change) and the exchanges in flight.
 pub(crate) struct PassCache {
@@ -284,6 +298,12 @@ pub(crate) struct PassCache {
     last_progress: bool,
     /// The ports the last pass scanned after its last progress (all of them if it made none).
     quiet_ports: usize,
+    /// While set, a pass yields the CPU each time it has scanned this many more ports of a
+    /// mailbox with no progress. The worker sets it while its yields run other threads: one
+    /// may be a client waiting for this CPU, which would otherwise wait for the rest of a scan
+    /// of many ports (some 3 µs over 16384) after its answer (the loaded regime,
+    /// `docs/performance.md`).
+    pub(crate) yield_every: Option<usize>,
 }
 
 impl PassCache {
@@ -298,6 +318,7 @@ impl PassCache {
             since_housekeeping: 0,
             last_progress: false,
             quiet_ports: 0,
+            yield_every: None,
         }
     }
 
@@ -395,6 +416,7 @@ impl Inner {
             in_flight,
             last_progress,
             quiet_ports,
+            yield_every,
             ..
         } = cache;
         let (Some(mailboxes), Some(registry)) = (mailboxes, registry) else {
@@ -443,10 +465,13 @@ impl Inner {
                 // `found` as of `last_at`: each step's progress is placed where the scan stood
                 // after it, at the top of the next turn (the scan moves only in `sweep.next`).
                 let mut placed = 0;
+                // Where the scan stood at its last progress or yield (see `yield_every`).
+                let mut calm_from = 0;
                 loop {
                     if found > placed {
                         placed = found;
                         last_at = Some(sweep.position());
+                        calm_from = sweep.position();
                     }
                     if mailbox.detached.load(Ordering::Acquire) {
                         break;
@@ -455,6 +480,16 @@ impl Inner {
                         None => break,
                         Some(Step::Checkpoint) => {
                             found += inner.poll_in_flight(mailboxes, in_flight, Look::Ready);
+                            let calm = sweep.position() - calm_from;
+                            if found == placed && yield_every.is_some_and(|every| calm >= every) {
+                                // The flips this pass deferred go out first: the client that
+                                // runs may be waiting for one of them.
+                                deferred::publish();
+                                if !yield_to_others() {
+                                    *yield_every = None;
+                                }
+                                calm_from = sweep.position();
+                            }
                             continue;
                         }
                         Some(Step::Pending(index)) => index,
@@ -938,4 +973,123 @@ fn poll(exchange: &mut Exchange, alone: bool) -> Polled {
 fn catch<T>(f: impl FnOnce() -> Result<T, ServerError>) -> Result<T, ServerError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
         .unwrap_or_else(|panic| Err(ServerError::Panicked(panic_message(panic.as_ref()))))
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::protocol::scan::HOT_STRIDE;
+    use crate::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory, Spin};
+    use crate::sync::AtomicBool;
+    use crate::RpcServer;
+
+    /// Opens `opcode` on port `index` for one lane, waiting until the port is free.
+    fn open<'a>(client: &'a Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
+        loop {
+            if let Some(port) = client.try_open_at(index, opcode, 1).unwrap() {
+                return port;
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// Passes that yield at every quiet checkpoint, as in the loaded regime, serve every port
+    /// of a mailbox of two strides, also while two exchanges wait in flight (so the passes
+    /// defer their flips, which go out before each yield).
+    #[test]
+    fn passes_that_yield_within_the_scan_serve_every_port() {
+        const PORTS: u32 = 2 * HOT_STRIDE as u32;
+        let server = RpcServer::new(Default::default());
+        server.register(Opcode::user(1), |mut req| async move {
+            let (mut a, mut b) = (0, 0);
+            req.recv(|_, p| a = p.word(0)).await?;
+            req.recv(|_, p| b = p.word(0)).await?;
+            req.send(|_, p| p.set_word(0, a + b)).await
+        });
+        let memory = Arc::new(MailboxMemory::new(
+            Layout::new(Generation::V1, PORTS, 1).unwrap(),
+        ));
+        server.attach(std::boxed::Box::new(memory.clone()));
+        let _user = server.user();
+        let locks = LockTable::new(PORTS);
+        let done = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut cache = PassCache::new();
+                while !done.load(Ordering::Relaxed) {
+                    // A yield that ran nobody clears it; here every pass yields.
+                    cache.yield_every = Some(HOT_STRIDE);
+                    Inner::serve_pass(&server.inner, &mut cache);
+                }
+                cache.clear(&server.inner.context, Fate::Reset, "test over");
+            });
+            let client = Client::new(memory.view(), locks.words())
+                .unwrap()
+                .with_wait(&Spin);
+            let waiting = [300, PORTS - 300].map(|index| {
+                let mut port = open(&client, index, Opcode::user(1));
+                port.send(|_, p| p.set_word(0, u64::from(index))).unwrap();
+                (index, port)
+            });
+            for index in [0, HOT_STRIDE as u32 - 1, HOT_STRIDE as u32, PORTS - 1] {
+                let mut port = open(&client, index, Opcode::TEST_INCREMENT);
+                let mut got = 0;
+                port.send_and_recv(
+                    |_, p| p.set_word(0, u64::from(index)),
+                    |_, p| got = p.word(0),
+                )
+                .unwrap();
+                assert_eq!(got, u64::from(index) + 1, "port {index}");
+            }
+            for (index, mut port) in waiting {
+                let mut sum = 0;
+                port.send_and_recv(|_, p| p.set_word(0, 1), |_, p| sum = p.word(0))
+                    .unwrap();
+                assert_eq!(sum, u64::from(index) + 1, "port {index}");
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+    }
+
+    /// Pins the calling thread to `cpu`.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn pin_to(cpu: usize) {
+        // SAFETY: a zeroed `cpu_set_t` is an empty bit set; CPU_SET sets one bit of it, and
+        // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it for this thread only.
+        let pinned = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        assert_eq!(pinned, 0, "sched_setaffinity to CPU {cpu}");
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn a_yield_that_lets_a_thread_on_this_cpu_run_says_so() {
+        use crate::sync::AtomicBool;
+        use Ordering::Relaxed;
+        // SAFETY: sched_getcpu takes no arguments; it returns the CPU this thread is on.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).expect("sched_getcpu");
+        pin_to(cpu);
+        let (ready, stop) = (AtomicBool::new(false), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                pin_to(cpu);
+                ready.store(true, Relaxed);
+                while !stop.load(Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+            while !ready.load(Relaxed) {
+                std::thread::yield_now();
+            }
+            // The spinner is always ready on this CPU: the scheduler's fairness runs it at one
+            // of these yields, however it picks (EEVDF may run the yielder again at first,
+            // while the spinner is ahead of its share).
+            let ran = (0..10_000).any(|_| yield_to_others());
+            stop.store(true, Relaxed);
+            assert!(ran, "no yield let the thread on this CPU run");
+        });
+    }
 }

@@ -5,11 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::server::dispatch::{Fate, PassCache};
+use crate::server::dispatch::{yield_to_others, Fate, PassCache};
 use crate::server::recycle;
 use crate::server::stats::bump;
 use crate::server::Inner;
-use crate::sync::{thread, Arc, Ordering};
+use crate::sync::{Arc, Ordering};
 
 /// The silence after which `ServerConfig::absent_park` applies.
 pub const ABSENT_AFTER: Duration = Duration::from_secs(1);
@@ -17,7 +17,7 @@ pub const ABSENT_AFTER: Duration = Duration::from_secs(1);
 /// Back-to-back passes before the worker starts yielding, and passes before it parks, in units
 /// of 256 ports scanned since the last work (an idle pass over fewer counts as one). The
 /// passes from [`HOT_PASSES`] on (the spin phase) give a spin hint each, and are left out while
-/// the worker's yields let other threads run ([`yield_to_others`]).
+/// the worker's yields let other threads run (`PassCache::yield_every`).
 /// Under loom it parks at once: loom's timed waits never time out, which bounds the model.
 #[cfg(not(loom))]
 const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
@@ -148,10 +148,6 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
     let mut slack = TimerSlack::tight();
     let (spin, yield_) = BACKOFF_PASSES;
     let mut idle: u32 = 0;
-    // Whether the last yield let another thread run on this CPU: then a client may be waiting
-    // for it (the loaded regime, `docs/performance.md`), and the worker yields right after
-    // the hot passes, leaving out the spin phase (some 1.3 µs over 64 ports).
-    let mut shared_cpu = false;
     // When the last pass that found work ended: the silence the parks grow with.
     let mut last_work = Instant::now();
     loop {
@@ -182,10 +178,14 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             // Right after serving, the next request of a client in a loop is a cross-core
             // transfer away: poll back to back (a PAUSE here would add half its length to the
             // average detection delay of every round trip).
-        } else if idle < spin && !shared_cpu {
+        } else if idle < spin && cache.yield_every.is_none() {
             crate::sync::spin_hint();
         } else if idle < yield_ {
-            shared_cpu = yield_to_others();
+            // While yields run other threads, one may be a client waiting for this CPU (the
+            // loaded regime, `docs/performance.md`): the spin phase (some 1.3 µs over 64 ports)
+            // is left out, and a pass over many ports yields once it has scanned as many as
+            // the hot passes would have.
+            cache.yield_every = yield_to_others().then_some(HOT_PASSES as usize * 256);
         } else {
             let silence = last_work.elapsed();
             if silence >= recycle::KEEP_LARGE_FOR {
@@ -221,19 +221,6 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
         }
     }
 }
-
-/// Yields the CPU, and says whether another thread ran meanwhile: a yield that finds no other
-/// thread ready is a system call (some 170 ns here), one that runs another is two context
-/// switches and that thread's turn, some µs. Only the back-off depends on the answer; a wrong
-/// one costs a spin phase more or less.
-fn yield_to_others() -> bool {
-    let start = Instant::now();
-    thread::yield_now();
-    start.elapsed() > YIELD_ALONE
-}
-
-/// The longest yield counted as one that ran nobody else (see [`yield_to_others`]).
-const YIELD_ALONE: Duration = Duration::from_micros(1);
 
 /// Where every mailbox has a doorbell, the worker sleeps on them instead of a park this long or
 /// longer. A request after such a sleep waits for the interrupt's wake-up (some 45 µs in this
@@ -315,48 +302,6 @@ mod tests {
         // A park below FIRST_PARK is taken as asked, never raised above it.
         let tiny = kernel_parks(us(2));
         assert_eq!(tiny.after(Duration::from_secs(1)), us(2));
-    }
-
-    /// Pins the calling thread to `cpu`.
-    #[cfg(all(target_os = "linux", not(miri)))]
-    fn pin_to(cpu: usize) {
-        // SAFETY: a zeroed `cpu_set_t` is an empty bit set; CPU_SET sets one bit of it, and
-        // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it for this thread only.
-        let pinned = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-        };
-        assert_eq!(pinned, 0, "sched_setaffinity to CPU {cpu}");
-    }
-
-    #[test]
-    #[cfg(all(target_os = "linux", not(miri)))]
-    fn a_yield_that_lets_a_thread_on_this_cpu_run_says_so() {
-        use crate::sync::AtomicBool;
-        use Ordering::Relaxed;
-        // SAFETY: sched_getcpu takes no arguments; it returns the CPU this thread is on.
-        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).expect("sched_getcpu");
-        pin_to(cpu);
-        let (ready, stop) = (AtomicBool::new(false), AtomicBool::new(false));
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                pin_to(cpu);
-                ready.store(true, Relaxed);
-                while !stop.load(Relaxed) {
-                    std::hint::spin_loop();
-                }
-            });
-            while !ready.load(Relaxed) {
-                std::thread::yield_now();
-            }
-            // The spinner is always ready on this CPU: the scheduler's fairness runs it at one
-            // of these yields, however it picks (EEVDF may run the yielder again at first,
-            // while the spinner is ahead of its share).
-            let ran = (0..10_000).any(|_| yield_to_others());
-            stop.store(true, Relaxed);
-            assert!(ran, "no yield let the thread on this CPU run");
-        });
     }
 
     #[test]
