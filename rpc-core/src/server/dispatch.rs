@@ -975,23 +975,40 @@ fn catch<T>(f: impl FnOnce() -> Result<T, ServerError>) -> Result<T, ServerError
         .unwrap_or_else(|panic| Err(ServerError::Panicked(panic_message(panic.as_ref()))))
 }
 
+/// Registers, for the tests and models of the passes, a script for `user(1)`: two packets in,
+/// their sum back (the second recv suspends until the client sends it).
+#[cfg(test)]
+pub(crate) fn register_two_packet_sum(server: &crate::RpcServer) {
+    server.register(Opcode::user(1), |mut req| async move {
+        let (mut a, mut b) = (0, 0);
+        req.recv(|_, p| a = p.word(0)).await?;
+        req.recv(|_, p| b = p.word(0)).await?;
+        req.send(|_, p| p.set_word(0, a + b)).await
+    });
+}
+
+/// Opens `opcode` on port `index` for one lane, yielding until the port is free.
+#[cfg(test)]
+pub(crate) fn open_when_free<'a>(
+    client: &'a crate::protocol::Client<'a>,
+    index: u32,
+    opcode: Opcode,
+) -> crate::protocol::ClientPort<'a> {
+    loop {
+        if let Some(port) = client.try_open_at(index, opcode, 1).unwrap() {
+            return port;
+        }
+        thread::yield_now();
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::protocol::scan::HOT_STRIDE;
-    use crate::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory, Spin};
+    use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory, Spin};
     use crate::sync::AtomicBool;
     use crate::RpcServer;
-
-    /// Opens `opcode` on port `index` for one lane, waiting until the port is free.
-    fn open<'a>(client: &'a Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
-        loop {
-            if let Some(port) = client.try_open_at(index, opcode, 1).unwrap() {
-                return port;
-            }
-            std::thread::yield_now();
-        }
-    }
 
     /// Passes that yield at every quiet checkpoint, as in the loaded regime, serve every port
     /// of a mailbox of two strides, also while two exchanges wait in flight (so the passes
@@ -1000,12 +1017,7 @@ mod tests {
     fn passes_that_yield_within_the_scan_serve_every_port() {
         const PORTS: u32 = 2 * HOT_STRIDE as u32;
         let server = RpcServer::new(Default::default());
-        server.register(Opcode::user(1), |mut req| async move {
-            let (mut a, mut b) = (0, 0);
-            req.recv(|_, p| a = p.word(0)).await?;
-            req.recv(|_, p| b = p.word(0)).await?;
-            req.send(|_, p| p.set_word(0, a + b)).await
-        });
+        register_two_packet_sum(&server);
         let memory = Arc::new(MailboxMemory::new(
             Layout::new(Generation::V1, PORTS, 1).unwrap(),
         ));
@@ -1027,12 +1039,12 @@ mod tests {
                 .unwrap()
                 .with_wait(&Spin);
             let waiting = [300, PORTS - 300].map(|index| {
-                let mut port = open(&client, index, Opcode::user(1));
+                let mut port = open_when_free(&client, index, Opcode::user(1));
                 port.send(|_, p| p.set_word(0, u64::from(index))).unwrap();
                 (index, port)
             });
             for index in [0, HOT_STRIDE as u32 - 1, HOT_STRIDE as u32, PORTS - 1] {
-                let mut port = open(&client, index, Opcode::TEST_INCREMENT);
+                let mut port = open_when_free(&client, index, Opcode::TEST_INCREMENT);
                 let mut got = 0;
                 port.send_and_recv(
                     |_, p| p.set_word(0, u64::from(index)),

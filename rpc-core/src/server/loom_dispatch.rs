@@ -13,7 +13,7 @@ use std::boxed::Box;
 
 use crate::protocol::port::Spin;
 use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
-use crate::server::dispatch::{Fate, PassCache};
+use crate::server::dispatch::{open_when_free, register_two_packet_sum, Fate, PassCache};
 use crate::server::Inner;
 use crate::sync::{thread, Arc, AtomicBool, Ordering};
 use crate::{MailboxId, Opcode, RpcServer};
@@ -25,16 +25,11 @@ struct Fixture {
     locks: LockTable,
 }
 
-/// A server with one mailbox of `ports` ports and a script for `user(1)`: two packets in,
-/// their sum back (the second recv suspends until the client sends it).
+/// A server with one mailbox of `ports` ports and `register_two_packet_sum`'s script for
+/// `user(1)`.
 fn fixture(ports: u32) -> Arc<Fixture> {
     let server = RpcServer::new(Default::default());
-    server.register(Opcode::user(1), |mut req| async move {
-        let (mut a, mut b) = (0, 0);
-        req.recv(|_, p| a = p.word(0)).await?;
-        req.recv(|_, p| b = p.word(0)).await?;
-        req.send(|_, p| p.set_word(0, a + b)).await
-    });
+    register_two_packet_sum(&server);
     let memory = Arc::new(MailboxMemory::new(
         Layout::new(Generation::V1, ports, 1).unwrap(),
     ));
@@ -78,15 +73,7 @@ fn model(body: impl Fn() + Sync + Send + 'static) {
 
 /// TEST_INCREMENT on `index`, waiting (yielding) until the port is free.
 fn increment(client: &Client<'_>, index: u32, x: u64) -> u64 {
-    let mut port = loop {
-        if let Some(port) = client
-            .try_open_at(index, Opcode::TEST_INCREMENT, 1)
-            .unwrap()
-        {
-            break port;
-        }
-        thread::yield_now();
-    };
+    let mut port = open_when_free(client, index, Opcode::TEST_INCREMENT);
     let mut got = 0;
     port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
         .unwrap();

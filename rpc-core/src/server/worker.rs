@@ -14,8 +14,11 @@ use crate::sync::{Arc, Ordering};
 /// The silence after which `ServerConfig::absent_park` applies.
 pub const ABSENT_AFTER: Duration = Duration::from_secs(1);
 
+/// The ports of one unit of the back-off.
+const UNIT_PORTS: usize = 256;
+
 /// Back-to-back passes before the worker starts yielding, and passes before it parks, in units
-/// of 256 ports scanned since the last work (an idle pass over fewer counts as one). The
+/// of [`UNIT_PORTS`] scanned since the last work (an idle pass over fewer counts as one). The
 /// passes from [`HOT_PASSES`] on (the spin phase) give a spin hint each, and are left out while
 /// the worker's yields let other threads run (`PassCache::yield_every`).
 /// Under loom it parks at once: loom's timed waits never time out, which bounds the model.
@@ -166,12 +169,12 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
         // idle scan of 16384 ports (64 units) ends the spinning, as 64 passes over 64 ports do.
         if Inner::serve_pass(inner, cache) > 0 {
             last_work = Instant::now();
-            idle = (cache.quiet_ports() / 256) as u32;
+            idle = (cache.quiet_ports() / UNIT_PORTS) as u32;
             if idle == 0 {
                 continue;
             }
         } else {
-            idle = idle.saturating_add((cache.ports() / 256).max(1) as u32);
+            idle = idle.saturating_add((cache.ports() / UNIT_PORTS).max(1) as u32);
         }
         #[allow(clippy::absurd_extreme_comparisons)] // HOT_PASSES is 0 under loom.
         if idle < HOT_PASSES {
@@ -185,7 +188,7 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             // loaded regime, `docs/performance.md`): the spin phase (some 1.3 µs over 64 ports)
             // is left out, and a pass over many ports yields once it has scanned as many as
             // the hot passes would have.
-            cache.yield_every = yield_to_others().then_some(HOT_PASSES as usize * 256);
+            cache.yield_every = yield_to_others().then_some(HOT_PASSES as usize * UNIT_PORTS);
         } else {
             let silence = last_work.elapsed();
             if silence >= recycle::KEEP_LARGE_FOR {
