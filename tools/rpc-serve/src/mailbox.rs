@@ -1,77 +1,278 @@
-//! The memory rpc-serve serves: a shared-memory file named by `--file`, or a sealed memfd.
+//! The memory rpc-serve serves: a shared-memory file named by `--file` (locked, and only ever
+//! one rpc-serve's), or a sealed memfd.
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use rpc_core::plugin::SharedRegion;
+use rpc_core::protocol::Layout;
 
 use crate::sigbus;
 
-/// Where the mailbox lives (`--file PATH` or `--memfd`).
+/// Where the mailbox lives (`--file PATH [--replace]` or `--memfd`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Backing {
-    /// A file rpc-serve creates (or truncates) and other processes map by its path. They may
-    /// truncate it too: the SIGBUS handler then ends the serving (see `sigbus`).
-    File(PathBuf),
+    /// A file other processes map by its path (see [`open_file`] for which files rpc-serve
+    /// takes). They may truncate it too: the SIGBUS handler then ends the serving (see
+    /// `sigbus`).
+    File {
+        path: PathBuf,
+        /// Overwrite an existing file that is not an idle mailbox of the layout.
+        replace: bool,
+    },
     /// A memfd sealed against shrinking and growing, which other processes of the same user
     /// open as `/proc/PID/fd/N`.
     Memfd,
 }
+
+/// Why a mailbox file was not taken.
+#[derive(Debug)]
+pub enum Refusal {
+    /// Another rpc-serve holds the file's lock: it serves this mailbox.
+    Busy(String),
+    /// A symbolic link, not a regular file, or not an idle mailbox of the layout (without
+    /// `--replace`): left as it is.
+    NotAMailbox(String),
+    /// A system call failed.
+    Failed(String),
+}
+
+/// A file's identity, `(st_dev, st_ino)`.
+pub type FileId = (u64, u64);
 
 /// The mapped mailbox memory, guarded against truncation while it lives.
 pub struct Mapped {
     /// Declared first: fields drop in order, so the guard is gone before the munmap.
     _guard: sigbus::Guard,
     map: memmap2::MmapMut,
-    /// Kept open: for a memfd this is the only name the memory has (`/proc/PID/fd/N`).
-    _file: File,
+    /// Kept open: for a memfd this is the only name the memory has (`/proc/PID/fd/N`); for a
+    /// file it holds the lock that keeps a second rpc-serve away.
+    file: File,
+}
+
+/// A mailbox ready to serve.
+pub struct Opened {
+    pub region: Mapped,
+    /// The path a client opens to map it.
+    pub path: PathBuf,
+    /// The file rpc-serve created for this run (to remove at exit if the path still names
+    /// it); `None` for a memfd or a file it was given.
+    pub created: Option<FileId>,
 }
 
 impl Mapped {
-    /// Creates `bytes` of zeroed mailbox memory and maps it; returns it with the path a client
-    /// opens to map it too.
-    pub fn create(backing: &Backing, bytes: usize) -> Result<(Mapped, PathBuf), String> {
-        let (file, path) = match backing {
-            Backing::File(path) => (create_file(path, bytes)?, path.clone()),
+    /// Makes or takes `layout`'s mailbox memory as `backing` says and maps it.
+    pub fn create(backing: &Backing, layout: Layout) -> Result<Opened, Refusal> {
+        let bytes = layout.total_size();
+        let (file, path, created) = match backing {
+            Backing::File { path, replace } => {
+                let (file, created) = open_file(path, layout, *replace)?;
+                let created = if created {
+                    Some(identity(&file).map_err(|e| failed(path, e))?)
+                } else {
+                    None
+                };
+                (file, path.clone(), created)
+            }
             Backing::Memfd => {
-                let file = create_memfd(bytes).map_err(|e| format!("memfd: {e}"))?;
+                let file =
+                    create_memfd(bytes).map_err(|e| Refusal::Failed(format!("memfd: {e}")))?;
                 let path = PathBuf::from(format!(
                     "/proc/{}/fd/{}",
                     std::process::id(),
                     file.as_raw_fd()
                 ));
-                (file, path)
+                (file, path, None)
             }
         };
-        // SAFETY: the memory is ours (just created or truncated). Other processes may write
-        // it, which the server tolerates: it only ever reads the mapping through atomics. If
-        // they truncate it (a file), the guard below keeps the addresses mapped.
-        let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(|e| format!("mmap: {e}"))?;
+        // SAFETY: the memory is ours (just created, sized, or checked as an idle mailbox under
+        // our lock). Other processes may write it, which the server tolerates: it only ever
+        // reads the mapping through atomics. If they truncate it (a file), the guard below
+        // keeps the addresses mapped.
+        let map = unsafe { memmap2::MmapMut::map_mut(&file) }
+            .map_err(|e| Refusal::Failed(format!("mmap: {e}")))?;
         // SAFETY: the mapping is page-aligned (an mmap) and stays mapped until the `Mapped`
         // built below drops, which drops the guard first; its contents are a mailbox, only
         // garbage to the server if replaced by zero pages.
         let guard = unsafe { sigbus::guard(map.as_ptr() as *mut u8, map.len()) };
-        let mapped = Mapped {
+        let region = Mapped {
             _guard: guard,
             map,
-            _file: file,
+            file,
         };
-        Ok((mapped, path))
+        Ok(Opened {
+            region,
+            path,
+            created,
+        })
+    }
+
+    /// The open file behind the mapping.
+    pub fn file(&self) -> &File {
+        &self.file
     }
 }
 
-fn create_file(path: &Path, bytes: usize) -> Result<File, String> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    file.set_len(bytes as u64)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(file)
+/// How often [`open_file`] starts again when the path stopped naming the file it locked
+/// (another rpc-serve removed it at its exit in between).
+const OPEN_TRIES: usize = 3;
+
+/// Opens `path` for the mailbox of `layout`, locked against any other rpc-serve (`flock`,
+/// exclusive, not waiting), and says whether it was created. The rule:
+/// - a path that does not exist is created (`O_EXCL`) and sized: rpc-serve's own file;
+/// - a symbolic link is refused (`O_NOFOLLOW`: the last component only), as is anything but a
+///   regular file;
+/// - a file whose lock another rpc-serve holds is refused as [`Refusal::Busy`];
+/// - an existing regular file is taken as it is only if it is an idle mailbox of `layout`:
+///   exactly `layout.total_size()` bytes, and every port's two words 0 or 1 and equal (the
+///   client owns every port: no exchange in flight, as a mailbox is after its server served
+///   every request, and as a new one is);
+/// - any other existing file is left untouched and refused, unless `replace`: then it is
+///   truncated and sized (zeroed).
+///
+/// Only a file it created does rpc-serve remove at exit.
+fn open_file(path: &Path, layout: Layout, replace: bool) -> Result<(File, bool), Refusal> {
+    for _ in 0..OPEN_TRIES {
+        let fresh = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path);
+        let (file, created) = match fresh {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // O_NONBLOCK: a FIFO or device at the path must not hold us in `open`.
+                let existing = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .custom_flags(
+                        libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+                    )
+                    .open(path);
+                match existing {
+                    Ok(file) => (file, false),
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                        return Err(refused(
+                            path,
+                            "is a symbolic link, which rpc-serve does not follow",
+                        ))
+                    }
+                    // Removed since: start again.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(failed(path, e)),
+                }
+            }
+            Err(e) => return Err(failed(path, e)),
+        };
+        let metadata = file.metadata().map_err(|e| failed(path, e))?;
+        if !metadata.file_type().is_file() {
+            return Err(refused(path, "is not a regular file"));
+        }
+        lock(&file).map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock => Refusal::Busy(format!(
+                "{}: another rpc-serve serves this mailbox (it holds the file's lock)",
+                path.display()
+            )),
+            _ => failed(path, e),
+        })?;
+        // The lock is on the file we opened: make sure the path still names it, and not a new
+        // file made after its server removed this one.
+        let named = std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        if named != Some((metadata.dev(), metadata.ino())) {
+            continue;
+        }
+        if !created {
+            match idle_mailbox(&file, layout) {
+                Ok(()) => return Ok((file, false)),
+                Err(why) if !replace => {
+                    return Err(refused(
+                        path,
+                        format!(
+                            "exists and is not an idle mailbox of this layout ({why}); rpc-serve \
+                             leaves it as it is (--replace overwrites it)"
+                        ),
+                    ))
+                }
+                Err(_) => file.set_len(0).map_err(|e| failed(path, e))?,
+            }
+        }
+        file.set_len(layout.total_size() as u64)
+            .map_err(|e| failed(path, e))?;
+        return Ok((file, created));
+    }
+    Err(Refusal::Busy(format!(
+        "{}: the file was replaced {OPEN_TRIES} times while rpc-serve locked it",
+        path.display()
+    )))
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`: held by the open file (and its mapping) until rpc-serve exits.
+fn lock(file: &File) -> std::io::Result<()> {
+    loop {
+        // SAFETY: flock on an open descriptor; the result is checked.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// Ok if `file` holds an idle mailbox of `layout` (see [`open_file`]), else why not.
+fn idle_mailbox(file: &File, layout: Layout) -> Result<(), String> {
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    if len != layout.total_size() as u64 {
+        return Err(format!("{len} bytes, not {}", layout.total_size()));
+    }
+    let words = |offset: usize| -> Result<Vec<u32>, String> {
+        let mut bytes = vec![0; 4 * layout.ports() as usize];
+        file.read_exact_at(&mut bytes, offset as u64)
+            .map_err(|e| e.to_string())?;
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes(w.try_into().expect("4 bytes")))
+            .collect())
+    };
+    let (primary, secondary) = (words(layout.primary())?, words(layout.secondary())?);
+    for (port, (&s, &c)) in primary.iter().zip(&secondary).enumerate() {
+        if s > 1 || c > 1 || s != c {
+            return Err(format!(
+                "port {port}'s words are {s} and {c}, not an idle port's"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The identity of `file`.
+fn identity(file: &File) -> std::io::Result<FileId> {
+    let metadata = file.metadata()?;
+    Ok((metadata.dev(), metadata.ino()))
+}
+
+/// Removes the file rpc-serve created at `path`, if the path still names it (`created`); says
+/// why not otherwise.
+pub fn remove_created(path: &Path, created: FileId) -> Result<(), String> {
+    let named = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if (named.dev(), named.ino()) != created {
+        return Err("the path names another file now".into());
+    }
+    std::fs::remove_file(path).map_err(|e| e.to_string())
+}
+
+fn refused(path: &Path, why: impl std::fmt::Display) -> Refusal {
+    Refusal::NotAMailbox(format!("{}: {why}", path.display()))
+}
+
+fn failed(path: &Path, error: std::io::Error) -> Refusal {
+    Refusal::Failed(format!("{}: {error}", path.display()))
 }
 
 /// `memfd_create` with sealing allowed, sized, then sealed so that nobody (we included) can

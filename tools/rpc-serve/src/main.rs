@@ -2,36 +2,51 @@
 //! another process (in any language) can use it.
 //!
 //! ```text
-//! rpc-serve [--file PATH | --memfd] --gen v0|v1|v2 --ports N --lanes L [--files DIR|deny|all]
-//!           [--allow-system] [--stdout FILE] [--stderr FILE] [--client-timeout MS] [--json]
+//! rpc-serve [--file PATH [--replace] | --memfd] --gen v0|v1|v2 --ports N --lanes 1|32|64
+//!           [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE]
+//!           [--client-timeout MS] [--json]
 //! ```
-//! `--gen v0` is LLVM 18's layout, whose clients number their opcodes as LLVM 18 and 19 do
-//! (0, 1, 2... in 16 bits: `Numbering::Llvm19`); v1 and v2 clients use today's numbers.
+//! (`--help` says the same; the command line is `clap`'s.) `--gen v0` is LLVM 18's layout,
+//! whose clients number their opcodes as LLVM 18 and 19 do (0, 1, 2... in 16 bits:
+//! `Numbering::Llvm19`); v1 and v2 clients use today's numbers.
 //!
 //! The mailbox is a memfd (`--memfd`, also what happens without `--file`), sized to the
 //! layout, zeroed and sealed against shrinking and growing; rpc-serve prints `ready
 //! /proc/PID/fd/N BYTES` once it serves, and a client of the same user opens that path
 //! read-write and maps it. Its `ftruncate` fails (EPERM), so the pages cannot be pulled from
-//! under the server. With `--file PATH`, rpc-serve creates (or truncates) PATH instead and prints
-//! `ready PATH BYTES` (and removes PATH when it stops); if another process truncates the file, the next access would raise
-//! SIGBUS: a handler (`sigbus.rs`) maps zero pages over the mailbox instead, and rpc-serve logs
-//! "the mailbox file was truncated by another process", detaches the mailbox, prints its
-//! statistics and exits 1.
+//! under the server. With `--file PATH` the mailbox is PATH, and rpc-serve prints `ready PATH
+//! BYTES`. One rpc-serve per file: it holds an exclusive `flock` on it while it serves, and a
+//! second one exits 3. A path that does not exist is created (and removed at exit if the path
+//! still names it); a symbolic link at PATH is never followed (`O_NOFOLLOW`), and an existing
+//! file is served only if it is an idle mailbox of the layout (its exact size, every port's
+//! two words 0 or 1 and equal), as it is, and kept at exit; anything else exits 4 and is left
+//! untouched, unless `--replace` says to overwrite it (kept at exit too: `mailbox.rs`). If
+//! another process truncates the file, the next access would raise SIGBUS: a handler
+//! (`sigbus.rs`) maps zero pages over the mailbox instead, and rpc-serve logs "the mailbox file
+//! was truncated by another process", detaches the mailbox, prints its statistics and exits 1.
 //!
 //! Served and silent, its worker parks longer as the silence grows: at most 250 µs while a
 //! client may still be speaking; once nothing was asked for a second (a client in another
 //! process is invisible, so that is taken as none) an eighth of the silence, up to 250 ms. So
 //! rpc-serve with no client costs well below 0.1% of a core, and the first request after a
 //! silence of a second or more waits up to an eighth of it (at most 250 ms). Its main thread
-//! sleeps until a signal, which ends rpc-serve at once. A client's EXIT or ABORT is logged (at
+//! sleeps until a signal, which stops rpc-serve at once. A client's EXIT or ABORT is logged (at
 //! `info`, shown by default) when it comes.
 //!
-//! rpc-serve serves until SIGINT or SIGTERM, then prints its statistics (`stopped: ...`, or with
-//! `--json` one line of JSON, `StatsSnapshot::to_json`) and exits 0. Bad
-//! arguments: a message and exit code 2. `--client-timeout MS` (default 10000, 0 = never)
-//! abandons an exchange whose client stopped answering mid-script (e.g. a killed process), so
-//! the other ports keep being served and the port is recovered. A client's EXIT/ABORT is
-//! recorded and logged, never ends rpc-serve.
+//! rpc-serve serves until SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 or SIGALRM, each of which
+//! stops it the same way, within 2 s whatever a writer is stuck on: the server's shutdown and
+//! the flush of the device's output run on a thread of their own for at most 1.5 s (past that
+//! rpc-serve gives up on them), the mailbox file it created is removed, and its statistics
+//! (`stopped: ...`, or with `--json` one line of JSON, `StatsSnapshot::to_json`) go to stdout,
+//! or to stderr when stdout is broken, each written without blocking past the 2 s
+//! (`output.rs`). Exit statuses: 0 clean; 1 could not start, or the mailbox file was
+//! truncated; 2 usage (a message naming the accepted values or range); 3 the `--file` is
+//! another rpc-serve's; 4 the `--file` is refused (left untouched); 5 stopped, but output was
+//! lost (a write of the device's output, the ready line or the statistics failed: a broken
+//! pipe, a full disk); 6 the shutdown gave up at its bound. `--client-timeout MS` (default
+//! 10000, 0 = never, at most a day) abandons an exchange whose client stopped answering
+//! mid-script (e.g. a killed process), so the other ports keep being served and the port is
+//! recovered. A client's EXIT/ABORT is recorded and logged, never ends rpc-serve.
 //!
 //! The device's stdout and stderr are rpc-serve's own unless `--stdout FILE` / `--stderr FILE`
 //! send them to files. Without `--stderr`, the device's stderr shares rpc-serve's stderr with
@@ -45,36 +60,41 @@
 //! exist) every path resolves beneath, `deny` (none), or `all` (any path rpc-serve's user may
 //! use); default: rpc-serve's working directory as the sandbox (`./deny` names a directory
 //! called `deny`). Whatever the policy, `/proc`, `/sys`, `/dev` (but `/dev/null`), non-regular
-//! files and the mailbox file itself are never opened, removed or renamed (`FilePolicy`).
+//! files, and rpc-serve's own files (the mailbox, its stdout and stderr when they are regular
+//! files, so its log, and the `--stdout`/`--stderr` files), by identity wherever they lie, are
+//! never opened, removed or renamed (`FilePolicy`, `Services::protect_file`).
 //! SYSTEM runs commands only with `--allow-system`. MALLOC allocates from rpc-serve's own
 //! memory (2 MiB aligned, as LLVM's GPU allocator needs; at most 1 GiB live at once), FREE frees
 //! it, and what the client did not free is freed at exit.
 
-use std::io::Read;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use clap::builder::TypedValueParser;
+use clap::{CommandFactory, Parser};
 use rpc_core::protocol::{Dialect, Generation, Layout, Numbering};
 use rpc_core::{ExitPolicy, FilePolicy, Limits, RpcServer, ServerConfig, ServicesConfig};
 
 mod mailbox;
+mod output;
 mod sigbus;
 
-use mailbox::{Backing, Mapped};
+use mailbox::{Backing, Mapped, Refusal};
+use output::{write_until, Tracked};
 use plugin_host::HostAllocator;
-
-const USAGE: &str = "usage: rpc-serve [--file PATH | --memfd] --gen v0|v1|v2 --ports N --lanes L \
-                     [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE] \
-                     [--client-timeout MS] [--json]";
 
 /// The most bytes MALLOC hands the client out of rpc-serve's memory at once.
 const MALLOC_BYTES: u64 = 1 << 30;
 
 /// How long a wait for a client's next packet lasts before the exchange is abandoned.
-const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
+const DEFAULT_CLIENT_TIMEOUT_MS: u64 = 10_000;
+/// The longest `--client-timeout`: a day.
+const MAX_CLIENT_TIMEOUT_MS: u64 = 86_400_000;
 
 /// The longest park of the worker once nothing was asked for a second (`absent_park`): a
 /// client in another process is invisible, so a long silence is taken as no client. The parks
@@ -89,6 +109,143 @@ const ABSENT_PARK: Duration = Duration::from_millis(250);
 /// ABORT (`info`), which an in-process runtime collects instead.
 const DEFAULT_LOG: &str = "warn,rpc_core::services::process=info";
 
+/// The signals that stop rpc-serve, each the same clean way.
+const STOP_SIGNALS: [i32; 6] = [
+    signal_hook::consts::SIGTERM,
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGUSR1,
+    signal_hook::consts::SIGUSR2,
+    signal_hook::consts::SIGALRM,
+];
+
+/// From the stop signal, how long the server's shutdown and the flush of the device's output
+/// may take before rpc-serve gives up on them (a write to a reader that never reads).
+const STOP_BOUND: Duration = Duration::from_millis(1500);
+/// From the stop signal to the exit, the statistics included: rpc-serve's bound.
+const EXIT_BOUND: Duration = Duration::from_secs(2);
+
+/// rpc-serve's exit statuses (also in `--help`, README.md and docs/reliability.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    /// Stopped by a signal; everything flushed, the statistics printed.
+    Clean = 0,
+    /// Could not start (a system call failed), or the mailbox file was truncated under it.
+    Failed = 1,
+    /// A usage error (clap's status).
+    #[allow(dead_code)] // clap exits with it; named here for the table.
+    Usage = 2,
+    /// `--file`: another rpc-serve serves that mailbox (holds its lock).
+    Busy = 3,
+    /// `--file`: a symbolic link, not a regular file, or an existing file that is not an idle
+    /// mailbox of the layout (without `--replace`); left untouched.
+    NotAMailbox = 4,
+    /// Stopped cleanly, but some of the device's output or rpc-serve's own (the ready line,
+    /// the statistics) could not be written: a broken pipe, a full disk.
+    OutputLost = 5,
+    /// The shutdown did not end within its bound (a writer stuck on a reader that never
+    /// reads): rpc-serve exited anyway; output may be lost.
+    GaveUp = 6,
+}
+
+const EXIT_STATUSES: &str = "\
+Stops on SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2 or SIGALRM, within 2 s whatever a writer is \
+stuck on, printing its statistics.
+
+Exit status:
+  0  stopped by a signal; output flushed, statistics printed
+  1  could not start, or the mailbox file was truncated under it
+  2  usage error
+  3  --file: another rpc-serve serves that mailbox (holds its lock)
+  4  --file: a symbolic link, not a regular file, or not an idle mailbox of this layout
+     (without --replace); the file is left untouched
+  5  stopped, but some output (the device's, the ready line, the statistics) was lost
+  6  the shutdown did not end within its bound; exited anyway";
+
+/// Serves the standard opcodes over a mailbox in shared memory, for clients in other
+/// processes.
+#[derive(Parser, Debug)]
+#[command(name = "rpc-serve", after_help = EXIT_STATUSES)]
+struct Cli {
+    /// The mailbox is the file PATH: created (and removed at exit), or an existing idle
+    /// mailbox of this layout (kept); locked against a second rpc-serve
+    #[arg(long, value_name = "PATH", conflicts_with = "memfd")]
+    file: Option<PathBuf>,
+    /// With --file: overwrite an existing file that is not an idle mailbox of this layout
+    /// (kept at exit)
+    #[arg(long, requires = "file")]
+    replace: bool,
+    /// The mailbox is a sealed memfd, printed as /proc/PID/fd/N (the default)
+    #[arg(long)]
+    memfd: bool,
+    /// The layout generation: v0 (LLVM 18), v1 (LLVM 19-22), v2 (LLVM 23 on)
+    #[arg(
+        long = "gen",
+        value_name = "GEN",
+        value_parser = clap::builder::PossibleValuesParser::new(["v0", "v1", "v2"])
+            .map(|g| g.parse::<Generation>().expect("one of the possible values"))
+    )]
+    generation: Generation,
+    /// The port count N: 1..=512 (v0), 1..=4096 (v1), 1..=16384 (v2)
+    #[arg(long, value_name = "N", value_parser = ranged(1, 16384))]
+    ports: u64,
+    /// The lane size L: 1 (a CPU client), 32 or 64
+    #[arg(
+        long,
+        value_name = "L",
+        value_parser = clap::builder::PossibleValuesParser::new(["1", "32", "64"])
+            .map(|l| l.parse::<u32>().expect("one of the possible values"))
+    )]
+    lanes: u32,
+    /// File policy of OPEN_FILE, REMOVE, RENAME: a directory to sandbox them in, deny or all
+    /// [default: the working directory]
+    #[arg(long, value_name = "DIR|deny|all", value_parser = file_policy)]
+    files: Option<FilePolicy>,
+    /// Run SYSTEM's commands
+    #[arg(long)]
+    allow_system: bool,
+    /// Send the device's stdout to FILE
+    #[arg(long, value_name = "FILE")]
+    stdout: Option<PathBuf>,
+    /// Send the device's stderr to FILE (else it shares rpc-serve's stderr with its log)
+    #[arg(long, value_name = "FILE")]
+    stderr: Option<PathBuf>,
+    /// Abandon an exchange whose client has not answered for MS milliseconds (0 = never):
+    /// 0..=86400000
+    #[arg(long, value_name = "MS", default_value_t = DEFAULT_CLIENT_TIMEOUT_MS,
+          value_parser = ranged(0, MAX_CLIENT_TIMEOUT_MS))]
+    client_timeout: u64,
+    /// Print the statistics at exit as one line of JSON
+    #[arg(long)]
+    json: bool,
+}
+
+/// A whole number in `min..=max`, whose error names the range (also for numbers past 2^64).
+fn ranged(min: u64, max: u64) -> impl Fn(&str) -> Result<u64, String> + Clone {
+    move |text| {
+        text.parse::<u64>()
+            .ok()
+            .filter(|n| (min..=max).contains(n))
+            .ok_or_else(|| format!("expected a whole number in {min}..={max}"))
+    }
+}
+
+/// `--files`: `deny`, `all`, or a directory that exists.
+fn file_policy(value: &str) -> Result<FilePolicy, String> {
+    match value {
+        "deny" => Ok(FilePolicy::Deny),
+        "all" => Ok(FilePolicy::Allow),
+        _ => {
+            let dir = PathBuf::from(value);
+            if dir.is_dir() {
+                Ok(FilePolicy::Sandbox(dir))
+            } else {
+                Err(format!("{} is not a directory", dir.display()))
+            }
+        }
+    }
+}
+
 struct Args {
     mailbox: Backing,
     layout: Layout,
@@ -101,139 +258,110 @@ struct Args {
     json: bool,
 }
 
-fn parse_args() -> Result<Args, String> {
-    use lexopt::prelude::*;
-    let mut parser = lexopt::Parser::from_env();
-    let (mut file, mut generation, mut ports, mut lanes) = (None, None, None, None);
-    let (mut allow_system, mut stdout, mut files) = (false, None, None);
-    let (mut memfd, mut stderr, mut json) = (false, None, false);
-    // Clients in other processes hold no launch guard we could see end: without a timeout, a
-    // client killed mid-exchange would hold the worker forever. 0 disables it.
-    let mut client_timeout = Some(DEFAULT_CLIENT_TIMEOUT);
-    let text = |v: std::ffi::OsString| {
-        v.into_string()
-            .map_err(|_| "arguments must be UTF-8".to_string())
-    };
-    while let Some(arg) = parser.next().map_err(|e| e.to_string())? {
-        match arg {
-            Long("file") => file = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?)),
-            Long("gen") => {
-                let value = text(parser.value().map_err(|e| e.to_string())?)?;
-                generation = Some(value.parse::<Generation>().map_err(|e| e.to_string())?);
-            }
-            Long("ports") => {
-                ports = Some(
-                    parser
-                        .value()
-                        .map_err(|e| e.to_string())?
-                        .parse::<u32>()
-                        .map_err(|e| format!("--ports: {e}"))?,
-                )
-            }
-            Long("lanes") => {
-                lanes = Some(
-                    parser
-                        .value()
-                        .map_err(|e| e.to_string())?
-                        .parse::<u32>()
-                        .map_err(|e| format!("--lanes: {e}"))?,
-                )
-            }
-            Long("files") => files = Some(file_policy(parser.value().map_err(|e| e.to_string())?)?),
-            Long("allow-system") => allow_system = true,
-            Long("stdout") => {
-                stdout = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
-            }
-            Long("stderr") => {
-                stderr = Some(PathBuf::from(parser.value().map_err(|e| e.to_string())?))
-            }
-            Long("memfd") => memfd = true,
-            Long("json") => json = true,
-            Long("client-timeout") => {
-                let ms: u64 = parser
-                    .value()
-                    .map_err(|e| e.to_string())?
-                    .parse()
-                    .map_err(|e| format!("--client-timeout: {e}"))?;
-                client_timeout = (ms > 0).then(|| Duration::from_millis(ms));
-            }
-            Long("help") | Short('h') => return Err(String::new()),
-            other => return Err(other.unexpected().to_string()),
-        }
+impl Cli {
+    /// The checked arguments, or a usage error (exit 2).
+    fn args(self) -> Result<Args, clap::Error> {
+        let usage = |message: String| {
+            Cli::command().error(clap::error::ErrorKind::ValueValidation, message)
+        };
+        let ports = u32::try_from(self.ports).expect("within the parser's range");
+        let layout = Layout::new(self.generation, ports, self.lanes)
+            .map_err(|e| usage(format!("--ports: {e}")))?;
+        let mailbox = match self.file {
+            Some(path) => Backing::File {
+                path,
+                replace: self.replace,
+            },
+            None => Backing::Memfd,
+        };
+        let files = match self.files {
+            Some(files) => files,
+            None => FilePolicy::Sandbox(
+                std::env::current_dir()
+                    .map_err(|e| usage(format!("the working directory: {e}")))?,
+            ),
+        };
+        Ok(Args {
+            mailbox,
+            layout,
+            files,
+            allow_system: self.allow_system,
+            stdout: self.stdout,
+            stderr: self.stderr,
+            // Clients in other processes hold no launch guard we could see end: without a
+            // timeout, a client killed mid-exchange would hold the worker forever.
+            client_timeout: (self.client_timeout > 0)
+                .then(|| Duration::from_millis(self.client_timeout)),
+            json: self.json,
+        })
     }
-    let missing = |name: &str| format!("missing --{name}");
-    let layout = Layout::new(
-        generation.ok_or_else(|| missing("gen"))?,
-        ports.ok_or_else(|| missing("ports"))?,
-        lanes.ok_or_else(|| missing("lanes"))?,
-    )
-    .map_err(|e| e.to_string())?;
-    let mailbox = match (file, memfd) {
-        (Some(_), true) => return Err("--file and --memfd exclude each other".into()),
-        (Some(path), false) => Backing::File(path),
-        (None, _) => Backing::Memfd,
-    };
-    let files = match files {
-        Some(files) => files,
-        None => FilePolicy::Sandbox(
-            std::env::current_dir().map_err(|e| format!("the working directory: {e}"))?,
-        ),
-    };
-    Ok(Args {
-        mailbox,
-        layout,
-        files,
-        allow_system,
-        stdout,
-        stderr,
-        client_timeout,
-        json,
-    })
 }
 
-/// `--files`: `deny`, `all`, or a directory that exists.
-fn file_policy(value: std::ffi::OsString) -> Result<FilePolicy, String> {
-    match value.to_str() {
-        Some("deny") => Ok(FilePolicy::Deny),
-        Some("all") => Ok(FilePolicy::Allow),
-        _ => {
-            let dir = PathBuf::from(value);
-            if dir.is_dir() {
-                Ok(FilePolicy::Sandbox(dir))
-            } else {
-                Err(format!("--files: {} is not a directory", dir.display()))
-            }
+/// Why rpc-serve stops before serving, or could not stop cleanly: its status and message.
+struct Failure(Status, String);
+
+impl From<Refusal> for Failure {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Busy(message) => Failure(Status::Busy, message),
+            Refusal::NotAMailbox(message) => Failure(Status::NotAMailbox, message),
+            Refusal::Failed(message) => Failure(Status::Failed, message),
         }
     }
 }
 
-/// How serving ended.
-enum Ended {
-    /// SIGINT or SIGTERM: exit 0.
-    Stopped,
-    /// The mailbox memory was pulled away (a truncated file): exit 1.
-    Faulted,
+fn failed(message: String) -> Failure {
+    Failure(Status::Failed, message)
 }
 
-fn serve(args: Args) -> Result<Ended, String> {
+/// Keeps the device from opening, removing or renaming the regular file behind `fd` (one of
+/// rpc-serve's own: its mailbox, log, output files), wherever it lies and however it is
+/// named: by `(st_dev, st_ino)`, found through `/proc/self/fd/N`, the descriptor's own file.
+/// Anything else (a pipe, a terminal, `/dev/null`) the file policy refuses or allows already.
+fn protect(server: &RpcServer, fd: std::os::fd::RawFd, what: &str) -> Result<(), Failure> {
+    let path = PathBuf::from(format!("/proc/self/fd/{fd}"));
+    let protect = || -> std::io::Result<()> {
+        if std::fs::metadata(&path)?.file_type().is_file() {
+            server.context().services().protect_file(&path)?;
+        }
+        Ok(())
+    };
+    protect().map_err(|e| failed(format!("protecting {what} from the device: {e}")))
+}
+
+/// Creates `path` for the device's output, protected from the device, and recording losses.
+fn output_file(
+    server: &RpcServer,
+    path: &Path,
+    lost: &Arc<AtomicBool>,
+) -> Result<Box<dyn Write + Send>, Failure> {
+    let file =
+        std::fs::File::create(path).map_err(|e| failed(format!("{}: {e}", path.display())))?;
+    protect(server, file.as_raw_fd(), &path.display().to_string())?;
+    Ok(Box::new(Tracked::new(file, lost.clone())))
+}
+
+fn serve(args: Args) -> Result<Status, Failure> {
     // The main thread sleeps reading `wake` until a stop signal or a mended SIGBUS writes to
     // `waker`: it costs no wake-ups while rpc-serve serves or idles. Each sets its flag before
     // it writes (signal-hook runs a signal's actions in the order they were registered), and
     // the loop below reads the flags after each wake-up, so none is missed.
-    let (mut wake, waker) = UnixStream::pair().map_err(|e| format!("wake-up socket: {e}"))?;
+    let (mut wake, waker) =
+        UnixStream::pair().map_err(|e| failed(format!("wake-up socket: {e}")))?;
     let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+    for signal in STOP_SIGNALS {
         let waker = waker
             .try_clone()
-            .map_err(|e| format!("wake-up socket: {e}"))?;
+            .map_err(|e| failed(format!("wake-up socket: {e}")))?;
         signal_hook::flag::register(signal, stop.clone())
             .and_then(|_| signal_hook::low_level::pipe::register(signal, waker))
-            .map_err(|e| format!("signal handler: {e}"))?;
+            .map_err(|e| failed(format!("signal handler: {e}")))?;
     }
     // Before the mailbox is mapped, so before it can fault.
     sigbus::wake_on_fault(waker);
     let size = args.layout.total_size();
-    let (region, path) = Mapped::create(&args.mailbox, size)?;
+    let opened = Mapped::create(&args.mailbox, args.layout)?;
+    let path = opened.path.clone();
     let config = ServerConfig {
         name: "rpc-serve".into(),
         client_timeout: args.client_timeout,
@@ -249,26 +377,25 @@ fn serve(args: Args) -> Result<Ended, String> {
         },
         ..ServerConfig::default()
     };
-    let server = RpcServer::new(config);
+    let server = Arc::new(RpcServer::new(config));
+    let services = server.context().services();
     // MALLOC from rpc-serve's own memory (what LLVM's loader gives a CPU client), freed at exit.
-    server
-        .context()
-        .services()
-        .set_allocator(Arc::new(HostAllocator::new()));
-    // No request may open (and truncate), remove or rename the mailbox under us.
-    server
-        .context()
-        .services()
-        .protect_file(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if let Some(path) = &args.stdout {
-        let out = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        server.context().services().set_stdout(Box::new(out));
-    }
-    if let Some(path) = &args.stderr {
-        let err = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        server.context().services().set_stderr(Box::new(err));
-    }
+    services.set_allocator(Arc::new(HostAllocator::new()));
+    // No request may open (and truncate), remove or rename the mailbox under us, nor our own
+    // log and output (a forged log line, a truncated statistics file).
+    protect(&server, opened.region.file().as_raw_fd(), "the mailbox")?;
+    protect(&server, libc::STDOUT_FILENO, "rpc-serve's stdout")?;
+    protect(&server, libc::STDERR_FILENO, "rpc-serve's stderr (its log)")?;
+    // Set when a write of the device's output fails: exit status 5.
+    let lost = Arc::new(AtomicBool::new(false));
+    services.set_stdout(match &args.stdout {
+        Some(path) => output_file(&server, path, &lost)?,
+        None => Box::new(Tracked::new(std::io::stdout(), lost.clone())),
+    });
+    services.set_stderr(match &args.stderr {
+        Some(path) => output_file(&server, path, &lost)?,
+        None => Box::new(Tracked::new(std::io::stderr(), lost.clone())),
+    });
     // The only v0 clients are LLVM 18's, which number opcodes 0, 1, 2... in 16 bits.
     let numbering = match args.layout.generation() {
         Generation::V0 => Numbering::Llvm19,
@@ -276,35 +403,37 @@ fn serve(args: Args) -> Result<Ended, String> {
     };
     let mailbox = server
         .attach_region_for(
-            Box::new(region),
+            Box::new(opened.region),
             args.layout,
             None,
             numbering,
             Dialect::HostC,
         )
-        .map_err(|e| e.to_string())?;
-    let _ = server.start().map_err(|e| e.to_string())?;
+        .map_err(|e| failed(e.to_string()))?;
+    let _ = server.start().map_err(|e| failed(e.to_string()))?;
     // Clients in other processes are no kernel launches we can see: one user for our whole life.
     let user = server.user();
-    println!("ready {} {size}", path.display());
-    let mut ended = Ended::Stopped;
+    let ready = writeln!(std::io::stdout(), "ready {} {size}", path.display())
+        .and_then(|()| std::io::stdout().flush());
+    if let Err(error) = ready {
+        log::error!("the ready line was not written: {error}");
+        lost.store(true, Ordering::Relaxed);
+    }
+    let mut faulted = false;
     while !stop.load(Ordering::Relaxed) {
         if sigbus::faulted() {
             match &args.mailbox {
-                Backing::File(file) => log::error!(
+                Backing::File { path, .. } => log::error!(
                     "{}: the mailbox file was truncated by another process; \
                      detaching the mailbox and exiting",
-                    file.display()
+                    path.display()
                 ),
                 Backing::Memfd => log::error!(
                     "{}: the mailbox memory faulted (SIGBUS); detaching the mailbox and exiting",
                     path.display()
                 ),
             }
-            // The worker now reads zero pages, an idle mailbox; detaching lets go of it (and
-            // unmaps it) before we report.
-            server.detach(mailbox).map_err(|e| e.to_string())?;
-            ended = Ended::Faulted;
+            faulted = true;
             break;
         }
         // Any number of wake-up bytes at once; an error other than EINTR means the socket is
@@ -318,22 +447,87 @@ fn serve(args: Args) -> Result<Ended, String> {
             }
         }
     }
+    let stopping = Instant::now();
     drop(user);
-    let _ = server.shutdown().map_err(|e| e.to_string())?;
-    server.context().services().flush_std();
-    if let Backing::File(file) = &args.mailbox {
+    // The shutdown (and, after a fault, the detach) joins the worker and waits for the I/O
+    // threads, and the flush writes what the device's output still holds: any of them may wait
+    // on a reader that never reads. They run on a thread of their own, waited for until
+    // STOP_BOUND; past it rpc-serve exits without them.
+    let (done, stopped) = std::sync::mpsc::channel();
+    let stopper = server.clone();
+    std::thread::Builder::new()
+        .name("rpc-serve-stop".into())
+        .spawn(move || {
+            let result = (|| {
+                if faulted {
+                    // The worker now reads zero pages, an idle mailbox; detaching lets go of
+                    // it (and unmaps it) before we report.
+                    stopper.detach(mailbox)?;
+                }
+                stopper.shutdown()
+            })();
+            stopper.context().services().flush_std();
+            let _ = done.send(result.map(|_| ()).map_err(|e| e.to_string()));
+        })
+        .map_err(|e| failed(format!("the stopping thread: {e}")))?;
+    let stopped = stopped.recv_timeout(STOP_BOUND);
+    if let (Backing::File { path, .. }, Some(created)) = (&args.mailbox, opened.created) {
         // We created it for our clients; with us gone it serves nobody.
-        if let Err(error) = std::fs::remove_file(file) {
-            log::warn!("{}: not removed: {error}", file.display());
+        if let Err(why) = mailbox::remove_created(path, created) {
+            say(&format!("{}: not removed: {why}", path.display()), stopping);
         }
     }
     let stats = server.stats();
-    if args.json {
-        println!("{}", stats.to_json());
+    let stats = if args.json {
+        format!("{}\n", stats.to_json())
     } else {
-        println!("stopped: {stats}");
+        format!("stopped: {stats}\n")
+    };
+    let deadline = stopping + EXIT_BOUND;
+    if let Err(error) = write_until(libc::STDOUT_FILENO, stats.as_bytes(), deadline) {
+        // The statistics where they can still go: rpc-serve's stderr.
+        say(
+            &format!("statistics not written to stdout ({error}): {stats}"),
+            stopping,
+        );
+        lost.store(true, Ordering::Relaxed);
     }
-    Ok(ended)
+    match stopped {
+        Err(_) => {
+            say(
+                &format!(
+                    "the shutdown did not end within {} ms (a write or call that does not \
+                     return); exiting without it",
+                    STOP_BOUND.as_millis()
+                ),
+                stopping,
+            );
+            Ok(Status::GaveUp)
+        }
+        Ok(Err(message)) => Err(failed(message)),
+        Ok(Ok(())) if faulted => Ok(Status::Failed),
+        Ok(Ok(())) if lost.load(Ordering::Relaxed) => Ok(Status::OutputLost),
+        Ok(Ok(())) => Ok(Status::Clean),
+    }
+}
+
+/// Writes `rpc-serve: MESSAGE` to stderr within [`EXIT_BOUND`] of `stopping`, or not at all.
+/// After the stop signal, never through the logger: its stderr lock may be held by a worker
+/// stuck writing the device's stderr.
+fn say(message: &str, stopping: Instant) {
+    let line = format!("rpc-serve: {}\n", message.trim_end());
+    let _ = write_until(libc::STDERR_FILENO, line.as_bytes(), stopping + EXIT_BOUND);
+}
+
+/// Ends the process with `status`. Not through std's exit after a shutdown that gave up: that
+/// flushes std's stdout, which a stuck worker may hold or whose pipe may be full. `_exit`
+/// ends every thread at once; what rpc-serve itself had to say went out already, unbuffered.
+fn exit(status: Status) -> ! {
+    if status == Status::GaveUp {
+        // SAFETY: `_exit` has no preconditions; it does not return.
+        unsafe { libc::_exit(status as i32) }
+    }
+    std::process::exit(status as i32)
 }
 
 fn main() {
@@ -345,25 +539,16 @@ fn main() {
     // Before anything is mapped or served, so that no truncation of the mailbox file can come
     // before it.
     if let Err(error) = sigbus::install() {
-        eprintln!("rpc-serve: SIGBUS handler: {error}");
-        std::process::exit(1);
+        let _ = writeln!(std::io::stderr(), "rpc-serve: SIGBUS handler: {error}");
+        exit(Status::Failed);
     }
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(message) => {
-            if !message.is_empty() {
-                eprintln!("rpc-serve: {message}");
-            }
-            eprintln!("{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    // Usage errors exit 2 (`--help` 0) inside clap.
+    let args = Cli::parse().args().unwrap_or_else(|error| error.exit());
     match serve(args) {
-        Ok(Ended::Stopped) => {}
-        Ok(Ended::Faulted) => std::process::exit(1),
-        Err(message) => {
-            eprintln!("rpc-serve: {message}");
-            std::process::exit(1);
+        Ok(status) => exit(status),
+        Err(Failure(status, message)) => {
+            let _ = writeln!(std::io::stderr(), "rpc-serve: {message}");
+            exit(status)
         }
     }
 }

@@ -194,11 +194,16 @@ impl Serve {
 
     /// SIGTERM, then as [`Serve::wait`], asserting a clean exit.
     pub fn stop(self) -> (String, Vec<String>) {
+        self.stop_with(0)
+    }
+
+    /// SIGTERM, then as [`Serve::wait`], asserting exit status `code` and the statistics.
+    pub fn stop_with(self, code: i32) -> (String, Vec<String>) {
         sigterm(&self.child.0);
         let (status, rest, log) = self.wait();
         assert_eq!(
             status.code(),
-            Some(0),
+            Some(code),
             "rpc-serve exited with {status}; log: {log:?}"
         );
         assert!(rest.contains("stopped: served="), "{rest}");
