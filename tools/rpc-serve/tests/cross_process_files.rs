@@ -1,6 +1,6 @@
 //! `rpc-serve`'s file policy, from a client in this process over the shared file: by default a
-//! sandbox of its working directory; `--files deny`; and the mailbox file (and `/proc`) refused
-//! even under `--files all`.
+//! sandbox of its working directory; `--files deny`; the mailbox file (and `/proc`) refused
+//! even under `--files all`; and rpc-serve's own log and output files refused wherever they lie.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -49,12 +49,18 @@ struct Served {
 
 impl Served {
     fn start(cwd: &Path, mailbox: &Path, args: &[&str]) -> Served {
+        Served::start_logging_to(cwd, mailbox, args, Stdio::inherit())
+    }
+
+    /// [`Served::start`] with rpc-serve's stderr (its log) sent to `log`.
+    fn start_logging_to(cwd: &Path, mailbox: &Path, args: &[&str], log: Stdio) -> Served {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rpc-serve"))
             .args(["--file", mailbox.to_str().unwrap(), "--gen", "v2"])
             .args(["--ports", &PORTS.to_string(), "--lanes", "1"])
             .args(args)
             .current_dir(cwd)
             .stdout(Stdio::piped())
+            .stderr(log)
             .spawn()
             .unwrap();
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
@@ -251,4 +257,51 @@ fn the_mailbox_is_refused_even_under_files_all() {
     assert_eq!(got[0], 42, "rpc-serve still serves");
     let report = served.stop();
     assert!(report.contains(&format!(" refused={refused} ")), "{report}");
+}
+
+/// rpc-serve's own files inside its sandbox: its log (its stderr, sent to a file), and its
+/// `--stdout` and `--stderr` files. The device could open them "w" (truncating the log, then
+/// writing lines that look like rpc-serve's), remove or rename them. Now none of them, nor a
+/// hard link to the log under another name, is opened in any mode, removed or renamed; other
+/// files of the sandbox are served as before, and the device's output still reaches its file.
+#[test]
+fn rpc_serves_own_log_and_output_files_are_refused_wherever_they_lie() {
+    let dirs = Dirs::new("own");
+    let log_path = dirs.jail.join("serve.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let served = Served::start_logging_to(
+        &dirs.jail,
+        &dirs.top.join("mailbox"),
+        &["--stdout", "out.txt", "--stderr", "err.txt"],
+        Stdio::from(log),
+    );
+    std::fs::create_dir(dirs.jail.join("sub")).unwrap();
+    std::fs::hard_link(&log_path, dirs.jail.join("sub/alias")).unwrap();
+    let warp = served.warp();
+    let mut refused = 0;
+    for name in ["serve.log", "out.txt", "err.txt", "sub/alias"] {
+        for mode in ["r", "w", "a"] {
+            assert_eq!(fopen(&warp, name, mode), 0, "{name} {mode}");
+            refused += 1;
+        }
+        assert_eq!(remove(&warp, name), MINUS_ONE, "remove {name}");
+        assert_eq!(rename(&warp, name, "moved"), MINUS_ONE, "rename {name}");
+        refused += 2;
+    }
+    // Another file of the sandbox opens.
+    let handle = fopen(&warp, "free.txt", "w");
+    assert_ne!(handle, 0);
+    warp.fclose(|_| handle).unwrap();
+    let written = warp
+        .write(Target::Stdout, |_| b"device line\n".to_vec())
+        .unwrap();
+    assert_eq!(written[0], 12);
+    let report = served.stop();
+    assert!(report.contains(&format!(" refused={refused} ")), "{report}");
+    let out = std::fs::read_to_string(dirs.jail.join("out.txt")).unwrap();
+    assert_eq!(out, "device line\n");
+    // The log holds rpc-serve's refusals, never truncated by the device.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(log.contains("serve.log"), "{log}");
+    assert!(!dirs.jail.join("moved").exists());
 }

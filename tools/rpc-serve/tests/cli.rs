@@ -1,0 +1,95 @@
+//! rpc-serve's command line: `--help` and `-h` exit 0 and name every flag; usage errors exit 2
+//! with a message that names the accepted values or range.
+
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rpc-serve"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn help_exits_0_and_names_every_flag_and_exit_status() {
+    for help in ["--help", "-h"] {
+        let output = run(&[help]);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(0), "{help}: {text}");
+        for flag in [
+            "--file",
+            "--replace",
+            "--memfd",
+            "--gen",
+            "--ports",
+            "--lanes",
+            "--files",
+            "--allow-system",
+            "--stdout",
+            "--stderr",
+            "--client-timeout",
+            "--json",
+            "--help",
+        ] {
+            assert!(text.contains(flag), "{help} does not name {flag}: {text}");
+        }
+        for line in ["SIGHUP", "Exit status", "3  --file", "6  the shutdown"] {
+            assert!(text.contains(line), "{help} does not say {line:?}: {text}");
+        }
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_and_name_what_is_accepted() {
+    let layout = ["--gen", "v1", "--ports", "4", "--lanes", "1"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        let mut args = layout.to_vec();
+        args.extend_from_slice(extra);
+        args
+    };
+    let cases: [(Vec<&str>, &[&str]); 9] = [
+        (
+            vec!["--gen", "v9", "--ports", "4", "--lanes", "1"],
+            &["v0", "v1", "v2"],
+        ),
+        (
+            vec!["--gen", "v1", "--ports", "0", "--lanes", "1"],
+            &["1..=16384"],
+        ),
+        (
+            vec![
+                "--gen",
+                "v1",
+                "--ports",
+                "99999999999999999999",
+                "--lanes",
+                "1",
+            ],
+            &["1..=16384"],
+        ),
+        (
+            vec!["--gen", "v0", "--ports", "513", "--lanes", "1"],
+            &["1..=512"],
+        ),
+        (
+            vec!["--gen", "v1", "--ports", "4", "--lanes", "16"],
+            &["1", "32", "64"],
+        ),
+        (
+            with(&["--client-timeout", "18446744073709551616"]),
+            &["0..=86400000"],
+        ),
+        (with(&["--client-timeout", "1e300"]), &["0..=86400000"]),
+        (with(&["--replace"]), &["--file"]),
+        (with(&["--file", "x", "--memfd"]), &["--memfd", "--file"]),
+    ];
+    for (args, names) in cases {
+        let output = run(&args);
+        let message = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+        for name in names {
+            assert!(message.contains(name), "{args:?}: {message}");
+        }
+    }
+}

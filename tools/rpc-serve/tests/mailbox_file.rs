@@ -1,0 +1,160 @@
+//! `--file PATH`: one rpc-serve per mailbox file, and no user file destroyed. A second server
+//! on a live mailbox refuses (status 3); a symbolic link at the path, a file that is not an
+//! idle mailbox of the layout and a FIFO are refused and left untouched (status 4); only a file
+//! rpc-serve created is removed at exit.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use common::{increment, layout, scratch, serve, wait_exit, Killing, PORTS};
+
+/// How long a refusal may take before the test fails instead of hanging (a server that did
+/// not refuse serves until it is killed).
+const GUARD: Duration = Duration::from_secs(30);
+
+/// rpc-serve with the test layout and `args`, which must exit by itself: its status and stderr.
+fn refused(args: &[&str]) -> (ExitStatus, String) {
+    let mut child = Killing(
+        Command::new(env!("CARGO_BIN_EXE_rpc-serve"))
+            .args(["--gen", "v2", "--ports", &PORTS.to_string(), "--lanes", "1"])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.0.stderr.take().unwrap();
+    let log = common::log_lines(stderr);
+    let status = wait_exit(&mut child.0, GUARD);
+    (status, log.iter().collect::<Vec<_>>().join("\n"))
+}
+
+fn arg(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+#[test]
+fn an_existing_file_that_is_not_an_idle_mailbox_is_refused_and_left_byte_for_byte() {
+    let dir = scratch("precious");
+    let precious = dir.join("precious.txt");
+    std::fs::write(&precious, b"precious words\n").unwrap();
+    // Exactly a mailbox's size, but words no idle mailbox has.
+    let sized = dir.join("sized");
+    let garbage = vec![0xa5; layout().total_size()];
+    std::fs::write(&sized, &garbage).unwrap();
+    // A FIFO: refused at once, not waited on.
+    let fifo = dir.join("fifo");
+    let c_fifo = std::ffi::CString::new(arg(&fifo)).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    for (path, why) in [
+        (&precious, "not an idle mailbox"),
+        (&sized, "not an idle mailbox"),
+        (&fifo, "not a regular file"),
+    ] {
+        let (status, log) = refused(&["--file", arg(path)]);
+        assert_eq!(status.code(), Some(4), "{}: {log}", path.display());
+        assert!(log.contains(why), "{log}");
+    }
+    assert!(refused(&["--file", arg(&precious)]).1.contains("--replace"));
+    assert_eq!(std::fs::read(&precious).unwrap(), b"precious words\n");
+    assert_eq!(std::fs::read(&sized).unwrap(), garbage);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_symbolic_link_at_the_path_is_refused_and_its_target_untouched() {
+    let dir = scratch("symlink");
+    let target = dir.join("target.txt");
+    std::fs::write(&target, b"the target\n").unwrap();
+    let link = dir.join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    // A link to an idle mailbox is not followed either.
+    let mailbox = dir.join("idle-mailbox");
+    std::fs::write(&mailbox, vec![0; layout().total_size()]).unwrap();
+    let to_mailbox = dir.join("to-mailbox");
+    std::os::unix::fs::symlink(&mailbox, &to_mailbox).unwrap();
+    // A dangling link: its target must not be created.
+    let missing = dir.join("missing");
+    let dangling = dir.join("dangling");
+    std::os::unix::fs::symlink(&missing, &dangling).unwrap();
+    for path in [&link, &to_mailbox, &dangling] {
+        for extra in [&[][..], &["--replace"][..]] {
+            let mut args = vec!["--file", arg(path)];
+            args.extend_from_slice(extra);
+            let (status, log) = refused(&args);
+            assert_eq!(status.code(), Some(4), "{args:?}: {log}");
+            assert!(log.contains("symbolic link"), "{log}");
+        }
+        assert!(path.symlink_metadata().unwrap().is_symlink());
+    }
+    assert_eq!(std::fs::read(&target).unwrap(), b"the target\n");
+    assert_eq!(
+        std::fs::read(&mailbox).unwrap(),
+        vec![0; layout().total_size()]
+    );
+    assert!(!missing.exists(), "a dangling link's target was created");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_second_server_on_a_live_mailbox_file_refuses_and_the_first_serves_on() {
+    let dir = scratch("second");
+    let file = dir.join("mailbox");
+    let first = serve(&["--file", arg(&file)], None);
+    for extra in [&[][..], &["--replace"][..]] {
+        let mut args = vec!["--file", arg(&file)];
+        args.extend_from_slice(extra);
+        let (status, log) = refused(&args);
+        assert_eq!(status.code(), Some(3), "{args:?}: {log}");
+        assert!(log.contains("another rpc-serve"), "{log}");
+    }
+    // The refused servers neither removed nor touched the file.
+    let map = common::map(&file);
+    assert_eq!(increment(&map, 1), 2);
+    drop(map);
+    first.stop();
+    assert!(
+        !file.exists(),
+        "the first server removes the file it created"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn only_a_file_rpc_serve_created_is_removed_at_exit() {
+    let dir = scratch("created");
+    // Created by rpc-serve: removed.
+    let fresh = dir.join("fresh");
+    let serving = serve(&["--file", arg(&fresh)], None);
+    assert_eq!(increment(&common::map(&fresh), 1), 2);
+    serving.stop();
+    assert!(!fresh.exists());
+    // An idle mailbox it was given (a fresh one is all zero): served as it is, kept.
+    let given = dir.join("given");
+    std::fs::write(&given, vec![0; layout().total_size()]).unwrap();
+    let serving = serve(&["--file", arg(&given)], None);
+    assert_eq!(increment(&common::map(&given), 3), 4);
+    serving.stop();
+    assert_eq!(
+        std::fs::metadata(&given).unwrap().len(),
+        layout().total_size() as u64,
+        "the given mailbox is kept"
+    );
+    // A user file overwritten with --replace: the user asked for it, and it is kept too.
+    let replaced = dir.join("replaced.txt");
+    std::fs::write(&replaced, b"old contents\n").unwrap();
+    let serving = serve(&["--file", arg(&replaced), "--replace"], None);
+    assert_eq!(increment(&common::map(&replaced), 5), 6);
+    serving.stop();
+    assert_eq!(
+        std::fs::metadata(&replaced).unwrap().len(),
+        layout().total_size() as u64,
+        "the replaced file is kept"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
