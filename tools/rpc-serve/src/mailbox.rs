@@ -91,8 +91,12 @@ impl Mapped {
         // our lock). Other processes may write it, which the server tolerates: it only ever
         // reads the mapping through atomics. If they truncate it (a file), the guard below
         // keeps the addresses mapped.
-        let map = unsafe { memmap2::MmapMut::map_mut(&file) }
-            .map_err(|e| Refusal::Failed(format!("mmap: {e}")))?;
+        let map = unsafe { memmap2::MmapMut::map_mut(&file) }.map_err(|e| {
+            if let Some(created) = created {
+                let _ = remove_created(&path, created);
+            }
+            Refusal::Failed(format!("mmap: {e}"))
+        })?;
         // SAFETY: the mapping is page-aligned (an mmap) and stays mapped until the `Mapped`
         // built below drops, which drops the guard first; its contents are a mailbox, only
         // garbage to the server if replaced by zero pages.
@@ -201,8 +205,12 @@ fn open_file(path: &Path, layout: Layout, replace: bool) -> Result<(File, bool),
                 Err(_) => file.set_len(0).map_err(|e| failed(path, e))?,
             }
         }
-        file.set_len(layout.total_size() as u64)
-            .map_err(|e| failed(path, e))?;
+        if let Err(e) = file.set_len(layout.total_size() as u64) {
+            if created {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(failed(path, e));
+        }
         return Ok((file, created));
     }
     Err(Refusal::Busy(format!(

@@ -321,10 +321,15 @@ fn failed(message: String) -> Failure {
 fn protect(server: &RpcServer, fd: std::os::fd::RawFd, what: &str) -> Result<(), Failure> {
     let path = PathBuf::from(format!("/proc/self/fd/{fd}"));
     let protect = || -> std::io::Result<()> {
-        if std::fs::metadata(&path)?.file_type().is_file() {
-            server.context().services().protect_file(&path)?;
+        match std::fs::metadata(&path) {
+            Ok(metadata) if metadata.file_type().is_file() => {
+                server.context().services().protect_file(&path)
+            }
+            // A closed stdout or stderr: nothing to protect.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+            Ok(_) => Ok(()),
         }
-        Ok(())
     };
     protect().map_err(|e| failed(format!("protecting {what} from the device: {e}")))
 }
@@ -360,8 +365,6 @@ fn serve(args: Args) -> Result<Status, Failure> {
     // Before the mailbox is mapped, so before it can fault.
     sigbus::wake_on_fault(waker);
     let size = args.layout.total_size();
-    let opened = Mapped::create(&args.mailbox, args.layout)?;
-    let path = opened.path.clone();
     let config = ServerConfig {
         name: "rpc-serve".into(),
         client_timeout: args.client_timeout,
@@ -381,12 +384,12 @@ fn serve(args: Args) -> Result<Status, Failure> {
     let services = server.context().services();
     // MALLOC from rpc-serve's own memory (what LLVM's loader gives a CPU client), freed at exit.
     services.set_allocator(Arc::new(HostAllocator::new()));
-    // No request may open (and truncate), remove or rename the mailbox under us, nor our own
-    // log and output (a forged log line, a truncated statistics file).
-    protect(&server, opened.region.file().as_raw_fd(), "the mailbox")?;
+    // No request may open (and truncate), remove or rename our own log and output (a forged
+    // log line, a truncated statistics file), nor the mailbox under us (below).
     protect(&server, libc::STDOUT_FILENO, "rpc-serve's stdout")?;
     protect(&server, libc::STDERR_FILENO, "rpc-serve's stderr (its log)")?;
-    // Set when a write of the device's output fails: exit status 5.
+    // Set when a write of the device's output fails: exit status 5. Relaxed: a flag that
+    // orders nothing (`output.rs`, "Memory ordering").
     let lost = Arc::new(AtomicBool::new(false));
     services.set_stdout(match &args.stdout {
         Some(path) => output_file(&server, path, &lost)?,
@@ -396,21 +399,46 @@ fn serve(args: Args) -> Result<Status, Failure> {
         Some(path) => output_file(&server, path, &lost)?,
         None => Box::new(Tracked::new(std::io::stderr(), lost.clone())),
     });
-    // The only v0 clients are LLVM 18's, which number opcodes 0, 1, 2... in 16 bits.
-    let numbering = match args.layout.generation() {
-        Generation::V0 => Numbering::Llvm19,
-        Generation::V1 | Generation::V2 => Numbering::Current,
+    // The mailbox last: from here on, a failure removes the file it created.
+    let opened = Mapped::create(&args.mailbox, args.layout)?;
+    let (path, created) = (opened.path.clone(), opened.created);
+    let remove_created = |stopping: Instant| {
+        if let (Backing::File { path, .. }, Some(created)) = (&args.mailbox, created) {
+            // We created it for our clients; with us gone it serves nobody.
+            if let Err(why) = mailbox::remove_created(path, created) {
+                say(&format!("{}: not removed: {why}", path.display()), stopping);
+            }
+        }
     };
-    let mailbox = server
-        .attach_region_for(
-            Box::new(opened.region),
-            args.layout,
-            None,
-            numbering,
-            Dialect::HostC,
-        )
-        .map_err(|e| failed(e.to_string()))?;
-    let _ = server.start().map_err(|e| failed(e.to_string()))?;
+    // The file's lock lives with its open file: this second descriptor of it holds the lock
+    // until the process exits, after the file is removed, even when a fault detached (and
+    // closed) the mailbox before.
+    let mut _lock = None;
+    let start = || -> Result<_, Failure> {
+        let file = opened.region.file();
+        _lock = Some(
+            file.try_clone()
+                .map_err(|e| failed(format!("{}: {e}", path.display())))?,
+        );
+        protect(&server, file.as_raw_fd(), "the mailbox")?;
+        // The only v0 clients are LLVM 18's, which number opcodes 0, 1, 2... in 16 bits.
+        let numbering = match args.layout.generation() {
+            Generation::V0 => Numbering::Llvm19,
+            Generation::V1 | Generation::V2 => Numbering::Current,
+        };
+        let mailbox = server
+            .attach_region_for(
+                Box::new(opened.region),
+                args.layout,
+                None,
+                numbering,
+                Dialect::HostC,
+            )
+            .map_err(|e| failed(e.to_string()))?;
+        let _ = server.start().map_err(|e| failed(e.to_string()))?;
+        Ok(mailbox)
+    };
+    let mailbox = start().inspect_err(|_| remove_created(Instant::now()))?;
     // Clients in other processes are no kernel launches we can see: one user for our whole life.
     let user = server.user();
     let ready = writeln!(std::io::stdout(), "ready {} {size}", path.display())
@@ -470,13 +498,8 @@ fn serve(args: Args) -> Result<Status, Failure> {
             let _ = done.send(result.map(|_| ()).map_err(|e| e.to_string()));
         })
         .map_err(|e| failed(format!("the stopping thread: {e}")))?;
-    let stopped = stopped.recv_timeout(STOP_BOUND);
-    if let (Backing::File { path, .. }, Some(created)) = (&args.mailbox, opened.created) {
-        // We created it for our clients; with us gone it serves nobody.
-        if let Err(why) = mailbox::remove_created(path, created) {
-            say(&format!("{}: not removed: {why}", path.display()), stopping);
-        }
-    }
+    let stopped = stopped.recv_timeout(STOP_BOUND.saturating_sub(stopping.elapsed()));
+    remove_created(stopping);
     let stats = server.stats();
     let stats = if args.json {
         format!("{}\n", stats.to_json())
