@@ -38,7 +38,7 @@
 //! the flush of the device's output run on a thread of their own for at most 1.5 s (past that
 //! rpc-serve gives up on them), the mailbox file it created is removed, and its statistics
 //! (`stopped: ...`, or with `--json` one line of JSON, `StatsSnapshot::to_json`) go to stdout,
-//! or to stderr when stdout is broken, each written without blocking past the 2 s
+//! or to stderr when stdout is broken, each written without blocking past the bound
 //! (`output.rs`). Exit statuses: 0 clean; 1 could not start, or the mailbox file was
 //! truncated; 2 usage (a message naming the accepted values or range); 3 the `--file` is
 //! another rpc-serve's; 4 the `--file` is refused (left untouched); 5 stopped, but output was
@@ -119,11 +119,16 @@ const STOP_SIGNALS: [i32; 6] = [
     signal_hook::consts::SIGALRM,
 ];
 
-/// From the stop signal, how long the server's shutdown and the flush of the device's output
-/// may take before rpc-serve gives up on them (a write to a reader that never reads).
+/// rpc-serve's bound: from the stop signal to the exit, whatever a writer is stuck on. Within
+/// it, in turn: the server's shutdown and the flush of the device's output, on a thread of their
+/// own (a write to a reader that never reads holds them), until [`STOP_BOUND`]; the statistics
+/// on stdout until [`STATS_BOUND`]; rpc-serve's messages on stderr (the statistics too, if
+/// stdout refused them) until [`SAY_BOUND`]; then `_exit`.
 const STOP_BOUND: Duration = Duration::from_millis(1500);
-/// From the stop signal to the exit, the statistics included: rpc-serve's bound.
-const EXIT_BOUND: Duration = Duration::from_secs(2);
+/// See [`STOP_BOUND`].
+const STATS_BOUND: Duration = Duration::from_millis(1700);
+/// See [`STOP_BOUND`]; what is left of the 2 s is for the exit itself.
+const SAY_BOUND: Duration = Duration::from_millis(1900);
 
 /// rpc-serve's exit statuses (also in `--help`, README.md and docs/reliability.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -506,7 +511,7 @@ fn serve(args: Args) -> Result<Status, Failure> {
     } else {
         format!("stopped: {stats}\n")
     };
-    let deadline = stopping + EXIT_BOUND;
+    let deadline = stopping + STATS_BOUND;
     if let Err(error) = write_until(libc::STDOUT_FILENO, stats.as_bytes(), deadline) {
         // The statistics where they can still go: rpc-serve's stderr.
         say(
@@ -534,12 +539,12 @@ fn serve(args: Args) -> Result<Status, Failure> {
     }
 }
 
-/// Writes `rpc-serve: MESSAGE` to stderr within [`EXIT_BOUND`] of `stopping`, or not at all.
+/// Writes `rpc-serve: MESSAGE` to stderr within [`SAY_BOUND`] of `stopping`, or not at all.
 /// After the stop signal, never through the logger: its stderr lock may be held by a worker
 /// stuck writing the device's stderr.
 fn say(message: &str, stopping: Instant) {
     let line = format!("rpc-serve: {}\n", message.trim_end());
-    let _ = write_until(libc::STDERR_FILENO, line.as_bytes(), stopping + EXIT_BOUND);
+    let _ = write_until(libc::STDERR_FILENO, line.as_bytes(), stopping + SAY_BOUND);
 }
 
 /// Ends the process with `status`. Not through std's exit after a shutdown that gave up: that

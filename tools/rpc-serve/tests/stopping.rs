@@ -1,6 +1,7 @@
 //! How rpc-serve stops: on each of its six stop signals the same clean way (statistics printed,
 //! the mailbox file it created removed, status 0); within its bound while its worker is stuck
-//! writing the device's output to a FIFO nobody reads (status 6); and with a broken stdout
+//! writing the device's output to a FIFO nobody reads, or to its own stdout (status 6); and
+//! with a broken stdout
 //! (`rpc-serve | head -1`) without a panic (status 5, the statistics on stderr).
 
 mod common;
@@ -45,7 +46,7 @@ fn every_stop_signal_ends_rpc_serve_cleanly_with_its_statistics() {
 }
 
 /// The bytes in the pipe behind `fifo` (read end) and the pipe's capacity.
-fn pipe_fill(fifo: &std::fs::File) -> (i32, i32) {
+fn pipe_fill(fifo: &impl AsRawFd) -> (i32, i32) {
     let mut queued: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int through a valid pointer; F_GETPIPE_SZ takes no argument.
     let capacity = unsafe {
@@ -123,6 +124,51 @@ fn a_worker_stuck_writing_to_a_fifo_nobody_reads_does_not_hold_the_shutdown() {
     );
     assert!(!file.exists(), "the mailbox file is removed even so");
     drop(reader);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The same with rpc-serve's own stdout as the stuck pipe (no `--stdout`): the worker holds
+/// std's stdout lock while it waits, so the statistics cannot go that way either; they go to
+/// stderr, and the stop still ends.
+#[test]
+fn a_worker_stuck_on_rpc_serves_own_stdout_does_not_hold_the_shutdown() {
+    let dir = scratch("stuck-own");
+    let file = dir.join("mailbox");
+    let mut serving = serve(&["--file", file.to_str().unwrap()], None);
+    let map = common::map(&file);
+    std::thread::spawn(move || {
+        let locks = LockTable::new(PORTS);
+        let wait = Deadline::after(BOUND);
+        let warp = common::warp(&map, common::layout(), &locks, Some(&wait), 1);
+        let _ = warp.write(Target::Stdout, |_| vec![b'y'; 256 << 10]);
+    });
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let (queued, capacity) = pipe_fill(serving.stdout.get_ref());
+        if queued >= capacity {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "stdout never filled: {queued} of {capacity}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let signalled = Instant::now();
+    signal(&serving, libc::SIGINT);
+    let status = wait_exit(&mut serving.child.0, HANG_GUARD);
+    eprintln!(
+        "rpc-serve exited {:?} after SIGINT with its worker stuck on its stdout",
+        signalled.elapsed()
+    );
+    let log: Vec<String> = serving.log.iter().collect();
+    assert_eq!(status.code(), Some(6), "{status}; log: {log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("statistics not written") && l.contains("stopped: served=")),
+        "{log:?}"
+    );
+    assert!(!file.exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
