@@ -326,15 +326,10 @@ fn failed(message: String) -> Failure {
 fn protect(server: &RpcServer, fd: std::os::fd::RawFd, what: &str) -> Result<(), Failure> {
     let path = PathBuf::from(format!("/proc/self/fd/{fd}"));
     let protect = || -> std::io::Result<()> {
-        match std::fs::metadata(&path) {
-            Ok(metadata) if metadata.file_type().is_file() => {
-                server.context().services().protect_file(&path)
-            }
-            // A closed stdout or stderr: nothing to protect.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-            Ok(_) => Ok(()),
+        if std::fs::metadata(&path)?.file_type().is_file() {
+            server.context().services().protect_file(&path)?;
         }
+        Ok(())
     };
     protect().map_err(|e| failed(format!("protecting {what} from the device: {e}")))
 }

@@ -51,7 +51,7 @@ impl<W: Write> Write for Tracked<W> {
     }
 }
 
-/// Writes `bytes` whole to descriptor `fd` (rpc-serve's stdout or stderr), giving up with
+/// Writes `bytes` whole to descriptor `fd` (rpc-serve's stdout or stderr, 1 or 2), giving up with
 /// `TimedOut` at `deadline` if the reader does not take them.
 ///
 /// Never through std's `Stdout`/`Stderr`: a worker stuck writing the device's output to the
@@ -63,7 +63,8 @@ impl<W: Write> Write for Tracked<W> {
 /// pipe goes in whole or not at all, so a short message never lands split among another
 /// writer's bytes.
 pub fn write_until(fd: RawFd, bytes: &[u8], deadline: Instant) -> io::Result<()> {
-    // SAFETY: `fd` is one of rpc-serve's standard descriptors, open for its whole life; the
+    // SAFETY: `fd` is rpc-serve's stdout or stderr, open for its whole life (std's start-up
+    // opens /dev/null on any of 0, 1, 2 found closed, and rpc-serve never closes them); the
     // borrow ends with this call.
     let fd = unsafe { BorrowedFd::borrow_raw(fd) };
     let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
