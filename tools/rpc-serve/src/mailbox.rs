@@ -125,7 +125,8 @@ const OPEN_TRIES: usize = 3;
 
 /// Opens `path` for the mailbox of `layout`, locked against any other rpc-serve (`flock`,
 /// exclusive, not waiting), and says whether it was created. The rule:
-/// - a path that does not exist is created (`O_EXCL`) and sized: rpc-serve's own file;
+/// - a path that does not exist is created, already locked and sized ([`create_whole`]):
+///   rpc-serve's own file;
 /// - a symbolic link is refused (`O_NOFOLLOW`: the last component only), as is anything but a
 ///   regular file;
 /// - a file whose lock another rpc-serve holds is refused as [`Refusal::Busy`];
@@ -139,49 +140,32 @@ const OPEN_TRIES: usize = 3;
 /// Only a file it created does rpc-serve remove at exit.
 fn open_file(path: &Path, layout: Layout, replace: bool) -> Result<(File, bool), Refusal> {
     for _ in 0..OPEN_TRIES {
-        let fresh = std::fs::OpenOptions::new()
+        if let Some(file) = create_whole(path, layout)? {
+            return Ok((file, true));
+        }
+        // O_NONBLOCK: a FIFO or device at the path must not hold us in `open`.
+        let existing = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create_new(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
             .open(path);
-        let (file, created) = match fresh {
-            Ok(file) => (file, true),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                // O_NONBLOCK: a FIFO or device at the path must not hold us in `open`.
-                let existing = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .custom_flags(
-                        libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
-                    )
-                    .open(path);
-                match existing {
-                    Ok(file) => (file, false),
-                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-                        return Err(refused(
-                            path,
-                            "is a symbolic link, which rpc-serve does not follow",
-                        ))
-                    }
-                    // Removed since: start again.
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                    Err(e) => return Err(failed(path, e)),
-                }
+        let file = match existing {
+            Ok(file) => file,
+            Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                return Err(refused(
+                    path,
+                    "is a symbolic link, which rpc-serve does not follow",
+                ))
             }
+            // Removed since: start again.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(failed(path, e)),
         };
         let metadata = file.metadata().map_err(|e| failed(path, e))?;
         if !metadata.file_type().is_file() {
             return Err(refused(path, "is not a regular file"));
         }
-        lock(&file).map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock => Refusal::Busy(format!(
-                "{}: another rpc-serve serves this mailbox (it holds the file's lock)",
-                path.display()
-            )),
-            _ => failed(path, e),
-        })?;
+        lock(&file).map_err(|e| busy_or_failed(path, e))?;
         // The lock is on the file we opened: make sure the path still names it, and not a new
         // file made after its server removed this one.
         let named = std::fs::symlink_metadata(path)
@@ -190,33 +174,140 @@ fn open_file(path: &Path, layout: Layout, replace: bool) -> Result<(File, bool),
         if named != Some((metadata.dev(), metadata.ino())) {
             continue;
         }
-        if !created {
-            match idle_mailbox(&file, layout) {
-                Ok(()) => return Ok((file, false)),
-                Err(why) if !replace => {
-                    return Err(refused(
-                        path,
-                        format!(
-                            "exists and is not an idle mailbox of this layout ({why}); rpc-serve \
-                             leaves it as it is (--replace overwrites it)"
-                        ),
-                    ))
-                }
-                Err(_) => file.set_len(0).map_err(|e| failed(path, e))?,
+        match idle_mailbox(&file, layout) {
+            Ok(()) => {}
+            Err(why) if !replace => {
+                return Err(refused(
+                    path,
+                    format!(
+                        "exists and is not an idle mailbox of this layout ({why}); rpc-serve \
+                         leaves it as it is (--replace overwrites it)"
+                    ),
+                ))
+            }
+            Err(_) => {
+                file.set_len(0)
+                    .and_then(|()| file.set_len(layout.total_size() as u64))
+                    .map_err(|e| failed(path, e))?;
             }
         }
-        if let Err(e) = file.set_len(layout.total_size() as u64) {
-            if created {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(failed(path, e));
-        }
-        return Ok((file, created));
+        return Ok((file, false));
     }
     Err(Refusal::Busy(format!(
         "{}: the file was replaced {OPEN_TRIES} times while rpc-serve locked it",
         path.display()
     )))
+}
+
+/// How many times (with parks of 1, 2, ... ms) a file just created the plain way waits for a
+/// rival rpc-serve that locked it first to let go.
+const RIVAL_WAITS: u64 = 20;
+
+/// Creates the mailbox file at `path` whole, or says `None` if the path exists (as anything,
+/// a symbolic link included). The file is made unnamed in PATH's directory (`O_TMPFILE`),
+/// locked and sized, and only then named (`linkat` of `/proc/self/fd/N`, which fails if the
+/// name exists): no other rpc-serve can find it unlocked or empty. Where the file system has
+/// no `O_TMPFILE` (or `/proc` is missing), it is created with `O_CREAT | O_EXCL |
+/// O_NOFOLLOW`, then locked and sized: a second rpc-serve starting at that instant may lock it
+/// first and find it empty; it refuses it (status 4) and this one waits for its lock.
+fn create_whole(path: &Path, layout: Layout) -> Result<Option<File>, Refusal> {
+    let size = layout.total_size() as u64;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let unnamed = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
+        .open(dir);
+    match unnamed {
+        Ok(file) => {
+            // Nobody else can reach an unnamed file: the lock is ours at once.
+            lock(&file)
+                .and_then(|()| file.set_len(size))
+                .map_err(|e| failed(path, e))?;
+            match name(&file, path) {
+                Ok(()) => return Ok(Some(file)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(None),
+                // No /proc to name it by: the plain way below.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(failed(path, e)),
+            }
+        }
+        // No O_TMPFILE on this file system (or kernel): the plain way below.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP | libc::EISDIR | libc::EINVAL)
+            ) => {}
+        Err(e) => return Err(failed(path, e)),
+    }
+    let fresh = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    let file = match fresh {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(None),
+        Err(e) => return Err(failed(path, e)),
+    };
+    // A rival that opened the name before our lock holds it while it looks: it refuses an
+    // empty file and lets go, or serves it (`--replace`). Wait for it a moment (parks of 1, 2,
+    // ... 20 ms); still held after that, the file is the rival's.
+    let mut locked = lock(&file);
+    for pause in 1..=RIVAL_WAITS {
+        if !locked
+            .as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::WouldBlock)
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(pause));
+        locked = lock(&file);
+    }
+    locked.map_err(|e| busy_or_failed(path, e))?;
+    if let Err(e) = file.set_len(size) {
+        let _ = std::fs::remove_file(path);
+        return Err(failed(path, e));
+    }
+    Ok(Some(file))
+}
+
+/// Gives the unnamed `file` the name `path` (`linkat`, following `/proc/self/fd/N` to the file
+/// itself, which needs no privilege); `AlreadyExists` if the name is taken.
+fn name(file: &File, path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let from = std::ffi::CString::new(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    let to = std::ffi::CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: two valid NUL-terminated paths; the result is checked.
+    let linked = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if linked == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn busy_or_failed(path: &Path, error: std::io::Error) -> Refusal {
+    if error.kind() == std::io::ErrorKind::WouldBlock {
+        Refusal::Busy(format!(
+            "{}: another rpc-serve serves this mailbox (it holds the file's lock)",
+            path.display()
+        ))
+    } else {
+        failed(path, error)
+    }
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: held by the open file (and its mapping) until rpc-serve exits.

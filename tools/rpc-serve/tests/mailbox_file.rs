@@ -1,13 +1,15 @@
 //! `--file PATH`: one rpc-serve per mailbox file, and no user file destroyed. A second server
 //! on a live mailbox refuses (status 3); a symbolic link at the path, a file that is not an
 //! idle mailbox of the layout and a FIFO are refused and left untouched (status 4); only a file
-//! rpc-serve created is removed at exit.
+//! rpc-serve created is removed at exit; two servers started at once leave one serving.
 
 mod common;
 
+use std::io::BufReader;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::{Command, ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{increment, layout, scratch, serve, wait_exit, Killing, PORTS};
 
@@ -156,5 +158,68 @@ fn only_a_file_rpc_serve_created_is_removed_at_exit() {
         layout().total_size() as u64,
         "the replaced file is kept"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Two rpc-serves started at once on a new path, 20 times: exactly one serves it, the other
+/// finds it locked and exits 3, and the file goes with the server. (Where the file system has
+/// no `O_TMPFILE` the file is created before it is locked, and the loser may find it empty
+/// first: status 4 then.)
+#[test]
+fn two_servers_started_at_once_on_a_new_path_leave_exactly_one_serving() {
+    let dir = scratch("race");
+    let tmpfile = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(&dir)
+        .is_ok();
+    let losing = if tmpfile { &[3][..] } else { &[3, 4][..] };
+    for round in 0..20 {
+        let file = dir.join(format!("mailbox-{round}"));
+        let start = || {
+            Killing(
+                Command::new(env!("CARGO_BIN_EXE_rpc-serve"))
+                    .args(["--gen", "v2", "--ports", &PORTS.to_string(), "--lanes", "1"])
+                    .args(["--file", arg(&file)])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap(),
+            )
+        };
+        let mut pair = [start(), start()];
+        let deadline = Instant::now() + GUARD;
+        let (loser, status) = loop {
+            let exited = pair
+                .iter_mut()
+                .enumerate()
+                .find_map(|(i, child)| Some((i, child.0.try_wait().unwrap()?)));
+            if let Some(exited) = exited {
+                break exited;
+            }
+            assert!(Instant::now() < deadline, "round {round}: neither refused");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let log = common::log_lines(pair[loser].0.stderr.take().unwrap());
+        let log: Vec<String> = log.iter().collect();
+        assert!(
+            status.code().is_some_and(|code| losing.contains(&code)),
+            "round {round}: {status}; {log:?}"
+        );
+        let winner = &mut pair[1 - loser];
+        // Kept open to the end: a closed stdout would make the statistics lost output (5).
+        let mut stdout = BufReader::new(winner.0.stdout.take().unwrap());
+        let (path, _) = common::read_ready(&mut stdout);
+        assert_eq!(path, file);
+        assert_eq!(increment(&common::map(&file), 7), 8);
+        common::sigterm(&winner.0);
+        assert_eq!(wait_exit(&mut winner.0, GUARD).code(), Some(0));
+        assert!(
+            !file.exists(),
+            "round {round}: the file outlived its server"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
