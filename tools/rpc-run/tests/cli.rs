@@ -1,58 +1,16 @@
 //! The `rpc-run` binary as a user meets it: each failure class exits with its own code and a
-//! clear message (each run under a 1 GiB address-space limit), and `--inspect` reads the real images `cargo xtask gpu-images` built.
+//! clear message (each run under `workloads::bounded`'s address-space limit and hang guard),
+//! and `--inspect` reads the real images `cargo xtask gpu-images` built.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::{Command, Output};
 
-/// The address space each rpc-run here may have: reading a device or a huge file whole would
-/// pass it and fail the test.
-const ADDRESS_SPACE: libc::rlim_t = 1 << 30;
-/// A hang guard only (every case ends in well under a second): a run past it is killed.
-const HANG_GUARD: Duration = Duration::from_secs(120);
-
-/// Runs `command` under [`ADDRESS_SPACE`] and [`HANG_GUARD`]; its output.
-fn bounded(mut command: Command) -> Output {
-    // SAFETY: the closure runs in the child between fork and exec, and only calls
-    // `setrlimit`, which is async-signal-safe, on a limit held on the stack.
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: ADDRESS_SPACE,
-                rlim_max: ADDRESS_SPACE,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("rpc-run starts");
-    let pid = child.id();
-    let (done, finished) = mpsc::channel();
-    std::thread::spawn(move || done.send(child.wait_with_output()));
-    match finished.recv_timeout(HANG_GUARD) {
-        Ok(output) => output.expect("rpc-run's output"),
-        Err(_) => {
-            // SAFETY: `kill` on the child's pid, which is not yet reaped (the waiting thread
-            // has not returned), so it still names that child.
-            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-            panic!("rpc-run ran past the hang guard ({HANG_GUARD:?}): {command:?}");
-        }
-    }
-}
+use workloads::bounded;
 
 fn rpc_run(args: &[&str]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-run"));
     command.args(args).env_remove("RUST_LOG");
-    bounded(command)
+    bounded::output(command)
 }
 
 fn scratch(name: &str, text: &str) -> PathBuf {
@@ -342,7 +300,7 @@ fn a_plugin_library_in_rpc_plugin_path_is_the_one_used() {
         .arg(&image)
         .env("RPC_PLUGIN_PATH", &dir)
         .env_remove("RUST_LOG");
-    let output = bounded(command);
+    let output = bounded::output(command);
     expect(
         &output,
         69,
