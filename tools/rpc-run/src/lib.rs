@@ -4,8 +4,9 @@
 //!
 //! ```text
 //! rpc-run [--plugin cuda|amdgpu|auto] [--threads X[,Y,Z]] [--blocks X[,Y,Z]] [--device N]
-//!         [--timeout SECONDS] IMAGE [-- ARGS...]
+//!         [--timeout SECONDS] IMAGE [[--] ARGS...]
 //! rpc-run --inspect IMAGE
+//! rpc-run --help
 //! ```
 //!
 //! - [`image`]: the image's format (PTX, cubin, fatbin: CUDA; AMDGPU ELF: HSA), kernels,
@@ -514,6 +515,10 @@ mod tests {
         // Arguments right after the image, as LLVM's loader takes them.
         let o = parse(&["--timeout", "2.5", "a.out", "one", "--two"]).unwrap();
         assert_eq!(o.args, ["one", "--two"]);
+        assert_eq!(
+            parse(&["a.out", "-x", "--", "y"]).unwrap().args,
+            ["-x", "--", "y"]
+        );
         assert_eq!(o.timeout, Some(Duration::from_millis(2500)));
         assert!(parse(&["--inspect", "a.out"]).unwrap().inspect);
         // LLVM's loader's flags, as its tests pass them, over --threads / --blocks.
