@@ -112,8 +112,8 @@ impl fmt::Display for Failure {
     }
 }
 
-/// The largest image rpc-run reads: 1 GiB, far above any GPU executable (LLVM's libc test
-/// images are 0.1-2 MB), so that a wrong path cannot make it read gigabytes.
+/// The largest image rpc-run reads: 1 GiB, far above any GPU executable, so that a wrong path
+/// cannot make it read gigabytes.
 pub const MAX_IMAGE_BYTES: u64 = 1 << 30;
 /// The longest `--timeout`, in seconds (a week).
 pub const MAX_TIMEOUT_SECONDS: f64 = 604_800.0;
