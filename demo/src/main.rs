@@ -16,64 +16,64 @@ use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
 #[cfg(feature = "host")]
 mod host;
 
-const USAGE: &str = "\
-usage: rpc-demo [--plugin host|cuda|amdgpu] [--image FILE [--kernel NAME]] [--json]
-  --plugin host     the host plugin's own kernels (the default)
-  --plugin cuda|amdgpu --image FILE [--kernel NAME]
-                    run kernel NAME (default `main`) of a device image on the first GPU
-  --json            the server's statistics as one line of JSON, last
-  --help            this text";
-
+/// The command line.
+#[derive(clap::Parser)]
+#[command(
+    name = "rpc-demo",
+    about = "A small offload program served by the plugin's own RPC server: the host plugin's \
+             warps print, write and read a file, allocate, call a custom opcode and make \
+             refused requests; a GPU plugin lists its devices and runs a device image"
+)]
 struct Args {
-    plugin: String,
+    /// The plugin: host (CPU warps run the built-in program), or cuda or amdgpu (run
+    /// --image on the first GPU)
+    #[arg(long, value_name = "PLUGIN", value_enum, default_value_t = PluginName::Host)]
+    plugin: PluginName,
+    /// A device image to run on the cuda or amdgpu plugin
+    #[arg(long, value_name = "FILE")]
     image: Option<String>,
+    /// The kernel of --image to run
+    #[arg(long, value_name = "NAME", default_value = "main", requires = "image")]
     kernel: String,
-    /// Print the statistics as JSON.
+    /// The server's statistics as one line of JSON, last
+    #[arg(long)]
     json: bool,
 }
 
-/// Why the command line is not run: a usage error (exit 2) or `--help` (exit 0).
-enum NotRun {
-    Usage(String),
-    Help,
+/// The plugins a demo can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum PluginName {
+    Host,
+    Cuda,
+    Amdgpu,
 }
 
-fn parse_args() -> Result<Args, NotRun> {
-    use lexopt::Arg::{Long, Short};
-    let usage = |why: String| NotRun::Usage(why);
-    let mut args = Args {
-        plugin: "host".into(),
-        image: None,
-        kernel: "main".into(),
-        json: false,
-    };
-    let mut kernel_given = false;
-    let mut parser = lexopt::Parser::from_env();
-    while let Some(arg) = parser.next().map_err(|e| usage(e.to_string()))? {
-        let value = |parser: &mut lexopt::Parser| -> Result<String, NotRun> {
-            let value = parser.value().map_err(|e| usage(e.to_string()))?;
-            Ok(value.to_string_lossy().into_owned())
-        };
-        match arg {
-            Long("help") | Short('h') => return Err(NotRun::Help),
-            Long("plugin") => args.plugin = value(&mut parser)?,
-            Long("image") => args.image = Some(value(&mut parser)?),
-            Long("json") => args.json = true,
-            Long("kernel") => {
-                args.kernel = value(&mut parser)?;
-                kernel_given = true;
+/// Parses the command line; `--help` (exit 0) or a usage error (exit 2, the message and the
+/// usage) ends the process.
+fn parse_args() -> Args {
+    use clap::{CommandFactory, Parser};
+    let parsed = Args::try_parse().and_then(|args| {
+        if args.plugin == PluginName::Host && args.image.is_some() {
+            return Err(Args::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--image and --kernel are for the cuda and amdgpu plugins (the host demo runs \
+                 its own kernels)",
+            ));
+        }
+        Ok(args)
+    });
+    match parsed {
+        Ok(args) => args,
+        Err(help) if !help.use_stderr() => help.exit(),
+        Err(error) => {
+            let text = error.render().to_string();
+            eprint!("{text}");
+            if !text.contains("Usage:") {
+                eprintln!("\n{}", Args::command().render_usage());
             }
-            other => return Err(usage(other.unexpected().to_string())),
+            std::process::exit(2)
         }
     }
-    if args.plugin == "host" && (args.image.is_some() || kernel_given) {
-        return Err(usage(
-            "--image and --kernel are for the cuda and amdgpu plugins (the host demo runs its \
-             own kernels)"
-                .into(),
-        ));
-    }
-    Ok(args)
 }
 
 /// The server settings of the demo: EXIT is reported to the launcher, not the end of us.
@@ -124,36 +124,25 @@ fn print_stats(stats: &rpc_core::StatsSnapshot, json: bool) {
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    match args.plugin.as_str() {
+    match args.plugin {
         #[cfg(feature = "host")]
-        "host" => host::run(args.json),
+        PluginName::Host => host::run(args.json),
         #[cfg(feature = "cuda")]
-        "cuda" => run_gpu(plugin_cuda::CudaPlugin::new(), args),
+        PluginName::Cuda => run_gpu(plugin_cuda::CudaPlugin::new(), args),
         #[cfg(feature = "amdgpu")]
-        "amdgpu" => run_gpu(plugin_amdgpu::AmdGpuPlugin::new(), args),
+        PluginName::Amdgpu => run_gpu(plugin_amdgpu::AmdGpuPlugin::new(), args),
         // Reachable when a plugin feature is off.
         #[allow(unreachable_patterns)]
-        "host" | "cuda" | "amdgpu" => Err(format!(
+        other => Err(format!(
             "this rpc-demo was built without the {} plugin",
-            args.plugin
+            format!("{other:?}").to_lowercase()
         )),
-        other => Err(format!("unknown plugin {other:?} (host, cuda or amdgpu)")),
     }
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args = match parse_args() {
-        Ok(args) => args,
-        Err(NotRun::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(NotRun::Usage(message)) => {
-            eprintln!("rpc-demo: {message}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = parse_args();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {

@@ -100,25 +100,59 @@ fn gpu_plugins_without_a_device_say_why_and_fail() {
     }
 }
 
+/// `rpc-demo ARGS` under `workloads::bounded`'s address-space limit and hang guard.
+fn bounded_demo(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-demo"));
+    command.args(args).env("RUST_LOG", "error");
+    let out = workloads::bounded::output(command);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
-fn bad_arguments_exit_with_code_2() {
-    let (code, _, stderr) = demo(&["--plugin"]);
-    assert_eq!(code, Some(2));
-    assert!(stderr.contains("usage: rpc-demo"), "{stderr}");
-    for bad in [
-        &["--frob"][..],
-        &["--plugin", "host", "--image", "x.o"],
-        &["--kernel", "main"],
-        &["stray"],
-    ] {
-        let (code, _, stderr) = demo(bad);
-        assert_eq!(code, Some(2), "{bad:?}: {stderr}");
-        assert!(stderr.contains("usage: rpc-demo"), "{bad:?}: {stderr}");
+fn help_exits_0_and_names_every_flag() {
+    for help in ["--help", "-h"] {
+        let (code, stdout, stderr) = bounded_demo(&[help]);
+        assert_eq!(code, Some(0), "{stderr}");
+        assert!(stdout.contains("Usage: rpc-demo"), "{stdout}");
+        for flag in ["--plugin", "--image", "--kernel", "--json", "--help"] {
+            assert!(stdout.contains(flag), "{flag} not in: {stdout}");
+        }
+        assert!(stdout.contains("host, cuda, amdgpu"), "{stdout}");
     }
-    let (code, stdout, _) = demo(&["--help"]);
-    assert_eq!(code, Some(0));
-    assert!(stdout.contains("usage: rpc-demo"), "{stdout}");
-    let (code, _, stderr) = demo(&["--plugin", "tpu"]);
-    assert_eq!(code, Some(1));
-    assert!(stderr.contains("unknown plugin \"tpu\""), "{stderr}");
+}
+
+#[test]
+fn bad_arguments_exit_2_with_the_message_and_the_usage() {
+    for (bad, says) in [
+        (
+            &["--plugin"][..],
+            "a value is required for '--plugin <PLUGIN>'",
+        ),
+        (
+            &["--plugin", "nope"],
+            "invalid value 'nope' for '--plugin <PLUGIN>'",
+        ),
+        (
+            &["--plugin", "tpu"],
+            "[possible values: host, cuda, amdgpu]",
+        ),
+        (&["--frob"], "unexpected argument '--frob'"),
+        (
+            &["--plugin", "host", "--image", "x.o"],
+            "--image and --kernel are for the cuda",
+        ),
+        (&["--image", "x.o"], "--image and --kernel are for the cuda"),
+        (&["--kernel", "main"], "--image <FILE>"),
+        (&["stray"], "unexpected argument 'stray'"),
+        (&["--json", "--json"], "cannot be used multiple times"),
+    ] {
+        let (code, _, stderr) = bounded_demo(bad);
+        assert_eq!(code, Some(2), "{bad:?}: {stderr}");
+        assert!(stderr.contains(says), "{bad:?}: {stderr}");
+        assert!(stderr.contains("Usage: rpc-demo"), "{bad:?}: {stderr}");
+    }
 }

@@ -53,7 +53,14 @@ struct Failure(i32, String);
 
 impl From<Error> for Failure {
     fn from(error: Error) -> Self {
-        Failure(code_of(&error), error.to_string())
+        let message = match &error {
+            // The vendor's own words only: the caller knows which plugin and which call it
+            // made (the Rust loader rebuilds `PLUGIN: CALL: ...` from them), so the prefix is
+            // not said twice.
+            Error::Plugin(PluginError::Vendor { source, .. }) => source.to_string(),
+            _ => error.to_string(),
+        };
+        Failure(code_of(&error), message)
     }
 }
 

@@ -263,6 +263,22 @@ fn a_wrong_version_or_a_missing_entry_is_a_clear_error() {
     assert!(matches!(error, LoadError::Open(..)), "{error}");
 }
 
+/// A failure inside the loaded plugin names the plugin and the call once, as the linked-in
+/// plugin's does (the library used to send `host: load image: ...`, which the loader
+/// prefixed again).
+#[test]
+fn a_loaded_plugins_error_names_the_plugin_and_the_call_once() {
+    let loaded = open("host");
+    let error = loaded.load_image(0, b"not a shared object").unwrap_err();
+    let text = error.to_string();
+    assert!(text.starts_with("host: load image: "), "{text}");
+    assert_eq!(text.matches("load image").count(), 1, "{text}");
+    let linked =
+        PluginRuntime::new(HostPlugin::new(Default::default()), ServerConfig::default()).unwrap();
+    let direct = Runtime::load_image(&linked, 0, b"not a shared object").unwrap_err();
+    assert_eq!(text, direct.to_string());
+}
+
 /// With no GPU driver here, the GPU plugins' libraries load and report no device, with why.
 #[test]
 fn the_gpu_plugins_libraries_load_with_zero_devices_and_the_reason() {

@@ -2,8 +2,11 @@
 //!
 //! - [`stress`]: the bounded server life-cycle stress (`tests/stress.rs`, `cargo xtask stress`);
 //! - [`soak`]: two plugin-host runtimes under mixed traffic (`cargo xtask soak`);
-//! - [`adversary`]: a client that writes raw mailbox words, for the adversarial tests.
+//! - [`adversary`]: a client that writes raw mailbox words, for the adversarial tests;
+//! - [`bounded`]: a command-line program run under an address-space limit and a hang guard,
+//!   for the binaries' command-line tests.
 
 pub mod adversary;
+pub mod bounded;
 pub mod soak;
 pub mod stress;

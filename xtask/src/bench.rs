@@ -17,31 +17,42 @@ use rpc_core::protocol::Generation;
 use crate::llvm_client::{self, Problem};
 use crate::{cargo, project_root, Failure, Result};
 
-pub fn run(args: &[String]) -> Result {
+/// `cargo xtask bench`'s flags, checked here before any build: rpc-bench's own (passed on),
+/// plus `--peer`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The short run (about a minute): fewer sizes and repetitions
+    #[arg(long)]
+    quick: bool,
+    /// Every cross-process row against LLVM's own host server too
+    #[arg(long, value_name = "PEER", value_parser = ["llvm"])]
+    peer: Option<String>,
+    /// The quiet regime's threads placed by the scheduler, not pinned
+    #[arg(long)]
+    float: bool,
+    /// Only the latency rows
+    #[arg(long)]
+    latency_only: bool,
+    /// The in-process servers' park time in microseconds (ServerConfig::park)
+    #[arg(long, value_name = "N", value_parser = crate::flags::number(1u64, 1_000_000),
+          allow_negative_numbers = true)]
+    park_us: Option<u64>,
+}
+
+pub fn run(args: &Args) -> Result {
     let root = project_root();
-    // Checked here, before any build: the same flags as rpc-bench's own, plus `--peer`.
-    let flags = crate::flags::Flags::parse_with(
-        "bench",
-        args,
-        &["peer", "park-us"],
-        &["quick", "float", "latency-only"],
-    )?;
-    let peer = match flags.get("peer") {
-        None => false,
-        Some("llvm") => true,
-        Some(other) => {
-            return Err(Failure::Usage(format!(
-                "bench: --peer takes `llvm`, not `{other}`"
-            )))
-        }
-    };
-    let mut pass: Vec<String> = ["quick", "float", "latency-only"]
+    let peer = args.peer.is_some();
+    let switches = [
+        (args.quick, "--quick"),
+        (args.float, "--float"),
+        (args.latency_only, "--latency-only"),
+    ];
+    let mut pass: Vec<String> = switches
         .into_iter()
-        .filter(|name| flags.switch(name))
-        .map(|name| format!("--{name}"))
+        .filter(|(given, _)| *given)
+        .map(|(_, flag)| flag.to_string())
         .collect();
-    if flags.get("park-us").is_some() {
-        let us = flags.number("park-us", None, 1, 1_000_000)?;
+    if let Some(us) = args.park_us {
         pass.extend(["--park-us".to_string(), us.to_string()]);
     }
     let status = Command::new(cargo())

@@ -1,107 +1,32 @@
-//! Flag parsing for every command, with `lexopt` (as rpc-serve): `--name value` or
-//! `--name=value`, switches without a value, each flag at most once, no positional arguments,
-//! and `--help`/`-h` anywhere, which prints the command's lines of the usage and exits 0.
-//! Every misuse is a [`Failure::Usage`] (exit status 2, one format); numbers are bounded.
+//! What the commands' flags share: whole numbers within a range, whose error names the range
+//! (clap's own ranged parser says only "too large" when the digits overflow), and numbers
+//! from the environment. Clap does the rest (see `main.rs`).
 
-use std::ffi::OsString;
+use std::fmt::Display;
+use std::str::FromStr;
+
+use rpc_core::protocol::Generation;
 
 use crate::{Failure, Result};
 
-/// Flags given on a command line, checked against the names a command accepts.
-#[derive(Debug)]
-pub struct Flags {
-    command: &'static str,
-    given: Vec<(String, Option<String>)>,
+/// A clap value parser of a mailbox generation: `v0`, `v1` or `v2` (listed in `--help`).
+pub fn generation() -> impl clap::builder::TypedValueParser<Value = Generation> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["v0", "v1", "v2"])
+        .try_map(|name| name.parse::<Generation>())
 }
 
-impl Flags {
-    /// Parses `args` for `command`, accepting only the flags named in `valued` (without `--`),
-    /// each with a value.
-    pub fn parse(command: &'static str, args: &[String], valued: &[&str]) -> Result<Flags> {
-        Self::parse_with(command, args, valued, &[])
-    }
-
-    /// [`Flags::parse`], also accepting the `switches`, flags without a value.
-    pub fn parse_with(
-        command: &'static str,
-        args: &[String],
-        valued: &[&str],
-        switches: &[&str],
-    ) -> Result<Flags> {
-        let usage = |why: String| Failure::Usage(format!("{command}: {why}"));
-        // `--help` wins wherever it is, even after a mistake.
-        let ours = args.iter().take_while(|a| *a != "--");
-        if ours.into_iter().any(|a| a == "--help" || a == "-h") {
-            return Err(Failure::Help(crate::usage_of(command)));
-        }
-        let mut parser = lexopt::Parser::from_args(args.iter().map(OsString::from));
-        let mut given: Vec<(String, Option<String>)> = Vec::new();
-        while let Some(arg) = parser.next().map_err(|e| usage(e.to_string()))? {
-            let name = match arg {
-                lexopt::Arg::Long(name) => name.to_string(),
-                lexopt::Arg::Short(c) => return Err(usage(format!("unknown flag -{c}"))),
-                lexopt::Arg::Value(value) => {
-                    let value = value.to_string_lossy();
-                    return Err(usage(format!("unexpected argument `{value}`")));
-                }
-            };
-            let value = if switches.contains(&name.as_str()) {
-                if let Some(value) = parser.optional_value() {
-                    let value = value.to_string_lossy();
-                    return Err(usage(format!("--{name} takes no value (got `{value}`)")));
-                }
-                None
-            } else if valued.contains(&name.as_str()) {
-                let value = parser.value().map_err(|e| usage(e.to_string()))?;
-                let value = value.into_string().map_err(|v| {
-                    usage(format!("--{name}: `{}` is not UTF-8", v.to_string_lossy()))
-                })?;
-                Some(value)
-            } else {
-                return Err(usage(format!("unknown flag --{name}")));
-            };
-            if given.iter().any(|(n, _)| *n == name) {
-                return Err(usage(format!("--{name} given twice")));
-            }
-            given.push((name, value));
-        }
-        Ok(Flags { command, given })
-    }
-
-    /// The value of `--name`, if given.
-    pub fn get(&self, name: &str) -> Option<&str> {
-        self.given
-            .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, v)| v.as_deref())
-    }
-
-    /// Whether the switch `--name` was given.
-    pub fn switch(&self, name: &str) -> bool {
-        self.given.iter().any(|(n, v)| n == name && v.is_none())
-    }
-
-    /// The value of `--name`, which must be given.
-    pub fn required(&self, name: &str) -> Result<&str> {
-        self.get(name)
-            .ok_or_else(|| Failure::Usage(format!("{}: --{name} is required", self.command)))
-    }
-
-    /// `--name` as a number from `min` to `max`, or `default` when absent.
-    pub fn number(&self, name: &str, default: Option<u64>, min: u64, max: u64) -> Result<u64> {
-        let text = match (self.get(name), default) {
-            (Some(text), _) => text,
-            (None, Some(default)) => return Ok(default),
-            (None, None) => self.required(name)?,
-        };
-        match text.parse::<u64>() {
-            Ok(n) if (min..=max).contains(&n) => Ok(n),
-            // Not a number, or digits past u64: either way the range is what to say.
-            _ => Err(Failure::Usage(format!(
-                "{}: --{name} wants a whole number from {min} to {max}, not `{text}`",
-                self.command
-            ))),
-        }
+/// A clap value parser of whole numbers from `min` to `max`; anything else (words, a sign,
+/// digits past the type) is refused with a message naming the range.
+pub fn number<T>(min: T, max: T) -> impl Fn(&str) -> std::result::Result<T, String> + Clone
+where
+    T: FromStr + PartialOrd + Display + Copy + Send + Sync + 'static,
+{
+    move |text| {
+        text.parse::<T>()
+            .ok()
+            .filter(|n| (min..=max).contains(n))
+            .ok_or_else(|| format!("wants a whole number from {min} to {max}"))
     }
 }
 
@@ -125,50 +50,9 @@ pub fn env_number(command: &str, variable: &str) -> Result<Option<u64>> {
 mod tests {
     use super::*;
 
-    fn args(list: &[&str]) -> Vec<String> {
-        list.iter().map(|s| s.to_string()).collect()
-    }
-
-    fn usage_error(result: Result<Flags>) -> String {
-        match result {
-            Err(Failure::Usage(why)) => why,
-            other => panic!("not a usage error: {other:?}"),
-        }
-    }
-
     #[test]
-    fn both_spellings_and_switches_parse() {
-        let given = args(&["--a", "1", "--b=two", "--on"]);
-        let flags = Flags::parse_with("t", &given, &["a", "b"], &["on", "off"]).unwrap();
-        assert_eq!(flags.get("a"), Some("1"));
-        assert_eq!(flags.get("b"), Some("two"));
-        assert!(flags.switch("on"));
-        assert!(!flags.switch("off"));
-        assert_eq!(flags.number("a", None, 0, 9), Ok(1));
-        assert_eq!(flags.number("c", Some(9), 0, 9), Ok(9));
-    }
-
-    #[test]
-    fn misuse_is_a_usage_error_that_names_the_problem() {
-        let cases: [(&[&str], &str); 6] = [
-            (&["--a"], "missing argument"),
-            (&["a"], "unexpected argument `a`"),
-            // An unknown flag last is unknown, not "needs a value".
-            (&["--frob"], "unknown flag --frob"),
-            (&["--z", "1"], "unknown flag --z"),
-            (&["--a", "1", "--a", "2"], "--a given twice"),
-            (&["--on=1"], "--on takes no value"),
-        ];
-        for (bad, want) in cases {
-            let why = usage_error(Flags::parse_with("t", &args(bad), &["a"], &["on"]));
-            assert!(why.contains(want), "{bad:?}: {why}");
-        }
-        let flags = Flags::parse("t", &args(&["--a", "x"]), &["a"]).unwrap();
-        assert!(matches!(flags.required("b"), Err(Failure::Usage(_))));
-    }
-
-    #[test]
-    fn numbers_are_bounded_and_overflow_says_so() {
+    fn numbers_are_bounded_and_overflow_names_the_range() {
+        let parse = number(1u64, 64);
         for (text, ok) in [
             ("0", false),
             ("1", true),
@@ -179,14 +63,12 @@ mod tests {
             ("-1", false),
             ("six", false),
         ] {
-            let flags = Flags::parse("t", &args(&["--n", text]), &["n"]).unwrap();
-            match flags.number("n", None, 1, 64) {
+            match parse(text) {
                 Ok(n) => assert!(ok && n.to_string() == text, "{text}"),
-                Err(Failure::Usage(why)) => {
+                Err(why) => {
                     assert!(!ok, "{text}: {why}");
-                    assert!(why.contains("from 1 to 64") && why.contains(text), "{why}");
+                    assert_eq!(why, "wants a whole number from 1 to 64");
                 }
-                Err(other) => panic!("{other:?}"),
             }
         }
     }
@@ -204,15 +86,5 @@ mod tests {
             matches!(env_number("t", variable), Err(Failure::Usage(why)) if why.contains("banana"))
         );
         std::env::remove_var(variable);
-    }
-
-    #[test]
-    fn help_anywhere_is_the_commands_usage() {
-        for given in [&["--help"][..], &["--a", "1", "-h"], &["--frob", "--help"]] {
-            match Flags::parse("layout", &args(given), &["a"]) {
-                Err(Failure::Help(text)) => assert!(text.contains("layout --gen"), "{text}"),
-                other => panic!("{given:?}: {other:?}"),
-            }
-        }
     }
 }

@@ -6,21 +6,30 @@
 
 use std::process::Command;
 
-use crate::flags::Flags;
+use crate::flags::number;
 use crate::project_root;
 use rpc_core::protocol::{Generation, Layout};
 use rpc_core::Opcode;
 
 const TARGETS: [&str; 2] = ["mailbox", "printf"];
 
-pub fn run(args: &[String]) -> crate::Result {
-    let flags = Flags::parse("fuzz", args, &["seconds", "target"])?;
-    let seconds = flags.number("seconds", Some(60), 1, 86_400)?;
-    let targets: Vec<&str> = match flags.get("target") {
+/// `cargo xtask fuzz`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// How long to fuzz each target
+    #[arg(long, value_name = "S", default_value = "60", value_parser = number(1u64, 86_400),
+          allow_negative_numbers = true)]
+    seconds: u64,
+    /// Only this target [default: both]
+    #[arg(long, value_name = "TARGET", value_parser = TARGETS)]
+    target: Option<String>,
+}
+
+pub fn run(args: &Args) -> crate::Result {
+    let seconds = args.seconds;
+    let targets: Vec<&str> = match &args.target {
         None => TARGETS.to_vec(),
-        Some(name) => vec![*TARGETS.iter().find(|t| **t == name).ok_or_else(|| {
-            crate::Failure::Usage(format!("fuzz: no target `{name}` (mailbox, printf)"))
-        })?],
+        Some(name) => vec![name.as_str()],
     };
     let fuzz_dir = project_root().join("fuzz");
     ensure_cargo_fuzz()?;

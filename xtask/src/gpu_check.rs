@@ -18,8 +18,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::flags::Flags;
-
 /// The target the kit's binaries are built for: x86-64 Linux, glibc 2.17 (RHEL/CentOS 7).
 const KIT_TARGET: &str = "x86_64-unknown-linux-gnu.2.17";
 /// Cargo's name of that target (cargo-zigbuild takes the glibc version off).
@@ -38,12 +36,19 @@ const CLANGS: &[&str] = &[
     "clang++-14",
 ];
 
-pub fn run(args: &[String]) -> crate::Result {
-    let flags = Flags::parse_with("gpu-check", args, &[], &["no-clang", "no-self-check"])?;
-    Ok(prepare(
-        !flags.switch("no-clang"),
-        !flags.switch("no-self-check"),
-    )?)
+/// `cargo xtask gpu-check`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Leave out the LLVM images built with clang
+    #[arg(long)]
+    no_clang: bool,
+    /// Do not run the kit's run.sh here
+    #[arg(long)]
+    no_self_check: bool,
+}
+
+pub fn run(args: &Args) -> crate::Result {
+    Ok(prepare(!args.no_clang, !args.no_self_check)?)
 }
 
 /// Builds and gathers the kit in `target/gpu-check/`, then checks it here.

@@ -109,30 +109,21 @@ const TARGETS: &[Target] = &[
     },
 ];
 
-pub fn run(args: &[String]) -> Result {
-    let mut allow_skip = false;
-    let mut only: Option<String> = None;
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--allow-skip" => allow_skip = true,
-            "--target" => {
-                let t = it.next().cloned().ok_or_else(|| {
-                    Failure::Usage("gpu-images: --target needs nvptx64 or amdgcn".into())
-                })?;
-                if !TARGETS.iter().any(|target| target.name == t) {
-                    return Err(Failure::Usage(format!(
-                        "gpu-images: --target {t}: nvptx64 or amdgcn"
-                    )));
-                }
-                only = Some(t);
-            }
-            other => return Err(Failure::Usage(format!("gpu-images: unexpected {other}"))),
-        }
-    }
-    match build_and_check(only.as_deref()) {
+/// `cargo xtask gpu-images`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Missing tools or sources are a skip message instead of a failure
+    #[arg(long)]
+    allow_skip: bool,
+    /// Only this target [default: both]
+    #[arg(long, value_name = "TARGET", value_parser = ["nvptx64", "amdgcn"])]
+    target: Option<String>,
+}
+
+pub fn run(args: &Args) -> Result {
+    match build_and_check(args.target.as_deref()) {
         Ok(()) => Ok(()),
-        Err(Problem::Unavailable(why)) if allow_skip => {
+        Err(Problem::Unavailable(why)) if args.allow_skip => {
             println!("gpu-images: skipped: {why}");
             Ok(())
         }

@@ -71,8 +71,7 @@ pub fn stale(root: &Path) -> Option<String> {
 }
 
 /// `cargo xtask header`.
-pub fn run(args: &[String]) -> Result {
-    crate::flags::Flags::parse("header", args, &[])?;
+pub fn run() -> Result {
     let root = project_root();
     let text = generate(&root).map_err(Failure::Failed)?;
     std::fs::create_dir_all(root.join("include"))

@@ -5,31 +5,33 @@
 
 use rpc_core::protocol::{Generation, Layout};
 
-use crate::flags::Flags;
+use crate::flags::{generation, number};
 use crate::{Failure, Result};
 
-pub fn run(args: &[String]) -> Result {
-    println!("{}", line(&parse(args)?));
+/// `cargo xtask layout`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The mailbox generation (v0: LLVM 18, v1: LLVM 19-22, v2: LLVM 23+)
+    #[arg(long = "gen", value_name = "GEN", value_parser = generation())]
+    generation: Generation,
+    /// Ports (the generation says how many it takes)
+    #[arg(long, value_name = "N", value_parser = number(0, u32::MAX), allow_negative_numbers = true)]
+    ports: u32,
+    /// Lanes per port: 32 or 64
+    #[arg(long, value_name = "L", value_parser = number(0, u32::MAX), allow_negative_numbers = true)]
+    lanes: u32,
+}
+
+pub fn run(args: &Args) -> Result {
+    println!("{}", line(&layout(args)?));
     Ok(())
 }
 
-/// The layout the flags name, or a usage error for anything `Layout::new` or the parser rejects.
-fn parse(args: &[String]) -> Result<Layout> {
-    let flags = Flags::parse("layout", args, &["gen", "ports", "lanes"])?;
-    let generation = match flags.required("gen")? {
-        "v0" => Generation::V0,
-        "v1" => Generation::V1,
-        "v2" => Generation::V2,
-        other => {
-            return Err(Failure::Usage(format!(
-                "layout: --gen wants v0, v1 or v2, not `{other}`"
-            )))
-        }
-    };
-    // Layout::new says which counts a generation takes; these bounds only keep them in u32.
-    let ports = flags.number("ports", None, 0, u64::from(u32::MAX))? as u32;
-    let lanes = flags.number("lanes", None, 0, u64::from(u32::MAX))? as u32;
-    Layout::new(generation, ports, lanes).map_err(|e| Failure::Usage(format!("layout: {e}")))
+/// The layout the flags name, or a usage error for a shape `Layout::new` rejects (the
+/// flags' ranges only keep the counts in u32).
+fn layout(args: &Args) -> Result<Layout> {
+    Layout::new(args.generation, args.ports, args.lanes)
+        .map_err(|e| Failure::Usage(format!("layout: {e}")))
 }
 
 /// `primary=.. secondary=.. header=.. packet=.. total=.. client_object=..` (v0: `stride=..`)
@@ -54,8 +56,10 @@ mod tests {
     use super::*;
 
     fn layout_line(args: &str) -> Result<String> {
-        let args: Vec<String> = args.split_whitespace().map(String::from).collect();
-        parse(&args).map(|l| line(&l))
+        match crate::tests::parse(&format!("layout {args}"))? {
+            crate::Command::Layout(args) => layout(&args).map(|l| line(&l)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

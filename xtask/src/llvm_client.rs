@@ -119,16 +119,20 @@ impl From<String> for Problem {
     }
 }
 
-pub fn run(args: &[String]) -> Result {
-    let flags = crate::flags::Flags::parse_with("llvm-client", args, &["gen"], &["allow-skip"])?;
-    let allow_skip = flags.switch("allow-skip");
-    let only: Option<Generation> = match flags.get("gen") {
-        Some(text) => Some(
-            text.parse()
-                .map_err(|e| Failure::Usage(format!("llvm-client: --gen: {e}")))?,
-        ),
-        None => None,
-    };
+/// `cargo xtask llvm-client`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Missing sources or compiler are a skip message instead of a failure
+    #[arg(long)]
+    allow_skip: bool,
+    /// Only this generation (v0: LLVM 18, v1: LLVM 22, v2: LLVM 23) [default: all three]
+    #[arg(long = "gen", value_name = "GEN", value_parser = crate::flags::generation())]
+    generation: Option<Generation>,
+}
+
+pub fn run(args: &Args) -> Result {
+    let allow_skip = args.allow_skip;
+    let only = args.generation;
     let root = project_root();
     let started = Instant::now();
 

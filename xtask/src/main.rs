@@ -1,8 +1,9 @@
 //! `cargo xtask`: the project's automation, as a plain Rust binary (alias in `.cargo/config.toml`).
 //!
-//! Arguments are parsed with `lexopt` ([`flags`]): the commands take a few `--name value` flags
-//! and switches, and `--help`. A usage error exits with status 2 (the message, then the
-//! command's usage), a failing command with status 1.
+//! The command line is clap's ([`Cli`]; ranged numbers from [`flags`]): every command takes
+//! `--help` (exit 0). A usage error exits with status 2 (the message, then the command's
+//! usage), a failing command with status 1. README.md's Commands list is checked against
+//! [`Cli`] by a test here.
 
 mod bench;
 mod flags;
@@ -25,55 +26,76 @@ use std::fmt;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const USAGE: &str = "\
-usage: cargo xtask <command> [flags]
+use clap::{CommandFactory, Parser, Subcommand};
 
-commands:
-  demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME] [--json]
-                                         the main job: a small offload program (host plugin)
-  test                                   tidy, fmt, clippy, the tests, loom, miri (where nightly has
-                                         it), the no_std build, a 30 s soak
-  tidy                                   the layering and file rules ARCHITECTURE.md states, and
-                                         that include/rpc_plugin.h is current
-  header                                 regenerate include/rpc_plugin.h (cbindgen, from plugin-abi)
-  devices [--json]                       one line per plugin: its devices or why there are none
-  build --plugin host|cuda|amdgpu|all [--release]
-                                         build the binaries embedding those plugins and the
-                                         plugins' libraries (target/plugins/lib/libplugin_*.so)
-  layout --gen v0|v1|v2 --ports N --lanes L
-                                         print a mailbox layout's offsets and sizes in bytes
-  stress [--threads T] [--ops N]         the server life-cycle stress (default 8 x 2000)
-  bench [--quick] [--peer llvm] [--float] [--latency-only] [--park-us N]
-                                         the performance table (docs/performance.md)
-  gpu-check [--no-clang] [--no-self-check]
-                                         assemble the GPU check kit in target/gpu-check/ (run.sh)
-  soak [--seconds S] [--json]            two plugins under mixed traffic; nothing lost or leaked
-  fuzz [--seconds S] [--target mailbox|printf]
-                                         cargo fuzz on a fuzzed mailbox and the printf parser
-  sanitize [thread|address]... [-- ARGS] rpc-core's tests under ThreadSanitizer/AddressSanitizer
-  llvm-client [--allow-skip] [--gen v0|v1|v2]
-                                         LLVM's own client (Debian's LLVM 22 and 23) against rpc-serve
-  gpu-images [--allow-skip] [--target nvptx64|amdgcn]
-                                         build LLVM's GPU libc, its integration tests and a hello
-                                         world; check rpc-run --inspect reads them all
-  run [--release] -- [RPC-RUN ARGS]      build rpc-run and run a GPU executable (or --inspect it)
-  help                                   this text";
+/// The command line: one command and its flags.
+#[derive(Parser, Debug)]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    about = "The project's automation: each command is described in README.md, Commands"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The commands, in README.md's order.
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// The whole test suite as CI runs it: tidy, fmt, clippy, doc, the tests, loom, miri
+    /// (where nightly has it), the no_std build, a 30 s soak
+    Test,
+    /// The layering and file rules ARCHITECTURE.md states, and that include/rpc_plugin.h is
+    /// current
+    Tidy,
+    /// Prints a mailbox layout's offsets and sizes in bytes
+    Layout(layout::Args),
+    /// The server life-cycle stress (RPC_STRESS_SEED replays a run)
+    Stress(stress::Args),
+    /// The main job: a small offload program (rpc-demo) on the host plugin
+    Demo(plugins::DemoArgs),
+    /// One line per plugin: its devices, or why there are none
+    Devices(plugins::DevicesArgs),
+    /// Builds rpc-demo with just those plugins (and rpc-serve with the host plugin) and each
+    /// plugin's library libplugin_NAME.so beside them: in target/debug/ (target/release/ with
+    /// --release) for all plugins, else in target/plugins/PLUGIN/debug/ (or release/)
+    Build(plugins::BuildArgs),
+    /// Regenerates include/rpc_plugin.h (cbindgen, from plugin-abi)
+    Header,
+    /// The performance table (docs/performance.md)
+    Bench(bench::Args),
+    /// Assembles the GPU check kit in target/gpu-check/ and runs its run.sh here
+    GpuCheck(gpu_check::Args),
+    /// Two plugin-host runtimes under mixed traffic; nothing may be lost or leaked
+    Soak(soak::Args),
+    /// cargo fuzz on a fuzzed mailbox and on the printf parser
+    Fuzz(fuzz::Args),
+    /// rpc-core's and the workloads' tests under ThreadSanitizer / AddressSanitizer
+    Sanitize(sanitize::Args),
+    /// LLVM's own client (LLVM 18, 22 and 23) against rpc-serve
+    LlvmClient(llvm_client::Args),
+    /// Builds rpc-run and runs it with the arguments after `--`; exits with its status
+    Run(run::Args),
+    /// Builds LLVM's GPU libc, its integration tests and a hello world; checks that rpc-run
+    /// --inspect reads them all
+    GpuImages(gpu_images::Args),
+}
 
 /// Why a command did not succeed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Failure {
-    /// Bad command line: the message, then the usage; exit status 2.
+    /// A command line clap could not check alone (a flag that fits only some plugins, a bad
+    /// `RPC_STRESS_SEED`): the message, then the usage; exit status 2.
     Usage(String),
     /// The command ran and failed: the message; exit status 1.
     Failed(String),
-    /// `--help` was asked for: the text to print; exit status 0.
-    Help(String),
 }
 
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(why) | Failure::Failed(why) | Failure::Help(why) => f.write_str(why),
+            Failure::Usage(why) | Failure::Failed(why) => f.write_str(why),
         }
     }
 }
@@ -86,20 +108,6 @@ impl From<String> for Failure {
 }
 
 pub type Result<T = ()> = std::result::Result<T, Failure>;
-
-/// The lines of [`USAGE`] about `command` (its line and the indented lines that follow it).
-pub fn usage_of(command: &str) -> String {
-    let mut lines = USAGE.lines().skip_while(|line| {
-        let name = line.split_whitespace().next();
-        !(line.starts_with("  ") && !line.starts_with("   ") && name == Some(command))
-    });
-    let Some(first) = lines.next() else {
-        return USAGE.to_string();
-    };
-    let rest = lines.take_while(|line| line.starts_with("    ") && !line.trim().is_empty());
-    let body: Vec<&str> = std::iter::once(first).chain(rest).collect();
-    format!("usage: cargo xtask {}", body.join("\n").trim_start())
-}
 
 /// The workspace root (the folder above this crate).
 pub fn project_root() -> PathBuf {
@@ -115,48 +123,60 @@ pub fn cargo() -> std::ffi::OsString {
     std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
 }
 
-fn run(args: &[String]) -> Result {
-    let Some((command, rest)) = args.split_first() else {
-        return Err(Failure::Usage("no command given".into()));
-    };
-    match command.as_str() {
-        "demo" => plugins::demo(rest),
-        "devices" => plugins::devices(rest),
-        "build" => plugins::build(rest),
-        "test" => test::run(rest),
-        "tidy" => tidy::run(rest),
-        "header" => header::run(rest),
-        "layout" => layout::run(rest),
-        "stress" => stress::run(rest),
-        "bench" => bench::run(rest),
-        "gpu-check" => gpu_check::run(rest),
-        "soak" => soak::run(rest),
-        "fuzz" => fuzz::run(rest),
-        "sanitize" => sanitize::run(rest),
-        "llvm-client" => llvm_client::run(rest),
-        "run" => run::run(rest),
-        "gpu-images" => gpu_images::run(rest),
-        "help" | "--help" | "-h" => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        other => Err(Failure::Usage(format!("unknown command `{other}`"))),
+fn run(command: Command) -> Result {
+    match command {
+        Command::Test => test::run(),
+        Command::Tidy => tidy::run(),
+        Command::Layout(args) => layout::run(&args),
+        Command::Stress(args) => stress::run(&args),
+        Command::Demo(args) => plugins::demo(&args),
+        Command::Devices(args) => plugins::devices(&args),
+        Command::Build(args) => plugins::build(&args),
+        Command::Header => header::run(),
+        Command::Bench(args) => bench::run(&args),
+        Command::GpuCheck(args) => gpu_check::run(&args),
+        Command::Soak(args) => soak::run(&args),
+        Command::Fuzz(args) => fuzz::run(&args),
+        Command::Sanitize(args) => sanitize::run(&args),
+        Command::LlvmClient(args) => llvm_client::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::GpuImages(args) => gpu_images::run(&args),
     }
 }
 
+/// The usage lines of command `name` (`cargo xtask NAME ...`), or of xtask itself.
+fn usage_of(name: Option<&str>) -> String {
+    let mut cli = Cli::command();
+    cli.build();
+    match name.and_then(|name| cli.find_subcommand_mut(name)) {
+        Some(command) => command.render_usage().to_string(),
+        None => cli.render_usage().to_string(),
+    }
+}
+
+/// Prints a usage error (`error: ...`), then the usage of the command given, where the
+/// message does not hold it yet; exit status 2.
+fn usage_error(text: &str) -> ExitCode {
+    eprint!("{text}");
+    if !text.contains("Usage:") {
+        let command = std::env::args().nth(1);
+        eprintln!("\n{}", usage_of(command.as_deref()));
+    }
+    ExitCode::from(2)
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(help) if !help.use_stderr() => {
+            let _ = help.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => return usage_error(&error.render().to_string()),
+    };
+    match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Help(text)) => {
-            println!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(Failure::Usage(why)) => {
-            let command = args.first().map(String::as_str).unwrap_or_default();
-            eprintln!("xtask: {why}\n\n{}", usage_of(command));
-            ExitCode::from(2)
-        }
+        Err(Failure::Usage(why)) => usage_error(&format!("error: {why}\n")),
         Err(Failure::Failed(why)) => {
             eprintln!("xtask: {why}");
             ExitCode::FAILURE
@@ -165,73 +185,159 @@ fn main() -> ExitCode {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    #[test]
-    fn every_command_has_its_own_usage_lines() {
-        let commands = [
-            "demo",
-            "test",
-            "devices",
-            "build",
-            "layout",
-            "stress",
-            "bench",
-            "gpu-check",
-            "soak",
-            "fuzz",
-            "sanitize",
-            "llvm-client",
-        ];
-        for command in commands {
-            let usage = usage_of(command);
-            assert!(
-                usage.starts_with(&format!("usage: cargo xtask {command}")),
-                "{usage}"
-            );
-            assert!(usage.len() < USAGE.len() / 3, "{command}: {usage}");
-        }
-        assert_eq!(usage_of("frob"), USAGE);
+    /// `cargo xtask LINE` as clap reads it; a usage error as [`Failure::Usage`].
+    pub fn parse(line: &str) -> Result<Command> {
+        let words = std::iter::once("xtask").chain(line.split_whitespace());
+        Cli::try_parse_from(words)
+            .map(|cli| cli.command)
+            .map_err(|e| Failure::Usage(e.to_string()))
+    }
+
+    /// README.md's Commands list: each `- \`cargo xtask NAME ...\`` item's name and the
+    /// `--flags` its synopsis names.
+    fn readme_commands() -> Vec<(String, Vec<String>)> {
+        let readme = std::fs::read_to_string(project_root().join("README.md")).unwrap();
+        let (_, list) = readme
+            .split_once("\n## Commands\n")
+            .expect("a Commands section");
+        let list = list.split("\n## ").next().unwrap();
+        list.lines()
+            .filter_map(|line| line.strip_prefix("- `cargo xtask "))
+            .map(|item| {
+                let synopsis = item.split('`').next().unwrap();
+                let mut words = synopsis.split(|c: char| c.is_whitespace() || "[]|".contains(c));
+                let name = words.next().unwrap().to_string();
+                let flags = words
+                    .filter(|w| w.starts_with("--") && w.len() > 2)
+                    .map(String::from)
+                    .collect();
+                (name, flags)
+            })
+            .collect()
     }
 
     #[test]
-    fn usage_errors_and_help_from_every_command_line() {
-        let args =
-            |line: &str| -> Vec<String> { line.split_whitespace().map(String::from).collect() };
-        for line in [
-            "layout --help",
-            "stress -h",
-            "soak --seconds 5 --help",
-            "bench --help",
-            "gpu-check --help",
-            "sanitize --help",
-            "llvm-client --help",
-            "test --help",
-            "build --help",
-        ] {
-            assert!(matches!(run(&args(line)), Err(Failure::Help(_))), "{line}");
+    fn the_readme_lists_every_command_and_flag_clap_knows_and_no_other() {
+        let cli = Cli::command();
+        let known: Vec<(String, Vec<String>)> = cli
+            .get_subcommands()
+            .map(|command| {
+                let flags = command
+                    .get_arguments()
+                    .filter_map(|arg| arg.get_long())
+                    .filter(|&long| long != "help")
+                    .map(|long| format!("--{long}"))
+                    .collect();
+                (command.get_name().to_string(), flags)
+            })
+            .collect();
+        let mut documented = readme_commands();
+        let mut known_sorted = known.clone();
+        for list in [&mut documented, &mut known_sorted] {
+            list.iter_mut().for_each(|(_, flags)| flags.sort());
+            list.sort();
         }
-        for line in [
-            "layout --frob",
-            "layout --gen v1 --ports 99999999999 --lanes 1",
-            "stress --threads 99999999999",
-            "stress --threads 100000",
-            "stress --ops 0",
-            "soak --seconds 0",
-            "soak --seconds 99999999999",
-            "bench --frob",
-            "gpu-check --frob",
-            "sanitize frob",
-            "llvm-client --gen v3",
-            "test extra",
-            "build --plugin tpu",
-            "build --plugin host --release=yes",
-            "demo --plugin host --image x",
-            "demo --plugin host --kernel y",
-            "frob",
-        ] {
-            assert!(matches!(run(&args(line)), Err(Failure::Usage(_))), "{line}");
+        let names = |list: &[(String, Vec<String>)]| -> Vec<String> {
+            list.iter().map(|(name, _)| name.clone()).collect()
+        };
+        assert_eq!(
+            names(&documented),
+            names(&known_sorted),
+            "README.md vs clap"
+        );
+        for ((name, readme), (_, clap)) in documented.iter().zip(&known_sorted) {
+            assert_eq!(
+                readme, clap,
+                "cargo xtask {name}: README.md's flags vs clap's"
+            );
         }
+    }
+
+    #[test]
+    fn every_command_takes_help() {
+        for command in Cli::command().get_subcommands() {
+            let name = command.get_name();
+            for help in ["--help", "-h"] {
+                let error = Cli::try_parse_from(["xtask", name, help]).unwrap_err();
+                assert!(!error.use_stderr(), "{name} {help}: {error}");
+                assert!(
+                    error
+                        .to_string()
+                        .contains(&format!("Usage: cargo xtask {name}")),
+                    "{error}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_command_lines_are_usage_errors_that_say_what_is_wrong() {
+        for (line, says) in [
+            ("layout --frob", "--frob"),
+            (
+                "layout --gen v1 --ports 99999999999 --lanes 1",
+                "from 0 to 4294967295",
+            ),
+            (
+                "layout --gen v9 --ports 1 --lanes 32",
+                "[possible values: v0, v1, v2]",
+            ),
+            ("stress --threads 99999999999", "from 1 to 256"),
+            ("stress --threads 100000", "from 1 to 256"),
+            ("stress --ops 0", "from 1 to 10000000"),
+            ("soak --seconds 0", "from 1 to 86400"),
+            ("soak --seconds 99999999999999999999999", "from 1 to 86400"),
+            ("fuzz --target all", "[possible values: mailbox, printf]"),
+            ("bench --park-us 0", "from 1 to 1000000"),
+            ("bench --park-us 4294967296000", "from 1 to 1000000"),
+            ("bench --peer gcc", "[possible values: llvm]"),
+            ("gpu-check --frob", "--frob"),
+            ("sanitize frob", "[possible values: thread, address]"),
+            ("llvm-client --gen v9", "[possible values: v0, v1, v2]"),
+            (
+                "gpu-images --target x86",
+                "[possible values: nvptx64, amdgcn]",
+            ),
+            ("test extra", "extra"),
+            ("tidy extra", "extra"),
+            ("header extra", "extra"),
+            (
+                "build --plugin tpu",
+                "[possible values: host, cuda, amdgpu, all]",
+            ),
+            ("build --plugin host --release=yes", "--release"),
+            ("demo --kernel y", "--image"),
+            ("run --release", "RPC-RUN-ARGS"),
+            ("frob", "frob"),
+        ] {
+            match parse(line) {
+                Err(Failure::Usage(why)) => assert!(why.contains(says), "{line}: {why}"),
+                other => panic!("{line}: {other:?}"),
+            }
+        }
+        // What clap cannot check alone, the command refuses before it does anything.
+        for line in ["demo --plugin host --image x", "demo --image x --kernel y"] {
+            let Ok(Command::Demo(args)) = parse(line) else {
+                panic!("{line}");
+            };
+            assert!(
+                matches!(plugins::demo(&args), Err(Failure::Usage(_))),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn run_passes_everything_after_the_dashes_to_rpc_run() {
+        let Ok(Command::Run(args)) = parse("run --release -- --help --inspect x.ptx") else {
+            panic!("not run");
+        };
+        assert_eq!(
+            format!("{args:?}"),
+            r#"Args { release: true, rpc_run_args: ["--help", "--inspect", "x.ptx"] }"#
+        );
     }
 }

@@ -8,10 +8,45 @@ use std::process::Command;
 
 use rpc_core::plugin::probe;
 
-use crate::flags::Flags;
 use crate::{cargo, project_root, Failure, Result};
 
 const PLUGINS: [&str; 3] = ["host", "cuda", "amdgpu"];
+
+/// `cargo xtask demo`'s flags, rpc-demo's own.
+#[derive(clap::Args, Debug)]
+pub struct DemoArgs {
+    /// The plugin: host (CPU warps), or cuda or amdgpu (run --image on the first GPU)
+    #[arg(long, value_name = "PLUGIN", default_value = "host", value_parser = PLUGINS)]
+    plugin: String,
+    /// A device image to run (cuda and amdgpu)
+    #[arg(long, value_name = "FILE")]
+    image: Option<String>,
+    /// The kernel of --image to run [default: main]
+    #[arg(long, value_name = "NAME", requires = "image")]
+    kernel: Option<String>,
+    /// The server's statistics as one line of JSON
+    #[arg(long)]
+    json: bool,
+}
+
+/// `cargo xtask devices`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct DevicesArgs {
+    /// One JSON array of {"plugin", "devices", "detail"}
+    #[arg(long)]
+    json: bool,
+}
+
+/// `cargo xtask build`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct BuildArgs {
+    /// The plugins to build in
+    #[arg(long, value_name = "PLUGIN", value_parser = ["host", "cuda", "amdgpu", "all"])]
+    plugin: String,
+    /// A release build
+    #[arg(long)]
+    release: bool,
+}
 
 fn status(command: &mut Command, what: &str) -> Result {
     let status = command
@@ -26,43 +61,34 @@ fn status(command: &mut Command, what: &str) -> Result {
 }
 
 /// `cargo xtask demo`: the README's main command.
-pub fn demo(args: &[String]) -> Result {
-    let flags = Flags::parse_with("demo", args, &["plugin", "image", "kernel"], &["json"])?;
-    let plugin = flags.get("plugin").unwrap_or("host");
-    if !PLUGINS.contains(&plugin) {
-        return Err(Failure::Usage(format!(
-            "demo: --plugin is host, cuda or amdgpu, not `{plugin}`"
-        )));
-    }
-    if plugin == "host" {
-        if let Some(name) = ["image", "kernel"]
-            .into_iter()
-            .find(|n| flags.get(n).is_some())
-        {
-            return Err(Failure::Usage(format!(
-                "demo: --{name} is for the cuda and amdgpu plugins (the host demo runs its own kernels)"
-            )));
-        }
+pub fn demo(args: &DemoArgs) -> Result {
+    let plugin = args.plugin.as_str();
+    if plugin == "host" && args.image.is_some() {
+        return Err(Failure::Usage(
+            "demo: --image and --kernel are for the cuda and amdgpu plugins (the host demo \
+             runs its own kernels)"
+                .into(),
+        ));
     }
     // Not `--quiet`: the first run builds for a while, and cargo's progress says so.
     let mut command = Command::new(cargo());
     command.args([
         "run", "-p", "demo", "--bin", "rpc-demo", "--", "--plugin", plugin,
     ]);
-    for name in ["image", "kernel"] {
-        if let Some(value) = flags.get(name) {
-            command.args([format!("--{name}"), value.to_string()]);
+    for (flag, value) in [("--image", &args.image), ("--kernel", &args.kernel)] {
+        if let Some(value) = value {
+            command.args([flag, value]);
         }
     }
-    if flags.switch("json") {
+    if args.json {
         command.arg("--json");
     }
     status(&mut command, &format!("the {plugin} demo"))
 }
 
 /// `cargo xtask devices`.
-pub fn devices(args: &[String]) -> Result {
-    let json = Flags::parse_with("devices", args, &[], &["json"])?.switch("json");
+pub fn devices(args: &DevicesArgs) -> Result {
+    let json = args.json;
     let lines = [
         probe(plugin_host::HostPlugin::new(Default::default())),
         probe(plugin_cuda::CudaPlugin::new()),
@@ -94,17 +120,11 @@ fn device_json(line: &str) -> serde_json::Value {
 /// `cargo xtask build`: the plugin crates are features of the binary that embeds them
 /// (`rpc-demo`); the host plugin also brings `rpc-serve`; each plugin's library
 /// (`libplugin_NAME.so`) lands beside the binaries.
-pub fn build(args: &[String]) -> Result {
-    let flags = Flags::parse_with("build", args, &["plugin"], &["release"])?;
-    let release = flags.switch("release");
-    let chosen: Vec<&str> = match flags.required("plugin")? {
+pub fn build(args: &BuildArgs) -> Result {
+    let release = args.release;
+    let chosen: Vec<&str> = match args.plugin.as_str() {
         "all" => PLUGINS.to_vec(),
-        one if PLUGINS.contains(&one) => vec![one],
-        other => {
-            return Err(Failure::Usage(format!(
-                "build: --plugin is host, cuda, amdgpu or all, not `{other}`"
-            )));
-        }
+        one => vec![one],
     };
     let profile = if release { "release" } else { "debug" };
     // A binary with fewer plugins goes to a target folder of its own, so it never replaces

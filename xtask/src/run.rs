@@ -6,25 +6,19 @@ use std::process::Command;
 
 use crate::{cargo, project_root, Failure, Result};
 
-pub fn run(args: &[String]) -> Result {
-    let (ours, theirs) = match args.iter().position(|a| a == "--") {
-        Some(at) => (&args[..at], &args[at + 1..]),
-        None => (args, &[][..]),
-    };
-    let release = match ours {
-        [] => false,
-        [flag] if flag == "--release" => true,
-        other => {
-            return Err(Failure::Usage(format!(
-                "run: unexpected {other:?} (usage: cargo xtask run [--release] -- ARGS)"
-            )))
-        }
-    };
-    if theirs.is_empty() {
-        return Err(Failure::Usage(
-            "run: give rpc-run's arguments after `--` (e.g. -- --inspect IMAGE)".into(),
-        ));
-    }
+/// `cargo xtask run`'s flags; rpc-run's own come after `--` (`-- --help` is rpc-run's help).
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Build and run the release rpc-run
+    #[arg(long)]
+    release: bool,
+    /// rpc-run's arguments, e.g. -- --inspect IMAGE
+    #[arg(last = true, required = true, value_name = "RPC-RUN-ARGS")]
+    rpc_run_args: Vec<String>,
+}
+
+pub fn run(args: &Args) -> Result {
+    let (release, theirs) = (args.release, &args.rpc_run_args);
     let root = project_root();
     let mut build = Command::new(cargo());
     build

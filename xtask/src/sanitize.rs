@@ -6,7 +6,7 @@
 //! builds into its own target directory (`target/sanitize-thread`, `target/sanitize-address`).
 //! What works, what does not and why: docs/reliability.md, "Sanitizers".
 
-use crate::{project_root, Failure};
+use crate::project_root;
 use std::process::Command;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
@@ -18,26 +18,23 @@ const SKIP: &[&str] = &["an_idle_server_uses_no_measurable_cpu"];
 /// (correctly ordered) write as a race. The mailbox itself is all atomics and never reported.
 const SKIP_THREAD: &[&str] = &["malloc_and_free_through_the_plugin_allocator"];
 
-pub fn run(args: &[String]) -> crate::Result {
-    let (ours, test_args) = match args.iter().position(|a| a == "--") {
-        Some(at) => (&args[..at], &args[at + 1..]),
-        None => (args, &[][..]),
+/// `cargo xtask sanitize`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The sanitizers to run under, one after the other [default: thread address]
+    #[arg(value_name = "SANITIZER", value_parser = ["thread", "address"])]
+    sanitizers: Vec<String>,
+    /// Arguments for the test binaries (a filter, say)
+    #[arg(last = true, value_name = "TEST-ARGS")]
+    test_args: Vec<String>,
+}
+
+pub fn run(args: &Args) -> crate::Result {
+    let sanitizers: Vec<&str> = match args.sanitizers.as_slice() {
+        [] => vec!["thread", "address"],
+        chosen => chosen.iter().map(String::as_str).collect(),
     };
-    let mut sanitizers: Vec<&str> = Vec::new();
-    for arg in ours {
-        match arg.as_str() {
-            "--help" | "-h" => return Err(Failure::Help(crate::usage_of("sanitize"))),
-            "thread" | "address" => sanitizers.push(arg),
-            other => {
-                return Err(Failure::Usage(format!(
-                    "sanitize: unknown argument `{other}` (thread or address)"
-                )))
-            }
-        }
-    }
-    if sanitizers.is_empty() {
-        sanitizers = vec!["thread", "address"];
-    }
+    let test_args = &args.test_args;
     crate::nightly::ensure_component("rust-src")?;
     let root = project_root();
     for sanitizer in sanitizers {

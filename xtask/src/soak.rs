@@ -5,14 +5,24 @@
 //! lost, failed unexpectedly or leaked. The soak itself lives in the `workloads`
 //! crate (`workloads::soak`), beside the other reliability tests.
 
-use crate::flags::Flags;
+use crate::flags::number;
 use crate::Result;
 
-pub fn run(args: &[String]) -> Result {
-    let flags = Flags::parse_with("soak", args, &["seconds"], &["json"])?;
-    let seconds = flags.number("seconds", Some(30), 1, 86_400)?;
-    let report = workloads::soak::run(seconds)?;
-    if flags.switch("json") {
+/// `cargo xtask soak`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// How long to run
+    #[arg(long, value_name = "S", default_value = "30", value_parser = number(1u64, 86_400),
+          allow_negative_numbers = true)]
+    seconds: u64,
+    /// The summary as one JSON object
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &Args) -> Result {
+    let report = workloads::soak::run(args.seconds)?;
+    if args.json {
         println!("{}", json(&report));
     } else {
         println!("{report}");

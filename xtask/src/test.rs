@@ -134,8 +134,7 @@ const STEPS: &[Step] = &[
     ),
 ];
 
-pub fn run(args: &[String]) -> Result {
-    crate::flags::Flags::parse("test", args, &[])?;
+pub fn run() -> Result {
     run_steps(STEPS)
 }
 
@@ -249,13 +248,5 @@ mod tests {
             nightly: Some("no-such-component"),
         }];
         assert_eq!(run_steps(&steps), Ok(()));
-    }
-
-    #[test]
-    fn arguments_are_refused() {
-        assert!(matches!(
-            run(&["--quick".to_string()]),
-            Err(Failure::Usage(_))
-        ));
     }
 }

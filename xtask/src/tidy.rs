@@ -45,12 +45,7 @@ const LAYERS: &[&str] = &["protocol", "server", "services", "plugin"];
 /// file (`server/thread.rs`).
 const STANDS_ALONE: &[&str] = &["server::thread"];
 
-pub fn run(args: &[String]) -> Result {
-    if let Some(extra) = args.first() {
-        return Err(Failure::Usage(format!(
-            "tidy: unexpected argument `{extra}`"
-        )));
-    }
+pub fn run() -> Result {
     let mut problems = check(&project_root());
     problems.extend(crate::header::stale(&project_root()));
     if problems.is_empty() {

@@ -52,7 +52,7 @@ pub enum ProtocolError {
         need: usize,
     },
     /// An unknown layout generation name.
-    #[error("unknown layout generation {0:?} (expected v1 or v2)")]
+    #[error("unknown layout generation {0:?} (expected v0, v1 or v2)")]
     BadGeneration(RefusalText),
     /// A header lane mask that is empty or has bits at or above the lane size.
     #[error("lane mask {mask:#x} is empty or has bits at or above the lane size {lanes}")]

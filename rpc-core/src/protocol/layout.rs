@@ -503,7 +503,11 @@ mod tests {
         ));
         let layout = Layout::new(Generation::V1, 1, 1).unwrap();
         assert!(layout.write_client_object(0, &mut [0u8; 10]).is_err());
-        assert!("v3".parse::<Generation>().is_err());
+        let unknown = "v9".parse::<Generation>().unwrap_err().to_string();
+        assert!(
+            unknown.contains("\"v9\" (expected v0, v1 or v2)"),
+            "{unknown}"
+        );
     }
 
     #[test]

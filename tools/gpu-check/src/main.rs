@@ -33,9 +33,6 @@ use rpc_core::services::KernelExit;
 use rpc_core::{Error, ExitPolicy, PluginError, ServerConfig, ServicesConfig};
 use rpc_core::{ImageId, PluginRuntime};
 
-const USAGE: &str = "usage: cuda-gpu-check PTX [--quick] [--iterations-1warp N] \
-                     [--iterations-many N] [--timeout-s S]";
-
 /// The warp width of every NVIDIA GPU.
 const WARP: u32 = 32;
 /// Bytes of each direction of TEST_STREAM's scratch per thread (the kernel needs >= 4096).
@@ -55,53 +52,86 @@ struct Options {
     timeout: Duration,
 }
 
-fn parse_args(args: &[String]) -> Result<Options, String> {
-    let mut ptx = None;
-    let mut options = Options {
-        ptx: String::new(),
-        iterations_1warp: 20_000,
-        iterations_many: 200,
-        timeout: Duration::from_secs(60),
-    };
-    let mut it = args.iter();
-    let number = |flag: &str, value: Option<&String>| -> Result<u64, String> {
-        value
-            .and_then(|v| v.parse().ok())
-            .filter(|&n| n > 0)
-            .ok_or_else(|| format!("{flag} needs a positive number"))
-    };
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--quick" => {
-                options.iterations_1warp = 2_000;
-                options.iterations_many = 20;
+/// The most round trips a measurement may be asked for.
+const MAX_ITERATIONS: u64 = 100_000_000;
+/// The longest a kernel may be given, in seconds (a day).
+const MAX_TIMEOUT_S: u64 = 86_400;
+
+/// The command line.
+#[derive(clap::Parser)]
+#[command(
+    name = "cuda-gpu-check",
+    about = "The end-to-end check of the CUDA plugin on a real NVIDIA GPU",
+    after_help = "Exit status: 0 every check passed, 1 a check failed, 2 bad arguments, 69 no \
+                  driver or device; a kernel past --timeout-s aborts the process (134)"
+)]
+struct Cli {
+    /// tools/gpu-check/rpc_client.cu compiled to PTX (nvcc or clang) or a cubin (nvcc)
+    #[arg(value_name = "PTX")]
+    ptx: String,
+    /// Fewer round trips: 2000 with one warp, 20 per warp with many
+    #[arg(long)]
+    quick: bool,
+    /// Round trips measured with one warp [default: 20000, 2000 with --quick]
+    #[arg(long, value_name = "N", value_parser = iterations, allow_negative_numbers = true)]
+    iterations_1warp: Option<u64>,
+    /// Round trips per warp measured with many warps [default: 200, 20 with --quick]
+    #[arg(long, value_name = "N", value_parser = iterations, allow_negative_numbers = true)]
+    iterations_many: Option<u64>,
+    /// Seconds a kernel may run before the check fails and the process aborts
+    #[arg(long, value_name = "S", default_value = "60", value_parser = timeout_s,
+          allow_negative_numbers = true)]
+    timeout_s: u64,
+}
+
+/// A number of round trips: 1 to [`MAX_ITERATIONS`].
+fn iterations(text: &str) -> Result<u64, String> {
+    text.parse()
+        .ok()
+        .filter(|n| (1..=MAX_ITERATIONS).contains(n))
+        .ok_or_else(|| format!("wants a whole number from 1 to {MAX_ITERATIONS}"))
+}
+
+/// Seconds: 1 to [`MAX_TIMEOUT_S`].
+fn timeout_s(text: &str) -> Result<u64, String> {
+    text.parse()
+        .ok()
+        .filter(|n| (1..=MAX_TIMEOUT_S).contains(n))
+        .ok_or_else(|| format!("wants whole seconds from 1 to {MAX_TIMEOUT_S}"))
+}
+
+/// Parses the command line; `--help` (exit 0) or a usage error (exit 2, the message and the
+/// usage) ends the process.
+fn parse_args() -> Options {
+    use clap::{CommandFactory, Parser};
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(help) if !help.use_stderr() => help.exit(),
+        Err(error) => {
+            let text = error.render().to_string();
+            eprint!("{text}");
+            if !text.contains("Usage:") {
+                eprintln!("\n{}", Cli::command().render_usage());
             }
-            "--iterations-1warp" => options.iterations_1warp = number(arg, it.next())?,
-            "--iterations-many" => options.iterations_many = number(arg, it.next())?,
-            "--timeout-s" => options.timeout = Duration::from_secs(number(arg, it.next())?),
-            "-h" | "--help" => return Err(String::new()),
-            flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
-            path if ptx.is_none() => ptx = Some(path.to_owned()),
-            extra => return Err(format!("unexpected argument {extra:?}")),
+            std::process::exit(2)
         }
+    };
+    let (one_warp, many) = if cli.quick {
+        (2_000, 20)
+    } else {
+        (20_000, 200)
+    };
+    Options {
+        ptx: cli.ptx,
+        iterations_1warp: cli.iterations_1warp.unwrap_or(one_warp),
+        iterations_many: cli.iterations_many.unwrap_or(many),
+        timeout: Duration::from_secs(cli.timeout_s),
     }
-    options.ptx = ptx.ok_or("the PTX path is missing")?;
-    Ok(options)
 }
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let options = match parse_args(&args) {
-        Ok(options) => options,
-        Err(error) => {
-            if !error.is_empty() {
-                eprintln!("cuda-gpu-check: {error}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let options = parse_args();
     match run(&options) {
         Ok(Some(true)) => ExitCode::SUCCESS,
         Ok(Some(false)) => ExitCode::FAILURE,

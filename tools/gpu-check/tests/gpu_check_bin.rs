@@ -31,15 +31,39 @@ fn without_a_device_it_says_why_and_exits_69() {
 }
 
 #[test]
-fn bad_arguments_exit_2_with_the_usage() {
-    for args in [
-        &[][..],
-        &["a.ptx", "--iterations-many", "0"],
-        &["a.ptx", "b.ptx"],
-        &["--bogus"],
+fn bad_arguments_exit_2_with_the_message_and_the_usage() {
+    for (args, says) in [
+        (&[][..], "<PTX>"),
+        (&["a.ptx", "--iterations-many", "0"], "from 1 to 100000000"),
+        (
+            &["a.ptx", "--iterations-1warp", "99999999999999999999"],
+            "from 1 to 100000000",
+        ),
+        (
+            &["a.ptx", "--timeout-s", "-1"],
+            "whole seconds from 1 to 86400",
+        ),
+        (&["a.ptx", "b.ptx"], "unexpected argument 'b.ptx'"),
+        (&["--bogus"], "unexpected argument '--bogus'"),
     ] {
         let (code, _, stderr) = check(args);
         assert_eq!(code, Some(2), "{args:?}: {stderr}");
-        assert!(stderr.contains("usage: cuda-gpu-check PTX"), "{stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(stderr.contains("Usage: cuda-gpu-check"), "{stderr}");
+    }
+}
+
+#[test]
+fn help_exits_0_and_names_every_flag() {
+    let (code, stdout, stderr) = check(&["--help"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    for flag in [
+        "PTX",
+        "--quick",
+        "--iterations-1warp",
+        "--iterations-many",
+        "--timeout-s",
+    ] {
+        assert!(stdout.contains(flag), "{flag} not in: {stdout}");
     }
 }

@@ -36,6 +36,30 @@ impl Format {
     }
 }
 
+/// The format's proper name, with its article, for messages.
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Format::Ptx => "PTX text",
+            Format::Cubin => "a cubin",
+            Format::Fatbin => "a CUDA fat binary",
+            Format::AmdGpu => "an AMDGPU code object",
+        })
+    }
+}
+
+/// The format of an image that starts with `head` (its first bytes: 20 suffice for the ELF
+/// formats, PTX's `.version` is looked for in the first 4096), or why it is none.
+pub fn format(head: &[u8]) -> Result<Format, BadImage> {
+    format_of(head).ok_or_else(|| {
+        BadImage(
+            "not a GPU image: neither PTX text, a cubin, a CUDA fat binary nor an AMDGPU code \
+             object"
+                .into(),
+        )
+    })
+}
+
 /// The format of `bytes`, if it is one.
 pub fn format_of(bytes: &[u8]) -> Option<Format> {
     if bytes.starts_with(b"\x7fELF") && bytes.len() >= 20 {
@@ -249,18 +273,15 @@ impl fmt::Display for BadImage {
 
 /// Reads an image.
 pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
-    let format = format_of(bytes).ok_or_else(|| {
-        BadImage(
-            "not a GPU image: neither PTX text, a cubin, a CUDA fat binary nor an AMDGPU code \
-             object"
-                .into(),
-        )
-    })?;
+    let format = format(bytes)?;
     match format {
         Format::Ptx => {
             let end = bytes.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
             let text = String::from_utf8_lossy(&bytes[..end]);
             let module = ptx::read(&text);
+            if let Some(why) = &module.unfinished {
+                return Err(BadImage(format!("PTX text: {why}")));
+            }
             Ok(Inspection {
                 format,
                 target: module.target.clone(),

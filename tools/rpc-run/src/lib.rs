@@ -4,15 +4,18 @@
 //!
 //! ```text
 //! rpc-run [--plugin cuda|amdgpu|auto] [--threads X[,Y,Z]] [--blocks X[,Y,Z]] [--device N]
-//!         [--timeout SECONDS] IMAGE [-- ARGS...]
+//!         [--timeout SECONDS] IMAGE [[--] ARGS...]
 //! rpc-run --inspect IMAGE
+//! rpc-run --help
 //! ```
 //!
 //! - [`image`]: the image's format (PTX, cubin, fatbin: CUDA; AMDGPU ELF: HSA), kernels,
 //!   argument sizes, stack needs and client symbol, read without a GPU (`--inspect`), with
 //!   [`ptx`], [`cubin`] and [`fatbin`] for NVIDIA's formats;
 //! - [`start`]: LLVM's start protocol (`_begin`, `_start`, `_end`) over any plugin;
-//! - this file: the command line, the choice of plugin, the plugin set-up LLVM's loader does
+//! - this file: the command line (clap: `--help`, every number ranged), the bounded read of
+//!   the image ([`read_bytes`]: a regular file of at most [`MAX_IMAGE_BYTES`], its magic
+//!   checked before the rest is read), the choice of plugin, the plugin set-up LLVM's loader does
 //!   (CUDA's 3 KiB stack limit), the watchdog, and one exit code per failure class
 //!   ([`Failure::code`]).
 //!
@@ -63,10 +66,10 @@ pub mod code {
     pub const TIMEOUT: u8 = 124;
 }
 
-/// Why a program could not run to its end.
+/// Why a program could not run to its end (a bad command line is clap's error, exit
+/// [`code::USAGE`]).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Failure {
-    Usage(String),
     NoInput(String),
     BadImage(String),
     MissingStart(String),
@@ -82,7 +85,6 @@ impl Failure {
     /// The process exit code of this failure class.
     pub fn code(&self) -> u8 {
         match self {
-            Failure::Usage(_) => code::USAGE,
             Failure::NoInput(_) => code::NO_INPUT,
             Failure::BadImage(_) => code::BAD_IMAGE,
             Failure::MissingStart(_) => code::MISSING_START,
@@ -97,7 +99,6 @@ impl Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(m) => write!(f, "{m}\n{USAGE}"),
             Failure::NoInput(m) => write!(f, "cannot read the image: {m}"),
             Failure::BadImage(m) => write!(f, "bad image: {m}"),
             Failure::MissingStart(m) => write!(f, "not a GPU executable: {m}"),
@@ -111,9 +112,13 @@ impl fmt::Display for Failure {
     }
 }
 
-pub const USAGE: &str = "usage: rpc-run [--plugin cuda|amdgpu|auto] [--threads X[,Y,Z]] \
-[--blocks X[,Y,Z]] [--device N] [--timeout SECONDS] IMAGE [-- ARGS...]\n       rpc-run --inspect IMAGE\n\
-(LLVM's loader's --threads-x/-y/-z and --blocks-x/-y/-z are accepted too)";
+/// The largest image rpc-run reads: 1 GiB, far above any GPU executable, so that a wrong path
+/// cannot make it read gigabytes.
+pub const MAX_IMAGE_BYTES: u64 = 1 << 30;
+/// The longest `--timeout`, in seconds (a week).
+pub const MAX_TIMEOUT_SECONDS: f64 = 604_800.0;
+/// The highest `--device` index.
+pub const MAX_DEVICE: usize = 1023;
 
 /// What the command line asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,109 +134,232 @@ pub struct Options {
     pub args: Vec<String>,
 }
 
-fn dims(flag: &str, value: &str) -> Result<[u32; 3], Failure> {
-    let parts: Vec<&str> = value.split(',').collect();
-    if parts.is_empty() || parts.len() > 3 {
-        return Err(Failure::Usage(format!(
-            "{flag} {value}: give X, X,Y or X,Y,Z"
-        )));
+/// The command line as clap reads it; [`Options`] is what it means.
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "rpc-run",
+    about = "Runs a clang-built GPU executable linked with LLVM's GPU libc, as LLVM's \
+             llvm-gpu-loader does, or inspects it (--inspect)",
+    override_usage = "rpc-run [OPTIONS] IMAGE [[--] ARGS...]\n       rpc-run --inspect IMAGE",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    /// The plugin to run on; auto: the image's (CUDA for PTX, cubins and fat binaries,
+    /// AMDGPU for AMDGPU code objects)
+    #[arg(long, value_name = "PLUGIN", default_value = "auto",
+          value_parser = ["cuda", "amdgpu", "auto"])]
+    plugin: String,
+    /// Threads per block, in up to three dimensions
+    #[arg(long, value_name = "X[,Y,Z]", value_parser = dims, allow_negative_numbers = true)]
+    threads: Option<[u32; 3]>,
+    /// Blocks in the grid, in up to three dimensions
+    #[arg(long, value_name = "X[,Y,Z]", value_parser = dims, allow_negative_numbers = true)]
+    blocks: Option<[u32; 3]>,
+    /// Threads along x (LLVM's loader's spelling; overrides --threads on that axis)
+    #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
+    threads_x: Option<u32>,
+    /// Threads along y (LLVM's loader's spelling)
+    #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
+    threads_y: Option<u32>,
+    /// Threads along z (LLVM's loader's spelling)
+    #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
+    threads_z: Option<u32>,
+    /// Blocks along x (LLVM's loader's spelling; overrides --blocks on that axis)
+    #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
+    blocks_x: Option<u32>,
+    /// Blocks along y (LLVM's loader's spelling)
+    #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
+    blocks_y: Option<u32>,
+    /// Blocks along z (LLVM's loader's spelling)
+    #[arg(long, value_name = "N", value_parser = count, allow_negative_numbers = true)]
+    blocks_z: Option<u32>,
+    /// The device to run on, from 0
+    #[arg(long, value_name = "N", default_value = "0", value_parser = device,
+          allow_negative_numbers = true)]
+    device: usize,
+    /// Ends the run with status 124 after this many seconds
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, allow_negative_numbers = true)]
+    timeout: Option<Duration>,
+    /// Prints what the image holds (format, target, client and generation, kernels) and
+    /// runs nothing; no GPU needed
+    #[arg(long)]
+    inspect: bool,
+    /// The GPU executable: PTX, a cubin, a CUDA fat binary or an AMDGPU code object, a
+    /// regular file of at most 1 GiB
+    #[arg(value_name = "IMAGE")]
+    image: String,
+    /// The program's arguments (argv[1..]; argv[0] is IMAGE)
+    #[arg(
+        value_name = "ARGS",
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        conflicts_with = "inspect"
+    )]
+    args: Vec<String>,
+}
+
+/// The exit codes, as `--help` lists them.
+const EXIT_CODES: &str = "\
+Exit status: the program's own (main's, or what a kernel passed to exit), else
+  64 usage, 65 bad image (not one, truncated, over 1 GiB, for another plugin),
+  66 unreadable file (missing, not a regular file), 67 no _start/_begin/_end,
+  68 unknown RPC generation, 69 no driver or device, 70 kernel fault or launch
+  failure, 71 abort(), 124 --timeout passed";
+
+/// A count of threads or blocks along one axis: 1 to `u32::MAX`.
+fn count(text: &str) -> Result<u32, String> {
+    text.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("wants a count from 1 to {}", u32::MAX))
+}
+
+/// `X`, `X,Y` or `X,Y,Z`, each a [`count`]; the axes not given are 1.
+fn dims(text: &str) -> Result<[u32; 3], String> {
+    let parts: Vec<&str> = text.split(',').collect();
+    if parts.len() > 3 {
+        return Err("wants X, X,Y or X,Y,Z".into());
     }
     let mut out = [1u32; 3];
-    for (i, part) in parts.iter().enumerate() {
-        out[i] = part.trim().parse().ok().filter(|&n| n > 0).ok_or_else(|| {
-            Failure::Usage(format!("{flag} {value}: {part:?} is not a count above 0"))
-        })?;
+    for (axis, part) in parts.iter().enumerate() {
+        out[axis] = count(part).map_err(|why| format!("`{part}` {why}"))?;
     }
     Ok(out)
 }
 
+/// A device index: 0 to [`MAX_DEVICE`].
+fn device(text: &str) -> Result<usize, String> {
+    text.parse::<usize>()
+        .ok()
+        .filter(|&n| n <= MAX_DEVICE)
+        .ok_or_else(|| format!("wants a device index from 0 to {MAX_DEVICE}"))
+}
+
+/// Seconds, a decimal number from 0.001 to [`MAX_TIMEOUT_SECONDS`] (so the duration never
+/// overflows).
+fn seconds(text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| (0.001..=MAX_TIMEOUT_SECONDS).contains(s))
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("wants seconds from 0.001 to {MAX_TIMEOUT_SECONDS}"))
+}
+
 impl Options {
-    /// Parses the arguments after the program name.
-    pub fn parse(args: &[String]) -> Result<Options, Failure> {
-        let mut options = Options {
-            plugin: "auto".into(),
-            grid: Grid::linear(1, 1),
-            device: 0,
-            timeout: None,
-            inspect: false,
-            image: String::new(),
-            args: Vec::new(),
-        };
-        let mut it = args.iter();
-        let mut image = None;
-        while let Some(arg) = it.next() {
-            let mut value = |flag: &str| {
-                it.next()
-                    .cloned()
-                    .ok_or_else(|| Failure::Usage(format!("{flag} needs a value")))
-            };
-            match arg.as_str() {
-                "--plugin" => {
-                    let plugin = value(arg)?;
-                    if !["cuda", "amdgpu", "auto"].contains(&plugin.as_str()) {
-                        return Err(Failure::Usage(format!(
-                            "--plugin {plugin}: cuda, amdgpu or auto"
-                        )));
-                    }
-                    options.plugin = plugin;
-                }
-                "--threads" => options.grid.threads = dims(arg, &value(arg)?)?,
-                "--blocks" => options.grid.blocks = dims(arg, &value(arg)?)?,
-                // LLVM's loader's spelling, one dimension at a time (LLVM's tests pass these).
-                flag @ ("--threads-x" | "--threads-y" | "--threads-z" | "--blocks-x"
-                | "--blocks-y" | "--blocks-z") => {
-                    let v = value(flag)?;
-                    let d = dims(flag, &v)?;
-                    if v.contains(',') {
-                        return Err(Failure::Usage(format!("{flag} {v}: one count")));
-                    }
-                    let axis = usize::from(flag.as_bytes()[flag.len() - 1] - b'x');
-                    if flag.starts_with("--threads") {
-                        options.grid.threads[axis] = d[0];
-                    } else {
-                        options.grid.blocks[axis] = d[0];
-                    }
-                }
-                "--device" => {
-                    let v = value(arg)?;
-                    options.device = v
-                        .parse()
-                        .map_err(|_| Failure::Usage(format!("--device {v}: not a number")))?;
-                }
-                "--timeout" => {
-                    let v = value(arg)?;
-                    let seconds: f64 = v
-                        .parse()
-                        .ok()
-                        .filter(|s: &f64| s.is_finite() && *s > 0.0)
-                        .ok_or_else(|| {
-                        Failure::Usage(format!("--timeout {v}: seconds above 0"))
-                    })?;
-                    options.timeout = Some(Duration::from_secs_f64(seconds));
-                }
-                "--inspect" => options.inspect = true,
-                "--" => {
-                    options.args = it.by_ref().cloned().collect();
-                }
-                other if other.starts_with("--") => {
-                    return Err(Failure::Usage(format!("unknown option {other}")));
-                }
-                other if image.is_none() => image = Some(other.to_owned()),
-                other => {
-                    // LLVM's loader takes the program's arguments right after the image.
-                    options.args.push(other.to_owned());
-                    options.args.extend(it.by_ref().cloned());
-                }
+    /// Parses a command line (`args[0]` is the program's name). The error is clap's:
+    /// `--help` (print it, exit 0; [`clap::Error::use_stderr`] is false) or a usage error
+    /// (print it, exit [`code::USAGE`]).
+    pub fn parse<I, T>(args: I) -> Result<Options, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cli = <Cli as clap::Parser>::try_parse_from(args)?;
+        let mut grid = Grid::linear(1, 1);
+        grid.threads = cli.threads.unwrap_or(grid.threads);
+        grid.blocks = cli.blocks.unwrap_or(grid.blocks);
+        let axes = [
+            (
+                &mut grid.threads,
+                [cli.threads_x, cli.threads_y, cli.threads_z],
+            ),
+            (&mut grid.blocks, [cli.blocks_x, cli.blocks_y, cli.blocks_z]),
+        ];
+        for (dims, one_axis) in axes {
+            for (axis, n) in one_axis.into_iter().enumerate() {
+                dims[axis] = n.unwrap_or(dims[axis]);
             }
         }
-        options.image = image.ok_or_else(|| Failure::Usage("no IMAGE given".into()))?;
-        Ok(options)
+        Ok(Options {
+            plugin: cli.plugin,
+            grid,
+            device: cli.device,
+            timeout: cli.timeout,
+            inspect: cli.inspect,
+            image: cli.image,
+            args: cli.args,
+        })
     }
 }
 
-/// Reads and inspects the image file.
+/// The usage lines, as `--help` and usage errors start them.
+pub fn usage() -> String {
+    <Cli as clap::CommandFactory>::command()
+        .render_usage()
+        .to_string()
+}
+
+/// The first bytes read of an image: enough for every format's magic (PTX's `.version` may
+/// follow comments).
+const HEAD_BYTES: u64 = 4096;
+
+/// The bytes of the image at `path`, read only if it is a regular file of at most
+/// [`MAX_IMAGE_BYTES`] that starts like a GPU image.
+pub fn read_bytes(path: &str) -> Result<Vec<u8>, Failure> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let no_input = |e: std::io::Error| Failure::NoInput(format!("{path}: {e}"));
+    // Non-blocking, so that opening a FIFO does not wait for a writer (it is refused below).
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(no_input)?;
+    // The open file's own status, so that what is checked is what is read.
+    let metadata = file.metadata().map_err(no_input)?;
+    if !metadata.is_file() {
+        return Err(Failure::NoInput(format!(
+            "{path}: not a regular file (a {})",
+            file_kind(&metadata.file_type())
+        )));
+    }
+    let too_big = |size: u64| {
+        Failure::BadImage(format!(
+            "{path}: {size} bytes, more than an image may have ({MAX_IMAGE_BYTES} bytes, 1 GiB)"
+        ))
+    };
+    if metadata.len() > MAX_IMAGE_BYTES {
+        return Err(too_big(metadata.len()));
+    }
+    let mut bytes = Vec::new();
+    (&mut file)
+        .take(HEAD_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(no_input)?;
+    image::format(&bytes).map_err(|e| Failure::BadImage(format!("{path}: {e}")))?;
+    // The rest, never past the bound, should the file have grown since its size was read.
+    (&mut file)
+        .take(MAX_IMAGE_BYTES + 1 - bytes.len() as u64)
+        .read_to_end(&mut bytes)
+        .map_err(no_input)?;
+    if bytes.len() as u64 > MAX_IMAGE_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// What kind of file `kind` is, in words.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_dir() {
+        "directory"
+    } else if kind.is_fifo() {
+        "FIFO"
+    } else if kind.is_char_device() {
+        "character device"
+    } else if kind.is_block_device() {
+        "block device"
+    } else if kind.is_socket() {
+        "socket"
+    } else {
+        "special file"
+    }
+}
+
+/// Reads ([`read_bytes`]) and inspects the image file.
 pub fn read_image(path: &str) -> Result<(Vec<u8>, Inspection), Failure> {
-    let bytes = std::fs::read(path).map_err(|e| Failure::NoInput(format!("{path}: {e}")))?;
+    let bytes = read_bytes(path)?;
     let inspection =
         image::inspect(&bytes).map_err(|e| Failure::BadImage(format!("{path}: {e}")))?;
     Ok((bytes, inspection))
@@ -295,8 +423,10 @@ pub fn run_file(options: &Options) -> Result<i32, Failure> {
     };
     if plugin != inspection.format.plugin() {
         return Err(Failure::BadImage(format!(
-            "{}: a {:?} image cannot run on the {plugin} plugin",
-            options.image, inspection.format
+            "{}: {} cannot run on the {plugin} plugin (it runs on {})",
+            options.image,
+            inspection.format,
+            inspection.format.plugin()
         )));
     }
     let mut program = Program {
@@ -357,8 +487,8 @@ pub fn prepare_cuda(
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Options, Failure> {
-        Options::parse(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
+        Options::parse(std::iter::once("rpc-run").chain(args.iter().copied()))
     }
 
     #[test]
@@ -385,47 +515,64 @@ mod tests {
         // Arguments right after the image, as LLVM's loader takes them.
         let o = parse(&["--timeout", "2.5", "a.out", "one", "--two"]).unwrap();
         assert_eq!(o.args, ["one", "--two"]);
+        assert_eq!(
+            parse(&["a.out", "-x", "--", "y"]).unwrap().args,
+            ["-x", "--", "y"]
+        );
         assert_eq!(o.timeout, Some(Duration::from_millis(2500)));
         assert!(parse(&["--inspect", "a.out"]).unwrap().inspect);
-        // LLVM's loader's flags, as its tests pass them.
+        // LLVM's loader's flags, as its tests pass them, over --threads / --blocks.
         let o = parse(&[
             "--blocks-x",
             "2",
             "--blocks-z",
             "3",
+            "--threads",
+            "8,8",
             "--threads-y",
             "4",
             "t",
         ])
         .unwrap();
         assert_eq!(o.grid.blocks, [2, 1, 3]);
-        assert_eq!(o.grid.threads, [1, 4, 1]);
-        assert_eq!(
-            parse(&["--threads-x", "1,2", "t"]).unwrap_err().code(),
-            code::USAGE
-        );
+        assert_eq!(o.grid.threads, [8, 4, 1]);
+        assert!(parse(&["--threads-x", "1,2", "t"]).is_err());
     }
 
     #[test]
-    fn bad_command_lines_are_usage_errors() {
-        for bad in [
-            &["--threads", "0", "a"][..],
-            &["--threads", "1,2,3,4", "a"],
-            &["--plugin", "opencl", "a"],
-            &["--timeout", "-1", "a"],
-            &["--bogus", "a"],
-            &["--device"],
-            &[],
-        ] {
-            let failure = parse(bad).unwrap_err();
-            assert_eq!(failure.code(), code::USAGE, "{bad:?}: {failure}");
+    fn bad_command_lines_are_usage_errors_naming_the_range() {
+        let range = format!("from 1 to {}", u32::MAX);
+        let cases: [(&[&str], &str); 14] = [
+            (&["--threads", "0", "a"], &range),
+            (&["--threads", "99999999999", "a"], &range),
+            (&["--threads-z", "4294967296", "a"], &range),
+            (&["--threads", "1,2,3,4", "a"], "X, X,Y or X,Y,Z"),
+            (&["--plugin", "opencl", "a"], "opencl"),
+            (&["--timeout", "-1", "a"], "from 0.001 to 604800"),
+            (&["--timeout", "1e300", "a"], "from 0.001 to 604800"),
+            (&["--timeout", "2^64", "a"], "from 0.001 to 604800"),
+            (
+                &["--timeout", "99999999999999999999", "a"],
+                "from 0.001 to 604800",
+            ),
+            (&["--timeout", "NaN", "a"], "from 0.001 to 604800"),
+            (&["--device", "99999999999999999999", "a"], "from 0 to 1023"),
+            (&["--bogus", "a"], "--bogus"),
+            (&["--inspect", "a", "b"], "cannot be used with"),
+            (&[], "IMAGE"),
+        ];
+        for (bad, says) in cases {
+            let error = parse(bad).unwrap_err();
+            assert!(error.use_stderr(), "{bad:?}: {error}");
+            assert!(error.to_string().contains(says), "{bad:?}: {error}");
         }
+        let help = parse(&["--help"]).unwrap_err();
+        assert!(!help.use_stderr());
     }
 
     #[test]
     fn every_failure_class_has_its_own_exit_code() {
         let failures = [
-            Failure::Usage(String::new()),
             Failure::NoInput(String::new()),
             Failure::BadImage(String::new()),
             Failure::MissingStart(String::new()),
@@ -435,7 +582,7 @@ mod tests {
             Failure::Aborted(String::new()),
         ];
         let mut codes: Vec<u8> = failures.iter().map(Failure::code).collect();
-        codes.push(code::TIMEOUT);
+        codes.extend([code::USAGE, code::TIMEOUT]);
         let count = codes.len();
         codes.sort_unstable();
         codes.dedup();

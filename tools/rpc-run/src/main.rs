@@ -9,10 +9,22 @@ use rpc_run::{code, Failure, Options};
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let options = match Options::parse(&args) {
+    let options = match Options::parse(std::env::args_os()) {
         Ok(options) => options,
-        Err(failure) => return fail(&failure),
+        // `--help`: no error.
+        Err(help) if !help.use_stderr() => {
+            let _ = help.print();
+            return ExitCode::SUCCESS;
+        }
+        // A usage error, with rpc-run's own code; the usage follows where clap left it out.
+        Err(error) => {
+            let text = error.render().to_string();
+            eprint!("{text}");
+            if !text.contains("Usage:") {
+                eprintln!("\n{}", rpc_run::usage());
+            }
+            return ExitCode::from(code::USAGE);
+        }
     };
     if options.inspect {
         return match rpc_run::read_image(&options.image) {

@@ -28,6 +28,9 @@ pub struct Module {
     pub entries: Vec<Entry>,
     /// `.global` and `.const` variables (name, bytes).
     pub globals: Vec<(String, u64)>,
+    /// Why the text is not a whole module, where it is not (a truncated file): no `.target`,
+    /// an `.entry` or block left open, or a last statement without its end.
+    pub unfinished: Option<String>,
 }
 
 /// Whether `bytes` look like PTX text: a `.version` directive near the start.
@@ -97,7 +100,8 @@ fn declaration<'t>(tokens: impl Iterator<Item = &'t str>) -> Option<(u32, u32, S
 }
 
 /// Reads a PTX module. Lines it does not understand are skipped: PTX is a big language, and
-/// only the directives above are needed.
+/// only the directives above are needed; but a module that does not end as one does is
+/// [`Module::unfinished`].
 pub fn read(text: &str) -> Module {
     let mut module = Module::default();
     // Comments out, so that braces and directives in them do not count.
@@ -205,7 +209,26 @@ pub fn read(text: &str) -> Module {
             }
         }
     }
+    module.unfinished = unfinished(&text, &module, depth, current.as_ref());
     module
+}
+
+/// Why `text`, read as `module`, ends before a module does (see [`Module::unfinished`]).
+fn unfinished(text: &str, module: &Module, depth: usize, open: Option<&Entry>) -> Option<String> {
+    if let Some(entry) = open {
+        return Some(format!("ends inside `.entry {}` (truncated?)", entry.name));
+    }
+    if depth > 0 {
+        return Some("ends inside a block, a `}` short (truncated?)".into());
+    }
+    if module.target.is_empty() {
+        return Some("no `.target` directive (truncated?)".into());
+    }
+    // The module-level statements end with `;` or `}`; only the header's directives do not.
+    let last = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
+    let header = [".version", ".target", ".address_size", ".file"];
+    let ended = last.ends_with([';', '}']) || header.iter().any(|d| last.starts_with(d));
+    (!ended).then(|| format!("the last statement `{last}` has no end (truncated?)"))
 }
 
 #[cfg(test)]
@@ -287,8 +310,46 @@ mod tests {
     }
 
     #[test]
-    fn text_that_is_not_ptx_reads_as_an_empty_module() {
+    fn text_that_is_not_ptx_reads_as_an_empty_unfinished_module() {
         assert!(!is_ptx(b"\x7fELF"));
-        assert_eq!(read("garbage { { }"), Module::default());
+        let module = read("garbage { { }");
+        assert!(module.entries.is_empty() && module.globals.is_empty());
+        assert!(module.unfinished.is_some());
+    }
+
+    #[test]
+    fn a_whole_module_is_finished_and_every_cut_of_it_is_not() {
+        assert_eq!(read(PTX).unfinished, None);
+        assert_eq!(
+            read(".version 7.8\n.target sm_90\n.address_size 64\n").unfinished,
+            None
+        );
+        // Cut anywhere after the header, the text reads as whole only where a module-level
+        // statement just ended.
+        let body = PTX.trim_end();
+        let first_global = body.find(".visible .global").unwrap();
+        for cut in (first_global + 1..body.len() - 1).filter(|&at| body.is_char_boundary(at)) {
+            let text = &body[..cut];
+            if read(text).unfinished.is_none() {
+                let mut code = text.lines().map(|l| l.split("//").next().unwrap().trim());
+                let last = code.rfind(|l| !l.is_empty()).unwrap();
+                assert!(last.ends_with([';', '}']), "read as whole: {text}");
+            }
+        }
+        let cuts = [
+            (".version 7.8\n", "no `.target`"),
+            (
+                &PTX[..PTX.find("ret;").unwrap()],
+                "ends inside `.entry _begin`",
+            ),
+            (
+                &PTX[..PTX.find("__llvm_rpc_client[5").unwrap() + 19],
+                "has no end",
+            ),
+        ];
+        for (text, why) in cuts {
+            let unfinished = read(text).unfinished.unwrap_or_default();
+            assert!(unfinished.contains(why), "{text}: {unfinished}");
+        }
     }
 }

@@ -1,15 +1,16 @@
 //! The `rpc-run` binary as a user meets it: each failure class exits with its own code and a
-//! clear message, and `--inspect` reads the real images `cargo xtask gpu-images` built.
+//! clear message (each run under `workloads::bounded`'s address-space limit and hang guard),
+//! and `--inspect` reads the real images `cargo xtask gpu-images` built.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use workloads::bounded;
+
 fn rpc_run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rpc-run"))
-        .args(args)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("rpc-run runs")
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-run"));
+    command.args(args).env_remove("RUST_LOG");
+    bounded::output(command)
 }
 
 fn scratch(name: &str, text: &str) -> PathBuf {
@@ -35,8 +36,12 @@ fn expect(output: &Output, code: i32, says: &str) {
 
 #[test]
 fn every_failure_class_exits_with_its_own_code_and_says_why() {
-    expect(&rpc_run(&["--bogus", "x"]), 64, "unknown option --bogus");
-    expect(&rpc_run(&[]), 64, "no IMAGE given");
+    expect(
+        &rpc_run(&["--bogus", "x"]),
+        64,
+        "unexpected argument '--bogus'",
+    );
+    expect(&rpc_run(&[]), 64, "<IMAGE>");
     expect(
         &rpc_run(&["/nonexistent/image"]),
         66,
@@ -65,8 +70,135 @@ fn every_failure_class_exits_with_its_own_code_and_says_why() {
     expect(
         &rpc_run(&["--plugin", "amdgpu", wrong.to_str().unwrap()]),
         65,
-        "cannot run on the amdgpu plugin",
+        "PTX text cannot run on the amdgpu plugin (it runs on cuda)",
     );
+}
+
+#[test]
+fn help_exits_0_and_names_every_flag() {
+    for help in ["--help", "-h"] {
+        let output = rpc_run(&[help]);
+        assert_eq!(output.status.code(), Some(0), "{output:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        for flag in [
+            "--plugin",
+            "--threads ",
+            "--blocks ",
+            "--threads-x",
+            "--threads-y",
+            "--threads-z",
+            "--blocks-x",
+            "--blocks-y",
+            "--blocks-z",
+            "--device",
+            "--timeout",
+            "--inspect",
+            "--help",
+            "IMAGE",
+            "ARGS",
+        ] {
+            assert!(text.contains(flag), "{flag} not in: {text}");
+        }
+        assert!(text.contains("64 usage, 65 bad image"), "{text}");
+    }
+}
+
+#[test]
+fn numbers_out_of_range_are_usage_errors_that_name_the_range() {
+    let counts = "from 1 to 4294967295";
+    let cases: [(&[&str], &str); 7] = [
+        (&["--threads", "99999999999", "a"], counts),
+        (&["--blocks", "1,0", "a"], counts),
+        (&["--blocks-y", "-1", "a"], counts),
+        (&["--timeout", "1e300", "a"], "seconds from 0.001 to 604800"),
+        (&["--timeout", "2^64", "a"], "seconds from 0.001 to 604800"),
+        (
+            &["--timeout", "99999999999999999999", "a"],
+            "seconds from 0.001 to 604800",
+        ),
+        (&["--device", "1024", "a"], "from 0 to 1023"),
+    ];
+    for (args, says) in cases {
+        let output = rpc_run(args);
+        expect(&output, 64, says);
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("Usage: rpc-run"),
+            "{args:?}"
+        );
+    }
+}
+
+#[test]
+fn only_a_regular_file_is_read_and_only_one() {
+    expect(
+        &rpc_run(&["--inspect", "/dev/zero"]),
+        66,
+        "/dev/zero: not a regular file (a character device)",
+    );
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    expect(
+        &rpc_run(&["--inspect", dir.to_str().unwrap()]),
+        66,
+        "not a regular file (a directory)",
+    );
+    // A FIFO nobody writes: opening it must not wait, reading it must not start.
+    let fifo = dir.join("image.fifo");
+    let _ = std::fs::remove_file(&fifo);
+    let path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `path` is a NUL-terminated string that lives across the call.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    expect(
+        &rpc_run(&["--inspect", fifo.to_str().unwrap()]),
+        66,
+        "not a regular file (a FIFO)",
+    );
+    let client = ".visible .global .align 8 .b8 __llvm_rpc_client[552];";
+    let image = scratch("one.ptx", &ptx(client, &["_start"]));
+    let image = image.to_str().unwrap();
+    expect(
+        &rpc_run(&["--inspect", image, image]),
+        64,
+        "'--inspect' cannot be used with",
+    );
+}
+
+#[test]
+fn an_image_past_the_bound_is_refused_and_the_magic_is_read_first() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    // Sparse files: no disk, and reading either whole would pass the address-space limit.
+    let huge = dir.join("huge.ptx");
+    let file = std::fs::File::create(&huge).unwrap();
+    file.set_len((1 << 30) + 1).unwrap();
+    expect(
+        &rpc_run(&["--inspect", huge.to_str().unwrap()]),
+        65,
+        "1073741825 bytes, more than an image may have (1073741824 bytes, 1 GiB)",
+    );
+    let zeros = dir.join("zeros.bin");
+    let file = std::fs::File::create(&zeros).unwrap();
+    file.set_len(1 << 30).unwrap();
+    expect(&rpc_run(&[zeros.to_str().unwrap()]), 65, "not a GPU image");
+    std::fs::remove_file(&huge).unwrap();
+    std::fs::remove_file(&zeros).unwrap();
+}
+
+#[test]
+fn a_truncated_ptx_is_a_bad_image() {
+    let client = ".visible .global .align 8 .b8 __llvm_rpc_client[552];";
+    let whole = ptx(client, &["_begin", "_start", "_end"]);
+    let cases = [
+        (
+            whole.find("_start()").unwrap() + 8,
+            "ends inside `.entry _start`",
+        ),
+        (whole.find("[552]").unwrap() + 3, "has no end"),
+        (whole.find(".target").unwrap(), "no `.target` directive"),
+    ];
+    for (at, says) in cases {
+        let image = scratch("truncated.ptx", &whole[..at]);
+        expect(&rpc_run(&["--inspect", image.to_str().unwrap()]), 65, says);
+        expect(&rpc_run(&[image.to_str().unwrap()]), 65, says);
+    }
 }
 
 /// Where this machine has a CUDA driver the run gets further; here it must be "no device".
@@ -163,12 +295,12 @@ fn a_plugin_library_in_rpc_plugin_path_is_the_one_used() {
     assert!(status.success());
     let client = ".visible .global .align 8 .b8 __llvm_rpc_client[552];";
     let image = scratch("loaded.ptx", &ptx(client, &["_begin", "_start", "_end"]));
-    let output = Command::new(env!("CARGO_BIN_EXE_rpc-run"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-run"));
+    command
         .arg(&image)
         .env("RPC_PLUGIN_PATH", &dir)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("rpc-run runs");
+        .env_remove("RUST_LOG");
+    let output = bounded::output(command);
     expect(
         &output,
         69,
