@@ -171,7 +171,8 @@ impl RawMemory {
     }
 
     pub(crate) fn addr(&self) -> u64 {
-        self.ptr as u64
+        // An address to compare and look up by, never cast back to a pointer.
+        self.ptr.addr() as u64
     }
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr
@@ -510,14 +511,16 @@ impl DeviceAllocator for HostAllocator {
         }
         // RMW: one more live block (Relaxed: a count only, ordering nothing).
         self.live.fetch_add(1, Ordering::Relaxed);
-        Ok(ptr as u64)
+        // Exposed: `deallocate` turns the address back into this pointer.
+        Ok(ptr.expose_provenance() as u64)
     }
 
     unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), VendorError> {
         let layout = block_layout(size)?;
+        let ptr = std::ptr::with_exposed_provenance_mut::<u8>(usize::try_from(addr)?);
         // SAFETY: the caller's contract: `addr` came from `allocate(size)`, so from `alloc`
-        // with this same layout, and was not freed since.
-        unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
+        // with this same layout, and was not freed since; `allocate` exposed its provenance.
+        unsafe { std::alloc::dealloc(ptr, layout) };
         // RMW: one block fewer.
         self.live.fetch_sub(1, Ordering::Relaxed);
         Ok(())
