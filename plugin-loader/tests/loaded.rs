@@ -208,6 +208,32 @@ fn the_host_plugin_linked_in_and_loaded_serves_twice_independently() {
     }
 }
 
+/// A loaded `libplugin_host.so` carries its own copy of plugin-host, whose image registry
+/// is not the program's: it runs native shared objects (above), and refuses, saying so, the
+/// bytes of a `HostImage` the program registered, which the linked-in plugin runs.
+#[test]
+fn a_loaded_host_plugin_runs_native_images_not_the_programs_host_images() {
+    let image = HostImage::new("rust kernels")
+        .without_rpc()
+        .kernel("nothing", |_| {})
+        .into_bytes();
+    let loaded = open("host");
+    let error = loaded.load_image(0, &image).unwrap_err().to_string();
+    assert!(
+        error.contains("a loaded libplugin_host.so runs native shared objects")
+            && error.contains("rust kernels"),
+        "{error}"
+    );
+    let linked = PluginRuntime::new(
+        HostPlugin::new(HostConfig::default()),
+        ServerConfig::default(),
+    )
+    .unwrap();
+    let id = Runtime::load_image(&linked, 0, &image).unwrap();
+    Runtime::launch(&linked, id, "nothing", &[], Grid::linear(1, 32)).unwrap();
+    assert_eq!(Runtime::synchronize(&linked, 0).unwrap(), None);
+}
+
 /// A C program loads `libplugin_host.so` through the header, registers a handler, runs a
 /// native kernel, stops the server (twice) and deinitialises (tests/c/host.c).
 #[test]
