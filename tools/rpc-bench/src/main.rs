@@ -47,30 +47,76 @@ use rpc_core::protocol::Generation;
 use measure::Hog;
 use target::{Binaries, Server, Setup};
 
-const USAGE: &str =
-    "usage: rpc-bench [--quick] [--float] [--latency-only | --stream-only 1|32 | --printf-only | \
-                     --pipelined-only [increment|printf|stream] | --idle-only] \
-                     [--park-us N] [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] \
-                     [--out DIR]";
+/// The command line. `xtask/src/bench.rs` passes `--rpc-serve`, `--out`, `--peer-v1`/`-v2`
+/// and, from its own command line, `--quick`, `--float`, `--latency-only` and `--park-us`
+/// (which it checks against the same range first).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "rpc-bench",
+    about = "The performance table of `cargo xtask bench`: rpc-core's server in process, \
+             rpc-serve and LLVM's server across processes (docs/performance.md)"
+)]
+struct Cli {
+    /// Short windows and few rounds (about a minute) instead of the full run.
+    #[arg(long)]
+    quick: bool,
+    /// Leave thread placement to the scheduler instead of pinning clients and servers to
+    /// two CPUs.
+    #[arg(long)]
+    float: bool,
+    /// Only the round trips, quiet and loaded.
+    #[arg(long, group = "part")]
+    latency_only: bool,
+    /// Only the stream row of LANES lanes (to profile a server on it).
+    #[arg(long, group = "part", value_name = "LANES", value_parser = ["1", "32"])]
+    stream_only: Option<String>,
+    /// Only the printf lines rows.
+    #[arg(long, group = "part")]
+    printf_only: bool,
+    /// Only the pipelined rows, or those of one kind of exchange.
+    #[arg(long, group = "part", value_name = "KIND", num_args = 0..=1,
+          value_parser = ["increment", "printf", "stream"])]
+    pipelined_only: Option<Option<String>>,
+    /// Only the idle CPU and wake-up rows.
+    #[arg(long, group = "part")]
+    idle_only: bool,
+    /// The servers' park in microseconds (ServerConfig::park), instead of its default.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(PARK_US_RANGE))]
+    park_us: Option<u64>,
+    /// rpc-serve's binary: measure it across processes.
+    #[arg(long, value_name = "PATH")]
+    rpc_serve: Option<PathBuf>,
+    /// LLVM's v1 server (llvm-peer-22): measure it across processes.
+    #[arg(long, value_name = "PATH")]
+    peer_v1: Option<PathBuf>,
+    /// LLVM's v2 server (llvm-peer-23): measure it across processes.
+    #[arg(long, value_name = "PATH")]
+    peer_v2: Option<PathBuf>,
+    /// Where bench-{quick,full}.{json,md,svg} go.
+    #[arg(long, value_name = "DIR", default_value = "target/bench")]
+    out: PathBuf,
+}
+
+/// `--park-us`'s range, as `cargo xtask bench` checks it.
+const PARK_US_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 
 fn main() -> ExitCode {
-    match parse(std::env::args().skip(1)) {
-        Ok((settings, part, binaries, out)) => match run(settings, part, &binaries, out) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(why) => {
-                eprintln!("rpc-bench: {why}");
-                ExitCode::FAILURE
-            }
-        },
+    // `--help` prints and exits 0; a refused command line prints why and the usage, exit 2.
+    let cli = <Cli as clap::Parser>::parse();
+    PIN.store(!cli.float, Ordering::Relaxed);
+    PARK_US.store(cli.park_us.unwrap_or(0), Ordering::Relaxed);
+    let (settings, part, binaries, out) = parse(cli);
+    match run(settings, part, &binaries, out) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(why) => {
-            eprintln!("rpc-bench: {why}\n{USAGE}");
-            ExitCode::from(2)
+            eprintln!("rpc-bench: {why}");
+            ExitCode::FAILURE
         }
     }
 }
 
 /// Which rows a run measures.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Part {
     All,
     /// `--latency-only`: the round trips, quiet and loaded.
@@ -87,63 +133,38 @@ enum Part {
     Idle,
 }
 
-fn parse(
-    args: impl Iterator<Item = String>,
-) -> Result<(Settings, Part, Binaries, PathBuf), String> {
-    let (mut quick, mut part) = (false, Part::All);
-    let mut binaries = Binaries {
-        rpc_serve: None,
-        peer_v1: None,
-        peer_v2: None,
+/// What the command line asks for, but for the flags `main` keeps in statics (`--float`,
+/// `--park-us`).
+fn parse(cli: Cli) -> (Settings, Part, Binaries, PathBuf) {
+    let pipelined = |name: &str| {
+        measure::Pipelined::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
     };
-    let mut out = PathBuf::from("target/bench");
-    let mut args = args.peekable();
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--float" => PIN.store(false, Ordering::Relaxed),
-            "--latency-only" => part = Part::Latency,
-            "--pipelined-only" => {
-                let kind = args.next_if(|next| !next.starts_with("--"));
-                let kind = kind.map(|name| {
-                    measure::Pipelined::ALL
-                        .into_iter()
-                        .find(|kind| kind.name() == name)
-                        .ok_or(format!(
-                            "--pipelined-only takes increment, printf or stream, not {name:?}"
-                        ))
-                });
-                part = Part::Pipelined(kind.transpose()?);
-            }
-            "--idle-only" => part = Part::Idle,
-            "--printf-only" => part = Part::Printf,
-            "--stream-only" => {
-                part = match value()?.as_str() {
-                    "1" => Part::Stream(1),
-                    "32" => Part::Stream(32),
-                    _ => return Err("--stream-only takes 1 or 32 (lanes)".into()),
-                }
-            }
-            "--park-us" => {
-                let us: u64 = value()?
-                    .parse()
-                    .map_err(|_| "--park-us needs a number of microseconds")?;
-                PARK_US.store(us, Ordering::Relaxed);
-            }
-            "--rpc-serve" => binaries.rpc_serve = Some(value()?.into()),
-            "--peer-v1" => binaries.peer_v1 = Some(value()?.into()),
-            "--peer-v2" => binaries.peer_v2 = Some(value()?.into()),
-            "--out" => out = value()?.into(),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    let settings = if quick {
+    let part = if cli.latency_only {
+        Part::Latency
+    } else if let Some(lanes) = cli.stream_only {
+        Part::Stream(if lanes == "1" { 1 } else { 32 })
+    } else if cli.printf_only {
+        Part::Printf
+    } else if let Some(kind) = cli.pipelined_only {
+        Part::Pipelined(kind.as_deref().and_then(pipelined))
+    } else if cli.idle_only {
+        Part::Idle
+    } else {
+        Part::All
+    };
+    let settings = if cli.quick {
         Settings::QUICK
     } else {
         Settings::FULL
     };
-    Ok((settings, part, binaries, out))
+    let binaries = Binaries {
+        rpc_serve: cli.rpc_serve,
+        peer_v1: cli.peer_v1,
+        peer_v2: cli.peer_v2,
+    };
+    (settings, part, binaries, cli.out)
 }
 
 /// How long and how often to measure.
@@ -1125,17 +1146,70 @@ mod tests {
         assert_eq!(rows[0].values, [1.0, 2.0]);
     }
 
+    /// `args` as rpc-bench reads them, or clap's refusal.
+    fn cli(args: &[&str]) -> Result<Cli, clap::Error> {
+        let args = std::iter::once("rpc-bench").chain(args.iter().copied());
+        <Cli as clap::Parser>::try_parse_from(args)
+    }
+
+    fn parsed(args: &[&str]) -> Result<(Settings, Part, Binaries, PathBuf), clap::Error> {
+        cli(args).map(parse)
+    }
+
     #[test]
     fn pipelined_only_takes_an_optional_kind() {
         let part = |args: &[&str]| {
-            parse(args.iter().map(|arg| arg.to_string()))
+            parsed(args)
+                .ok()
                 .map(|(settings, part, _, _)| (settings.reps == Settings::QUICK.reps, part))
         };
-        assert!(part(&["--pipelined-only"]) == Ok((false, Part::Pipelined(None))));
+        assert_eq!(
+            part(&["--pipelined-only"]),
+            Some((false, Part::Pipelined(None)))
+        );
         let printf = Part::Pipelined(Some(measure::Pipelined::Printf));
-        assert!(part(&["--pipelined-only", "printf", "--quick"]) == Ok((true, printf)));
+        assert_eq!(
+            part(&["--pipelined-only", "printf", "--quick"]),
+            Some((true, printf))
+        );
         let any = Part::Pipelined(None);
-        assert!(part(&["--pipelined-only", "--quick"]) == Ok((true, any)));
-        assert!(part(&["--pipelined-only", "bogus"]).is_err());
+        assert_eq!(part(&["--pipelined-only", "--quick"]), Some((true, any)));
+        assert_eq!(part(&["--pipelined-only", "bogus"]), None);
+        // One part at a time.
+        assert_eq!(part(&["--latency-only", "--idle-only"]), None);
+    }
+
+    /// What `cargo xtask bench` passes is taken; `--park-us` has xtask's range, named in
+    /// the refusal.
+    #[test]
+    fn the_flags_xtask_passes_are_taken_and_park_us_has_its_range() {
+        let args = [
+            "--rpc-serve",
+            "target/release/rpc-serve",
+            "--out",
+            "target/bench",
+            "--peer-v1",
+            "p1",
+            "--peer-v2",
+            "p2",
+            "--quick",
+            "--float",
+            "--latency-only",
+            "--park-us",
+            "1000000",
+        ];
+        let taken = cli(&args).unwrap();
+        assert!(taken.float && taken.park_us == Some(1_000_000));
+        let (settings, part, binaries, out) = parse(taken);
+        assert_eq!((settings.name, part), ("quick", Part::Latency));
+        assert_eq!(binaries.peer_v2.as_deref(), Some(Path::new("p2")));
+        assert_eq!(out, Path::new("target/bench"));
+        for bad in ["0", "4294967296", "1000001", "-1", "x"] {
+            let error = parsed(&["--park-us", bad]).err().unwrap();
+            assert_eq!(error.exit_code(), 2, "{bad}");
+            if bad != "x" && bad != "-1" {
+                assert!(error.to_string().contains("1..=1000000"), "{bad}: {error}");
+            }
+        }
     }
 }
