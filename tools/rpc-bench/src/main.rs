@@ -481,6 +481,8 @@ impl Report {
         self.median(what, Server::RpcServe, loaded) / self.median(what, Server::Llvm, loaded)
     }
 
+    /// The summary line: `name=value` for each figure the run measured; a figure it did not
+    /// (no LLVM peer, a part of the run left out) is absent, not NaN.
     fn summary(&self) -> String {
         let ip = |what: &str| self.median(what, Server::InProcess, false);
         let xp = |what: &str, loaded| self.median(what, Server::RpcServe, loaded);
@@ -489,31 +491,43 @@ impl Report {
             .find(&wake_row(SILENCES[2].1, ""), Server::InProcess, false)
             .map(Row::sorted)
             .unwrap_or_default();
-        format!(
-            "roundtrip_ns={:.1} pingpong_ns={:.1} roundtrip_ratio={:.2} scan_ratio={:.2} \
-             scan_ratio_xp_quiet={:.2} scan_ratio_xp_loaded={:.2} vs_llvm_n64_quiet={:.2} \
-             vs_llvm_n64_loaded={:.2} vs_llvm_n16384_quiet={:.2} vs_llvm_n16384_loaded={:.2} \
-             stream_mb_s={:.0} idle_cpu_pct={:.3} rpc_serve_idle_cpu_pct={:.3} \
-             silent_cpu_pct={:.2} silent_doorbell_cpu_pct={:.2} wake_us_p50={:.1} \
-             wake_us_p99={:.1}",
-            ip(&last(64)),
-            ip(PINGPONG),
-            ip(&last(64)) / ip(PINGPONG),
-            ip(&last(16384)) / ip(&last(64)),
-            xp(&last(16384), false) / xp(&last(64), false),
-            xp(&last(16384), true) / xp(&last(64), true),
-            self.vs_llvm(&last(64), false),
-            self.vs_llvm(&last(64), true),
-            self.vs_llvm(&last(16384), false),
-            self.vs_llvm(&last(16384), true),
-            ip(STREAM_L1),
-            ip(IDLE_NO_KERNEL),
-            self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
-            ip(&silent_row("")),
-            ip(&silent_row(RINGS)),
-            percentile(&wake, 50.0),
-            percentile(&wake, 99.0),
-        )
+        let figures: [(&str, f64, usize); 17] = [
+            ("roundtrip_ns", ip(&last(64)), 1),
+            ("pingpong_ns", ip(PINGPONG), 1),
+            ("roundtrip_ratio", ip(&last(64)) / ip(PINGPONG), 2),
+            ("scan_ratio", ip(&last(16384)) / ip(&last(64)), 2),
+            (
+                "scan_ratio_xp_quiet",
+                xp(&last(16384), false) / xp(&last(64), false),
+                2,
+            ),
+            (
+                "scan_ratio_xp_loaded",
+                xp(&last(16384), true) / xp(&last(64), true),
+                2,
+            ),
+            ("vs_llvm_n64_quiet", self.vs_llvm(&last(64), false), 2),
+            ("vs_llvm_n64_loaded", self.vs_llvm(&last(64), true), 2),
+            ("vs_llvm_n16384_quiet", self.vs_llvm(&last(16384), false), 2),
+            ("vs_llvm_n16384_loaded", self.vs_llvm(&last(16384), true), 2),
+            ("stream_mb_s", ip(STREAM_L1), 0),
+            ("idle_cpu_pct", ip(IDLE_NO_KERNEL), 3),
+            (
+                "rpc_serve_idle_cpu_pct",
+                self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
+                3,
+            ),
+            ("silent_cpu_pct", ip(&silent_row("")), 2),
+            ("silent_doorbell_cpu_pct", ip(&silent_row(RINGS)), 2),
+            ("wake_us_p50", percentile(&wake, 50.0), 1),
+            ("wake_us_p99", percentile(&wake, 99.0), 1),
+        ];
+        figures
+            .iter()
+            .filter(|(_, value, _)| value.is_finite())
+            .map(|(name, value, digits)| format!("{name}={value:.digits$}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// Every row, one line per server and regime.
@@ -603,54 +617,88 @@ impl Report {
         })
     }
 
-    /// The medians the picture plots: per server and regime, latency of port N-1 against N
-    /// (ns), and wake-up latency p50 against silence (µs), the in-process server's with a v2
-    /// doorbell as a series of its own.
-    fn series(&self) -> (Vec<svg::Series>, Vec<svg::Series>) {
-        let mut by_ports = Vec::new();
-        let mut by_silence = Vec::new();
-        for server in [Server::InProcess, Server::RpcServe, Server::Llvm] {
+    /// The picture ([`svg::plot`]): per server and regime, latency of port N-1 against N
+    /// (ns) and wake-up latency against silence (µs, the in-process server's with a v2
+    /// doorbell as a series of its own), and the throughput rows of every server.
+    fn picture(&self) -> String {
+        let point = |x: f64, row: &Row| svg::Point {
+            x,
+            median: row.median(),
+            min: row.min(),
+            max: row.max(),
+        };
+        let servers = [Server::InProcess, Server::RpcServe, Server::Llvm];
+        let mut latency = Vec::new();
+        for (colour, &server) in servers.iter().enumerate() {
             for loaded in [false, true] {
-                let points: Vec<(f64, f64)> = SHAPES
+                let points: Vec<svg::Point> = SHAPES
                     .iter()
                     .filter_map(|&(_, n)| {
                         let row =
                             self.find(&format!("roundtrip N={n} port {}", n - 1), server, loaded)?;
-                        Some((f64::from(n), row.median()))
+                        Some(point(f64::from(n), row))
                     })
                     .collect();
                 if !points.is_empty() {
-                    by_ports.push(svg::Series {
-                        name: format!(
-                            "{}, {}",
-                            server.name(),
-                            if loaded { "loaded" } else { "quiet" }
-                        ),
+                    let regime = if loaded { "loaded" } else { "quiet" };
+                    latency.push(svg::Series {
+                        name: format!("{}, {regime}", server.name()),
+                        colour,
+                        loaded,
                         points,
                     });
                 }
             }
         }
-        let wake_series = [Server::InProcess, Server::RpcServe, Server::Llvm]
-            .map(|server| (server, ""))
-            .into_iter()
-            .chain([(Server::InProcess, RINGS)]);
-        for (server, rung) in wake_series {
-            let points: Vec<(f64, f64)> = SILENCES
+        let wake_series = servers
+            .iter()
+            .enumerate()
+            .map(|(colour, &server)| (colour, server, ""))
+            .chain([(servers.len(), Server::InProcess, RINGS)]);
+        let mut wake = Vec::new();
+        for (colour, server, rung) in wake_series {
+            let points: Vec<svg::Point> = SILENCES
                 .iter()
                 .filter_map(|&(silence, label)| {
                     let row = self.find(&wake_row(label, rung), server, false)?;
-                    Some((silence.as_secs_f64() * 1e6, row.median()))
+                    Some(point(silence.as_secs_f64() * 1e6, row))
                 })
                 .collect();
             if !points.is_empty() {
-                by_silence.push(svg::Series {
+                wake.push(svg::Series {
                     name: format!("{}{rung}", server.name()),
+                    colour,
+                    loaded: false,
                     points,
                 });
             }
         }
-        (by_ports, by_silence)
+        // The throughput rows, in the order measured: printf, then the pipelined rows.
+        let mut rows: Vec<String> = Vec::new();
+        for row in &self.rows {
+            let rate = row.what == PRINTF || row.what.starts_with("pipelined ");
+            if rate && !row.loaded && !rows.contains(&row.what) {
+                rows.push(row.what.clone());
+            }
+        }
+        let series = servers
+            .iter()
+            .enumerate()
+            .filter_map(|(colour, &server)| {
+                let points: Vec<svg::Point> = rows
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, what)| Some(point(i as f64, self.find(what, server, false)?)))
+                    .collect();
+                (!points.is_empty()).then(|| svg::Series {
+                    name: server.name().into(),
+                    colour,
+                    loaded: false,
+                    points,
+                })
+            })
+            .collect();
+        svg::plot(&latency, &wake, &svg::Rates { rows, series })
     }
 }
 
@@ -1023,8 +1071,7 @@ fn write(report: Report, dir: &std::path::Path, started: Instant) -> Result<(), 
     let path = |ext: &str| dir.join(format!("bench-{name}.{ext}"));
     let json = serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?;
     let md = format!("{comparison}\n{table}\n```\n{}\n```\n", report.summary());
-    let (by_ports, by_silence) = report.series();
-    let picture = svg::plot(&by_ports, &by_silence);
+    let picture = report.picture();
     for (ext, text) in [("json", &json), ("md", &md), ("svg", &picture)] {
         std::fs::write(path(ext), text).map_err(|e| format!("{}: {e}", path(ext).display()))?;
     }
@@ -1074,6 +1121,180 @@ mod tests {
         );
         assert_eq!(report.vs_llvm("roundtrip N=64 port 63", false), 0.5);
         assert!(report.summary().contains("vs_llvm_n64_quiet=0.50"));
+    }
+
+    /// A report of every row the picture and the summary read, values spread over three
+    /// repetitions: in-process and rpc-serve, and LLVM's server with `llvm`.
+    fn synthetic(llvm: bool) -> Report {
+        let mut servers = vec![Server::InProcess, Server::RpcServe];
+        if llvm {
+            servers.push(Server::Llvm);
+        }
+        let spread = |median: f64| [median * 0.8, median, median * 1.5];
+        let mut rows = vec![row(PINGPONG, Server::InProcess, false, &spread(200.0))];
+        for (k, &server) in servers.iter().enumerate() {
+            let base = 300.0 * (k + 1) as f64;
+            for loaded in [false, true] {
+                for &(_, n) in &SHAPES {
+                    let ns = base * f64::from(n).sqrt() / 8.0 * if loaded { 6.0 } else { 1.0 };
+                    let what = format!("roundtrip N={n} port {}", n - 1);
+                    rows.push(row(&what, server, loaded, &spread(ns)));
+                }
+            }
+            for (silence, label) in SILENCES {
+                let us = 5.0 + silence.as_secs_f64() * 1e4 * (k + 1) as f64;
+                rows.push(row(&wake_row(label, ""), server, false, &spread(us)));
+            }
+            rows.push(row(PRINTF, server, false, &spread(2e5 / (k + 1) as f64)));
+            for kind in measure::Pipelined::ALL {
+                for m in [PIPELINED_PORTS, 1] {
+                    let what = format!("pipelined {} M={m} D=0us", kind.name());
+                    let rate = 1e5 * f64::from(m).sqrt() / (k + 1) as f64;
+                    rows.push(row(&what, server, false, &spread(rate)));
+                }
+            }
+        }
+        for (_, label) in SILENCES {
+            rows.push(row(
+                &wake_row(label, RINGS),
+                Server::InProcess,
+                false,
+                &spread(60.0),
+            ));
+        }
+        Report {
+            settings: Settings::QUICK,
+            rows,
+        }
+    }
+
+    /// The attributes of every `<NAME ...>` tag of `svg` (as plotters writes them:
+    /// `key="value"`, no `"` inside values).
+    fn tags<'s>(svg: &'s str, name: &str) -> Vec<std::collections::HashMap<&'s str, &'s str>> {
+        let open = format!("<{name} ");
+        svg.split(open.as_str())
+            .skip(1)
+            .map(|rest| {
+                let body = &rest[..rest.find('>').unwrap()];
+                body.split('"')
+                    .collect::<Vec<_>>()
+                    .chunks(2)
+                    .filter(|pair| pair.len() == 2)
+                    .map(|pair| (pair[0].trim().trim_end_matches('='), pair[1]))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// An axis-aligned box: left, top, right, bottom.
+    type Box4 = [f64; 4];
+
+    fn number(tag: &std::collections::HashMap<&str, &str>, key: &str) -> f64 {
+        tag[key].parse().unwrap()
+    }
+
+    fn rects(svg: &str, key: &str, value: &str) -> Vec<Box4> {
+        tags(svg, "rect")
+            .iter()
+            .filter(|tag| tag.get(key) == Some(&value))
+            .map(|tag| {
+                let (x, y) = (number(tag, "x"), number(tag, "y"));
+                [x, y, x + number(tag, "width"), y + number(tag, "height")]
+            })
+            .collect()
+    }
+
+    /// The picture of a synthetic report, parsed: no plotted point touches a legend box,
+    /// every point lies inside a plotting area's frame, and each axis is fitted to its data
+    /// (the outermost points near the frame's edges, not a decade inside them).
+    #[test]
+    fn the_picture_keeps_its_legends_off_the_data_and_fits_its_axes_to_it() {
+        for llvm in [false, true] {
+            let servers = if llvm { 3 } else { 2 };
+            let svg = synthetic(llvm).picture();
+            // To look at the pictures: RPC_BENCH_PICTURE_DIR=DIR cargo test -p rpc-bench.
+            if let Some(dir) = std::env::var_os("RPC_BENCH_PICTURE_DIR") {
+                std::fs::write(
+                    std::path::Path::new(&dir).join(format!("synthetic-{llvm}.svg")),
+                    &svg,
+                )
+                .unwrap();
+            }
+            let hex = |c: plotters::style::RGBColor| format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2);
+            let legends = rects(&svg, "fill", &hex(svg::LEGEND_FILL));
+            let frames = rects(&svg, "stroke", &hex(svg::FRAME));
+            assert_eq!(
+                (legends.len(), frames.len()),
+                (3, 3),
+                "a legend and a frame a panel"
+            );
+            let circles: Vec<(f64, f64, f64)> = tags(&svg, "circle")
+                .iter()
+                .map(|c| (number(c, "cx"), number(c, "cy"), number(c, "r")))
+                .collect();
+            let touches = |b: &Box4, &(x, y, r): &(f64, f64, f64)| {
+                x + r >= b[0] && x - r <= b[2] && y + r >= b[1] && y - r <= b[3]
+            };
+            // Entries: a series per server and regime; per server and the doorbell; per server.
+            let entries = [2 * servers, servers + 1, servers];
+            for (legend, entries) in legends.iter().zip(entries) {
+                let inside = circles.iter().filter(|c| touches(legend, c)).count();
+                assert_eq!(
+                    inside, entries,
+                    "only the legend's own markers in {legend:?}"
+                );
+            }
+            let plotted: Vec<_> = circles
+                .iter()
+                .filter(|c| !legends.iter().any(|b| touches(b, c)))
+                .collect();
+            // 4 shapes x 2 regimes, 3 silences (+ 3 doorbell), 7 rates, per server.
+            assert_eq!(plotted.len(), servers * (8 + 3 + 7) + 3);
+            // The throughput axis also holds the bars, up to 1.5 times a median here.
+            for (frame, slack) in frames.iter().zip([0.12, 0.12, 0.25]) {
+                let here: Vec<_> = plotted.iter().filter(|c| touches(frame, c)).collect();
+                assert!(!here.is_empty(), "{frame:?}");
+                let width = frame[2] - frame[0];
+                let left = here.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
+                let right = here.iter().map(|c| c.0).fold(0.0, f64::max);
+                assert!(
+                    left - frame[0] < slack * width,
+                    "x fitted at the left: {frame:?}"
+                );
+                assert!(
+                    frame[2] - right < slack * width,
+                    "x fitted at the right: {frame:?}"
+                );
+            }
+            for c in &plotted {
+                let inside = |f: &&Box4| f[0] <= c.0 && c.0 <= f[2] && f[1] <= c.1 && c.1 <= f[3];
+                assert_eq!(frames.iter().filter(inside).count(), 1, "{c:?} in a frame");
+            }
+        }
+    }
+
+    /// Without LLVM's server the `vs_llvm_*` figures are absent from the summary (and the
+    /// JSON), not NaN; with it they are there.
+    #[test]
+    fn the_summary_leaves_out_what_was_not_measured_rather_than_print_nan() {
+        let alone = synthetic(false);
+        for summary in [
+            alone.summary(),
+            alone.json()["summary"].as_str().unwrap().to_string(),
+        ] {
+            assert!(
+                !summary.contains("NaN") && !summary.contains("inf"),
+                "{summary}"
+            );
+            assert!(!summary.contains("vs_llvm"), "{summary}");
+            assert!(summary.starts_with("roundtrip_ns="), "{summary}");
+        }
+        let against = synthetic(true).summary();
+        assert!(against.contains("vs_llvm_n64_quiet=0.67"), "{against}");
+        assert!(against.contains("vs_llvm_n16384_loaded="), "{against}");
+        assert!(!serde_json::to_string(&alone.json())
+            .unwrap()
+            .contains("NaN"));
     }
 
     #[test]
