@@ -118,17 +118,39 @@ pub fn log_range(values: impl IntoIterator<Item = f64>) -> Option<(f64, f64)> {
 /// The ticks of a log axis from `lo` to `hi`: 1, 2 and 5 times the powers of ten between them
 /// (plotters' own crowd their labels over a decade or less).
 fn log_keys(lo: f64, hi: f64) -> Vec<f64> {
+    // Over more than three decades, the powers of ten alone.
+    let steps: &[f64] = if hi / lo > 1e3 {
+        &[1.0]
+    } else {
+        &[1.0, 2.0, 5.0]
+    };
     let mut keys = Vec::new();
     let mut decade = 10f64.powf(lo.log10().floor());
     while decade <= hi {
         keys.extend(
-            [decade, 2.0 * decade, 5.0 * decade]
-                .into_iter()
+            steps
+                .iter()
+                .map(|step| step * decade)
                 .filter(|k| (lo..=hi).contains(k)),
         );
         decade *= 10.0;
     }
     keys
+}
+
+/// A value as a log axis from `lo` can show it: a 0 (a repetition in which nothing
+/// completed, say) at the start of the axis.
+fn at_least(lo: f64) -> impl Fn(f64) -> f64 {
+    move |v| if v > lo { v } else { lo }
+}
+
+/// The legend's note on values of 0, where there are any.
+fn zero_note<'p>(mut points: impl Iterator<Item = &'p Point>) -> &'static str {
+    if points.any(|p| p.min <= 0.0 || p.min.is_nan()) {
+        " A 0 is drawn at the start of the axis."
+    } else {
+        ""
+    }
 }
 
 /// A value as an axis label: at most three figures, with k or M.
@@ -219,11 +241,12 @@ fn log_panel(
         .draw()
         .map_err(|e| e.to_string())?;
     frame(&chart)?;
+    let y = at_least(y0);
     for s in series {
         let line: Vec<(f64, f64)> = s
             .points
             .iter()
-            .map(|p| (dodged(s, p.x), p.median))
+            .map(|p| (dodged(s, p.x), y(p.median)))
             .collect();
         if s.loaded {
             chart.draw_series(DashedLineSeries::new(line, 7, 5, style(s)))
@@ -233,22 +256,25 @@ fn log_panel(
         .map_err(|e| e.to_string())?;
         for p in &s.points {
             let x = dodged(s, p.x);
-            spread(&mut chart, s, [(x, p.min), (x, p.max)], true)?;
+            spread(&mut chart, s, [(x, y(p.min)), (x, y(p.max))], true)?;
             chart
-                .draw_series([Circle::new((x, p.median), 4, marker(s))])
+                .draw_series([Circle::new((x, y(p.median)), 4, marker(s))])
                 .map_err(|e| e.to_string())?;
         }
     }
-    let note = if series.iter().any(|s| s.loaded) {
-        "bars: least to greatest of the repetitions; solid, filled: quiet; dashed, hollow: \
-         loaded (a CPU kept busy)"
+    let regimes = if series.iter().any(|s| s.loaded) {
+        "solid, filled: quiet; dashed, hollow: loaded (a CPU kept busy)."
     } else {
-        "bars: least to greatest of the repetitions; quiet regime"
+        "quiet regime."
     };
+    let note = format!(
+        "bars: least to greatest of the repetitions; {regimes}{}",
+        zero_note(points().map(|(_, p)| p))
+    );
     legend(
         &legend_area,
         series.iter().map(|s| (s.name.as_str(), s)),
-        note,
+        &note,
     )
 }
 
@@ -428,19 +454,23 @@ fn rates_panel(area: &Area<'_>, rates: &Rates) -> Result<(), String> {
         .draw()
         .map_err(|e| e.to_string())?;
     frame(&chart)?;
+    let x = at_least(x0);
     for (k, s) in rates.series.iter().enumerate() {
         for p in &s.points {
             let y = y_of(k, p.x);
-            spread(&mut chart, s, [(p.min, y), (p.max, y)], false)?;
+            spread(&mut chart, s, [(x(p.min), y), (x(p.max), y)], false)?;
             chart
-                .draw_series([Circle::new((p.median, y), 4, marker(s))])
+                .draw_series([Circle::new((x(p.median), y), 4, marker(s))])
                 .map_err(|e| e.to_string())?;
         }
     }
     legend(
         &legend_area,
         rates.series.iter().map(|s| (s.name.as_str(), s)),
-        "bars: least to greatest of the repetitions; quiet regime",
+        &format!(
+            "bars: least to greatest of the repetitions; quiet regime.{}",
+            zero_note(rates.series.iter().flat_map(|s| &s.points))
+        ),
     )
 }
 
