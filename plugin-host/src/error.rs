@@ -6,8 +6,12 @@ pub enum HostError {
     /// A configuration the plugin cannot honour.
     #[error("bad host plugin configuration: {0}")]
     Config(String),
-    /// Image bytes that name no registered host image.
-    #[error("not a registered host image: {0}")]
+    /// Image bytes that name no host image registered with this copy of plugin-host (a
+    /// loaded `libplugin_host.so` has a registry of its own: it runs native shared objects).
+    #[error(
+        "not a host image registered in this copy of plugin-host (a loaded libplugin_host.so \
+         runs native shared objects, not the program's HostImages): {0}"
+    )]
     UnknownImage(String),
     /// A native image (a shared object) that cannot be loaded, and why.
     #[error("native image: {0}")]

@@ -20,7 +20,7 @@
 
 use std::alloc::Layout as AllocLayout;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -171,7 +171,8 @@ impl RawMemory {
     }
 
     pub(crate) fn addr(&self) -> u64 {
-        self.ptr as u64
+        // An address to compare and look up by, never cast back to a pointer.
+        self.ptr.addr() as u64
     }
     pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr
@@ -473,11 +474,23 @@ mod tests {
 
 /// Host memory as "device" memory for MALLOC: raw blocks from `std::alloc` (the device is the
 /// host; the server aligns the blocks and frees what kernels forgot at detach).
+///
+/// The blocks are kept by address with the pointers `alloc` returned, and `deallocate` frees
+/// that pointer: an address is never turned back into a pointer here (strict provenance, so
+/// miri checks every access through it). The address handed out is exposed, as a device's
+/// kernels reach the block through it.
 #[derive(Default)]
 pub struct HostAllocator {
-    /// Blocks allocated and not yet freed.
-    live: AtomicUsize,
+    /// The blocks not yet freed, by address.
+    blocks: Mutex<std::collections::HashMap<u64, Block>>,
 }
+
+/// A block `alloc` returned, with its layout.
+struct Block(std::ptr::NonNull<u8>, AllocLayout);
+
+// SAFETY: a block is plain heap memory owned by its allocator's table; it may be freed from
+// any thread, and the pointer is only read under the table's mutex.
+unsafe impl Send for Block {}
 
 /// The alignment of a block: what `malloc` gives, enough for any scalar.
 const BLOCK_ALIGN: usize = 16;
@@ -489,7 +502,7 @@ impl HostAllocator {
     }
     /// Blocks not yet freed.
     pub fn live(&self) -> usize {
-        self.live.load(Ordering::Relaxed)
+        lock(&self.blocks).len()
     }
 }
 
@@ -505,21 +518,27 @@ impl DeviceAllocator for HostAllocator {
         let layout = block_layout(size)?;
         // SAFETY: `layout` has a non-zero size.
         let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
-            return Err(format!("out of host memory for {size} bytes").into());
-        }
-        // RMW: one more live block (Relaxed: a count only, ordering nothing).
-        self.live.fetch_add(1, Ordering::Relaxed);
-        Ok(ptr as u64)
+        let ptr = std::ptr::NonNull::new(ptr)
+            .ok_or_else(|| format!("out of host memory for {size} bytes"))?;
+        // Exposed: the device reaches the block through its address.
+        let addr = ptr.as_ptr().expose_provenance() as u64;
+        lock(&self.blocks).insert(addr, Block(ptr, layout));
+        Ok(addr)
     }
 
     unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), VendorError> {
         let layout = block_layout(size)?;
-        // SAFETY: the caller's contract: `addr` came from `allocate(size)`, so from `alloc`
-        // with this same layout, and was not freed since.
-        unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
-        // RMW: one block fewer.
-        self.live.fetch_sub(1, Ordering::Relaxed);
+        let mut blocks = lock(&self.blocks);
+        let Some(Block(ptr, allocated)) = blocks.remove(&addr) else {
+            return Err(format!("{addr:#x} is no live block").into());
+        };
+        if allocated != layout {
+            blocks.insert(addr, Block(ptr, allocated));
+            return Err(format!("{addr:#x} freed by another size ({size} bytes)").into());
+        }
+        // SAFETY: `ptr` came from `alloc` with `layout` and was not freed since: it was in the
+        // table, which it just left.
+        unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
         Ok(())
     }
 }
@@ -538,6 +557,23 @@ mod allocator_tests {
         unsafe { allocator.deallocate(addr, 100) }.unwrap();
         assert_eq!(allocator.live(), 0);
         assert!(allocator.allocate(u64::MAX).is_err());
+        assert_eq!(allocator.live(), 0);
+    }
+
+    /// A free of an address that is no live block, or by another size, is an error that
+    /// leaves the blocks as they were (the address is looked up, never cast to a pointer).
+    #[test]
+    fn a_free_of_no_live_block_or_by_another_size_is_refused() {
+        let allocator = HostAllocator::new();
+        let addr = allocator.allocate(64).unwrap();
+        // SAFETY: refused before anything is freed (the point of the test).
+        unsafe {
+            assert!(allocator.deallocate(addr + 16, 48).is_err());
+            assert!(allocator.deallocate(addr, 4096).is_err());
+        }
+        assert_eq!(allocator.live(), 1);
+        // SAFETY: the block came from `allocate(64)` above and is freed once.
+        unsafe { allocator.deallocate(addr, 64) }.unwrap();
         assert_eq!(allocator.live(), 0);
     }
 }

@@ -8,9 +8,33 @@
 //!   (a mismatch names both), and initialises the plugin. A plugin whose driver is missing
 //!   opens fine: zero devices, and the reason.
 //!
-//! A library once opened stays loaded until the process ends. A [`LoadedPlugin`] is its own plugin instance with its own server thread, independent of a
-//! linked-in instance of the same plugin (the library carries its own copy of rpc-core).
-//! The rules of the ABI are in `docs/plugins.md`.
+//! A library once opened stays loaded until the process ends. A [`LoadedPlugin`] is its own
+//! plugin instance with its own server thread, independent of a linked-in instance of the
+//! same plugin (the library carries its own copy of rpc-core, and of the plugin: a loaded
+//! `libplugin_host.so` runs native shared objects, not the program's `plugin_host::HostImage`
+//! kernels, which a linked-in `PluginRuntime<HostPlugin>` runs). The rules of the ABI are in
+//! `docs/plugins.md`.
+//!
+//! The `init` flags [`LoadedPlugin::open`] takes are re-exported here from `plugin-abi`:
+//! [`RPC_INIT_RECORD_EXIT`] (a kernel's `exit`/`abort` comes back from `synchronize`
+//! instead of ending the process) and [`RPC_INIT_LOADER_SETTINGS`] (devices set up as LLVM's
+//! GPU loader sets them up); 0 for neither.
+//!
+//! ```no_run
+//! use plugin_loader::{find_plugins, plugin_name_of, LoadedPlugin, RPC_INIT_RECORD_EXIT};
+//! use rpc_core::Runtime;
+//!
+//! // `libplugin_host.so` from RPC_PLUGIN_PATH, else from the folder of this program.
+//! let here = std::env::current_exe()?.parent().map(std::path::Path::to_path_buf);
+//! let path = find_plugins(here.as_deref())
+//!     .into_iter()
+//!     .find(|path| plugin_name_of(path) == Some("host"))
+//!     .ok_or("no libplugin_host.so")?;
+//! let mut plugin = LoadedPlugin::open(&path, RPC_INIT_RECORD_EXIT)?;
+//! println!("{}: {} device(s)", plugin.plugin_name(), plugin.device_count());
+//! plugin.deinit()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![warn(missing_docs)]
 
@@ -26,6 +50,8 @@ use rpc_core::{
     ImageId, MailboxId, Opcode, PacketHandler, PluginError, Result, Runtime, ServerError, Started,
     StatsSnapshot, Stopped,
 };
+
+pub use plugin_abi::{RPC_INIT_LOADER_SETTINGS, RPC_INIT_RECORD_EXIT, RPC_PLUGIN_ABI_VERSION};
 
 /// The environment variable of the folders searched first (colon-separated).
 pub const PLUGIN_PATH_VAR: &str = "RPC_PLUGIN_PATH";
@@ -135,7 +161,8 @@ unsafe impl Send for LoadedPlugin {}
 unsafe impl Sync for LoadedPlugin {}
 
 impl LoadedPlugin {
-    /// Opens the plugin library at `path` and initialises it with the `RPC_INIT_` `flags`.
+    /// Opens the plugin library at `path` and initialises it with `flags`: 0, or
+    /// [`RPC_INIT_RECORD_EXIT`] and [`RPC_INIT_LOADER_SETTINGS`] or'ed together.
     pub fn open(path: &Path, flags: u32) -> std::result::Result<Self, LoadError> {
         let open_error = |e: libloading::Error| LoadError::Open(path.into(), e.to_string());
         // SAFETY: loading a library runs its initialisers; a plugin library's are Rust's and

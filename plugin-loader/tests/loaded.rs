@@ -45,6 +45,8 @@ fn libraries() -> &'static Path {
                 "-p",
                 "plugin-amdgpu-so",
             ])
+            // And the native host image written in Rust (`examples/native_kernel.rs`).
+            .args(["-p", "examples", "--example", "native_kernel"])
             .arg("--target-dir")
             .arg(&target)
             .status()
@@ -206,6 +208,56 @@ fn the_host_plugin_linked_in_and_loaded_serves_twice_independently() {
             rpc_core::Error::Server(rpc_core::ServerError::Deinitialised)
         );
     }
+}
+
+/// A loaded `libplugin_host.so` carries its own copy of plugin-host, whose image registry
+/// is not the program's: it runs native shared objects (above), and refuses, saying so, the
+/// bytes of a `HostImage` the program registered, which the linked-in plugin runs.
+#[test]
+fn a_loaded_host_plugin_runs_native_images_not_the_programs_host_images() {
+    let image = HostImage::new("rust kernels")
+        .without_rpc()
+        .kernel("nothing", |_| {})
+        .into_bytes();
+    let loaded = open("host");
+    let error = loaded.load_image(0, &image).unwrap_err().to_string();
+    assert!(
+        error.contains("a loaded libplugin_host.so runs native shared objects")
+            && error.contains("rust kernels"),
+        "{error}"
+    );
+    let linked = PluginRuntime::new(
+        HostPlugin::new(HostConfig::default()),
+        ServerConfig::default(),
+    )
+    .unwrap();
+    let id = Runtime::load_image(&linked, 0, &image).unwrap();
+    Runtime::launch(&linked, id, "nothing", &[], Grid::linear(1, 32)).unwrap();
+    assert_eq!(Runtime::synchronize(&linked, 0).unwrap(), None);
+}
+
+/// A native host image written in Rust, a `cdylib` exporting its client object and a kernel
+/// (`examples/native_kernel.rs`), runs on the loaded library: the Rust way to give a loaded
+/// `libplugin_host.so` kernels.
+#[test]
+fn a_rust_native_image_runs_on_the_loaded_host_plugin() {
+    let image = std::fs::read(libraries().join("examples/libnative_kernel.so")).unwrap();
+    let loaded = open("host");
+    let id = loaded.load_image(0, &image).unwrap();
+    assert!(
+        loaded.mailbox(id).is_some(),
+        "its client object attaches a mailbox"
+    );
+    let mut out = vec![0u64; 64];
+    let mut args = 40u64.to_le_bytes().to_vec();
+    args.extend((out.as_mut_ptr() as u64).to_le_bytes());
+    loaded
+        .launch(id, "increment", &args, Grid::linear(2, 32))
+        .unwrap();
+    assert_eq!(loaded.synchronize(0).unwrap(), None);
+    let expected: Vec<u64> = (0..64).map(|thread| 41 + thread).collect();
+    assert_eq!(out, expected);
+    assert_eq!(loaded.stats().served_of(Opcode::TEST_INCREMENT), 2);
 }
 
 /// A C program loads `libplugin_host.so` through the header, registers a handler, runs a

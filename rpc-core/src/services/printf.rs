@@ -1136,6 +1136,9 @@ fn malformed(dialect: Dialect, out: &mut Vec<u8>, a: &Resolved, text: &[u8], chu
         }
         let spec = buf.as_ptr().cast::<c_char>();
         return append_snprintf(out, |buf, len| {
+            if conversion == b'm' {
+                clear_errno();
+            }
             // SAFETY: `spec` is one NUL-terminated conversion, `m` (which takes no argument),
             // `C` (a wint_t: the int 0 is passed) or `S` (a wchar_t pointer: null is passed,
             // which glibc prints as "(null)"), with flags and clamped digits; `buf` is valid
@@ -1167,6 +1170,15 @@ fn malformed(dialect: Dialect, out: &mut Vec<u8>, a: &Resolved, text: &[u8], chu
             }
         }
     });
+}
+
+/// Sets this thread's errno to 0 before a `%m`: a device has no host errno, and LLVM's server
+/// prints errno 0's message ("Success" on glibc), not whatever its thread's last failed call
+/// left (the server thread's own timeouts, say).
+fn clear_errno() {
+    // SAFETY: `__errno_location` returns the address of the calling thread's errno, valid and
+    // written only by this thread for as long as it lives.
+    unsafe { *libc::__errno_location() = 0 };
 }
 
 /// Writes into `buf` the NUL-terminated spec of `a`'s flags, its resolved width and precision
@@ -1603,6 +1615,33 @@ mod tests {
         out
     }
 
+    /// A device has no host errno: `%m` prints errno 0's message, as LLVM's server (whose
+    /// thread's errno is 0) does, not what the server thread's last failed call left in it.
+    #[test]
+    fn percent_m_prints_errno_zeros_message_not_the_server_threads_errno() {
+        // SAFETY: this thread's errno, as in `clear_errno`.
+        unsafe { *libc::__errno_location() = libc::ETIMEDOUT };
+        // SAFETY: strerror(0) returns a NUL-terminated message that lives until the next call
+        // to strerror on this thread; it is copied at once.
+        let success = unsafe { CStr::from_ptr(libc::strerror(0)) }
+            .to_bytes()
+            .to_vec();
+        assert_eq!(
+            printed(Dialect::HostC, b"[%m]", &[]),
+            [b"[", &success[..], b"]"].concat()
+        );
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = libc::ETIMEDOUT };
+        let padded = printed(Dialect::HostC, b"%-12m|", &[]);
+        assert_eq!(padded.len(), 13.max(success.len() + 1), "{padded:?}");
+        assert!(padded.starts_with(&success));
+        if cfg!(target_env = "gnu") {
+            assert_eq!(success, b"Success");
+        }
+        // LLVM 20-22's printf core knows no `%m`: it prints the text.
+        assert_eq!(printed(Dialect::LlvmLibc, b"%m", &[]), b"%m");
+    }
+
     /// LLVM 23+ hands a spec it does not know, its `*` values and a zero to the host's
     /// `fprintf`: each malformed format here is checked against the host's `snprintf` given
     /// the same, and against what glibc prints (seen when this was written).
@@ -1632,7 +1671,7 @@ mod tests {
             let got = printed(Dialect::HostC, format.as_bytes(), stars);
             assert_eq!(String::from_utf8_lossy(&got), expected, "{format}");
         }
-        // `%m` is errno's message, its width clamped.
+        // `%m` is errno 0's message, as LLVM's server prints it, its width clamped.
         let got = printed(Dialect::HostC, b"%m", &[]);
         assert!(!got.is_empty() && !got.contains(&b'%'), "{got:?}");
         let got = printed(Dialect::HostC, b"%99999999m", &[]);

@@ -47,30 +47,77 @@ use rpc_core::protocol::Generation;
 use measure::Hog;
 use target::{Binaries, Server, Setup};
 
-const USAGE: &str =
-    "usage: rpc-bench [--quick] [--float] [--latency-only | --stream-only 1|32 | --printf-only | \
-                     --pipelined-only [increment|printf|stream] | --idle-only] \
-                     [--park-us N] [--rpc-serve PATH] [--peer-v1 PATH] [--peer-v2 PATH] \
-                     [--out DIR]";
+/// The command line. `xtask/src/bench.rs` passes `--rpc-serve`, `--out`, `--peer-v1`/`-v2`
+/// and, from its own command line, `--quick`, `--float`, `--latency-only` and `--park-us`
+/// (which it checks against the same range first).
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "rpc-bench",
+    about = "The performance table of `cargo xtask bench`: rpc-core's server in process, \
+             rpc-serve and LLVM's server across processes (docs/performance.md)"
+)]
+struct Cli {
+    /// Short windows and few rounds (about a minute) instead of the full run.
+    #[arg(long)]
+    quick: bool,
+    /// Leave thread placement to the scheduler instead of pinning clients and servers to
+    /// two CPUs.
+    #[arg(long)]
+    float: bool,
+    /// Only the round trips, quiet and loaded.
+    #[arg(long, group = "part")]
+    latency_only: bool,
+    /// Only the stream row of LANES lanes (to profile a server on it).
+    #[arg(long, group = "part", value_name = "LANES", value_parser = ["1", "32"])]
+    stream_only: Option<String>,
+    /// Only the printf lines rows.
+    #[arg(long, group = "part")]
+    printf_only: bool,
+    /// Only the pipelined rows, or those of one kind of exchange.
+    #[arg(long, group = "part", value_name = "KIND", num_args = 0..=1,
+          value_parser = clap::builder::PossibleValuesParser::new(
+              measure::Pipelined::ALL.map(measure::Pipelined::name)))]
+    pipelined_only: Option<Option<String>>,
+    /// Only the idle CPU and wake-up rows.
+    #[arg(long, group = "part")]
+    idle_only: bool,
+    /// The servers' park in microseconds (ServerConfig::park), instead of its default.
+    #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(PARK_US_RANGE))]
+    park_us: Option<u64>,
+    /// rpc-serve's binary: measure it across processes.
+    #[arg(long, value_name = "PATH")]
+    rpc_serve: Option<PathBuf>,
+    /// LLVM's v1 server (llvm-peer-22): measure it across processes.
+    #[arg(long, value_name = "PATH")]
+    peer_v1: Option<PathBuf>,
+    /// LLVM's v2 server (llvm-peer-23): measure it across processes.
+    #[arg(long, value_name = "PATH")]
+    peer_v2: Option<PathBuf>,
+    /// Where bench-{quick,full}.{json,md,svg} go.
+    #[arg(long, value_name = "DIR", default_value = "target/bench")]
+    out: PathBuf,
+}
+
+/// `--park-us`'s range, as `cargo xtask bench` checks it.
+const PARK_US_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 
 fn main() -> ExitCode {
-    match parse(std::env::args().skip(1)) {
-        Ok((settings, part, binaries, out)) => match run(settings, part, &binaries, out) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(why) => {
-                eprintln!("rpc-bench: {why}");
-                ExitCode::FAILURE
-            }
-        },
+    // `--help` prints and exits 0; a refused command line prints why and the usage, exit 2.
+    let cli = <Cli as clap::Parser>::parse();
+    PIN.store(!cli.float, Ordering::Relaxed);
+    PARK_US.store(cli.park_us.unwrap_or(0), Ordering::Relaxed);
+    let (settings, part, binaries, out) = parse(cli);
+    match run(settings, part, &binaries, out) {
+        Ok(()) => ExitCode::SUCCESS,
         Err(why) => {
-            eprintln!("rpc-bench: {why}\n{USAGE}");
-            ExitCode::from(2)
+            eprintln!("rpc-bench: {why}");
+            ExitCode::FAILURE
         }
     }
 }
 
 /// Which rows a run measures.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Part {
     All,
     /// `--latency-only`: the round trips, quiet and loaded.
@@ -87,63 +134,38 @@ enum Part {
     Idle,
 }
 
-fn parse(
-    args: impl Iterator<Item = String>,
-) -> Result<(Settings, Part, Binaries, PathBuf), String> {
-    let (mut quick, mut part) = (false, Part::All);
-    let mut binaries = Binaries {
-        rpc_serve: None,
-        peer_v1: None,
-        peer_v2: None,
+/// What the command line asks for, but for the flags `main` keeps in statics (`--float`,
+/// `--park-us`).
+fn parse(cli: Cli) -> (Settings, Part, Binaries, PathBuf) {
+    let pipelined = |name: &str| {
+        measure::Pipelined::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
     };
-    let mut out = PathBuf::from("target/bench");
-    let mut args = args.peekable();
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--quick" => quick = true,
-            "--float" => PIN.store(false, Ordering::Relaxed),
-            "--latency-only" => part = Part::Latency,
-            "--pipelined-only" => {
-                let kind = args.next_if(|next| !next.starts_with("--"));
-                let kind = kind.map(|name| {
-                    measure::Pipelined::ALL
-                        .into_iter()
-                        .find(|kind| kind.name() == name)
-                        .ok_or(format!(
-                            "--pipelined-only takes increment, printf or stream, not {name:?}"
-                        ))
-                });
-                part = Part::Pipelined(kind.transpose()?);
-            }
-            "--idle-only" => part = Part::Idle,
-            "--printf-only" => part = Part::Printf,
-            "--stream-only" => {
-                part = match value()?.as_str() {
-                    "1" => Part::Stream(1),
-                    "32" => Part::Stream(32),
-                    _ => return Err("--stream-only takes 1 or 32 (lanes)".into()),
-                }
-            }
-            "--park-us" => {
-                let us: u64 = value()?
-                    .parse()
-                    .map_err(|_| "--park-us needs a number of microseconds")?;
-                PARK_US.store(us, Ordering::Relaxed);
-            }
-            "--rpc-serve" => binaries.rpc_serve = Some(value()?.into()),
-            "--peer-v1" => binaries.peer_v1 = Some(value()?.into()),
-            "--peer-v2" => binaries.peer_v2 = Some(value()?.into()),
-            "--out" => out = value()?.into(),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    let settings = if quick {
+    let part = if cli.latency_only {
+        Part::Latency
+    } else if let Some(lanes) = cli.stream_only {
+        Part::Stream(if lanes == "1" { 1 } else { 32 })
+    } else if cli.printf_only {
+        Part::Printf
+    } else if let Some(kind) = cli.pipelined_only {
+        Part::Pipelined(kind.as_deref().and_then(pipelined))
+    } else if cli.idle_only {
+        Part::Idle
+    } else {
+        Part::All
+    };
+    let settings = if cli.quick {
         Settings::QUICK
     } else {
         Settings::FULL
     };
-    Ok((settings, part, binaries, out))
+    let binaries = Binaries {
+        rpc_serve: cli.rpc_serve,
+        peer_v1: cli.peer_v1,
+        peer_v2: cli.peer_v2,
+    };
+    (settings, part, binaries, cli.out)
 }
 
 /// How long and how often to measure.
@@ -460,6 +482,8 @@ impl Report {
         self.median(what, Server::RpcServe, loaded) / self.median(what, Server::Llvm, loaded)
     }
 
+    /// The summary line: `name=value` for each figure the run measured; a figure it did not
+    /// (no LLVM peer, a part of the run left out) is absent, not NaN.
     fn summary(&self) -> String {
         let ip = |what: &str| self.median(what, Server::InProcess, false);
         let xp = |what: &str, loaded| self.median(what, Server::RpcServe, loaded);
@@ -468,31 +492,43 @@ impl Report {
             .find(&wake_row(SILENCES[2].1, ""), Server::InProcess, false)
             .map(Row::sorted)
             .unwrap_or_default();
-        format!(
-            "roundtrip_ns={:.1} pingpong_ns={:.1} roundtrip_ratio={:.2} scan_ratio={:.2} \
-             scan_ratio_xp_quiet={:.2} scan_ratio_xp_loaded={:.2} vs_llvm_n64_quiet={:.2} \
-             vs_llvm_n64_loaded={:.2} vs_llvm_n16384_quiet={:.2} vs_llvm_n16384_loaded={:.2} \
-             stream_mb_s={:.0} idle_cpu_pct={:.3} rpc_serve_idle_cpu_pct={:.3} \
-             silent_cpu_pct={:.2} silent_doorbell_cpu_pct={:.2} wake_us_p50={:.1} \
-             wake_us_p99={:.1}",
-            ip(&last(64)),
-            ip(PINGPONG),
-            ip(&last(64)) / ip(PINGPONG),
-            ip(&last(16384)) / ip(&last(64)),
-            xp(&last(16384), false) / xp(&last(64), false),
-            xp(&last(16384), true) / xp(&last(64), true),
-            self.vs_llvm(&last(64), false),
-            self.vs_llvm(&last(64), true),
-            self.vs_llvm(&last(16384), false),
-            self.vs_llvm(&last(16384), true),
-            ip(STREAM_L1),
-            ip(IDLE_NO_KERNEL),
-            self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
-            ip(&silent_row("")),
-            ip(&silent_row(RINGS)),
-            percentile(&wake, 50.0),
-            percentile(&wake, 99.0),
-        )
+        let figures: [(&str, f64, usize); 17] = [
+            ("roundtrip_ns", ip(&last(64)), 1),
+            ("pingpong_ns", ip(PINGPONG), 1),
+            ("roundtrip_ratio", ip(&last(64)) / ip(PINGPONG), 2),
+            ("scan_ratio", ip(&last(16384)) / ip(&last(64)), 2),
+            (
+                "scan_ratio_xp_quiet",
+                xp(&last(16384), false) / xp(&last(64), false),
+                2,
+            ),
+            (
+                "scan_ratio_xp_loaded",
+                xp(&last(16384), true) / xp(&last(64), true),
+                2,
+            ),
+            ("vs_llvm_n64_quiet", self.vs_llvm(&last(64), false), 2),
+            ("vs_llvm_n64_loaded", self.vs_llvm(&last(64), true), 2),
+            ("vs_llvm_n16384_quiet", self.vs_llvm(&last(16384), false), 2),
+            ("vs_llvm_n16384_loaded", self.vs_llvm(&last(16384), true), 2),
+            ("stream_mb_s", ip(STREAM_L1), 0),
+            ("idle_cpu_pct", ip(IDLE_NO_KERNEL), 3),
+            (
+                "rpc_serve_idle_cpu_pct",
+                self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
+                3,
+            ),
+            ("silent_cpu_pct", ip(&silent_row("")), 2),
+            ("silent_doorbell_cpu_pct", ip(&silent_row(RINGS)), 2),
+            ("wake_us_p50", percentile(&wake, 50.0), 1),
+            ("wake_us_p99", percentile(&wake, 99.0), 1),
+        ];
+        figures
+            .iter()
+            .filter(|(_, value, _)| value.is_finite())
+            .map(|(name, value, digits)| format!("{name}={value:.digits$}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// Every row, one line per server and regime.
@@ -582,54 +618,88 @@ impl Report {
         })
     }
 
-    /// The medians the picture plots: per server and regime, latency of port N-1 against N
-    /// (ns), and wake-up latency p50 against silence (µs), the in-process server's with a v2
-    /// doorbell as a series of its own.
-    fn series(&self) -> (Vec<svg::Series>, Vec<svg::Series>) {
-        let mut by_ports = Vec::new();
-        let mut by_silence = Vec::new();
-        for server in [Server::InProcess, Server::RpcServe, Server::Llvm] {
+    /// The picture ([`svg::plot`]): per server and regime, latency of port N-1 against N
+    /// (ns) and wake-up latency against silence (µs, the in-process server's with a v2
+    /// doorbell as a series of its own), and the throughput rows of every server.
+    fn picture(&self) -> String {
+        let point = |x: f64, row: &Row| svg::Point {
+            x,
+            median: row.median(),
+            min: row.min(),
+            max: row.max(),
+        };
+        let servers = [Server::InProcess, Server::RpcServe, Server::Llvm];
+        let mut latency = Vec::new();
+        for (colour, &server) in servers.iter().enumerate() {
             for loaded in [false, true] {
-                let points: Vec<(f64, f64)> = SHAPES
+                let points: Vec<svg::Point> = SHAPES
                     .iter()
                     .filter_map(|&(_, n)| {
                         let row =
                             self.find(&format!("roundtrip N={n} port {}", n - 1), server, loaded)?;
-                        Some((f64::from(n), row.median()))
+                        Some(point(f64::from(n), row))
                     })
                     .collect();
                 if !points.is_empty() {
-                    by_ports.push(svg::Series {
-                        name: format!(
-                            "{}, {}",
-                            server.name(),
-                            if loaded { "loaded" } else { "quiet" }
-                        ),
+                    let regime = if loaded { "loaded" } else { "quiet" };
+                    latency.push(svg::Series {
+                        name: format!("{}, {regime}", server.name()),
+                        colour,
+                        loaded,
                         points,
                     });
                 }
             }
         }
-        let wake_series = [Server::InProcess, Server::RpcServe, Server::Llvm]
-            .map(|server| (server, ""))
-            .into_iter()
-            .chain([(Server::InProcess, RINGS)]);
-        for (server, rung) in wake_series {
-            let points: Vec<(f64, f64)> = SILENCES
+        let wake_series = servers
+            .iter()
+            .enumerate()
+            .map(|(colour, &server)| (colour, server, ""))
+            .chain([(servers.len(), Server::InProcess, RINGS)]);
+        let mut wake = Vec::new();
+        for (colour, server, rung) in wake_series {
+            let points: Vec<svg::Point> = SILENCES
                 .iter()
                 .filter_map(|&(silence, label)| {
                     let row = self.find(&wake_row(label, rung), server, false)?;
-                    Some((silence.as_secs_f64() * 1e6, row.median()))
+                    Some(point(silence.as_secs_f64() * 1e6, row))
                 })
                 .collect();
             if !points.is_empty() {
-                by_silence.push(svg::Series {
+                wake.push(svg::Series {
                     name: format!("{}{rung}", server.name()),
+                    colour,
+                    loaded: false,
                     points,
                 });
             }
         }
-        (by_ports, by_silence)
+        // The throughput rows, in the order measured: printf, then the pipelined rows.
+        let mut rows: Vec<String> = Vec::new();
+        for row in &self.rows {
+            let rate = row.what == PRINTF || row.what.starts_with("pipelined ");
+            if rate && !row.loaded && !rows.contains(&row.what) {
+                rows.push(row.what.clone());
+            }
+        }
+        let series = servers
+            .iter()
+            .enumerate()
+            .filter_map(|(colour, &server)| {
+                let points: Vec<svg::Point> = rows
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, what)| Some(point(i as f64, self.find(what, server, false)?)))
+                    .collect();
+                (!points.is_empty()).then(|| svg::Series {
+                    name: server.name().into(),
+                    colour,
+                    loaded: false,
+                    points,
+                })
+            })
+            .collect();
+        svg::plot(&latency, &wake, &svg::Rates { rows, series })
     }
 }
 
@@ -1002,8 +1072,7 @@ fn write(report: Report, dir: &std::path::Path, started: Instant) -> Result<(), 
     let path = |ext: &str| dir.join(format!("bench-{name}.{ext}"));
     let json = serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?;
     let md = format!("{comparison}\n{table}\n```\n{}\n```\n", report.summary());
-    let (by_ports, by_silence) = report.series();
-    let picture = svg::plot(&by_ports, &by_silence);
+    let picture = report.picture();
     for (ext, text) in [("json", &json), ("md", &md), ("svg", &picture)] {
         std::fs::write(path(ext), text).map_err(|e| format!("{}: {e}", path(ext).display()))?;
     }
@@ -1053,6 +1122,198 @@ mod tests {
         );
         assert_eq!(report.vs_llvm("roundtrip N=64 port 63", false), 0.5);
         assert!(report.summary().contains("vs_llvm_n64_quiet=0.50"));
+    }
+
+    /// A report of every row the picture and the summary read, values spread over three
+    /// repetitions: in-process and rpc-serve, and LLVM's server with `llvm`.
+    fn synthetic(llvm: bool) -> Report {
+        let mut servers = vec![Server::InProcess, Server::RpcServe];
+        if llvm {
+            servers.push(Server::Llvm);
+        }
+        let spread = |median: f64| [median * 0.8, median, median * 1.5];
+        let mut rows = vec![row(PINGPONG, Server::InProcess, false, &spread(200.0))];
+        for (k, &server) in servers.iter().enumerate() {
+            let base = 300.0 * (k + 1) as f64;
+            for loaded in [false, true] {
+                for &(_, n) in &SHAPES {
+                    let ns = base * f64::from(n).sqrt() / 8.0 * if loaded { 6.0 } else { 1.0 };
+                    let what = format!("roundtrip N={n} port {}", n - 1);
+                    rows.push(row(&what, server, loaded, &spread(ns)));
+                }
+            }
+            for (silence, label) in SILENCES {
+                let us = 5.0 + silence.as_secs_f64() * 1e4 * (k + 1) as f64;
+                rows.push(row(&wake_row(label, ""), server, false, &spread(us)));
+            }
+            rows.push(row(PRINTF, server, false, &spread(2e5 / (k + 1) as f64)));
+            for kind in measure::Pipelined::ALL {
+                for m in [PIPELINED_PORTS, 1] {
+                    let what = format!("pipelined {} M={m} D=0us", kind.name());
+                    let rate = 1e5 * f64::from(m).sqrt() / (k + 1) as f64;
+                    // A window in which nothing completed, as on a busy machine: 0, which a
+                    // log axis shows at its start.
+                    let values = if k == 1 && m == 1 {
+                        [0.0, 0.0, rate]
+                    } else {
+                        spread(rate)
+                    };
+                    rows.push(row(&what, server, false, &values));
+                }
+            }
+        }
+        for (_, label) in SILENCES {
+            rows.push(row(
+                &wake_row(label, RINGS),
+                Server::InProcess,
+                false,
+                &spread(60.0),
+            ));
+        }
+        Report {
+            settings: Settings::QUICK,
+            rows,
+        }
+    }
+
+    /// The attributes of every `<NAME ...>` tag of `svg` (as plotters writes them:
+    /// `key="value"`, no `"` inside values).
+    fn tags<'s>(svg: &'s str, name: &str) -> Vec<std::collections::HashMap<&'s str, &'s str>> {
+        let open = format!("<{name} ");
+        svg.split(open.as_str())
+            .skip(1)
+            .map(|rest| {
+                let body = &rest[..rest.find('>').unwrap()];
+                body.split('"')
+                    .collect::<Vec<_>>()
+                    .chunks(2)
+                    .filter(|pair| pair.len() == 2)
+                    .map(|pair| (pair[0].trim().trim_end_matches('='), pair[1]))
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// An axis-aligned box: left, top, right, bottom.
+    type Box4 = [f64; 4];
+
+    fn number(tag: &std::collections::HashMap<&str, &str>, key: &str) -> f64 {
+        tag[key].parse().unwrap()
+    }
+
+    fn rects(svg: &str, key: &str, value: &str) -> Vec<Box4> {
+        tags(svg, "rect")
+            .iter()
+            .filter(|tag| tag.get(key) == Some(&value))
+            .map(|tag| {
+                let (x, y) = (number(tag, "x"), number(tag, "y"));
+                [x, y, x + number(tag, "width"), y + number(tag, "height")]
+            })
+            .collect()
+    }
+
+    /// The picture of a synthetic report, parsed: no plotted point touches a legend box,
+    /// every point lies inside a plotting area's frame, and each axis is fitted to its data
+    /// (the outermost points near the frame's edges, not a decade inside them).
+    #[test]
+    fn the_picture_keeps_its_legends_off_the_data_and_fits_its_axes_to_it() {
+        for llvm in [false, true] {
+            let servers = if llvm { 3 } else { 2 };
+            let svg = synthetic(llvm).picture();
+            // To look at the pictures: RPC_BENCH_PICTURE_DIR=DIR cargo test -p rpc-bench.
+            if let Some(dir) = std::env::var_os("RPC_BENCH_PICTURE_DIR") {
+                std::fs::write(
+                    std::path::Path::new(&dir).join(format!("synthetic-{llvm}.svg")),
+                    &svg,
+                )
+                .unwrap();
+            }
+            let hex = |c: plotters::style::RGBColor| format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2);
+            let legends = rects(&svg, "fill", &hex(svg::LEGEND_FILL));
+            let frames = rects(&svg, "stroke", &hex(svg::FRAME));
+            assert_eq!(
+                (legends.len(), frames.len()),
+                (3, 3),
+                "a legend and a frame a panel"
+            );
+            let circles: Vec<(f64, f64, f64)> = tags(&svg, "circle")
+                .iter()
+                .map(|c| (number(c, "cx"), number(c, "cy"), number(c, "r")))
+                .collect();
+            let touches = |b: &Box4, &(x, y, r): &(f64, f64, f64)| {
+                x + r >= b[0] && x - r <= b[2] && y + r >= b[1] && y - r <= b[3]
+            };
+            // Entries: a series per server and regime; per server and the doorbell; per server.
+            let entries = [2 * servers, servers + 1, servers];
+            for (legend, entries) in legends.iter().zip(entries) {
+                let inside = circles.iter().filter(|c| touches(legend, c)).count();
+                assert_eq!(
+                    inside, entries,
+                    "only the legend's own markers in {legend:?}"
+                );
+            }
+            let plotted: Vec<_> = circles
+                .iter()
+                .filter(|c| !legends.iter().any(|b| touches(b, c)))
+                .collect();
+            // The words of the picture, in order (plotters writes each text on a line).
+            let words: Vec<&str> = svg
+                .lines()
+                .filter(|line| !line.starts_with('<'))
+                .flat_map(str::split_whitespace)
+                .collect();
+            let words = words.join(" ");
+            assert!(
+                words.contains("A 0 is drawn at the start of the axis."),
+                "{words}"
+            );
+            // 4 shapes x 2 regimes, 3 silences (+ 3 doorbell), 7 rates, per server.
+            assert_eq!(plotted.len(), servers * (8 + 3 + 7) + 3);
+            // The throughput axis also holds the bars, up to 1.5 times a median here.
+            for (frame, slack) in frames.iter().zip([0.12, 0.12, 0.25]) {
+                let here: Vec<_> = plotted.iter().filter(|c| touches(frame, c)).collect();
+                assert!(!here.is_empty(), "{frame:?}");
+                let width = frame[2] - frame[0];
+                let left = here.iter().map(|c| c.0).fold(f64::INFINITY, f64::min);
+                let right = here.iter().map(|c| c.0).fold(0.0, f64::max);
+                assert!(
+                    left - frame[0] < slack * width,
+                    "x fitted at the left: {frame:?}"
+                );
+                assert!(
+                    frame[2] - right < slack * width,
+                    "x fitted at the right: {frame:?}"
+                );
+            }
+            for c in &plotted {
+                let inside = |f: &&Box4| f[0] <= c.0 && c.0 <= f[2] && f[1] <= c.1 && c.1 <= f[3];
+                assert_eq!(frames.iter().filter(inside).count(), 1, "{c:?} in a frame");
+            }
+        }
+    }
+
+    /// Without LLVM's server the `vs_llvm_*` figures are absent from the summary (and the
+    /// JSON), not NaN; with it they are there.
+    #[test]
+    fn the_summary_leaves_out_what_was_not_measured_rather_than_print_nan() {
+        let alone = synthetic(false);
+        for summary in [
+            alone.summary(),
+            alone.json()["summary"].as_str().unwrap().to_string(),
+        ] {
+            assert!(
+                !summary.contains("NaN") && !summary.contains("inf"),
+                "{summary}"
+            );
+            assert!(!summary.contains("vs_llvm"), "{summary}");
+            assert!(summary.starts_with("roundtrip_ns="), "{summary}");
+        }
+        let against = synthetic(true).summary();
+        assert!(against.contains("vs_llvm_n64_quiet=0.67"), "{against}");
+        assert!(against.contains("vs_llvm_n16384_loaded="), "{against}");
+        assert!(!serde_json::to_string(&alone.json())
+            .unwrap()
+            .contains("NaN"));
     }
 
     #[test]
@@ -1125,17 +1386,70 @@ mod tests {
         assert_eq!(rows[0].values, [1.0, 2.0]);
     }
 
+    /// `args` as rpc-bench reads them, or clap's refusal.
+    fn cli(args: &[&str]) -> Result<Cli, clap::Error> {
+        let args = std::iter::once("rpc-bench").chain(args.iter().copied());
+        <Cli as clap::Parser>::try_parse_from(args)
+    }
+
+    fn parsed(args: &[&str]) -> Result<(Settings, Part, Binaries, PathBuf), clap::Error> {
+        cli(args).map(parse)
+    }
+
     #[test]
     fn pipelined_only_takes_an_optional_kind() {
         let part = |args: &[&str]| {
-            parse(args.iter().map(|arg| arg.to_string()))
+            parsed(args)
+                .ok()
                 .map(|(settings, part, _, _)| (settings.reps == Settings::QUICK.reps, part))
         };
-        assert!(part(&["--pipelined-only"]) == Ok((false, Part::Pipelined(None))));
+        assert_eq!(
+            part(&["--pipelined-only"]),
+            Some((false, Part::Pipelined(None)))
+        );
         let printf = Part::Pipelined(Some(measure::Pipelined::Printf));
-        assert!(part(&["--pipelined-only", "printf", "--quick"]) == Ok((true, printf)));
+        assert_eq!(
+            part(&["--pipelined-only", "printf", "--quick"]),
+            Some((true, printf))
+        );
         let any = Part::Pipelined(None);
-        assert!(part(&["--pipelined-only", "--quick"]) == Ok((true, any)));
-        assert!(part(&["--pipelined-only", "bogus"]).is_err());
+        assert_eq!(part(&["--pipelined-only", "--quick"]), Some((true, any)));
+        assert_eq!(part(&["--pipelined-only", "bogus"]), None);
+        // One part at a time.
+        assert_eq!(part(&["--latency-only", "--idle-only"]), None);
+    }
+
+    /// What `cargo xtask bench` passes is taken; `--park-us` has xtask's range, named in
+    /// the refusal.
+    #[test]
+    fn the_flags_xtask_passes_are_taken_and_park_us_has_its_range() {
+        let args = [
+            "--rpc-serve",
+            "target/release/rpc-serve",
+            "--out",
+            "target/bench",
+            "--peer-v1",
+            "p1",
+            "--peer-v2",
+            "p2",
+            "--quick",
+            "--float",
+            "--latency-only",
+            "--park-us",
+            "1000000",
+        ];
+        let taken = cli(&args).unwrap();
+        assert!(taken.float && taken.park_us == Some(1_000_000));
+        let (settings, part, binaries, out) = parse(taken);
+        assert_eq!((settings.name, part), ("quick", Part::Latency));
+        assert_eq!(binaries.peer_v2.as_deref(), Some(Path::new("p2")));
+        assert_eq!(out, Path::new("target/bench"));
+        for bad in ["0", "4294967296", "1000001", "-1", "x"] {
+            let error = parsed(&["--park-us", bad]).err().unwrap();
+            assert_eq!(error.exit_code(), 2, "{bad}");
+            if bad != "x" && bad != "-1" {
+                assert!(error.to_string().contains("1..=1000000"), "{bad}: {error}");
+            }
+        }
     }
 }

@@ -1,0 +1,48 @@
+//! rpc-bench's command line, as a user meets it: `--help` names every flag and exits 0; a
+//! `--park-us` outside `cargo xtask bench`'s range is refused with the range, exit 2, before
+//! anything is measured.
+
+use std::process::{Command, Output};
+
+fn bench(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rpc-bench"))
+        .args(args)
+        .output()
+        .expect("rpc-bench runs")
+}
+
+#[test]
+fn help_exits_0_and_names_every_flag() {
+    for help in ["--help", "-h"] {
+        let out = bench(&[help]);
+        assert_eq!(out.status.code(), Some(0), "{help}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        for flag in [
+            "--quick",
+            "--float",
+            "--latency-only",
+            "--stream-only",
+            "--printf-only",
+            "--pipelined-only",
+            "--idle-only",
+            "--park-us",
+            "--rpc-serve",
+            "--peer-v1",
+            "--peer-v2",
+            "--out",
+        ] {
+            assert!(text.contains(flag), "{help} names {flag}:\n{text}");
+        }
+    }
+}
+
+#[test]
+fn park_us_out_of_its_range_is_refused_naming_the_range() {
+    for bad in ["0", "4294967296", "1000001"] {
+        let out = bench(&["--park-us", bad, "--out", "/nonexistent/never-written"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
+        assert!(stderr.contains("1..=1000000"), "{bad}: {stderr}");
+        assert!(out.stdout.is_empty(), "nothing measured");
+    }
+}
