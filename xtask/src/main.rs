@@ -15,6 +15,8 @@ mod layout;
 mod llvm_client;
 mod nightly;
 mod plugins;
+#[cfg(test)]
+mod readme;
 mod run;
 mod sanitize;
 mod soak;
@@ -196,29 +198,6 @@ pub(crate) mod tests {
             .map_err(|e| Failure::Usage(e.to_string()))
     }
 
-    /// README.md's Commands list: each `- \`cargo xtask NAME ...\`` item's name and the
-    /// `--flags` its synopsis names.
-    fn readme_commands() -> Vec<(String, Vec<String>)> {
-        let readme = std::fs::read_to_string(project_root().join("README.md")).unwrap();
-        let (_, list) = readme
-            .split_once("\n## Commands\n")
-            .expect("a Commands section");
-        let list = list.split("\n## ").next().unwrap();
-        list.lines()
-            .filter_map(|line| line.strip_prefix("- `cargo xtask "))
-            .map(|item| {
-                let synopsis = item.split('`').next().unwrap();
-                let mut words = synopsis.split(|c: char| c.is_whitespace() || "[]|".contains(c));
-                let name = words.next().unwrap().to_string();
-                let flags = words
-                    .filter(|w| w.starts_with("--") && w.len() > 2)
-                    .map(String::from)
-                    .collect();
-                (name, flags)
-            })
-            .collect()
-    }
-
     #[test]
     fn the_readme_lists_every_command_and_flag_clap_knows_and_no_other() {
         let cli = Cli::command();
@@ -234,7 +213,7 @@ pub(crate) mod tests {
                 (command.get_name().to_string(), flags)
             })
             .collect();
-        let mut documented = readme_commands();
+        let mut documented = crate::readme::commands(&project_root());
         let mut known_sorted = known.clone();
         for list in [&mut documented, &mut known_sorted] {
             list.iter_mut().for_each(|(_, flags)| flags.sort());

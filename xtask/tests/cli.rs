@@ -6,6 +6,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
+#[path = "../src/readme.rs"]
+mod readme;
+
 fn xtask(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_xtask"));
     command.args(args).envs(env.iter().copied());
@@ -21,27 +24,9 @@ fn xtask(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     )
 }
 
-/// README.md's Commands list: each item's command name and the `--flags` its synopsis names.
-fn readme_commands() -> Vec<(String, Vec<String>)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let (_, list) = readme.split_once("\n## Commands\n").unwrap();
-    let list = list.split("\n## ").next().unwrap();
-    list.lines()
-        .filter_map(|line| line.strip_prefix("- `cargo xtask "))
-        .map(|item| {
-            let synopsis = item.split('`').next().unwrap();
-            let mut words = synopsis.split(|c: char| c.is_whitespace() || "[]|".contains(c));
-            let name = words.next().unwrap().to_string();
-            let flags = words.filter(|w| w.starts_with("--") && w.len() > 2);
-            (name, flags.map(String::from).collect())
-        })
-        .collect()
-}
-
 #[test]
 fn help_of_xtask_and_of_every_command_exits_0_and_names_its_flags() {
-    let commands = readme_commands();
+    let commands = readme::commands(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
     assert!(commands.len() >= 16, "{commands:?}");
     for help in [&["--help"][..], &["-h"], &["help"]] {
         let (code, stdout, stderr) = xtask(help, &[]);
