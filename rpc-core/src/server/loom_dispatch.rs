@@ -59,7 +59,7 @@ fn passes(f: &Arc<Fixture>, done: &Arc<AtomicBool>) -> thread::JoinHandle<()> {
             Inner::serve_pass(&inner, &mut cache);
             thread::yield_now();
         }
-        cache.clear(&inner.context, Fate::Reset, "model over");
+        cache.clear(&inner.context, Fate::Drain, "model over");
     })
 }
 
