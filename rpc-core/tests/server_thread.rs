@@ -214,8 +214,9 @@ fn a_panicking_handler_is_caught_and_the_worker_goes_on() {
     assert_eq!(port.index(), 0);
     port.send(|_, p| p.set_word(0, 5)).unwrap();
     drop(port);
-    // Port 0 is quarantined (its script stopped midway); port 1 serves. A pass may serve
-    // port 1 before it reaches port 0 (miri's scheduler found one), so the panic is awaited.
+    // Port 0 is drained (its script stopped midway: what its client sends next is answered,
+    // never run); the next increment is served on port 0 or 1. A pass may serve port 1 before
+    // it reaches port 0 (miri's scheduler found one), so the panic is awaited.
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 9), 10);
     eventually("the panic is counted", || server.stats().panics == 1);
     // Once the kernel that was inside the exchange is gone, port 0 serves again.
@@ -278,7 +279,7 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned() {
 }
 
 #[test]
-fn a_client_timeout_resets_the_port_of_a_client_that_stopped_answering() {
+fn a_client_timeout_drains_the_port_of_a_client_that_stopped_answering() {
     let server = RpcServer::new(ServerConfig {
         client_timeout: Some(Duration::from_millis(50)),
         ..config("timeout")
@@ -292,7 +293,7 @@ fn a_client_timeout_resets_the_port_of_a_client_that_stopped_answering() {
     eventually("the client times out", || server.stats().abandoned == 1);
     std::mem::forget(port);
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 7), 8);
-    // The port was reset for a new client (another process, with its own lock bits).
+    // The port was drained for a new client (another process, with its own lock bits).
     let fresh = LockTable::new(2);
     let other = Client::new(mailbox.memory.view(), fresh.words()).unwrap();
     assert!(other

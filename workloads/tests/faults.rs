@@ -475,8 +475,8 @@ fn a_handler_panicking_at_every_step_of_a_stream_exchange() {
                     // The echo may come back garbled or not at all.
                     let _ = port.send_n(&slices).and_then(|()| port.recv_n(1 << 20));
                 });
-                // The panic is counted, and its port quarantined until the kernel is gone (so
-                // the rest of the stream never arrives as new requests).
+                // The panic is counted, and its port drained: the rest of the stream is
+                // answered with failures, never run as new requests.
                 eventually("the panic is counted", || server.stats().panics > before);
                 stop.store(true, Ordering::Release);
             });

@@ -121,6 +121,29 @@ impl Opcode {
     pub const fn is_user(self) -> bool {
         !matches!(self.class(), LIBC_CLASS | OFFLOAD_CLASS | 0xFF)
     }
+
+    /// The word every lane's `buf[0]` holds in the reply to each step of an abandoned exchange
+    /// of this opcode (PROTOCOL section 11): what LLVM's client reads as its call's failure
+    /// wherever it reads a word of the reply. All ones (C's -1 and `EOF`, sign-extended) where 0
+    /// would read as success; 1 for FEOF and FERROR ("at end", "in error"); otherwise 0, which
+    /// is also the only safe length, size, handle or pointer (printf reads its argument size
+    /// from the same word).
+    pub const fn failure_word(self) -> u64 {
+        match self {
+            Opcode::FEOF | Opcode::FERROR => 1,
+            Opcode::CLOSE_FILE
+            | Opcode::FSEEK
+            | Opcode::FTELL
+            | Opcode::FFLUSH
+            | Opcode::UNGETC
+            | Opcode::REMOVE
+            | Opcode::RENAME
+            | Opcode::SYSTEM
+            | Opcode::HOST_CALL
+            | Opcode::OFFLOAD_HOST_CALL => u64::MAX,
+            _ => 0,
+        }
+    }
 }
 
 /// How an image numbers its opcodes, which its client symbol tells (PROTOCOL section 8).

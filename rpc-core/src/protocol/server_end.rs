@@ -81,14 +81,39 @@ impl<'a> ServerEnd<'a> {
         deferred::unlock(self.locks, index);
     }
 
-    /// Resets port `index`, which the caller holds locked and whose client is gone (so nobody
-    /// opens it meanwhile): our word set equal to the client's, the state of a finished
-    /// exchange, so that a new client may open it; then the unlock.
-    pub(crate) fn release(&self, index: u32) {
+    /// Drains port `index`, whose exchange the server abandoned and which the caller holds
+    /// locked (PROTOCOL section 11): marks its header as holding no request (mask 0), so that a
+    /// late packet of that exchange is never read as a new one; answers the client, if the
+    /// buffer is ours, with `reply` in every lane's word 0 (the other words 0); unlocks. Also
+    /// how a late packet (a pending port whose header has the mark) is answered.
+    ///
+    /// The mark is written while the client may own the buffer (a drain of an exchange waiting
+    /// for its client): a client writes the header only when it opens a request, which the
+    /// client of this exchange, holding its lock, cannot do before it closes. A request opened
+    /// anyway (a client of another lock table) and written before the mark reads as a late
+    /// packet: answered, never run.
+    pub(crate) fn drain(&self, index: u32, reply: u64) {
         let i = index as usize;
-        let client = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
-        deferred::store_own_word(&self.mailbox.primary[i], client);
-        unlock(self.locks, index);
+        // Relaxed: later loads of ours see it (or a client's later header), and the release
+        // fence of our next flip orders it before whatever the client does after that flip.
+        self.mailbox.header(index)[0].store(0, Ordering::Relaxed);
+        // Only we write our word, so once our deferred flips are out it reads what we stored.
+        deferred::publish();
+        let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
+        // Relaxed: the fence below orders the packets once the buffer is ours.
+        let inbox = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
+        if inbox != out {
+            // Pairs with the client's release fence before its flip: its packet writes are
+            // done before ours overwrite them.
+            fence(Ordering::Acquire);
+            for (k, word) in self.mailbox.packets(index).iter().enumerate() {
+                let value = if k % 8 == 0 { reply } else { 0 };
+                word.store(value.to_le(), Ordering::Relaxed);
+            }
+            // The flip's release fence (here or in the batch) publishes the reply first.
+            deferred::flip(&self.mailbox.primary[i], out ^ 1);
+        }
+        deferred::unlock(self.locks, index);
     }
 
     /// The first pending port at or after `from`.

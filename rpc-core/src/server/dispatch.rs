@@ -37,27 +37,35 @@
 //! | how it ends | the port | counted |
 //! |---|---|---|
 //! | completed, or refused with its script complete | closed: our buffer handed back, unlocked | `served` (+ `refused`) |
-//! | an error or a panic midway | quarantined | `errors` / `panics` |
-//! | no kernel that could answer runs any more | reset for the next client | `abandoned` |
-//! | the client timed out (`client_timeout`, rpc-serve; counted only while the exchange waits on its port) | closed as the exchange left it (free for the next client) | `abandoned` |
-//! | server shutting down, or mailbox detached | quarantined (detached: left untouched) | `abandoned` |
+//! | an error (a stream claim above the bound, ...) or a panic midway | drained | `errors` / `panics` |
+//! | no kernel that could answer runs any more | drained | `abandoned` |
+//! | the client timed out (`client_timeout`, rpc-serve; counted only while the exchange waits on its port) | drained | `abandoned` |
+//! | server shutting down | quarantined, drained once its kernels are gone | `abandoned` |
+//! | mailbox detached | left untouched | `abandoned` |
 //!
-//! A *quarantined* port keeps the server's lock bit and both flags as they are, so no later
-//! pass (nor a new worker after a restart) serves what the client sends next as a new request,
-//! and the client is never handed a buffer it would misread: it waits, as a warp whose server
-//! stopped does. Once every kernel that could be inside that exchange is gone, a pass resets
-//! the port (our word set equal to the client's, as after a finished exchange) and unlocks it.
-//! A *reset* does the same at once, when the client is known gone.
+//! A *drained* port (PROTOCOL section 11, `ServerEnd::drain`) gets the no-request mark in its
+//! header (lane mask 0), the drained reply if the buffer is ours (the opcode's failure word,
+//! `Opcode::failure_word`, in every lane, and our flip), and is unlocked. The server keeps
+//! nothing about it: the mark is its state. What the client sends next without opening a new
+//! request (a late packet: its header still has the mark) is answered the same way, in
+//! `Inner::start`, and never run; its next open writes a fresh header, and is served at once.
+//! So an abandoned client runs the rest of its script on failure replies and gives the port
+//! back, and none is lost, however slow the client or whatever it claimed.
+//!
+//! A *quarantined* port keeps the server's lock bit and both flags as they are: a shutdown
+//! hands nothing back (the server is going away; a client waits, as a warp whose server stopped
+//! does). Once every kernel that could be inside that exchange is gone, a pass drains it. A
+//! quarantined port is no user: the worker sleeps when the kernels are gone, and the next
+//! stretch drains it.
 //!
 //! A request's port outlives nothing: the exchange's future owns the request, and the request
 //! is dropped when the script returns (inside the poll that completes it) or when the pass drops
 //! a suspended exchange. Dropping it leaves the port locked, as it is, noting whether it owned
 //! the buffer; the pass then carries out the port's `Fate`: closing hands a buffer we owned
-//! back (a flip of our word) and unlocks; resetting sets our word equal to the client's and
-//! unlocks (only when no kernel that could write the port runs: a live client may already
-//! have flipped its word for its next request, which a reset would swallow). A timed-out
-//! client process is gone, but other processes may take the port the moment it looks free,
-//! so its exchange is closed, not reset.
+//! back (a flip of our word) and unlocks; draining marks, answers if the buffer is ours, and
+//! unlocks. A timed-out client process may be alive after all, and other processes may take the
+//! port the moment it looks free: the mark serves both (their fresh headers are requests, the
+//! slow client's packets are not).
 
 use std::time::{Duration, Instant};
 use std::vec::Vec;
@@ -106,9 +114,10 @@ const IDLE_HOUSEKEEPING_PASSES: u32 = 0;
 pub(crate) enum Fate {
     /// Close it: hand back a buffer we own, unlock.
     Close,
-    /// Reset it for a new client (the old one is gone), unlock.
-    Reset,
-    /// Leave it locked and untouched (see the module docs).
+    /// Drain it: the no-request mark, the drained reply if the buffer is ours, unlock (see the
+    /// module docs).
+    Drain,
+    /// Leave it locked and untouched until its kernels are gone, then drain it.
     Quarantine,
 }
 
@@ -165,11 +174,11 @@ impl Attached {
             if !q.marks.gone(self, context) {
                 return true;
             }
-            server.release(q.index);
+            server.drain(q.index, q.opcode.failure_word());
             // RMW: one quarantined port fewer (written only under `quarantine`'s lock).
             self.quarantined.fetch_sub(1, Ordering::Relaxed);
             log::debug!(
-                "{}: mailbox {} port {}: quarantine lifted, its kernels are gone",
+                "{}: mailbox {} port {}: quarantine lifted, its kernels are gone; port drained",
                 context.config.name,
                 self.id.0,
                 q.index
@@ -385,7 +394,7 @@ impl PassCache {
     pub(crate) fn clear_gone(&mut self, context: &ServerContext, reason: &str) {
         let gone = |flight: &InFlight| flight.marks.gone(&flight.mailbox, context);
         self.in_flight
-            .abandon_where(context, gone, Fate::Reset, reason);
+            .abandon_where(context, gone, Fate::Drain, reason);
         self.mailboxes = None;
     }
 }
@@ -561,6 +570,20 @@ impl Inner {
         let context = &inner.context;
         let name = &context.config.name;
         let (opcode, index) = (port.opcode(), port.index());
+        if port.header_mask() == 0 {
+            // The no-request mark: a late packet of an exchange the server drained (or a flip
+            // that opened nothing). Answered as the drain answered, never run (PROTOCOL
+            // section 11). Forgotten, not dropped: its client opened nothing, so the doorbell
+            // must not count a request closed, as the port's drop would (it holds nothing
+            // else; the drain unlocks it).
+            core::mem::forget(port);
+            server.drain(index, opcode.failure_word());
+            log::debug!(
+                "{name}: mailbox {} port {index}: a late packet of {opcode} answered, not run",
+                mailbox.id.0
+            );
+            return;
+        }
         if let Err(error) = port.check_mask() {
             device_warn!(
                 context,
@@ -614,9 +637,11 @@ impl Inner {
                 // The client's packet is there (the port opened because it flipped), and the
                 // reply only needs the buffer we hold: this never suspends.
                 let result = catch(|| reply(&mut port));
-                if inner.finish(mailbox, index, opcode, result) == Fate::Quarantine {
+                let fate = inner.finish(mailbox, index, opcode, result);
+                if fate != Fate::Close {
+                    // Its drop would close it: let go of it as `Request`'s drop does.
                     port.quarantine();
-                    carry_out(mailbox, Some(server), index, marks, Fate::Quarantine);
+                    carry_out(mailbox, Some(server), index, opcode, marks, fate);
                 }
                 return;
             }
@@ -629,7 +654,7 @@ impl Inner {
                     Err(error) => {
                         // The request went in the unwinding, leaving the port locked.
                         let fate = inner.finish(mailbox, index, opcode, Err(error));
-                        carry_out(mailbox, Some(server), index, marks, fate);
+                        carry_out(mailbox, Some(server), index, opcode, marks, fate);
                         return;
                     }
                 }
@@ -791,7 +816,7 @@ impl Inner {
         }
         if flight.marks.gone(mailbox, context) {
             let flight = in_flight.swap_remove(k);
-            abandon(context, flight, Fate::Reset, "no running kernel can answer");
+            abandon(context, flight, Fate::Drain, "no running kernel can answer");
             return (progress + 1, true);
         }
         let timed_out = flight.on_port
@@ -800,11 +825,11 @@ impl Inner {
                 .client_timeout
                 .is_some_and(|t| flight.since.get_or_insert_with(Instant::now).elapsed() > t);
         if timed_out {
-            // Closed as the exchange left it, not reset to the client's word as it reads
-            // now: other client processes may use the port from the moment it looks free,
-            // and a reset would swallow a request one of them just made.
+            // Drained: the client may be slow, not gone, and its next packet must not be read
+            // as a request; other client processes may take the port from the moment it looks
+            // free, and their fresh headers are.
             let flight = in_flight.swap_remove(k);
-            abandon(context, flight, Fate::Close, "the client timed out");
+            abandon(context, flight, Fate::Drain, "the client timed out");
             return (progress, true);
         }
         (progress, false)
@@ -825,7 +850,7 @@ impl Inner {
     ) {
         let fate = self.finish(mailbox, index, opcode, result);
         drop(exchange);
-        carry_out(mailbox, Some(server), index, marks, fate);
+        carry_out(mailbox, Some(server), index, opcode, marks, fate);
     }
 
     /// Logs and counts how a request ended; the fate of its port.
@@ -856,17 +881,17 @@ impl Inner {
             Err(ServerError::Panicked(text)) => {
                 log::error!(
                     "{name}: mailbox {id} port {index}: handler for {opcode} panicked: {text}; \
-                     port quarantined"
+                     port drained"
                 );
                 bump(&context.stats.panics);
-                Fate::Quarantine
+                Fate::Drain
             }
             Err(error) => {
                 log::error!(
-                    "{name}: mailbox {id} port {index}: {opcode} failed: {error}; port quarantined"
+                    "{name}: mailbox {id} port {index}: {opcode} failed: {error}; port drained"
                 );
                 bump(&context.stats.errors);
-                Fate::Quarantine
+                Fate::Drain
             }
         }
     }
@@ -883,12 +908,12 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
         ..
     } = flight;
     let action = match fate {
-        Fate::Reset => "port reset",
+        Fate::Drain => "port drained",
         Fate::Close => "port freed",
         Fate::Quarantine => "port left locked",
     };
     drop(exchange);
-    carry_out(&mailbox, None, index, marks, fate);
+    carry_out(&mailbox, None, index, opcode, marks, fate);
     // Logged once done, so whoever reads the line finds the port as it says.
     log::warn!(
         "{}: mailbox {} port {index}: {opcode} abandoned: {reason}; {action}",
@@ -898,13 +923,14 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
     bump(&context.stats.abandoned);
 }
 
-/// Does to the port what its fate says, once its request is gone (see the module docs), through
-/// `server`, the mailbox's view, if the caller has one. A detached mailbox's ports are left
-/// untouched: the server no longer writes that memory.
+/// Does to the port of an `opcode` exchange what its fate says, once its request is gone (see
+/// the module docs), through `server`, the mailbox's view, if the caller has one. A detached
+/// mailbox's ports are left untouched: the server no longer writes that memory.
 fn carry_out(
     mailbox: &Attached,
     server: Option<&crate::protocol::ServerEnd<'_>>,
     index: u32,
+    opcode: Opcode,
     marks: Marks,
     fate: Fate,
 ) {
@@ -913,7 +939,11 @@ fn carry_out(
     }
     if fate == Fate::Quarantine {
         let mut quarantine = lock(&mailbox.quarantine);
-        quarantine.push(Quarantined { index, marks });
+        quarantine.push(Quarantined {
+            index,
+            opcode,
+            marks,
+        });
         // RMW: one quarantined port more, under the lock (see `release_quarantined`).
         mailbox.quarantined.fetch_add(1, Ordering::Relaxed);
         return;
@@ -930,7 +960,7 @@ fn carry_out(
         let owned = mailbox.owned[index as usize].load(Ordering::Relaxed);
         server.close(index, owned)
     } else {
-        server.release(index)
+        server.drain(index, opcode.failure_word())
     }
 }
 
@@ -1033,7 +1063,7 @@ mod tests {
                     cache.yield_every = Some(HOT_STRIDE);
                     Inner::serve_pass(&server.inner, &mut cache);
                 }
-                cache.clear(&server.inner.context, Fate::Reset, "test over");
+                cache.clear(&server.inner.context, Fate::Drain, "test over");
             });
             let client = Client::new(memory.view(), locks.words())
                 .unwrap()

@@ -1,7 +1,9 @@
 //! loom models of the resumable exchanges (see `dispatch.rs`): a port waiting for its client
 //! while another is served, an exchange abandoned once its kernel is gone (its port then
-//! serving a new kernel), and `detach` against a pass (it returns only once no pass holds the
-//! mailbox). The hand-off to the I/O threads is modelled on the pool alone in `loom_io_pool`
+//! serving a new kernel), a drained port (PROTOCOL section 11: a slow client's late packet
+//! racing the drain, a script refused midway) answering the rest of its client's script and
+//! never running a late packet as a request, and `detach` against a pass (it returns only once
+//! no pass holds the mailbox). The hand-off to the I/O threads is modelled on the pool alone in `loom_io_pool`
 //! (a model with the passes too did not finish in loom within minutes);
 //! `workloads/tests/interleaving.rs` covers the two together with real threads.
 //!
@@ -15,8 +17,8 @@ use crate::protocol::port::Spin;
 use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use crate::server::dispatch::{open_when_free, register_two_packet_sum, Fate, PassCache};
 use crate::server::Inner;
-use crate::sync::{thread, Arc, AtomicBool, Ordering};
-use crate::{MailboxId, Opcode, RpcServer};
+use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Ordering};
+use crate::{MailboxId, Opcode, ProtocolError, RpcServer, ServerError};
 
 struct Fixture {
     server: RpcServer,
@@ -59,7 +61,7 @@ fn passes(f: &Arc<Fixture>, done: &Arc<AtomicBool>) -> thread::JoinHandle<()> {
             Inner::serve_pass(&inner, &mut cache);
             thread::yield_now();
         }
-        cache.clear(&inner.context, Fate::Reset, "model over");
+        cache.clear(&inner.context, Fate::Drain, "model over");
     })
 }
 
@@ -119,7 +121,9 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned_and_its_port_serves_again() {
         // Once the server has ended the dead exchange (not before: until then the port looks
         // free from outside, and a new client's packet would be read as the old exchange's
         // next one; on a GPU the dead warp's lock bit stays set, so no new kernel comes), a
-        // new kernel with its own lock bits gets the port, reset.
+        // new kernel with its own lock bits gets the port, drained. It learns of the end from
+        // the server (rpc-serve's log line), which orders the drain's mark before its open:
+        // here the passes stop and are joined, and new ones serve it.
         while f
             .server
             .inner
@@ -131,12 +135,103 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned_and_its_port_serves_again() {
         {
             thread::yield_now();
         }
+        done.store(true, Ordering::Release);
+        server.join().unwrap();
+        let done = Arc::new(AtomicBool::new(false));
+        let server = passes(&f, &done);
         let _kernel = f.server.user();
         let fresh = LockTable::new(1);
         assert_eq!(increment(&f.client(&fresh), 0, 41), 42);
         done.store(true, Ordering::Release);
         server.join().unwrap();
         assert_eq!(f.server.stats().abandoned, 1);
+    });
+}
+
+/// Registers `opcode`: two packets in, their sum back, counting its runs in `runs`; a first
+/// packet above `bound` ends it there with an error (as a stream claim above its bound does).
+fn register_counted_sum(f: &Fixture, opcode: Opcode, bound: u64, runs: &Arc<AtomicUsize>) {
+    let runs = runs.clone();
+    f.server.register(opcode, move |mut req| {
+        // RMW: one run more (read after the model's threads are joined).
+        runs.fetch_add(1, Ordering::Relaxed);
+        async move {
+            let (mut a, mut b) = (0, 0);
+            req.recv(|_, p| a = p.word(0)).await?;
+            if a > bound {
+                let (lane, len) = (0, a);
+                return Err(ServerError::Protocol(ProtocolError::TooLong {
+                    lane,
+                    len,
+                    bound,
+                }));
+            }
+            req.recv(|_, p| b = p.word(0)).await?;
+            req.send(|_, p| p.set_word(0, a + b)).await
+        }
+    });
+}
+
+/// A slow client: its kernel's user guard goes while it is still inside its exchange (as a
+/// client timeout takes a slow client for gone), so the server may drain the port before the
+/// client's second packet comes. Whichever comes first, the script runs once: the client reads
+/// the sum (its packet came in time) or the failure word 0 (it came late: answered, not run as
+/// a new request), and its next request on the port is served. A drain without the mark (the
+/// old reset) runs the late packet as a new request: two runs, and the client reads its own
+/// packet back.
+#[test]
+fn a_late_packet_of_a_drained_exchange_is_answered_never_run() {
+    model(|| {
+        let f = fixture(1);
+        let runs = Arc::new(AtomicUsize::new(0));
+        register_counted_sum(&f, Opcode::user(2), u64::MAX, &runs);
+        let done = Arc::new(AtomicBool::new(false));
+        let server = passes(&f, &done);
+        let kernel = f.server.user();
+        let client = f.client(&f.locks);
+        let mut port = client.try_open_at(0, Opcode::user(2), 1).unwrap().unwrap();
+        port.send(|_, p| p.set_word(0, 40)).unwrap();
+        drop(kernel);
+        let mut sum = u64::MAX;
+        port.send_and_recv(|_, p| p.set_word(0, 2), |_, p| sum = p.word(0))
+            .unwrap();
+        drop(port);
+        assert!(sum == 42 || sum == 0, "read {sum}");
+        let _kernel = f.server.user();
+        assert_eq!(increment(&client, 0, 41), 42);
+        done.store(true, Ordering::Release);
+        server.join().unwrap();
+        assert_eq!(runs.load(Ordering::Relaxed), 1);
+    });
+}
+
+/// A script its handler ends midway with an error (a claim above its bound) while its client
+/// goes on: the port is drained at once, the client's next packet is answered without being
+/// run, its reply is the failure word 0, and the port serves the same client's next request
+/// while its kernel still runs. (Quarantined instead, the client waited for good; drained
+/// without the mark, its next packet ran as a new request, and it read that packet back.)
+#[test]
+fn a_port_drained_midway_answers_the_rest_of_its_script_and_serves_again() {
+    model(|| {
+        let f = fixture(1);
+        let runs = Arc::new(AtomicUsize::new(0));
+        register_counted_sum(&f, Opcode::user(3), 1, &runs);
+        let _kernel = f.server.user();
+        let done = Arc::new(AtomicBool::new(false));
+        let server = passes(&f, &done);
+        let client = f.client(&f.locks);
+        let mut port = client.try_open_at(0, Opcode::user(3), 1).unwrap().unwrap();
+        port.send(|_, p| p.set_word(0, 5)).unwrap();
+        let mut reply = u64::MAX;
+        port.send_and_recv(|_, p| p.set_word(0, 7), |_, p| reply = p.word(0))
+            .unwrap();
+        drop(port);
+        assert_eq!(reply, 0);
+        assert_eq!(increment(&client, 0, 41), 42);
+        done.store(true, Ordering::Release);
+        server.join().unwrap();
+        assert_eq!(runs.load(Ordering::Relaxed), 1);
+        assert_eq!(f.server.stats().errors, 1);
     });
 }
 

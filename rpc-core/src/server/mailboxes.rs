@@ -7,7 +7,7 @@ use std::vec::Vec;
 
 use crate::protocol::layout::Layout;
 use crate::protocol::mailbox::{LockTable, Mailbox, MailboxMemory};
-use crate::protocol::opcode::{Dialect, Numbering};
+use crate::protocol::opcode::{Dialect, Numbering, Opcode};
 use crate::protocol::port::Backoff;
 use crate::protocol::server_end::ServerEnd;
 use crate::server::error::ServerError;
@@ -149,8 +149,8 @@ pub(crate) struct Attached {
     pub(crate) users: Arc<Coverage>,
     /// Per port: whether the last request dropped owned the buffer (see `dispatch`).
     pub(crate) owned: Box<[AtomicBool]>,
-    /// Ports left locked mid-exchange, each released once the kernels that could still be
-    /// inside its exchange are gone (see [`crate::server::dispatch`]).
+    /// Ports a shutdown left locked mid-exchange, each drained once the kernels that could
+    /// still be inside its exchange are gone (see [`crate::server::dispatch`]).
     pub(crate) quarantine: Mutex<Vec<Quarantined>>,
     /// How many ports `quarantine` holds, read without its lock.
     pub(crate) quarantined: AtomicUsize,
@@ -177,9 +177,11 @@ impl Attached {
     }
 }
 
-/// A port left locked mid-exchange, and the users that could still be inside that exchange.
+/// A port left locked mid-exchange, the opcode of that exchange (for its drained reply), and
+/// the users that could still be inside it.
 pub(crate) struct Quarantined {
     pub(crate) index: u32,
+    pub(crate) opcode: Opcode,
     pub(crate) marks: Marks,
 }
 

@@ -237,7 +237,8 @@ impl RpcServer {
     /// lets the server thread serve the other ports until the client answers. It ends with
     /// `Ok(())` or a [`ServerError`] (`?` lifts the port's [`ProtocolError`](crate::ProtocolError)s
     /// into one): [`ServerError::Refused`] closes the port as served and counts a refusal, any
-    /// other error quarantines the port.
+    /// other error drains the port (PROTOCOL section 11: the rest of the client's script is
+    /// answered with the opcode's failure word, and never run as a request).
     ///
     /// ```no_run
     /// # let server = rpc_core::RpcServer::new(Default::default());
@@ -357,8 +358,8 @@ impl RpcServer {
     /// Stops the worker and joins it; `AlreadyStopped` if none ran (see [`RpcServer::start`]).
     /// With kernels still holding user guards, the configured [`ShutdownPolicy`] decides:
     /// refuse with [`ServerError::LiveUsers`] (at once or after a wait) and keep serving, or stop
-    /// anyway. Exchanges still in flight are abandoned (their ports quarantined, never handed
-    /// wrong data), and I/O threads stuck in a call are left behind and counted
+    /// anyway. Exchanges still in flight are abandoned (their ports quarantined: nothing handed
+    /// back until their kernels are gone, then drained), and I/O threads stuck in a call are left behind and counted
     /// (`io_threads_abandoned`), never joined forever.
     pub fn shutdown(&self) -> Result<Stopped, ServerError> {
         self.shutdown_with(self.inner.context.config.shutdown_policy)

@@ -191,7 +191,7 @@ pub struct Request {
 }
 
 impl Drop for Request {
-    /// Leaves the port locked as it is: the server closes, resets or quarantines it once the
+    /// Leaves the port locked as it is: the server closes, drains or quarantines it once the
     /// exchange has ended (its dispatch pass). A request must therefore not outlive its
     /// handler's exchange.
     fn drop(&mut self) {

@@ -121,7 +121,8 @@ pub struct StatsSnapshot {
     pub refused: u64,
     /// Requests no handler accepted.
     pub unknown: u64,
-    /// Requests whose header lane mask was invalid.
+    /// Requests whose header lane mask had bits at or above `L` (a mask of 0 is the no-request
+    /// mark of a drained port, PROTOCOL section 11: answered, not counted).
     pub bad_headers: u64,
     /// Handlers that panicked.
     pub panics: u64,

@@ -59,10 +59,10 @@
 //!
 //! Exchanges suspended in flight (see [`crate::server::dispatch`]) never outlive a stretch of serving
 //! into a sleep: after the last pass, those of kernels that are gone are ended (their ports
-//! reset), and at a shutdown all lose their server (ended, ports quarantined; so too, after
+//! drained), and at a shutdown all lose their server (ended, ports quarantined; so too, after
 //! the loop, any kept when a shutdown began after that look). One may stay only if its kernel
 //! arrived after the worker saw no user (the last pass can open such a kernel's request, and
-//! resetting it midway would make its next packet read as a new request); that arrival moved
+//! draining it midway would answer the rest of its script with failures); that arrival moved
 //! `epoch`, so the next `wait_for_users` does not sleep, and the next stretch serves it. So a
 //! sleeping or exited worker holds no mailbox, and `detach` never waits on it. A stopping
 //! worker's last pass opens no new port: requests still pending wait for the next worker

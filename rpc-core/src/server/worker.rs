@@ -91,7 +91,7 @@ pub(crate) fn run(inner: Arc<Inner>) {
         // One last pass: requests left by kernels that finished (FREE needs no answer) and
         // exchanges that can still end. Then either a shutdown is under way (the exchanges
         // lose their server: quarantined, see `dispatch`), or no user was left when the worker
-        // looked: the exchanges of kernels that are gone are reset, and those of a kernel that
+        // looked: the exchanges of kernels that are gone are drained, and those of a kernel that
         // came since stay for the next stretch (`PassCache::clear_gone`).
         guarded(&inner, || {
             Inner::serve_pass(&inner, &mut cache);

@@ -11,8 +11,9 @@
 //! (`request_bytes`): a claim above them ends the exchange at once
 //! ([`ProtocolError::TooLong`](crate::ProtocolError::TooLong),
 //! [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong), logged and counted
-//! in `errors`); the rest is not drained on the server's time, and the port stays locked until
-//! the kernel is gone (see how the server ends an exchange). printf's output goes to its stream
+//! in `errors`); nothing of it is kept, and the port is drained (PROTOCOL section 11): each
+//! packet the client still sends is answered unread, and its reply is the opcode's failure
+//! word (`Opcode::failure_word`). printf's output goes to its stream
 //! in pieces, never whole in memory; reads are served in parts of at most `read_bytes`.
 //!
 //! Each mailbox's kernels have their own open files and allocations: a handle or an address
@@ -54,8 +55,8 @@
 //! | SYSTEM | C send_n(command); S send buf\[0\] = status | not allowed (-1) |
 //! | TEST_INCREMENT, TEST_INTERFACE, TEST_STREAM | PROTOCOL section 6 | — |
 //!
-//! Any `send_n` above the stream bound ends the exchange at once (see above); it is not a
-//! refusal with a reply.
+//! Any `send_n` above the stream bound ends the exchange at once (see above): not a refusal
+//! counted in `refused`, but its client still gets a failure reply.
 //!
 //! Results that are C `int`s or `i64`s are sent sign-extended into the u64 word (EOF and -1 read
 //! as `u64::MAX`).

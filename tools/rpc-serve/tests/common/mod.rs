@@ -1,5 +1,6 @@
 //! Helpers shared by the tests that run `rpc-serve` in a child process and talk to it from this
-//! one (`cross_process.rs`, `cross_process_faults.rs`, `cross_process_hostile.rs`).
+//! one (`cross_process.rs`, `cross_process_faults.rs`, `cross_process_hostile.rs`,
+//! `cross_process_ports.rs`).
 
 // Each test file is its own crate and uses only part of this module.
 #![allow(dead_code)]

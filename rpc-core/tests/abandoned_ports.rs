@@ -1,0 +1,333 @@
+//! Ports whose exchange the server abandoned (PROTOCOL section 11): a stream claim above the
+//! bound on every opcode that streams, eight of them at once, a client slower than the client
+//! timeout, and a worker with no users beside such ports. Each port is drained: the client's
+//! script is answered to its end with the opcode's failure word, no late packet runs as a
+//! request, and the port serves its client's next request.
+//!
+//! Every wait is for a condition (a reply, a counter); the durations are hang guards only.
+#![cfg(not(loom))]
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
+use rpc_core::protocol::{MailboxMemory, FIRST_PACKET_BYTES};
+use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
+
+/// Bytes a lane may stream (the claims below are far above it).
+const BOUND: u64 = 4096;
+/// A claim no server may take at its word.
+const CLAIM: u64 = 1 << 62;
+/// How long anything may take before the test fails instead of hanging.
+const HANG_GUARD: Duration = Duration::from_secs(60);
+
+/// Every opcode whose script begins (after a stream handle, for the `_STREAM` ones) with a
+/// stream from the client.
+const STREAMING: [Opcode; 17] = [
+    Opcode::WRITE_TO_STDOUT,
+    Opcode::WRITE_TO_STDERR,
+    Opcode::WRITE_TO_STREAM,
+    Opcode::WRITE_TO_STDOUT_NEWLINE,
+    Opcode::OPEN_FILE,
+    Opcode::HOST_CALL,
+    Opcode::OFFLOAD_HOST_CALL,
+    Opcode::PRINTF_TO_STDOUT,
+    Opcode::PRINTF_TO_STDERR,
+    Opcode::PRINTF_TO_STREAM,
+    Opcode::PRINTF_TO_STDOUT_PACKED,
+    Opcode::PRINTF_TO_STDERR_PACKED,
+    Opcode::PRINTF_TO_STREAM_PACKED,
+    Opcode::REMOVE,
+    Opcode::RENAME,
+    Opcode::SYSTEM,
+    Opcode::TEST_STREAM,
+];
+
+/// What the server wrote to the device's stdout or stderr.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Capture {
+    fn bytes(&self) -> Vec<u8> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// A running server with one mailbox of `ports` ports (L = 1) and its output captured.
+struct Fx {
+    server: RpcServer,
+    memory: Arc<MailboxMemory>,
+    id: rpc_core::MailboxId,
+    output: Capture,
+    wait: Deadline,
+}
+
+impl Fx {
+    fn new(name: &str, ports: u32, client_timeout: Option<Duration>) -> Fx {
+        let _ = env_logger::builder().is_test(true).try_init();
+        let server = RpcServer::new(ServerConfig {
+            name: name.into(),
+            limits: Limits {
+                stream_bytes: BOUND,
+                ..Limits::default()
+            },
+            client_timeout,
+            ..ServerConfig::default()
+        });
+        let memory = Arc::new(MailboxMemory::new(
+            Layout::new(Generation::V1, ports, 1).unwrap(),
+        ));
+        let id = server.attach(Box::new(memory.clone()));
+        let output = Capture::default();
+        let services = server.context().services();
+        services.set_stdout(Box::new(output.clone()));
+        services.set_stderr(Box::new(output.clone()));
+        assert_eq!(server.start(), Ok(Started::Started));
+        Fx {
+            server,
+            memory,
+            id,
+            output,
+            wait: Deadline::after(HANG_GUARD),
+        }
+    }
+
+    fn client<'a>(&'a self, locks: &'a LockTable) -> Client<'a> {
+        Client::new(self.memory.view(), locks.words())
+            .unwrap()
+            .with_wait(&self.wait)
+    }
+
+    /// Waits until `condition` holds of the server's counters.
+    fn eventually(&self, what: &str, condition: impl Fn(&rpc_core::StatsSnapshot) -> bool) {
+        let start = Instant::now();
+        loop {
+            let stats = self.server.stats();
+            if condition(&stats) {
+                return;
+            }
+            assert!(start.elapsed() < HANG_GUARD, "never {what}: {stats}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Opens `opcode` on port `index`, which must be free.
+fn open<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
+    client
+        .try_open_at(index, opcode, 1)
+        .unwrap()
+        .unwrap_or_else(|| panic!("port {index} is not free for {opcode}"))
+}
+
+/// TEST_INCREMENT of `x` on port `index`, which must be free.
+fn increment_at(client: &Client<'_>, index: u32, x: u64) -> u64 {
+    let mut port = open(client, index, Opcode::TEST_INCREMENT);
+    let mut got = 0;
+    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
+        .unwrap();
+    got
+}
+
+/// Opens `opcode` on port `index` and sends what its script sends first, ending with a stream
+/// whose first packet claims [`CLAIM`] bytes: the server refuses the claim there.
+fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
+    let mut port = open(client, index, opcode);
+    let streams = [
+        Opcode::WRITE_TO_STREAM,
+        Opcode::PRINTF_TO_STREAM,
+        Opcode::PRINTF_TO_STREAM_PACKED,
+    ];
+    if streams.contains(&opcode) {
+        // The stream handle (stdout, tagged), then the stream.
+        port.send(|_, p| p.set_word(0, 2)).unwrap();
+    }
+    port.send(|_, p| {
+        p.set_word(0, CLAIM);
+        p.write_bytes(8, &[b'x'; FIRST_PACKET_BYTES]);
+    })
+    .unwrap();
+    port
+}
+
+/// The client goes on with its script as if the claim had been taken: one more packet of its
+/// stream, then it reads the reply. Returns the reply's word 0.
+fn finish_claim(mut port: ClientPort<'_>) -> u64 {
+    port.send(|_, p| p.write_bytes(0, &[b'y'; 64])).unwrap();
+    let mut reply = None;
+    port.recv(|_, p| reply = Some(p.word(0))).unwrap();
+    reply.unwrap()
+}
+
+/// A claim above the bound on each opcode that streams, on port 0 while the server keeps a user
+/// (as rpc-serve does all its life): each is answered to its end with the opcode's failure
+/// word, nothing is printed, and port 0 then serves a TEST_INCREMENT. (Before, the port stayed
+/// locked until the user was gone: the client's next wait never ended.)
+#[test]
+fn an_over_long_claim_on_each_streaming_opcode_leaves_its_port_serving() {
+    let fx = Fx::new("claims", 2, None);
+    let _user = fx.server.user();
+    let locks = LockTable::new(2);
+    let client = fx.client(&locks);
+    for (k, opcode) in STREAMING.into_iter().enumerate() {
+        let port = claim(&client, 0, opcode);
+        assert_eq!(finish_claim(port), opcode.failure_word(), "{opcode}");
+        fx.eventually("counted the error", |s| s.errors == k as u64 + 1);
+        assert_eq!(increment_at(&client, 0, 10 * k as u64), 10 * k as u64 + 1);
+    }
+    assert!(fx.output.bytes().is_empty(), "{:?}", fx.output.bytes());
+    let stats = fx.server.stats();
+    assert_eq!(stats.total_served(), STREAMING.len() as u64, "{stats}");
+    assert_eq!(
+        stats.served_of(Opcode::TEST_INCREMENT),
+        STREAMING.len() as u64
+    );
+}
+
+/// Eight claims above the bound on the eight ports of a mailbox, all outstanding at once: each
+/// is answered, and then every port serves.
+#[test]
+fn eight_over_long_claims_on_eight_ports_then_all_eight_serve() {
+    let fx = Fx::new("eight-claims", 8, None);
+    let _user = fx.server.user();
+    let locks = LockTable::new(8);
+    let client = fx.client(&locks);
+    let ports: Vec<ClientPort<'_>> = (0..8)
+        .map(|index| claim(&client, index, STREAMING[index as usize]))
+        .collect();
+    for (index, port) in ports.into_iter().enumerate() {
+        assert_eq!(finish_claim(port), STREAMING[index].failure_word());
+    }
+    for index in 0..8 {
+        assert_eq!(
+            increment_at(&client, index, u64::from(index)),
+            u64::from(index) + 1
+        );
+    }
+    fx.eventually("counted the errors", |s| s.errors == 8);
+    assert!(fx.output.bytes().is_empty());
+}
+
+/// A slow but honest client: it sends the first packet of a 200-byte stream, and the rest only
+/// once the server has given the exchange up (its client timeout, set short here). Its late
+/// packets are answered, never read as a request: nothing is printed (a WRITE), nothing is
+/// echoed (a TEST_STREAM: the reply says 0 bytes), and the port serves the client's next
+/// requests. (Before, the first late packet was served as a new request, its bytes taken for a
+/// length and a text, and the port was then lost.)
+#[test]
+fn a_slow_clients_late_packets_are_answered_never_run_and_its_port_serves_again() {
+    let fx = Fx::new("slow", 2, Some(Duration::from_millis(20)));
+    let _user = fx.server.user();
+    let locks = LockTable::new(2);
+    let client = fx.client(&locks);
+    let data: Vec<u8> = (0..200u32).map(|i| b'a' + (i % 26) as u8).collect();
+    for (k, opcode) in [Opcode::WRITE_TO_STDOUT, Opcode::TEST_STREAM]
+        .into_iter()
+        .enumerate()
+    {
+        let mut port = open(&client, 0, opcode);
+        port.send(|_, p| {
+            p.set_word(0, data.len() as u64);
+            p.write_bytes(8, &data[..FIRST_PACKET_BYTES]);
+        })
+        .unwrap();
+        fx.eventually("gave the silent client up", |s| s.abandoned == k as u64 + 1);
+        for chunk in data[FIRST_PACKET_BYTES..].chunks(64) {
+            port.send(|_, p| p.write_bytes(0, chunk)).unwrap();
+        }
+        let mut reply = None;
+        port.recv(|_, p| reply = Some(p.word(0))).unwrap();
+        drop(port);
+        assert_eq!(
+            reply,
+            Some(0),
+            "{opcode}: 0 bytes written, or an empty echo"
+        );
+        assert_eq!(fx.server.stats().served_of(opcode), 0, "{opcode} ran");
+        assert!(fx.output.bytes().is_empty(), "{:?}", fx.output.bytes());
+        assert_eq!(increment_at(&client, 0, 41), 42);
+    }
+    // A write on that port prints again.
+    let mut port = open(&client, 0, Opcode::WRITE_TO_STDOUT);
+    port.send_n(&[&b"again\n"[..]]).unwrap();
+    let mut written = 0;
+    port.recv(|_, p| written = p.word(0)).unwrap();
+    drop(port);
+    assert_eq!(written, 6);
+    assert_eq!(fx.output.bytes(), b"again\n");
+}
+
+/// Drained and quarantined ports are no users: with a drained port and a port a forced
+/// shutdown quarantined, the worker goes to sleep once the kernels are gone, and a new kernel
+/// finds both ports serving. The drained port serves while another kernel still runs (before,
+/// it stayed locked until every kernel that had arrived by its claim was gone).
+#[test]
+fn drained_and_quarantined_ports_keep_no_worker_awake() {
+    let fx = Fx::new("asleep", 2, None);
+    let started = Arc::new(AtomicBool::new(false));
+    let flag = started.clone();
+    fx.server.register(Opcode::user(1), move |mut req| {
+        let flag = flag.clone();
+        async move {
+            req.recv(|_, _| {}).await?;
+            flag.store(true, Ordering::Release);
+            // Holds the buffer until a shutdown cuts it.
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    let other_kernel = fx.server.user_for(fx.id);
+    let kernel = fx.server.user_for(fx.id);
+    let locks = LockTable::new(2);
+    let client = fx.client(&locks);
+    let port = claim(&client, 0, Opcode::WRITE_TO_STDOUT);
+    assert_eq!(finish_claim(port), 0);
+    assert_eq!(increment_at(&client, 0, 1), 2);
+    // Port 1: an exchange a forced shutdown cuts, whose kernel dies with it.
+    let mut cut = open(&client, 1, Opcode::user(1));
+    cut.send(|_, p| p.set_word(0, 7)).unwrap();
+    std::mem::forget(cut);
+    let start = Instant::now();
+    while !started.load(Ordering::Acquire) {
+        assert!(start.elapsed() < HANG_GUARD, "port 1 was never served");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        fx.server.shutdown_with(ShutdownPolicy::Force),
+        Ok(Stopped::Stopped)
+    );
+    assert_eq!(fx.server.stats().abandoned, 1);
+    drop((kernel, other_kernel));
+    let sleeps = fx.server.stats().sleeps;
+    assert_eq!(fx.server.start(), Ok(Started::Started));
+    fx.eventually("slept with no user", |s| s.sleeps > sleeps);
+    let _kernel = fx.server.user_for(fx.id);
+    let fresh = LockTable::new(2);
+    let client = fx.client(&fresh);
+    assert_eq!(increment_at(&client, 0, 3), 4);
+    // The quarantined port is drained at the new kernel's first pass: free soon after.
+    let start = Instant::now();
+    let mut port = loop {
+        if let Some(port) = client.try_open_at(1, Opcode::TEST_INCREMENT, 1).unwrap() {
+            break port;
+        }
+        assert!(start.elapsed() < HANG_GUARD, "port 1 never served again");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let mut got = 0;
+    port.send_and_recv(|_, p| p.set_word(0, 5), |_, p| got = p.word(0))
+        .unwrap();
+    assert_eq!(got, 6);
+}
