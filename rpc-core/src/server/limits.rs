@@ -40,7 +40,10 @@ pub enum FilePolicy {
     /// None: OPEN_FILE answers 0, REMOVE and RENAME -1 (refusals).
     Deny,
     /// Only paths beneath this directory: a relative path resolves from it, an absolute path
-    /// must lie inside it (its real, canonical path or the path as given here). Resolved by the
+    /// must lie inside it (its real, canonical path or the path as given here). The directory
+    /// is opened once, when the policy is set, and held by that descriptor: a rename of it (and
+    /// a symbolic link put at its old path) moves nothing, requests go on in the renamed
+    /// directory; one that cannot be opened then makes every file request a refusal. Resolved by the
     /// kernel (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, so no `..`, symbolic
     /// link or rename racing the request leads outside); where `openat2` is missing or
     /// filtered, one component at a time with `O_NOFOLLOW`, refusing every `..` and symbolic

@@ -124,6 +124,9 @@ pub struct Services {
     host_functions: Mutex<HashMap<u64, HostFunction>>,
     /// Files no request may open, remove or rename, by `(st_dev, st_ino)`.
     protected: Mutex<Vec<files::FileId>>,
+    /// The file policy made ready: a sandbox's directory opened when the policy was set
+    /// (changed under `policy`'s lock, with it).
+    file_access: Mutex<files::Access>,
 }
 
 /// What the services keep for one attached mailbox, in the slot the server keeps with it
@@ -178,6 +181,7 @@ impl Services {
             mailboxes,
             host_functions: Mutex::new(HashMap::new()),
             protected: Mutex::new(Vec::new()),
+            file_access: Mutex::new(files::Access::of(&config.services.files)),
         }
     }
 
@@ -189,9 +193,15 @@ impl Services {
     pub fn set_exit_policy(&self, exit: ExitPolicy) {
         lock(&self.policy).exit = exit;
     }
-    /// Sets which paths the file opcodes may touch.
+    /// Sets which paths the file opcodes may touch. A [`FilePolicy::Sandbox`]'s directory is
+    /// opened now and held by its descriptor: renaming it later, or putting a symbolic link at
+    /// its path, does not move the sandbox (requests go on in the renamed directory). A
+    /// directory that cannot be opened now makes every file request a refusal.
     pub fn set_file_policy(&self, files: FilePolicy) {
-        lock(&self.policy).files = files;
+        let access = files::Access::of(&files);
+        let mut policy = lock(&self.policy);
+        policy.files = files;
+        *lock(&self.file_access) = access;
     }
     /// Sets whether SYSTEM runs commands.
     pub fn set_system_allowed(&self, allowed: bool) {
