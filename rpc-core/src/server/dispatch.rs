@@ -67,7 +67,7 @@ use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{SPIN_WAITS, WAITING_ON_PORT};
 use crate::protocol::scan::{HotPorts, Step};
 use crate::server::error::ServerError;
-use crate::server::limits::device_warn;
+use crate::server::limits::device_log;
 use crate::server::mailboxes::{Marks, Quarantined};
 use crate::server::registry::{Exchange, Handler, Registry, Request, ALONE, YIELDED};
 use crate::server::stats::bump;
@@ -562,8 +562,9 @@ impl Inner {
         let name = &context.config.name;
         let (opcode, index) = (port.opcode(), port.index());
         if let Err(error) = port.check_mask() {
-            device_warn!(
-                context,
+            device_log!(
+                context.log_limit,
+                Warn,
                 "{name}: mailbox {} port {index}: {opcode}: {error}; closed unanswered",
                 mailbox.id.0
             );
@@ -596,8 +597,9 @@ impl Inner {
             }
         };
         let Some(entry) = entry else {
-            device_warn!(
-                context,
+            device_log!(
+                context.log_limit,
+                Warn,
                 "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
                 mailbox.id.0
             );
@@ -845,8 +847,9 @@ impl Inner {
                 Fate::Close
             }
             Err(ServerError::Refused(why)) => {
-                device_warn!(
-                    context,
+                device_log!(
+                    context.log_limit,
+                    Warn,
                     "{name}: mailbox {id} port {index}: {opcode} refused: {why}"
                 );
                 bump(&context.stats.refused);
@@ -854,7 +857,10 @@ impl Inner {
                 Fate::Close
             }
             Err(ServerError::Panicked(text)) => {
-                log::error!(
+                // A device may make a handler panic again and again: within the budget too.
+                device_log!(
+                    context.log_limit,
+                    Error,
                     "{name}: mailbox {id} port {index}: handler for {opcode} panicked: {text}; \
                      port quarantined"
                 );
@@ -862,7 +868,10 @@ impl Inner {
                 Fate::Quarantine
             }
             Err(error) => {
-                log::error!(
+                // A stream claim above the bounds, a broken exchange: the device's doing.
+                device_log!(
+                    context.log_limit,
+                    Error,
                     "{name}: mailbox {id} port {index}: {opcode} failed: {error}; port quarantined"
                 );
                 bump(&context.stats.errors);
@@ -889,8 +898,11 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
     };
     drop(exchange);
     carry_out(&mailbox, None, index, marks, fate);
-    // Logged once done, so whoever reads the line finds the port as it says.
-    log::warn!(
+    // Logged once done, so whoever reads the line finds the port as it says. A device (a
+    // client that went silent or timed out) can cause any number of these: within the budget.
+    device_log!(
+        context.log_limit,
+        Warn,
         "{}: mailbox {} port {index}: {opcode} abandoned: {reason}; {action}",
         context.config.name,
         mailbox.id.0

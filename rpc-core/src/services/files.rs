@@ -683,9 +683,10 @@ fn c_path(path: &Path) -> CString {
     CString::new(path.as_os_str().as_bytes()).unwrap_or_default()
 }
 
-/// A device path for a log line: quoted and escaped, so it cannot forge lines.
+/// A device path for a log line: quoted and escaped, so it cannot forge lines, and cut, so a
+/// long one makes a short line.
 fn shown(path: &[u8]) -> String {
-    std::format!("{:?}", String::from_utf8_lossy(path))
+    crate::server::limits::quoted(path)
 }
 
 fn refused(path: &[u8], why: impl core::fmt::Display) -> Denial {
