@@ -611,6 +611,9 @@ impl Inner {
             mailbox.id.0,
             port.mask()
         );
+        // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
+        // looking drained: its last hand-over lets the kernel go on first.
+        mailbox.begin_request();
         let mut exchange = match &entry.handler {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
@@ -830,8 +833,22 @@ impl Inner {
         carry_out(mailbox, Some(server), index, marks, fate);
     }
 
-    /// Logs and counts how a request ended; the fate of its port.
+    /// Logs and counts how a request ended (settling it: see `Attached::settle_request`); the
+    /// fate of its port.
     fn finish(
+        &self,
+        mailbox: &Attached,
+        index: u32,
+        opcode: Opcode,
+        result: Result<(), ServerError>,
+    ) -> Fate {
+        let fate = self.count(mailbox, index, opcode, result);
+        mailbox.settle_request();
+        fate
+    }
+
+    /// [`Inner::finish`]'s logging and counting.
+    fn count(
         &self,
         mailbox: &Attached,
         index: u32,
@@ -908,6 +925,7 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
         mailbox.id.0
     );
     bump(&context.stats.abandoned);
+    mailbox.settle_request();
 }
 
 /// Does to the port what its fate says, once its request is gone (see the module docs), through
