@@ -131,9 +131,12 @@ impl Slots {
 
 /// One attached mailbox.
 ///
-/// Memory ordering of `unsettled` (the other atomics say theirs where they are used): the
-/// worker adds one (Relaxed) as a request begins, before anything of it is handed to the
-/// client, and takes it away (Release) once the request is counted in the statistics.
+/// Memory ordering of `unsettled` (the other atomics say theirs where they are used): only the
+/// worker writes it, with a plain load and store (no read-modify-write: one worker at a time,
+/// and a locked instruction right after a hand-over would wait for that flip's store, see
+/// `protocol::deferred`). It adds one (Relaxed) as a request begins, before anything of it is
+/// handed to the client, and takes it away (Release) once the request is counted in the
+/// statistics.
 /// `RpcServer::wait_drained` reads it (Acquire) after an Acquire fence that follows its look at
 /// the flags: seeing a hand-over (the protocol publishes each with Release) it sees the one
 /// added before it, and seeing the value the Release took it back to, it sees the count.
@@ -176,18 +179,21 @@ impl Attached {
         self.doorbell.as_deref()
     }
 
-    /// A request of this mailbox begins (before any of its hand-overs).
+    /// A request of this mailbox begins (before any of its hand-overs). Worker only.
     pub(crate) fn begin_request(&self) {
-        // RMW: n -> n + 1. Relaxed: ordered before the request's hand-overs by their Release.
-        self.unsettled.fetch_add(1, Ordering::Relaxed);
+        // n -> n + 1, the worker the only writer. Relaxed: ordered before the request's
+        // hand-overs by their Release.
+        let n = self.unsettled.load(Ordering::Relaxed);
+        self.unsettled.store(n + 1, Ordering::Relaxed);
     }
 
     /// A request of this mailbox has been counted in the statistics (completed, failed or
-    /// abandoned).
+    /// abandoned). Worker only.
     pub(crate) fn settle_request(&self) {
-        // RMW: n -> n - 1. Release: the statistics' counts before it are seen by whoever
-        // reads the new value with Acquire (`wait_drained`).
-        self.unsettled.fetch_sub(1, Ordering::Release);
+        // n -> n - 1, the worker the only writer. Release: the statistics' counts before it
+        // are seen by whoever reads the new value with Acquire (`wait_drained`).
+        let n = self.unsettled.load(Ordering::Relaxed);
+        self.unsettled.store(n.saturating_sub(1), Ordering::Release);
     }
 
     pub(crate) fn server(&self) -> ServerEnd<'_> {
