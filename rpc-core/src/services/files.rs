@@ -58,7 +58,7 @@ use std::vec::Vec;
 
 use super::streams::{CFile, OpenError};
 use super::FilePolicy;
-use crate::sync::{lock, Arc};
+use crate::sync::lock;
 
 /// A file's identity: `(st_dev, st_ino)`.
 pub(crate) type FileId = (u64, u64);
@@ -101,7 +101,8 @@ pub(crate) enum Access {
     Deny,
     Allow,
     /// The sandbox's directory, or why it could not be opened (every request is then refused).
-    Sandbox(core::result::Result<Arc<Root>, String>),
+    /// (std's `Arc`: no part of what the loom models check.)
+    Sandbox(core::result::Result<std::sync::Arc<Root>, String>),
 }
 
 impl Access {
@@ -110,7 +111,7 @@ impl Access {
         match policy {
             FilePolicy::Deny => Access::Deny,
             FilePolicy::Allow => Access::Allow,
-            FilePolicy::Sandbox(dir) => Access::Sandbox(Root::open(dir).map(Arc::new)),
+            FilePolicy::Sandbox(dir) => Access::Sandbox(Root::open(dir).map(std::sync::Arc::new)),
         }
     }
 }
