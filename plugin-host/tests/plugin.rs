@@ -555,3 +555,45 @@ fn a_vendor_error_is_the_runtime_errors_source_whole() {
     };
     assert_eq!(source, vendor);
 }
+
+/// `synchronize` returns only once the server has counted the kernel's requests: 200 short
+/// kernels, each one call of a packet opcode and one of a script opcode that goes on after its
+/// reply, each followed at once by exact counts. (The worker counts a request after its last
+/// hand-over, which lets the kernel end; `synchronize` looked only at the mailbox's flags, so a
+/// count read right after it could miss the last request: the crate's own quick-start example
+/// asserts such a count. With the script's 1 ms after its reply, it missed it at once.)
+#[test]
+fn synchronize_returns_once_the_last_requests_are_counted() {
+    const PLUS: Opcode = Opcode::user(1);
+    const ECHO: Opcode = Opcode::user(2);
+    let (mut runtime, _) = runtime(HostConfig::default());
+    runtime
+        .server()
+        .register_packet(PLUS, |_, p| p.set_word(0, p.word(0) + 1000));
+    // Its script goes on after its reply, as a handler may (to log, or tidy up): it is
+    // counted some time after the kernel could go on. (It sleeps on the server thread to
+    // widen that time, which only a test may do; the assertions do not depend on it.)
+    runtime.server().register(ECHO, |mut req| async move {
+        req.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
+            .await?;
+        std::thread::sleep(Duration::from_millis(1));
+        Ok(())
+    });
+    let image = HostImage::new("counted")
+        .kernel("main", |warp| {
+            assert_eq!(warp.call(PLUS, |_| 1).unwrap()[0], 1001);
+            assert_eq!(warp.call(ECHO, |_| 1).unwrap()[0], 2);
+        })
+        .into_bytes();
+    let image = runtime.load_image(0, &image).unwrap();
+    for round in 1..=200 {
+        runtime
+            .launch(image, "main", &[], Grid::linear(1, 1))
+            .unwrap();
+        assert_eq!(runtime.synchronize(0).unwrap(), None);
+        let stats = runtime.server().stats();
+        assert_eq!(stats.served_of(PLUS), round, "round {round}");
+        assert_eq!(stats.served_of(ECHO), round, "round {round}");
+    }
+    runtime.deinit().unwrap();
+}

@@ -367,3 +367,77 @@ fn fifos_directories_devices_and_protected_files_are_refused() {
         assert_eq!(fx.services().open_files(), 0);
     }
 }
+
+/// The sandbox is held by its descriptor, not its name: once the policy is set, a local
+/// process renames the sandbox's directory and puts a symbolic link to another directory at
+/// its old path. OPEN_FILE (reading, creating, truncating), REMOVE and RENAME, by relative
+/// paths and by absolute ones under the old path, then act in the renamed directory, and the
+/// directory the link points to is untouched. (When the sandbox was looked up by its path for
+/// each request, the device read `secret.txt` and wrote, removed and renamed files there.)
+#[test]
+fn a_renamed_sandbox_replaced_by_a_link_keeps_requests_inside_the_renamed_directory() {
+    for (lanes, mask) in CONFIGS {
+        let fx = Fx::new("renamed", lanes, mask, FilePolicy::Allow);
+        let jail = fx.path("jail");
+        let moved = fx.path("moved");
+        let elsewhere = fx.path("elsewhere");
+        std::fs::create_dir_all(&jail).unwrap();
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::write(jail.join("inside.txt"), "ok").unwrap();
+        for name in ["secret.txt", "victim.txt", "inside.txt"] {
+            std::fs::write(elsewhere.join(name), "secret").unwrap();
+        }
+        fx.services()
+            .set_file_policy(FilePolicy::Sandbox(jail.clone()));
+
+        std::fs::rename(&jail, &moved).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &jail).unwrap();
+
+        // Reading: the renamed directory's file, by a relative and an absolute path.
+        for path in [
+            Path::new("inside.txt").to_path_buf(),
+            jail.join("inside.txt"),
+        ] {
+            let handles = fx.fopen(&every(&path), "r");
+            let read = fx.fread(10, &handles).0;
+            for l in fx.lanes() {
+                assert_eq!(read[l as usize], b"ok", "lane {l}: {}", path.display());
+            }
+            fx.on_handles(Opcode::CLOSE_FILE, &handles);
+        }
+        // What only the other directory has is not there.
+        fx.all(&fx.fopen(&every("secret.txt"), "r"), 0, "secret.txt");
+        // Creating (a file per lane) and truncating: in the renamed directory.
+        let new = |l: u32| format!("new{l}.txt");
+        for paths in [per_lane(new), every("secret.txt")] {
+            let handles = fx.fopen(&paths, "w");
+            fx.write_to_stream(&handles, &vec![b"mine".to_vec(); 64]);
+            fx.on_handles(Opcode::CLOSE_FILE, &handles);
+        }
+        assert_eq!(std::fs::read(moved.join("secret.txt")).unwrap(), b"mine");
+        // REMOVE and RENAME: nothing there to remove; the renames are the renamed directory's.
+        let out = fx.stream_then_word(Opcode::REMOVE, &every("victim.txt"));
+        fx.all(&out, MINUS_ONE, "victim.txt is not in the sandbox");
+        let old = per_lane(|l| jail.join(new(l)).display().to_string());
+        let out = fx.rename(&old, &per_lane(|l| format!("renamed{l}.txt")));
+        fx.all(&out, 0, "the rename inside");
+        for l in fx.lanes() {
+            assert_eq!(
+                std::fs::read(moved.join(format!("renamed{l}.txt"))).unwrap(),
+                b"mine"
+            );
+            assert!(!moved.join(new(l)).exists());
+        }
+
+        for name in ["secret.txt", "victim.txt", "inside.txt"] {
+            assert_eq!(
+                std::fs::read_to_string(elsewhere.join(name)).unwrap(),
+                "secret",
+                "{name} outside"
+            );
+        }
+        let outside: Vec<_> = std::fs::read_dir(&elsewhere).unwrap().collect();
+        assert_eq!(outside.len(), 3, "nothing created outside");
+        assert_eq!(fx.settled().refused, 0);
+    }
+}

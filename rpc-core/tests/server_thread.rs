@@ -1279,3 +1279,44 @@ fn many_exchanges_in_flight_are_each_served_whole() {
     drop(_user);
     let _ = server.shutdown().unwrap();
 }
+
+/// A mailbox is drained (`wait_drained`, what `PluginRuntime::synchronize` waits for) only once
+/// every request the server began on it is counted: a script whose reply has gone to the client
+/// but which has not ended yet (here it waits on an I/O thread for the test's word) keeps it
+/// undrained, and once it ends the count is there. Before, `wait_drained` looked only at the
+/// flags: the reply made the port look idle, so a caller read the statistics before the request
+/// was counted (`served_of` one short after `synchronize`, now and then).
+#[test]
+fn a_mailbox_is_drained_only_once_its_last_request_is_counted() {
+    const ECHO: Opcode = Opcode::user(0x51);
+    let server = RpcServer::new(config("drained"));
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let wait = Arc::new(std::sync::Mutex::new(wait));
+    server.register(ECHO, move |mut req| {
+        let wait = wait.clone();
+        async move {
+            req.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
+                .await?;
+            // After the reply: the client has its answer and goes on.
+            req.blocking(move |_| wait.lock().unwrap().recv().unwrap())
+                .await?;
+            Ok(())
+        }
+    });
+    let mailbox = Mailbox::attach(&server, 2, 1);
+    let _user = server.user();
+    let _ = server.start().unwrap();
+    let deadline = Deadline::after(Duration::from_secs(60));
+    let client = mailbox.client().with_wait(&deadline);
+    for round in 1..=scaled(20, 2) as u64 {
+        assert_eq!(increment(&client, ECHO, round), round + 1);
+        assert!(
+            !server.wait_drained(mailbox.id, Duration::ZERO),
+            "round {round}: drained while its request was not counted"
+        );
+        assert_eq!(server.stats().served_of(ECHO), round - 1);
+        go.send(()).unwrap();
+        assert!(server.wait_drained(mailbox.id, Duration::from_secs(60)));
+        assert_eq!(server.stats().served_of(ECHO), round, "round {round}");
+    }
+}

@@ -75,7 +75,7 @@ use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{SPIN_WAITS, WAITING_ON_PORT};
 use crate::protocol::scan::{HotPorts, Step};
 use crate::server::error::ServerError;
-use crate::server::limits::device_warn;
+use crate::server::limits::device_log;
 use crate::server::mailboxes::{Marks, Quarantined};
 use crate::server::registry::{Exchange, Handler, Registry, Request, ALONE, YIELDED};
 use crate::server::stats::bump;
@@ -585,8 +585,9 @@ impl Inner {
             return;
         }
         if let Err(error) = port.check_mask() {
-            device_warn!(
-                context,
+            device_log!(
+                context.log_limit,
+                Warn,
                 "{name}: mailbox {} port {index}: {opcode}: {error}; closed unanswered",
                 mailbox.id.0
             );
@@ -619,8 +620,9 @@ impl Inner {
             }
         };
         let Some(entry) = entry else {
-            device_warn!(
-                context,
+            device_log!(
+                context.log_limit,
+                Warn,
                 "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
                 mailbox.id.0
             );
@@ -632,6 +634,9 @@ impl Inner {
             mailbox.id.0,
             port.mask()
         );
+        // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
+        // looking drained: its last hand-over lets the kernel go on first.
+        mailbox.begin_request();
         let mut exchange = match &entry.handler {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
@@ -853,8 +858,22 @@ impl Inner {
         carry_out(mailbox, Some(server), index, opcode, marks, fate);
     }
 
-    /// Logs and counts how a request ended; the fate of its port.
+    /// Logs and counts how a request ended (settling it: see `Attached::settle_request`); the
+    /// fate of its port.
     fn finish(
+        &self,
+        mailbox: &Attached,
+        index: u32,
+        opcode: Opcode,
+        result: Result<(), ServerError>,
+    ) -> Fate {
+        let fate = self.count(mailbox, index, opcode, result);
+        mailbox.settle_request();
+        fate
+    }
+
+    /// [`Inner::finish`]'s logging and counting.
+    fn count(
         &self,
         mailbox: &Attached,
         index: u32,
@@ -870,8 +889,9 @@ impl Inner {
                 Fate::Close
             }
             Err(ServerError::Refused(why)) => {
-                device_warn!(
-                    context,
+                device_log!(
+                    context.log_limit,
+                    Warn,
                     "{name}: mailbox {id} port {index}: {opcode} refused: {why}"
                 );
                 bump(&context.stats.refused);
@@ -879,7 +899,10 @@ impl Inner {
                 Fate::Close
             }
             Err(ServerError::Panicked(text)) => {
-                log::error!(
+                // A device may make a handler panic again and again: within the budget too.
+                device_log!(
+                    context.log_limit,
+                    Error,
                     "{name}: mailbox {id} port {index}: handler for {opcode} panicked: {text}; \
                      port drained"
                 );
@@ -887,7 +910,10 @@ impl Inner {
                 Fate::Drain
             }
             Err(error) => {
-                log::error!(
+                // A stream claim above the bounds, a broken exchange: the device's doing.
+                device_log!(
+                    context.log_limit,
+                    Error,
                     "{name}: mailbox {id} port {index}: {opcode} failed: {error}; port drained"
                 );
                 bump(&context.stats.errors);
@@ -914,13 +940,17 @@ fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) 
     };
     drop(exchange);
     carry_out(&mailbox, None, index, opcode, marks, fate);
-    // Logged once done, so whoever reads the line finds the port as it says.
-    log::warn!(
+    // Logged once done, so whoever reads the line finds the port as it says. A device (a
+    // client that went silent or timed out) can cause any number of these: within the budget.
+    device_log!(
+        context.log_limit,
+        Warn,
         "{}: mailbox {} port {index}: {opcode} abandoned: {reason}; {action}",
         context.config.name,
         mailbox.id.0
     );
     bump(&context.stats.abandoned);
+    mailbox.settle_request();
 }
 
 /// Does to the port of an `opcode` exchange what its fate says, once its request is gone (see

@@ -8,7 +8,9 @@
 //! and counts it, and nothing is held beyond the bound. `docs/reliability.md` lists the
 //! limits with the attacks they answer.
 
+use core::fmt;
 use std::path::PathBuf;
+use std::string::String;
 use std::time::{Duration, Instant};
 
 use crate::sync::{lock, Mutex};
@@ -40,7 +42,10 @@ pub enum FilePolicy {
     /// None: OPEN_FILE answers 0, REMOVE and RENAME -1 (refusals).
     Deny,
     /// Only paths beneath this directory: a relative path resolves from it, an absolute path
-    /// must lie inside it (its real, canonical path or the path as given here). Resolved by the
+    /// must lie inside it (its real, canonical path or the path as given here). The directory
+    /// is opened once, when the policy is set, and held by that descriptor: a rename of it (and
+    /// a symbolic link put at its old path) moves nothing, requests go on in the renamed
+    /// directory; one that cannot be opened then makes every file request a refusal. Resolved by the
     /// kernel (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`, so no `..`, symbolic
     /// link or rename racing the request leads outside); where `openat2` is missing or
     /// filtered, one component at a time with `O_NOFOLLOW`, refusing every `..` and symbolic
@@ -98,9 +103,14 @@ pub struct Limits {
     /// Bytes the kernels of one mailbox may hold allocated through MALLOC (MALLOC answers 0
     /// beyond). Default 16 GiB.
     pub malloc_bytes: u64,
-    /// Log lines per second for requests a device got wrong (refused, unknown, malformed):
-    /// beyond it lines are dropped and counted, and the next line logged says how many were.
-    /// Every such request is still counted in the statistics. Default 20.
+    /// Log lines per second a device may cause: refusals, unknown opcodes, bad headers,
+    /// stream claims above the bounds and other failed exchanges, abandoned exchanges (client
+    /// timeouts among them), EXIT and ABORT under `ExitPolicy::Record`, lost device output, failed
+    /// reads of stdin. Beyond it lines are dropped and counted; the next line logged says how
+    /// many were, and so does a line of its own when the worker ends a stretch of serving (its
+    /// users gone, or a shutdown). Every such request is still counted in the statistics. Each
+    /// line is bounded in bytes too: a device's string is quoted by a prefix of 160 bytes and
+    /// its length, and a line is cut at 2 KiB. Default 20.
     pub device_log_lines: u32,
 }
 
@@ -118,7 +128,31 @@ impl Default for Limits {
     }
 }
 
-/// A per-second budget of log lines.
+/// How many bytes of a device's string (a path, a command, a mode) a log line quotes: beyond,
+/// the line shows this prefix and the string's length.
+pub(crate) const QUOTED_BYTES: usize = 160;
+
+/// How many bytes a device-caused log line holds at most, whatever it quotes: beyond, it is cut
+/// and says how much was left out.
+pub(crate) const LINE_BYTES: usize = 2048;
+
+/// A string a device sent, for a log line or a refusal: lossy UTF-8, quoted and escaped (so it
+/// cannot forge lines), and cut after [`QUOTED_BYTES`] bytes with its length, e.g.
+/// `"/etc/aaaa…" (4194304 bytes)`, so a long path makes a short line.
+pub(crate) fn quoted(bytes: &[u8]) -> String {
+    if bytes.len() <= QUOTED_BYTES {
+        return std::format!("{:?}", String::from_utf8_lossy(bytes));
+    }
+    let prefix = String::from_utf8_lossy(&bytes[..QUOTED_BYTES]);
+    let quoted = std::format!("{:?}", std::format!("{prefix}\u{2026}"));
+    std::format!("{quoted} ({} bytes)", bytes.len())
+}
+
+/// A per-second budget of the log lines devices cause, one per server. Every such line goes
+/// through it ([`device_log!`]): refusals, unknown opcodes, bad headers, stream claims above
+/// the bounds, abandoned exchanges (client timeouts among them), EXIT and ABORT, lost device
+/// output. Dropped lines are counted; the next line logged says how many, and so does
+/// [`LogLimit::report_dropped`] when the worker ends a stretch of serving.
 pub(crate) struct LogLimit {
     per_second: u32,
     window: Mutex<Window>,
@@ -160,23 +194,76 @@ impl LogLimit {
         window.logged += 1;
         Some(std::mem::take(&mut window.dropped))
     }
+
+    /// Logs one device-caused line at `level` (for `target`, the caller's module), if the
+    /// budget admits it and the logger wants it, cut to [`LINE_BYTES`]; called by
+    /// [`device_log!`]. The line is formatted into a bounded buffer: nothing beyond the bound
+    /// is held, however long what it quotes.
+    pub(crate) fn log(&self, level: log::Level, target: &str, line: fmt::Arguments<'_>) {
+        if !log::log_enabled!(target: target, level) {
+            return;
+        }
+        let Some(dropped) = self.admit() else {
+            return;
+        };
+        let mut text = Bounded::default();
+        // Bounded's `write_str` never fails; a Display impl's error would only cut the line.
+        let _ = fmt::Write::write_fmt(&mut text, line);
+        let cut = match text.left_out {
+            0 => String::new(),
+            n => std::format!("\u{2026} ({n} more bytes left out)"),
+        };
+        match dropped {
+            0 => log::log!(target: target, level, "{}{cut}", text.text),
+            n => log::log!(
+                target: target,
+                level,
+                "{}{cut} ({n} similar line(s) dropped before this one)",
+                text.text
+            ),
+        }
+    }
+
+    /// Logs how many lines were dropped since the last line logged, if any were (at `warn`,
+    /// outside the budget: one line per call). The worker calls it as it ends a stretch of
+    /// serving, so a burst's count is told even if no later line comes.
+    pub(crate) fn report_dropped(&self, name: &str) {
+        let dropped = std::mem::take(&mut lock(&self.window).dropped);
+        if dropped > 0 {
+            log::warn!("{name}: {dropped} device-caused log line(s) dropped (over the budget)");
+        }
+    }
 }
 
-/// Logs a line a device caused at `warn`, within the server's budget (see
-/// [`Limits::device_log_lines`]).
-macro_rules! device_warn {
-    ($context:expr, $($arg:tt)+) => {
-        match $context.log_limit.admit() {
-            Some(0) => log::warn!($($arg)+),
-            Some(dropped) => log::warn!(
-                "{} ({dropped} similar line(s) dropped before this one)",
-                std::format_args!($($arg)+)
-            ),
-            None => {}
+/// A line being formatted, kept to [`LINE_BYTES`] (cut at a character boundary); what did not
+/// fit is only counted.
+#[derive(Default)]
+struct Bounded {
+    text: String,
+    left_out: usize,
+}
+
+impl fmt::Write for Bounded {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        let room = LINE_BYTES.saturating_sub(self.text.len());
+        let mut take = s.len().min(room);
+        while !s.is_char_boundary(take) {
+            take -= 1;
         }
+        self.text.push_str(&s[..take]);
+        self.left_out += s.len() - take;
+        Ok(())
+    }
+}
+
+/// Logs a line a device caused, within the server's budget ([`Limits::device_log_lines`],
+/// [`LogLimit::log`]): `device_log!(limit, level, format, args...)`, `limit` a [`LogLimit`].
+macro_rules! device_log {
+    ($limit:expr, $level:ident, $($arg:tt)+) => {
+        $limit.log(log::Level::$level, module_path!(), std::format_args!($($arg)+))
     };
 }
-pub(crate) use device_warn;
+pub(crate) use device_log;
 
 #[cfg(all(test, not(loom)))]
 mod tests {
@@ -191,6 +278,41 @@ mod tests {
         // A new window: the first line logged reports the seven dropped ones.
         lock(&limit.window).start = Some(Instant::now() - Duration::from_secs(2));
         assert_eq!(limit.admit(), Some(7));
+        assert_eq!(limit.admit(), Some(0));
+    }
+
+    #[test]
+    fn a_device_string_is_quoted_escaped_and_cut_with_its_length() {
+        assert_eq!(quoted(b"a\nb"), "\"a\\nb\"");
+        let long = std::vec![b'x'; 4 << 20];
+        let shown = quoted(&long);
+        assert!(shown.len() < QUOTED_BYTES + 40, "{shown}");
+        assert!(shown.starts_with("\"xxx"), "{shown}");
+        assert!(shown.ends_with("\u{2026}\" (4194304 bytes)"), "{shown}");
+        // A cut inside a character of several bytes is no panic.
+        let mut wide = std::vec![b'x'; QUOTED_BYTES - 1];
+        wide.extend_from_slice("\u{e9}\u{e9}".as_bytes());
+        assert!(quoted(&wide).contains("bytes)"));
+    }
+
+    #[test]
+    fn a_line_is_kept_to_its_bound_and_counts_what_it_left_out() {
+        let mut line = Bounded::default();
+        let long = "\u{e9}".repeat(LINE_BYTES);
+        fmt::Write::write_fmt(&mut line, std::format_args!("ab{long}")).unwrap();
+        assert!(line.text.len() <= LINE_BYTES && line.text.len() >= LINE_BYTES - 1);
+        assert_eq!(line.text.len() + line.left_out, 2 + long.len());
+    }
+
+    #[test]
+    fn the_dropped_count_is_told_once() {
+        let limit = LogLimit::new(1);
+        assert_eq!(limit.admit(), Some(0));
+        assert_eq!(limit.admit(), None);
+        assert_eq!(limit.admit(), None);
+        limit.report_dropped("test");
+        // Told: the next window's first line has nothing more to tell.
+        lock(&limit.window).start = Some(Instant::now() - Duration::from_secs(2));
         assert_eq!(limit.admit(), Some(0));
     }
 }

@@ -130,6 +130,16 @@ impl Slots {
 }
 
 /// One attached mailbox.
+///
+/// Memory ordering of `unsettled` (the other atomics say theirs where they are used): only the
+/// worker writes it, with a plain load and store (no read-modify-write: one worker at a time,
+/// and a locked instruction right after a hand-over would wait for that flip's store, see
+/// `protocol::deferred`). It adds one (Relaxed) as a request begins, before anything of it is
+/// handed to the client, and takes it away (Release) once the request is counted in the
+/// statistics.
+/// `RpcServer::wait_drained` reads it (Acquire) after an Acquire fence that follows its look at
+/// the flags: seeing a hand-over (the protocol publishes each with Release) it sees the one
+/// added before it, and seeing the value the Release took it back to, it sees the count.
 pub(crate) struct Attached {
     pub(crate) id: MailboxId,
     pub(crate) layout: Layout,
@@ -158,12 +168,32 @@ pub(crate) struct Attached {
     /// else 0 (written by the worker only), so that a pass finding the port pending polls that
     /// exchange rather than opening the port again.
     pub(crate) in_flight: Box<[AtomicU32]>,
+    /// Requests begun and not yet counted in the statistics (see the ordering note above):
+    /// a request's last hand-over lets its kernel go on, so `wait_drained` waits for this too.
+    unsettled: AtomicUsize,
 }
 
 impl Attached {
     #[cfg(not(loom))]
     pub(crate) fn doorbell(&self) -> Option<&dyn Doorbell> {
         self.doorbell.as_deref()
+    }
+
+    /// A request of this mailbox begins (before any of its hand-overs). Worker only.
+    pub(crate) fn begin_request(&self) {
+        // n -> n + 1, the worker the only writer. Relaxed: ordered before the request's
+        // hand-overs by their Release.
+        let n = self.unsettled.load(Ordering::Relaxed);
+        self.unsettled.store(n + 1, Ordering::Relaxed);
+    }
+
+    /// A request of this mailbox has been counted in the statistics (completed, failed or
+    /// abandoned). Worker only.
+    pub(crate) fn settle_request(&self) {
+        // n -> n - 1, the worker the only writer. Release: the statistics' counts before it
+        // are seen by whoever reads the new value with Acquire (`wait_drained`).
+        let n = self.unsettled.load(Ordering::Relaxed);
+        self.unsettled.store(n.saturating_sub(1), Ordering::Release);
     }
 
     pub(crate) fn server(&self) -> ServerEnd<'_> {
@@ -330,6 +360,7 @@ impl RpcServer {
             quarantine: Mutex::new(Vec::new()),
             quarantined: AtomicUsize::new(0),
             in_flight: (0..layout.ports()).map(|_| AtomicU32::new(0)).collect(),
+            unsettled: AtomicUsize::new(0),
         });
         context.mailboxes.update(|list| list.push(attached));
         log::debug!(
@@ -382,13 +413,17 @@ impl RpcServer {
         )
     }
 
-    /// Waits (backing off) until mailbox `id` has no pending request or `timeout` passes;
-    /// true if it drained. A launcher calls it after a kernel completed, so that requests the
-    /// kernel sent last without waiting for an answer (FREE, EXIT's status) are served.
+    /// Waits (backing off) until mailbox `id` has no pending request and every request the
+    /// server began on it is counted in the statistics, or `timeout` passes; true if it
+    /// drained. A launcher calls it after a kernel completed, so that requests the kernel sent
+    /// last without waiting for an answer (FREE, EXIT's status) are served, and the counts
+    /// read next include every request of the kernel: a request's last hand-over lets the
+    /// kernel go on before the server has counted it (the count follows the hand-over, in
+    /// the same poll or, for a script that goes on after its reply, a later one).
     pub fn wait_drained(&self, id: MailboxId, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut attempt = 0;
-        while self.pending(id).unwrap_or(0) > 0 {
+        while !self.drained(id) {
             if Instant::now() >= deadline {
                 return false;
             }
@@ -396,6 +431,23 @@ impl RpcServer {
             attempt = attempt.saturating_add(1);
         }
         true
+    }
+
+    /// Whether mailbox `id` (if attached) has no pending port and no request begun and not
+    /// yet counted.
+    fn drained(&self, id: MailboxId) -> bool {
+        let mailboxes = self.inner.context.mailboxes.get();
+        let Some(attached) = mailboxes.iter().find(|m| m.id == id) else {
+            return true;
+        };
+        let server = attached.server();
+        if (0..attached.layout.ports()).any(|i| server.is_pending(i)) {
+            return false;
+        }
+        // Acquire: pairs with the Release of the hand-overs whose flags were just read, so
+        // the requests they belong to are seen begun (see `Attached`'s ordering note).
+        crate::sync::fence(Ordering::Acquire);
+        attached.unsettled.load(Ordering::Acquire) == 0
     }
 
     /// The ids of the attached mailboxes.

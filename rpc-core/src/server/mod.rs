@@ -32,6 +32,7 @@ use std::time::Duration;
 use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
+use crate::server::limits::LogLimit;
 use crate::server::mailboxes::{Attached, MailboxSlot, Slots, Snapshot};
 use crate::server::registry::{entry, Entry, Handler, Matcher, Registry, Request};
 use crate::server::stats::{Stats, StatsSnapshot};
@@ -151,8 +152,9 @@ pub struct ServerContext {
     /// The standard services' state (`crate::services::Services`), held as an [`Extension`]
     /// so that this layer does not name the one above it.
     pub(crate) extension: Box<dyn Extension>,
-    /// The budget of log lines devices cause (`Limits::device_log_lines`).
-    pub(crate) log_limit: crate::server::limits::LogLimit,
+    /// The budget of log lines devices cause (`Limits::device_log_lines`), shared with the
+    /// layer above (the services log lost device output through it).
+    pub(crate) log_limit: std::sync::Arc<crate::server::limits::LogLimit>,
     /// Set by the runtime's `deinit`: the server never starts again.
     retired: AtomicBool,
 }
@@ -195,11 +197,11 @@ impl RpcServer {
     pub(crate) fn assemble(
         config: ServerConfig,
         registry: Registry,
-        extension: impl FnOnce(Slots) -> Box<dyn Extension>,
+        extension: impl FnOnce(Slots, std::sync::Arc<LogLimit>) -> Box<dyn Extension>,
     ) -> Self {
         let mailboxes = std::sync::Arc::new(Snapshot::new(Vec::new()));
-        let extension = extension(Slots(mailboxes.clone()));
-        let log_limit = crate::server::limits::LogLimit::new(config.limits.device_log_lines);
+        let log_limit = std::sync::Arc::new(LogLimit::new(config.limits.device_log_lines));
+        let extension = extension(Slots(mailboxes.clone()), log_limit.clone());
         let thread = ServerThread::new(config.name.clone());
         let inner = Arc::new(Inner {
             context: ServerContext {

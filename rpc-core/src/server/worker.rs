@@ -101,6 +101,11 @@ pub(crate) fn run(inner: Arc<Inner>) {
                 cache.clear_gone(&inner.context, "no running kernel can answer");
             }
         });
+        // Lines the budget dropped in this stretch are told now, even if no later line comes.
+        inner
+            .context
+            .log_limit
+            .report_dropped(&inner.context.config.name);
         // The mailboxes were let go of just above: a `detach` may be waiting for that.
         if !this.stretch_done() {
             break;
@@ -111,6 +116,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
     guarded(&inner, || {
         cache.clear(&inner.context, Fate::Quarantine, "server shutting down")
     });
+    inner
+        .context
+        .log_limit
+        .report_dropped(&inner.context.config.name);
     // No blocking call comes after the last pass: the I/O threads stop with the worker (here,
     // so that a worker nobody joins, see `abandon_from_worker`, stops them too).
     let stuck = inner.io.stop(inner.context.config.io_grace);

@@ -30,9 +30,13 @@
 //! `unlinkat` (again with `AT_REMOVEDIR` on `EISDIR`, as C `remove` does) or `renameat`.
 //!
 //! # The sandbox
-//! Under [`FilePolicy::Sandbox`] every path resolves beneath the directory: a relative path
-//! from it, an absolute path only if it lies inside it (the prefix is stripped; any other
-//! absolute path is refused). Resolution is the kernel's `openat2` with `RESOLVE_BENEATH |
+//! Under [`FilePolicy::Sandbox`] every path resolves beneath the directory, held by a
+//! descriptor ([`Root`]) opened once when the policy is set: a relative path from it, an
+//! absolute path only if it lies inside it (the prefix, the directory's path as it was then, is
+//! stripped; any other absolute path is refused). The directory is never looked up by its name
+//! again, so a local process that renames it and puts a symbolic link (or another directory) in
+//! its place redirects nothing: requests go on acting in the renamed directory. Resolution is the
+//! kernel's `openat2` with `RESOLVE_BENEATH |
 //! RESOLVE_NO_MAGICLINKS` (no `..`, absolute symbolic link or magic link leaves the directory,
 //! checked atomically at each step, so renames racing the request cannot lead it outside).
 //! Where `openat2` is missing (`ENOSYS`, Linux before 5.6) or filtered (`EPERM` from a container's
@@ -82,12 +86,34 @@ pub(crate) enum Denial {
 
 type Outcome<T> = core::result::Result<T, Denial>;
 
-/// What one request runs under: the policy and the protected files, as they were when it came.
+/// What one request runs under: the policy (its sandbox's descriptor) and the protected files,
+/// as they were when it came.
 #[derive(Clone, Debug)]
 pub(crate) struct Rules {
-    pub(crate) policy: FilePolicy,
+    pub(crate) access: Access,
     pub(crate) protected: Vec<FileId>,
     pub(crate) resolver: Resolver,
+}
+
+/// A [`FilePolicy`] made ready for requests: a sandbox's directory opened, once.
+#[derive(Clone, Debug)]
+pub(crate) enum Access {
+    Deny,
+    Allow,
+    /// The sandbox's directory, or why it could not be opened (every request is then refused).
+    /// (std's `Arc`: no part of what the loom models check.)
+    Sandbox(core::result::Result<std::sync::Arc<Root>, String>),
+}
+
+impl Access {
+    /// Opens a sandbox's directory, now: from here on it is held by its descriptor.
+    pub(crate) fn of(policy: &FilePolicy) -> Access {
+        match policy {
+            FilePolicy::Deny => Access::Deny,
+            FilePolicy::Allow => Access::Allow,
+            FilePolicy::Sandbox(dir) => Access::Sandbox(Root::open(dir).map(std::sync::Arc::new)),
+        }
+    }
 }
 
 /// OPEN_FILE: `path` (without NUL) opened as C `fopen(path, mode)` would open it, if the rules
@@ -219,12 +245,15 @@ enum Place<'a> {
     /// [`FilePolicy::Allow`]: the path as given, against the working directory.
     Host(&'a Path),
     /// [`FilePolicy::Sandbox`]: `rel` beneath the directory.
-    Beneath { root: Root, rel: PathBuf },
+    Beneath { root: &'a Root, rel: PathBuf },
 }
 
-/// The directory of a sandbox, opened for this request.
-struct Root {
-    /// Its real path (canonicalized).
+/// The directory of a sandbox, opened when the policy was set and held by its descriptor.
+#[derive(Debug)]
+pub(crate) struct Root {
+    /// Its path as the policy gave it, and its real path then: an absolute device path inside
+    /// either is taken as relative to the directory.
+    given: PathBuf,
     real: PathBuf,
     fd: OwnedFd,
 }
@@ -232,25 +261,25 @@ struct Root {
 impl<'a> Place<'a> {
     /// The place of `path` (a device path without NUL), refused where the policy or the
     /// never-list (by the path as written) refuses it. `opening`: `/dev/null` passes.
-    fn new(rules: &Rules, path: &'a [u8], opening: bool) -> Outcome<Place<'a>> {
+    fn new(rules: &'a Rules, path: &'a [u8], opening: bool) -> Outcome<Place<'a>> {
         let host = Path::new(OsStr::from_bytes(path));
-        let (place, absolute) = match &rules.policy {
-            FilePolicy::Deny => {
+        let (place, absolute) = match &rules.access {
+            Access::Deny => {
                 return Err(Denial::Refused(
                     "file access is denied by the server's policy".into(),
                 ))
             }
-            FilePolicy::Allow => {
+            Access::Allow => {
                 let absolute = match std::env::current_dir() {
                     Ok(cwd) => Some(cwd.join(host)),
                     Err(_) => host.is_absolute().then(|| host.to_path_buf()),
                 };
                 (Place::Host(host), absolute)
             }
-            FilePolicy::Sandbox(dir) => {
-                let root = Root::open(dir)?;
+            Access::Sandbox(root) => {
+                let root = root.as_ref().map_err(|why| Denial::Refused(why.clone()))?;
                 let rel = if host.is_absolute() {
-                    let inside = [root.real.as_path(), dir.as_path()]
+                    let inside = [root.real.as_path(), root.given.as_path()]
                         .into_iter()
                         .find_map(|base| host.strip_prefix(base).ok());
                     match inside {
@@ -328,17 +357,26 @@ impl<'a> Place<'a> {
 }
 
 impl Root {
-    fn open(dir: &Path) -> Outcome<Root> {
+    /// Opens the sandbox's directory (following symbolic links in `dir`, which the embedder
+    /// chose), and notes its real path: the directory the descriptor holds, whatever happens
+    /// to its name later.
+    fn open(dir: &Path) -> core::result::Result<Root, String> {
         let unusable = |error: io::Error| {
-            Denial::Refused(std::format!(
+            std::format!(
                 "the sandbox directory {} cannot be opened: {error}",
                 shown(dir.as_os_str().as_bytes())
-            ))
+            )
         };
-        let real = dir.canonicalize().map_err(unusable)?;
         let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
-        let fd = openat(cwd(), &c_path(&real), flags).map_err(unusable)?;
-        Ok(Root { real, fd })
+        let fd = openat(cwd(), &c_path(dir), flags).map_err(unusable)?;
+        let real = std::fs::read_link(std::format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .or_else(|_| dir.canonicalize())
+            .map_err(unusable)?;
+        Ok(Root {
+            given: dir.to_path_buf(),
+            real,
+            fd,
+        })
     }
 }
 
@@ -646,9 +684,10 @@ fn c_path(path: &Path) -> CString {
     CString::new(path.as_os_str().as_bytes()).unwrap_or_default()
 }
 
-/// A device path for a log line: quoted and escaped, so it cannot forge lines.
+/// A device path for a log line: quoted and escaped, so it cannot forge lines, and cut, so a
+/// long one makes a short line.
 fn shown(path: &[u8]) -> String {
-    std::format!("{:?}", String::from_utf8_lossy(path))
+    crate::server::limits::quoted(path)
 }
 
 fn refused(path: &[u8], why: impl core::fmt::Display) -> Denial {
@@ -715,7 +754,7 @@ impl super::Services {
     /// The rules a file request runs under: the policy and the protected files, now.
     pub(crate) fn file_rules(&self) -> Rules {
         Rules {
-            policy: lock(&self.policy).files.clone(),
+            access: lock(&self.file_access).clone(),
             protected: lock(&self.protected).clone(),
             resolver: Resolver::Openat2,
         }
@@ -771,7 +810,7 @@ mod tests {
 
     fn rules(policy: FilePolicy, resolver: Resolver) -> Rules {
         Rules {
-            policy,
+            access: Access::of(&policy),
             protected: Vec::new(),
             resolver,
         }
@@ -951,6 +990,47 @@ mod tests {
         }
     }
 
+    /// The rules hold the sandbox's directory by its descriptor: renamed, with a link to another
+    /// directory in its place, it is still where paths resolve, under both resolvers.
+    #[test]
+    fn the_sandbox_follows_its_directory_not_its_name() {
+        for resolver in RESOLVERS {
+            let top = Dir::new(&std::format!("renamed-{resolver:?}"));
+            let (jail, moved, elsewhere) = (top.join("jail"), top.join("moved"), top.join("out"));
+            std::fs::create_dir_all(jail.join("sub")).unwrap();
+            std::fs::create_dir_all(elsewhere.join("sub")).unwrap();
+            std::fs::write(jail.join("sub/in.txt"), "ok").unwrap();
+            std::fs::write(elsewhere.join("sub/in.txt"), "secret").unwrap();
+            std::fs::write(elsewhere.join("victim.txt"), "secret").unwrap();
+            let rules = rules(FilePolicy::Sandbox(jail.clone()), resolver);
+            std::fs::rename(&jail, &moved).unwrap();
+            std::os::unix::fs::symlink(&elsewhere, &jail).unwrap();
+
+            assert_eq!(read(open(&rules, b"sub/in.txt", b"r").unwrap()), "ok");
+            let absolute = jail.join("sub/in.txt");
+            assert_eq!(read(open(&rules, bytes(&absolute), b"r").unwrap()), "ok");
+            drop(open(&rules, b"sub/new.txt", b"w").unwrap());
+            assert!(moved.join("sub/new.txt").exists());
+            rename(&rules, b"sub/new.txt", b"moved.txt").unwrap();
+            assert!(moved.join("moved.txt").exists());
+            assert!(matches!(
+                remove(&rules, b"victim.txt"),
+                Err(Denial::Failed(_))
+            ));
+            assert_eq!(
+                std::fs::read_to_string(elsewhere.join("victim.txt")).unwrap(),
+                "secret"
+            );
+            assert_eq!(
+                std::fs::read_to_string(elsewhere.join("sub/in.txt")).unwrap(),
+                "secret"
+            );
+            assert!(
+                !elsewhere.join("sub/new.txt").exists() && !elsewhere.join("moved.txt").exists()
+            );
+        }
+    }
+
     /// What is never opened, under Allow (the most open policy) and in a sandbox.
     #[test]
     fn proc_sys_dev_and_special_files_are_never_opened() {
@@ -1072,7 +1152,7 @@ mod tests {
                 refusal(rename(&rules, bytes(&path), bytes(&dir.join("moved"))));
                 refusal(rename(&rules, bytes(&dir.join("other")), bytes(&path)));
             }
-            if let FilePolicy::Allow = rules.policy {
+            if let Access::Allow = rules.access {
                 refusal(open(&rules, bytes(&dir.join("link")), b"w"));
             }
             assert_eq!(std::fs::read_to_string(&mailbox).unwrap(), "mailbox bytes");

@@ -13,7 +13,7 @@ use std::vec::Vec;
 
 use super::{active, per_lane, recv_words, send_word0, Refusals};
 use crate::server::error::ServerError;
-use crate::server::limits::device_warn;
+use crate::server::limits::device_log;
 use crate::server::registry::Request;
 use crate::sync::lock;
 use crate::Result;
@@ -203,7 +203,11 @@ pub(crate) async fn malloc(mut req: Request) -> Result<(), ServerError> {
                     }
                 }
             }
-            Err(error) => device_warn!(context, "MALLOC of {size} bytes failed: {error}"),
+            Err(error) => device_log!(
+                context.log_limit,
+                Warn,
+                "MALLOC of {size} bytes failed: {error}"
+            ),
         }
     }
     send_word0(&mut req, &replies).await?;

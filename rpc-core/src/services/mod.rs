@@ -74,7 +74,7 @@ use std::vec::Vec;
 
 use crate::protocol::port::lanes;
 use crate::server::error::ServerError;
-use crate::server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
+use crate::server::limits::{ExitPolicy, FilePolicy, Limits, LogLimit, ServicesConfig};
 use crate::server::mailboxes::{MailboxSlot, Slots};
 use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
 use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
@@ -125,6 +125,11 @@ pub struct Services {
     host_functions: Mutex<HashMap<u64, HostFunction>>,
     /// Files no request may open, remove or rename, by `(st_dev, st_ino)`.
     protected: Mutex<Vec<files::FileId>>,
+    /// The file policy made ready: a sandbox's directory opened when the policy was set
+    /// (changed under `policy`'s lock, with it).
+    file_access: Mutex<files::Access>,
+    /// The server's budget of device-caused log lines, for the streams set later.
+    log: Arc<LogLimit>,
 }
 
 /// What the services keep for one attached mailbox, in the slot the server keeps with it
@@ -167,18 +172,20 @@ fn state_in(slot: MailboxSlot) -> Arc<MailboxState> {
 }
 
 impl Services {
-    pub(crate) fn new(config: &ServerConfig, mailboxes: Slots) -> Self {
+    pub(crate) fn new(config: &ServerConfig, mailboxes: Slots, log: Arc<LogLimit>) -> Self {
         Services {
             policy: Mutex::new(config.services.clone()),
             limits: config.limits,
-            stdin: Mutex::new(Input::process()),
+            stdin: Mutex::new(Input::process(log.clone())),
             stdin_busy: AtomicBool::new(false),
-            stdout: Mutex::new(Output::new(Box::new(std::io::stdout()))),
-            stderr: Mutex::new(Output::new(Box::new(std::io::stderr()))),
+            stdout: Mutex::new(Output::new(Box::new(std::io::stdout()), log.clone())),
+            stderr: Mutex::new(Output::new(Box::new(std::io::stderr()), log.clone())),
             allocator: Mutex::new(None),
             mailboxes,
             host_functions: Mutex::new(HashMap::new()),
             protected: Mutex::new(Vec::new()),
+            file_access: Mutex::new(files::Access::of(&config.services.files)),
+            log,
         }
     }
 
@@ -190,9 +197,15 @@ impl Services {
     pub fn set_exit_policy(&self, exit: ExitPolicy) {
         lock(&self.policy).exit = exit;
     }
-    /// Sets which paths the file opcodes may touch.
+    /// Sets which paths the file opcodes may touch. A [`FilePolicy::Sandbox`]'s directory is
+    /// opened now and held by its descriptor: renaming it later, or putting a symbolic link at
+    /// its path, does not move the sandbox (requests go on in the renamed directory). A
+    /// directory that cannot be opened now makes every file request a refusal.
     pub fn set_file_policy(&self, files: FilePolicy) {
-        lock(&self.policy).files = files;
+        let access = files::Access::of(&files);
+        let mut policy = lock(&self.policy);
+        policy.files = files;
+        *lock(&self.file_access) = access;
     }
     /// Sets whether SYSTEM runs commands.
     pub fn set_system_allowed(&self, allowed: bool) {
@@ -226,7 +239,7 @@ impl Services {
     }
     /// Reads the device's stdin (handle 1) from `reader` instead of the process's stdin.
     pub fn set_stdin(&self, reader: Box<dyn Read + Send>) {
-        *lock(&self.stdin) = Input::custom(reader);
+        *lock(&self.stdin) = Input::custom(reader, self.log.clone());
     }
 
     /// The allocator behind MALLOC/FREE (without one MALLOC answers 0). Live allocations keep
@@ -359,8 +372,9 @@ impl RpcServer {
     pub fn new(config: ServerConfig) -> Self {
         let mut registry = Registry::default();
         register_standard(&mut registry);
-        let services =
-            |mailboxes| -> Box<dyn Extension> { Box::new(Services::new(&config, mailboxes)) };
+        let services = |mailboxes, log| -> Box<dyn Extension> {
+            Box::new(Services::new(&config, mailboxes, log))
+        };
         RpcServer::assemble(config.clone(), registry, services)
     }
 }

@@ -41,6 +41,7 @@ use super::streams::{Output, Target, Ticket};
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::protocol::opcode::Opcode;
 use crate::server::error::ServerError;
+use crate::server::limits::quoted;
 use crate::server::recycle::{PooledVec, Streams};
 use crate::server::registry::Request;
 use crate::services::printf::{
@@ -417,7 +418,10 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         let (needed, available) = (format.args_size, args[i].len());
         if available < needed {
             let why = FormatError::MissingArguments { needed, available };
-            refusals.lane(lane, format!("{why} for {}", quoted(&formats[i])));
+            refusals.lane(
+                lane,
+                format!("{why} for {}", quoted(super::until_nul(&formats[i]))),
+            );
             lanes[k].refuse();
             continue;
         }
@@ -651,17 +655,6 @@ fn print<'s>(
     };
     format_in(dialect, pieces, args, packed, strings, &mut sink).map_err(|e| e.to_string())?;
     Ok((!lost).then_some(written))
-}
-
-/// A format for a log line: lossy UTF-8, quoted, cut at 80 characters.
-fn quoted(format: &[u8]) -> String {
-    let text = String::from_utf8_lossy(super::until_nul(format));
-    let cut: String = text.chars().take(80).collect();
-    if cut.len() < text.len() {
-        format!("{cut:?}...")
-    } else {
-        format!("{cut:?}")
-    }
 }
 
 #[cfg(test)]

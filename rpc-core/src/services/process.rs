@@ -8,6 +8,7 @@ use super::{
     Refusals,
 };
 use crate::server::error::ServerError;
+use crate::server::limits::{device_log, quoted};
 use crate::server::registry::Request;
 use crate::sync::lock;
 use crate::Result;
@@ -27,12 +28,18 @@ fn finish(req: &Request, how: KernelExit) -> Result<(), ServerError> {
     let services = &req.context().services();
     match services.config().exit {
         ExitPolicy::Record => {
-            log::info!("mailbox {}: kernel ended with {how:?}", req.mailbox().id.0);
+            device_log!(
+                req.context().log_limit,
+                Info,
+                "mailbox {}: kernel ended with {how:?}",
+                req.mailbox().id.0
+            );
             *lock(&super::mailbox_state(req).exit) = Some(how);
             Ok(())
         }
         ExitPolicy::Process => {
             services.flush_std();
+            // Not within the device log budget: the process ends, so there is one such line.
             match how {
                 KernelExit::Exit(status) => {
                     log::info!("device called exit({status}): ending the process");
@@ -120,8 +127,8 @@ pub(crate) async fn system(mut req: Request) -> Result<(), ServerError> {
             refusals.lane(
                 lane,
                 std::format!(
-                    "SYSTEM is not allowed by the server's policy: {:?}",
-                    std::string::String::from_utf8_lossy(&command)
+                    "SYSTEM is not allowed by the server's policy: {}",
+                    quoted(&command)
                 ),
             );
             continue;

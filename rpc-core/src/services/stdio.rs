@@ -13,6 +13,7 @@ use super::{
     EOF_WORD,
 };
 use crate::server::error::ServerError;
+use crate::server::limits::quoted;
 use crate::server::recycle::Streams;
 use crate::server::registry::Request;
 use crate::Result;
@@ -202,10 +203,7 @@ pub(crate) async fn open_file(mut req: Request) -> Result<(), ServerError> {
     for lane in active(&req) {
         let mode = until_nul(&modes[lane as usize]);
         if !valid_mode(mode) {
-            refusals.lane(
-                lane,
-                std::format!("bad fopen mode {:?}", String::from_utf8_lossy(mode)),
-            );
+            refusals.lane(lane, std::format!("bad fopen mode {}", quoted(mode)));
             continue;
         }
         opens.push((

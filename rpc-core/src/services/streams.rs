@@ -34,6 +34,7 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use super::MailboxState;
+use crate::server::limits::{device_log, LogLimit};
 use crate::sync::{lock, Mutex};
 
 /// Tagged value of stdin.
@@ -418,6 +419,8 @@ pub(crate) struct Output {
     /// and which of the last 64 failed: bit `k` is commit `commits - 1 - k`.
     commits: u64,
     failures: u64,
+    /// The server's budget of device-caused log lines (a lost write is one).
+    log: Arc<LogLimit>,
 }
 
 /// Staged bytes above this are committed at once: a pass's short lines fit, and the buffer
@@ -429,13 +432,14 @@ const STAGED_BYTES: usize = 64 << 10;
 pub(crate) struct Ticket(u64);
 
 impl Output {
-    pub(crate) fn new(writer: Box<dyn Write + Send>) -> Self {
+    pub(crate) fn new(writer: Box<dyn Write + Send>, log: Arc<LogLimit>) -> Self {
         Output {
             writer,
             error: false,
             staged: Vec::new(),
             commits: 0,
             failures: 0,
+            log,
         }
     }
 
@@ -506,7 +510,7 @@ impl Output {
         match written {
             Ok(()) => true,
             Err(error) => {
-                log::warn!("device output lost: {error}");
+                device_log!(self.log, Warn, "device output lost: {error}");
                 self.error = true;
                 self.failures |= 1;
                 false
@@ -548,22 +552,25 @@ pub(crate) struct Input {
     pushback: Option<u8>,
     eof: bool,
     error: bool,
+    /// The server's budget of device-caused log lines (a failed read of stdin is one).
+    log: Arc<LogLimit>,
 }
 
 impl Input {
-    pub(crate) fn process() -> Self {
+    pub(crate) fn process(log: Arc<LogLimit>) -> Self {
         Input {
             source: Source::Process,
             pushback: None,
             eof: false,
             error: false,
+            log,
         }
     }
 
-    pub(crate) fn custom(reader: Box<dyn Read + Send>) -> Self {
+    pub(crate) fn custom(reader: Box<dyn Read + Send>, log: Arc<LogLimit>) -> Self {
         Input {
             source: Source::Custom(BufReader::new(reader)),
-            ..Input::process()
+            ..Input::process(log)
         }
     }
 
@@ -617,7 +624,7 @@ impl Input {
                     return out;
                 }
                 Step::Failed(error) => {
-                    log::warn!("device stdin: {error}");
+                    device_log!(self.log, Warn, "device stdin: {error}");
                     self.error = true;
                     return out;
                 }
@@ -935,6 +942,10 @@ fn with_file<R>(file: &Mutex<CFile>, closed: R, f: impl FnOnce(&mut CFile) -> R)
 mod tests {
     use super::*;
 
+    fn test_log() -> Arc<LogLimit> {
+        Arc::new(LogLimit::new(20))
+    }
+
     /// A writer that records each `write` call, and fails while `fail` is set.
     #[derive(Clone, Default)]
     struct Recorder {
@@ -974,7 +985,7 @@ mod tests {
     #[test]
     fn staged_lines_go_out_in_one_write_in_order_when_the_first_is_redeemed() {
         let recorder = Recorder::default();
-        let mut output = Output::new(Box::new(recorder.clone()));
+        let mut output = Output::new(Box::new(recorder.clone()), test_log());
         let (a, b) = (stage(&mut output, b"a\n"), stage(&mut output, b"b\n"));
         assert!(recorder.writes().is_empty(), "staging writes nothing");
         assert!(output.committed(b));
@@ -998,7 +1009,7 @@ mod tests {
     #[test]
     fn a_failed_commit_fails_exactly_its_own_stages() {
         let recorder = Recorder::default();
-        let mut output = Output::new(Box::new(recorder.clone()));
+        let mut output = Output::new(Box::new(recorder.clone()), test_log());
         let early = stage(&mut output, b"early\n");
         assert!(output.committed(early));
         *lock(&recorder.fail) = true;
@@ -1017,7 +1028,7 @@ mod tests {
     #[test]
     fn staged_lines_survive_a_new_writer_and_a_drop() {
         let (old, new) = (Recorder::default(), Recorder::default());
-        let mut output = Output::new(Box::new(old.clone()));
+        let mut output = Output::new(Box::new(old.clone()), test_log());
         let before = stage(&mut output, b"to the old writer\n");
         output.set_writer(Box::new(new.clone()));
         assert_eq!(old.writes().concat(), b"to the old writer\n");
@@ -1116,7 +1127,7 @@ mod tests {
 
     #[test]
     fn stdin_fgets_ungetc_and_indicators() {
-        let mut input = Input::custom(Box::new(&b"ab\ncdef"[..]));
+        let mut input = Input::custom(Box::new(&b"ab\ncdef"[..]), test_log());
         assert_eq!(input.gets(10).unwrap(), b"ab\n\0");
         assert_eq!(input.gets(3).unwrap(), b"cd\0");
         assert_eq!(input.ungetc(c_int::from(b'x')), c_int::from(b'x'));
