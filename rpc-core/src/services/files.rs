@@ -509,7 +509,7 @@ fn check_file(
         _ => return Err("not a regular file".into()),
     }
     if protected.contains(&file_id(&st)) {
-        return Err("a file the server protects (its mailbox)".into());
+        return Err("a file the server protects (a mailbox, its log or its output)".into());
     }
     check_place(fd, Some(&st))?;
     Ok(st)
@@ -598,7 +598,7 @@ fn not_protected(
 ) -> core::result::Result<(), String> {
     match stat_at(dir, name) {
         Ok(st) if protected.contains(&file_id(&st)) => {
-            Err("a file the server protects (its mailbox)".into())
+            Err("a file the server protects (a mailbox, its log or its output)".into())
         }
         // Missing: the call itself fails, an ordinary C result.
         _ => Ok(()),
