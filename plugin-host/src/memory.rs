@@ -18,7 +18,6 @@
 //! the server gets a mailbox through `attach`'s lock). Each word only needs to be atomic, so
 //! that a copy racing with a kernel is a garbage value, never undefined behaviour.
 
-use std::alloc::Layout as AllocLayout;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -471,16 +470,32 @@ mod tests {
     }
 }
 
-/// Host memory as "device" memory for MALLOC: raw blocks from `std::alloc` (the device is the
-/// host; the server aligns the blocks and frees what kernels forgot at detach).
+/// Host memory as "device" memory for MALLOC: each block its own anonymous mapping, 2 MiB
+/// aligned (the device is the host; the server cuts small requests out of such blocks and frees
+/// what kernels forgot at detach). A block's mapping is exactly its pages: the padding mapped to
+/// align it is unmapped again, so its address space is what the server charges the quota, and
+/// only the pages a kernel touches become resident.
 #[derive(Default)]
 pub struct HostAllocator {
     /// Blocks allocated and not yet freed.
     live: AtomicUsize,
+    /// Bytes those blocks map.
+    mapped: AtomicU64,
 }
 
-/// The alignment of a block: what `malloc` gives, enough for any scalar.
-const BLOCK_ALIGN: usize = 16;
+/// The alignment of a block: what MALLOC's largest alignment needs, so the server pads nothing.
+const BLOCK_ALIGN: u64 = rpc_core::services::MALLOC_ALIGN;
+
+/// The bytes a block of `size` maps: whole pages.
+fn block_len(size: u64) -> Result<usize, VendorError> {
+    let page = 4096;
+    let len = size.max(1).checked_next_multiple_of(page);
+    // Room for the padding too, so that `map_aligned`'s sum cannot overflow.
+    match len.filter(|len| len.checked_add(BLOCK_ALIGN).is_some()) {
+        Some(len) => Ok(usize::try_from(len)?),
+        None => Err(format!("{size} bytes is more than an address space holds").into()),
+    }
+}
 
 impl HostAllocator {
     /// An allocator with nothing allocated yet.
@@ -491,36 +506,72 @@ impl HostAllocator {
     pub fn live(&self) -> usize {
         self.live.load(Ordering::Relaxed)
     }
+    /// Bytes the blocks not yet freed map (their address space).
+    pub fn mapped(&self) -> u64 {
+        self.mapped.load(Ordering::Relaxed)
+    }
 }
 
-fn block_layout(size: u64) -> Result<AllocLayout, VendorError> {
-    Ok(AllocLayout::from_size_align(
-        usize::try_from(size.max(1))?,
-        BLOCK_ALIGN,
-    )?)
+/// `len` bytes (whole pages) of fresh anonymous memory at a [`BLOCK_ALIGN`]-aligned address:
+/// `len` and the alignment mapped, then the parts before and after the aligned run unmapped.
+fn map_aligned(len: usize) -> Result<u64, VendorError> {
+    let align = BLOCK_ALIGN as usize;
+    let whole = len + align;
+    // SAFETY: a new private anonymous mapping at an address the kernel picks; no memory of
+    // this process is touched.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            whole,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        let error = std::io::Error::last_os_error();
+        return Err(format!("mapping {len} bytes: {error}").into());
+    }
+    let start = ptr as usize;
+    let aligned = start.next_multiple_of(align);
+    let (head, tail) = (aligned - start, start + whole - (aligned + len));
+    for (at, bytes) in [(start, head), (aligned + len, tail)] {
+        if bytes > 0 {
+            // SAFETY: the pages before and after the aligned run, inside the mapping just made,
+            // which nothing else knows of yet.
+            unsafe { libc::munmap(at as *mut libc::c_void, bytes) };
+        }
+    }
+    Ok(aligned as u64)
 }
 
 impl DeviceAllocator for HostAllocator {
     fn allocate(&self, size: u64) -> Result<u64, VendorError> {
-        let layout = block_layout(size)?;
-        // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        if ptr.is_null() {
-            return Err(format!("out of host memory for {size} bytes").into());
-        }
-        // RMW: one more live block (Relaxed: a count only, ordering nothing).
+        let len = block_len(size)?;
+        let addr = map_aligned(len)?;
+        // RMW: one more live block and its bytes (Relaxed: counts only, ordering nothing).
         self.live.fetch_add(1, Ordering::Relaxed);
-        Ok(ptr as u64)
+        self.mapped.fetch_add(len as u64, Ordering::Relaxed);
+        Ok(addr)
     }
 
     unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), VendorError> {
-        let layout = block_layout(size)?;
-        // SAFETY: the caller's contract: `addr` came from `allocate(size)`, so from `alloc`
-        // with this same layout, and was not freed since.
-        unsafe { std::alloc::dealloc(addr as *mut u8, layout) };
-        // RMW: one block fewer.
+        let len = block_len(size)?;
+        // SAFETY: the caller's contract: `addr` came from `allocate(size)`, so it is a mapping
+        // of exactly `len` bytes made by `map_aligned`, not unmapped since.
+        if unsafe { libc::munmap(addr as *mut libc::c_void, len) } != 0 {
+            let error = std::io::Error::last_os_error();
+            return Err(format!("unmapping {len} bytes at {addr:#x}: {error}").into());
+        }
+        // RMW: one block and its bytes fewer.
         self.live.fetch_sub(1, Ordering::Relaxed);
+        self.mapped.fetch_sub(len as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn alignment(&self) -> u64 {
+        BLOCK_ALIGN
     }
 }
 
@@ -529,14 +580,27 @@ mod allocator_tests {
     use super::*;
 
     #[test]
-    fn host_blocks_are_counted_until_freed_and_impossible_sizes_refused() {
+    fn host_blocks_are_aligned_mapped_by_their_pages_and_counted_until_freed() {
         let allocator = HostAllocator::new();
         let addr = allocator.allocate(100).unwrap();
-        assert_eq!(addr % BLOCK_ALIGN as u64, 0);
-        assert_eq!(allocator.live(), 1);
-        // SAFETY: the block came from `allocate(100)` just above, freed once.
-        unsafe { allocator.deallocate(addr, 100) }.unwrap();
-        assert_eq!(allocator.live(), 0);
+        let big = allocator.allocate((3 << 20) + 1).unwrap();
+        for block in [addr, big] {
+            assert_eq!(block % BLOCK_ALIGN, 0);
+        }
+        assert_eq!(allocator.live(), 2);
+        assert_eq!(allocator.mapped(), 4096 + (3 << 20) + 4096);
+        // It is memory: written and read back.
+        // SAFETY: 100 bytes at `addr` were just allocated, and nothing else uses them.
+        unsafe {
+            std::ptr::write_bytes(addr as *mut u8, 0xab, 100);
+            assert_eq!(*(addr as *const u8).add(99), 0xab);
+        }
+        // SAFETY: each block came from `allocate` with that size just above, freed once.
+        unsafe {
+            allocator.deallocate(addr, 100).unwrap();
+            allocator.deallocate(big, (3 << 20) + 1).unwrap();
+        }
+        assert_eq!((allocator.live(), allocator.mapped()), (0, 0));
         assert!(allocator.allocate(u64::MAX).is_err());
         assert_eq!(allocator.live(), 0);
     }

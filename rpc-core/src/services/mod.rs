@@ -90,7 +90,7 @@ pub mod streams;
 mod test_ops;
 
 pub(crate) use memory::DeviceAllocator;
-pub use memory::{Allocation, MALLOC_ALIGN};
+pub use memory::{malloc_alignment, Allocation, MALLOC_ALIGN, SMALL_MAX};
 pub use process::HOST_CALL_REFUSED;
 
 use streams::{FileTable, Input, Output, Target};
@@ -303,13 +303,16 @@ impl Services {
     pub(crate) fn forget_mailbox(&self, state: &MailboxState) {
         let mailbox = state.id;
         let files = lock(&state.files).take();
-        let freed = lock(&state.allocations).close();
+        let (count, freed) = {
+            let mut books = lock(&state.allocations);
+            (books.len(), books.close())
+        };
         lock(&state.allocator).take();
-        let (closed, count) = (files.as_ref().map_or(0, FileTable::len), freed.len());
+        let closed = files.as_ref().map_or(0, FileTable::len);
         drop(files);
-        for (addr, live) in freed {
-            if let Err(error) = live.free() {
-                log::warn!("mailbox {}: freeing {addr:#x}: {error}", mailbox.0);
+        for block in freed {
+            if let Err(error) = block.free() {
+                log::warn!("mailbox {}: freeing a block of MALLOC: {error}", mailbox.0);
             }
         }
         if closed + count > 0 {
