@@ -1037,6 +1037,36 @@ fn small_mallocs_share_slabs_and_the_quota_counts_what_the_allocator_holds() {
     assert_eq!(fx.services().live_allocations().len(), 64);
 }
 
+/// Beyond the server's memory budget (`Limits::held_bytes`) a stream is received and dropped
+/// and its request answered with the C function's error value (a refusal), a read is served in
+/// part; within it all is served, and nothing stays charged.
+#[test]
+fn the_memory_budget_refuses_streams_and_shortens_reads_beyond_it() {
+    let fx = Fx::with("held", 1, 1, |c| c.limits.held_bytes = 1000);
+    let long = per_lane(|_| vec![b'x'; 2000]);
+    assert_eq!(fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &long)[0], 0);
+    assert!(fx.out.take().is_empty());
+    fx.expect_counts(1, 0);
+    let path = per_lane(|_| [cpath(&fx.path("a")), vec![b'/'; 1500]].concat());
+    assert_eq!(fx.fopen(&path, "w")[0], 0);
+    assert_eq!(fx.stream_then_word(Opcode::REMOVE, &path)[0], MINUS_ONE);
+    fx.expect_counts(3, 0);
+    let fits = per_lane(|_| vec![b'y'; 900]);
+    assert_eq!(fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &fits)[0], 900);
+    assert_eq!(fx.out.take(), vec![b'y'; 900]);
+    fx.services()
+        .set_stdin(Box::new(std::io::Cursor::new(vec![b'z'; 5000])));
+    let (data, count) = fx.fread(4096, &[1; 64]);
+    assert_eq!((data[0].len(), count[0]), (1000, 1000), "served in part");
+    fx.expect_counts(3, 0);
+    // Released when each handler ends, which may be just after its reply.
+    let start = Instant::now();
+    while fx.server.context().held_bytes() != 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "a charge kept");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A lane claiming a stream above the bound ends the exchange at once, whatever the opcode:
 /// the server reads no further packet (so it never acknowledges the client's second one, and
 /// the client gives up), counts an error, leaves the port locked rather than hand the client a

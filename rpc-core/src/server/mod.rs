@@ -153,6 +153,8 @@ pub struct ServerContext {
     pub(crate) extension: Box<dyn Extension>,
     /// The budget of log lines devices cause (`Limits::device_log_lines`).
     pub(crate) log_limit: crate::server::limits::LogLimit,
+    /// The memory every device together may make the server hold (`Limits::held_bytes`).
+    pub(crate) memory: Arc<crate::server::limits::MemoryBudget>,
     /// Set by the runtime's `deinit`: the server never starts again.
     retired: AtomicBool,
 }
@@ -161,6 +163,11 @@ impl ServerContext {
     /// The server's settings.
     pub fn config(&self) -> &ServerConfig {
         &self.config
+    }
+    /// Bytes of device data the server holds now, against `Limits::held_bytes`: streams
+    /// being received and read buffers of every exchange in flight.
+    pub fn held_bytes(&self) -> u64 {
+        self.memory.held()
     }
 }
 
@@ -200,6 +207,7 @@ impl RpcServer {
         let mailboxes = std::sync::Arc::new(Snapshot::new(Vec::new()));
         let extension = extension(Slots(mailboxes.clone()));
         let log_limit = crate::server::limits::LogLimit::new(config.limits.device_log_lines);
+        let memory = crate::server::limits::MemoryBudget::new(config.limits.held_bytes);
         let thread = ServerThread::new(config.name.clone());
         let inner = Arc::new(Inner {
             context: ServerContext {
@@ -211,6 +219,7 @@ impl RpcServer {
                 any_users: Arc::new(Coverage::default()),
                 extension,
                 log_limit,
+                memory,
                 retired: AtomicBool::new(false),
             },
             thread,

@@ -13,7 +13,10 @@
 //! [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong), logged and counted
 //! in `errors`); the rest is not drained on the server's time, and the port stays locked until
 //! the kernel is gone (see how the server ends an exchange). printf's output goes to its stream
-//! in pieces, never whole in memory; reads are served in parts of at most `read_bytes`.
+//! in pieces, never whole in memory; reads are served in parts of at most `read_bytes`. Every
+//! device together shares one budget (`held_bytes`): a stream longer than its first packet is
+//! charged before it grows (refused beyond it: received and dropped, the lane answered with its
+//! error value), a read before its buffers are made (served in part beyond it).
 //!
 //! Each mailbox's kernels have their own open files and allocations: a handle or an address
 //! from another mailbox names nothing, the quotas (`open_files`, `malloc_bytes`) are per
@@ -73,7 +76,7 @@ use std::vec::Vec;
 
 use crate::protocol::port::lanes;
 use crate::server::error::ServerError;
-use crate::server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
+use crate::server::limits::{device_warn, Charge, ExitPolicy, FilePolicy, Limits, ServicesConfig};
 use crate::server::mailboxes::{MailboxSlot, Slots};
 use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
 use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
@@ -623,6 +626,33 @@ impl Refusals {
             ))),
         }
     }
+}
+
+/// Why a lane whose strings the memory budget refused ([`Streams::refused`]) gets its error
+/// value.
+///
+/// [`Streams::refused`]: crate::server::recycle::Streams::refused
+pub(crate) const OVER_BUDGET: &str =
+    "its strings would take the server above its memory budget (Limits::held_bytes)";
+
+/// A charge on the memory budget for a read of `Limits::read_bytes` at most, the lanes asking
+/// `want(lane)` bytes each; the bytes it grants are what the read may take. When the budget has
+/// less room, the read is served in part (possibly 0 bytes), with one log line.
+pub(crate) fn read_charge(req: &Request, want: impl Fn(u32) -> u64) -> Charge {
+    let context = req.context();
+    let asked = active(req).fold(0u64, |sum, lane| sum.saturating_add(want(lane)));
+    let wanted = asked.min(context.config.limits.read_bytes);
+    let charge = context.memory.charge_at_most(wanted);
+    if charge.bytes() < wanted {
+        device_warn!(
+            context,
+            "{}: a read of {wanted} bytes is served in {} for the server's memory budget \
+             (Limits::held_bytes)",
+            context.config.name,
+            charge.bytes()
+        );
+    }
+    charge
 }
 
 /// The active lanes of a request.
