@@ -12,7 +12,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
+// std's `Arc` (loom's cannot be a method's receiver); the counter is the sync shim's.
+use std::sync::Arc;
+
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// What EXIT and ABORT do once their script is complete.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -154,7 +154,7 @@ pub struct ServerContext {
     /// The budget of log lines devices cause (`Limits::device_log_lines`).
     pub(crate) log_limit: crate::server::limits::LogLimit,
     /// The memory every device together may make the server hold (`Limits::held_bytes`).
-    pub(crate) memory: Arc<crate::server::limits::MemoryBudget>,
+    pub(crate) memory: std::sync::Arc<crate::server::limits::MemoryBudget>,
     /// Set by the runtime's `deinit`: the server never starts again.
     retired: AtomicBool,
 }
