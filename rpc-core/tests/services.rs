@@ -1051,6 +1051,19 @@ fn the_memory_budget_refuses_streams_and_shortens_reads_beyond_it() {
     assert_eq!(fx.fopen(&path, "w")[0], 0);
     assert_eq!(fx.stream_then_word(Opcode::REMOVE, &path)[0], MINUS_ONE);
     fx.expect_counts(3, 0);
+    // printf: a format, and a `%s` string, beyond the budget.
+    let none = HashMap::new();
+    let format = per_lane(|_| [vec![b'f'; 1200], b"\0".to_vec()].concat());
+    let no_args = per_lane(|_| Vec::new());
+    let (results, _, _) = fx.printf(Opcode::PRINTF_TO_STDOUT, None, &format, &no_args, &none);
+    assert_eq!(results[0], -1);
+    let string = HashMap::from([(0x1000u64, vec![b's'; 1500])]);
+    let format = per_lane(|_| b"%s\0".to_vec());
+    let args = per_lane(|_| 0x1000u64.to_le_bytes().to_vec());
+    let (results, asked, _) = fx.printf(Opcode::PRINTF_TO_STDOUT, None, &format, &args, &string);
+    assert_eq!((results[0], &asked[0][..]), (-1, &[0x1000][..]));
+    assert!(fx.out.take().is_empty());
+    fx.expect_counts(5, 0);
     let fits = per_lane(|_| vec![b'y'; 900]);
     assert_eq!(fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &fits)[0], 900);
     assert_eq!(fx.out.take(), vec![b'y'; 900]);
@@ -1058,7 +1071,7 @@ fn the_memory_budget_refuses_streams_and_shortens_reads_beyond_it() {
         .set_stdin(Box::new(std::io::Cursor::new(vec![b'z'; 5000])));
     let (data, count) = fx.fread(4096, &[1; 64]);
     assert_eq!((data[0].len(), count[0]), (1000, 1000), "served in part");
-    fx.expect_counts(3, 0);
+    fx.expect_counts(5, 0);
     // Released when each handler ends, which may be just after its reply.
     let start = Instant::now();
     while fx.server.context().held_bytes() != 0 {
