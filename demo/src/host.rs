@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
+use rpc_core::services::malloc_alignment;
 use rpc_core::PluginRuntime;
 use rpc_core::{FilePolicy, Opcode};
 
@@ -73,14 +74,18 @@ pub fn run(json: bool) -> Result<(), String> {
         })
         .kernel("memory", |warp| {
             let addrs = warp.malloc(|lane| 1024 * (u64::from(lane) + 1)).unwrap();
-            warp.printf("memory: lane %d got %#llx (2 MiB aligned: %s)\n", |lane| {
-                let addr = addrs[lane as usize];
-                vec![
-                    Arg::Int(lane.into()),
-                    Arg::UInt(addr),
-                    Arg::Str(Some(if addr % (2 << 20) == 0 { "yes" } else { "no" })),
-                ]
-            })
+            warp.printf(
+                "memory: lane %d got %#llx (aligned to its size: %s)\n",
+                |lane| {
+                    let addr = addrs[lane as usize];
+                    let align = malloc_alignment(1024 * (u64::from(lane) + 1));
+                    vec![
+                        Arg::Int(lane.into()),
+                        Arg::UInt(addr),
+                        Arg::Str(Some(if addr % align == 0 { "yes" } else { "no" })),
+                    ]
+                },
+            )
             .unwrap();
             warp.free(|lane| addrs[lane as usize]).unwrap();
         })

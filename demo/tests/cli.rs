@@ -38,7 +38,7 @@ fn the_host_demo_runs_every_service_and_reports_statistics() {
     assert_eq!(
         stdout
             .lines()
-            .filter(|l| l.contains("(2 MiB aligned: yes)"))
+            .filter(|l| l.contains("(aligned to its size: yes)"))
             .count(),
         4,
         "{stdout}"

@@ -18,7 +18,6 @@
 //! the server gets a mailbox through `attach`'s lock). Each word only needs to be atomic, so
 //! that a copy racing with a kernel is a garbage value, never undefined behaviour.
 
-use std::alloc::Layout as AllocLayout;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -472,28 +471,46 @@ mod tests {
     }
 }
 
-/// Host memory as "device" memory for MALLOC: raw blocks from `std::alloc` (the device is the
-/// host; the server aligns the blocks and frees what kernels forgot at detach).
+/// Host memory as "device" memory for MALLOC: each block its own anonymous mapping, 2 MiB
+/// aligned (the device is the host; the server cuts small requests out of such blocks and frees
+/// what kernels forgot at detach). A block's mapping is exactly its pages: the padding mapped to
+/// align it is unmapped again, so its address space is what the server charges the quota, and
+/// only the pages a kernel touches become resident.
 ///
-/// The blocks are kept by address with the pointers `alloc` returned, and `deallocate` frees
-/// that pointer: an address is never turned back into a pointer here (strict provenance, so
-/// miri checks every access through it). The address handed out is exposed, as a device's
-/// kernels reach the block through it.
+/// The blocks are kept by address with the pointers their mappings gave, and `deallocate`
+/// unmaps through that pointer: an address is never turned back into a pointer here (strict
+/// provenance). The address handed out is exposed, as a device's kernels reach the block
+/// through it.
 #[derive(Default)]
 pub struct HostAllocator {
     /// The blocks not yet freed, by address.
     blocks: Mutex<std::collections::HashMap<u64, Block>>,
 }
 
-/// A block `alloc` returned, with its layout.
-struct Block(std::ptr::NonNull<u8>, AllocLayout);
+/// A block's mapping: its first byte, the bytes asked and the bytes mapped.
+struct Block {
+    ptr: std::ptr::NonNull<u8>,
+    size: u64,
+    len: usize,
+}
 
-// SAFETY: a block is plain heap memory owned by its allocator's table; it may be freed from
-// any thread, and the pointer is only read under the table's mutex.
+// SAFETY: a block is a private anonymous mapping owned by its allocator's table; it may be
+// unmapped from any thread, and the pointer is only read under the table's mutex.
 unsafe impl Send for Block {}
 
-/// The alignment of a block: what `malloc` gives, enough for any scalar.
-const BLOCK_ALIGN: usize = 16;
+/// The alignment of a block: what MALLOC's largest alignment needs, so the server pads nothing.
+const BLOCK_ALIGN: u64 = rpc_core::services::MALLOC_ALIGN;
+
+/// The bytes a block of `size` maps: whole pages.
+fn block_len(size: u64) -> Result<usize, VendorError> {
+    let page = 4096;
+    let len = size.max(1).checked_next_multiple_of(page);
+    // Room for the padding too, so that `map_aligned`'s sum cannot overflow.
+    match len.filter(|len| len.checked_add(BLOCK_ALIGN).is_some()) {
+        Some(len) => Ok(usize::try_from(len)?),
+        None => Err(format!("{size} bytes is more than an address space holds").into()),
+    }
+}
 
 impl HostAllocator {
     /// An allocator with nothing allocated yet.
@@ -504,58 +521,110 @@ impl HostAllocator {
     pub fn live(&self) -> usize {
         lock(&self.blocks).len()
     }
+    /// Bytes the blocks not yet freed map (their address space).
+    pub fn mapped(&self) -> u64 {
+        lock(&self.blocks).values().map(|b| b.len as u64).sum()
+    }
 }
 
-fn block_layout(size: u64) -> Result<AllocLayout, VendorError> {
-    Ok(AllocLayout::from_size_align(
-        usize::try_from(size.max(1))?,
-        BLOCK_ALIGN,
-    )?)
+/// `len` bytes (whole pages) of fresh anonymous memory at a [`BLOCK_ALIGN`]-aligned address:
+/// `len` and the alignment mapped, then the parts before and after the aligned run unmapped.
+fn map_aligned(len: usize) -> Result<std::ptr::NonNull<u8>, VendorError> {
+    let align = BLOCK_ALIGN as usize;
+    let whole = len + align;
+    // SAFETY: a new private anonymous mapping at an address the kernel picks; no memory of
+    // this process is touched.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            whole,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        let error = std::io::Error::last_os_error();
+        return Err(format!("mapping {len} bytes: {error}").into());
+    }
+    let ptr = ptr.cast::<u8>();
+    let head = ptr.align_offset(align);
+    let tail = whole - head - len;
+    // SAFETY: `head < align` and `head + len + tail == whole`: every pointer stays inside the
+    // mapping just made.
+    let (aligned, after) = unsafe { (ptr.add(head), ptr.add(head + len)) };
+    for (at, bytes) in [(ptr, head), (after, tail)] {
+        if bytes > 0 {
+            // SAFETY: the pages before and after the aligned run, inside the mapping just made,
+            // which nothing else knows of yet.
+            unsafe { libc::munmap(at.cast(), bytes) };
+        }
+    }
+    Ok(std::ptr::NonNull::new(aligned).expect("a mapping is never at address 0"))
 }
 
 impl DeviceAllocator for HostAllocator {
     fn allocate(&self, size: u64) -> Result<u64, VendorError> {
-        let layout = block_layout(size)?;
-        // SAFETY: `layout` has a non-zero size.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        let ptr = std::ptr::NonNull::new(ptr)
-            .ok_or_else(|| format!("out of host memory for {size} bytes"))?;
+        let len = block_len(size)?;
+        let ptr = map_aligned(len)?;
         // Exposed: the device reaches the block through its address.
         let addr = ptr.as_ptr().expose_provenance() as u64;
-        lock(&self.blocks).insert(addr, Block(ptr, layout));
+        lock(&self.blocks).insert(addr, Block { ptr, size, len });
         Ok(addr)
     }
 
     unsafe fn deallocate(&self, addr: u64, size: u64) -> Result<(), VendorError> {
-        let layout = block_layout(size)?;
         let mut blocks = lock(&self.blocks);
-        let Some(Block(ptr, allocated)) = blocks.remove(&addr) else {
+        let Some(block) = blocks.remove(&addr) else {
             return Err(format!("{addr:#x} is no live block").into());
         };
-        if allocated != layout {
-            blocks.insert(addr, Block(ptr, allocated));
-            return Err(format!("{addr:#x} freed by another size ({size} bytes)").into());
+        if block.size != size {
+            let asked = block.size;
+            blocks.insert(addr, block);
+            return Err(format!("{addr:#x} ({asked} bytes) freed by another size ({size})").into());
         }
-        // SAFETY: `ptr` came from `alloc` with `layout` and was not freed since: it was in the
-        // table, which it just left.
-        unsafe { std::alloc::dealloc(ptr.as_ptr(), layout) };
+        // SAFETY: `block` is a mapping of exactly `block.len` bytes made by `map_aligned` and
+        // not unmapped since: it was in the table, which it just left.
+        if unsafe { libc::munmap(block.ptr.as_ptr().cast(), block.len) } != 0 {
+            let error = std::io::Error::last_os_error();
+            return Err(format!("unmapping {} bytes at {addr:#x}: {error}", block.len).into());
+        }
         Ok(())
+    }
+
+    fn alignment(&self) -> u64 {
+        BLOCK_ALIGN
     }
 }
 
-#[cfg(test)]
+// Miri has no partial `munmap`, which `map_aligned` needs.
+#[cfg(all(test, not(miri)))]
 mod allocator_tests {
     use super::*;
 
     #[test]
-    fn host_blocks_are_counted_until_freed_and_impossible_sizes_refused() {
+    fn host_blocks_are_aligned_mapped_by_their_pages_and_counted_until_freed() {
         let allocator = HostAllocator::new();
         let addr = allocator.allocate(100).unwrap();
-        assert_eq!(addr % BLOCK_ALIGN as u64, 0);
-        assert_eq!(allocator.live(), 1);
-        // SAFETY: the block came from `allocate(100)` just above, freed once.
-        unsafe { allocator.deallocate(addr, 100) }.unwrap();
-        assert_eq!(allocator.live(), 0);
+        let big = allocator.allocate((3 << 20) + 1).unwrap();
+        for block in [addr, big] {
+            assert_eq!(block % BLOCK_ALIGN, 0);
+        }
+        assert_eq!(allocator.live(), 2);
+        assert_eq!(allocator.mapped(), 4096 + (3 << 20) + 4096);
+        // It is memory: written and read back.
+        // SAFETY: 100 bytes at `addr` were just allocated, and nothing else uses them.
+        unsafe {
+            std::ptr::write_bytes(addr as *mut u8, 0xab, 100);
+            assert_eq!(*(addr as *const u8).add(99), 0xab);
+        }
+        // SAFETY: each block came from `allocate` with that size just above, freed once.
+        unsafe {
+            allocator.deallocate(addr, 100).unwrap();
+            allocator.deallocate(big, (3 << 20) + 1).unwrap();
+        }
+        assert_eq!((allocator.live(), allocator.mapped()), (0, 0));
         assert!(allocator.allocate(u64::MAX).is_err());
         assert_eq!(allocator.live(), 0);
     }

@@ -330,7 +330,7 @@ fn files_memory_exit_and_a_refused_request() {
             assert_eq!(line[0].as_deref(), Some(&b"lane 0\n"[..]));
             warp.fclose(|_| handle).unwrap();
             let addr = warp.malloc(|_| 4096).unwrap();
-            assert!(addr[0] != 0 && addr[0] % (2 << 20) == 0);
+            assert!(addr[0] != 0 && addr[0] % 4096 == 0, "aligned to its size");
             warp.free(|l| addr[l as usize]).unwrap();
             // Refused: a handle the host never handed out.
             let bad = warp.fclose(|_| 0x1234_0000).unwrap();

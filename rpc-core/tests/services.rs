@@ -18,7 +18,7 @@ use rpc_core::protocol::{
     Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxMemory,
 };
 use rpc_core::services::KernelExit;
-use rpc_core::services::{HOST_CALL_REFUSED, MALLOC_ALIGN};
+use rpc_core::services::{malloc_alignment, HOST_CALL_REFUSED, MALLOC_ALIGN, SMALL_MAX};
 use rpc_core::AtomicMailbox;
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
 use rpc_core::{MailboxId, Opcode, RpcServer, ServerConfig, UserGuard};
@@ -631,15 +631,29 @@ fn malloc_and_free_through_the_plugin_allocator() {
 
         let allocator = Arc::new(HeapAllocator::default());
         fx.services().set_allocator(allocator.clone());
-        let out = fx.words(Opcode::MALLOC, |l| vec![100 + u64::from(l)]);
+        // Small sizes (chunks of slabs, one slab per chunk size) and one above SMALL_MAX (a
+        // block of its own, 2 MiB aligned).
+        let size = |l: u32| match l {
+            0 => SMALL_MAX + 1,
+            l => 100 + u64::from(l),
+        };
+        let out = fx.words(Opcode::MALLOC, |l| vec![size(l)]);
         let mut live = Vec::new();
+        let mut blocks = std::collections::BTreeSet::new();
         for l in fx.lanes() {
             let addr = out[l as usize];
-            assert!(addr != 0 && addr % MALLOC_ALIGN == 0, "lane {l}: {addr:#x}");
+            let align = malloc_alignment(size(l));
+            assert!(addr != 0 && addr % align == 0, "lane {l}: {addr:#x}");
             // It is real memory (the "device" is the host here).
             // SAFETY: the allocator handed out at least 100 bytes at `addr`.
             unsafe { std::ptr::write_bytes(addr as *mut u8, 0xab, 100) };
-            live.push((addr, 100 + u64::from(l)));
+            let usable = if align == MALLOC_ALIGN {
+                size(l)
+            } else {
+                align
+            };
+            live.push((addr, usable));
+            blocks.insert(align);
         }
         live.sort();
         let reported: Vec<_> = fx
@@ -649,7 +663,11 @@ fn malloc_and_free_through_the_plugin_allocator() {
             .map(|a| (a.addr, a.size))
             .collect();
         assert_eq!(reported, live);
-        assert_eq!(allocator.live(), live.len());
+        assert_eq!(
+            allocator.live(),
+            blocks.len(),
+            "a block or slab per alignment"
+        );
 
         let mut port = fx.open(Opcode::FREE);
         port.send(|l, p| p.set_word(0, out[l as usize])).unwrap();
@@ -924,9 +942,12 @@ fn free_of_foreign_or_freed_pointers_is_refused() {
         };
         free(&|_| 0x1000);
         fx.expect_counts(1, 0);
-        free(&|l| out[l as usize] + 64);
+        // Inside a chunk, never where one starts.
+        free(&|l| out[l as usize] + 8);
         fx.expect_counts(2, 0);
-        assert_eq!(allocator.live(), fx.lanes().len(), "nothing was freed");
+        let live = fx.services().live_allocations().len();
+        assert_eq!(live, fx.lanes().len(), "nothing was freed");
+        assert_eq!(allocator.live(), 1, "the lanes' chunks share a slab");
         free(&|l| out[l as usize]);
         fx.expect_counts(2, 0);
         assert_eq!(allocator.live(), 0);
@@ -934,6 +955,122 @@ fn free_of_foreign_or_freed_pointers_is_refused() {
         fx.expect_counts(3, 0);
         let out = fx.words(Opcode::TEST_INCREMENT, |_| vec![41]);
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == 42));
+    }
+}
+
+/// MALLOC is charged what it holds: MALLOC(1) after MALLOC(1) share one slab of 2 MiB, the
+/// quota counts the slab (with its padding, in pages), and the next slab that would pass the
+/// quota is refused, so the allocator never holds more than the quota (before, each MALLOC(1)
+/// held a block of 2 MiB and the quota counted 1 byte). Every address frees, the last chunk
+/// frees the slab, foreign and double FREEs are refused, and a detach frees what is left.
+#[test]
+fn small_mallocs_share_slabs_and_the_quota_counts_what_the_allocator_holds() {
+    // Room for one slab of 16-byte chunks (2 MiB and 15 bytes of padding: a page more), not two.
+    let quota = 3 << 20;
+    let fx = Fx::with("malloc-small", 64, u64::MAX, |c| {
+        c.limits.malloc_bytes = quota;
+    });
+    let allocator = Arc::new(HeapAllocator::default());
+    fx.services().set_allocator(allocator.clone());
+    let mut addrs = Vec::new();
+    loop {
+        let out = fx.words(Opcode::MALLOC, |_| vec![1]);
+        assert!(
+            allocator.bytes() <= quota,
+            "{} bytes held",
+            allocator.bytes()
+        );
+        let got: Vec<u64> = out[..].iter().copied().filter(|&a| a != 0).collect();
+        addrs.extend_from_slice(&got);
+        if got.len() < 64 {
+            break;
+        }
+    }
+    let chunks = (2 << 20) / 16;
+    assert_eq!(addrs.len(), chunks, "one slab's chunks, then refusals");
+    assert_eq!((allocator.live(), allocator.bytes()), (1, (2 << 20) + 15));
+    fx.expect_counts(1, 0);
+    let distinct: std::collections::BTreeSet<u64> = addrs.iter().copied().collect();
+    assert_eq!(distinct.len(), chunks);
+    assert!(addrs.iter().all(|a| a % 16 == 0));
+
+    let frees = std::cell::Cell::new(0);
+    let free = |addr: &dyn Fn(u32) -> u64| {
+        let mut port = fx.open(Opcode::FREE);
+        port.send(|l, p| p.set_word(0, addr(l))).unwrap();
+        drop(port);
+        frees.set(frees.get() + 1);
+        fx.wait_served(Opcode::FREE, frees.get());
+    };
+    // Foreign: inside a chunk; then every chunk freed, the last taking the slab with it.
+    free(&|l| addrs[l as usize] + 4);
+    fx.expect_counts(2, 0);
+    for batch in addrs.chunks(64) {
+        free(&|l| batch[l as usize]);
+    }
+    assert_eq!((allocator.live(), allocator.bytes()), (0, 0));
+    free(&|l| addrs[l as usize]);
+    fx.expect_counts(3, 0);
+    assert!(fx.services().live_allocations().is_empty());
+
+    // The quota is free again; and a detach frees what a mailbox holds.
+    let other = fx.second_mailbox();
+    other
+        .services()
+        .set_mailbox_allocator(other.id, allocator.clone());
+    let mine = fx.words(Opcode::MALLOC, |_| vec![1]);
+    let theirs = other.words(Opcode::MALLOC, |l| vec![u64::from(l % 16) + 1]);
+    assert!(mine.iter().chain(&theirs).all(|&a| a != 0));
+    assert_eq!(
+        allocator.live(),
+        2,
+        "a slab each: the other's quota is its own"
+    );
+    fx.server.detach(other.id).unwrap();
+    assert_eq!(allocator.live(), 1);
+    assert_eq!(fx.services().live_allocations().len(), 64);
+}
+
+/// Beyond the server's memory budget (`Limits::held_bytes`) a stream is received and dropped
+/// and its request answered with the C function's error value (a refusal), a read is served in
+/// part; within it all is served, and nothing stays charged.
+#[test]
+fn the_memory_budget_refuses_streams_and_shortens_reads_beyond_it() {
+    let fx = Fx::with("held", 1, 1, |c| c.limits.held_bytes = 1000);
+    let long = per_lane(|_| vec![b'x'; 2000]);
+    assert_eq!(fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &long)[0], 0);
+    assert!(fx.out.take().is_empty());
+    fx.expect_counts(1, 0);
+    let path = per_lane(|_| [cpath(&fx.path("a")), vec![b'/'; 1500]].concat());
+    assert_eq!(fx.fopen(&path, "w")[0], 0);
+    assert_eq!(fx.stream_then_word(Opcode::REMOVE, &path)[0], MINUS_ONE);
+    fx.expect_counts(3, 0);
+    // printf: a format, and a `%s` string, beyond the budget.
+    let none = HashMap::new();
+    let format = per_lane(|_| [vec![b'f'; 1200], b"\0".to_vec()].concat());
+    let no_args = per_lane(|_| Vec::new());
+    let (results, _, _) = fx.printf(Opcode::PRINTF_TO_STDOUT, None, &format, &no_args, &none);
+    assert_eq!(results[0], -1);
+    let string = HashMap::from([(0x1000u64, vec![b's'; 1500])]);
+    let format = per_lane(|_| b"%s\0".to_vec());
+    let args = per_lane(|_| 0x1000u64.to_le_bytes().to_vec());
+    let (results, asked, _) = fx.printf(Opcode::PRINTF_TO_STDOUT, None, &format, &args, &string);
+    assert_eq!((results[0], &asked[0][..]), (-1, &[0x1000][..]));
+    assert!(fx.out.take().is_empty());
+    fx.expect_counts(5, 0);
+    let fits = per_lane(|_| vec![b'y'; 900]);
+    assert_eq!(fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &fits)[0], 900);
+    assert_eq!(fx.out.take(), vec![b'y'; 900]);
+    fx.services()
+        .set_stdin(Box::new(std::io::Cursor::new(vec![b'z'; 5000])));
+    let (data, count) = fx.fread(4096, &[1; 64]);
+    assert_eq!((data[0].len(), count[0]), (1000, 1000), "served in part");
+    fx.expect_counts(5, 0);
+    // Released when each handler ends, which may be just after its reply.
+    let start = Instant::now();
+    while fx.server.context().held_bytes() != 0 {
+        assert!(start.elapsed() < Duration::from_secs(10), "a charge kept");
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -1691,7 +1828,8 @@ fn reads_are_served_in_parts_within_the_limit() {
 fn each_mailbox_has_its_own_files_allocations_and_quotas() {
     let fx = Fx::with("isolation", 1, 1, |c| {
         c.limits.open_files = 2;
-        c.limits.malloc_bytes = 3 << 20;
+        // One 2 MiB block and its padding (the heap aligns blocks to 8 bytes only).
+        c.limits.malloc_bytes = 5 << 20;
     });
     let allocator = Arc::new(HeapAllocator::default());
     fx.services().set_allocator(allocator.clone());
@@ -1725,7 +1863,7 @@ fn each_mailbox_has_its_own_files_allocations_and_quotas() {
     assert_eq!(
         fx.words(Opcode::MALLOC, |_| vec![two_mib])[0],
         0,
-        "above 3 MiB"
+        "above 5 MiB"
     );
     let theirs = other.words(Opcode::MALLOC, |_| vec![two_mib])[0];
     assert_ne!(theirs, 0, "the other mailbox's own quota");

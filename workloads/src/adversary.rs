@@ -107,7 +107,7 @@ pub enum Value {
         k: u16,
     },
     /// A forgery made from such a value: a handle with one tag bit flipped or the next slot,
-    /// an address a few bytes off (never another allocation's: they are 2 MiB aligned).
+    /// an address a few bytes off (never where an allocation starts: all are 16-byte aligned).
     Forged {
         kind: Kind,
         k: u16,
@@ -178,7 +178,7 @@ impl Loot {
                 (_, 0) => 0,
                 (Kind::Handle, h) if k % 2 == 0 => h ^ (1 << (32 + u32::from(k) % 32)),
                 (Kind::Handle, h) => h.wrapping_add(4),
-                (Kind::Address, a) => a.wrapping_add(8 * (1 + u64::from(k % 4))),
+                (Kind::Address, a) => a.wrapping_add(8 * (1 + 2 * u64::from(k % 4))),
             },
         }
     }

@@ -26,7 +26,7 @@ use plugin_host::kernel::{STDIN, STDOUT};
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target, Warp};
 use rpc_core::plugin::Grid;
 use rpc_core::protocol::Generation;
-use rpc_core::services::{KernelExit, MALLOC_ALIGN};
+use rpc_core::services::{malloc_alignment, KernelExit};
 use rpc_core::FilePolicy;
 use rpc_core::PluginRuntime;
 use rpc_core::{Error, ExitPolicy, Opcode, PluginError, ServerConfig, ServicesConfig};
@@ -262,9 +262,10 @@ impl Soak {
         let size = 1 + rng.below(1 << 16);
         match warp.malloc(|l| size + u64::from(l)) {
             Ok(addrs) => {
-                let ok = warp
-                    .lanes()
-                    .all(|l| addrs[l as usize] != 0 && addrs[l as usize] % MALLOC_ALIGN == 0);
+                let ok = warp.lanes().all(|l| {
+                    let addr = addrs[l as usize];
+                    addr != 0 && addr % malloc_alignment(size + u64::from(l)) == 0
+                });
                 self.counters.request(ok);
                 match warp.free(|l| addrs[l as usize]) {
                     Ok(()) => self.counters.request(true),

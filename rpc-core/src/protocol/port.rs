@@ -596,7 +596,8 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// the claimed length.
     pub(crate) async fn recv_n_async(&mut self, bound: u64) -> Result<Vec<Vec<u8>>, ProtocolError> {
         let mut out = Vec::new();
-        self.recv_n_within_async(bound, u64::MAX, &mut out).await?;
+        self.recv_n_within_async(bound, u64::MAX, &mut out, |_| true)
+            .await?;
         Ok(out)
     }
 
@@ -607,12 +608,18 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// than the stores that had just made it, which the store buffer cannot forward, so each
     /// waited for the exchange's stores to shared memory (`protocol::deferred`): 1-4% of a
     /// pipelined printf (docs/performance.md).
+    ///
+    /// Before the strings grow past their first packet, `admit` is asked for the bytes the
+    /// lanes that go further claim, in sum (the server's memory budget): refused, the rest of
+    /// the packets are received and dropped (the exchange stays in step with the client), every
+    /// lane's string is left empty, and this returns `Ok(false)`.
     pub(crate) async fn recv_n_within_async(
         &mut self,
         bound: u64,
         total: u64,
         out: &mut Vec<Vec<u8>>,
-    ) -> Result<(), ProtocolError> {
+        admit: impl FnOnce(u64) -> bool,
+    ) -> Result<bool, ProtocolError> {
         out.iter_mut().for_each(Vec::clear);
         out.resize_with(self.lanes as usize, Vec::new);
         // Each lane's length, kept only when one goes past the first packet: an array of 64
@@ -656,6 +663,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             return Err(error);
         }
         let longest = lengths.iter().copied().max().unwrap_or(0);
+        let admitted = longest <= FIRST_PACKET_BYTES || admit(lengths.iter().sum::<usize>() as u64);
+        if !admitted {
+            out.iter_mut().for_each(Vec::clear);
+        }
         let mut offset = FIRST_PACKET_BYTES;
         while offset < longest {
             core::future::poll_fn(|_| self.poll_packets()).await?;
@@ -663,13 +674,23 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
             // reads into lives on the stack, not in the (boxed) future.
             let last = offset + BUFFER_SIZE >= longest;
             match self.lanes {
+                _ if !admitted => self.skip_packet(last),
                 1 => self.append_packets::<1>(offset, &lengths, last, out),
                 32 => self.append_packets::<32>(offset, &lengths, last, out),
                 _ => self.append_packets::<64>(offset, &lengths, last, out),
             }
             offset += BUFFER_SIZE;
         }
-        Ok(())
+        Ok(admitted)
+    }
+
+    /// A packet of a `recv_n` whose strings are not kept (not admitted): read nothing, hand
+    /// the buffer back as `append_packets` does.
+    fn skip_packet(&mut self, last: bool) {
+        self.receive = true;
+        if !last {
+            self.acknowledge();
+        }
     }
 
     /// The packets of a `recv_n` after its first, once they are ours: reads each active lane's

@@ -1,7 +1,8 @@
 //! Every bound the server keeps on what a device can make the host hold or do
-//! ([`Limits`], part of [`crate::ServerConfig`]), the policies of the standard services (what
-//! EXIT, the file opcodes and SYSTEM may do: [`ServicesConfig`]), and the rate limit on log
-//! lines a device causes ([`LogLimit`]).
+//! ([`Limits`], part of [`crate::ServerConfig`]), the one budget of memory every device shares
+//! ([`MemoryBudget`]), the policies of the standard services (what EXIT, the file opcodes and
+//! SYSTEM may do: [`ServicesConfig`]), and the rate limit on log lines a device causes
+//! ([`LogLimit`]).
 //!
 //! Over a limit the device gets the error value of the C function (or, for a stream claim,
 //! the exchange ends at once: see [`crate::services`]), the server logs one line (rate-limited)
@@ -13,7 +14,10 @@ use std::path::PathBuf;
 use std::string::String;
 use std::time::{Duration, Instant};
 
-use crate::sync::{lock, Mutex};
+// std's `Arc` (loom's cannot be a method's receiver); the counter is the sync shim's.
+use std::sync::Arc;
+
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// What EXIT and ABORT do once their script is complete.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -83,7 +87,8 @@ impl Default for ServicesConfig {
 }
 
 /// The bounds of one server. Per request: what one request of one port may make the server
-/// hold at once; per mailbox: what the kernels of one mailbox may hold together.
+/// hold at once; per mailbox: what the kernels of one mailbox may hold together; per server:
+/// what every device together may make it hold at once (`held_bytes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Bytes one lane may send in one stream (`send_n`, PROTOCOL section 5). Default 64 MiB.
@@ -103,6 +108,12 @@ pub struct Limits {
     /// Bytes the kernels of one mailbox may hold allocated through MALLOC (MALLOC answers 0
     /// beyond). Default 16 GiB.
     pub malloc_bytes: u64,
+    /// Bytes of device data the server holds at once, every port of every mailbox together:
+    /// streams being received (`send_n` beyond its first packet: paths, writes, printf's formats,
+    /// arguments and `%s` strings, host-call arguments) and read buffers. A stream whose
+    /// claim would pass it is received and dropped, and its request refused (the C function's
+    /// error value); a read is served in part (possibly 0 bytes). Default 1 GiB.
+    pub held_bytes: u64,
     /// Log lines per second a device may cause: refusals, unknown opcodes, bad headers,
     /// stream claims above the bounds and other failed exchanges, abandoned exchanges (client
     /// timeouts among them), EXIT and ABORT under `ExitPolicy::Record`, lost device output, failed
@@ -123,6 +134,7 @@ impl Default for Limits {
             read_bytes: 1 << 20,
             open_files: 64,
             malloc_bytes: 16 << 30,
+            held_bytes: 1 << 30,
             device_log_lines: 20,
         }
     }
@@ -146,6 +158,91 @@ pub(crate) fn quoted(bytes: &[u8]) -> String {
     let prefix = String::from_utf8_lossy(&bytes[..QUOTED_BYTES]);
     let quoted = std::format!("{:?}", std::format!("{prefix}\u{2026}"));
     std::format!("{quoted} ({} bytes)", bytes.len())
+}
+
+/// The bytes every device together may make the server hold at once
+/// ([`Limits::held_bytes`]): exchanges take a [`Charge`] before their buffers grow, and drop
+/// it with the buffers.
+///
+/// Memory ordering: every change is a read-modify-write of the one counter, so the charges
+/// together never pass the limit, whichever threads take them. A charge succeeds with
+/// `Acquire` and a release is a `Release` `fetch_sub`: a buffer is freed before its charge is
+/// released, so a charge that counts on those bytes (it read the release) is ordered after
+/// that free, and the buffer it lets grow never exists at the same time as the freed one.
+pub(crate) struct MemoryBudget {
+    limit: u64,
+    held: AtomicU64,
+}
+
+impl MemoryBudget {
+    pub(crate) fn new(limit: u64) -> Arc<Self> {
+        Arc::new(MemoryBudget {
+            limit,
+            held: AtomicU64::new(0),
+        })
+    }
+
+    /// Bytes charged now.
+    pub(crate) fn held(&self) -> u64 {
+        // Relaxed: a figure to report, ordering nothing.
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// A charge of `bytes`, or `None` if it would pass the limit.
+    pub(crate) fn charge(self: &Arc<Self>, bytes: u64) -> Option<Charge> {
+        self.take(|free| (bytes <= free).then_some(bytes))
+    }
+
+    /// A charge of as many of `bytes` as fit (possibly none).
+    pub(crate) fn charge_at_most(self: &Arc<Self>, bytes: u64) -> Charge {
+        self.take(|free| Some(bytes.min(free)))
+            .expect("some bytes always fit")
+    }
+
+    /// Charges what `fit` grants of the bytes free now.
+    fn take(self: &Arc<Self>, fit: impl Fn(u64) -> Option<u64>) -> Option<Charge> {
+        let mut bytes = 0;
+        // RMW: held -> held + what fits (Acquire on success: see the type's note; Relaxed on
+        // failure, which only retries or gives up).
+        self.held
+            .fetch_update(Ordering::Acquire, Ordering::Relaxed, |held| {
+                bytes = fit(self.limit.saturating_sub(held))?;
+                Some(held + bytes)
+            })
+            .ok()?;
+        Some(Charge {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+}
+
+/// Bytes of a [`MemoryBudget`] held until this is dropped.
+pub(crate) struct Charge {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl Charge {
+    /// The bytes charged.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl core::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "Charge({} bytes)", self.bytes)
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            // RMW: held -> held - bytes (Release: see the type's note).
+            self.budget.held.fetch_sub(self.bytes, Ordering::Release);
+        }
+    }
 }
 
 /// A per-second budget of the log lines devices cause, one per server. Every such line goes
@@ -268,6 +365,21 @@ pub(crate) use device_log;
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn charges_never_pass_the_memory_budget_and_give_it_back_when_dropped() {
+        let budget = MemoryBudget::new(100);
+        let a = budget.charge(60).unwrap();
+        assert!(budget.charge(41).is_none());
+        let b = budget.charge_at_most(70);
+        assert_eq!((a.bytes(), b.bytes(), budget.held()), (60, 40, 100));
+        assert_eq!(budget.charge_at_most(1).bytes(), 0);
+        drop(a);
+        assert_eq!(budget.held(), 40);
+        assert!(budget.charge(60).is_some(), "and dropped again at once");
+        drop(b);
+        assert_eq!(budget.held(), 0);
+    }
 
     #[test]
     fn the_budget_drops_and_then_reports_what_it_dropped() {

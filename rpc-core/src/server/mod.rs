@@ -155,6 +155,8 @@ pub struct ServerContext {
     /// The budget of log lines devices cause (`Limits::device_log_lines`), shared with the
     /// layer above (the services log lost device output through it).
     pub(crate) log_limit: std::sync::Arc<crate::server::limits::LogLimit>,
+    /// The memory every device together may make the server hold (`Limits::held_bytes`).
+    pub(crate) memory: std::sync::Arc<crate::server::limits::MemoryBudget>,
     /// Set by the runtime's `deinit`: the server never starts again.
     retired: AtomicBool,
 }
@@ -163,6 +165,11 @@ impl ServerContext {
     /// The server's settings.
     pub fn config(&self) -> &ServerConfig {
         &self.config
+    }
+    /// Bytes of device data the server holds now, against `Limits::held_bytes`: streams
+    /// being received and read buffers of every exchange in flight.
+    pub fn held_bytes(&self) -> u64 {
+        self.memory.held()
     }
 }
 
@@ -202,6 +209,7 @@ impl RpcServer {
         let mailboxes = std::sync::Arc::new(Snapshot::new(Vec::new()));
         let log_limit = std::sync::Arc::new(LogLimit::new(config.limits.device_log_lines));
         let extension = extension(Slots(mailboxes.clone()), log_limit.clone());
+        let memory = crate::server::limits::MemoryBudget::new(config.limits.held_bytes);
         let thread = ServerThread::new(config.name.clone());
         let inner = Arc::new(Inner {
             context: ServerContext {
@@ -213,6 +221,7 @@ impl RpcServer {
                 any_users: Arc::new(Coverage::default()),
                 extension,
                 log_limit,
+                memory,
                 retired: AtomicBool::new(false),
             },
             thread,

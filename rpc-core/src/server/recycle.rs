@@ -30,6 +30,7 @@ use std::task::{Context, Poll};
 use std::vec::Vec;
 
 use crate::server::error::ServerError;
+use crate::server::limits::Charge;
 use crate::Result;
 
 /// The most bytes one thread's pool keeps (blocks and buffer capacity together): a few hundred
@@ -176,9 +177,15 @@ impl<T> Drop for PooledVec<T> {
 
 /// The byte strings one `recv_n` received, one per lane (index = lane; inactive lanes'
 /// strings are empty). Read it as a slice of vectors; its buffers go back to this thread's
-/// pool when it is dropped ([`Streams::into_vec`] keeps them instead).
+/// pool when it is dropped ([`Streams::into_vec`] keeps them instead), and with them the
+/// charge they hold on the server's memory budget (`Limits::held_bytes`).
 #[derive(Debug, Default)]
-pub struct Streams(Vec<Vec<u8>>);
+pub struct Streams {
+    strings: Vec<Vec<u8>>,
+    /// What the strings hold of the memory budget (none if they fit their first packet).
+    _charge: Option<Charge>,
+    refused: bool,
+}
 
 impl Streams {
     /// Buffers from this thread's pool where it has some, for a `recv_n` to empty and fill.
@@ -198,32 +205,46 @@ impl Streams {
         .unwrap_or_default()
     }
 
-    pub(crate) fn new(streams: Vec<Vec<u8>>) -> Self {
-        Streams(streams)
+    /// Strings received under `charge`; `refused`: the memory budget had no room for them,
+    /// so they were dropped as they came (every lane empty).
+    pub(crate) fn new(strings: Vec<Vec<u8>>, charge: Option<Charge>, refused: bool) -> Self {
+        Streams {
+            strings,
+            _charge: charge,
+            refused,
+        }
     }
 
-    /// The strings as vectors of their own (not returned to the pool).
+    /// Whether the server's memory budget (`Limits::held_bytes`) refused these strings: they
+    /// were received and dropped, and every lane's is empty. The handler answers with its
+    /// error value.
+    pub fn refused(&self) -> bool {
+        self.refused
+    }
+
+    /// The strings as vectors of their own (not returned to the pool; their charge on the
+    /// memory budget is released now).
     pub fn into_vec(mut self) -> Vec<Vec<u8>> {
-        std::mem::take(&mut self.0)
+        std::mem::take(&mut self.strings)
     }
 }
 
 impl Deref for Streams {
     type Target = [Vec<u8>];
     fn deref(&self) -> &[Vec<u8>] {
-        &self.0
+        &self.strings
     }
 }
 
 impl DerefMut for Streams {
     fn deref_mut(&mut self) -> &mut [Vec<u8>] {
-        &mut self.0
+        &mut self.strings
     }
 }
 
 impl Drop for Streams {
     fn drop(&mut self) {
-        let buffers = std::mem::take(&mut self.0);
+        let buffers = std::mem::take(&mut self.strings);
         if buffers.capacity() == 0 {
             return;
         }
@@ -409,7 +430,7 @@ mod tests {
         assert!(kept <= KEEP_BYTES, "{kept} bytes kept");
         assert!(kept > KEEP_BYTES / 2, "{kept} bytes kept");
         let streams: Vec<Streams> = (0..64)
-            .map(|_| Streams::new(std::vec![std::vec![0u8; 8 << 10]]))
+            .map(|_| Streams::new(std::vec![std::vec![0u8; 8 << 10]], None, false))
             .collect();
         drop(streams);
         let kept = with_pool(|pool| pool.bytes).unwrap();
@@ -418,7 +439,7 @@ mod tests {
 
     #[test]
     fn a_large_stream_is_kept_only_where_asked_and_until_released() {
-        let large = || Streams::new(std::vec![std::vec![9u8; 2 * KEEP_BYTES]]);
+        let large = || Streams::new(std::vec![std::vec![9u8; 2 * KEEP_BYTES]], None, false);
         let capacity_of = |buffers: &[Vec<u8>]| buffers.first().map_or(0, Vec::capacity);
         // Run on threads of their own: the pool is per thread.
         std::thread::spawn(move || {
@@ -432,9 +453,9 @@ mod tests {
             drop(large());
             let kept = Streams::buffers();
             assert!(capacity_of(&kept) >= 2 * KEEP_BYTES, "kept when asked");
-            drop(Streams::new(kept));
+            drop(Streams::new(kept, None, false));
             // The large set comes first, then the small ones.
-            drop(Streams::new(std::vec![std::vec![1u8; 10]]));
+            drop(Streams::new(std::vec![std::vec![1u8; 10]], None, false));
             assert!(capacity_of(&Streams::buffers()) >= 2 * KEEP_BYTES);
             assert!(capacity_of(&Streams::buffers()) < KEEP_BYTES);
             drop(large());
@@ -447,14 +468,18 @@ mod tests {
 
     #[test]
     fn dropped_streams_come_back_with_their_capacity() {
-        let streams = Streams::new(std::vec![std::vec![5u8; 40], std::vec![6u8; 3]]);
+        let streams = Streams::new(
+            std::vec![std::vec![5u8; 40], std::vec![6u8; 3]],
+            None,
+            false,
+        );
         let capacity = streams[0].capacity();
         drop(streams);
         let buffers = Streams::buffers();
         assert_eq!(buffers.len(), 2);
         assert_eq!(buffers[0].capacity(), capacity);
         // Taken out with `into_vec`, they stay with the caller.
-        let out = Streams::new(std::vec![std::vec![1, 2, 3]]).into_vec();
+        let out = Streams::new(std::vec![std::vec![1, 2, 3]], None, false).into_vec();
         assert_eq!(out, std::vec![std::vec![1, 2, 3]]);
     }
 }

@@ -330,15 +330,24 @@ impl Request {
     /// [`crate::Limits`]: a lane
     /// above `stream_bytes`, or the request's streams together above `request_bytes`, end the
     /// exchange at once ([`ProtocolError::TooLong`](crate::ProtocolError::TooLong),
-    /// [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong)).
+    /// [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong)). Strings
+    /// longer than their first packet are charged to the server's memory budget
+    /// (`Limits::held_bytes`) before they grow, until the [`Streams`] are dropped; without room
+    /// there they are received and dropped ([`Streams::refused`]).
     pub async fn recv_n(&mut self) -> Result<Streams, ServerError> {
-        let limits = &self.inner.context.config.limits;
+        let context = &self.inner.context;
+        let limits = &context.config.limits;
         let left = limits.request_bytes.saturating_sub(self.received);
         let mut data = Streams::buffers();
-        self.port
-            .recv_n_within_async(limits.stream_bytes, left, &mut data)
+        let mut charge = None;
+        let admitted = self
+            .port
+            .recv_n_within_async(limits.stream_bytes, left, &mut data, |claimed| {
+                charge = context.memory.charge(claimed);
+                charge.is_some()
+            })
             .await?;
-        let data = Streams::new(data);
+        let data = Streams::new(data, charge, !admitted);
         self.received += data.iter().map(|d| d.len() as u64).sum::<u64>();
         let longest = data.iter().map(Vec::len).max().unwrap_or(0);
         self.trace(format_args!(

@@ -14,7 +14,10 @@
 //! in `errors`); nothing of it is kept, and the port is drained (PROTOCOL section 11): each
 //! packet the client still sends is answered unread, and its reply is the opcode's failure
 //! word (`Opcode::failure_word`). printf's output goes to its stream
-//! in pieces, never whole in memory; reads are served in parts of at most `read_bytes`.
+//! in pieces, never whole in memory; reads are served in parts of at most `read_bytes`. Every
+//! device together shares one budget (`held_bytes`): a stream longer than its first packet is
+//! charged before it grows (refused beyond it: received and dropped, the lane answered with its
+//! error value), a read before its buffers are made (served in part beyond it).
 //!
 //! Each mailbox's kernels have their own open files and allocations: a handle or an address
 //! from another mailbox names nothing, the quotas (`open_files`, `malloc_bytes`) are per
@@ -74,7 +77,9 @@ use std::vec::Vec;
 
 use crate::protocol::port::lanes;
 use crate::server::error::ServerError;
-use crate::server::limits::{ExitPolicy, FilePolicy, Limits, LogLimit, ServicesConfig};
+use crate::server::limits::{
+    device_log, Charge, ExitPolicy, FilePolicy, Limits, LogLimit, ServicesConfig,
+};
 use crate::server::mailboxes::{MailboxSlot, Slots};
 use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
 use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
@@ -91,7 +96,7 @@ pub mod streams;
 mod test_ops;
 
 pub(crate) use memory::DeviceAllocator;
-pub use memory::{Allocation, MALLOC_ALIGN};
+pub use memory::{malloc_alignment, Allocation, MALLOC_ALIGN, SMALL_MAX};
 pub use process::HOST_CALL_REFUSED;
 
 use streams::{FileTable, Input, Output, Target};
@@ -317,13 +322,16 @@ impl Services {
     pub(crate) fn forget_mailbox(&self, state: &MailboxState) {
         let mailbox = state.id;
         let files = lock(&state.files).take();
-        let freed = lock(&state.allocations).close();
+        let (count, freed) = {
+            let mut books = lock(&state.allocations);
+            (books.len(), books.close())
+        };
         lock(&state.allocator).take();
-        let (closed, count) = (files.as_ref().map_or(0, FileTable::len), freed.len());
+        let closed = files.as_ref().map_or(0, FileTable::len);
         drop(files);
-        for (addr, live) in freed {
-            if let Err(error) = live.free() {
-                log::warn!("mailbox {}: freeing {addr:#x}: {error}", mailbox.0);
+        for block in freed {
+            if let Err(error) = block.free() {
+                log::warn!("mailbox {}: freeing a block of MALLOC: {error}", mailbox.0);
             }
         }
         if closed + count > 0 {
@@ -635,6 +643,34 @@ impl Refusals {
             ))),
         }
     }
+}
+
+/// Why a lane whose strings the memory budget refused ([`Streams::refused`]) gets its error
+/// value.
+///
+/// [`Streams::refused`]: crate::server::recycle::Streams::refused
+pub(crate) const OVER_BUDGET: &str =
+    "its strings would take the server above its memory budget (Limits::held_bytes)";
+
+/// A charge on the memory budget for a read of `Limits::read_bytes` at most, the lanes asking
+/// `want(lane)` bytes each; the bytes it grants are what the read may take. When the budget has
+/// less room, the read is served in part (possibly 0 bytes), with one log line.
+pub(crate) fn read_charge(req: &Request, want: impl Fn(u32) -> u64) -> Charge {
+    let context = req.context();
+    let asked = active(req).fold(0u64, |sum, lane| sum.saturating_add(want(lane)));
+    let wanted = asked.min(context.config.limits.read_bytes);
+    let charge = context.memory.charge_at_most(wanted);
+    if charge.bytes() < wanted {
+        device_log!(
+            context.log_limit,
+            Warn,
+            "{}: a read of {wanted} bytes is served in {} for the server's memory budget \
+             (Limits::held_bytes)",
+            context.config.name,
+            charge.bytes()
+        );
+    }
+    charge
 }
 
 /// The active lanes of a request.

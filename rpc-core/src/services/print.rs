@@ -381,6 +381,10 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     let mut plans = PooledVec::with_capacity(PIECES);
     for state in &mut lanes {
         let (lane, i) = (state.lane, state.lane as usize);
+        if formats.refused() {
+            refusals.lane(lane, super::OVER_BUDGET);
+            continue;
+        }
         let Some(target) = target(lane) else {
             let handle = handles.as_ref().map_or(0, |(w, _)| w[i][0]);
             refusals.lane(lane, format!("{handle:#x} is not a live stream handle"));
@@ -416,6 +420,11 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         };
         let format = &parsed[format];
         let (needed, available) = (format.args_size, args[i].len());
+        if args.refused() {
+            refusals.lane(lane, super::OVER_BUDGET);
+            lanes[k].refuse();
+            continue;
+        }
         if available < needed {
             let why = FormatError::MissingArguments { needed, available };
             refusals.lane(
@@ -465,6 +474,11 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                 continue;
             }
             let len = strings[i].len();
+            if strings.refused() {
+                refusals.lane(lane, super::OVER_BUDGET);
+                state.refuse();
+                continue;
+            }
             if len as u64 > budget {
                 refusals.lane(
                     lane,

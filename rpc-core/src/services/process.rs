@@ -82,6 +82,10 @@ pub(crate) async fn host_call(mut req: Request) -> Result<(), ServerError> {
     for lane in active(&req) {
         let i = lane as usize;
         let addr = words[i][0];
+        if args.refused() {
+            refusals.lane(lane, super::OVER_BUDGET);
+            continue;
+        }
         let function = lock(&context.services().host_functions).get(&addr).cloned();
         match function {
             Some(function) => calls.push((lane, addr, function)),
@@ -123,6 +127,10 @@ pub(crate) async fn system(mut req: Request) -> Result<(), ServerError> {
     let mut run = Vec::new();
     for lane in active(&req) {
         let command: Vec<u8> = until_nul(&commands[lane as usize]).to_vec();
+        if commands.refused() {
+            refusals.lane(lane, super::OVER_BUDGET);
+            continue;
+        }
         if !allowed {
             refusals.lane(
                 lane,

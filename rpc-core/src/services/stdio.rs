@@ -9,8 +9,8 @@ use super::files::{self, Denial, Rules};
 use super::streams::{OpenError, Target};
 use super::MailboxState;
 use super::{
-    active, c_result, io, per_lane, recv_words, send_word0, until_nul, Refusals, Services, Touches,
-    EOF_WORD,
+    active, c_result, io, per_lane, read_charge, recv_words, send_word0, until_nul, Refusals,
+    Services, Touches, EOF_WORD, OVER_BUDGET,
 };
 use crate::server::error::ServerError;
 use crate::server::limits::quoted;
@@ -30,6 +30,7 @@ async fn write_lanes(
     let mut writes = Vec::new();
     for lane in active(req) {
         match target(lane) {
+            _ if data.refused() => refusals.lane(lane, OVER_BUDGET),
             Some(target) => writes.push((lane, target)),
             None => refusals.lane(lane, "not a live stream handle"),
         }
@@ -119,7 +120,8 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<(), ServerError
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
-    let mut budget = context.config.limits.read_bytes;
+    let charge = read_charge(&req, |lane| words[lane as usize][0]);
+    let mut budget = charge.bytes();
     let mut refusals = Refusals::default();
     let mut reads = Vec::new();
     for lane in active(&req) {
@@ -155,7 +157,8 @@ pub(crate) async fn read_fgets(mut req: Request) -> Result<(), ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
-    let mut budget = context.config.limits.read_bytes;
+    let charge = read_charge(&req, |lane| words[lane as usize][0].min(c_int::MAX as u64));
+    let mut budget = charge.bytes();
     let mut refusals = Refusals::default();
     let mut reads = Vec::new();
     for lane in active(&req) {
@@ -202,6 +205,10 @@ pub(crate) async fn open_file(mut req: Request) -> Result<(), ServerError> {
     let mut opens = Vec::new();
     for lane in active(&req) {
         let mode = until_nul(&modes[lane as usize]);
+        if paths.refused() {
+            refusals.lane(lane, OVER_BUDGET);
+            continue;
+        }
         if !valid_mode(mode) {
             refusals.lane(lane, std::format!("bad fopen mode {}", quoted(mode)));
             continue;
@@ -433,6 +440,9 @@ async fn on_paths(
         lanes
             .into_iter()
             .map(|lane| {
+                if streams.iter().any(|stream| stream.refused()) {
+                    return Err((lane, OVER_BUDGET.into()));
+                }
                 let paths: Vec<&[u8]> = streams
                     .iter()
                     .map(|stream| until_nul(&stream[lane as usize]))

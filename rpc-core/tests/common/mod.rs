@@ -121,6 +121,11 @@ impl HeapAllocator {
     pub fn live(&self) -> usize {
         self.live.lock().unwrap().len()
     }
+    /// Bytes of the allocations not yet freed.
+    pub fn bytes(&self) -> u64 {
+        let live = self.live.lock().unwrap();
+        live.values().map(|layout| layout.size() as u64).sum()
+    }
 }
 
 impl rpc_core::plugin::DeviceAllocator for HeapAllocator {

@@ -64,8 +64,9 @@
 //! files, so its log, and the `--stdout`/`--stderr` files), by identity wherever they lie, are
 //! never opened, removed or renamed (`FilePolicy`, `Services::protect_file`).
 //! SYSTEM runs commands only with `--allow-system`. MALLOC allocates from rpc-serve's own
-//! memory (2 MiB aligned, as LLVM's GPU allocator needs; at most 1 GiB live at once), FREE frees
-//! it, and what the client did not free is freed at exit.
+//! memory (2 MiB aligned above 256 KiB, as LLVM's GPU allocator needs, smaller requests aligned
+//! to their size from shared slabs; at most 1 GiB of address space at once), FREE frees it, and
+//! what the client did not free is freed at exit.
 
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;

@@ -5,7 +5,9 @@
 //! - `%s` x 300 on one 1 MiB string: fetched 300 times and printed into one buffer before;
 //! - READ_FROM_STREAM of a stdin that is `/dev/zero` with a count of 2^62: served in a part of
 //!   `Limits::read_bytes`;
-//! - 20000 unknown opcodes: counted, but only a few log lines per second.
+//! - 20000 unknown opcodes: counted, but only a few log lines per second;
+//! - 9600 MALLOC(1): each held a 2 MiB-aligned block (+20 GB of address space), now they
+//!   share one slab.
 
 mod common;
 
@@ -21,11 +23,16 @@ use rpc_core::Opcode;
 
 /// Peak resident memory of rpc-serve so far, in bytes.
 fn peak_rss(serve: &Serve) -> u64 {
+    status_bytes(serve, "VmHWM:")
+}
+
+/// A memory figure of rpc-serve's `/proc/PID/status` (`VmHWM:`, `VmSize:`, ...), in bytes.
+fn status_bytes(serve: &Serve, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", serve.child.0.id())).unwrap();
     let line = status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .expect("a VmHWM line");
+        .find(|l| l.starts_with(field))
+        .expect("the field");
     let kib: u64 = line
         .split_whitespace()
         .nth(1)
@@ -123,17 +130,57 @@ fn twenty_thousand_unknown_opcodes_write_a_few_log_lines() {
     );
 }
 
-/// rpc-serve serves MALLOC and FREE from its own memory: 2 MiB aligned, at most 1 GiB live.
+/// rpc-serve serves MALLOC and FREE from its own memory: aligned to the size (2 MiB above
+/// `SMALL_MAX`), at most 1 GiB live.
 #[test]
-fn malloc_and_free_are_served_2_mib_aligned_and_capped() {
+fn malloc_and_free_are_served_aligned_and_capped() {
     let serve = quiet_serve();
     with_warp(&serve, |warp| {
         let addr = warp.malloc(|_| 100).unwrap()[0];
         assert_ne!(addr, 0);
-        assert_eq!(addr % rpc_core::services::MALLOC_ALIGN, 0);
+        assert_eq!(addr % 128, 0);
+        let block = warp.malloc(|_| 2 << 20).unwrap()[0];
+        assert_eq!(block % rpc_core::services::MALLOC_ALIGN, 0);
+        warp.free(|_| block).unwrap();
         assert_eq!(warp.malloc(|_| 2 << 30).unwrap()[0], 0, "above the cap");
         warp.free(|_| addr).unwrap();
     });
     let (rest, _) = serve.stop();
     assert!(rest.contains("refused=1"), "{rest}");
+}
+
+/// 9600 MALLOC(1) share one slab of 2 MiB: rpc-serve's address space (`VmSize`) and resident
+/// memory grow by a few MiB (before, each took a block of 4 MiB: +20 GB of address space and
+/// hundreds of MB resident, while the quota had counted 9600 bytes). Then each is freed.
+#[test]
+fn mallocs_of_one_byte_share_a_slab_and_take_no_address_space_each() {
+    const MALLOCS: usize = 9600;
+    let serve = quiet_serve();
+    let (size, rss) = (
+        status_bytes(&serve, "VmSize:"),
+        status_bytes(&serve, "VmRSS:"),
+    );
+    let addrs = with_warp(&serve, |warp| {
+        let addrs: Vec<u64> = (0..MALLOCS)
+            .map(|_| warp.malloc(|_| 1).unwrap()[0])
+            .collect();
+        let grown = status_bytes(&serve, "VmSize:").saturating_sub(size);
+        let resident = status_bytes(&serve, "VmRSS:").saturating_sub(rss);
+        eprintln!(
+            "rpc-serve grew by {} KiB, {} KiB resident",
+            grown >> 10,
+            resident >> 10
+        );
+        assert!(grown < 32 << 20, "address space +{grown} bytes");
+        assert!(resident < 32 << 20, "resident +{resident} bytes");
+        for &addr in &addrs {
+            warp.free(|_| addr).unwrap();
+        }
+        addrs
+    });
+    assert!(addrs.iter().all(|&a| a != 0 && a % 16 == 0));
+    let distinct: std::collections::BTreeSet<_> = addrs.iter().collect();
+    assert_eq!(distinct.len(), MALLOCS);
+    let (rest, _) = serve.stop();
+    assert!(rest.contains("refused=0"), "{rest}");
 }
