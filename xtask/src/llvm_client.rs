@@ -82,6 +82,7 @@ const FILES: &[&str] = &[
     "libc/shared/rpc_util.h",
     "libc/shared/rpc_opcodes.h",
     "libc/shared/rpc_server.h",
+    "libc/shared/rpc_dispatch.h",
     "offload/plugins-nextgen/common/include/RPC.h",
     "offload/plugins-nextgen/common/src/RPC.cpp",
 ];
