@@ -97,7 +97,7 @@ pub fn dispatch(
         }
     }
     let pointee = |args: &[Vec<CallArg<'_>>], lane: u32, i: usize| -> usize {
-        match args.get(lane as usize).map(|a| &a[i]) {
+        match args.get(lane as usize).and_then(|a| a.get(i)) {
             Some(CallArg::Pointer(Some(bytes))) => bytes.len(),
             _ => 0,
         }
@@ -108,7 +108,7 @@ pub fn dispatch(
     let mut hosts = vec_of(lane_count * pointers.len(), 0u64);
     for (k, &i) in pointers.iter().enumerate() {
         let data: Vec<&[u8]> = (0..lane_count)
-            .map(|lane| match args.get(lane).map(|a| &a[i]) {
+            .map(|lane| match args.get(lane).and_then(|a| a.get(i)) {
                 Some(CallArg::Pointer(Some(bytes))) if mask >> lane & 1 == 1 => &bytes[..],
                 _ => &[][..],
             })
@@ -150,7 +150,7 @@ pub fn dispatch(
         for lane in lanes(mask) {
             let got = &back[lane as usize];
             if let Some(CallArg::Pointer(Some(bytes))) =
-                args.get_mut(lane as usize).map(|a| &mut a[i])
+                args.get_mut(lane as usize).and_then(|a| a.get_mut(i))
             {
                 let n = got.len().min(bytes.len());
                 bytes[..n].copy_from_slice(&got[..n]);
