@@ -148,7 +148,7 @@ impl<T: Plain> Argument for T {
     type Value<'a> = T;
     const WIRE: usize = size_of::<T>();
     const POINTEE: Option<Pointee> = None;
-    fn decode<'a>(wire: &[u8], _: Option<&'a mut [u8]>) -> Option<T> {
+    fn decode(wire: &[u8], _: Option<&mut [u8]>) -> Option<T> {
         bytemuck::try_pod_read_unaligned(wire).ok()
     }
 }
@@ -158,7 +158,7 @@ impl Argument for bool {
     const WIRE: usize = 1;
     const POINTEE: Option<Pointee> = None;
     /// C's `bool` is one byte; any byte but 0 reads as true (no byte is undefined here).
-    fn decode<'a>(wire: &[u8], _: Option<&'a mut [u8]>) -> Option<bool> {
+    fn decode(wire: &[u8], _: Option<&mut [u8]>) -> Option<bool> {
         Some(wire[0] != 0)
     }
 }
@@ -390,6 +390,7 @@ macro_rules! typed_fn {
                     };
                 )*
                 // A call through a generic function picks the higher-ranked bound.
+                #[allow(clippy::too_many_arguments)] // One per argument of the function.
                 fn call<F, R, $($a),*>(f: &F, $($a: $a),*) -> R
                 where
                     F: Fn($($a),*) -> R,

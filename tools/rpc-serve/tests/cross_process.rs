@@ -236,7 +236,7 @@ fn rpc_serve_dispatch_tests_answers_typed_calls_from_another_process() {
         assert_eq!(got[lane as usize], want.to_le_bytes(), "add, lane {lane}");
     }
     let mut texts: Vec<Vec<u8>> = (0..64usize)
-        .map(|l| format!("{l:>width$}\0", width = l as usize).into_bytes())
+        .map(|l| format!("{l:>width$}\0", width = l).into_bytes())
         .collect();
     let mut args: Vec<Vec<CallArg<'_>>> = texts
         .iter_mut()
