@@ -603,3 +603,32 @@ fn a_packed_pointer_other_than_the_hosts_is_refused() {
     );
     fx.expect_refused(1);
 }
+
+#[test]
+fn a_client_whose_argument_kinds_differ_desynchronises_without_a_hang_or_a_crash() {
+    let fx = Fx::new(Generation::V1, HOSTILE.0, HOSTILE.1);
+    // `add` takes two values; this client passes one pointer (as for `negate`). The server
+    // reads the pointee's first packet as the packed arguments and answers; the client reads
+    // that answer as the host pointer and sends its arguments, which the server takes for a
+    // new request; the client then reads that one's answer as its copy-back length and gives
+    // up (longer than its pointee). Both sides end; neither waits for ever.
+    let mut xs: Vec<Vec<u8>> = (0..64).map(|_| 5i64.to_le_bytes().to_vec()).collect();
+    let mut args: Vec<_> = xs
+        .iter_mut()
+        .map(|x| vec![CallArg::Pointer(Some(&mut x[..]))])
+        .collect();
+    let mut port = fx.open(opcode(0));
+    assert!(dispatch(&mut port, &mut args, 1).is_err());
+    drop(port);
+    // The server goes on serving, that port included.
+    for _ in 0..8 {
+        let r = fx.call(
+            opcode(0),
+            &mut per_lane(|_| vec![CallArg::value(40u64), CallArg::value(2u32)]),
+            8,
+        );
+        assert_eq!(u64_of(&r[5]), 42);
+    }
+    let stats = fx.server.stats();
+    assert_eq!((stats.errors, stats.panics), (0, 0), "{stats}");
+}
