@@ -741,3 +741,87 @@ async fn recv_pointee(
     into.nonnull = nonnull;
     Ok(())
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pointees_are_refused_by_their_size_as_they_come() {
+        assert_eq!(Pointee::Object(8).refuse(8), None);
+        assert_eq!(
+            Pointee::Object(8).refuse(0),
+            None,
+            "NULL is None to an Option"
+        );
+        assert!(Pointee::Object(8).refuse(7).is_some());
+        assert!(Pointee::Object(8).refuse(16).is_some());
+        assert_eq!(Pointee::Span(4).refuse(4096), None);
+        assert!(Pointee::Span(4).refuse(6).is_some());
+        assert_eq!(
+            Pointee::CString.refuse(1),
+            None,
+            "the NUL is checked once it is in"
+        );
+        let required = Pointee::Required(&Pointee::Span(4));
+        assert!(
+            required.refuse(0).is_some(),
+            "NULL where the function needs data"
+        );
+        assert!(required.refuse(3).is_some());
+        assert_eq!(required.refuse(12), None);
+        assert!(Pointee::Required(&Pointee::CString).is_string());
+    }
+
+    #[test]
+    fn a_signature_is_the_functions_types_on_the_wire() {
+        fn of<Args, F: TypedFn<Args>>(_: F) -> Signature {
+            F::signature()
+        }
+        let sum = of(|_: Option<&[u32]>, _: u64| 0u64);
+        assert_eq!(sum.arguments, [(8, Some(Pointee::Span(4))), (8, None)]);
+        assert_eq!((sum.wire(), sum.reply), (16, 8));
+        assert_eq!(sum.pointer_offsets().collect::<Vec<_>>(), [0]);
+        let mixed = of(|_: u8, _: &CStr, _: bool, _: Option<&mut i16>| {});
+        assert_eq!(mixed.wire(), 1 + 8 + 1 + 8);
+        assert_eq!(mixed.pointer_offsets().collect::<Vec<_>>(), [1, 10]);
+        assert_eq!(mixed.reply, 1, "void is one byte");
+        assert_eq!(of(|| true).wire(), 1, "no arguments still send one byte");
+    }
+
+    #[test]
+    fn a_lane_is_decoded_and_called_or_refused() {
+        let f = |s: &CStr, xs: &mut [u16], k: u16| -> u32 {
+            xs.iter_mut().for_each(|x| *x *= k);
+            s.to_bytes().len() as u32
+        };
+        #[repr(align(16))]
+        struct Aligned([u8; 4]);
+        let mut text = *b"four\0";
+        let mut xs = Aligned([1, 0, 2, 0]);
+        let mut wire = [0u8; 18];
+        wire[16..].copy_from_slice(&3u16.to_le_bytes());
+        let mut reply = [0u8; 4];
+        let mut pointees = [Some(&mut text[..]), Some(&mut xs.0[..])].into_iter();
+        assert!(TypedFn::call_lane(&f, &wire, &mut pointees, &mut reply));
+        drop(pointees);
+        assert_eq!(u32::from_le_bytes(reply), 4);
+        assert_eq!(xs.0, [3, 0, 6, 0]);
+        let mut no_nul = *b"four";
+        let mut pointees = [Some(&mut no_nul[..]), None].into_iter();
+        assert!(!TypedFn::call_lane(&f, &wire, &mut pointees, &mut reply));
+    }
+
+    #[test]
+    fn a_kept_copy_starts_at_an_aligned_address_and_stays_there() {
+        for len in [1, 7, 56, 57, 4096] {
+            let mut copy = Vec::new();
+            keep(&mut copy, len);
+            copy.extend(core::iter::repeat_n(0xAB, len));
+            let bytes = pointee_of(&copy);
+            assert_eq!(bytes.len(), len);
+            assert_eq!(bytes.as_ptr().addr() % POINTEE_ALIGN, 0);
+            assert!(bytes.iter().all(|&b| b == 0xAB));
+        }
+    }
+}
