@@ -458,7 +458,9 @@ impl RpcServer {
     ///
     /// An opcode has one owner: registering a typed handler for an opcode that a user handler
     /// already accepts, or for one of the standard classes (libc `'c'`, offload `'o'`), fails
-    /// with [`ServerError::OpcodeTaken`]. It may be registered while the server runs.
+    /// with [`ServerError::OpcodeTaken`] (a handler registered for it later through
+    /// `register*`, which cannot fail, is never reached: the first user handler that accepts
+    /// an opcode serves it). It may be registered while the server runs.
     ///
     /// ```
     /// use std::ffi::CStr;
