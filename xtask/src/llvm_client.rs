@@ -25,6 +25,11 @@
 //!    the client object LLVM's constructor made against rpc-core's `Layout::client_object` for
 //!    the same base, and rpc-serve's statistics (no errors, panics, unknown opcodes or abandoned
 //!    exchanges).
+//! 4. **Typed calls** (LLVM 23 on, whose `libc/shared/rpc_dispatch.h` is fetched with the
+//!    rest): `workloads/llvm-client/dispatch.cpp`, built against it, calls every test function
+//!    of `rpc-serve --dispatch-tests` (PROTOCOL section 11) with LLVM's own `rpc::dispatch`
+//!    from one thread, then from [`THREADS`] at once on 3 ports, each answer checked against
+//!    the same C++ function run locally; rpc-serve must have served every call, none refused.
 //!
 //! Sources that cannot be had (no apt, no `deb-src` entry carrying the package, no network) and
 //! a missing C++ compiler fail the command, or with `--allow-skip` print why and skip that
