@@ -1,15 +1,20 @@
 //! The demo program on the host plugin: CPU warps speaking the real protocol.
 
+use std::ffi::CStr;
 use std::sync::Arc;
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
+use rpc_core::protocol::CallArg;
 use rpc_core::services::malloc_alignment;
 use rpc_core::PluginRuntime;
 use rpc_core::{FilePolicy, Opcode};
 
 /// The demo's own opcode: the server answers `buf[0]` squared.
 const SQUARE: Opcode = Opcode::user(1);
+/// A typed call (LLVM 23's `rpc::dispatch`): `uint32_t count_up(const char *name, uint32_t
+/// *out)` with `out` a span, filled with the name's length plus i; returns the span's length.
+const COUNT_UP: Opcode = Opcode::user(2);
 
 pub fn run(json: bool) -> Result<(), String> {
     let config = HostConfig {
@@ -24,6 +29,15 @@ pub fn run(json: bool) -> Result<(), String> {
     server.register_packet(SQUARE, move |_, p| {
         p.set_word(0, p.word(0).wrapping_mul(p.word(0)))
     });
+    server
+        .register_typed(COUNT_UP, |name: &CStr, out: &mut [u32]| -> u32 {
+            let len = name.to_bytes().len() as u32;
+            for (i, x) in out.iter_mut().enumerate() {
+                *x = len + i as u32;
+            }
+            out.len() as u32
+        })
+        .map_err(|e| e.to_string())?;
     // Kernels may only touch files in the demo's own directory.
     let dir = std::env::temp_dir().join(format!("rpc-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -89,6 +103,50 @@ pub fn run(json: bool) -> Result<(), String> {
             .unwrap();
             warp.free(|lane| addrs[lane as usize]).unwrap();
         })
+        .kernel("typed", |warp| {
+            // A Rust function called by its C signature: a string and a span it fills.
+            let mut names: Vec<Vec<u8>> = (0..64)
+                .map(|l| format!("lane {l}\0").into_bytes())
+                .collect();
+            let mut outs: Vec<Vec<u8>> = (0..64).map(|l| vec![0; 4 * (l % 3 + 1)]).collect();
+            let counts = {
+                let mut args: Vec<Vec<CallArg<'_>>> = names
+                    .iter_mut()
+                    .zip(&mut outs)
+                    .map(|(name, out)| {
+                        vec![
+                            CallArg::Pointer(Some(&mut name[..])),
+                            CallArg::Pointer(Some(&mut out[..])),
+                        ]
+                    })
+                    .collect();
+                warp.dispatch(COUNT_UP, &mut args, 4).unwrap()
+            };
+            let spans: Vec<String> = outs
+                .iter()
+                .map(|out| {
+                    let values: Vec<String> = out
+                        .chunks(4)
+                        .map(|b| u32::from_le_bytes(b.try_into().unwrap()).to_string())
+                        .collect();
+                    values.join(",")
+                })
+                .collect();
+            warp.printf(
+                "typed: lane %d: count_up(\"lane %d\") = %u, span %s\n",
+                |lane| {
+                    let l = lane as usize;
+                    let count = u32::from_le_bytes(counts[l][..].try_into().unwrap());
+                    vec![
+                        Arg::Int(lane.into()),
+                        Arg::Int(lane.into()),
+                        Arg::UInt(count.into()),
+                        Arg::Str(Some(&spans[l])),
+                    ]
+                },
+            )
+            .unwrap();
+        })
         .kernel("refused", |warp| {
             // A pointer the server never handed out: refused, logged, and the server goes on.
             warp.free(|_| 0xdead_0000).unwrap();
@@ -106,6 +164,7 @@ pub fn run(json: bool) -> Result<(), String> {
         ("hello", Grid::linear(2, 8)),
         ("files", Grid::linear(1, 1)),
         ("memory", Grid::linear(1, 4)),
+        ("typed", Grid::linear(1, 3)),
         ("refused", Grid::linear(1, 1)),
     ] {
         println!(

@@ -44,6 +44,10 @@ fn the_host_demo_runs_every_service_and_reports_statistics() {
         "{stdout}"
     );
     assert!(
+        stdout.contains("typed: lane 2: count_up(\"lane 2\") = 3, span 6,7,8"),
+        "{stdout}"
+    );
+    assert!(
         stdout.contains("refused: fopen outside the demo directory returned 0"),
         "{stdout}"
     );

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use rpc_core::protocol::lanes;
+use rpc_core::protocol::CallArg;
 use rpc_core::protocol::Opcode;
 use rpc_core::protocol::{Client, ClientPort};
 use rpc_core::services::printf::{parse, Count, Piece};
@@ -151,6 +152,21 @@ impl<'a> Warp<'a> {
             |l, p| out[l as usize] = p.word(0),
         )?;
         Ok(out)
+    }
+
+    /// A typed call, as LLVM's `rpc::dispatch<opcode, fn>(client, args...)` makes it (PROTOCOL
+    /// section 12): `args[lane]` are each lane's arguments (index = lane, the same kinds and
+    /// sizes in every active lane), `reply` the return value's size (1 for `void`). Returns
+    /// each lane's return value; each pointer argument's bytes are overwritten with what the
+    /// host left there.
+    pub fn dispatch(
+        &self,
+        opcode: Opcode,
+        args: &mut [Vec<CallArg<'_>>],
+        reply: usize,
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut port = self.open(opcode)?;
+        Ok(rpc_core::protocol::dispatch(&mut port, args, reply)?)
     }
 
     /// `printf` with C semantics, formatted on the host. Each lane passes its own arguments.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::Grid;
-use rpc_core::protocol::Generation;
+use rpc_core::protocol::{CallArg, Generation};
 use rpc_core::services::KernelExit;
 use rpc_core::{Error, ExitPolicy, Opcode, PluginError, ServerConfig, ServerError, ServicesConfig};
 use rpc_core::{PluginRuntime, Runtime};
@@ -596,4 +596,84 @@ fn synchronize_returns_once_the_last_requests_are_counted() {
         assert_eq!(stats.served_of(ECHO), round, "round {round}");
     }
     runtime.deinit().unwrap();
+}
+
+#[test]
+fn kernels_call_a_typed_rust_function_on_32_and_64_lanes() {
+    for lanes in [32, 64] {
+        for generation in [Generation::V1, Generation::V2] {
+            let (runtime, _) = runtime(HostConfig {
+                devices: 1,
+                lanes,
+                ports: 8,
+            });
+            // `uint32_t scale(const char *name, uint32_t *out, uint32_t factor)`: fills `out`
+            // (a span) with the name's length times i times the factor.
+            const SCALE: Opcode = Opcode::user(60);
+            runtime
+                .server()
+                .register_typed(
+                    SCALE,
+                    |name: &std::ffi::CStr, out: &mut [u32], factor: u32| {
+                        let len = name.to_bytes().len() as u32;
+                        for (i, x) in out.iter_mut().enumerate() {
+                            *x = len * i as u32 * factor;
+                        }
+                        out.len() as u32
+                    },
+                )
+                .unwrap();
+            let bytes = HostImage::new("typed")
+                .generation(generation)
+                .kernel("k", |warp| {
+                    let mut names: Vec<Vec<u8>> = (0..64)
+                        .map(|lane| format!("lane {lane}\0").into_bytes())
+                        .collect();
+                    let mut outs: Vec<Vec<u8>> =
+                        (0..64).map(|lane| vec![0; 4 * (lane % 7 + 1)]).collect();
+                    let got = {
+                        let mut args: Vec<Vec<CallArg<'_>>> = names
+                            .iter_mut()
+                            .zip(&mut outs)
+                            .map(|(name, out)| {
+                                vec![
+                                    CallArg::Pointer(Some(&mut name[..])),
+                                    CallArg::Pointer(Some(&mut out[..])),
+                                    CallArg::value(3u32),
+                                ]
+                            })
+                            .collect();
+                        warp.dispatch(SCALE, &mut args, 4).unwrap()
+                    };
+                    for lane in warp.lanes() {
+                        let l = lane as usize;
+                        assert_eq!(got[l], ((l % 7 + 1) as u32).to_le_bytes(), "lane {lane}");
+                        let len = format!("lane {lane}").len() as u32;
+                        let want: Vec<u8> = (0..(l % 7 + 1) as u32)
+                            .flat_map(|i| (len * i * 3).to_le_bytes())
+                            .collect();
+                        assert_eq!(outs[l], want, "lane {lane}");
+                    }
+                })
+                .into_bytes();
+            let image = runtime.load_image(0, &bytes).unwrap();
+            // 100 threads: the last warp is partial.
+            runtime
+                .launch(image, "k", &[], Grid::linear(2, 100))
+                .unwrap();
+            runtime.synchronize(0).unwrap();
+            let stats = runtime.server().stats();
+            let warps = 2 * 100u64.div_ceil(u64::from(lanes));
+            assert_eq!(
+                stats.served_of(SCALE),
+                warps,
+                "{generation} L={lanes}: {stats}"
+            );
+            assert_eq!(
+                (stats.refused, stats.errors, stats.panics),
+                (0, 0, 0),
+                "{stats}"
+            );
+        }
+    }
 }

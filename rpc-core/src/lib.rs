@@ -68,6 +68,48 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Typed calls
+//! LLVM 23's GPU libc lets a kernel call a host function by its C signature:
+//! `rpc::dispatch<OPCODE, fn>(client, args...)` (`libc/shared/rpc_dispatch.h`) copies the
+//! arguments, pointees and spans to the host and the results back. Here the host function is a
+//! Rust function or closure with the matching signature, registered with
+//! [`RpcServer::register_typed`]; [`services::typed`] says which Rust types stand for which C
+//! ones and what is refused. A host-plugin kernel makes the call as LLVM's client does
+//! (`Warp::dispatch`, over [`protocol::dispatch`]):
+//!
+//! ```
+//! use std::ffi::CStr;
+//! use plugin_host::{HostConfig, HostImage, HostPlugin};
+//! use rpc_core::plugin::Grid;
+//! use rpc_core::protocol::CallArg;
+//! use rpc_core::{Opcode, PluginRuntime, ServerConfig};
+//!
+//! # fn main() -> rpc_core::Result<()> {
+//! let mut runtime = PluginRuntime::new(HostPlugin::new(HostConfig::default()), ServerConfig::default())?;
+//! // C: `uint64_t count(const char *text, char c)`.
+//! const COUNT: Opcode = Opcode::user(3);
+//! runtime.server().register_typed(COUNT, |text: &CStr, c: u8| -> u64 {
+//!     text.to_bytes().iter().filter(|&&b| b == c).count() as u64
+//! })?;
+//! let image = HostImage::new("typed")
+//!     .kernel("main", |warp| {
+//!         let mut text = *b"banana\0";
+//!         let mut args: Vec<Vec<CallArg<'_>>> = Vec::new();
+//!         args.resize_with(64, Vec::new);
+//!         args[0] = vec![CallArg::Pointer(Some(&mut text[..])), CallArg::value(b'a')];
+//!         let counts = warp.dispatch(COUNT, &mut args, 8).unwrap();
+//!         assert_eq!(counts[0], 3u64.to_le_bytes());
+//!     })
+//!     .into_bytes();
+//! let image = runtime.load_image(0, &image)?;
+//! runtime.launch(image, "main", &[], Grid::linear(1, 1))?;
+//! runtime.synchronize(0)?;
+//! assert_eq!(runtime.server().stats().served_of(COUNT), 1);
+//! runtime.deinit()?;
+//! # Ok(())
+//! # }
+//! ```
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs, unreachable_pub)]
 

@@ -21,7 +21,8 @@
 // memfd) once it serves; SIGTERM or SIGINT end it with
 // `stopped: served=K`. The generation must be the one the headers speak (LLVM 22: v1,
 // LLVM 23: v2). Flags of rpc-serve it has no use for (--files, --stderr, --client-timeout,
-// --allow-system) are accepted and ignored.
+// --allow-system, --dispatch-tests) are accepted and ignored; LLVM 23's peer always serves the
+// typed `add` and `sum` (0x64000000, 0x64000004) with `rpc::invoke`.
 
 #include "shared/rpc.h"
 #include "shared/rpc_opcodes.h"
@@ -36,8 +37,33 @@ static auto handle(rpc::Server::Port &port, uint32_t lanes) {
 }
 #else
 // LLVM 23: the handlers are in namespace rpc, and the port closes when it goes out of scope.
+// Typed calls (`rpc_dispatch.h`): `add` and `sum` of rpc-serve's --dispatch-tests (PROTOCOL
+// section 12), served by LLVM's own `rpc::invoke`, for the bench's typed rows.
+#include "shared/rpc_dispatch.h"
+static uint64_t typed_add(uint64_t a, uint32_t b) { return a + b; }
+static uint64_t typed_sum(const uint32_t *xs, uint64_t n) {
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < n; ++i)
+    total += xs[i];
+  return total;
+}
+template <uint32_t LANES> static bool invoke_typed(rpc::Server::Port &port) {
+  switch (port.get_opcode()) {
+  case 0x64000000:
+    rpc::invoke<LANES>(port, typed_add);
+    return true;
+  case 0x64000004:
+    rpc::invoke<LANES>(port, typed_sum);
+    return true;
+  default:
+    return false;
+  }
+}
 static auto handle(rpc::Server::Port &port, uint32_t lanes) {
-  return rpc::handle_libc_opcodes(port, lanes);
+  bool typed = lanes == 1    ? invoke_typed<1>(port)
+               : lanes == 32 ? invoke_typed<32>(port)
+                             : invoke_typed<64>(port);
+  return typed ? rpc::RPC_SUCCESS : rpc::handle_libc_opcodes(port, lanes);
 }
 #endif
 
@@ -91,7 +117,7 @@ int main(int argc, char **argv) {
       stdout_path = value();
     else if (arg == "--file")
       file_path = value();
-    else if (arg == "--memfd" || arg == "--allow-system")
+    else if (arg == "--memfd" || arg == "--allow-system" || arg == "--dispatch-tests")
       continue;
     else if (arg == "--files" || arg == "--stderr" || arg == "--client-timeout")
       value();

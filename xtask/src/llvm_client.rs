@@ -25,6 +25,11 @@
 //!    the client object LLVM's constructor made against rpc-core's `Layout::client_object` for
 //!    the same base, and rpc-serve's statistics (no errors, panics, unknown opcodes or abandoned
 //!    exchanges).
+//! 4. **Typed calls** (LLVM 23 on, whose `libc/shared/rpc_dispatch.h` is fetched with the
+//!    rest): `workloads/llvm-client/dispatch.cpp`, built against it, calls every test function
+//!    of `rpc-serve --dispatch-tests` (PROTOCOL section 12) with LLVM's own `rpc::dispatch`
+//!    from one thread, then from [`THREADS`] at once on 3 ports, each answer checked against
+//!    the same C++ function run locally; rpc-serve must have served every call, none refused.
 //!
 //! Sources that cannot be had (no apt, no `deb-src` entry carrying the package, no network) and
 //! a missing C++ compiler fail the command, or with `--allow-skip` print why and skip that
@@ -85,6 +90,12 @@ const FILES: &[&str] = &[
     "offload/plugins-nextgen/common/include/RPC.h",
     "offload/plugins-nextgen/common/src/RPC.cpp",
 ];
+/// LLVM 23 on also has typed calls (`rpc::dispatch`, `rpc::invoke`), in their own header.
+const DISPATCH_FILES: &[&str] = &["libc/shared/rpc_dispatch.h"];
+/// The first LLVM whose headers have [`DISPATCH_FILES`].
+const DISPATCH_MAJOR: u32 = 23;
+/// Rounds of calls of every typed test function per thread of the dispatch driver.
+const DISPATCH_ROUNDS: u32 = 200;
 /// LLVM 18 has no header-only client: its client is `libc/src/__support/RPC/rpc.h`, which
 /// includes libc's `CPP/`, `GPU/`, `macros/` support and `string/memory_utils/`; its opcodes
 /// are in `include/llvm-libc-types/`; `utils/gpu/` holds its loaders and server (read, not
@@ -182,10 +193,25 @@ pub fn run(args: &Args) -> Result {
             (build, (*generation, binary, version.clone()))
         })
         .collect();
+    // The typed calls' driver, where the headers have them.
+    let dispatch_builds: Vec<_> = fetched
+        .iter()
+        .filter(|f| f.0 >= DISPATCH_MAJOR)
+        .map(|(major, _, dir, version)| {
+            let binary = out.join(format!("llvm-dispatch-{major}"));
+            let build = start_dispatch_build(&compiler, &root, dir, &binary);
+            (build, (binary, version.clone()))
+        })
+        .collect();
     let mut drivers = Vec::new();
     for (build, driver) in builds {
         build?.finish()?;
         drivers.push(driver);
+    }
+    let mut dispatch_drivers = Vec::new();
+    for (build, driver) in dispatch_builds {
+        build?.finish()?;
+        dispatch_drivers.push(driver);
     }
     let driver_time = begin.elapsed();
 
@@ -209,6 +235,12 @@ pub fn run(args: &Args) -> Result {
             println!("llvm-client: {generation} (LLVM {version}), {ports} ports: passed; {line}");
         }
         passed.push(format!("{generation} (LLVM {version})"));
+    }
+    for (driver, version) in &dispatch_drivers {
+        let line = run_dispatch(&out, &serve, driver)
+            .map_err(|why| format!("llvm-client: typed calls (LLVM {version}): {why}"))?;
+        println!("llvm-client: typed calls (LLVM {version}, rpc::dispatch): passed; {line}");
+        passed.push(format!("typed calls (LLVM {version})"));
     }
     let run_time = begin.elapsed();
     if let Some((_, _, dir, _)) = fetched.iter().find(|f| f.1 == Generation::V0) {
@@ -247,6 +279,8 @@ fn sources(root: &Path, major: u32) -> std::result::Result<(PathBuf, String), Pr
     let cache = root.join(format!("target/llvm-src/llvm-{major}"));
     if major == 18 {
         fetch_source(major, &cache, FILES_18, true)
+    } else if major >= DISPATCH_MAJOR {
+        fetch_source(major, &cache, &[FILES, DISPATCH_FILES].concat(), false)
     } else {
         fetch_source(major, &cache, FILES, false)
     }
@@ -637,6 +671,42 @@ impl DriverBuild {
     }
 }
 
+/// Starts building `workloads/llvm-client/dispatch.cpp` against LLVM's `rpc_dispatch.h`.
+fn start_dispatch_build(
+    compiler: &str,
+    root: &Path,
+    headers: &Path,
+    binary: &Path,
+) -> Result<DriverBuild> {
+    let source = root.join("workloads/llvm-client/dispatch.cpp");
+    let child = Command::new(compiler)
+        .args([
+            "-std=c++17",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pthread",
+        ])
+        .arg("-isystem")
+        .arg(headers.join("libc/shared"))
+        .arg(&source)
+        .arg("-o")
+        .arg(binary)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("llvm-client: running {compiler}: {e}"))?;
+    Ok(DriverBuild {
+        child,
+        what: format!(
+            "{} ({compiler}, LLVM's rpc_dispatch.h from {})",
+            binary.display(),
+            headers.display()
+        ),
+    })
+}
+
 fn build_rpc_serve(root: &Path) -> Result<PathBuf> {
     let status = Command::new(cargo())
         .current_dir(root)
@@ -980,6 +1050,104 @@ fn run_one(
             .take(3)
             .collect::<Vec<_>>()
             .join(" ")
+    ))
+}
+
+/// The typed calls: `rpc-serve --dispatch-tests` (v2, 3 ports, lane size 1) and the dispatch
+/// driver, which calls every test function from one thread and then from [`THREADS`] at
+/// once, each answer checked; then rpc-serve's statistics: every request served, none
+/// refused or failed. Returns the driver's summary and rpc-serve's count.
+fn run_dispatch(out: &Path, serve: &Path, driver: &Path) -> std::result::Result<String, String> {
+    let dir = out.join("dispatch");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let ports = 3;
+    let log_path = dir.join("rpc-serve.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+    let mut server = Killing(
+        Command::new(serve)
+            .current_dir(&dir)
+            .args(["--gen", "v2", "--ports", &ports.to_string(), "--lanes", "1"])
+            .arg("--dispatch-tests")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", serve.display()))?,
+    );
+    let said = lines_of(server.0.stdout.take().expect("piped"));
+    let ready = said
+        .recv_timeout(READY_BOUND)
+        .map_err(|_| format!("no ready line from rpc-serve; its log: {}", tail(&log_path)))?;
+    let (path, bytes) = ready
+        .strip_prefix("ready ")
+        .and_then(|rest| rest.rsplit_once(' '))
+        .ok_or_else(|| format!("not a ready line: {ready:?}"))?;
+    let mut client = Killing(
+        Command::new(driver)
+            .arg(path)
+            .args(["--bytes", bytes, "--ports", &ports.to_string()])
+            .args(["--threads", &THREADS.to_string()])
+            .args(["--rounds", &DISPATCH_ROUNDS.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting {}: {e}", driver.display()))?,
+    );
+    let client_out = lines_of(client.0.stdout.take().expect("piped"));
+    let client_err = lines_of(client.0.stderr.take().expect("piped"));
+    let status = wait_bounded(&mut client.0, DRIVER_BOUND, "the dispatch driver")
+        .map_err(|why| format!("{why}; rpc-serve's log: {}", tail(&log_path)))?;
+    if !status.success() {
+        let complaints: Vec<String> = client_err.iter().collect();
+        return Err(format!(
+            "the driver failed ({status}):\n  {}\nrpc-serve's log: {}",
+            complaints.join("\n  "),
+            tail(&log_path)
+        ));
+    }
+    let summary: Vec<String> = client_out.iter().collect();
+    // SAFETY: kill has no memory-safety preconditions; the pid is our live child's.
+    if unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) } != 0 {
+        return Err(format!(
+            "SIGTERM to rpc-serve: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let status = wait_bounded(&mut server.0, EXIT_BOUND, "rpc-serve after SIGTERM")?;
+    if !status.success() {
+        return Err(format!(
+            "rpc-serve exited with {status}; its log: {}",
+            tail(&log_path)
+        ));
+    }
+    let stats: Vec<String> = said.iter().collect();
+    let stopped = stats
+        .iter()
+        .find(|l| l.starts_with("stopped: "))
+        .ok_or_else(|| format!("rpc-serve printed no statistics: {stats:?}"))?;
+    // Eight calls per round, from one thread and then from each of THREADS.
+    let calls = 8 * DISPATCH_ROUNDS * (1 + THREADS);
+    for clean in [
+        format!("served={calls}"),
+        "errors=0".into(),
+        "refused=0".into(),
+        "unknown=0".into(),
+        "bad_headers=0".into(),
+        "panics=0".into(),
+        "abandoned=0".into(),
+    ] {
+        if !stopped.split_whitespace().any(|w| w == clean) {
+            return Err(format!(
+                "rpc-serve's statistics should say {clean}: {stopped}; its log: {}",
+                tail(&log_path)
+            ));
+        }
+    }
+    Ok(format!(
+        "{} rpc-serve served={calls}",
+        summary.join(" ").trim_start_matches("llvm-dispatch: ")
     ))
 }
 

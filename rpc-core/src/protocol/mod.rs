@@ -12,7 +12,8 @@
 //! - `client.rs`: opening ports as a GPU warp does ([`Client`]);
 //! - `deferred.rs`: a server thread's flips and unlocks published in batches;
 //! - `server_end.rs`: the server's end of one mailbox: finding pending ports and opening them
-//!   ([`ServerEnd`]; `scan.rs` finds them a word at a time).
+//!   ([`ServerEnd`]; `scan.rs` finds them a word at a time);
+//! - `typed.rs`: a typed call as LLVM's `rpc::dispatch` makes it ([`dispatch`], [`CallArg`]).
 //!
 //! Its failures are [`ProtocolError`]s (`error.rs`). It depends on nothing else in the crate
 //! but the `sync` shim.
@@ -31,6 +32,7 @@ pub(crate) mod port;
 pub(crate) mod scan;
 #[cfg_attr(not(feature = "std"), allow(dead_code))]
 pub(crate) mod server_end;
+pub(crate) mod typed;
 
 #[cfg(all(test, loom))]
 mod loom;
@@ -46,3 +48,4 @@ pub use port::{lanes, ClientPort, Packet, ServerPort, Spin, Wait};
 #[cfg(feature = "std")]
 pub use port::{Backoff, Deadline, Resumable};
 pub use server_end::ServerEnd;
+pub use typed::{dispatch, CallArg, POINTER_BYTES};

@@ -39,4 +39,13 @@ pub enum ServerError {
     /// refused (from its own worker thread).
     #[error("request refused: {0}")]
     Refused(String),
+    /// A handler that must own its opcode alone (a typed one) found it taken: by a user
+    /// handler already registered, or by the standard services' classes.
+    #[error("opcode {opcode} is taken by {owner}")]
+    OpcodeTaken {
+        /// The opcode.
+        opcode: Opcode,
+        /// Who holds it.
+        owner: String,
+    },
 }

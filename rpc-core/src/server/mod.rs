@@ -314,6 +314,20 @@ impl RpcServer {
         self.register_entry(entry(name, matcher, handler));
     }
 
+    /// Registers `handler` as the one owner of `opcode` (see [`Registry::push_owner`]).
+    pub(crate) fn register_owner(
+        &self,
+        opcode: Opcode,
+        handler: Handler,
+    ) -> Result<(), ServerError> {
+        let entry = entry(opcode.to_string(), Matcher::Opcode(opcode), handler);
+        self.inner
+            .context
+            .registry
+            .update(|r| r.push_owner(opcode, entry))
+            .map_err(|owner| ServerError::OpcodeTaken { opcode, owner })
+    }
+
     fn register_entry(&self, entry: Entry) {
         self.inner.context.registry.update(|r| r.push_user(entry));
     }

@@ -107,6 +107,18 @@ impl Registry {
     pub(crate) fn push_user(&mut self, entry: Entry) {
         self.user.push(entry);
     }
+    /// Pushes a user entry that owns its one opcode alone, unless a user entry accepts it
+    /// already (or it is one of the standard classes'). Returns the name of who holds it.
+    pub(crate) fn push_owner(&mut self, opcode: Opcode, entry: Entry) -> Result<(), String> {
+        if !opcode.is_user() {
+            return Err("the standard services (classes 'c', 'o' and 0xFF)".into());
+        }
+        if let Some(owner) = self.user.iter().find(|e| e.matcher.accepts(opcode)) {
+            return Err(format!("the handler {:?}", owner.name));
+        }
+        self.user.push(entry);
+        Ok(())
+    }
     pub(crate) fn push_standard(&mut self, entry: Entry) {
         match entry.matcher {
             Matcher::Opcode(op) => {

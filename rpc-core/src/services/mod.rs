@@ -86,6 +86,7 @@ use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};
 use crate::{Opcode, Result};
 
+pub mod dispatch_tests;
 mod files;
 pub(crate) mod memory;
 pub mod print;
@@ -94,6 +95,7 @@ mod process;
 mod stdio;
 pub mod streams;
 mod test_ops;
+pub mod typed;
 
 pub(crate) use memory::DeviceAllocator;
 pub use memory::{malloc_alignment, Allocation, MALLOC_ALIGN, SMALL_MAX};

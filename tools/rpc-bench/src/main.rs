@@ -20,6 +20,9 @@
 //! - `roundtrip N=.. port ..`: TEST_INCREMENT, L=1, on port 0 and on port N-1, for N = 64,
 //!   1024, 4096 (v1) and 16384 (v2);
 //! - `lanes L=32 full / half`: TEST_INCREMENT with 32 or 16 active lanes;
+//! - `typed add` / `typed sum 4 KiB`, N=16384 (v2): typed calls as LLVM 23's `rpc::dispatch`
+//!   makes them (`--dispatch-tests`' `add`, and `sum` of a 4 KiB span), against LLVM's own
+//!   `rpc::invoke` in its peer;
 //! - `stream 1 MiB L=1 / L=32`: TEST_STREAM, MB/s of payload both ways;
 //! - `printf L=32`: lines per second of a 3-argument format with one `%s`;
 //! - `pipelined increment / printf / stream M=.. D=..`: one client thread drives M exchanges at
@@ -720,6 +723,12 @@ fn fmt(value: f64) -> String {
 
 const PINGPONG: &str = "pingpong (2 flags, 2 cache lines)";
 const BARE: &str = "roundtrip, bare Server loop";
+/// The typed rows (`measure::typed`), on the v2 shape's mailbox, whose LLVM peer (LLVM 23) has
+/// `rpc::invoke`.
+const TYPED_ADD: &str = "typed add N=16384";
+const TYPED_SUM: &str = "typed sum 4 KiB N=16384";
+/// The port count of the shape the typed rows run on.
+const TYPED_PORTS: u32 = 16384;
 const MINIMAL: &str = "roundtrip, minimal loop (raw atomics)";
 const LANES_FULL: &str = "lanes L=32 full mask";
 const LANES_HALF: &str = "lanes L=32 half mask";
@@ -872,6 +881,20 @@ fn run(
                     plan.push((
                         Row::new(what, setup.server, loaded, unit),
                         Box::new(move || measure::roundtrip(setup, port, 1, w)),
+                    ));
+                }
+            }
+        }
+        // The typed calls, where LLVM's peer has `rpc::invoke` (LLVM 23: the v2 shape).
+        for (_, setups) in shapes.iter().filter(|(n, _)| *n == TYPED_PORTS) {
+            for setup in setups {
+                for (what, call) in [
+                    (TYPED_ADD, measure::Typed::Add),
+                    (TYPED_SUM, measure::Typed::Sum),
+                ] {
+                    plan.push((
+                        Row::new(what, setup.server, loaded, unit),
+                        Box::new(move || measure::typed(setup, call, w)),
                     ));
                 }
             }

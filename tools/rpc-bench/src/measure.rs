@@ -304,6 +304,66 @@ pub fn pingpong(window: Duration) -> Result<f64, String> {
     result
 }
 
+/// A typed call of the bench (PROTOCOL section 12, `--dispatch-tests`' functions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Typed {
+    /// `uint64_t add(uint64_t a, uint32_t b)`: one packet each way.
+    Add,
+    /// `uint64_t sum(const uint32_t *xs, uint64_t n)` of a 4 KiB span: the span's 65 packets
+    /// in, its 65 back (LLVM copies every pointer back), three more.
+    Sum,
+}
+
+/// The elements of the `sum` row's span: 4 KiB.
+pub const SUM_ELEMENTS: usize = 1024;
+
+/// One repetition of typed round trips (one lane, port 0), as LLVM's `rpc::dispatch` makes
+/// them: ns per call. Each answer is checked.
+pub fn typed(setup: &Setup, call: Typed, window: Duration) -> Result<f64, String> {
+    use rpc_core::protocol::{dispatch, CallArg};
+    use rpc_core::services::dispatch_tests::opcode;
+    let _serving = setup.serving();
+    let client = setup.client();
+    let mut span: Vec<u8> = (0..SUM_ELEMENTS as u32)
+        .flat_map(|i| i.to_le_bytes())
+        .collect();
+    let span_sum: u64 = (0..SUM_ELEMENTS as u64).sum();
+    time_per_op(window, |x| {
+        let mut attempt = 0;
+        let (op, mut args, want) = match call {
+            Typed::Add => (
+                opcode(0),
+                vec![CallArg::value(x), CallArg::value(7u32)],
+                x.wrapping_add(7),
+            ),
+            Typed::Sum => (
+                opcode(4),
+                vec![
+                    CallArg::Pointer(Some(&mut span[..])),
+                    CallArg::value(SUM_ELEMENTS as u64),
+                ],
+                span_sum,
+            ),
+        };
+        let mut port = loop {
+            // None: the server has not closed the port's last exchange yet.
+            match client.try_open_at(0, op, 1).map_err(|e| e.to_string())? {
+                Some(port) => break port,
+                None => spin_then_yield(attempt),
+            }
+            attempt += 1;
+        };
+        let got =
+            dispatch(&mut port, std::slice::from_mut(&mut args), 8).map_err(|e| e.to_string())?;
+        let got = u64::from_le_bytes(got[0][..].try_into().map_err(|_| "a short result")?);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("typed {call:?}: {got}, expected {want}"))
+        }
+    })
+}
+
 /// One repetition of TEST_INCREMENT round trips on port `index`: ns per round trip.
 pub fn roundtrip(setup: &Setup, index: u32, mask: u64, window: Duration) -> Result<f64, String> {
     let _serving = setup.serving();

@@ -381,6 +381,8 @@ fn in_process(
         .context()
         .services()
         .set_stdout(Box::new(std::io::sink()));
+    // The typed rows' `add` and `sum`, as `rpc-serve --dispatch-tests` serves them.
+    rpc_core::services::dispatch_tests::register(&server).map_err(|e| e.to_string())?;
     let memory = match file {
         Some(file) => {
             let mapping = Arc::new(Mapping::new(file, layout.total_size())?);
@@ -524,7 +526,13 @@ impl Process {
             .args(["--gen", &layout.generation().to_string()])
             .args(["--ports", &layout.ports().to_string()])
             .args(["--lanes", &layout.lanes().to_string()])
-            .args(["--stdout", "/dev/null", "--files", "deny"])
+            .args([
+                "--stdout",
+                "/dev/null",
+                "--files",
+                "deny",
+                "--dispatch-tests",
+            ])
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -4,7 +4,7 @@
 //! ```text
 //! rpc-serve [--file PATH [--replace] | --memfd] --gen v0|v1|v2 --ports N --lanes 1|32|64
 //!           [--files DIR|deny|all] [--allow-system] [--stdout FILE] [--stderr FILE]
-//!           [--client-timeout MS] [--json]
+//!           [--client-timeout MS] [--json] [--dispatch-tests]
 //! ```
 //! (`--help` says the same; the command line is `clap`'s.) `--gen v0` is LLVM 18's layout,
 //! whose clients number their opcodes as LLVM 18 and 19 do (0, 1, 2... in 16 bits:
@@ -224,6 +224,10 @@ struct Cli {
     /// Print the statistics at exit as one line of JSON
     #[arg(long)]
     json: bool,
+    /// Also serve the typed test functions of LLVM's rpc::dispatch (class 'd', 0x64000000 + n:
+    /// add, fma3, length, negate, sum, pair_sum, ping, fill; PROTOCOL section 12)
+    #[arg(long)]
+    dispatch_tests: bool,
 }
 
 /// A whole number in `min..=max`, whose error names the range (also for numbers past 2^64).
@@ -262,6 +266,8 @@ struct Args {
     client_timeout: Option<Duration>,
     /// The statistics at exit as JSON.
     json: bool,
+    /// Serve the typed test functions.
+    dispatch_tests: bool,
 }
 
 impl Cli {
@@ -299,6 +305,7 @@ impl Cli {
             client_timeout: (self.client_timeout > 0)
                 .then(|| Duration::from_millis(self.client_timeout)),
             json: self.json,
+            dispatch_tests: self.dispatch_tests,
         })
     }
 }
@@ -382,6 +389,10 @@ fn serve(args: Args) -> Result<Status, Failure> {
         ..ServerConfig::default()
     };
     let server = Arc::new(RpcServer::new(config));
+    if args.dispatch_tests {
+        rpc_core::services::dispatch_tests::register(&server)
+            .map_err(|e| Failure(Status::Failed, format!("--dispatch-tests: {e}")))?;
+    }
     let services = server.context().services();
     // MALLOC from rpc-serve's own memory (what LLVM's loader gives a CPU client), freed at exit.
     services.set_allocator(Arc::new(HostAllocator::new()));

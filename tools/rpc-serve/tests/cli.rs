@@ -29,6 +29,7 @@ fn help_exits_0_and_names_every_flag_and_exit_status() {
             "--stderr",
             "--client-timeout",
             "--json",
+            "--dispatch-tests",
             "--help",
         ] {
             assert!(text.contains(flag), "{help} does not name {flag}: {text}");

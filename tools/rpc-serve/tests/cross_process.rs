@@ -220,3 +220,37 @@ fn rpc_serve_rejects_bad_arguments_with_exit_code_2() {
         assert!(output.stdout.is_empty());
     }
 }
+
+#[test]
+fn rpc_serve_dispatch_tests_answers_typed_calls_from_another_process() {
+    use rpc_core::protocol::CallArg;
+    use rpc_core::services::dispatch_tests::opcode;
+    let served = serve_with(Generation::V2, 4, 32, "dispatch", &["--dispatch-tests"]);
+    let warp = served.warp(0x8000_0003);
+    let mut args: Vec<Vec<CallArg<'_>>> = (0..64u32)
+        .map(|l| vec![CallArg::value(u64::from(l) << 33), CallArg::value(7u32)])
+        .collect();
+    let got = warp.dispatch(opcode(0), &mut args, 8).unwrap();
+    for lane in warp.lanes() {
+        let want = (u64::from(lane) << 33) + 7;
+        assert_eq!(got[lane as usize], want.to_le_bytes(), "add, lane {lane}");
+    }
+    let mut texts: Vec<Vec<u8>> = (0..64usize)
+        .map(|l| format!("{l:>width$}\0", width = l).into_bytes())
+        .collect();
+    let mut args: Vec<Vec<CallArg<'_>>> = texts
+        .iter_mut()
+        .map(|t| vec![CallArg::Pointer(Some(&mut t[..]))])
+        .collect();
+    let got = warp.dispatch(opcode(2), &mut args, 8).unwrap();
+    for lane in warp.lanes() {
+        let want = format!("{lane:>width$}", width = lane as usize).len() as u64;
+        assert_eq!(
+            got[lane as usize],
+            want.to_le_bytes(),
+            "length, lane {lane}"
+        );
+    }
+    let report = served.stop();
+    assert!(report.contains("refused=0"), "{report}");
+}
