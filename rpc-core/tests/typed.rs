@@ -568,6 +568,52 @@ fn pointees_above_the_request_budget_are_refused() {
     fx.expect_refused(1);
 }
 
+/// Pointees longer than their first packet are charged to the server's memory budget
+/// (`Limits::held_bytes`) before they grow: a lane the budget has no room for is refused and
+/// drained like an oversized one, and nothing stays charged once the call ends.
+#[test]
+fn pointees_beyond_the_memory_budget_are_refused() {
+    let fx = Fx::with_limits(
+        Generation::V1,
+        HOSTILE.0,
+        HOSTILE.1,
+        Limits {
+            held_bytes: 1024,
+            ..Limits::default()
+        },
+    );
+    // 1 KiB each: lane 0's fits the budget, lane 4's (and 5's) would pass it.
+    let mut outs: Vec<Vec<u8>> = (0..64).map(|_| vec![0; 1024]).collect();
+    let mut args: Vec<_> = outs
+        .iter_mut()
+        .map(|o| {
+            let n = (o.len() / 4) as u32;
+            vec![
+                CallArg::Pointer(Some(&mut o[..])),
+                CallArg::value(n),
+                CallArg::value(1u32),
+            ]
+        })
+        .collect();
+    let r = fx.call(opcode(7), &mut args, 4);
+    assert_eq!(
+        (&r[0][..], &r[4][..], &r[5][..]),
+        (&256u32.to_le_bytes()[..], &[0u8; 4][..], &[0u8; 4][..])
+    );
+    assert_eq!(&outs[0][..8], &[1, 0, 0, 0, 2, 0, 0, 0]);
+    assert_eq!(
+        outs[4],
+        vec![0; 1024],
+        "nothing copied back to a refused lane"
+    );
+    fx.expect_refused(1);
+    assert_eq!(
+        fx.server.context().held_bytes(),
+        0,
+        "the charge went with the call"
+    );
+}
+
 #[test]
 fn a_packed_pointer_other_than_the_hosts_is_refused() {
     let fx = Fx::new(Generation::V1, HOSTILE.0, HOSTILE.1);

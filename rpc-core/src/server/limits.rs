@@ -228,6 +228,16 @@ impl Charge {
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Adds `bytes` to this charge if they fit the budget; `false`, and nothing added, if not.
+    pub(crate) fn grow(&mut self, bytes: u64) -> bool {
+        let Some(mut more) = self.budget.charge(bytes) else {
+            return false;
+        };
+        // Moved into this charge: `more` drops releasing nothing.
+        self.bytes += std::mem::take(&mut more.bytes);
+        true
+    }
 }
 
 impl core::fmt::Debug for Charge {
@@ -378,6 +388,11 @@ mod tests {
         assert_eq!(budget.held(), 40);
         assert!(budget.charge(60).is_some(), "and dropped again at once");
         drop(b);
+        assert_eq!(budget.held(), 0);
+        let mut grown = budget.charge(50).unwrap();
+        assert!(grown.grow(50) && !grown.grow(1));
+        assert_eq!((grown.bytes(), budget.held()), (100, 100));
+        drop(grown);
         assert_eq!(budget.held(), 0);
     }
 

@@ -712,27 +712,28 @@ async fn recv_pointee(
         refused.add(lane, why);
     })
     .await?;
-    // What grows beyond the first packet is charged to the server's memory budget first; the
-    // lanes it has no room for are refused and drained like the others.
+    // What grows beyond the first packet is charged to the server's memory budget first, lane
+    // by lane; a lane it has no room for is refused and drained like the others.
     let first = FIRST_PACKET_BYTES as u64;
-    let beyond: u64 = lanes(kept)
-        .map(|lane| lengths[lane as usize])
-        .filter(|&len| len > first)
-        .sum();
-    let charge = match beyond {
-        0 => None,
-        _ => req.context().memory.charge(beyond).or_else(|| {
-            for lane in lanes(kept).filter(|&lane| lengths[lane as usize] > first) {
-                kept &= !(1 << lane);
-                copies[lane as usize].clear();
-                refused.add(
-                    lane,
-                    "above the server's memory budget (Limits::held_bytes)",
-                );
+    let mut charge = None;
+    for lane in lanes(kept).filter(|&lane| lengths[lane as usize] > first) {
+        let len = lengths[lane as usize];
+        let charged = match &mut charge {
+            None => {
+                charge = req.context().memory.charge(len);
+                charge.is_some()
             }
-            None
-        }),
-    };
+            Some(charge) => charge.grow(len),
+        };
+        if !charged {
+            kept &= !(1 << lane);
+            copies[lane as usize].clear();
+            refused.add(
+                lane,
+                "above the server's memory budget (Limits::held_bytes)",
+            );
+        }
+    }
     let longest = lanes(req.mask())
         .map(|lane| lengths[lane as usize])
         .max()
