@@ -102,6 +102,12 @@ pub struct Limits {
     /// beyond it lines are dropped and counted, and the next line logged says how many were.
     /// Every such request is still counted in the statistics. Default 20.
     pub device_log_lines: u32,
+    /// Bytes of device output one standard stream (stdout, stderr) holds for a reader that
+    /// does not keep up (a pipe, FIFO or terminal nobody reads): an exchange that would write
+    /// to it while it holds this much waits, suspended, until the reader takes some (a write
+    /// is then taken whole, so a stream holds at most this and one request's bytes). The other
+    /// ports are served meanwhile. Default 1 MiB.
+    pub output_bytes: u64,
 }
 
 impl Default for Limits {
@@ -114,6 +120,7 @@ impl Default for Limits {
             open_files: 64,
             malloc_bytes: 16 << 30,
             device_log_lines: 20,
+            output_bytes: 1 << 20,
         }
     }
 }
