@@ -117,10 +117,9 @@ pub(crate) fn run(inner: Arc<Inner>) {
     // that a worker nobody joins, see `abandon_from_worker`, stops them too). No blocking call
     // comes after the last pass. So a shutdown takes at most `io_grace` beyond its last pass.
     let deadline = Instant::now() + inner.context.config.io_grace;
+    let stopping = inner.io.begin_stop();
     guarded(&inner, || inner.context.extension.worker_exiting(deadline));
-    let stuck = inner
-        .io
-        .stop(deadline.saturating_duration_since(Instant::now()));
+    let stuck = inner.io.wait_stopped(stopping, deadline);
     if stuck > 0 {
         log::error!(
             "{}: {stuck} I/O thread(s) still inside a blocking call after {:?}: abandoned",

@@ -176,9 +176,10 @@ fn state_in(slot: MailboxSlot) -> Arc<MailboxState> {
 
 impl Services {
     pub(crate) fn new(config: &ServerConfig, mailboxes: Slots, report: Reporting) -> Self {
-        let std_stream = |name, fd| {
+        let std_stream = |name, fd, short| {
             let writer = Writer::Fd(Arc::new(Descriptor::process(fd)));
-            StdStream::new(name, writer, &config.limits, report.clone())
+            let thread = std::format!("rpc-{}-{short}", config.name);
+            StdStream::new(name, thread, writer, &config.limits, report.clone())
         };
         Services {
             policy: Mutex::new(config.services.clone()),
@@ -186,8 +187,8 @@ impl Services {
             stdin: Mutex::new(Input::process()),
             stdin_busy: AtomicBool::new(false),
             output_busy: AtomicBool::new(false),
-            stdout: std_stream("stdout", libc::STDOUT_FILENO),
-            stderr: std_stream("stderr", libc::STDERR_FILENO),
+            stdout: std_stream("stdout", libc::STDOUT_FILENO, "out"),
+            stderr: std_stream("stderr", libc::STDERR_FILENO, "err"),
             grace: config.io_grace,
             allocator: Mutex::new(None),
             mailboxes,

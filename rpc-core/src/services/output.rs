@@ -161,26 +161,26 @@ impl Descriptor {
         Ok(written as usize)
     }
 
-    /// The drainer's write: waits up to [`DRAIN_SLICE`] for the reader first (a `Blocking`
-    /// descriptor waits in `write(2)` itself); `WouldBlock` if the slice passed.
-    fn write_waiting(&self, data: &[u8]) -> std::io::Result<usize> {
-        if self.how == How::Blocking {
-            // SAFETY: `data` is valid for reads of `data.len()` bytes.
-            let written = unsafe { libc::write(self.fd, data.as_ptr().cast(), data.len()) };
-            if written < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            return Ok(written as usize);
-        }
+    /// Waits up to [`DRAIN_SLICE`] for the reader to make room (or for an error, which the
+    /// next write reports).
+    fn wait_writable(&self) {
         let mut poll = libc::pollfd {
             fd: self.fd,
             events: libc::POLLOUT,
             revents: 0,
         };
-        // SAFETY: one valid pollfd. POLLERR and POLLHUP end the wait too: the write then
-        // reports the error.
+        // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut poll, 1, DRAIN_SLICE.as_millis() as c_int) };
-        self.try_write(data)
+    }
+
+    /// `write(2)`, which may wait: for a `Blocking` descriptor, on the drainer only.
+    fn write_blocking(&self, data: &[u8]) -> std::io::Result<usize> {
+        // SAFETY: `data` is valid for reads of `data.len()` bytes.
+        let written = unsafe { libc::write(self.fd, data.as_ptr().cast(), data.len()) };
+        if written < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(written as usize)
     }
 }
 
@@ -207,6 +207,8 @@ pub(crate) struct StdStream {
 pub(crate) struct Output {
     /// "stdout" or "stderr", for the log.
     name: &'static str,
+    /// The drainer's thread name.
+    thread: std::string::String,
     writer: Writer,
     pub(crate) error: bool,
     /// Staged bytes, written by the next commit (at most [`STAGED_BYTES`] and one line more).
@@ -234,9 +236,11 @@ pub(crate) struct Output {
 }
 
 impl StdStream {
-    /// A stream named `name` ("stdout", "stderr") writing to `writer`.
+    /// A stream named `name` ("stdout", "stderr") writing to `writer`, drained (when it has
+    /// to be) by a thread named `thread`.
     pub(crate) fn new(
         name: &'static str,
+        thread: std::string::String,
         writer: Writer,
         limits: &Limits,
         report: Reporting,
@@ -244,6 +248,7 @@ impl StdStream {
         Arc::new_cyclic(|me| StdStream {
             state: Mutex::new(Output {
                 name,
+                thread,
                 writer,
                 error: false,
                 staged: Vec::new(),
@@ -318,15 +323,17 @@ impl StdStream {
     }
 }
 
-/// The drainer of `stream`'s queue (see the module docs).
+/// The drainer of `stream`'s queue (see the module docs). It waits for the reader outside
+/// the lock, and writes under it (the write does not wait), so that no byte of a queue given
+/// up meanwhile is written after all; only a `Blocking` descriptor is written outside it.
 fn drain(stream: Arc<StdStream>) {
     let mut batch = Vec::new();
     let mut state = lock(&stream.state);
+    let Writer::Fd(fd) = &state.writer else {
+        unreachable!("only a descriptor's commits are queued")
+    };
+    let (fd, epoch) = (fd.clone(), state.epoch);
     loop {
-        let Writer::Fd(fd) = &state.writer else {
-            unreachable!("only a descriptor's commits are queued")
-        };
-        let (fd, epoch) = (fd.clone(), state.epoch);
         if state.queue.is_empty() {
             state.draining = false;
             stream.changed.notify_all();
@@ -334,43 +341,42 @@ fn drain(stream: Arc<StdStream>) {
         }
         batch.clear();
         core::mem::swap(&mut batch, &mut state.queue);
-        drop(state);
         let mut at = 0;
-        let mut failed = None;
         while at < batch.len() {
-            match fd.write_waiting(&batch[at..]) {
+            let result = if fd.how == How::Blocking {
+                drop(state);
+                let result = fd.write_blocking(&batch[at..]);
+                state = lock(&stream.state);
+                result
+            } else {
+                drop(state);
+                fd.wait_writable();
+                state = lock(&stream.state);
+                if state.epoch != epoch {
+                    return; // Given up: not ours to write any more.
+                }
+                fd.try_write(&batch[at..])
+            };
+            if state.epoch != epoch {
+                return;
+            }
+            match result {
                 Ok(n) => {
                     at += n;
-                    let mut state = lock(&stream.state);
-                    if state.epoch != epoch {
-                        return; // Given up: not ours any more.
-                    }
                     state.advance(n as u64, None);
                     stream.changed.notify_all();
                 }
                 Err(error)
-                    if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) =>
-                {
-                    if lock(&stream.state).epoch != epoch {
-                        return;
-                    }
-                }
+                    if matches!(error.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
                 Err(error) => {
-                    failed = Some(error);
+                    let rest = (batch.len() - at) as u64;
+                    state.lose(rest, &error);
+                    state.advance(rest, Some(()));
+                    stream.changed.notify_all();
                     break;
                 }
             }
         }
-        state = lock(&stream.state);
-        if state.epoch != epoch {
-            return;
-        }
-        if let Some(error) = failed {
-            let rest = (batch.len() - at) as u64;
-            state.lose(rest, &error);
-            state.advance(rest, Some(()));
-        }
-        stream.changed.notify_all();
     }
 }
 
@@ -504,8 +510,7 @@ impl Output {
         let Some(stream) = self.me.upgrade() else {
             return; // Being dropped: `Drop` gives the queue up.
         };
-        let name = std::format!("rpc-{}-drain", self.name);
-        match crate::sync::spawn(name, move || drain(stream)) {
+        match crate::sync::spawn(self.thread.clone(), move || drain(stream)) {
             Ok(_detached) => self.draining = true,
             Err(error) => {
                 // Nothing will write the queue: give it up now.
@@ -630,7 +635,13 @@ mod tests {
     }
 
     fn stream(writer: Writer) -> Arc<StdStream> {
-        StdStream::new("stdout", writer, &Limits::default(), report())
+        StdStream::new(
+            "stdout",
+            "drain".into(),
+            writer,
+            &Limits::default(),
+            report(),
+        )
     }
 
     fn stage(output: &mut Output, line: &[u8]) -> Ticket {
@@ -721,6 +732,7 @@ mod tests {
         assert_eq!(fd.how, How::NonBlocking);
         let stream = StdStream::new(
             "stdout",
+            "drain".into(),
             Writer::Fd(Arc::new(fd)),
             &Limits::default(),
             report.clone(),

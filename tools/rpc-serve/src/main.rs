@@ -263,11 +263,11 @@ fn serve(args: Args) -> Result<Ended, String> {
         .map_err(|e| format!("{}: {e}", path.display()))?;
     if let Some(path) = &args.stdout {
         let out = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        server.context().services().set_stdout(Box::new(out));
+        server.context().services().set_stdout_fd(out.into());
     }
     if let Some(path) = &args.stderr {
         let err = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        server.context().services().set_stderr(Box::new(err));
+        server.context().services().set_stderr_fd(err.into());
     }
     // The only v0 clients are LLVM 18's, which number opcodes 0, 1, 2... in 16 bits.
     let numbering = match args.layout.generation() {
