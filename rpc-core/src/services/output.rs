@@ -449,6 +449,7 @@ impl Output {
         let staged = core::mem::take(&mut self.staged);
         let total = staged.len() + parts.iter().map(|p| p.len()).sum::<usize>();
         let all = core::iter::once(staged.as_slice()).chain(parts.iter().copied());
+        let mut queued = false;
         let failed = match &mut self.writer {
             Writer::Inline(writer) => {
                 let written = (|| {
@@ -460,7 +461,6 @@ impl Output {
                 written.err().map(|error| (error, total))
             }
             Writer::Fd(fd) => {
-                let fd = fd.clone();
                 let (mut failed, mut sent) = (None, 0);
                 let mut short = self.draining;
                 for part in all {
@@ -487,11 +487,14 @@ impl Output {
                 }
                 if failed.is_none() && short {
                     self.unwritten.push_back((ticket.0, self.queued));
-                    self.start_drainer();
+                    queued = true;
                 }
                 failed.map(|error| (error, total - sent))
             }
         };
+        if queued {
+            self.start_drainer();
+        }
         // The stage's buffer keeps its room for the next lines.
         self.staged = staged;
         self.staged.clear();
