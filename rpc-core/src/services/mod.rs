@@ -25,7 +25,7 @@
 //! server's I/O threads ([`Request::blocking`]); calls on stdin one at a time, the others
 //! waiting for their turn suspended (`Turn`), so a stdin nobody writes holds one I/O
 //! thread at most. Writes to the device's stdout and stderr are handed on by the server thread
-//! without waiting for their reader ([`output`]): an exchange whose bytes wait for a reader
+//! without waiting for their reader (`output.rs`): an exchange whose bytes wait for a reader
 //! that does not read waits suspended, and the other ports are served; a long printf written
 //! on an I/O thread takes the output turn, so a stdout nobody reads holds one I/O thread at
 //! most too. The table look-ups run on the server thread.
@@ -247,7 +247,7 @@ impl Services {
     /// Sends the device's stdout to `fd` (a file, pipe, FIFO, terminal or socket; closed when
     /// replaced or dropped), which is never waited for: while its reader does not keep up,
     /// the output waits in a queue of `Limits::output_bytes` and only the exchanges writing
-    /// to it wait (see [`output`]). A pipe, FIFO or terminal is written through a description
+    /// to it wait (see `services/output.rs`). A pipe, FIFO or terminal is written through a description
     /// of its own, opened again non-blocking, so `fd`'s own flags are left as they are.
     pub fn set_stdout_fd(&self, fd: std::os::fd::OwnedFd) {
         let writer = Writer::Fd(Arc::new(Descriptor::owned(fd)));

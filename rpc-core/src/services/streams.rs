@@ -22,7 +22,7 @@
 //! and output are kept by `CFile`, where C leaves them undefined and the C library is not
 //! safe. Stdin is a Rust reader the runtime can redirect ([`super::Services::set_stdin`]),
 //! with the C indicators (end-of-file, error) and `ungetc` pushback kept beside it; stdout and
-//! stderr are [`super::output`]'s streams.
+//! stderr are `output.rs`'s streams.
 
 use std::boxed::Box;
 use std::collections::hash_map::RandomState;
