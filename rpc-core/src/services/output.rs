@@ -293,12 +293,13 @@ impl StdStream {
     /// up what is left then (see the module docs). 0, or EOF if anything failed or was given
     /// up.
     pub(crate) fn flush_within(&self, deadline: Instant) -> c_int {
+        let start = Instant::now();
         let mut state = lock(&self.state);
         let ticket = state.commit(&[]);
         while state.done(ticket).is_none() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                state.give_up(left);
+                state.give_up(start.elapsed());
                 break;
             }
             state = self
@@ -314,10 +315,12 @@ impl StdStream {
         }
     }
 
-    /// Writes to `writer` from now on, after flushing to the old one within `deadline`.
+    /// Writes to `writer` from now on, after flushing to the old one within `deadline` (what
+    /// was queued for it since is given up: a drainer writes only to the writer it began with).
     pub(crate) fn set_writer(&self, writer: Writer, deadline: Instant) {
         self.flush_within(deadline);
         let mut state = lock(&self.state);
+        state.give_up(Duration::ZERO);
         state.writer = writer;
         state.error = false;
     }
@@ -326,14 +329,13 @@ impl StdStream {
 /// The drainer of `stream`'s queue (see the module docs). It waits for the reader outside
 /// the lock, and writes under it (the write does not wait), so that no byte of a queue given
 /// up meanwhile is written after all; only a `Blocking` descriptor is written outside it.
-fn drain(stream: Arc<StdStream>) {
+fn drain(stream: Arc<StdStream>, fd: Arc<Descriptor>, epoch: u64) {
     let mut batch = Vec::new();
     let mut state = lock(&stream.state);
-    let Writer::Fd(fd) = &state.writer else {
-        unreachable!("only a descriptor's commits are queued")
-    };
-    let (fd, epoch) = (fd.clone(), state.epoch);
     loop {
+        if state.epoch != epoch {
+            return; // Given up before it began.
+        }
         if state.queue.is_empty() {
             state.draining = false;
             stream.changed.notify_all();
@@ -513,7 +515,11 @@ impl Output {
         let Some(stream) = self.me.upgrade() else {
             return; // Being dropped: `Drop` gives the queue up.
         };
-        match crate::sync::spawn(self.thread.clone(), move || drain(stream)) {
+        let Writer::Fd(fd) = &self.writer else {
+            return; // Not reached: only a descriptor's commits are queued.
+        };
+        let (fd, epoch) = (fd.clone(), self.epoch);
+        match crate::sync::spawn(self.thread.clone(), move || drain(stream, fd, epoch)) {
             Ok(_detached) => self.draining = true,
             Err(error) => {
                 // Nothing will write the queue: give it up now.

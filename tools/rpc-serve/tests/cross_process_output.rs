@@ -48,7 +48,7 @@ fn a_stdout_fifo_nobody_reads_holds_no_other_port_and_sigterm_ends_rpc_serve() {
         .unwrap();
     port.send_n(&[&blob]).unwrap();
     std::mem::forget(port); // Its port stays locked: the exchange is still open.
-    // The other ports are served meanwhile.
+                            // The other ports are served meanwhile.
     for x in 0..1000 {
         let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
         assert_ne!(port.index(), 0);
