@@ -557,6 +557,22 @@ fn thread_named(name: &str) -> bool {
     })
 }
 
+/// A client wait that gives up once told to, or once its deadline passes (so that a test
+/// failing elsewhere ends instead of waiting for it).
+struct UntilToldOrDeadline<'a>(&'a AtomicBool, Deadline);
+
+impl Wait for UntilToldOrDeadline<'_> {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
+        if self.0.load(Ordering::Acquire) {
+            return Err(rpc_core::ProtocolError::Abandoned {
+                port,
+                reason: "the test gave up",
+            });
+        }
+        self.1.pause(port, attempt)
+    }
+}
+
 /// A request on port `index` that sends `data` to stdout (WRITE_TO_STDOUT) and leaves without
 /// waiting for the reply, which a stdout nobody reads holds back; the port stays locked.
 fn write_to_stdout_unanswered(fixture: &Fixture, index: u32, data: &[u8]) {
@@ -586,7 +602,7 @@ fn a_stdout_nobody_reads_holds_only_its_writers_and_shutdown_still_returns() {
     let (done, shut) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let line = s.spawn(|| {
-            let wait = UntilTold(&give_up);
+            let wait = UntilToldOrDeadline(&give_up, Deadline::after(BOUND));
             let client = fixture.client(&wait);
             let call = encode_printf("behind the blob\n", &[], false);
             kernel::printf(&client, 1, Target::Stdout, false, &[call]).is_err()
