@@ -496,27 +496,22 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         // (see `streams::Output`): the first of them polled again after yielding commits, and
         // each replies once its bytes were written.
         let mut staged = false;
-        let mut k = 0;
-        while k < lanes.len() {
+        let mut from = 0;
+        loop {
             let full = 'lanes: {
                 let mut held = Held(None);
-                loop {
-                    let Some(state) = lanes.get(k) else {
-                        break 'lanes None;
-                    };
-                    let (lane, i) = (state.lane, state.lane as usize);
-                    let Some((format, target)) = &state.parsed else {
-                        k += 1;
+                for k in from..lanes.len() {
+                    let (lane, i) = (lanes[k].lane, lanes[k].lane as usize);
+                    let Some((format, target)) = &lanes[k].parsed else {
                         continue;
                     };
                     let Some(output) = services.output(target) else {
-                        k += 1;
                         continue; // Not reached: a file or stdin is no inline target.
                     };
                     let out = held.lock(output);
                     if !out.has_room() {
                         // Its reader does not keep up: wait for room (below), then this lane.
-                        break 'lanes Some(output);
+                        break 'lanes Some((k, output));
                     }
                     let mine = &lanes[k].strings;
                     let fetch = |p| fetched.round(mine, p).map(|r| rounds[r][i].as_slice());
@@ -536,26 +531,27 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                             &mut unchunked,
                         )
                     };
-                    let outcome = out.stage(line);
-                    match outcome {
+                    match out.stage(line) {
                         Ok(ticket) => {
                             lanes[k].staged = Some(ticket);
                             staged = true;
                         }
                         Err(why) => refusals.lane(lane, why.to_string()),
                     }
-                    k += 1;
                 }
+                None
             };
-            if let Some(output) = full {
-                // What is staged goes on first: the room may be waiting for it.
-                services.hand_on_std();
-                core::future::poll_fn(|_| match lock(output).has_room() {
-                    true => Poll::Ready(()),
-                    false => Poll::Pending,
-                })
-                .await;
-            }
+            let Some((k, output)) = full else {
+                break;
+            };
+            from = k;
+            // What is staged goes on first: the room may be waiting for it.
+            services.hand_on_std();
+            core::future::poll_fn(|_| match lock(output).has_room() {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            })
+            .await;
         }
         if staged {
             // Should the exchange be dropped here (abandoned), its lines are written now.
@@ -565,7 +561,9 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         }
         // Each lane's line written: at once, unless its stream's reader did not keep up (then
         // suspended until it was, or was given up).
+        // Lanes mostly share one commit: its outcome is looked up once.
         let mut next = 0;
+        let mut last: Option<(&Mutex<Output>, Ticket, bool)> = None;
         core::future::poll_fn(|_| {
             let mut held = Held(None);
             while let Some(state) = lanes.get_mut(next) {
@@ -574,10 +572,16 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
                         next += 1; // Not reached: a staged lane prints to stdout or stderr.
                         continue;
                     };
-                    match held.lock(output).committed(ticket) {
-                        Poll::Ready(true) => state.result = len as u64,
-                        Poll::Ready(false) => {}
-                        Poll::Pending => return Poll::Pending,
+                    let written = match last {
+                        Some((o, t, written)) if core::ptr::eq(o, output) && t == ticket => written,
+                        _ => match held.lock(output).committed(ticket) {
+                            Poll::Ready(written) => written,
+                            Poll::Pending => return Poll::Pending,
+                        },
+                    };
+                    last = Some((output, ticket, written));
+                    if written {
+                        state.result = len as u64;
                     }
                 }
                 next += 1;

@@ -604,7 +604,11 @@ impl super::Services {
 
     /// Stdout's or stderr's writer, for a target that is one of them.
     pub(crate) fn output(&self, target: &Target) -> Option<&Mutex<Output>> {
-        self.std_stream(target).map(|stream| &stream.state)
+        match target {
+            Target::Stdout => Some(&self.stdout.state),
+            Target::Stderr => Some(&self.stderr.state),
+            _ => None,
+        }
     }
 
     /// Writes `data` whole to a stream: the bytes written. On an I/O thread: a standard
