@@ -410,6 +410,8 @@ impl RpcStats {
             io_threads_abandoned: self.io_threads_abandoned,
             live_workers: self.live_workers,
             max_live_workers: self.max_live_workers,
+            // Not carried by this version of the ABI.
+            ..StatsSnapshot::default()
         }
     }
 }

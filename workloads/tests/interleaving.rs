@@ -545,3 +545,180 @@ fn stdin_reads_on_every_io_thread_do_not_hold_up_other_ports_files() {
     });
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Whether a thread of this process is named `name` (as the kernel shortens it: 15 bytes).
+fn thread_named(name: &str) -> bool {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return false;
+    };
+    tasks.flatten().any(|task| {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        comm.trim() == name
+    })
+}
+
+/// A client wait that gives up once told to, or once its deadline passes (so that a test
+/// failing elsewhere ends instead of waiting for it).
+struct UntilToldOrDeadline<'a>(&'a AtomicBool, Deadline);
+
+impl Wait for UntilToldOrDeadline<'_> {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
+        if self.0.load(Ordering::Acquire) {
+            return Err(rpc_core::ProtocolError::Abandoned {
+                port,
+                reason: "the test gave up",
+            });
+        }
+        self.1.pause(port, attempt)
+    }
+}
+
+/// A request on port `index` that sends `data` to stdout (WRITE_TO_STDOUT) and leaves without
+/// waiting for the reply, which a stdout nobody reads holds back; the port stays locked.
+fn write_to_stdout_unanswered(fixture: &Fixture, index: u32, data: &[u8]) {
+    let wait = Deadline::after(BOUND);
+    let mut port = fixture.open(&wait, index, Opcode::WRITE_TO_STDOUT, 1);
+    port.send_n(&[data]).unwrap();
+    std::mem::forget(port);
+}
+
+/// Stdout is a pipe whose reader is alive but never reads. Port 0 writes 1 MiB to it (16
+/// times the pipe's buffer) and port 2 prints a line behind it: neither is answered, and the
+/// server thread never waits for them (it once sat in `write(2)`, and no port was served
+/// again until someone read the pipe, nor did a shutdown return). Meanwhile 1000
+/// TEST_INCREMENTs on port 1 and an OPEN_FILE on port 3 are answered; a shutdown then
+/// returns, gives the unwritten bytes up and counts them; what did reach the pipe is the start
+/// of port 0's bytes, in order.
+#[test]
+fn a_stdout_nobody_reads_holds_only_its_writers_and_shutdown_still_returns() {
+    let fixture = Fixture::new("stuck-out", 4, 1);
+    let (mut reader, writer) = std::io::pipe().unwrap();
+    let services = fixture.server.context().services();
+    services.set_stdout_fd(writer.into());
+    let kernel = fixture.server.user();
+    let blob: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    write_to_stdout_unanswered(&fixture, 0, &blob);
+    let give_up = AtomicBool::new(false);
+    let (done, shut) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let line = s.spawn(|| {
+            let wait = UntilToldOrDeadline(&give_up, Deadline::after(BOUND));
+            let client = fixture.client(&wait);
+            let call = encode_printf("behind the blob\n", &[], false);
+            kernel::printf(&client, 1, Target::Stdout, false, &[call]).is_err()
+        });
+        increments(&fixture, 1, 1000);
+        let file = std::env::temp_dir().join(format!("rpc-stuck-out-{}", std::process::id()));
+        std::fs::write(&file, b"x").unwrap();
+        let wait = Deadline::after(BOUND);
+        let mut port = fixture.open(&wait, 3, Opcode::OPEN_FILE, 1);
+        let mut path = file.to_str().unwrap().as_bytes().to_vec();
+        path.push(0);
+        port.send_n(&[&path]).unwrap();
+        let mut handle = 0;
+        port.send_and_recv(|_, p| p.write_bytes(0, b"r\0"), |_, p| handle = p.word(0))
+            .unwrap();
+        drop(port);
+        assert_ne!(handle, 0, "OPEN_FILE answered with a file");
+        std::fs::remove_file(&file).unwrap();
+        // The shutdown runs on a thread of its own: a hang would fail the bound below.
+        let server = &fixture.server;
+        s.spawn(move || {
+            let stopped = server.shutdown_with(rpc_core::ShutdownPolicy::Force);
+            done.send(stopped.is_ok()).unwrap();
+        });
+        assert_eq!(
+            shut.recv_timeout(BOUND),
+            Ok(true),
+            "shutdown never returned"
+        );
+        give_up.store(true, Ordering::Release);
+        assert!(
+            line.join().unwrap(),
+            "the printf behind the blob got no answer"
+        );
+    });
+    drop(kernel);
+    let stats = fixture.server.stats();
+    // The blob's bytes not in the pipe, and the line behind it.
+    let lost = stats.output_lost_bytes;
+    assert!(lost > 16, "{stats}");
+    assert_eq!(stats.abandoned, 2, "{stats}");
+    assert_eq!(stats.served_of(Opcode::TEST_INCREMENT), 1000, "{stats}");
+    // Nothing more is written: the pipe holds the start of the blob, and nothing else.
+    services.set_stdout(Box::new(std::io::sink()));
+    let mut got = Vec::new();
+    reader.read_to_end(&mut got).unwrap();
+    assert_eq!(got.len() as u64 + lost, blob.len() as u64 + 16, "{stats}");
+    assert_eq!(got, blob[..got.len()], "in order");
+}
+
+/// Stdout is a pipe nobody reads at first: port 0 writes 1 MiB, which waits in the stream's
+/// queue; then three ports print numbered lines, one printf after another, and the reader
+/// starts draining the pipe. Everything arrives: the blob first and whole, then each port's
+/// lines in the order it printed them.
+#[test]
+fn output_queued_for_a_slow_reader_keeps_each_ports_order() {
+    const LINES: u32 = 500;
+    let fixture = Fixture::new("slow", 4, 1);
+    let (mut reader, writer) = std::io::pipe().unwrap();
+    let services = fixture.server.context().services();
+    services.set_stdout_fd(writer.into());
+    let _kernel = fixture.server.user();
+    let blob: Vec<u8> = std::iter::repeat_n(b'b', 1 << 20).collect();
+    let mut got = Vec::new();
+    std::thread::scope(|s| {
+        let fixture = &fixture;
+        let blob = &blob;
+        let blob_writer = s.spawn(move || {
+            let wait = Deadline::after(BOUND);
+            let mut port = fixture.open(&wait, 0, Opcode::WRITE_TO_STDOUT, 1);
+            port.send_n(&[blob]).unwrap();
+            let mut written = 0;
+            port.recv(|_, p| written = p.word(0)).unwrap();
+            assert_eq!(written, blob.len() as u64);
+        });
+        // The blob waits for the reader in the stream's queue, written by its drainer.
+        let deadline = Instant::now() + BOUND;
+        while !thread_named("rpc-slow-out") {
+            assert!(Instant::now() < deadline, "stdout never filled up");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let printers: Vec<_> = (1..4u32)
+            .map(|index| {
+                s.spawn(move || {
+                    let wait = Deadline::after(BOUND);
+                    let client = fixture.client(&wait);
+                    for k in 0..LINES {
+                        let args = [Arg::Int(index.into()), Arg::Int(k.into())];
+                        let call = encode_printf("port %d line %d\n", &args, false);
+                        let printed =
+                            kernel::printf(&client, 1, Target::Stdout, false, &[call]).unwrap();
+                        assert!(printed[0] > 0, "port {index} line {k}");
+                    }
+                })
+            })
+            .collect();
+        let reading = s.spawn(|| reader.read_to_end(&mut got).unwrap());
+        blob_writer.join().unwrap();
+        for printer in printers {
+            printer.join().unwrap();
+        }
+        // Every request answered: the writer goes, and the pipe ends.
+        services.set_stdout(Box::new(std::io::sink()));
+        reading.join().unwrap();
+    });
+    assert_eq!(got[..blob.len()], blob[..], "the blob first, whole");
+    let text = String::from_utf8(got[blob.len()..].to_vec()).unwrap();
+    let mut next = [0u32; 4];
+    for line in text.lines() {
+        let mut words = line.split(' ').skip(1).step_by(2);
+        let index: usize = words.next().unwrap().parse().unwrap();
+        let k: u32 = words.next().unwrap().parse().unwrap();
+        assert_eq!(k, next[index], "port {index}'s lines in order");
+        next[index] += 1;
+    }
+    assert_eq!(next[1..], [LINES; 3]);
+    let stats = fixture.server.stats();
+    assert_eq!(stats.output_lost_bytes, 0, "{stats}");
+}

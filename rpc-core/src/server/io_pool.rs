@@ -23,7 +23,7 @@
 use std::boxed::Box;
 use std::collections::VecDeque;
 use std::string::String;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::server::error::ServerError;
 use crate::server::stats::bump;
@@ -120,9 +120,9 @@ impl IoPool {
         }
     }
 
-    /// Ends the current generation: drops queued calls, waits up to `grace` for its threads to
-    /// leave, and returns how many are still inside a call (abandoned).
-    pub(crate) fn stop(&self, grace: Duration) -> usize {
+    /// Ends the current generation: drops queued calls and tells its threads to leave. Returns
+    /// what [`IoPool::wait_stopped`] waits for.
+    pub(crate) fn begin_stop(&self) -> Stopping {
         let mut state = lock(&self.state);
         let before = state.lingering;
         state.generation += 1;
@@ -131,7 +131,13 @@ impl IoPool {
         state.idle = 0;
         state.calls.clear();
         self.work.notify_all();
-        let deadline = Instant::now() + grace;
+        Stopping(before)
+    }
+
+    /// Waits until `deadline` for the threads of the generation `begin_stop` ended to leave,
+    /// and returns how many are still inside a call (abandoned).
+    pub(crate) fn wait_stopped(&self, Stopping(before): Stopping, deadline: Instant) -> usize {
+        let mut state = lock(&self.state);
         while state.lingering > before {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -145,7 +151,17 @@ impl IoPool {
         }
         state.lingering.saturating_sub(before)
     }
+
+    /// [`IoPool::begin_stop`], then [`IoPool::wait_stopped`] up to `grace`.
+    #[cfg(all(test, loom))]
+    pub(crate) fn stop(&self, grace: std::time::Duration) -> usize {
+        let stopping = self.begin_stop();
+        self.wait_stopped(stopping, Instant::now() + grace)
+    }
 }
+
+/// Threads of stopped generations that had not left when a stop began.
+pub(crate) struct Stopping(usize);
 
 fn io_thread(inner: Arc<Inner>, generation: u64) {
     let pool = &inner.io;

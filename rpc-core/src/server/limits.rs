@@ -123,6 +123,12 @@ pub struct Limits {
     /// line is bounded in bytes too: a device's string is quoted by a prefix of 160 bytes and
     /// its length, and a line is cut at 2 KiB. Default 20.
     pub device_log_lines: u32,
+    /// Bytes of device output one standard stream (stdout, stderr) holds for a reader that
+    /// does not keep up (a pipe, FIFO or terminal nobody reads): an exchange that would write
+    /// to it while it holds this much waits, suspended, until the reader takes some (a write
+    /// is then taken whole, so a stream holds at most this and one request's bytes). The other
+    /// ports are served meanwhile. Default 1 MiB.
+    pub output_bytes: u64,
 }
 
 impl Default for Limits {
@@ -136,6 +142,7 @@ impl Default for Limits {
             malloc_bytes: 16 << 30,
             held_bytes: 1 << 30,
             device_log_lines: 20,
+            output_bytes: 1 << 20,
         }
     }
 }

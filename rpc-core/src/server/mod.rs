@@ -32,10 +32,9 @@ use std::time::Duration;
 use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
-use crate::server::limits::LogLimit;
 use crate::server::mailboxes::{Attached, MailboxSlot, Slots, Snapshot};
 use crate::server::registry::{entry, Entry, Handler, Matcher, Registry, Request};
-use crate::server::stats::{Stats, StatsSnapshot};
+use crate::server::stats::{Reporting, Stats, StatsSnapshot};
 pub use crate::server::thread::ShutdownPolicy;
 use crate::server::thread::{ServerThread, Started, Stopped};
 use crate::server::users::Coverage;
@@ -180,6 +179,9 @@ impl ServerContext {
 pub(crate) trait Extension: Send + Sync + 'static {
     fn mailbox_attached(&self, id: MailboxId) -> MailboxSlot;
     fn mailbox_detached(&self, id: MailboxId, slot: &MailboxSlot);
+    /// The worker is exiting (a shutdown): what the layer above still holds for the device
+    /// (its output) is written by `deadline` or given up.
+    fn worker_exiting(&self, deadline: std::time::Instant);
     /// For the layer above to find its own type again.
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -204,17 +206,24 @@ impl RpcServer {
     pub(crate) fn assemble(
         config: ServerConfig,
         registry: Registry,
-        extension: impl FnOnce(Slots, std::sync::Arc<LogLimit>) -> Box<dyn Extension>,
+        extension: impl FnOnce(Slots, Reporting) -> Box<dyn Extension>,
     ) -> Self {
         let mailboxes = std::sync::Arc::new(Snapshot::new(Vec::new()));
-        let log_limit = std::sync::Arc::new(LogLimit::new(config.limits.device_log_lines));
-        let extension = extension(Slots(mailboxes.clone()), log_limit.clone());
+        let stats = Stats::default();
+        let log_limit = std::sync::Arc::new(crate::server::limits::LogLimit::new(
+            config.limits.device_log_lines,
+        ));
+        let reporting = Reporting {
+            output_lost_bytes: stats.output_lost_bytes.clone(),
+            log_limit: log_limit.clone(),
+        };
+        let extension = extension(Slots(mailboxes.clone()), reporting);
         let memory = crate::server::limits::MemoryBudget::new(config.limits.held_bytes);
         let thread = ServerThread::new(config.name.clone());
         let inner = Arc::new(Inner {
             context: ServerContext {
                 config,
-                stats: Stats::default(),
+                stats,
                 mailboxes,
                 registry: Snapshot::new(registry),
                 next_id: AtomicU64::new(1),

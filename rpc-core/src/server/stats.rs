@@ -12,6 +12,7 @@ use std::string::String;
 use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
+use crate::server::limits::LogLimit;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// Live counters of one server.
@@ -37,6 +38,17 @@ pub(crate) struct Stats {
     pub(crate) max_live_workers: AtomicU64,
     pub(crate) blocking_calls: AtomicU64,
     pub(crate) io_threads_abandoned: AtomicU64,
+    /// Shared with the layer above, which counts the device output it gives up
+    /// ([`Reporting`]).
+    pub(crate) output_lost_bytes: std::sync::Arc<AtomicU64>,
+}
+
+/// What the layer above reports into without a request at hand (a stream's drainer thread, a
+/// flush at shutdown): the bytes of device output given up, and the devices' log budget.
+#[derive(Clone)]
+pub(crate) struct Reporting {
+    pub(crate) output_lost_bytes: std::sync::Arc<AtomicU64>,
+    pub(crate) log_limit: std::sync::Arc<LogLimit>,
 }
 
 impl Default for Stats {
@@ -60,6 +72,7 @@ impl Default for Stats {
             max_live_workers: AtomicU64::new(0),
             blocking_calls: AtomicU64::new(0),
             io_threads_abandoned: AtomicU64::new(0),
+            output_lost_bytes: std::sync::Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -106,6 +119,7 @@ impl Stats {
             max_live_workers: get(&self.max_live_workers),
             blocking_calls: get(&self.blocking_calls),
             io_threads_abandoned: get(&self.io_threads_abandoned),
+            output_lost_bytes: get(&self.output_lost_bytes),
         }
     }
 }
@@ -150,6 +164,9 @@ pub struct StatsSnapshot {
     pub blocking_calls: u64,
     /// I/O threads a shutdown left behind, stuck in a blocking call.
     pub io_threads_abandoned: u64,
+    /// Bytes of device output (stdout, stderr) not written: a write failed, or the stream's
+    /// reader did not take them before a shutdown or flush gave them up.
+    pub output_lost_bytes: u64,
 }
 
 impl StatsSnapshot {
@@ -164,7 +181,7 @@ impl StatsSnapshot {
 
     /// Every counter but `served`, by its field's name, in the order both `Display` and
     /// [`StatsSnapshot::to_json`] print them.
-    fn counters(&self) -> [(&'static str, u64); 16] {
+    fn counters(&self) -> [(&'static str, u64); 17] {
         [
             ("errors", self.errors),
             ("refused", self.refused),
@@ -182,6 +199,7 @@ impl StatsSnapshot {
             ("max_live_workers", self.max_live_workers),
             ("blocking_calls", self.blocking_calls),
             ("io_threads_abandoned", self.io_threads_abandoned),
+            ("output_lost_bytes", self.output_lost_bytes),
         ]
     }
 

@@ -116,13 +116,20 @@ pub(crate) fn run(inner: Arc<Inner>) {
     guarded(&inner, || {
         cache.clear(&inner.context, Fate::Quarantine, "server shutting down")
     });
+    // The device's output still queued for a slow reader is written within the grace or given
+    // up (counted in `output_lost_bytes`), which also ends an I/O thread's wait for it; then,
+    // within what is left of the same grace, the I/O threads stop with the worker (here, so
+    // that a worker nobody joins, see `abandon_from_worker`, stops them too). No blocking call
+    // comes after the last pass. So a shutdown takes at most `io_grace` beyond its last pass.
+    let deadline = Instant::now() + inner.context.config.io_grace;
+    let stopping = inner.io.begin_stop();
+    guarded(&inner, || inner.context.extension.worker_exiting(deadline));
+    let stuck = inner.io.wait_stopped(stopping, deadline);
+    // After the output's last word (its lost bytes are logged within the budget too).
     inner
         .context
         .log_limit
         .report_dropped(&inner.context.config.name);
-    // No blocking call comes after the last pass: the I/O threads stop with the worker (here,
-    // so that a worker nobody joins, see `abandon_from_worker`, stops them too).
-    let stuck = inner.io.stop(inner.context.config.io_grace);
     if stuck > 0 {
         log::error!(
             "{}: {stuck} I/O thread(s) still inside a blocking call after {:?}: abandoned",

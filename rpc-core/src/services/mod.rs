@@ -27,9 +27,12 @@
 //! whose exchange suspends while the client has not answered. Work that may block (opening,
 //! reading or writing a file, reading stdin, REMOVE, RENAME, SYSTEM, HOST_CALL) runs on the
 //! server's I/O threads ([`Request::blocking`]); calls on stdin one at a time, the others
-//! waiting for their turn suspended (`StdinTurn`), so a stdin nobody writes holds one I/O
-//! thread at most. Writes to the device's stdout and stderr and the table look-ups run on the
-//! server thread.
+//! waiting for their turn suspended (`Turn`), so a stdin nobody writes holds one I/O
+//! thread at most. Writes to the device's stdout and stderr are handed on by the server thread
+//! without waiting for their reader (`output.rs`): an exchange whose bytes wait for a reader
+//! that does not read waits suspended, and the other ports are served; a long printf written
+//! on an I/O thread takes the output turn, so a stdout nobody reads holds one I/O thread at
+//! most too. The table look-ups run on the server thread.
 //!
 //! | opcode | script (C = client, S = server) | refused (reply) |
 //! |---|---|---|
@@ -82,6 +85,7 @@ use crate::server::limits::{
 };
 use crate::server::mailboxes::{MailboxSlot, Slots};
 use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
+use crate::server::stats::Reporting;
 use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};
 use crate::{Opcode, Result};
@@ -89,6 +93,7 @@ use crate::{Opcode, Result};
 pub mod dispatch_tests;
 mod files;
 pub(crate) mod memory;
+pub(crate) mod output;
 pub mod print;
 pub mod printf;
 mod process;
@@ -101,7 +106,8 @@ pub(crate) use memory::DeviceAllocator;
 pub use memory::{malloc_alignment, Allocation, MALLOC_ALIGN, SMALL_MAX};
 pub use process::HOST_CALL_REFUSED;
 
-use streams::{FileTable, Input, Output, Target};
+use output::{Descriptor, StdStream, Writer};
+use streams::{FileTable, Input, Target};
 
 /// How a kernel ended itself, as recorded under [`ExitPolicy::Record`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,10 +127,13 @@ pub struct Services {
     policy: Mutex<ServicesConfig>,
     limits: Limits,
     stdin: Mutex<Input>,
-    /// Whether an I/O call holds the turn at stdin (see [`StdinTurn`]).
+    /// Whether an I/O call holds the turn at stdin, and at stdout and stderr (see [`Turn`]).
     stdin_busy: AtomicBool,
-    stdout: Mutex<Output>,
-    stderr: Mutex<Output>,
+    output_busy: AtomicBool,
+    stdout: Arc<StdStream>,
+    stderr: Arc<StdStream>,
+    /// How long a flush waits for a reader that does not read (`ServerConfig::io_grace`).
+    grace: std::time::Duration,
     /// The server-wide allocator, for mailboxes without one of their own.
     allocator: Mutex<Option<Arc<dyn DeviceAllocator>>>,
     /// The attached mailboxes' states ([`MailboxState`]), each kept with its mailbox.
@@ -179,20 +188,27 @@ fn state_in(slot: MailboxSlot) -> Arc<MailboxState> {
 }
 
 impl Services {
-    pub(crate) fn new(config: &ServerConfig, mailboxes: Slots, log: Arc<LogLimit>) -> Self {
+    pub(crate) fn new(config: &ServerConfig, mailboxes: Slots, report: Reporting) -> Self {
+        let std_stream = |name, fd, short| {
+            let writer = Writer::Fd(Arc::new(Descriptor::process(fd)));
+            let thread = std::format!("rpc-{}-{short}", config.name);
+            StdStream::new(name, thread, writer, &config.limits, report.clone())
+        };
         Services {
             policy: Mutex::new(config.services.clone()),
             limits: config.limits,
-            stdin: Mutex::new(Input::process(log.clone())),
+            stdin: Mutex::new(Input::process(report.log_limit.clone())),
             stdin_busy: AtomicBool::new(false),
-            stdout: Mutex::new(Output::new(Box::new(std::io::stdout()), log.clone())),
-            stderr: Mutex::new(Output::new(Box::new(std::io::stderr()), log.clone())),
+            output_busy: AtomicBool::new(false),
+            stdout: std_stream("stdout", libc::STDOUT_FILENO, "out"),
+            stderr: std_stream("stderr", libc::STDERR_FILENO, "err"),
+            grace: config.io_grace,
             allocator: Mutex::new(None),
             mailboxes,
             host_functions: Mutex::new(HashMap::new()),
             protected: Mutex::new(Vec::new()),
             file_access: Mutex::new(files::Access::of(&config.services.files)),
-            log,
+            log: report.log_limit,
         }
     }
 
@@ -236,13 +252,37 @@ impl Services {
     /// Sends the device's stdout (WRITE_TO_STDOUT, PRINTF_TO_STDOUT, handle 2) to `writer`
     /// instead of the process's stdout. Each request's output is written whole and flushed
     /// before its reply; the short printf lines of one pass go out together (one `write_all`
-    /// and one `flush` for them all).
+    /// and one `flush` for them all). `writer` is called on the server thread, so it must not
+    /// block: a buffer in memory, a sink. For a file, pipe, FIFO, terminal or socket, give its
+    /// descriptor ([`Services::set_stdout_fd`]). What the old writer still had queued is
+    /// flushed first, within `ServerConfig::io_grace`.
     pub fn set_stdout(&self, writer: Box<dyn Write + Send>) {
-        lock(&self.stdout).set_writer(writer);
+        self.stdout
+            .set_writer(Writer::Inline(writer), self.deadline());
     }
     /// The same for stderr.
     pub fn set_stderr(&self, writer: Box<dyn Write + Send>) {
-        lock(&self.stderr).set_writer(writer);
+        self.stderr
+            .set_writer(Writer::Inline(writer), self.deadline());
+    }
+    /// Sends the device's stdout to `fd` (a file, pipe, FIFO, terminal or socket; closed when
+    /// replaced or dropped), which is never waited for: while its reader does not keep up,
+    /// the output waits in a queue of `Limits::output_bytes` and only the exchanges writing
+    /// to it wait (see `services/output.rs`). A pipe, FIFO or terminal is written through a description
+    /// of its own, opened again non-blocking, so `fd`'s own flags are left as they are.
+    pub fn set_stdout_fd(&self, fd: std::os::fd::OwnedFd) {
+        let writer = Writer::Fd(Arc::new(Descriptor::owned(fd)));
+        self.stdout.set_writer(writer, self.deadline());
+    }
+    /// The same for stderr.
+    pub fn set_stderr_fd(&self, fd: std::os::fd::OwnedFd) {
+        let writer = Writer::Fd(Arc::new(Descriptor::owned(fd)));
+        self.stderr.set_writer(writer, self.deadline());
+    }
+
+    /// When a flush starting now gives up on a reader that does not read.
+    fn deadline(&self) -> std::time::Instant {
+        std::time::Instant::now() + self.grace
     }
     /// Reads the device's stdin (handle 1) from `reader` instead of the process's stdin.
     pub fn set_stdin(&self, reader: Box<dyn Read + Send>) {
@@ -344,10 +384,20 @@ impl Services {
         }
     }
 
-    /// Flushes the device's stdout and stderr.
+    /// Flushes the device's stdout and stderr: writes what is staged and waits up to
+    /// `ServerConfig::io_grace` for what waits for a slow reader; what is still not written
+    /// then is given up (counted in `output_lost_bytes`, logged once). Never longer.
     pub fn flush_std(&self) {
-        for output in [&self.stdout, &self.stderr] {
-            lock(output).flush();
+        let deadline = self.deadline();
+        for stream in [&self.stdout, &self.stderr] {
+            stream.flush_within(deadline);
+        }
+    }
+
+    /// Hands what is staged on stdout and stderr to their writers, waiting for nothing.
+    pub(crate) fn hand_on_std(&self) {
+        for stream in [&self.stdout, &self.stderr] {
+            lock(&stream.state).flush();
         }
     }
 }
@@ -382,8 +432,8 @@ impl RpcServer {
     pub fn new(config: ServerConfig) -> Self {
         let mut registry = Registry::default();
         register_standard(&mut registry);
-        let services = |mailboxes, log| -> Box<dyn Extension> {
-            Box::new(Services::new(&config, mailboxes, log))
+        let services = |mailboxes, report| -> Box<dyn Extension> {
+            Box::new(Services::new(&config, mailboxes, report))
         };
         RpcServer::assemble(config.clone(), registry, services)
     }
@@ -405,6 +455,11 @@ impl Extension for Services {
     }
     fn mailbox_detached(&self, _: MailboxId, slot: &MailboxSlot) {
         self.forget_mailbox(&state_in(slot.clone()));
+    }
+    fn worker_exiting(&self, deadline: std::time::Instant) {
+        for stream in [&self.stdout, &self.stderr] {
+            stream.flush_within(deadline);
+        }
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
@@ -485,11 +540,12 @@ pub(crate) fn context(req: &Request) -> SharedContext {
 }
 
 /// What an I/O call touches: whether it may block (a file, stdin, a command...), and whether
-/// it takes stdin.
+/// it takes stdin, or stdout or stderr.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Touches {
     pub(crate) blocks: bool,
     pub(crate) stdin: bool,
+    pub(crate) output: bool,
 }
 
 impl Touches {
@@ -505,64 +561,71 @@ impl Touches {
             .fold(Touches::default(), |t, target| Touches {
                 blocks: t.blocks || target.may_block(),
                 stdin: t.stdin || matches!(target, Target::Stdin),
+                output: t.output || matches!(target, Target::Stdout | Target::Stderr),
             })
     }
 }
 
 impl From<bool> for Touches {
-    /// A call that blocks or not, without stdin.
+    /// A call that blocks or not, without the standard streams.
     fn from(blocks: bool) -> Touches {
         Touches {
             blocks,
-            stdin: false,
+            ..Touches::default()
         }
     }
 }
 
-/// Runs `work` on the server's I/O threads if it may block, else here at once: the standard
-/// output streams and the tables never block. A call that takes stdin first waits for its turn
-/// at stdin ([`StdinTurn`]), suspended in its exchange.
+/// Runs `work` on the server's I/O threads if it may block, else here at once: the tables
+/// never block. A call that takes stdin first waits for its turn at stdin, and one that writes
+/// stdout or stderr for the output turn ([`Turn`]), suspended in its exchange.
 pub(crate) async fn io<R: Send + 'static>(
     req: &Request,
     touches: impl Into<Touches>,
     work: impl FnOnce(&ServerContext) -> R + Send + 'static,
 ) -> Result<R, ServerError> {
     let touches = touches.into();
-    if touches.stdin {
-        let turn = StdinTurn::take(req).await;
-        req.blocking(move |context| {
-            let _turn = turn; // Given back once the call is done (or dropped unrun).
-            work(context)
-        })
-        .await
-    } else if touches.blocks {
-        req.blocking(work).await
-    } else {
-        Ok(work(req.context()))
+    if touches.inline() {
+        return Ok(work(req.context()));
     }
+    let stdin = match touches.stdin {
+        true => Some(Turn::take(req, |s| &s.stdin_busy).await),
+        false => None,
+    };
+    let output = match touches.output {
+        true => Some(Turn::take(req, |s| &s.output_busy).await),
+        false => None,
+    };
+    req.blocking(move |context| {
+        let _turns = (stdin, output); // Given back once the call is done (or dropped unrun).
+        work(context)
+    })
+    .await
 }
 
-/// The right to touch stdin from an I/O call, held by one call at a time.
+/// The right to use stdin, or stdout and stderr, from an I/O call, held by one call at a time.
 ///
 /// A read of stdin may block for as long as nobody writes to it (a pipe held open, a terminal
 /// nobody types into), holding stdin's lock, and every other call on stdin would wait for that
 /// lock on an I/O thread of its own: enough of them and no I/O thread is left for any other
-/// port's files. So a call on stdin first takes this turn, waiting for it suspended in its
-/// exchange (a poll per pass), and at most one I/O thread is ever inside or waiting for stdin.
-/// Not fair: whichever waiting exchange is polled first after the turn is given back takes it.
+/// port's files. A long printf to stdout written on an I/O thread waits there while the
+/// stream's reader does not read, the same way. So such a call first takes the turn, waiting
+/// for it suspended in its exchange (a poll per pass), and at most one I/O thread is ever
+/// inside or waiting for stdin, and one for stdout and stderr. Not fair: whichever waiting
+/// exchange is polled first after the turn is given back takes it. Stdin's is taken before
+/// the output's, never the other way.
 ///
-/// Memory ordering: `Services::stdin_busy` is a lock flag (no data rides on it: stdin's own
-/// mutex orders its state); the acquiring compare-exchange pairs with the releasing store.
-pub(crate) struct StdinTurn(SharedContext);
+/// Memory ordering: `Services::stdin_busy` and `output_busy` are lock flags (no data rides on
+/// them: the streams' own mutexes order their state); the acquiring compare-exchange pairs
+/// with the releasing store.
+pub(crate) struct Turn(SharedContext, fn(&Services) -> &AtomicBool);
 
-impl StdinTurn {
-    async fn take(req: &Request) -> StdinTurn {
+impl Turn {
+    async fn take(req: &Request, flag: fn(&Services) -> &AtomicBool) -> Turn {
         let context = req.shared();
         core::future::poll_fn(|_| {
-            // RMW: stdin_busy false -> true (taken), or no change while another holds it.
-            let taken = context
-                .services()
-                .stdin_busy
+            // RMW: the flag false -> true (taken), or no change while another holds it.
+            let taken = flag(context.services())
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok();
             if taken {
@@ -572,13 +635,13 @@ impl StdinTurn {
             }
         })
         .await;
-        StdinTurn(context)
+        Turn(context, flag)
     }
 }
 
-impl Drop for StdinTurn {
+impl Drop for Turn {
     fn drop(&mut self) {
-        self.0.services().stdin_busy.store(false, Ordering::Release);
+        (self.1)(self.0.services()).store(false, Ordering::Release);
     }
 }
 

@@ -33,11 +33,13 @@
 //! request.
 
 use core::ops::Range;
+use core::task::Poll;
 use std::format;
 use std::string::String;
 use std::vec::Vec;
 
-use super::streams::{Output, Target, Ticket};
+use super::output::{Output, Ticket};
+use super::streams::Target;
 use super::{active, c_result, per_lane, recv_words, Refusals};
 use crate::protocol::opcode::Opcode;
 use crate::server::error::ServerError;
@@ -512,43 +514,62 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         // (see `streams::Output`): the first of them polled again after yielding commits, and
         // each replies once its bytes were written.
         let mut staged = false;
-        {
-            let mut held = Held(None);
-            for k in 0..lanes.len() {
-                let (lane, i) = (lanes[k].lane, lanes[k].lane as usize);
-                let Some((format, target)) = &lanes[k].parsed else {
-                    continue;
-                };
-                let Some(output) = services.output(target) else {
-                    continue; // Not reached: a file or stdin is no inline target.
-                };
-                let mine = &lanes[k].strings;
-                let fetch = |p| fetched.round(mine, p).map(|r| rounds[r][i].as_slice());
-                let format = Format {
-                    pieces: &parsed[*format].pieces,
-                    plan: parsed[*format].plan.clone().map(|steps| &plans[steps]),
-                };
-                let line = |out: &mut Vec<u8>| {
-                    let mut unchunked = Chunks::none();
-                    format_onto(
-                        dialect,
-                        format,
-                        &args[i],
-                        packed,
-                        &fetch,
-                        out,
-                        &mut unchunked,
-                    )
-                };
-                let outcome = held.lock(output).stage(line);
-                match outcome {
-                    Ok(ticket) => {
-                        lanes[k].staged = Some(ticket);
-                        staged = true;
+        let mut from = 0;
+        loop {
+            let full = 'lanes: {
+                let mut held = Held(None);
+                for k in from..lanes.len() {
+                    let (lane, i) = (lanes[k].lane, lanes[k].lane as usize);
+                    let Some((format, target)) = &lanes[k].parsed else {
+                        continue;
+                    };
+                    let Some(output) = services.output(target) else {
+                        continue; // Not reached: a file or stdin is no inline target.
+                    };
+                    let out = held.lock(output);
+                    if !out.has_room() {
+                        // Its reader does not keep up: wait for room (below), then this lane.
+                        break 'lanes Some((k, output));
                     }
-                    Err(why) => refusals.lane(lane, why.to_string()),
+                    let mine = &lanes[k].strings;
+                    let fetch = |p| fetched.round(mine, p).map(|r| rounds[r][i].as_slice());
+                    let format = Format {
+                        pieces: &parsed[*format].pieces,
+                        plan: parsed[*format].plan.clone().map(|steps| &plans[steps]),
+                    };
+                    let line = |out: &mut Vec<u8>| {
+                        let mut unchunked = Chunks::none();
+                        format_onto(
+                            dialect,
+                            format,
+                            &args[i],
+                            packed,
+                            &fetch,
+                            out,
+                            &mut unchunked,
+                        )
+                    };
+                    match out.stage(line) {
+                        Ok(ticket) => {
+                            lanes[k].staged = Some(ticket);
+                            staged = true;
+                        }
+                        Err(why) => refusals.lane(lane, why.to_string()),
+                    }
                 }
-            }
+                None
+            };
+            let Some((k, output)) = full else {
+                break;
+            };
+            from = k;
+            // What is staged goes on first: the room may be waiting for it.
+            services.hand_on_std();
+            core::future::poll_fn(|_| match lock(output).has_room() {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            })
+            .await;
         }
         if staged {
             // Should the exchange be dropped here (abandoned), its lines are written now.
@@ -556,20 +577,36 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
             req.yield_unless_alone().await;
             core::mem::forget(guard);
         }
-        {
+        // Each lane's line written: at once, unless its stream's reader did not keep up (then
+        // suspended until it was, or was given up).
+        // Lanes mostly share one commit: its outcome is looked up once.
+        let mut next = 0;
+        let mut last: Option<(&Mutex<Output>, Ticket, bool)> = None;
+        core::future::poll_fn(|_| {
             let mut held = Held(None);
-            for state in &mut lanes {
-                let (Some((_, target)), Some((ticket, len))) = (&state.parsed, state.staged) else {
-                    continue;
-                };
-                let written = services
-                    .output(target)
-                    .map(|o| held.lock(o).committed(ticket));
-                if written.unwrap_or(false) {
-                    state.result = len as u64;
+            while let Some(state) = lanes.get_mut(next) {
+                if let (Some((_, target)), Some((ticket, len))) = (&state.parsed, state.staged) {
+                    let Some(output) = services.output(target) else {
+                        next += 1; // Not reached: a staged lane prints to stdout or stderr.
+                        continue;
+                    };
+                    let written = match last {
+                        Some((o, t, written)) if core::ptr::eq(o, output) && t == ticket => written,
+                        _ => match held.lock(output).committed(ticket) {
+                            Poll::Ready(written) => written,
+                            Poll::Pending => return Poll::Pending,
+                        },
+                    };
+                    last = Some((output, ticket, written));
+                    if written {
+                        state.result = len as u64;
+                    }
                 }
+                next += 1;
             }
-        }
+            Poll::Ready(())
+        })
+        .await;
         reply(&mut req, |lane| {
             at(&lanes, lane).map_or(c_result(-1), |s| s.result)
         })
@@ -646,7 +683,7 @@ struct CommitOnDrop<'s>(&'s super::Services);
 
 impl Drop for CommitOnDrop<'_> {
     fn drop(&mut self) {
-        self.0.flush_std();
+        self.0.hand_on_std();
     }
 }
 

@@ -145,7 +145,8 @@ pub(crate) async fn system(mut req: Request) -> Result<(), ServerError> {
         run.push((lane, CString::new(command).unwrap_or_default()));
     }
     let statuses = io(&req, !run.is_empty(), move |context| {
-        context.services().flush_std();
+        // The command's output follows the device's, handed on in order (never waited for).
+        context.services().hand_on_std();
         run.into_iter()
             .map(|(lane, command)| {
                 // SAFETY: `command` is a valid NUL-terminated string for the duration of the

@@ -5,7 +5,10 @@ use std::ffi::{c_int, CString};
 use std::string::String;
 use std::vec::Vec;
 
+use core::task::Poll;
+
 use super::files::{self, Denial, Rules};
+use super::output::StdStream;
 use super::streams::{OpenError, Target};
 use super::MailboxState;
 use super::{
@@ -16,10 +19,13 @@ use crate::server::error::ServerError;
 use crate::server::limits::quoted;
 use crate::server::recycle::Streams;
 use crate::server::registry::Request;
+use crate::sync::lock;
 use crate::Result;
 
-/// Writes each lane's bytes to its target (on an I/O thread if any target is a file); replies
-/// the bytes written.
+/// Writes each lane's bytes to its target; replies the bytes written. Lanes to stdout and
+/// stderr are handed to their streams here, in lane order, each waiting suspended while its
+/// stream is full and until its bytes were written (never for a reader on the server
+/// thread); lanes to files are written on an I/O thread.
 async fn write_lanes(
     req: &mut Request,
     data: Streams,
@@ -27,38 +33,68 @@ async fn write_lanes(
     newline: bool,
     refusals: &mut Refusals,
 ) -> Result<(), ServerError> {
+    let mut replies = per_lane(req, 0u64);
     let mut writes = Vec::new();
+    let context = super::context(req);
     for lane in active(req) {
+        let bytes = &data[lane as usize][..];
+        let line: &[&[u8]] = if newline { &[bytes, b"\n"] } else { &[bytes] };
         match target(lane) {
             _ if data.refused() => refusals.lane(lane, OVER_BUDGET),
-            Some(target) => writes.push((lane, target)),
+            Some(target) => match context.services().std_stream(&target) {
+                Some(stream) => {
+                    if write_std_stream(stream, line).await {
+                        replies[lane as usize] = line.iter().map(|p| p.len() as u64).sum();
+                    }
+                }
+                None => writes.push((lane, target)),
+            },
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
-    let touches = Touches::streams(writes.iter().map(|(_, t)| t));
-    let written = io(req, touches, move |context| {
-        writes
-            .into_iter()
-            .map(|(lane, target)| {
-                let bytes = &data[lane as usize];
-                let written = if newline {
-                    let mut line = Vec::with_capacity(bytes.len() + 1);
-                    line.extend_from_slice(bytes);
-                    line.push(b'\n');
-                    context.services().write(&target, &line)
-                } else {
-                    context.services().write(&target, bytes)
-                };
-                (lane, written as u64)
-            })
-            .collect::<Vec<_>>()
-    })
-    .await?;
-    let mut replies = per_lane(req, 0u64);
-    for (lane, written) in written {
-        replies[lane as usize] = written;
+    if !writes.is_empty() {
+        let touches = Touches::streams(writes.iter().map(|(_, t)| t));
+        let written = io(req, touches, move |context| {
+            writes
+                .into_iter()
+                .map(|(lane, target)| {
+                    let bytes = &data[lane as usize];
+                    let written = if newline {
+                        let mut line = Vec::with_capacity(bytes.len() + 1);
+                        line.extend_from_slice(bytes);
+                        line.push(b'\n');
+                        context.services().write(&target, &line)
+                    } else {
+                        context.services().write(&target, bytes)
+                    };
+                    (lane, written as u64)
+                })
+                .collect::<Vec<_>>()
+        })
+        .await?;
+        for (lane, written) in written {
+            replies[lane as usize] = written;
+        }
     }
     send_word0(req, &replies).await
+}
+
+/// Hands `parts` to a standard stream as one commit once it has room, then waits until they
+/// were written: whether they were. Suspended, not blocked, while it waits.
+async fn write_std_stream(stream: &StdStream, parts: &[&[u8]]) -> bool {
+    let ticket = core::future::poll_fn(|_| {
+        let mut output = lock(&stream.state);
+        match output.has_room() {
+            true => Poll::Ready(output.commit(parts)),
+            false => Poll::Pending,
+        }
+    })
+    .await;
+    core::future::poll_fn(|_| match lock(&stream.state).done(ticket) {
+        Some(written) => Poll::Ready(written),
+        None => Poll::Pending,
+    })
+    .await
 }
 
 async fn write_std(

@@ -20,19 +20,20 @@
 //! Files are C `FILE *`s of the host's libc (C semantics for modes, buffering, `fseek`...),
 //! held only in the table and never exposed to the device; `ungetc` and the order of input
 //! and output are kept by `CFile`, where C leaves them undefined and the C library is not
-//! safe. The standard streams are Rust readers and writers the runtime can redirect
-//! ([`super::Services::set_stdout`]), with the C indicators (end-of-file, error) and `ungetc`
-//! pushback kept beside them.
+//! safe. Stdin is a Rust reader the runtime can redirect ([`super::Services::set_stdin`]),
+//! with the C indicators (end-of-file, error) and `ungetc` pushback kept beside it; stdout and
+//! stderr are `output.rs`'s streams.
 
 use std::boxed::Box;
 use std::collections::hash_map::RandomState;
 use std::ffi::{c_int, CStr};
 use std::hash::BuildHasher;
-use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read};
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
 use std::vec::Vec;
 
+use super::output::{Output, StdStream};
 use super::MailboxState;
 use crate::server::limits::{device_log, LogLimit};
 use crate::sync::{lock, Mutex};
@@ -402,141 +403,6 @@ impl FileTable {
     }
 }
 
-/// A writer standing for stdout or stderr, with C's error indicator.
-///
-/// Output is written whole and flushed by each [`Output::write`]. Short printf lines may be
-/// *staged* instead ([`Output::stage`]): appended to a buffer and written with the next commit,
-/// which the first of their exchanges to be polled again makes ([`Output::committed`]), so
-/// the lines a pass formats go out in one write (a group commit) and each exchange still
-/// replies only after its bytes were written. A `write`, `flush` or drop commits what is
-/// staged first, so the stream's order is the order the bytes reached it.
-pub(crate) struct Output {
-    writer: Box<dyn Write + Send>,
-    error: bool,
-    /// Staged bytes, written by the next commit (at most [`STAGED_BYTES`] and one line more).
-    staged: Vec<u8>,
-    /// The commits so far (each one write of the staged bytes and whatever came with them),
-    /// and which of the last 64 failed: bit `k` is commit `commits - 1 - k`.
-    commits: u64,
-    failures: u64,
-    /// The server's budget of device-caused log lines (a lost write is one).
-    log: Arc<LogLimit>,
-}
-
-/// Staged bytes above this are committed at once: a pass's short lines fit, and the buffer
-/// stays small.
-const STAGED_BYTES: usize = 64 << 10;
-
-/// Which commit carries a stage's bytes ([`Output::stage`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Ticket(u64);
-
-impl Output {
-    pub(crate) fn new(writer: Box<dyn Write + Send>, log: Arc<LogLimit>) -> Self {
-        Output {
-            writer,
-            error: false,
-            staged: Vec::new(),
-            commits: 0,
-            failures: 0,
-            log,
-        }
-    }
-
-    /// Writes `data` whole (after what is staged) and flushes: `data.len()`, or 0 (and the
-    /// error indicator) on failure.
-    pub(crate) fn write(&mut self, data: &[u8]) -> usize {
-        if self.commit(data) {
-            data.len()
-        } else {
-            0
-        }
-    }
-
-    /// Appends bytes to the stage with `append` (which may fail, leaving nothing staged) and
-    /// returns the commit that will write them.
-    pub(crate) fn stage<E>(
-        &mut self,
-        append: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
-    ) -> Result<(Ticket, usize), E> {
-        if self.staged.len() >= STAGED_BYTES {
-            self.commit(&[]);
-        }
-        let start = self.staged.len();
-        if let Err(error) = append(&mut self.staged) {
-            self.staged.truncate(start);
-            return Err(error);
-        }
-        Ok((Ticket(self.commits), self.staged.len() - start))
-    }
-
-    /// Whether the bytes staged with `ticket` were written: commits them now if that has not
-    /// happened yet.
-    pub(crate) fn committed(&mut self, ticket: Ticket) -> bool {
-        if ticket.0 >= self.commits {
-            self.commit(&[]);
-        }
-        match self.commits.checked_sub(ticket.0 + 1) {
-            Some(age) if age < 64 => self.failures >> age & 1 == 0,
-            // Beyond the history (not reached: a stage is redeemed within a pass or two):
-            // C's error indicator, set by any failure since.
-            _ => !self.error,
-        }
-    }
-
-    /// Writes to `writer` from now on, after committing what is staged to the old one. The
-    /// commits go on counting, so a ticket taken before still finds its commit.
-    pub(crate) fn set_writer(&mut self, writer: Box<dyn Write + Send>) {
-        self.commit(&[]);
-        self.writer = writer;
-        self.error = false;
-    }
-
-    /// One commit: the staged bytes, then `data`, written whole, then a flush. Records and
-    /// returns whether it succeeded; the staged bytes are gone either way.
-    fn commit(&mut self, data: &[u8]) -> bool {
-        let written = (|| {
-            if !self.staged.is_empty() {
-                self.writer.write_all(&self.staged)?;
-            }
-            if !data.is_empty() {
-                self.writer.write_all(data)?;
-            }
-            self.writer.flush()
-        })();
-        self.staged.clear();
-        self.commits += 1;
-        self.failures <<= 1;
-        match written {
-            Ok(()) => true,
-            Err(error) => {
-                device_log!(self.log, Warn, "device output lost: {error}");
-                self.error = true;
-                self.failures |= 1;
-                false
-            }
-        }
-    }
-
-    /// `fflush`: 0 or EOF.
-    pub(crate) fn flush(&mut self) -> c_int {
-        if self.commit(&[]) {
-            0
-        } else {
-            libc::EOF
-        }
-    }
-}
-
-impl Drop for Output {
-    /// What is staged is written, never lost: a stage whose exchange was abandoned, say.
-    fn drop(&mut self) {
-        if !self.staged.is_empty() {
-            self.commit(&[]);
-        }
-    }
-}
-
 /// Where stdin's bytes come from.
 enum Source {
     /// The process's stdin (its own shared buffer).
@@ -731,8 +597,8 @@ impl super::Services {
         }
     }
 
-    /// Stdout's or stderr's writer, for a target that is one of them.
-    pub(crate) fn output(&self, target: &Target) -> Option<&Mutex<Output>> {
+    /// Stdout or stderr, for a target that is one of them.
+    pub(crate) fn std_stream(&self, target: &Target) -> Option<&Arc<StdStream>> {
         match target {
             Target::Stdout => Some(&self.stdout),
             Target::Stderr => Some(&self.stderr),
@@ -740,10 +606,22 @@ impl super::Services {
         }
     }
 
-    /// Writes `data` whole to a stream (one lock, one write): the bytes written.
+    /// Stdout's or stderr's writer, for a target that is one of them.
+    pub(crate) fn output(&self, target: &Target) -> Option<&Mutex<Output>> {
+        match target {
+            Target::Stdout => Some(&self.stdout.state),
+            Target::Stderr => Some(&self.stderr.state),
+            _ => None,
+        }
+    }
+
+    /// Writes `data` whole to a stream: the bytes written. On an I/O thread: a standard
+    /// stream's write waits there for room and for its bytes to be written
+    /// ([`StdStream::write_waiting`]); the server thread hands bytes to them without waiting
+    /// (`stdio`, `print`).
     pub(crate) fn write(&self, target: &Target, data: &[u8]) -> usize {
-        if let Some(output) = self.output(target) {
-            return lock(output).write(data);
+        if let Some(stream) = self.std_stream(target) {
+            return stream.write_waiting(data);
         }
         match target {
             Target::Stdin => {
@@ -944,98 +822,6 @@ mod tests {
 
     fn test_log() -> Arc<LogLimit> {
         Arc::new(LogLimit::new(20))
-    }
-
-    /// A writer that records each `write` call, and fails while `fail` is set.
-    #[derive(Clone, Default)]
-    struct Recorder {
-        writes: Arc<Mutex<Vec<Vec<u8>>>>,
-        fail: Arc<Mutex<bool>>,
-    }
-
-    impl Write for Recorder {
-        fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-            if *lock(&self.fail) {
-                return Err(std::io::Error::other("refused"));
-            }
-            lock(&self.writes).push(data.to_vec());
-            Ok(data.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Recorder {
-        fn writes(&self) -> Vec<Vec<u8>> {
-            lock(&self.writes).clone()
-        }
-    }
-
-    fn stage(output: &mut Output, line: &[u8]) -> Ticket {
-        let staged = output.stage(|out| {
-            out.extend_from_slice(line);
-            Ok::<(), ()>(())
-        });
-        let (ticket, len) = staged.unwrap();
-        assert_eq!(len, line.len());
-        ticket
-    }
-
-    #[test]
-    fn staged_lines_go_out_in_one_write_in_order_when_the_first_is_redeemed() {
-        let recorder = Recorder::default();
-        let mut output = Output::new(Box::new(recorder.clone()), test_log());
-        let (a, b) = (stage(&mut output, b"a\n"), stage(&mut output, b"b\n"));
-        assert!(recorder.writes().is_empty(), "staging writes nothing");
-        assert!(output.committed(b));
-        assert_eq!(recorder.writes(), [b"a\nb\n".to_vec()]);
-        assert!(output.committed(a), "already written by b's commit");
-        assert_eq!(recorder.writes().len(), 1);
-        // A failed format stages nothing.
-        let failed = output.stage(|out| {
-            out.extend_from_slice(b"half");
-            Err("missing argument")
-        });
-        assert_eq!(failed.unwrap_err(), "missing argument");
-        // A write commits what is staged first: the stream's order is the order of arrival.
-        let c = stage(&mut output, b"c\n");
-        assert_eq!(output.write(b"d\n"), 2);
-        assert!(output.committed(c));
-        let all: Vec<u8> = recorder.writes().concat();
-        assert_eq!(all, b"a\nb\nc\nd\n");
-    }
-
-    #[test]
-    fn a_failed_commit_fails_exactly_its_own_stages() {
-        let recorder = Recorder::default();
-        let mut output = Output::new(Box::new(recorder.clone()), test_log());
-        let early = stage(&mut output, b"early\n");
-        assert!(output.committed(early));
-        *lock(&recorder.fail) = true;
-        let lost = stage(&mut output, b"lost\n");
-        assert!(!output.committed(lost));
-        *lock(&recorder.fail) = false;
-        let late = stage(&mut output, b"late\n");
-        assert!(output.committed(late));
-        // Each ticket keeps its own commit's outcome.
-        assert!(output.committed(early));
-        assert!(!output.committed(lost));
-        assert_eq!(recorder.writes().concat(), b"early\nlate\n");
-        assert!(output.error, "C's error indicator is set by the failure");
-    }
-
-    #[test]
-    fn staged_lines_survive_a_new_writer_and_a_drop() {
-        let (old, new) = (Recorder::default(), Recorder::default());
-        let mut output = Output::new(Box::new(old.clone()), test_log());
-        let before = stage(&mut output, b"to the old writer\n");
-        output.set_writer(Box::new(new.clone()));
-        assert_eq!(old.writes().concat(), b"to the old writer\n");
-        assert!(output.committed(before), "its commit is still known");
-        stage(&mut output, b"never redeemed\n");
-        drop(output);
-        assert_eq!(new.writes().concat(), b"never redeemed\n");
     }
 
     #[test]

@@ -86,7 +86,7 @@ mod output;
 mod sigbus;
 
 use mailbox::{Backing, Mapped, Refusal};
-use output::{write_until, Tracked};
+use output::write_until;
 use plugin_host::HostAllocator;
 
 /// The most bytes MALLOC hands the client out of rpc-serve's memory at once.
@@ -343,15 +343,11 @@ fn protect(server: &RpcServer, fd: std::os::fd::RawFd, what: &str) -> Result<(),
 }
 
 /// Creates `path` for the device's output, protected from the device, and recording losses.
-fn output_file(
-    server: &RpcServer,
-    path: &Path,
-    lost: &Arc<AtomicBool>,
-) -> Result<Box<dyn Write + Send>, Failure> {
+fn output_file(server: &RpcServer, path: &Path) -> Result<std::fs::File, Failure> {
     let file =
         std::fs::File::create(path).map_err(|e| failed(format!("{}: {e}", path.display())))?;
     protect(server, file.as_raw_fd(), &path.display().to_string())?;
-    Ok(Box::new(Tracked::new(file, lost.clone())))
+    Ok(file)
 }
 
 fn serve(args: Args) -> Result<Status, Failure> {
@@ -400,17 +396,19 @@ fn serve(args: Args) -> Result<Status, Failure> {
     // log line, a truncated statistics file), nor the mailbox under us (below).
     protect(&server, libc::STDOUT_FILENO, "rpc-serve's stdout")?;
     protect(&server, libc::STDERR_FILENO, "rpc-serve's stderr (its log)")?;
-    // Set when a write of the device's output fails: exit status 5. Relaxed: a flag that
-    // orders nothing (`output.rs`, "Memory ordering").
-    let lost = Arc::new(AtomicBool::new(false));
-    services.set_stdout(match &args.stdout {
-        Some(path) => output_file(&server, path, &lost)?,
-        None => Box::new(Tracked::new(std::io::stdout(), lost.clone())),
-    });
-    services.set_stderr(match &args.stderr {
-        Some(path) => output_file(&server, path, &lost)?,
-        None => Box::new(Tracked::new(std::io::stderr(), lost.clone())),
-    });
+    // The device's output goes to descriptors the server writes without blocking (a reader
+    // that stops reading holds only the exchanges writing to it); by default rpc-serve's own
+    // stdout and stderr. A write of it that fails, or bytes given up at the stop, count in
+    // `output_lost_bytes`: exit status 5.
+    if let Some(path) = &args.stdout {
+        services.set_stdout_fd(output_file(&server, path)?.into());
+    }
+    if let Some(path) = &args.stderr {
+        services.set_stderr_fd(output_file(&server, path)?.into());
+    }
+    // Set when rpc-serve's own ready line or statistics could not be written: exit status 5.
+    // Relaxed: a flag that orders nothing.
+    let lost = AtomicBool::new(false);
     // The mailbox last: from here on, a failure removes the file it created.
     let opened = Mapped::create(&args.mailbox, args.layout)?;
     let (path, created) = (opened.path.clone(), opened.created);
@@ -513,6 +511,7 @@ fn serve(args: Args) -> Result<Status, Failure> {
     let stopped = stopped.recv_timeout(STOP_BOUND.saturating_sub(stopping.elapsed()));
     remove_created(stopping);
     let stats = server.stats();
+    let output_lost = stats.output_lost_bytes;
     let stats = if args.json {
         format!("{}\n", stats.to_json())
     } else {
@@ -541,7 +540,7 @@ fn serve(args: Args) -> Result<Status, Failure> {
         }
         Ok(Err(message)) => Err(failed(message)),
         Ok(Ok(())) if faulted => Ok(Status::Failed),
-        Ok(Ok(())) if lost.load(Ordering::Relaxed) => Ok(Status::OutputLost),
+        Ok(Ok(())) if lost.load(Ordering::Relaxed) || output_lost > 0 => Ok(Status::OutputLost),
         Ok(Ok(())) => Ok(Status::Clean),
     }
 }

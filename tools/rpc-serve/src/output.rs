@@ -1,55 +1,12 @@
 //! rpc-serve's own output: writes of its last words that give up at a deadline whatever the
-//! reader does, and the record of device output that could not be written.
-//!
-//! # Memory ordering
-//! [`Tracked`]'s `lost` flag is a tally that orders no other data, so it is stored and loaded
-//! `Relaxed`. The exit status reads it after the stop's channel message, whose send and receive
-//! order every write the worker made before it (the worker was joined); when the stop gave up,
-//! the flag is read as it stands, and the status says output may be lost anyway.
+//! reader does. (The device's output is the server's: written without blocking, and what could
+//! not be written counted in `output_lost_bytes`.)
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
-
-/// A writer for the device's output that records whether any write or flush failed (a broken
-/// pipe, a full disk, `EFBIG`): output lost, which rpc-serve's exit status reports.
-pub struct Tracked<W> {
-    inner: W,
-    lost: Arc<AtomicBool>,
-}
-
-impl<W: Write> Tracked<W> {
-    /// `inner`, setting `lost` at its first failure.
-    pub fn new(inner: W, lost: Arc<AtomicBool>) -> Self {
-        Tracked { inner, lost }
-    }
-
-    fn record<T>(&self, result: io::Result<T>) -> io::Result<T> {
-        // An interrupted call is retried by `write_all`; nothing is lost.
-        if result
-            .as_ref()
-            .is_err_and(|e| e.kind() != io::ErrorKind::Interrupted)
-        {
-            self.lost.store(true, Ordering::Relaxed);
-        }
-        result
-    }
-}
-
-impl<W: Write> Write for Tracked<W> {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        let result = self.inner.write(bytes);
-        self.record(result)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        let result = self.inner.flush();
-        self.record(result)
-    }
-}
 
 /// Writes `bytes` whole to descriptor `fd` (rpc-serve's stdout or stderr, 1 or 2), giving up with
 /// `TimedOut` at `deadline` if the reader does not take them.
