@@ -20,8 +20,10 @@ fn main(args: Args) -> i32 {
     let thread = thread_index();
     let squares: Vec<u32> = (0..=thread).map(|i| i * i).collect();
     println!(
-        "hello from thread {thread:>2} of block {}: squares {squares:?}, sum {:#x}",
+        "hello from thread {thread:>2} of block {}: {} squares, the last {:?}, sum {:#x}",
         block_index(),
+        squares.len(),
+        squares.last(),
         squares.iter().sum::<u32>()
     );
     if thread == 0 {
