@@ -173,8 +173,9 @@ impl Mailbox {
                 &*(mailbox as *const AtomicU64),
             )
         };
-        // RMW: one more open request (n -> n + 1); relaxed, as the flip orders the request.
-        if value.fetch_add(1, Ordering::Relaxed) == 0 {
+        // RMW: one more open request (n -> n + 1), at system scope: the host decrements it.
+        // Relaxed: the flip orders the request itself.
+        if arch::fetch_add_system(value, 1) == 0 {
             mailbox.store(u64::from(event), Ordering::Relaxed);
         }
     }

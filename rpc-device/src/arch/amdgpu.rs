@@ -1,6 +1,7 @@
 //! AMDGPU (`amdgcn-amd-amdhsa`, wave64): `core::arch::amdgpu`'s intrinsics.
 
 use core::arch::amdgpu as gcn;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) fn lane_size() -> u32 {
     64
@@ -21,6 +22,11 @@ pub(crate) fn ballot(mask: u64, predicate: bool) -> u64 {
 pub(crate) fn broadcast(_mask: u64, value: u64) -> u64 {
     // The first active lane is the first of the mask: callers pass the active lanes.
     gcn::readfirstlane_u64(value)
+}
+
+pub(crate) fn fetch_add_system(word: &AtomicU64, value: u64) -> u64 {
+    // A Rust RMW has no narrower scope than the default, which is system scope here.
+    word.fetch_add(value, Ordering::Relaxed)
 }
 
 pub(crate) fn sync_lane(_mask: u64) {

@@ -5,6 +5,7 @@
 
 use core::cell::Cell;
 use core::ffi::c_void;
+use core::sync::atomic::{AtomicU64, Ordering};
 
 /// plugin-abi's `RpcHostWarp` (its layout, `#[repr(C)]`): what the plugin passes each call
 /// of a native kernel.
@@ -87,6 +88,11 @@ pub(crate) fn ballot(mask: u64, predicate: bool) -> u64 {
 
 pub(crate) fn broadcast(_mask: u64, value: u64) -> u64 {
     value
+}
+
+pub(crate) fn fetch_add_system(word: &AtomicU64, value: u64) -> u64 {
+    // A Rust RMW has no narrower scope than the default, which is system scope here.
+    word.fetch_add(value, Ordering::Relaxed)
 }
 
 pub(crate) fn sync_lane(_mask: u64) {}

@@ -8,14 +8,18 @@
 //! | `ballot(mask, p)` | the lanes of `mask` where `p` holds | `vote.sync.ballot` | `ballot` | `p` for this lane |
 //! | `broadcast(mask, v)` | the first lane of `mask`'s `v` | `shfl.sync.idx` | `readfirstlane` | `v` |
 //! | `sync_lane(mask)` | the lanes of `mask` meet (and see each other's writes) | `bar.warp.sync` | `wave_barrier` | nothing |
+//! | `fetch_add_system(w, v)` | an atomic add the host sees atomic | `atom.relaxed.sys.add` | `fetch_add` | `fetch_add` |
 //! | `pause()` | a short back-off in a spin | `nanosleep` | `s_sleep` | `yield_now` |
 //! | `thread_index()`, `block_index()` | x ids in the grid | `%tid.x`, `%ctaid.x` | workitem, workgroup | the plugin's |
 //! | `halt()` | this thread stops for good | `trap`-free spin | `s_sleep` spin | parks |
 //!
 //! The orderings are not here: every hand-over uses `core::sync::atomic` with no scope
 //! narrower than the default, which LLVM lowers to system scope on both GPUs
-//! (`fence.acq_rel.sys` / `fence.sc.sys`, `atom.sys` on NVPTX; `syncscope` none, "system", on
-//! AMDGPU), so the host sees every hand-over in order.
+//! (`fence.acq_rel.sys`, `ld.relaxed.sys` / `st.relaxed.sys` on NVPTX; no `syncscope`, which
+//! is system, on AMDGPU), so the host sees every hand-over in order. The exception is an NVPTX
+//! read-modify-write, lowered to `atom` without a scope (GPU scope): fine for the port lock
+//! bits, which only this device's warps touch, not for the doorbell's counter, which the host
+//! decrements (`fetch_add_system`).
 //!
 //! On the host, a warp of the plugin (`RpcHostWarp`) runs its lanes one after the other on its
 //! thread, each lane a one-lane warp of the protocol (its mask is its own bit): the program
@@ -35,7 +39,7 @@ pub(crate) use nvptx::*;
 pub(crate) mod host;
 #[cfg(not(any(target_arch = "nvptx64", target_arch = "amdgpu")))]
 pub(crate) use host::{
-    active_mask, ballot, block_index, broadcast, halt, lane_id, lane_size, pause, sync_lane,
+    active_mask, ballot, block_index, broadcast, fetch_add_system, halt, lane_id, lane_size, pause, sync_lane,
     thread_index,
 };
 

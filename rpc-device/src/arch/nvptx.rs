@@ -2,6 +2,7 @@
 //! warp instructions): inline PTX for the warp, `core::arch::nvptx` for the ids.
 
 use core::arch::asm;
+use core::sync::atomic::AtomicU64;
 
 pub(crate) fn lane_size() -> u32 {
     32
@@ -55,6 +56,22 @@ pub(crate) fn broadcast(mask: u64, value: u64) -> u64 {
         out
     };
     u64::from(shuffle(value as u32)) | u64::from(shuffle((value >> 32) as u32)) << 32
+}
+
+pub(crate) fn fetch_add_system(word: &AtomicU64, value: u64) -> u64 {
+    let old: u64;
+    // SAFETY: an atomic add on a live `AtomicU64`. Explicit: NVPTX lowers a Rust RMW to `atom`
+    // without a scope, which is GPU scope, and the host changes this word too.
+    unsafe {
+        asm!(
+            "atom.relaxed.sys.add.u64 {0}, [{1}], {2};",
+            out(reg64) old,
+            in(reg64) word.as_ptr(),
+            in(reg64) value,
+            options(nostack),
+        )
+    };
+    old
 }
 
 pub(crate) fn sync_lane(mask: u64) {
