@@ -175,7 +175,11 @@ fn check_image(image: &Path, gpu: &Gpu) -> Result {
         {
             problems.push("no system-scope fence".into());
         }
-        for vote in ["activemask.b32", "vote.sync.ballot.b32", "shfl.sync.idx.b32"] {
+        for vote in [
+            "activemask.b32",
+            "vote.sync.ballot.b32",
+            "shfl.sync.idx.b32",
+        ] {
             if !text.contains(vote) {
                 problems.push(format!("no {vote}"));
             }
@@ -266,7 +270,13 @@ fn run_host(root: &Path, target: &Path) -> Result {
         let args: Vec<&str> = case
             .args
             .iter()
-            .map(|&a| if a == "IMAGE" { image.to_str().unwrap_or(a) } else { a })
+            .map(|&a| {
+                if a == "IMAGE" {
+                    image.to_str().unwrap_or(a)
+                } else {
+                    a
+                }
+            })
             .collect();
         let output = Command::new(&rpc_run)
             .args(&args)

@@ -39,8 +39,8 @@ pub(crate) use nvptx::*;
 pub(crate) mod host;
 #[cfg(not(any(target_arch = "nvptx64", target_arch = "amdgpu")))]
 pub(crate) use host::{
-    active_mask, ballot, block_index, broadcast, fetch_add_system, halt, lane_id, lane_size, pause, sync_lane,
-    thread_index,
+    active_mask, ballot, block_index, broadcast, fetch_add_system, halt, lane_id, lane_size, pause,
+    sync_lane, thread_index,
 };
 
 /// The first lane of `mask` (which is never empty: the running lane is in it).
