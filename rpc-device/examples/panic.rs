@@ -8,6 +8,10 @@
 
 use rpc_device::{println, thread_index, Args};
 
+// `alloc` is linked (rpc-core's protocol layer uses it), so a GPU image needs an allocator.
+#[global_allocator]
+static HEAP: rpc_device::Malloc = rpc_device::Malloc;
+
 fn main(_args: Args) -> i32 {
     let thread = thread_index();
     println!("thread {thread} before the panic");

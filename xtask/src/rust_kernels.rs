@@ -9,7 +9,7 @@
 //! must show system-scope fences and warp votes.
 //!
 //! With `--run-host` it also builds them for the host (shared objects, plugin-host's native
-//! images) and runs each under `rpc-run` on the host plugin, checking the output and the exit
+//! images, in `target/debug/examples/`) and runs each under `rpc-run` on the host plugin, checking the output and the exit
 //! status, and ends with `rust-kernels: host N passed, M failed`.
 
 use std::os::unix::process::ExitStatusExt;
@@ -65,7 +65,7 @@ pub fn run(args: &Args) -> Result {
         }
     }
     if args.run_host {
-        run_host(&root, &target)?;
+        run_host(&root)?;
     }
     Ok(())
 }
@@ -121,7 +121,7 @@ fn build_gpu(root: &Path, target: &Path, gpu: &Gpu, example: &str) -> Result<Pat
     let image = if gpu.ptx {
         newest(&folder, example, ".s")?
     } else {
-        folder.join(format!("lib{example}.so"))
+        folder.join(format!("{example}.elf"))
     };
     Ok(image)
 }
@@ -235,33 +235,25 @@ const HOST_RUNS: &[HostRun] = &[
         args: &["--threads", "2", "IMAGE"],
         status: -libc::SIGABRT,
         stdout: "thread 0 before the panic\nthread 1 before the panic\n",
-        stderr: "thread 1 of block 0 panicked at rpc-device/examples/panic.rs:16:9:\n\
+        stderr: "thread 1 of block 0 panicked at rpc-device/examples/panic.rs:20:9:\n\
                  thread 1 looked for a value and found None\n",
     },
 ];
 
-/// Builds the examples for the host and runs each of [`HOST_RUNS`] under rpc-run.
-fn run_host(root: &Path, target: &Path) -> Result {
-    let host = target.join("host");
-    let build = |args: &[&str]| -> Result {
-        let status = Command::new(cargo())
-            .args(args)
-            .arg("--target-dir")
-            .arg(&host)
-            .current_dir(root)
-            .status()
-            .map_err(|e| format!("rust-kernels: cargo: {e}"))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(Failure::Failed(format!(
-                "rust-kernels: cargo {}: {status}",
-                args.join(" ")
-            )))
-        }
-    };
-    build(&["build", "-p", "rpc-device", "--examples"])?;
-    build(&["build", "-p", "rpc-run"])?;
+/// Builds the examples for the host and runs each of [`HOST_RUNS`] under rpc-run (both built
+/// into the workspace's `target/debug/`, as `cargo xtask run` builds rpc-run).
+fn run_host(root: &Path) -> Result {
+    let status = Command::new(cargo())
+        .args(["build", "-p", "rpc-device", "--examples", "-p", "rpc-run"])
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("rust-kernels: cargo: {e}"))?;
+    if !status.success() {
+        return Err(Failure::Failed(format!(
+            "rust-kernels: building the host images and rpc-run: {status}"
+        )));
+    }
+    let host = root.join("target");
     let rpc_run = host.join("debug/rpc-run");
     let (mut passed, mut failed) = (0, 0);
     for case in HOST_RUNS {
@@ -295,7 +287,14 @@ fn run_host(root: &Path, target: &Path) -> Result {
         let stdout = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
         let stderr = String::from_utf8_lossy(&output.stderr);
         let ok = status == case.status && stdout == case.stdout && stderr.contains(case.stderr);
-        let name = format!("{} {}", case.example, args[args.len() - 1]);
+        let after: Vec<&str> = case
+            .args
+            .iter()
+            .skip_while(|&&a| a != "IMAGE")
+            .skip(1)
+            .copied()
+            .collect();
+        let name = format!("{} {}", case.example, after.join(" "));
         if ok {
             passed += 1;
             println!("host {name}: ok (status {status})");

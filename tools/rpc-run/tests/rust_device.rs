@@ -121,7 +121,7 @@ fn a_panic_reaches_stderr_with_its_place_and_aborts() {
     );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("thread 1 of block 0 panicked at rpc-device/examples/panic.rs:16:9:\nthread 1 looked for a value and found None"),
+        stderr.contains("thread 1 of block 0 panicked at rpc-device/examples/panic.rs:20:9:\nthread 1 looked for a value and found None"),
         "{stderr}"
     );
     assert!(String::from_utf8_lossy(&output.stdout).contains("thread 0 before the panic"));
