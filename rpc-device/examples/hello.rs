@@ -1,6 +1,7 @@
 //! hello: every thread prints a formatted line with a `Vec` it filled from the host's heap;
-//! thread 0 prints the arguments; the program ends with status 3 (`main`'s result), or, given
-//! the argument `exit`, through `exit(4)`.
+//! with `RPC_DEVICE_HELLO_DIR` in the environment each thread also writes a file of its own
+//! there, reads it back and prints what it read; thread 0 prints the arguments; the program
+//! ends with status 3 (`main`'s result), or, given the argument `exit`, through `exit(4)`.
 #![cfg_attr(any(target_arch = "nvptx64", target_arch = "amdgpu"), no_std)]
 #![cfg_attr(
     any(target_arch = "nvptx64", target_arch = "amdgpu"),
@@ -9,9 +10,12 @@
 
 extern crate alloc;
 
+use alloc::format;
+use alloc::string::String;
 use alloc::vec::Vec;
+use core::ffi::CStr;
 
-use rpc_device::{block_index, println, thread_index, Args};
+use rpc_device::{block_index, println, thread_index, Args, File, SeekFrom};
 
 #[global_allocator]
 static HEAP: rpc_device::Malloc = rpc_device::Malloc;
@@ -26,6 +30,18 @@ fn main(args: Args) -> i32 {
         squares.last(),
         squares.iter().sum::<u32>()
     );
+    let dir = args
+        .env()
+        .find_map(|e| e.to_bytes().strip_prefix(b"RPC_DEVICE_HELLO_DIR="));
+    if let Some(dir) = dir {
+        let path = format!(
+            "{}/thread-{}-{thread}.txt\0",
+            String::from_utf8_lossy(dir),
+            block_index()
+        );
+        let path = CStr::from_bytes_with_nul(path.as_bytes()).unwrap();
+        println!("{}", write_and_read_back(path));
+    }
     if thread == 0 {
         let rest: Vec<&str> = args
             .iter()
@@ -38,6 +54,29 @@ fn main(args: Args) -> i32 {
         }
     }
     3
+}
+
+/// Writes a line to the file at `path`, reads it back and says what it read.
+fn write_and_read_back(path: &CStr) -> String {
+    let (block, thread) = (block_index(), thread_index());
+    let Ok(mut file) = File::open(path, c"w+") else {
+        return format!("thread {thread} of block {block}: the host refused {path:?}");
+    };
+    let line = format!("thread {thread} of block {block} was here");
+    let mut back = [0u8; 64];
+    let read = file
+        .write(line.as_bytes())
+        .and_then(|_| file.flush())
+        .and_then(|_| file.seek(SeekFrom::Start(0)))
+        .and_then(|_| file.read(&mut back));
+    let end = file.seek(SeekFrom::End(0));
+    match (read, end, file.close()) {
+        (Ok(n), Ok(end), Ok(())) => format!(
+            "thread {thread} of block {block} read back {:?} of {end} bytes",
+            String::from_utf8_lossy(&back[..n])
+        ),
+        failed => format!("thread {thread} of block {block}: {failed:?}"),
+    }
 }
 
 rpc_device::main!(main);

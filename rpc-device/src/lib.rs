@@ -22,7 +22,8 @@
 //!   with the `v1` feature; sizes from `rpc_core::protocol`), and [`Port`], a port opened by a
 //!   warp, with send / recv and the streams (`send_n` / `recv_n`);
 //! - `arch`: what differs per target, one small module each (NVPTX, AMDGPU, the host);
-//! - [`io`]: `print!`, `println!`, `eprint!`, `eprintln!`;
+//! - [`io`]: `print!`, `println!`, `eprint!`, `eprintln!`; [`file`]: [`File`], a file on the
+//!   host;
 //! - [`process`]: [`exit`], [`abort`]; [`heap`]: [`Malloc`], a `GlobalAlloc`;
 //! - `panic`: the panic handler (GPU targets, `panic-handler` feature) or hook (host);
 //! - [`start`]: [`main!`], LLVM's start protocol.
@@ -43,6 +44,7 @@ extern crate std;
 
 mod arch;
 mod client;
+pub mod file;
 pub mod heap;
 pub mod io;
 mod panic;
@@ -50,6 +52,7 @@ pub mod process;
 pub mod start;
 
 pub use client::{ClientObject, Port, GENERATION};
+pub use file::{File, SeekFrom};
 pub use heap::Malloc;
 pub use panic::report_and_abort;
 pub use process::{abort, exit};

@@ -104,6 +104,32 @@ fn warps_of_several_blocks_share_the_ports() {
 }
 
 #[test]
+fn each_lane_writes_seeks_and_reads_back_its_own_file() {
+    let dir = std::env::temp_dir().join(format!("rpc-device-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_rpc-run"))
+        .args(["--threads", "3", "--blocks", "2", &image("hello")])
+        .env("RPC_DEVICE_HELLO_DIR", &dir)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let lines = sorted_lines(&output.stdout);
+    for block in 0..2 {
+        for thread in 0..3 {
+            let text = format!("thread {thread} of block {block} was here");
+            let line = format!(
+                "thread {thread} of block {block} read back {text:?} of {} bytes",
+                text.len()
+            );
+            assert!(lines.contains(&line), "{line} in {lines:?}");
+            let file = dir.join(format!("thread-{block}-{thread}.txt"));
+            assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn exit_ends_the_program_with_its_status() {
     let output = rpc_run(&["--threads", "2", &image("hello"), "exit"]);
     assert_eq!(output.status.code(), Some(4));
