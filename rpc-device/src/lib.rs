@@ -22,7 +22,7 @@
 //!   with the `v1` feature; sizes from `rpc_core::protocol`), and [`Port`], a port opened by a
 //!   warp, with send / recv and the streams (`send_n` / `recv_n`);
 //! - `arch`: what differs per target, one small module each (NVPTX, AMDGPU, the host);
-//! - [`io`]: `print!`, `println!`, `eprint!`, `eprintln!`; [`file`]: [`File`], a file on the
+//! - [`io`]: `print!`, `println!`, `eprint!`, `eprintln!`; [`file`](mod@file): [`File`], a file on the
 //!   host;
 //! - [`process`]: [`exit`], [`abort`]; [`heap`]: [`Malloc`], a `GlobalAlloc`;
 //! - `panic`: the panic handler (GPU targets, `panic-handler` feature) or hook (host);
