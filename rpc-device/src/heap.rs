@@ -1,5 +1,6 @@
 //! [`Malloc`], a `GlobalAlloc` over the host's MALLOC and FREE (PROTOCOL section 6), so that
-//! `alloc`'s `Vec`, `String` and `Box` work in kernels:
+//! `alloc`'s `Vec`, `String` and `Box` work in kernels (in the kernel image's crate, so not a
+//! doctest):
 //!
 //! ```ignore
 //! #[global_allocator]

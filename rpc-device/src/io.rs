@@ -47,14 +47,14 @@ pub fn write(stream: Stream, bytes: &[u8], mask: u64) -> u64 {
 /// A lane's text being formatted: sent when full and when done.
 struct Line {
     stream: Stream,
-    mask: u64,
     bytes: [u8; LINE_BYTES],
     len: usize,
 }
 
 impl Line {
-    fn flush(&mut self) {
-        write(self.stream, &self.bytes[..self.len], self.mask);
+    /// Sends the buffer with the lanes of `mask`, every one of which makes this call.
+    fn send(&mut self, mask: u64) {
+        write(self.stream, &self.bytes[..self.len], mask);
         self.len = 0;
     }
 }
@@ -63,7 +63,8 @@ impl Write for Line {
     fn write_str(&mut self, mut text: &str) -> fmt::Result {
         while !text.is_empty() {
             if self.len == LINE_BYTES {
-                self.flush();
+                // Only the lanes whose text filled the buffer are here: they send together.
+                self.send(arch::active_mask());
             }
             let take = text.len().min(LINE_BYTES - self.len);
             self.bytes[self.len..self.len + take].copy_from_slice(&text.as_bytes()[..take]);
@@ -81,13 +82,12 @@ pub fn print_to(stream: Stream, args: fmt::Arguments<'_>) {
     let mask = arch::active_mask();
     let mut line = Line {
         stream,
-        mask,
         bytes: [0; LINE_BYTES],
         len: 0,
     };
     // Writing into the buffer never fails.
     let _ = line.write_fmt(args);
-    line.flush();
+    line.send(mask);
 }
 
 /// Prints to the host's stdout, formatted on the device.

@@ -2,9 +2,12 @@
 //! program prints, allocates, exits and panics through the host's server, as a C program
 //! linked with LLVM's GPU libc does, and runs under `rpc-run` (or LLVM's loader).
 //!
+//! A program (a kernel image, built as a `cdylib`, so not a doctest; `examples/hello.rs` is
+//! built and run by the tests):
+//!
 //! ```ignore
-//! #![no_std]
-//! #![cfg_attr(not(target_os = "linux"), feature(abi_gpu_kernel))]
+//! #![cfg_attr(any(target_arch = "nvptx64", target_arch = "amdgpu"), no_std)]
+//! #![cfg_attr(any(target_arch = "nvptx64", target_arch = "amdgpu"), feature(abi_gpu_kernel))]
 //! extern crate alloc;
 //!
 //! #[global_allocator]

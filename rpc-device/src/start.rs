@@ -140,7 +140,7 @@ mod host {
 /// Emits the start kernels `_begin`, `_start` and `_end` of LLVM's start protocol around
 /// `main` (a [`Main`]: `fn(Args) -> i32`), so that the program runs under `rpc-run` (and
 /// LLVM's loader) as a clang-built one does. On the GPU targets the crate enables the kernel
-/// ABI: `#![cfg_attr(not(target_os = "linux"), feature(abi_gpu_kernel))]`.
+/// ABI: `#![cfg_attr(any(target_arch = "nvptx64", target_arch = "amdgpu"), feature(abi_gpu_kernel))]`.
 #[macro_export]
 macro_rules! main {
     ($main:path) => {
