@@ -1,10 +1,12 @@
-//! AMDGPU (`amdgcn-amd-amdhsa`, wave64): `core::arch::amdgpu`'s intrinsics.
+//! AMDGPU (`amdgcn-amd-amdhsa`; wave64 as on gfx9, or wave32): `core::arch::amdgpu`'s
+//! intrinsics.
 
 use core::arch::amdgpu as gcn;
 use core::sync::atomic::{AtomicU64, Ordering};
 
 pub(crate) fn lane_size() -> u32 {
-    64
+    // The mailbox's `L` is the code object's `.wavefront_size`, which this is.
+    gcn::wavefrontsize()
 }
 
 pub(crate) fn lane_id() -> u32 {
@@ -12,6 +14,7 @@ pub(crate) fn lane_id() -> u32 {
 }
 
 pub(crate) fn active_mask() -> u64 {
+    // On wave32 the high half is zero.
     gcn::ballot(true)
 }
 

@@ -2,7 +2,7 @@
 //!
 //! | function | meaning | NVPTX | AMDGPU | host |
 //! |---|---|---|---|---|
-//! | `lane_size()` | `L`, the warp's lanes | 32 | 64 (wave64) | the plugin's `lane_size` |
+//! | `lane_size()` | `L`, the warp's lanes | 32 | `wavefrontsize` (64 on gfx942) | the plugin's `lane_size` |
 //! | `lane_id()` | this lane's index in its warp | `%laneid` | `mbcnt` | the lane being run |
 //! | `active_mask()` | the lanes running this code | `activemask` | `ballot(true)` | this lane's bit |
 //! | `ballot(mask, p)` | the lanes of `mask` where `p` holds | `vote.sync.ballot` | `ballot` | `p` for this lane |
