@@ -9,8 +9,9 @@
 //! must show system-scope fences and warp votes.
 //!
 //! With `--run-host` it also builds them for the host (shared objects, plugin-host's native
-//! images, in `target/debug/examples/`) and runs each under `rpc-run` on the host plugin, checking the output and the exit
-//! status, and ends with `rust-kernels: host N passed, M failed`.
+//! images), with the v2 client object and with v1's (the `v1` feature), and runs each under
+//! `rpc-run` on the host plugin, checking the generation, the output and the exit status, and
+//! ends with `rust-kernels: host N passed, M failed`.
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,7 @@ pub fn run(args: &Args) -> Result {
         }
     }
     if args.run_host {
-        run_host(&root)?;
+        run_host(&root, &target)?;
     }
     Ok(())
 }
@@ -240,70 +241,56 @@ const HOST_RUNS: &[HostRun] = &[
     },
 ];
 
-/// Builds the examples for the host and runs each of [`HOST_RUNS`] under rpc-run (both built
-/// into the workspace's `target/debug/`, as `cargo xtask run` builds rpc-run).
-fn run_host(root: &Path) -> Result {
-    let status = Command::new(cargo())
-        .args(["build", "-p", "rpc-device", "--examples", "-p", "rpc-run"])
-        .current_dir(root)
+/// Runs `cargo ARGS` in the workspace.
+fn cargo_build(root: &Path, args: &[&str], target_dir: Option<&Path>) -> Result {
+    let mut command = Command::new(cargo());
+    command.args(args).current_dir(root);
+    if let Some(dir) = target_dir {
+        command.arg("--target-dir").arg(dir);
+    }
+    let status = command
         .status()
         .map_err(|e| format!("rust-kernels: cargo: {e}"))?;
-    if !status.success() {
-        return Err(Failure::Failed(format!(
-            "rust-kernels: building the host images and rpc-run: {status}"
-        )));
+    if status.success() {
+        Ok(())
+    } else {
+        Err(Failure::Failed(format!(
+            "rust-kernels: cargo {}: {status}",
+            args.join(" ")
+        )))
     }
-    let host = root.join("target");
-    let rpc_run = host.join("debug/rpc-run");
+}
+
+/// Builds the examples for the host, with the v2 client object (into the workspace's
+/// `target/debug/`, beside rpc-run, as `cargo xtask run` builds it) and with v1's (the `v1`
+/// feature, into `target/rust-kernels/host-v1/`), and runs each of [`HOST_RUNS`] with each
+/// under rpc-run, after checking the image's generation as `--inspect` reads it.
+fn run_host(root: &Path, target: &Path) -> Result {
+    let examples = ["build", "-p", "rpc-device", "--examples"];
+    cargo_build(root, &[&examples[..], &["-p", "rpc-run"]].concat(), None)?;
+    let v1 = target.join("host-v1");
+    cargo_build(
+        root,
+        &[&examples[..], &["--features", "v1"]].concat(),
+        Some(&v1),
+    )?;
+    let rpc_run = root.join("target/debug/rpc-run");
+    let builds = [
+        (Generation::V2, root.join("target/debug/examples")),
+        (Generation::V1, v1.join("debug/examples")),
+    ];
     let (mut passed, mut failed) = (0, 0);
-    for case in HOST_RUNS {
-        let image = host.join(format!("debug/examples/lib{}.so", case.example));
-        println!("image {}", image.display());
-        let args: Vec<&str> = case
-            .args
-            .iter()
-            .map(|&a| {
-                if a == "IMAGE" {
-                    image.to_str().unwrap_or(a)
-                } else {
-                    a
+    for (generation, folder) in &builds {
+        for case in HOST_RUNS {
+            let image = folder.join(format!("lib{}.so", case.example));
+            println!("image {}", image.display());
+            match host_run(&rpc_run, &image, *generation, case)? {
+                None => passed += 1,
+                Some(why) => {
+                    failed += 1;
+                    println!("{why}");
                 }
-            })
-            .collect();
-        let output = Command::new(&rpc_run)
-            .args(&args)
-            .output()
-            .map_err(|e| format!("rust-kernels: rpc-run: {e}"))?;
-        let status = output
-            .status
-            .code()
-            .or(output.status.signal().map(|s| -s))
-            .unwrap_or(i32::MIN);
-        let mut lines: Vec<&str> = std::str::from_utf8(&output.stdout)
-            .unwrap_or_default()
-            .lines()
-            .collect();
-        lines.sort_unstable();
-        let stdout = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let ok = status == case.status && stdout == case.stdout && stderr.contains(case.stderr);
-        let after: Vec<&str> = case
-            .args
-            .iter()
-            .skip_while(|&&a| a != "IMAGE")
-            .skip(1)
-            .copied()
-            .collect();
-        let name = format!("{} {}", case.example, after.join(" "));
-        if ok {
-            passed += 1;
-            println!("host {name}: ok (status {status})");
-        } else {
-            failed += 1;
-            println!(
-                "host {name}: FAILED: status {status} (want {}), stdout:\n{stdout}stderr:\n{stderr}",
-                case.status
-            );
+            }
         }
     }
     println!("rust-kernels: host {passed} passed, {failed} failed");
@@ -313,4 +300,59 @@ fn run_host(root: &Path) -> Result {
         )));
     }
     Ok(())
+}
+
+/// Runs `case` with `image` under `rpc_run`; None if it gave what it must, else why not.
+fn host_run(
+    rpc_run: &Path,
+    image: &Path,
+    generation: Generation,
+    case: &HostRun,
+) -> Result<Option<String>> {
+    let after: Vec<&str> = case
+        .args
+        .iter()
+        .skip_while(|&&a| a != "IMAGE")
+        .skip(1)
+        .copied()
+        .collect();
+    let name = format!("host {generation} {} {}", case.example, after.join(" "));
+    let path = image.to_string_lossy();
+    match rpc_run::read_image(&path).map(|(_, inspection)| inspection.client) {
+        Ok(Client::Known { generation: g, .. }) if g == generation => {}
+        other => {
+            return Ok(Some(format!(
+                "{name}: FAILED: client {other:?}, not {generation}"
+            )))
+        }
+    }
+    let args: Vec<&str> = case
+        .args
+        .iter()
+        .map(|&a| if a == "IMAGE" { &*path } else { a })
+        .collect();
+    let output = Command::new(rpc_run)
+        .args(&args)
+        .output()
+        .map_err(|e| format!("rust-kernels: rpc-run: {e}"))?;
+    let status = output
+        .status
+        .code()
+        .or(output.status.signal().map(|s| -s))
+        .unwrap_or(i32::MIN);
+    let mut lines: Vec<&str> = std::str::from_utf8(&output.stdout)
+        .unwrap_or_default()
+        .lines()
+        .collect();
+    lines.sort_unstable();
+    let stdout = lines.iter().map(|l| format!("{l}\n")).collect::<String>();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if status == case.status && stdout == case.stdout && stderr.contains(case.stderr) {
+        println!("{name}: ok (status {status})");
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "{name}: FAILED: status {status} (want {}), stdout:\n{stdout}stderr:\n{stderr}",
+        case.status
+    )))
 }
