@@ -1,6 +1,7 @@
 //! hello: every thread prints a formatted line with a `Vec` it filled from the host's heap;
 //! with `RPC_DEVICE_HELLO_DIR` in the environment each thread also writes a file of its own
-//! there, reads it back and prints what it read; thread 0 prints the arguments; the program
+//! there, reads it back and prints what it read; with `RPC_DEVICE_HELLO_LONG` each prints a
+//! line of 1000 bytes, four times the device's line buffer; thread 0 prints the arguments; the program
 //! ends with status 3 (`main`'s result), or, given the argument `exit`, through `exit(4)`.
 #![cfg_attr(any(target_arch = "nvptx64", target_arch = "amdgpu"), no_std)]
 #![cfg_attr(
@@ -41,6 +42,12 @@ fn main(args: Args) -> i32 {
         );
         let path = CStr::from_bytes_with_nul(path.as_bytes()).unwrap();
         println!("{}", write_and_read_back(path));
+    }
+    if args
+        .env()
+        .any(|e| e.to_bytes().starts_with(b"RPC_DEVICE_HELLO_LONG="))
+    {
+        println!("{thread}{:-<999}", "");
     }
     if thread == 0 {
         let rest: Vec<&str> = args

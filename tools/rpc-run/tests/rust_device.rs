@@ -130,6 +130,18 @@ fn each_lane_writes_seeks_and_reads_back_its_own_file() {
 }
 
 #[test]
+fn a_line_longer_than_the_devices_buffer_arrives_in_full() {
+    let output = Command::new(env!("CARGO_BIN_EXE_rpc-run"))
+        .args(["--threads", "1", &image("hello")])
+        .env("RPC_DEVICE_HELLO_LONG", "1")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let long = format!("0{}", "-".repeat(999));
+    assert!(sorted_lines(&output.stdout).contains(&long));
+}
+
+#[test]
 fn exit_ends_the_program_with_its_status() {
     let output = rpc_run(&["--threads", "2", &image("hello"), "exit"]);
     assert_eq!(output.status.code(), Some(4));
