@@ -18,6 +18,7 @@ mod plugins;
 #[cfg(test)]
 mod readme;
 mod run;
+mod rust_kernels;
 mod sanitize;
 mod soak;
 mod stress;
@@ -82,6 +83,9 @@ enum Command {
     /// Builds LLVM's GPU libc, its integration tests and a hello world; checks that rpc-run
     /// --inspect reads them all
     GpuImages(gpu_images::Args),
+    /// Builds rpc-device's Rust examples for sm_90 PTX and gfx942 (nightly) and checks them
+    /// with rpc-run --inspect's reader; --run-host runs them on the host plugin
+    RustKernels(rust_kernels::Args),
 }
 
 /// Why a command did not succeed.
@@ -143,6 +147,7 @@ fn run(command: Command) -> Result {
         Command::LlvmClient(args) => llvm_client::run(&args),
         Command::Run(args) => run::run(&args),
         Command::GpuImages(args) => gpu_images::run(&args),
+        Command::RustKernels(args) => rust_kernels::run(&args),
     }
 }
 

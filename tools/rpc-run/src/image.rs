@@ -11,7 +11,7 @@ use rpc_core::plugin::{libc_rpc_client_namespace, CLIENT_SYMBOL, LEGACY_CLIENT_S
 use rpc_core::protocol::Generation;
 use rpc_core::protocol::Numbering;
 
-use crate::{cubin, fatbin, ptx};
+use crate::{cubin, fatbin, native, ptx};
 
 /// An image format, and so the plugin that runs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,6 +24,8 @@ pub enum Format {
     Fatbin,
     /// An AMDGPU code object (`EM_AMDGPU`).
     AmdGpu,
+    /// A shared object of this machine, run on plugin-host's CPU warps ([`native`]).
+    Host,
 }
 
 impl Format {
@@ -32,6 +34,7 @@ impl Format {
         match self {
             Format::Ptx | Format::Cubin | Format::Fatbin => "cuda",
             Format::AmdGpu => "amdgpu",
+            Format::Host => "host",
         }
     }
 }
@@ -44,6 +47,7 @@ impl fmt::Display for Format {
             Format::Cubin => "a cubin",
             Format::Fatbin => "a CUDA fat binary",
             Format::AmdGpu => "an AMDGPU code object",
+            Format::Host => "a native host shared object",
         })
     }
 }
@@ -53,8 +57,8 @@ impl fmt::Display for Format {
 pub fn format(head: &[u8]) -> Result<Format, BadImage> {
     format_of(head).ok_or_else(|| {
         BadImage(
-            "not a GPU image: neither PTX text, a cubin, a CUDA fat binary nor an AMDGPU code \
-             object"
+            "not a GPU image: neither PTX text, a cubin, a CUDA fat binary, an AMDGPU code \
+             object nor a shared object of this machine (a native host image)"
                 .into(),
         )
     })
@@ -66,7 +70,7 @@ pub fn format_of(bytes: &[u8]) -> Option<Format> {
         return match u16::from_le_bytes([bytes[18], bytes[19]]) {
             code_object::EM_AMDGPU => Some(Format::AmdGpu),
             cubin::EM_CUDA => Some(Format::Cubin),
-            _ => None,
+            _ => native::is_native(bytes).then_some(Format::Host),
         };
     }
     if fatbin::is_fatbin(bytes) {
@@ -365,6 +369,31 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
             })
         }
         Format::Fatbin => inspect_fatbin(bytes),
+        Format::Host => {
+            let exports =
+                native::exports(bytes).map_err(|e| BadImage(format!("native host image: {e}")))?;
+            Ok(Inspection {
+                format,
+                target: std::env::consts::ARCH.into(),
+                version: String::new(),
+                kernels: exports
+                    .functions
+                    .iter()
+                    .map(|name| Kernel {
+                        name: name.clone(),
+                        kernarg_size: None,
+                        params: None,
+                        stack: None,
+                        dynamic_stack: None,
+                        wavefront_size: None,
+                    })
+                    .collect(),
+                kernels_known: true,
+                client: Client::of(&exports.objects),
+                init_fini: Vec::new(),
+                entries: Vec::new(),
+            })
+        }
     }
 }
 
@@ -447,6 +476,7 @@ impl fmt::Display for Inspection {
             Format::Cubin => "cubin",
             Format::Fatbin => "fatbin",
             Format::AmdGpu => "amdgpu",
+            Format::Host => "host",
         };
         writeln!(
             f,

@@ -3,7 +3,7 @@
 //! project's server.
 //!
 //! ```text
-//! rpc-run [--plugin cuda|amdgpu|auto] [--threads X[,Y,Z]] [--blocks X[,Y,Z]] [--device N]
+//! rpc-run [--plugin cuda|amdgpu|host|auto] [--threads X[,Y,Z]] [--blocks X[,Y,Z]] [--device N]
 //!         [--timeout SECONDS] IMAGE [[--] ARGS...]
 //! rpc-run --inspect IMAGE
 //! rpc-run --help
@@ -12,6 +12,8 @@
 //! - [`image`]: the image's format (PTX, cubin, fatbin: CUDA; AMDGPU ELF: HSA), kernels,
 //!   argument sizes, stack needs and client symbol, read without a GPU (`--inspect`), with
 //!   [`ptx`], [`cubin`] and [`fatbin`] for NVIDIA's formats;
+//! - [`native`]: a native host image (a shared object of this machine, such as a Rust
+//!   program built with `rpc-device` for the host), run on plugin-host's CPU warps;
 //! - [`start`]: LLVM's start protocol (`_begin`, `_start`, `_end`) over any plugin;
 //! - this file: the command line (clap: `--help`, every number ranged), the bounded read of
 //!   the image ([`read_bytes`]: a regular file of at most [`MAX_IMAGE_BYTES`], its magic
@@ -29,6 +31,7 @@
 pub mod cubin;
 pub mod fatbin;
 pub mod image;
+pub mod native;
 pub mod ptx;
 pub mod start;
 
@@ -145,9 +148,9 @@ pub struct Options {
 )]
 struct Cli {
     /// The plugin to run on; auto: the image's (CUDA for PTX, cubins and fat binaries,
-    /// AMDGPU for AMDGPU code objects)
+    /// AMDGPU for AMDGPU code objects, host for a shared object of this machine)
     #[arg(long, value_name = "PLUGIN", default_value = "auto",
-          value_parser = ["cuda", "amdgpu", "auto"])]
+          value_parser = ["cuda", "amdgpu", "host", "auto"])]
     plugin: String,
     /// Threads per block, in up to three dimensions
     #[arg(long, value_name = "X[,Y,Z]", value_parser = dims, allow_negative_numbers = true)]
@@ -184,8 +187,8 @@ struct Cli {
     /// runs nothing; no GPU needed
     #[arg(long)]
     inspect: bool,
-    /// The GPU executable: PTX, a cubin, a CUDA fat binary or an AMDGPU code object, a
-    /// regular file of at most 1 GiB
+    /// The GPU executable: PTX, a cubin, a CUDA fat binary, an AMDGPU code object or a
+    /// native host image (a shared object of this machine), a regular file of at most 1 GiB
     #[arg(value_name = "IMAGE")]
     image: String,
     /// The program's arguments (argv[1..]; argv[0] is IMAGE)
@@ -435,9 +438,10 @@ pub fn run_file(options: &Options) -> Result<i32, Failure> {
     };
     program.args.extend(options.args.iter().cloned());
     let device = options.device;
-    // NVPTX images need their constructor tables filled (see `start`); AMDGPU's linker did.
+    // NVPTX images need their constructor tables filled (see `start`); AMDGPU's linker did,
+    // and a native image's constructors ran when it was loaded.
     let constructors: &[String] = match inspection.format {
-        Format::AmdGpu => &[],
+        Format::AmdGpu | Format::Host => &[],
         _ => &inspection.init_fini,
     };
     let run = |runtime: &dyn rpc_core::Runtime| {
@@ -465,6 +469,9 @@ pub fn run_file(options: &Options) -> Result<i32, Failure> {
             run(&runtime)
         }
         Format::AmdGpu => run(&runtime(plugin_amdgpu::AmdGpuPlugin::new())?),
+        Format::Host => run(&runtime(plugin_host::HostPlugin::new(
+            plugin_host::HostConfig::default(),
+        ))?),
     }
 }
 

@@ -1,0 +1,89 @@
+//! hello: every thread prints a formatted line with a `Vec` it filled from the host's heap;
+//! with `RPC_DEVICE_HELLO_DIR` in the environment each thread also writes a file of its own
+//! there, reads it back and prints what it read; with `RPC_DEVICE_HELLO_LONG` each prints a
+//! line of 1000 bytes, four times the device's line buffer; thread 0 prints the arguments; the program
+//! ends with status 3 (`main`'s result), or, given the argument `exit`, through `exit(4)`.
+#![cfg_attr(any(target_arch = "nvptx64", target_arch = "amdgpu"), no_std)]
+#![cfg_attr(
+    any(target_arch = "nvptx64", target_arch = "amdgpu"),
+    feature(abi_gpu_kernel)
+)]
+
+extern crate alloc;
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::ffi::CStr;
+
+use rpc_device::{block_index, println, thread_index, Args, File, SeekFrom};
+
+#[global_allocator]
+static HEAP: rpc_device::Malloc = rpc_device::Malloc;
+
+fn main(args: Args) -> i32 {
+    let thread = thread_index();
+    let squares: Vec<u32> = (0..=thread).map(|i| i * i).collect();
+    println!(
+        "hello from thread {thread:>2} of block {}: {} squares, the last {:?}, sum {:#x}",
+        block_index(),
+        squares.len(),
+        squares.last(),
+        squares.iter().sum::<u32>()
+    );
+    let dir = args
+        .env()
+        .find_map(|e| e.to_bytes().strip_prefix(b"RPC_DEVICE_HELLO_DIR="));
+    if let Some(dir) = dir {
+        let path = format!(
+            "{}/thread-{}-{thread}.txt\0",
+            String::from_utf8_lossy(dir),
+            block_index()
+        );
+        let path = CStr::from_bytes_with_nul(path.as_bytes()).unwrap();
+        println!("{}", write_and_read_back(path));
+    }
+    if args
+        .env()
+        .any(|e| e.to_bytes().starts_with(b"RPC_DEVICE_HELLO_LONG="))
+    {
+        println!("{thread}{:-<999}", "");
+    }
+    if thread == 0 {
+        let rest: Vec<&str> = args
+            .iter()
+            .skip(1)
+            .filter_map(|a| a.to_str().ok())
+            .collect();
+        println!("arguments: {rest:?}");
+        if rest.first() == Some(&"exit") {
+            rpc_device::exit(4);
+        }
+    }
+    3
+}
+
+/// Writes a line to the file at `path`, reads it back and says what it read.
+fn write_and_read_back(path: &CStr) -> String {
+    let (block, thread) = (block_index(), thread_index());
+    let Ok(mut file) = File::open(path, c"w+") else {
+        return format!("thread {thread} of block {block}: the host refused {path:?}");
+    };
+    let line = format!("thread {thread} of block {block} was here");
+    let mut back = [0u8; 64];
+    let read = file
+        .write(line.as_bytes())
+        .and_then(|_| file.flush())
+        .and_then(|_| file.seek(SeekFrom::Start(0)))
+        .and_then(|_| file.read(&mut back));
+    let end = file.seek(SeekFrom::End(0));
+    match (read, end, file.close()) {
+        (Ok(n), Ok(end), Ok(())) => format!(
+            "thread {thread} of block {block} read back {:?} of {end} bytes",
+            String::from_utf8_lossy(&back[..n])
+        ),
+        failed => format!("thread {thread} of block {block}: {failed:?}"),
+    }
+}
+
+rpc_device::main!(main);
