@@ -34,24 +34,31 @@ fn libraries() -> &'static Path {
     DIR.get_or_init(|| {
         let target = root().join("target/plugin-libs");
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .current_dir(root())
-            .args(["build", "--quiet"])
-            .args([
+        // Two builds: a target flag (`--example`) would narrow every package given with it to
+        // that target, leaving the libraries out.
+        let builds: [&[&str]; 2] = [
+            &[
                 "-p",
                 "plugin-host-so",
                 "-p",
                 "plugin-cuda-so",
                 "-p",
                 "plugin-amdgpu-so",
-            ])
-            // And the native host image written in Rust (`examples/native_kernel.rs`).
-            .args(["-p", "examples", "--example", "native_kernel"])
-            .arg("--target-dir")
-            .arg(&target)
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "building the plugin libraries: {status}");
+            ],
+            // The native host image written in Rust (`examples/native_kernel.rs`).
+            &["-p", "examples", "--example", "native_kernel"],
+        ];
+        for packages in builds {
+            let status = Command::new(&cargo)
+                .current_dir(root())
+                .args(["build", "--quiet"])
+                .args(packages)
+                .arg("--target-dir")
+                .arg(&target)
+                .status()
+                .expect("cargo runs");
+            assert!(status.success(), "building {packages:?}: {status}");
+        }
         target.join("debug")
     })
 }

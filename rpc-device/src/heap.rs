@@ -7,8 +7,10 @@
 //! static HEAP: rpc_device::Malloc = rpc_device::Malloc;
 //! ```
 //!
-//! The host's blocks are aligned to 2 MiB (rpc-core's `MALLOC_ALIGN`), above any alignment a
-//! type asks for; the runtime frees what a program leaves when its image is unloaded.
+//! The host aligns a block to its size rounded up to a power of two (at least 16 bytes), and a
+//! block above 256 KiB to 2 MiB (`rpc_core::services::malloc_alignment`): a request of at least
+//! a layout's alignment is aligned for it. The runtime frees what a program leaves when its
+//! image is unloaded.
 //!
 //! On the host the same image is a shared object with its own `std`, which allocates too
 //! where no lane runs (its start-up, its panic hook): there every block carries a tag word
@@ -42,14 +44,15 @@ pub fn free(block: *mut u8) {
 }
 
 #[cfg(any(target_arch = "nvptx64", target_arch = "amdgpu"))]
-// SAFETY: `malloc` returns a fresh block of at least `size` bytes aligned to 2 MiB (or null),
-// which `free` gives back; every layout's alignment is below that.
+// SAFETY: `malloc(n)` returns a fresh block of at least `n` bytes (or null), aligned to `n`
+// rounded up to a power of two or to 2 MiB, which `free` gives back: asked for at least the
+// layout's alignment (a power of two of at most 2 MiB), it is aligned for the layout.
 unsafe impl GlobalAlloc for Malloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if layout.align() > 1 << 21 {
             return ptr::null_mut();
         }
-        malloc(layout.size())
+        malloc(layout.size().max(layout.align()))
     }
 
     unsafe fn dealloc(&self, block: *mut u8, _layout: Layout) {
@@ -80,7 +83,8 @@ mod host {
     }
 
     // SAFETY: each block is `prefix` bytes into an allocation of `whole(layout)` bytes aligned
-    // to at least the layout's alignment (the host's blocks to 2 MiB), whose tag word right
+    // to at least the layout's alignment (the host's MALLOC of at least the alignment, which
+    // `prefix` is, is aligned for it: see the module docs), whose tag word right
     // before the block says which allocator `dealloc` gives it back to.
     unsafe impl GlobalAlloc for Malloc {
         unsafe fn alloc(&self, layout: Layout) -> *mut u8 {

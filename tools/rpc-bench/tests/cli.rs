@@ -1,14 +1,14 @@
 //! rpc-bench's command line, as a user meets it: `--help` names every flag and exits 0; a
 //! `--park-us` outside `cargo xtask bench`'s range is refused with the range, exit 2, before
-//! anything is measured.
+//! anything is measured; each run under `workloads::bounded`'s address-space limit and hang
+//! guard.
 
 use std::process::{Command, Output};
 
 fn bench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rpc-bench"))
-        .args(args)
-        .output()
-        .expect("rpc-bench runs")
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-bench"));
+    command.args(args);
+    workloads::bounded::output(command)
 }
 
 #[test]

@@ -1,13 +1,13 @@
 //! rpc-serve's command line: `--help` and `-h` exit 0 and name every flag; usage errors exit 2
-//! with a message that names the accepted values or range.
+//! with a message that names the accepted values or range; each run under
+//! `workloads::bounded`'s address-space limit and hang guard.
 
 use std::process::{Command, Output};
 
 fn run(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rpc-serve"))
-        .args(args)
-        .output()
-        .unwrap()
+    let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-serve"));
+    command.args(args);
+    workloads::bounded::output(command)
 }
 
 #[test]
