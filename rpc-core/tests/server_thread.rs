@@ -968,6 +968,43 @@ fn the_worker_sleeps_again_once_its_users_are_gone() {
     let _ = server.shutdown().unwrap();
 }
 
+/// `detach` after the worker went to sleep returns: before sleeping the worker let go of its
+/// copy of the mailbox list and drained the exchange of a kernel that died midway, so nothing
+/// of it still holds the mailbox while it sleeps (a detach only wakes it for a moment; the
+/// sleep resumes while no user lives). Catches: `PassCache::clear_gone` keeping the list copy
+/// (`detach` waits forever: its 60 s bound). (A `clear_gone` that keeps the gone kernel's
+/// exchange is not caught here: a pass of the stretch already finds that kernel gone.)
+#[test]
+fn detach_after_the_worker_went_to_sleep_returns() {
+    let server = Arc::new(RpcServer::new(config("detach-asleep")));
+    let started = Arc::new(AtomicBool::new(false));
+    register_sum(&server, &started);
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    let _ = server.start().unwrap();
+    eventually("the new worker sleeps", || server.stats().sleeps == 1);
+    {
+        let _kernel = server.user();
+        let client = mailbox.client();
+        let mut port = client.open(Opcode::user(1), 1).unwrap();
+        port.send(|_, p| p.set_word(0, 40)).unwrap();
+        eventually("the exchange is suspended in flight", || {
+            started.load(Ordering::Acquire)
+        });
+        // The kernel dies midway: its port is never closed.
+        std::mem::forget(port);
+    }
+    eventually("the worker sleeps again", || server.stats().sleeps == 2);
+    assert_eq!(server.stats().abandoned, 1, "the gone kernel's exchange");
+    let (detaching, id) = (server.clone(), mailbox.id);
+    within_bound("detach after the worker slept", move || detaching.detach(id)).unwrap();
+    assert_eq!(
+        Arc::strong_count(&mailbox.memory),
+        1,
+        "the server let go of the memory"
+    );
+    let _ = server.shutdown().unwrap();
+}
+
 /// `detach` of a mailbox on which an exchange waits for a client that never answers (while its
 /// kernel runs) returns: the mailbox is marked detached, so the worker abandons the exchange
 /// and lets go of the memory, untouched.
