@@ -144,7 +144,8 @@ impl Wait for Spin {
 
 /// Spins briefly, then yields, then sleeps in short naps; never gives up. On a 2-core machine a
 /// waiter that only spins can starve the very thread it waits for, hence the yield and naps;
-/// where the CPUs are oversubscribed it naps without yielding (see [`CROWDED_WAITS`]).
+/// where the CPUs are oversubscribed it naps without yielding (a yield that took longer than a
+/// nap marks the thread's next 64 waits crowded).
 #[cfg(feature = "std")]
 pub struct Backoff;
 
