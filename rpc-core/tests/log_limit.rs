@@ -228,7 +228,7 @@ fn a_refused_four_mib_path_makes_a_short_log_line() {
     let fx = Warp {
         memory,
         locks: LockTable::new(1),
-        deadline: Deadline::after(Duration::from_secs(120)),
+        wait: common::EachWait::new(Duration::from_secs(120)),
     };
     let mut path = b"/etc/".to_vec();
     path.resize(PATH_BYTES, b'a');
@@ -257,14 +257,14 @@ fn a_refused_four_mib_path_makes_a_short_log_line() {
 struct Warp {
     memory: Arc<MailboxMemory>,
     locks: LockTable,
-    deadline: Deadline,
+    wait: common::EachWait,
 }
 
 impl Device for Warp {
     fn open(&self, opcode: Opcode) -> ClientPort<'_> {
         Client::new(self.memory.view(), self.locks.words())
             .unwrap()
-            .with_wait(&self.deadline)
+            .with_wait(&self.wait)
             .open(opcode, 1)
             .unwrap()
     }

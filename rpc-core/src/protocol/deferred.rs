@@ -32,17 +32,17 @@
 //!   snapshot of its flags (`dispatch`) may see one change more than there was: a pass counted
 //!   as progress, nothing else.
 //!
-//! Under loom and without `std` nothing is deferred: loom runs its model's threads on one
-//! thread of ours, whose thread-local list they would share.
+//! Without `std` nothing is deferred. Under loom the list is a `loom::thread_local!`, one per
+//! model thread (loom runs them all on one thread of ours, whose `std` thread-local they would
+//! share), so the models run the batch itself: `protocol::loom`'s `a_batch_*` models.
 
 use crate::protocol::mailbox::unlock as unlock_now;
 use crate::sync::{fence, AtomicU32, Ordering};
 
 /// The most flips, and the most unlocks, that wait before a batch is published.
-#[cfg_attr(loom, allow(dead_code))] // Under loom there is no list to bound.
 pub(crate) const MAX: usize = 16;
 
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 mod pending {
     use super::MAX;
     use crate::sync::{fence, AtomicU32, Ordering};
@@ -59,16 +59,24 @@ mod pending {
         unlocked: usize,
     }
 
+    /// Nothing waits, no batch lives.
+    const EMPTY: Pending = Pending {
+        on: false,
+        flips: [(None, 0); MAX],
+        flipped: 0,
+        unlocks: [(None, 0); MAX],
+        unlocked: 0,
+    };
+
+    #[cfg(not(loom))]
     std::thread_local! {
-        pub(super) static PENDING: RefCell<Pending> = const {
-            RefCell::new(Pending {
-                on: false,
-                flips: [(None, 0); MAX],
-                flipped: 0,
-                unlocks: [(None, 0); MAX],
-                unlocked: 0,
-            })
-        };
+        pub(super) static PENDING: RefCell<Pending> = const { RefCell::new(EMPTY) };
+    }
+
+    // One list per model thread (see the module's note on loom).
+    #[cfg(loom)]
+    loom::thread_local! {
+        pub(super) static PENDING: RefCell<Pending> = RefCell::new(EMPTY);
     }
 
     impl Pending {
@@ -130,7 +138,7 @@ impl Batch {
     /// lives must stay valid until it is dropped (the server thread's pass holds its mailboxes
     /// for the whole pass).
     pub(crate) unsafe fn begin() -> Batch {
-        #[cfg(all(feature = "std", not(loom)))]
+        #[cfg(feature = "std")]
         pending::PENDING.with(|p| {
             let mut p = p.borrow_mut();
             debug_assert!(!p.on, "one batch at a time");
@@ -144,7 +152,7 @@ impl Batch {
 
 impl Drop for Batch {
     fn drop(&mut self) {
-        #[cfg(all(feature = "std", not(loom)))]
+        #[cfg(feature = "std")]
         pending::PENDING.with(|p| {
             let mut p = p.borrow_mut();
             p.publish();
@@ -172,7 +180,7 @@ fn store_now(word: &AtomicU32, value: u32) {
 
 /// Runs `add` on this thread's list if a batch lives on the thread; says whether one did
 /// (if not, the list is empty: nothing to publish first).
-#[cfg(all(feature = "std", not(loom)))]
+#[cfg(feature = "std")]
 #[inline]
 fn into_batch(add: impl FnOnce(&mut pending::Pending)) -> bool {
     pending::PENDING.with(|p| {
@@ -187,7 +195,7 @@ fn into_batch(add: impl FnOnce(&mut pending::Pending)) -> bool {
 /// Stores `value` to our `word` (a server port's flip), or defers it under a batch.
 #[inline]
 pub(crate) fn flip(word: &AtomicU32, value: u32) {
-    #[cfg(all(feature = "std", not(loom)))]
+    #[cfg(feature = "std")]
     if into_batch(|p| p.flip(word, value)) {
         return;
     }
@@ -197,7 +205,7 @@ pub(crate) fn flip(word: &AtomicU32, value: u32) {
 /// Unlocks server port `index` of `locks`, or defers it under a batch (after the port's flips).
 #[inline]
 pub(crate) fn unlock(locks: &[AtomicU32], index: u32) {
-    #[cfg(all(feature = "std", not(loom)))]
+    #[cfg(feature = "std")]
     if into_batch(|p| {
         let (word, bit) = crate::protocol::mailbox::lock_bit(locks, index);
         p.unlock(word, bit)
@@ -211,7 +219,7 @@ pub(crate) fn unlock(locks: &[AtomicU32], index: u32) {
 /// its own word outside a flip.
 #[inline]
 pub(crate) fn publish() {
-    #[cfg(all(feature = "std", not(loom)))]
+    #[cfg(feature = "std")]
     pending::PENDING.with(|p| p.borrow_mut().publish());
 }
 

@@ -9,6 +9,7 @@
 
 use std::vec::Vec;
 
+use crate::protocol::deferred::{self, Batch};
 use crate::protocol::port::Spin;
 use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory, Opcode, ServerEnd};
 use crate::sync::{thread, Arc, AtomicU32, Ordering};
@@ -37,6 +38,206 @@ fn serve_one(f: &Fixture) -> bool {
     port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
         .unwrap();
     true
+}
+
+/// The server port pending first, waiting (yielding) until a client's request arrives.
+fn open_when_pending<'a>(server: &'a ServerEnd<'a>) -> crate::protocol::ServerPort<'a> {
+    loop {
+        if let Some(port) = server.open_next(0, &Spin) {
+            break port;
+        }
+        thread::yield_now();
+    }
+}
+
+/// One TEST_INCREMENT request of `x` on port 0; returns the answer (the client reads the reply
+/// packet after the server's flip, in the shadow cells of `sync::DataWord`).
+fn increment(client: &Client<'_>, x: u64) -> u64 {
+    let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
+    let mut got = 0;
+    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
+        .unwrap();
+    got
+}
+
+// The batch of deferred flips (`deferred`) under loom: the server thread below runs each
+// exchange inside a real `Batch`, as a dispatcher's pass with two or more exchanges in flight
+// does, and the client checks every packet it reads after each flip. Every `a_batch_*` model
+// fails (a data race on a reply or request packet's shadow cell) if the release fence at the
+// top of `Pending::publish` is removed; the order of a batch (flips, then unlocks) is held by
+// `a_batch_publishes_its_flips_before_its_unlocks`.
+
+/// A batch published when it ends (the end of a dispatcher's pass): the reply's flip and the
+/// port's unlock wait in the batch until it drops. Catches: no release fence in
+/// `Pending::publish` (the client's read of the reply races with the server's write of it).
+#[test]
+fn a_batch_published_at_the_end_of_a_pass_orders_the_reply_before_its_flip() {
+    loom::model(|| {
+        let f = fixture(1);
+        let server = {
+            let f = f.clone();
+            thread::spawn(move || {
+                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
+                // SAFETY: the mailbox and lock table (in `f`) outlive the batch.
+                let batch = unsafe { Batch::begin() };
+                let mut port = open_when_pending(&server);
+                port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
+                    .unwrap();
+                drop(port);
+                drop(batch);
+            })
+        };
+        let client = Client::new(f.memory.view(), f.client_locks.words())
+            .unwrap()
+            .with_wait(&Spin);
+        assert_eq!(increment(&client, 41), 42);
+        server.join().unwrap();
+    });
+}
+
+/// A batch published before its thread waits for a client (`Port::poll_take`), and at a
+/// checkpoint's explicit `deferred::publish` (what the sweep calls before it yields): the
+/// second round's request comes only after the first round's reply is seen, and port 1's only
+/// after port 0's exchange ended, so a batch holding either flip back would never let the
+/// model end. Catches: no release fence in `Pending::publish`; no `publish` before the wait
+/// in `poll_take` (loom reports the model never ending).
+#[test]
+fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_flip() {
+    loom::model(|| {
+        let f = fixture(2);
+        let server = {
+            let f = f.clone();
+            thread::spawn(move || {
+                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
+                // SAFETY: the mailbox and lock table (in `f`) outlive the batch.
+                let _batch = unsafe { Batch::begin() };
+                let mut port = open_when_pending(&server);
+                for _ in 0..2 {
+                    // The second `recv` waits for the client, which waits for our first flip.
+                    port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
+                        .unwrap();
+                }
+                drop(port);
+                // The checkpoint: port 1's client waits for port 0's close.
+                deferred::publish();
+                let mut port = open_when_pending(&server);
+                port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
+                    .unwrap();
+            })
+        };
+        let client = Client::new(f.memory.view(), f.client_locks.words())
+            .unwrap()
+            .with_wait(&Spin);
+        let mut port = client
+            .try_open_at(0, Opcode::TEST_INCREMENT, 1)
+            .unwrap()
+            .unwrap();
+        for x in [10, 20] {
+            let mut got = 0;
+            port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
+                .unwrap();
+            assert_eq!(got, x + 1);
+        }
+        drop(port);
+        let mut port = client
+            .try_open_at(1, Opcode::TEST_INCREMENT, 1)
+            .unwrap()
+            .unwrap();
+        let mut got = 0;
+        port.send_and_recv(|_, p| p.set_word(0, 30), |_, p| got = p.word(0))
+            .unwrap();
+        assert_eq!(got, 31);
+        drop(port);
+        server.join().unwrap();
+    });
+}
+
+/// A batch holding `ServerEnd::close`'s flip (a request without answer, closed by the
+/// dispatcher once its handler is done): the client's next request on the port writes the
+/// packet the server read. Catches: no release fence in `Pending::publish` (the client's write
+/// races with the server's read of the first request).
+#[test]
+fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_request() {
+    loom::model(|| {
+        let f = fixture(1);
+        let server = {
+            let f = f.clone();
+            thread::spawn(move || {
+                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
+                // SAFETY: the mailbox and lock table (in `f`) outlive the batch.
+                let batch = unsafe { Batch::begin() };
+                let mut port = open_when_pending(&server);
+                let mut got = 0;
+                port.recv(|_, p| got = p.word(0)).unwrap();
+                assert_eq!(got, 1);
+                let index = port.index();
+                let owned = port.quarantine();
+                server.close(index, owned);
+                drop(batch);
+            })
+        };
+        let client = Client::new(f.memory.view(), f.client_locks.words())
+            .unwrap()
+            .with_wait(&Spin);
+        for x in 1..=2 {
+            // The second `open` waits (spinning) until the batch is published.
+            client
+                .open(Opcode::NOOP, 1)
+                .unwrap()
+                .send(|_, p| p.set_word(0, x))
+                .unwrap();
+        }
+        server.join().unwrap();
+    });
+}
+
+/// Two server threads on one lock table, each serving inside a batch: a batch must store its
+/// flips before it clears its lock bits, or the other thread could lock the port while our
+/// word still says pending and serve the request again; and a thread that locked the port it
+/// saw pending but found it served by the other (`ServerEnd::try_open`) must unlock it, or the
+/// port is never served again. Catches: the unlocks published before the flips in
+/// `Pending::publish` (served twice); no `unlock` in `try_open`'s not-pending branch (a lock
+/// left behind).
+#[test]
+fn a_batch_publishes_its_flips_before_its_unlocks() {
+    loom::model(|| {
+        let f = fixture(1);
+        let served = Arc::new(AtomicU32::new(0));
+        let servers: Vec<_> = (0..2)
+            .map(|_| {
+                let (f, served) = (f.clone(), served.clone());
+                thread::spawn(move || {
+                    // SAFETY: the mailbox and lock table (in `f`) outlive the batch.
+                    let batch = unsafe { Batch::begin() };
+                    if serve_one(&f) {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(batch);
+                    if serve_one(&f) {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        let client = Client::new(f.memory.view(), f.client_locks.words())
+            .unwrap()
+            .with_wait(&Spin);
+        let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
+        port.send(|_, p| p.set_word(0, 1)).unwrap();
+        servers.into_iter().for_each(|s| s.join().unwrap());
+        let answered = served.load(Ordering::Relaxed);
+        assert!(answered <= 1, "served twice");
+        if answered == 1 {
+            let mut got = 0;
+            port.recv(|_, p| got = p.word(0)).unwrap();
+            assert_eq!(got, 2);
+        }
+        let locks = f.server_locks.words();
+        assert!(
+            locks.iter().all(|w| w.load(Ordering::Relaxed) == 0),
+            "a server port's lock left behind"
+        );
+    });
 }
 
 #[test]

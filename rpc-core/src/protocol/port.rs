@@ -98,7 +98,11 @@ fn spin_for_answer(answered: impl Fn() -> bool) -> bool {
         deferred::publish();
         for round in 0..ROUNDS_PER_WAIT {
             if round > 0 {
-                std::thread::yield_now();
+                // Crowded CPUs: each yield would cost a time slice; suspend instead.
+                if crowded(round == 1) {
+                    break;
+                }
+                timed_yield();
             }
             for _ in 0..SPINS_PER_WAIT {
                 crate::sync::spin_hint();
@@ -139,7 +143,9 @@ impl Wait for Spin {
 }
 
 /// Spins briefly, then yields, then sleeps in short naps; never gives up. On a 2-core machine a
-/// waiter that only spins can starve the very thread it waits for, hence the yield and naps.
+/// waiter that only spins can starve the very thread it waits for, hence the yield and naps;
+/// where the CPUs are oversubscribed it naps without yielding (a yield that took longer than a
+/// nap marks the thread's next 64 waits crowded).
 #[cfg(feature = "std")]
 pub struct Backoff;
 
@@ -150,6 +156,63 @@ pub(crate) const SPIN_POLLS: u32 = 64;
 /// loom, where a step is only a spin hint).
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) const YIELD_POLLS: u32 = SPIN_POLLS + 512;
+/// [`Backoff`]'s nap.
+#[cfg(all(feature = "std", not(loom)))]
+const NAP: std::time::Duration = std::time::Duration::from_micros(20);
+/// How many waits of a thread nap at once (a client's [`Backoff`]) or suspend at once (the
+/// server's `spin_for_answer`), without yielding, after a yield of its took longer than a nap.
+/// Such a yield means more threads want the CPUs than there are (busy loops beside us, as MPI
+/// ranks that busy-poll): the scheduler then runs the others for their whole time slice before
+/// us, so each yield costs milliseconds while a nap ends in microseconds, its wake-up running
+/// us first. Beside four busy loops on 2 cores, the clients' 512 yields per wait made
+/// `many_exchanges_in_flight_are_each_served_whole` 100x slower (14.2 s, not 0.14 s) and
+/// `send_n_recv_n_lengths_around_packet_edges` 59 s (1.95 s and 3.6 s napping at once); the
+/// worker's 7 yields per `spin_for_answer` made a 4 MiB stream test 236 s, not 14 s (29.5 s
+/// with none). On idle CPUs a yield returns in about a microsecond: yields stay. Every this
+/// many waits one yield probes again whether the crowd has gone.
+#[cfg(all(feature = "std", not(loom)))]
+const CROWDED_WAITS: u32 = 64;
+
+#[cfg(all(feature = "std", not(loom)))]
+std::thread_local! {
+    /// Waits left for this thread to nap or suspend at once (see [`CROWDED_WAITS`]).
+    static NAP_AT_ONCE: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
+}
+
+/// Whether this thread's wait skips its yields (see [`CROWDED_WAITS`]); `new_wait` counts one
+/// wait more. Never under loom, whose executions must not depend on time.
+#[cfg(feature = "std")]
+fn crowded(new_wait: bool) -> bool {
+    #[cfg(loom)]
+    {
+        let _ = new_wait;
+        false
+    }
+    #[cfg(not(loom))]
+    NAP_AT_ONCE.with(|left| {
+        let waits = left.get();
+        if waits > 0 && new_wait {
+            left.set(waits - 1);
+        }
+        waits > 0
+    })
+}
+
+/// Yields the CPU; a yield that took longer than a nap marks this thread's next
+/// [`CROWDED_WAITS`] waits crowded.
+#[cfg(feature = "std")]
+fn timed_yield() {
+    #[cfg(loom)]
+    std::thread::yield_now();
+    #[cfg(not(loom))]
+    {
+        let before = std::time::Instant::now();
+        std::thread::yield_now();
+        if before.elapsed() > NAP {
+            NAP_AT_ONCE.with(|left| left.set(CROWDED_WAITS));
+        }
+    }
+}
 
 #[cfg(feature = "std")]
 impl Backoff {
@@ -163,10 +226,10 @@ impl Backoff {
         #[cfg(not(loom))]
         if attempt < SPIN_POLLS {
             crate::sync::spin_hint();
-        } else if attempt < YIELD_POLLS {
-            std::thread::yield_now();
+        } else if attempt < YIELD_POLLS && !crowded(attempt == SPIN_POLLS) {
+            timed_yield();
         } else {
-            std::thread::sleep(std::time::Duration::from_micros(20));
+            std::thread::sleep(NAP);
         }
     }
 }
@@ -960,16 +1023,38 @@ mod tests {
 
         calls.set(0);
         assert!(!spin_for_answer(answered_at(u32::MAX)));
-        assert_eq!(
-            calls.get(),
-            SPINS_PER_WAIT * ROUNDS_PER_WAIT,
-            "a wait looks at most SPINS_PER_WAIT times a round"
+        // Fewer rounds if one of its yields found the CPUs crowded (see `CROWDED_WAITS`).
+        assert!(
+            (SPINS_PER_WAIT..=SPINS_PER_WAIT * ROUNDS_PER_WAIT).contains(&calls.get())
+                && calls.get() % SPINS_PER_WAIT == 0,
+            "a wait looks SPINS_PER_WAIT times a round, in at most ROUNDS_PER_WAIT rounds: {}",
+            calls.get()
         );
         assert_eq!(
             SPIN_WAITS.with(|left| left.get()),
             0,
             "a wait that ran out ends the spinning"
         );
+    }
+
+    /// On crowded CPUs a resumable wait spins one round and suspends without yielding, and a
+    /// client's `Backoff` naps without yielding; each such wait counts down the crowded waits.
+    #[cfg(all(feature = "std", not(loom)))]
+    #[test]
+    fn crowded_waits_skip_their_yields_and_count_down() {
+        NAP_AT_ONCE.with(|left| left.set(2));
+        SPIN_WAITS.with(|left| left.set(1));
+        let calls = core::cell::Cell::new(0u32);
+        assert!(!spin_for_answer(|| {
+            calls.set(calls.get() + 1);
+            false
+        }));
+        assert_eq!(calls.get(), SPINS_PER_WAIT, "one round, no yield");
+        assert_eq!(NAP_AT_ONCE.with(|left| left.get()), 1, "one wait counted");
+        assert!(crowded(false), "still crowded within that wait");
+        assert!(crowded(true), "the last crowded wait");
+        assert!(!crowded(true), "then yields probe again");
+        assert_eq!(NAP_AT_ONCE.with(|left| left.get()), 0);
     }
 
     /// Every range of the packet (the word-aligned path and the other): `read_bytes` gives

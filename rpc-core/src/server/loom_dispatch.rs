@@ -104,6 +104,39 @@ fn a_suspended_exchange_does_not_hold_up_another_port() {
     });
 }
 
+/// A kernel arriving (taking its user guard) while the passes run, its exchange then waiting
+/// for its second packet: the exchange is kept, as its kernel lives. The pass reads the users'
+/// marks after the port's acquire fence (`serve_pass`); read before, a mark older than the
+/// kernel's ticket makes the live kernel look gone. Catches: `Marks::now` read before
+/// `try_open` (the exchange is drained midway: the client reads the failure word, not 42).
+#[test]
+fn a_kernel_arriving_during_a_pass_keeps_its_exchange() {
+    model(|| {
+        let f = fixture(1);
+        let done = Arc::new(AtomicBool::new(false));
+        let server = passes(&f, &done);
+        let kernel = f.server.user();
+        let client = f.client(&f.locks);
+        let mut port = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
+        port.send(|_, p| p.set_word(0, 40)).unwrap();
+        // The second packet only after a whole pass began since: the exchange has then
+        // suspended, and a pass has weighed whether its kernel is gone.
+        let since = f.server.stats().passes;
+        while f.server.stats().passes < since + 2 {
+            thread::yield_now();
+        }
+        let mut sum = 0;
+        port.send_and_recv(|_, p| p.set_word(0, 2), |_, p| sum = p.word(0))
+            .unwrap();
+        assert_eq!(sum, 42, "the live kernel's exchange was given up");
+        assert_eq!(f.server.stats().abandoned, 0);
+        drop(port);
+        drop(kernel);
+        done.store(true, Ordering::Release);
+        server.join().unwrap();
+    });
+}
+
 #[test]
 fn an_exchange_whose_kernel_is_gone_is_abandoned_and_its_port_serves_again() {
     model(|| {

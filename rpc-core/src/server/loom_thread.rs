@@ -156,3 +156,36 @@ fn concurrent_shutdowns_both_return_after_the_worker_exited() {
         assert!(!server.is_running());
     });
 }
+
+/// Two users, one outliving the other: the first leaves (on another thread, at any point of
+/// the second's request) and the worker still serves the second, whose guard keeps the count
+/// at one; both gone, the count is zero. Catches: a guard whose drop is counted twice
+/// (`remove_user` called twice: the count read 0 while the second user lived, and a worker
+/// that sees no users goes to sleep).
+#[test]
+fn of_two_users_the_one_that_outlives_the_other_is_served() {
+    loom::model(|| {
+        let server = server();
+        let memory = Arc::new(MailboxMemory::new(
+            Layout::new(Generation::V1, 1, 1).unwrap(),
+        ));
+        server.attach(Box::new(memory.clone()));
+        let _ = server.start().unwrap();
+        let (first, second) = (server.user(), server.user());
+        let leaver = thread::spawn(move || drop(first));
+        let locks = LockTable::new(1);
+        let client = Client::new(memory.view(), locks.words())
+            .unwrap()
+            .with_wait(&Spin);
+        let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
+        let mut got = 0;
+        port.send_and_recv(|_, p| p.set_word(0, 1), |_, p| got = p.word(0))
+            .unwrap();
+        assert_eq!(got, 2);
+        leaver.join().unwrap();
+        assert_eq!(server.users(), 1, "the second user still lives");
+        drop(second);
+        assert_eq!(server.users(), 0);
+        let _ = server.shutdown().unwrap();
+    });
+}

@@ -5,8 +5,40 @@
 // Each test file is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
-use rpc_core::protocol::ClientPort;
-use rpc_core::Opcode;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rpc_core::protocol::{ClientPort, Deadline, Wait};
+use rpc_core::{Opcode, ProtocolError};
+
+/// A client's wait that gives up once one wait for the server (one hand-over) has lasted
+/// `patience`: a hang guard per hand-over, however many a test makes, so it never measures
+/// their speed (beside busy processes a 4 MiB stream's whole run outlasted a 120 s deadline).
+/// Backs off as [`Deadline`] does.
+pub struct EachWait {
+    patience: Duration,
+    /// When the current wait began (its first pause).
+    began: Mutex<Instant>,
+}
+
+impl EachWait {
+    pub fn new(patience: Duration) -> Self {
+        EachWait {
+            patience,
+            began: Mutex::new(Instant::now()),
+        }
+    }
+}
+
+impl Wait for EachWait {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), ProtocolError> {
+        let mut began = self.began.lock().unwrap();
+        if attempt == 0 {
+            *began = Instant::now();
+        }
+        Deadline(*began + self.patience).pause(port, attempt)
+    }
+}
 
 /// The data of each lane as the slices `send_n` takes.
 pub fn slices(data: &[Vec<u8>]) -> Vec<&[u8]> {
