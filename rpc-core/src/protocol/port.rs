@@ -98,11 +98,7 @@ fn spin_for_answer(answered: impl Fn() -> bool) -> bool {
         deferred::publish();
         for round in 0..ROUNDS_PER_WAIT {
             if round > 0 {
-                // Crowded CPUs: each yield would cost a time slice; suspend instead.
-                if crowded(round == 1) {
-                    break;
-                }
-                timed_yield();
+                std::thread::yield_now();
             }
             for _ in 0..SPINS_PER_WAIT {
                 crate::sync::spin_hint();
@@ -159,59 +155,35 @@ pub(crate) const YIELD_POLLS: u32 = SPIN_POLLS + 512;
 /// [`Backoff`]'s nap.
 #[cfg(all(feature = "std", not(loom)))]
 const NAP: std::time::Duration = std::time::Duration::from_micros(20);
-/// How many waits of a thread nap at once (a client's [`Backoff`]) or suspend at once (the
-/// server's `spin_for_answer`), without yielding, after a yield of its took longer than a nap.
-/// Such a yield means more threads want the CPUs than there are (busy loops beside us, as MPI
-/// ranks that busy-poll): the scheduler then runs the others for their whole time slice before
-/// us, so each yield costs milliseconds while a nap ends in microseconds, its wake-up running
-/// us first. Beside four busy loops on 2 cores, the clients' 512 yields per wait made
+/// How many waits of a thread nap at once, without yielding, after a yield of its took longer
+/// than a nap. Such a yield means more threads want the CPUs than there are (busy loops beside
+/// us, as MPI ranks that busy-poll): the scheduler then runs the others for their whole time
+/// slice before us, so each yield costs milliseconds while a nap ends in microseconds, its
+/// wake-up running us first. Beside four busy loops on 2 cores, 512 yields per wait made
 /// `many_exchanges_in_flight_are_each_served_whole` 100x slower (14.2 s, not 0.14 s) and
-/// `send_n_recv_n_lengths_around_packet_edges` 59 s (1.95 s and 3.6 s napping at once); the
-/// worker's 7 yields per `spin_for_answer` made a 4 MiB stream test 236 s, not 14 s (29.5 s
-/// with none). On idle CPUs a yield returns in about a microsecond: yields stay. Every this
+/// `send_n_recv_n_lengths_around_packet_edges` 59 s; napping at once, 1.95 s and 3.6 s. On idle
+/// CPUs a yield returns in about a microsecond, sooner than a nap: yields stay. Every this
 /// many waits one yield probes again whether the crowd has gone.
 #[cfg(all(feature = "std", not(loom)))]
 const CROWDED_WAITS: u32 = 64;
 
 #[cfg(all(feature = "std", not(loom)))]
 std::thread_local! {
-    /// Waits left for this thread to nap or suspend at once (see [`CROWDED_WAITS`]).
+    /// Waits left for this thread to nap at once (see [`CROWDED_WAITS`]).
     static NAP_AT_ONCE: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
 }
 
-/// Whether this thread's wait skips its yields (see [`CROWDED_WAITS`]); `new_wait` counts one
-/// wait more. Never under loom, whose executions must not depend on time.
-#[cfg(feature = "std")]
-fn crowded(new_wait: bool) -> bool {
-    #[cfg(loom)]
-    {
-        let _ = new_wait;
-        false
-    }
-    #[cfg(not(loom))]
+/// Whether this thread's wait, at poll `attempt` past its spinning, naps at once (a wait is
+/// counted when its first yield would come).
+#[cfg(all(feature = "std", not(loom)))]
+fn crowded(attempt: u32) -> bool {
     NAP_AT_ONCE.with(|left| {
         let waits = left.get();
-        if waits > 0 && new_wait {
+        if waits > 0 && attempt == SPIN_POLLS {
             left.set(waits - 1);
         }
         waits > 0
     })
-}
-
-/// Yields the CPU; a yield that took longer than a nap marks this thread's next
-/// [`CROWDED_WAITS`] waits crowded.
-#[cfg(feature = "std")]
-fn timed_yield() {
-    #[cfg(loom)]
-    std::thread::yield_now();
-    #[cfg(not(loom))]
-    {
-        let before = std::time::Instant::now();
-        std::thread::yield_now();
-        if before.elapsed() > NAP {
-            NAP_AT_ONCE.with(|left| left.set(CROWDED_WAITS));
-        }
-    }
 }
 
 #[cfg(feature = "std")]
@@ -226,8 +198,12 @@ impl Backoff {
         #[cfg(not(loom))]
         if attempt < SPIN_POLLS {
             crate::sync::spin_hint();
-        } else if attempt < YIELD_POLLS && !crowded(attempt == SPIN_POLLS) {
-            timed_yield();
+        } else if attempt < YIELD_POLLS && !crowded(attempt) {
+            let before = std::time::Instant::now();
+            std::thread::yield_now();
+            if before.elapsed() > NAP {
+                NAP_AT_ONCE.with(|left| left.set(CROWDED_WAITS));
+            }
         } else {
             std::thread::sleep(NAP);
         }
