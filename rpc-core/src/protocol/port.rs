@@ -139,9 +139,7 @@ impl Wait for Spin {
 }
 
 /// Spins briefly, then yields, then sleeps in short naps; never gives up. On a 2-core machine a
-/// waiter that only spins can starve the very thread it waits for, hence the yield and naps;
-/// where the CPUs are oversubscribed it naps without yielding (a yield that took longer than a
-/// nap marks the thread's next 64 waits crowded).
+/// waiter that only spins can starve the very thread it waits for, hence the yield and naps.
 #[cfg(feature = "std")]
 pub struct Backoff;
 
@@ -152,39 +150,6 @@ pub(crate) const SPIN_POLLS: u32 = 64;
 /// loom, where a step is only a spin hint).
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) const YIELD_POLLS: u32 = SPIN_POLLS + 512;
-/// [`Backoff`]'s nap.
-#[cfg(all(feature = "std", not(loom)))]
-const NAP: std::time::Duration = std::time::Duration::from_micros(20);
-/// How many waits of a thread nap at once, without yielding, after a yield of its took longer
-/// than a nap. Such a yield means more threads want the CPUs than there are (busy loops beside
-/// us, as MPI ranks that busy-poll): the scheduler then runs the others for their whole time
-/// slice before us, so each yield costs milliseconds while a nap ends in microseconds, its
-/// wake-up running us first. Beside four busy loops on 2 cores, 512 yields per wait made
-/// `many_exchanges_in_flight_are_each_served_whole` 100x slower (14.2 s, not 0.14 s) and
-/// `send_n_recv_n_lengths_around_packet_edges` 59 s; napping at once, 1.95 s and 3.6 s. On idle
-/// CPUs a yield returns in about a microsecond, sooner than a nap: yields stay. Every this
-/// many waits one yield probes again whether the crowd has gone.
-#[cfg(all(feature = "std", not(loom)))]
-const CROWDED_WAITS: u32 = 64;
-
-#[cfg(all(feature = "std", not(loom)))]
-std::thread_local! {
-    /// Waits left for this thread to nap at once (see [`CROWDED_WAITS`]).
-    static NAP_AT_ONCE: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
-}
-
-/// Whether this thread's wait, at poll `attempt` past its spinning, naps at once (a wait is
-/// counted when its first yield would come).
-#[cfg(all(feature = "std", not(loom)))]
-fn crowded(attempt: u32) -> bool {
-    NAP_AT_ONCE.with(|left| {
-        let waits = left.get();
-        if waits > 0 && attempt == SPIN_POLLS {
-            left.set(waits - 1);
-        }
-        waits > 0
-    })
-}
 
 #[cfg(feature = "std")]
 impl Backoff {
@@ -198,14 +163,10 @@ impl Backoff {
         #[cfg(not(loom))]
         if attempt < SPIN_POLLS {
             crate::sync::spin_hint();
-        } else if attempt < YIELD_POLLS && !crowded(attempt) {
-            let before = std::time::Instant::now();
+        } else if attempt < YIELD_POLLS {
             std::thread::yield_now();
-            if before.elapsed() > NAP {
-                NAP_AT_ONCE.with(|left| left.set(CROWDED_WAITS));
-            }
         } else {
-            std::thread::sleep(NAP);
+            std::thread::sleep(std::time::Duration::from_micros(20));
         }
     }
 }
