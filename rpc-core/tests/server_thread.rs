@@ -996,7 +996,10 @@ fn detach_after_the_worker_went_to_sleep_returns() {
     eventually("the worker sleeps again", || server.stats().sleeps == 2);
     assert_eq!(server.stats().abandoned, 1, "the gone kernel's exchange");
     let (detaching, id) = (server.clone(), mailbox.id);
-    within_bound("detach after the worker slept", move || detaching.detach(id)).unwrap();
+    within_bound("detach after the worker slept", move || {
+        detaching.detach(id)
+    })
+    .unwrap();
     assert_eq!(
         Arc::strong_count(&mailbox.memory),
         1,

@@ -128,7 +128,10 @@ fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_fli
         let client = Client::new(f.memory.view(), f.client_locks.words())
             .unwrap()
             .with_wait(&Spin);
-        let mut port = client.try_open_at(0, Opcode::TEST_INCREMENT, 1).unwrap().unwrap();
+        let mut port = client
+            .try_open_at(0, Opcode::TEST_INCREMENT, 1)
+            .unwrap()
+            .unwrap();
         for x in [10, 20] {
             let mut got = 0;
             port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
@@ -136,7 +139,10 @@ fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_fli
             assert_eq!(got, x + 1);
         }
         drop(port);
-        let mut port = client.try_open_at(1, Opcode::TEST_INCREMENT, 1).unwrap().unwrap();
+        let mut port = client
+            .try_open_at(1, Opcode::TEST_INCREMENT, 1)
+            .unwrap()
+            .unwrap();
         let mut got = 0;
         port.send_and_recv(|_, p| p.set_word(0, 30), |_, p| got = p.word(0))
             .unwrap();

@@ -960,38 +960,16 @@ mod tests {
 
         calls.set(0);
         assert!(!spin_for_answer(answered_at(u32::MAX)));
-        // Fewer rounds if one of its yields found the CPUs crowded (see `CROWDED_WAITS`).
-        assert!(
-            (SPINS_PER_WAIT..=SPINS_PER_WAIT * ROUNDS_PER_WAIT).contains(&calls.get())
-                && calls.get() % SPINS_PER_WAIT == 0,
-            "a wait looks SPINS_PER_WAIT times a round, in at most ROUNDS_PER_WAIT rounds: {}",
-            calls.get()
+        assert_eq!(
+            calls.get(),
+            SPINS_PER_WAIT * ROUNDS_PER_WAIT,
+            "a wait looks at most SPINS_PER_WAIT times a round"
         );
         assert_eq!(
             SPIN_WAITS.with(|left| left.get()),
             0,
             "a wait that ran out ends the spinning"
         );
-    }
-
-    /// On crowded CPUs a resumable wait spins one round and suspends without yielding, and a
-    /// client's `Backoff` naps without yielding; each such wait counts down the crowded waits.
-    #[cfg(all(feature = "std", not(loom)))]
-    #[test]
-    fn crowded_waits_skip_their_yields_and_count_down() {
-        NAP_AT_ONCE.with(|left| left.set(2));
-        SPIN_WAITS.with(|left| left.set(1));
-        let calls = core::cell::Cell::new(0u32);
-        assert!(!spin_for_answer(|| {
-            calls.set(calls.get() + 1);
-            false
-        }));
-        assert_eq!(calls.get(), SPINS_PER_WAIT, "one round, no yield");
-        assert_eq!(NAP_AT_ONCE.with(|left| left.get()), 1, "one wait counted");
-        assert!(crowded(false), "still crowded within that wait");
-        assert!(crowded(true), "the last crowded wait");
-        assert!(!crowded(true), "then yields probe again");
-        assert_eq!(NAP_AT_ONCE.with(|left| left.get()), 0);
     }
 
     /// Every range of the packet (the word-aligned path and the other): `read_bytes` gives
