@@ -3,11 +3,11 @@
 
 use std::process::Command;
 
+/// Runs cuda-gpu-check under `workloads::bounded`'s address-space limit and hang guard.
 fn check(args: &[&str]) -> (Option<i32>, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_cuda-gpu-check"))
-        .args(args)
-        .output()
-        .expect("cuda-gpu-check runs");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_cuda-gpu-check"));
+    command.args(args);
+    let output = workloads::bounded::output(command);
     (
         output.status.code(),
         String::from_utf8_lossy(&output.stdout).into_owned(),
