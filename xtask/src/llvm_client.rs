@@ -986,27 +986,7 @@ fn run_one(
         ));
     }
 
-    // Stop rpc-serve (SIGTERM: it flushes the device's output, prints its statistics).
-    // SAFETY: kill has no memory-safety preconditions; the pid is our live child's.
-    if unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) } != 0 {
-        return Err(format!(
-            "SIGTERM to rpc-serve: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let status = wait_bounded(&mut server.0, EXIT_BOUND, "rpc-serve after SIGTERM")?;
-    if !status.success() {
-        return Err(format!(
-            "rpc-serve exited with {status}; its log: {}",
-            tail(&log_path)
-        ));
-    }
-    let stats: Vec<String> = said.iter().collect();
-    let stopped = stats
-        .iter()
-        .find(|l| l.starts_with("stopped: "))
-        .ok_or_else(|| format!("rpc-serve printed no statistics: {stats:?}"))?
-        .clone();
+    let stopped = stop_rpc_serve(&mut server, &said, &log_path)?;
     for clean in [
         "errors=0",
         "unknown=0",
@@ -1108,25 +1088,7 @@ fn run_dispatch(out: &Path, serve: &Path, driver: &Path) -> std::result::Result<
         ));
     }
     let summary: Vec<String> = client_out.iter().collect();
-    // SAFETY: kill has no memory-safety preconditions; the pid is our live child's.
-    if unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) } != 0 {
-        return Err(format!(
-            "SIGTERM to rpc-serve: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    let status = wait_bounded(&mut server.0, EXIT_BOUND, "rpc-serve after SIGTERM")?;
-    if !status.success() {
-        return Err(format!(
-            "rpc-serve exited with {status}; its log: {}",
-            tail(&log_path)
-        ));
-    }
-    let stats: Vec<String> = said.iter().collect();
-    let stopped = stats
-        .iter()
-        .find(|l| l.starts_with("stopped: "))
-        .ok_or_else(|| format!("rpc-serve printed no statistics: {stats:?}"))?;
+    let stopped = stop_rpc_serve(&mut server, &said, &log_path)?;
     // Eight calls per round, from one thread and then from each of THREADS.
     let calls = 8 * DISPATCH_ROUNDS * (1 + THREADS);
     for clean in [
@@ -1149,6 +1111,34 @@ fn run_dispatch(out: &Path, serve: &Path, driver: &Path) -> std::result::Result<
         "{} rpc-serve served={calls}",
         summary.join(" ").trim_start_matches("llvm-dispatch: ")
     ))
+}
+
+/// Stops rpc-serve with SIGTERM (it flushes the device's output and prints its statistics),
+/// waits a bounded time for a clean exit and returns its `stopped: ...` line.
+fn stop_rpc_serve(
+    server: &mut Killing,
+    said: &Receiver<String>,
+    log_path: &Path,
+) -> std::result::Result<String, String> {
+    // SAFETY: kill has no memory-safety preconditions; the pid is our live child's.
+    if unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) } != 0 {
+        return Err(format!(
+            "SIGTERM to rpc-serve: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let status = wait_bounded(&mut server.0, EXIT_BOUND, "rpc-serve after SIGTERM")?;
+    if !status.success() {
+        return Err(format!(
+            "rpc-serve exited with {status}; its log: {}",
+            tail(log_path)
+        ));
+    }
+    let stats: Vec<String> = said.iter().collect();
+    stats
+        .into_iter()
+        .find(|l| l.starts_with("stopped: "))
+        .ok_or_else(|| "rpc-serve printed no statistics".to_string())
 }
 
 fn tail(log: &Path) -> String {
