@@ -937,14 +937,8 @@ fn run_one(
             .spawn()
             .map_err(|e| format!("starting {}: {e}", serve.display()))?,
     );
-    let said = lines_of(server.0.stdout.take().expect("piped"));
-    let ready = said
-        .recv_timeout(READY_BOUND)
-        .map_err(|_| format!("no ready line from rpc-serve; its log: {}", tail(&log_path)))?;
-    let (path, bytes) = ready
-        .strip_prefix("ready ")
-        .and_then(|rest| rest.rsplit_once(' '))
-        .ok_or_else(|| format!("not a ready line: {ready:?}"))?;
+    let (said, path, bytes) = ready_line(&mut server, &log_path)?;
+    let (path, bytes) = (path.as_str(), bytes.as_str());
     if bytes != layout.total_size().to_string() {
         return Err(format!(
             "rpc-serve's mailbox is {bytes} bytes; rpc-core's Layout says {}",
@@ -1056,14 +1050,8 @@ fn run_dispatch(out: &Path, serve: &Path, driver: &Path) -> std::result::Result<
             .spawn()
             .map_err(|e| format!("starting {}: {e}", serve.display()))?,
     );
-    let said = lines_of(server.0.stdout.take().expect("piped"));
-    let ready = said
-        .recv_timeout(READY_BOUND)
-        .map_err(|_| format!("no ready line from rpc-serve; its log: {}", tail(&log_path)))?;
-    let (path, bytes) = ready
-        .strip_prefix("ready ")
-        .and_then(|rest| rest.rsplit_once(' '))
-        .ok_or_else(|| format!("not a ready line: {ready:?}"))?;
+    let (said, path, bytes) = ready_line(&mut server, &log_path)?;
+    let (path, bytes) = (path.as_str(), bytes.as_str());
     let mut client = Killing(
         Command::new(driver)
             .arg(path)
@@ -1111,6 +1099,23 @@ fn run_dispatch(out: &Path, serve: &Path, driver: &Path) -> std::result::Result<
         "{} rpc-serve served={calls}",
         summary.join(" ").trim_start_matches("llvm-dispatch: ")
     ))
+}
+
+/// rpc-serve's output, once it said `ready PATH BYTES` within [`READY_BOUND`]: the rest of its
+/// lines, the mailbox's path and its size.
+fn ready_line(
+    server: &mut Killing,
+    log_path: &Path,
+) -> std::result::Result<(Receiver<String>, String, String), String> {
+    let said = lines_of(server.0.stdout.take().expect("piped"));
+    let ready = said
+        .recv_timeout(READY_BOUND)
+        .map_err(|_| format!("no ready line from rpc-serve; its log: {}", tail(log_path)))?;
+    let (path, bytes) = ready
+        .strip_prefix("ready ")
+        .and_then(|rest| rest.rsplit_once(' '))
+        .ok_or_else(|| format!("not a ready line: {ready:?}"))?;
+    Ok((said, path.to_string(), bytes.to_string()))
 }
 
 /// Stops rpc-serve with SIGTERM (it flushes the device's output and prints its statistics),
