@@ -120,8 +120,13 @@ fn unfinished_streams_of_many_ports_hold_at_most_the_budget() {
     eprintln!("held {held} bytes; the process grew by {} KiB", grown >> 10);
     assert_eq!(held, 2 * PORT_BYTES, "two ports' streams");
     assert!(held <= BUDGET);
-    // A sanity bound (the budget and as much again), far below the 64 MiB of before.
-    assert!(grown < 2 * BUDGET, "resident +{grown} bytes");
+    // A sanity bound (the budget and as much again), far below the 64 MiB of before. Not under
+    // a sanitizer (`cargo xtask sanitize` says so): AddressSanitizer's shadow memory, redzones
+    // and quarantine of freed blocks are resident too, and not the server's; the counter above
+    // is the bound there.
+    if std::env::var_os("RPC_SANITIZER").is_none() {
+        assert!(grown < 2 * BUDGET, "resident +{grown} bytes");
+    }
 
     // A refused one ends: written 0 on every lane, nothing printed, nothing held.
     let refused = ports.remove(2);
