@@ -441,7 +441,10 @@ impl Output {
     }
 
     /// `fflush`: hands what is staged on, without waiting for the queue; EOF if that commit
-    /// failed at once.
+    /// failed at once. Nothing of the caller's can be in the queue: a write or printf is
+    /// answered only once its commit was written, so the queue holds only bytes of exchanges
+    /// still waiting for their answer, which C's `fflush` of another thread would not wait for
+    /// either.
     pub(crate) fn flush(&mut self) -> c_int {
         let ticket = self.commit(&[]);
         match self.done(ticket) {
