@@ -221,6 +221,12 @@ struct Cli {
     #[arg(long, value_name = "MS", default_value_t = DEFAULT_CLIENT_TIMEOUT_MS,
           value_parser = ranged(0, MAX_CLIENT_TIMEOUT_MS))]
     client_timeout: u64,
+    /// The memory every client together may make rpc-serve hold at once, in MiB: streams
+    /// being received and read buffers (beyond it a stream is refused, a read served in part):
+    /// 1..=1048576
+    #[arg(long, value_name = "MIB", default_value_t = Limits::default().held_bytes >> 20,
+          value_parser = ranged(1, 1 << 20))]
+    held_mib: u64,
     /// Print the statistics at exit as one line of JSON
     #[arg(long)]
     json: bool,
@@ -264,6 +270,8 @@ struct Args {
     stdout: Option<PathBuf>,
     stderr: Option<PathBuf>,
     client_timeout: Option<Duration>,
+    /// `Limits::held_bytes`.
+    held_bytes: u64,
     /// The statistics at exit as JSON.
     json: bool,
     /// Serve the typed test functions.
@@ -304,6 +312,7 @@ impl Cli {
             // timeout, a client killed mid-exchange would hold the worker forever.
             client_timeout: (self.client_timeout > 0)
                 .then(|| Duration::from_millis(self.client_timeout)),
+            held_bytes: self.held_mib << 20,
             json: self.json,
             dispatch_tests: self.dispatch_tests,
         })
@@ -375,6 +384,7 @@ fn serve(args: Args) -> Result<Status, Failure> {
         absent_park: Some(ABSENT_PARK),
         limits: Limits {
             malloc_bytes: MALLOC_BYTES,
+            held_bytes: args.held_bytes,
             ..Limits::default()
         },
         services: ServicesConfig {

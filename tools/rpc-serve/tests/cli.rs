@@ -81,6 +81,7 @@ fn usage_errors_exit_2_and_name_what_is_accepted() {
             &["0..=86400000"],
         ),
         (with(&["--client-timeout", "1e300"]), &["0..=86400000"]),
+        (with(&["--held-mib", "0"]), &["--held-mib", "1..=1048576"]),
         (with(&["--replace"]), &["--file"]),
         (with(&["--file", "x", "--memfd"]), &["--memfd", "--file"]),
     ];

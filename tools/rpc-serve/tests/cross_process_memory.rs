@@ -187,3 +187,20 @@ fn mallocs_of_one_byte_share_a_slab_and_take_no_address_space_each() {
     let (rest, _) = serve.stop();
     assert!(rest.contains("refused=0"), "{rest}");
 }
+
+/// `--held-mib 1`: a 2 MiB write (within the 64 MiB stream bound) is more than every client
+/// together may make rpc-serve hold, so it is received, dropped and answered 0; a 512 KiB
+/// write after it is served whole.
+#[test]
+fn held_mib_bounds_what_the_clients_make_rpc_serve_hold() {
+    let serve = serve(&["--stdout", "/dev/null", "--held-mib", "1"], None);
+    let written = with_warp(&serve, |warp| {
+        [2 << 20, 512 << 10].map(|len| {
+            warp.write(plugin_host::kernel::Target::Stdout, |_| vec![b'x'; len])
+                .unwrap()[0]
+        })
+    });
+    assert_eq!(written, [0, 512 << 10]);
+    let (rest, _) = serve.stop();
+    assert!(rest.contains("refused=1"), "{rest}");
+}
