@@ -48,7 +48,7 @@ fn usage_errors_exit_2_and_name_what_is_accepted() {
         args.extend_from_slice(extra);
         args
     };
-    let cases: [(Vec<&str>, &[&str]); 9] = [
+    let cases: [(Vec<&str>, &[&str]); 10] = [
         (
             vec!["--gen", "v9", "--ports", "4", "--lanes", "1"],
             &["v0", "v1", "v2"],
