@@ -677,3 +677,92 @@ fn kernels_call_a_typed_rust_function_on_32_and_64_lanes() {
         }
     }
 }
+
+/// `deinit` while the device's stdout is a pipe nobody reads and a kernel waits for its write
+/// to go out: bounded all the same (the kernel's deinit wait, then the server's `io_grace`
+/// for the output), the unwritten bytes counted as lost, where a blocking write once held the
+/// server thread, and so deinit, until someone read the pipe.
+#[test]
+fn deinit_is_bounded_while_stdout_is_a_pipe_nobody_reads() {
+    const BYTES: usize = 256 << 10;
+    let (mut runtime, _) = runtime(HostConfig {
+        devices: 1,
+        lanes: 32,
+        ports: 8,
+    });
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: pipe(2) just made both; each is owned once, here.
+    let (reader, writer) = unsafe {
+        use std::os::fd::FromRawFd;
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    let services = runtime.server().context().services();
+    services.set_stdout_fd(writer);
+    runtime.set_deinit_wait(Duration::from_millis(50));
+    let image = HostImage::new("flood")
+        .kernel("flood", |warp| {
+            let _ = warp.write(Target::Stdout, |_| vec![b'x'; BYTES]);
+        })
+        .into_bytes();
+    let image = runtime.load_image(0, &image).unwrap();
+    runtime
+        .launch(image, "flood", &[], Grid::linear(1, 1))
+        .unwrap();
+    // The write is in once the pipe holds bytes (it is committed whole): what the pipe did not
+    // take waits in the stream's queue.
+    use std::os::fd::AsRawFd;
+    let in_pipe = || {
+        let mut bytes: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one c_int through the pointer.
+        let status = unsafe { libc::ioctl(reader.as_raw_fd(), libc::FIONREAD, &mut bytes) };
+        assert_eq!(status, 0);
+        bytes as u64
+    };
+    let start = std::time::Instant::now();
+    while in_pipe() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(60), "never written");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (done, watchdog) = hang_guard("deinit with a stalled stdout");
+    let result = runtime.deinit();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    watchdog.join().unwrap();
+    match result {
+        Err(Error::Plugin(PluginError::KernelsAborted(names))) => {
+            assert!(names.contains("flood on device 0"), "{names}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let lost = runtime.server().stats().output_lost_bytes;
+    assert_eq!(lost + in_pipe(), BYTES as u64, "lost and written");
+    assert!(lost > 0);
+    drop(reader);
+}
+
+/// A thread that aborts the process with `what` unless the returned flag is set within a
+/// minute: a hang here must fail the test, not the suite's time limit.
+fn hang_guard(
+    what: &'static str,
+) -> (
+    Arc<std::sync::atomic::AtomicBool>,
+    std::thread::JoinHandle<()>,
+) {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = done.clone();
+    let thread = std::thread::spawn(move || {
+        let start = std::time::Instant::now();
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if start.elapsed() > Duration::from_secs(60) {
+                eprintln!("hang guard: {what}");
+                std::process::abort();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    (done, thread)
+}
