@@ -269,6 +269,39 @@ fn a_slow_clients_late_packets_are_answered_never_run_and_its_port_serves_again(
     assert_eq!(fx.output.bytes(), b"again\n");
 }
 
+/// A client process killed mid-exchange (its lock table gone with it) and a new process, with a
+/// lock table of its own, that takes the same port once the server gave the dead client up (its
+/// client timeout; the count says when): the new client's request is served, and the port after
+/// it. (Issue 44: a reset that wrote the server's word back could swallow that request. The
+/// drain writes the header's mark, and the drained reply only when the buffer is the server's;
+/// a new client's fresh header and flip are then its own. A request opened before the drain is
+/// PROTOCOL section 11's "not guaranteed": no timing-free test can place it.)
+#[test]
+fn a_new_client_takes_the_port_of_a_timed_out_one_and_is_served() {
+    let fx = Fx::new("taken", 2, Some(Duration::from_millis(20)));
+    let _user = fx.server.user();
+    let dead_locks = LockTable::new(2);
+    let dead = fx.client(&dead_locks);
+    let mut port = open(&dead, 0, Opcode::TEST_STREAM);
+    port.send(|_, p| {
+        p.set_word(0, 200);
+        p.write_bytes(8, &[b'd'; FIRST_PACKET_BYTES]);
+    })
+    .unwrap();
+    // The process dies here: its port and lock bits are never seen again.
+    std::mem::forget(port);
+    fx.eventually("gave the dead client up", |s| s.abandoned == 1);
+    let locks = LockTable::new(2);
+    let client = fx.client(&locks);
+    assert_eq!(increment_at(&client, 0, 41), 42);
+    let mut port = open(&client, 0, Opcode::TEST_STREAM);
+    port.send_n(&[&b"mine"[..]]).unwrap();
+    assert_eq!(port.recv_n(BOUND).unwrap()[0], b"mine");
+    drop(port);
+    assert_eq!(increment_at(&client, 0, 7), 8);
+    assert_eq!(fx.server.stats().served_of(Opcode::TEST_STREAM), 1);
+}
+
 /// Drained and quarantined ports are no users: with a drained port and a port a forced
 /// shutdown quarantined, the worker goes to sleep once the kernels are gone, and a new kernel
 /// finds both ports serving. The drained port serves while another kernel still runs (before,
