@@ -1,8 +1,11 @@
 //! hello: every thread prints a formatted line with a `Vec` it filled from the host's heap;
 //! with `RPC_DEVICE_HELLO_DIR` in the environment each thread also writes a file of its own
 //! there, reads it back and prints what it read; with `RPC_DEVICE_HELLO_LONG` each prints a
-//! line of 1000 bytes, four times the device's line buffer; thread 0 prints the arguments; the program
-//! ends with status 3 (`main`'s result), or, given the argument `exit`, through `exit(4)`.
+//! line of 1000 bytes, four times the device's line buffer; given the argument `typed`, each
+//! thread calls four of PROTOCOL section 12's test functions (a runtime serving them:
+//! `rpc-run --dispatch-tests`) and prints what they gave; thread 0 prints the arguments; the
+//! program ends with status 3 (`main`'s result), or, given the argument `exit`, through
+//! `exit(4)`.
 #![cfg_attr(any(target_arch = "nvptx64", target_arch = "amdgpu"), no_std)]
 #![cfg_attr(
     any(target_arch = "nvptx64", target_arch = "amdgpu"),
@@ -16,7 +19,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::ffi::CStr;
 
-use rpc_device::{block_index, println, thread_index, Args, File, SeekFrom};
+use rpc_device::{block_index, call, println, thread_index, Arg, Args, File, Opcode, SeekFrom};
 
 #[global_allocator]
 static HEAP: rpc_device::Malloc = rpc_device::Malloc;
@@ -49,6 +52,9 @@ fn main(args: Args) -> i32 {
     {
         println!("{thread}{:-<999}", "");
     }
+    if args.iter().any(|a| a.to_bytes() == b"typed") {
+        println!("{}", typed_calls(thread));
+    }
     if thread == 0 {
         let rest: Vec<&str> = args
             .iter()
@@ -61,6 +67,30 @@ fn main(args: Args) -> i32 {
         }
     }
     3
+}
+
+/// Calls `add`, `fill`, `negate` and `length` of the typed test functions (PROTOCOL section
+/// 12: opcode 0x64000000 + n) with arguments of this thread's, and says what they gave.
+fn typed_calls(thread: u32) -> String {
+    let test = |n: u32| Opcode(0x6400_0000 + n);
+    let sum: u64 = call(
+        test(0),
+        &mut [Arg::value(&u64::from(thread)), Arg::value(&40u32)],
+    );
+    let mut out = [0u32; 4];
+    let filled: u32 = call(
+        test(7),
+        &mut [
+            Arg::slice(&mut out),
+            Arg::value(&4u32),
+            Arg::value(&(thread * 10)),
+        ],
+    );
+    let mut x = i64::from(thread) + 1;
+    call::<()>(test(3), &mut [Arg::pointer(&mut x)]);
+    let mut text = *b"typed\0";
+    let length: u64 = call(test(2), &mut [Arg::Pointer(Some(&mut text))]);
+    format!("thread {thread} typed: add {sum}, fill {filled} {out:?}, negate {x}, length {length}")
 }
 
 /// Writes a line to the file at `path`, reads it back and says what it read.

@@ -47,7 +47,7 @@ const POINTERS: usize = (GENERATION.client_object_locks() - 8) / 8;
 /// The lock words: one bit per port of the generation's largest mailbox.
 const LOCK_WORDS: usize = GENERATION.max_port_count() as usize / 32;
 /// A packet's words.
-const WORDS: usize = BUFFER_SIZE / 8;
+pub(crate) const WORDS: usize = BUFFER_SIZE / 8;
 /// Bytes of a stream's first packet (after its length word).
 const FIRST_BYTES: usize = BUFFER_SIZE - 8;
 

@@ -31,9 +31,9 @@
 //! - `panic`: the panic handler (GPU targets, `panic-handler` feature) or hook (host);
 //! - [`start`]: [`main!`], LLVM's start protocol.
 //!
-//! Typed calls (one handler for a C++ and a Rust kernel, LLVM's `rpc::dispatch` format) are
-//! not here yet: [`Port`] with its `send` / `recv` / `send_n` / `recv_n` is the seam they will
-//! build on, as any custom opcode (`Opcode::user(n)`) can today.
+//! - [`typed`]: [`call`], a host function called by its C signature in the format of LLVM's
+//!   `rpc::dispatch`, so one host handler serves a C++ and a Rust kernel; [`Port`] serves any
+//!   other custom opcode (`Opcode::user(n)`).
 //!
 //! The crate is `no_std`; on the host (a native image of plugin-host, see
 //! `docs/rust-device.md`) it uses the image's std for the lanes' thread-local state.
@@ -53,6 +53,7 @@ pub mod io;
 mod panic;
 pub mod process;
 pub mod start;
+pub mod typed;
 
 pub use client::{ClientObject, Port, GENERATION};
 pub use file::{File, SeekFrom};
@@ -61,6 +62,7 @@ pub use panic::report_and_abort;
 pub use process::{abort, exit};
 pub use rpc_core::protocol::Opcode;
 pub use start::Args;
+pub use typed::{call, Arg};
 
 /// This thread's index along x in its block.
 pub fn thread_index() -> u32 {

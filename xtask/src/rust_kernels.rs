@@ -232,6 +232,17 @@ const HOST_RUNS: &[HostRun] = &[
         stderr: "",
     },
     HostRun {
+        example: "hello",
+        args: &["--dispatch-tests", "--threads", "2", "IMAGE", "typed"],
+        status: 3,
+        stdout: "arguments: [\"typed\"]\n\
+                 hello from thread  0 of block 0: 1 squares, the last Some(0), sum 0x0\n\
+                 hello from thread  1 of block 0: 2 squares, the last Some(1), sum 0x1\n\
+                 thread 0 typed: add 40, fill 4 [0, 1, 2, 3], negate -1, length 5\n\
+                 thread 1 typed: add 41, fill 4 [10, 11, 12, 13], negate -2, length 5\n",
+        stderr: "",
+    },
+    HostRun {
         example: "panic",
         args: &["--threads", "2", "IMAGE"],
         status: -libc::SIGABRT,

@@ -132,6 +132,8 @@ pub struct Options {
     pub device: usize,
     pub timeout: Option<Duration>,
     pub inspect: bool,
+    /// Serve the typed test functions of PROTOCOL section 12.
+    pub dispatch_tests: bool,
     pub image: String,
     /// The program's arguments after `--` (argv\[0\] is the image).
     pub args: Vec<String>,
@@ -187,6 +189,11 @@ struct Cli {
     /// runs nothing; no GPU needed
     #[arg(long)]
     inspect: bool,
+    /// Also serve the typed test functions of LLVM's rpc::dispatch (PROTOCOL section 12:
+    /// 0x64000000 + n), with the plugin linked into rpc-run (a loaded plugin library's server
+    /// takes no Rust functions)
+    #[arg(long, conflicts_with = "inspect")]
+    dispatch_tests: bool,
     /// The GPU executable: PTX, a cubin, a CUDA fat binary, an AMDGPU code object or a
     /// native host image (a shared object of this machine), a regular file of at most 1 GiB
     #[arg(value_name = "IMAGE")]
@@ -280,6 +287,7 @@ impl Options {
             device: cli.device,
             timeout: cli.timeout,
             inspect: cli.inspect,
+            dispatch_tests: cli.dispatch_tests,
             image: cli.image,
             args: cli.args,
         })
@@ -396,10 +404,16 @@ pub fn check_runnable(inspection: &Inspection) -> Result<(), Failure> {
     Ok(())
 }
 
-/// A runtime over `plugin` (process exit policy: a kernel's `exit` ends this process).
-pub fn runtime<P: Plugin>(plugin: P) -> Result<PluginRuntime<P>, Failure> {
-    PluginRuntime::new(plugin, ServerConfig::default())
-        .map_err(|e| Failure::NoDevice(format!("initialising the plugin: {e}")))
+/// A runtime over `plugin` (process exit policy: a kernel's `exit` ends this process), with
+/// the typed test functions if `dispatch_tests`.
+pub fn runtime<P: Plugin>(plugin: P, dispatch_tests: bool) -> Result<PluginRuntime<P>, Failure> {
+    let runtime = PluginRuntime::new(plugin, ServerConfig::default())
+        .map_err(|e| Failure::NoDevice(format!("initialising the plugin: {e}")))?;
+    if dispatch_tests {
+        rpc_core::services::dispatch_tests::register(runtime.server())
+            .map_err(|e| Failure::NoDevice(format!("the typed test functions: {e}")))?;
+    }
+    Ok(runtime)
 }
 
 /// The library of plugin `name` to run with: the first `libplugin_NAME.so` in the folders of
@@ -455,7 +469,8 @@ pub fn run_file(options: &Options) -> Result<i32, Failure> {
             options.grid,
         )
     };
-    if let Some(path) = plugin_library(plugin) {
+    let library = plugin_library(plugin).filter(|_| !options.dispatch_tests);
+    if let Some(path) = library {
         log::info!("{plugin}: the plugin of {}", path.display());
         let runtime =
             plugin_loader::LoadedPlugin::open(&path, plugin_abi::RPC_INIT_LOADER_SETTINGS)
@@ -464,14 +479,18 @@ pub fn run_file(options: &Options) -> Result<i32, Failure> {
     }
     match inspection.format {
         Format::Ptx | Format::Cubin | Format::Fatbin => {
-            let runtime = runtime(plugin_cuda::CudaPlugin::new())?;
+            let runtime = runtime(plugin_cuda::CudaPlugin::new(), options.dispatch_tests)?;
             prepare_cuda(&runtime, device)?;
             run(&runtime)
         }
-        Format::AmdGpu => run(&runtime(plugin_amdgpu::AmdGpuPlugin::new())?),
-        Format::Host => run(&runtime(plugin_host::HostPlugin::new(
-            plugin_host::HostConfig::default(),
-        ))?),
+        Format::AmdGpu => run(&runtime(
+            plugin_amdgpu::AmdGpuPlugin::new(),
+            options.dispatch_tests,
+        )?),
+        Format::Host => run(&runtime(
+            plugin_host::HostPlugin::new(plugin_host::HostConfig::default()),
+            options.dispatch_tests,
+        )?),
     }
 }
 

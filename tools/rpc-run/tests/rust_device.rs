@@ -82,6 +82,37 @@ fn every_lane_prints_its_formatted_line_and_main_gives_the_status() {
     assert_eq!(sorted_lines(&output.stdout), expected);
 }
 
+/// Typed calls from Rust, served by the same Rust functions as LLVM 23's `rpc::dispatch` from
+/// C++ (`rpc-run --dispatch-tests`): a value, a span the host fills, a pointer it rewrites and
+/// a C string, each lane with its own arguments and results, 32 and then 40 lanes (two warps).
+#[test]
+fn rust_kernels_make_typed_calls_lane_by_lane() {
+    for threads in [32u32, 40] {
+        let threads_arg = threads.to_string();
+        let output = rpc_run(&[
+            "--dispatch-tests",
+            "--threads",
+            &threads_arg,
+            &image("hello"),
+            "typed",
+        ]);
+        assert_eq!(output.status.code(), Some(3));
+        let lines = sorted_lines(&output.stdout);
+        for t in 0..threads {
+            let v = t * 10;
+            let line = format!(
+                "thread {t} typed: add {}, fill 4 [{v}, {}, {}, {}], negate -{}, length 5",
+                u64::from(t) + 40,
+                v + 1,
+                v + 2,
+                v + 3,
+                t + 1
+            );
+            assert!(lines.contains(&line), "{line} in {lines:?}");
+        }
+    }
+}
+
 #[test]
 fn warps_of_several_blocks_share_the_ports() {
     // Two blocks of two warps (32 lanes) and a partial one: five host threads at once.

@@ -277,7 +277,7 @@ mod cuda_fake {
     #[test]
     fn the_stack_limit_the_launch_sequence_and_argv_in_device_memory() {
         let driver = Arc::new(FakeDriver::new(vec![FakeGpu::h200()]));
-        let runtime = rpc_run::runtime(CudaPlugin::with_driver(driver.clone())).unwrap();
+        let runtime = rpc_run::runtime(CudaPlugin::with_driver(driver.clone()), false).unwrap();
         rpc_run::prepare_cuda(&runtime, 0).unwrap();
         assert_eq!(driver.stack_limit(), Some(3 * 1024));
         let grid = Grid {
@@ -318,7 +318,7 @@ mod cuda_fake {
     #[test]
     fn no_gpu_is_a_no_device_failure() {
         let driver = Arc::new(FakeDriver::new(vec![]));
-        let runtime = rpc_run::runtime(CudaPlugin::with_driver(driver)).unwrap();
+        let runtime = rpc_run::runtime(CudaPlugin::with_driver(driver), false).unwrap();
         rpc_run::prepare_cuda(&runtime, 0).unwrap();
         let failure = start::run(
             &runtime,
