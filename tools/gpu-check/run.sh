@@ -17,7 +17,10 @@
 #      driver may be older than the toolkit: then it cannot JIT the toolkit's PTX, but loads
 #      its cubin); a load failure prints the driver's JIT error log;
 #   4. rpc-run runs each LLVM image (as PTX, and as a cubin where ptxas is there) with the
-#      loader arguments LLVM's CMake gives it, and must exit with the image's status.
+#      loader arguments LLVM's CMake gives it, and must exit with the image's status;
+#   5. rpc-run reads and runs the Rust programs of rust/ (rpc-device's examples, v2 client):
+#      hello on 2 blocks of 64 threads with typed calls (status 3, every line checked by
+#      count and the last thread's exactly), panic (the message on stderr, then abort).
 # A step needing a GPU where there is none (exit status 69 from either binary) is a SKIP.
 # No core is ever dumped (ulimit -c 0), and the whole run is bounded (GPU_CHECK_TIMEOUT
 # seconds, default 540) with `timeout -k`. The last line is always
@@ -224,4 +227,44 @@ while IFS='|' read -r name expected loader program env; do
   fi
 done < <(images_table)
 echo "== $found LLVM images in the kit"
+
+# --- 5. Rust programs (rpc-device) under rpc-run ---------------------------------------------
+if [ -f rust/hello.ptx ]; then
+  log=build/inspect-rust-hello.log
+  if bounded 30 bin/rpc-run --inspect rust/hello.ptx > "$log" 2>&1 \
+      && grep -q '^image format=ptx ' "$log" \
+      && grep -q '^client symbol=__llvm_rpc_client size=2096 generation=v2' "$log"; then
+    record PASS inspect-rust-hello "$(head -n 1 "$log")"
+  else
+    record FAIL inspect-rust-hello "rpc-run --inspect rust/hello.ptx:"; last_lines "$log"
+  fi
+  log=build/run-rust-hello.log
+  bounded 120 bin/rpc-run --timeout 100 --dispatch-tests --threads 64 --blocks 2 rust/hello.ptx typed > "$log" 2> build/run-rust-hello.err
+  status=$?
+  hellos=$(grep -c '^hello from thread' "$log")
+  typed=$(grep -c ' typed: add ' "$log")
+  last=$(grep -c '^thread 63 typed: add 103, fill 4 \[630, 631, 632, 633\], negate -64, length 5$' "$log")
+  if [ "$status" = 3 ] && [ "$hellos" = 128 ] && [ "$typed" = 128 ] && [ "$last" = 2 ]; then
+    record PASS run-rust-hello "2 x 64 threads: 128 lines, 128 typed calls' results, status 3"
+  elif [ "$status" = "$NO_DEVICE" ]; then
+    record SKIP run-rust-hello "no GPU"
+  else
+    record FAIL run-rust-hello "status $status (want 3), $hellos hello lines and $typed typed (want 128 each), thread 63's line $last times (want 2):"
+    last_lines "$log"; last_lines build/run-rust-hello.err
+  fi
+else
+  record SKIP rust-images "not in the kit (run cargo xtask rust-kernels before cargo xtask gpu-check)"
+fi
+if [ -f rust/panic.ptx ]; then
+  log=build/run-rust-panic.log
+  bounded 120 bin/rpc-run --timeout 100 --threads 2 rust/panic.ptx > "$log" 2>&1
+  status=$?
+  if [ "$status" = "$NO_DEVICE" ]; then
+    record SKIP run-rust-panic "no GPU"
+  elif [ "$status" != 0 ] && grep -q 'thread 1 looked for a value and found None' "$log"; then
+    record PASS run-rust-panic "the panic's message on stderr, status $status"
+  else
+    record FAIL run-rust-panic "status $status, no panic message:"; last_lines "$log"
+  fi
+fi
 exit 0

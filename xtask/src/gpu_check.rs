@@ -8,7 +8,8 @@
 //! which glibc has only since 2.30) and checked with `objdump -T` to need no symbol newer
 //! than glibc 2.17; the CUDA client `rpc_client.cu`, its clang-built PTX where clang is
 //! installed (and `--no-clang` is not given); and `images/`, the PTX images of LLVM's GPU
-//! libc tests that `cargo xtask gpu-images` built. Without cargo-zigbuild the binaries are
+//! libc tests that `cargo xtask gpu-images` built; and `rust/`, rpc-device's examples as
+//! `cargo xtask rust-kernels` built them (sm_90 PTX). Without cargo-zigbuild the binaries are
 //! built natively, and it says which glibc they need.
 //!
 //! Then, on a machine with no NVIDIA GPU (and unless `--no-self-check`), it runs the kit's
@@ -119,6 +120,8 @@ fn prepare(use_clang: bool, self_check: bool) -> Result<(), String> {
         );
     }
 
+    copy_rust_images(&root, &out)?;
+
     if self_check {
         check_here(&out)?;
     }
@@ -127,6 +130,40 @@ fn prepare(use_clang: bool, self_check: bool) -> Result<(), String> {
     list(&out, &out)?;
     println!("gpu-check: carry the directory to the GPU machine and run:");
     println!("  bash gpu-check/run.sh        # or: bash gpu-check/run.sh --quick");
+    Ok(())
+}
+
+/// The Rust programs (rpc-device's examples) as `cargo xtask rust-kernels` built them for
+/// sm_90, copied to `rust/NAME.ptx` (the newest build of each); run.sh runs them.
+fn copy_rust_images(root: &Path, out: &Path) -> Result<(), String> {
+    let built = root.join("target/rust-kernels/nvptx64-nvidia-cuda/release/examples");
+    let mut copied = 0;
+    for name in ["hello", "panic"] {
+        let newest = std::fs::read_dir(&built)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| {
+                let file = path.file_name().and_then(|f| f.to_str()).unwrap_or("");
+                file.starts_with(&format!("{name}-")) && file.ends_with(".s")
+            })
+            .max_by_key(|path| path.metadata().and_then(|m| m.modified()).ok());
+        if let Some(ptx) = newest {
+            std::fs::create_dir_all(out.join("rust"))
+                .map_err(|e| format!("gpu-check: creating rust/: {e}"))?;
+            copy(&ptx, &out.join("rust").join(format!("{name}.ptx")))?;
+            copied += 1;
+        }
+    }
+    match copied {
+        0 => println!(
+            "gpu-check: no Rust images in {} (run `cargo xtask rust-kernels` first): run.sh \
+             will skip them",
+            built.display()
+        ),
+        n => println!("gpu-check: {n} Rust images (rpc-device's examples, sm_90 PTX)"),
+    }
     Ok(())
 }
 
