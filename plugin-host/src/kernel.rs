@@ -453,3 +453,26 @@ pub fn printf(
         port.send_n(&strings)?;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arguments go where the server reads them: `*`s first as `i32`s, each value aligned
+    /// to its size unless packed, and a spec ending in `%` or a malformed one takes only its
+    /// `*`s (a `%5%` once took a value, and unpacked aligned to a size of 0: a panic).
+    #[test]
+    fn printf_arguments_are_laid_out_as_the_server_reads_them() {
+        let args = [Arg::Int(-1), Arg::Int(7), Arg::UInt(1 << 40), Arg::Int(3)];
+        let call = encode_printf("%c%*ld|%5%|%*y|", &args, false);
+        let mut expected = Vec::new();
+        expected.extend_from_slice(&(-1i32).to_le_bytes()); // %c
+        expected.extend_from_slice(&7i32.to_le_bytes()); // *
+        expected.extend_from_slice(&(1u64 << 40).to_le_bytes()); // %ld, at 8
+        expected.extend_from_slice(&3i32.to_le_bytes()); // %*y's *
+        assert_eq!(call.args, expected);
+        assert_eq!(call.format, b"%c%*ld|%5%|%*y|\0");
+        let packed = encode_printf("%c%ld", &[Arg::Int(1), Arg::Int(2)], true);
+        assert_eq!(packed.args.len(), 12, "no padding when packed");
+    }
+}

@@ -321,3 +321,59 @@ fn parse_count(s: &[u8], i: &mut usize) -> Count {
     }
     value.map_or(Count::None, Count::Fixed)
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// The pieces cover the format up to its first NUL, in order, each where the one before
+    /// ended (a spec's `at` is its `%`): the positions a compiled format's plan takes its
+    /// literals from.
+    #[test]
+    fn the_pieces_cover_the_format_up_to_its_nul() {
+        const ALPHABET: &[u8] = b"%%%-+ #0123456789*.hlLjztqdiouxXbBcspnfFeEgGaA$y\0";
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) as usize
+        };
+        for _ in 0..3000 {
+            let len = next() % 24;
+            let format: [u8; 24] = core::array::from_fn(|_| ALPHABET[next() % ALPHABET.len()]);
+            let format = &format[..len];
+            let end = format.iter().position(|&b| b == 0).unwrap_or(len);
+            for dialect in [Dialect::HostC, Dialect::LlvmLibc] {
+                let mut at = 0;
+                for piece in parse(dialect, format) {
+                    match &piece {
+                        Piece::Literal(bytes) => assert_eq!(*bytes, &format[at..at + bytes.len()]),
+                        Piece::Percent => assert_eq!(&format[at..at + 2], b"%%"),
+                        Piece::Spec(spec) => assert_eq!((spec.at, format[at]), (at, b'%')),
+                        Piece::Malformed { spec, text } => {
+                            assert_eq!(spec.at, at);
+                            assert_eq!(*text, &format[at..at + spec.len]);
+                        }
+                    }
+                    at += piece.text_len();
+                }
+                assert_eq!(at, end, "{format:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn arguments_are_placed_aligned_unless_packed() {
+        let sizes: [usize; 3] = [4, 8, 4];
+        let mut ends = (0, 0);
+        let mut starts = [(0, 0); 3];
+        for (k, &size) in sizes.iter().enumerate() {
+            let unpacked = place(ends.0, size, false);
+            let packed = place(ends.1, size, true);
+            starts[k] = (unpacked.0, packed.0);
+            ends = (unpacked.1, packed.1);
+        }
+        assert_eq!(starts, [(0, 0), (8, 4), (16, 12)]);
+        assert_eq!(ends, (20, 16));
+        assert_eq!(place(usize::MAX - 2, 8, false), (usize::MAX, usize::MAX));
+    }
+}
