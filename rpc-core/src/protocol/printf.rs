@@ -174,7 +174,7 @@ pub fn place(offset: usize, size: usize, packed: bool) -> (usize, usize) {
         offset
     } else if size.is_power_of_two() {
         // Every argument is 4 or 8 bytes: aligning is a mask, not a division (one per argument
-        // of every lane, in each of the two walks of its format).
+        // of every lane a format without a plan prints).
         offset
             .checked_add(size - 1)
             .map_or(usize::MAX, |end| end & !(size - 1))
