@@ -26,7 +26,7 @@ pub(super) struct Lane {
     pub(super) lane: u32,
     /// Its format (a position in the request's formats) and the stream it prints to; `None`
     /// once the lane is refused (it answers -1).
-    pub(super) parsed: Option<(usize, Target)>,
+    pub(super) format: Option<(usize, Target)>,
     /// Its non-null `%s` pointers not fetched yet (indices into the request's list of
     /// pointers, popped last-first), and the one asked for now.
     pub(super) pending: Range<usize>,
@@ -45,7 +45,7 @@ impl Lane {
     pub(super) fn new(lane: u32) -> Self {
         Lane {
             lane,
-            parsed: None,
+            format: None,
             pending: 0..0,
             asked: 0,
             strings: 0..0,
@@ -57,7 +57,7 @@ impl Lane {
 
     /// Refuses the lane: it answers -1 and asks for no more strings.
     pub(super) fn refuse(&mut self) {
-        self.parsed = None;
+        self.format = None;
         self.pending = 0..0;
         self.asked = 0;
     }
@@ -164,7 +164,7 @@ pub(super) async fn write_staged(
             let mut held = Held(None);
             for (k, state) in lanes.iter_mut().enumerate().skip(from) {
                 let (lane, i) = (state.lane, state.lane as usize);
-                let Some((format, target)) = &state.parsed else {
+                let Some((format, target)) = &state.format else {
                     continue;
                 };
                 let Some(output) = services.output(target) else {
@@ -216,7 +216,7 @@ pub(super) async fn write_staged(
     core::future::poll_fn(|_| {
         let mut held = Held(None);
         while let Some(state) = lanes.get_mut(next) {
-            if let (Some((_, target)), Some((ticket, len))) = (&state.parsed, state.staged) {
+            if let (Some((_, target)), Some((ticket, len))) = (&state.format, state.staged) {
                 let Some(output) = services.output(target) else {
                     next += 1; // Not reached: a staged lane prints to stdout or stderr.
                     continue;
@@ -256,7 +256,7 @@ pub(super) async fn write_on_io(
     // Each lane's position among `lanes`, its lane, its stream and its entries in `fetched`.
     let jobs: Vec<_> = (lanes.iter().enumerate())
         .filter_map(|(k, state)| {
-            let target = state.parsed.clone()?.1;
+            let target = state.format.clone()?.1;
             Some((k, state.lane as usize, target, state.strings.clone()))
         })
         .collect();

@@ -114,11 +114,11 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         if !matches!(formats.last(), Some(&(first, _)) if texts[first] == texts[i]) {
             formats.push((i, Kept::format(dialect, &texts[i], packed)));
         }
-        state.parsed = Some((formats.len() - 1, target));
+        state.format = Some((formats.len() - 1, target));
     }
     req.send(|lane, p| {
         let size = at(&lanes, lane)
-            .and_then(|state| state.parsed.as_ref())
+            .and_then(|state| state.format.as_ref())
             .map_or(0, |&(format, _)| formats[format].1.args_size());
         p.set_word(0, size as u64)
     })
@@ -129,12 +129,12 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     // Room for every lane's `%s` pointers: one block of the pool, never grown.
     let most: usize = lanes
         .iter()
-        .filter_map(|state| Some(formats[state.parsed.as_ref()?.0].1.string_count()))
+        .filter_map(|state| Some(formats[state.format.as_ref()?.0].1.string_count()))
         .sum();
     let mut pointers = PooledVec::with_capacity(most.next_power_of_two());
     for state in &mut lanes {
         let (lane, i) = (state.lane, state.lane as usize);
-        let Some((format, _)) = state.parsed else {
+        let Some((format, _)) = state.format else {
             continue;
         };
         if args.refused() {
@@ -186,7 +186,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         let strings = req.recv_n().await?;
         for state in &mut lanes {
             let (lane, i) = (state.lane, state.lane as usize);
-            if state.asked == 0 || state.parsed.is_none() {
+            if state.asked == 0 || state.format.is_none() {
                 continue;
             }
             let len = strings[i].len();
@@ -214,7 +214,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
     // much) on an I/O thread; reply.
     let mut long = false;
     for state in &lanes {
-        if let Some((format, _)) = state.parsed {
+        if let Some((format, _)) = state.format {
             long |= formats[format]
                 .1
                 .output_bound()
@@ -223,7 +223,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
         }
     }
     let mut touches =
-        Touches::streams(lanes.iter().filter_map(|s| s.parsed.as_ref().map(|p| &p.1)));
+        Touches::streams(lanes.iter().filter_map(|s| s.format.as_ref().map(|p| &p.1)));
     touches.blocks |= long;
     let sent = Sent {
         args,
