@@ -1,21 +1,22 @@
-//! The printf format parser and formatter (`rpc_core::services::printf`) on fuzzed formats and argument
-//! buffers. Input: one flags byte (bit 0: packed), then the format up to the first NUL, then the
+//! The printf format parser (`rpc_core::protocol::printf`) and formatter
+//! (`rpc_core::services::printf::Format`) on fuzzed formats and argument buffers. Input: one flags byte (bit 0: packed), then the format up to the first NUL, then the
 //! raw argument buffer. A `%s` pointer's string is made from the pointer: none for a multiple of
 //! 7 (printed as null), 70,000 bytes (above `CHUNK`) for a multiple of 61, else up to 600.
 //! Checked: no panic; a format that parses and an argument buffer of at least `args_size` bytes
-//! always formats (every format parses); `string_pointers` finds exactly the non-null `%s` pointers the formatter
-//! asks for; each conversion prints a bounded number of bytes; and `format_to` hands its sink
-//! pieces of `CHUNK` bytes, the last one shorter (so none is above `CHUNK + MAX_FIELD`, not
-//! even with a `%s` string longer than a chunk), which put together are `format`'s output.
+//! always formats (every format parses); `string_pointers` finds exactly the non-null `%s`
+//! pointers the formatter asks for; each conversion prints a bounded number of bytes; and
+//! `write` hands a `Sink::Chunks` pieces of `CHUNK` bytes, the last one shorter (so none is
+//! above `CHUNK + MAX_FIELD`, not even with a `%s` string longer than a chunk), which put
+//! together are the line it appends to a `Sink::Append`.
 #![no_main]
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
-use rpc_core::services::printf::{
-    args_size, format, format_to, parse, string_pointers, Piece, CHUNK, MAX_FIELD,
-};
+use rpc_core::protocol::printf::{parse, Piece, MAX_FIELD};
+use rpc_core::protocol::Dialect;
+use rpc_core::services::printf::{Format, Sink, CHUNK};
 
 /// The device string at `ptr`, if it was fetched.
 fn fetched(ptr: u64) -> Option<Vec<u8>> {
@@ -39,13 +40,13 @@ fuzz_target!(|data: &[u8]| {
     let packed = flags & 1 == 1;
     let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
     let (format_bytes, args) = (&rest[..end], rest.get(end + 1..).unwrap_or_default());
-    let pieces = parse(format_bytes);
-    let size = args_size(&pieces, packed);
-    let specs = pieces
-        .iter()
+    let format = Format::new(Dialect::HostC, format_bytes, packed);
+    let size = format.args_size();
+    let specs = parse(Dialect::HostC, format_bytes)
         .filter(|p| matches!(p, Piece::Spec(_) | Piece::Malformed { .. }))
         .count();
-    let pointers = string_pointers(&pieces, args, packed);
+    let mut found = Vec::new();
+    let pointers = format.string_pointers(args, &mut found).map(|()| found);
     // The strings the formatter may ask for, fetched up front: it borrows them.
     let strings: HashMap<u64, Vec<u8>> = pointers
         .iter()
@@ -57,7 +58,8 @@ fuzz_target!(|data: &[u8]| {
         asked.borrow_mut().push(ptr);
         strings.get(&ptr).map(Vec::as_slice)
     };
-    let out = format(&pieces, args, packed, &fetch);
+    let mut out = Vec::new();
+    let out = format.write(args, &fetch, Sink::Append(&mut out)).map(|()| out);
     if args.len() < size {
         return;
     }
@@ -78,22 +80,22 @@ fuzz_target!(|data: &[u8]| {
     // `CHUNK + MAX_FIELD`, not even with a `%s` string).
     let mut sizes = Vec::new();
     let mut joined = Vec::new();
-    format_to(
-        &pieces,
-        args,
-        packed,
-        &|ptr| strings.get(&ptr).map(Vec::as_slice),
-        &mut |piece| {
-            assert!(piece.len() <= CHUNK, "a piece of {} bytes", piece.len());
-            sizes.push(piece.len());
-            joined.extend_from_slice(piece);
-        },
-    )
-    .expect("formats as `format` did");
+    let mut sink = |piece: &[u8]| {
+        assert!(piece.len() <= CHUNK, "a piece of {} bytes", piece.len());
+        sizes.push(piece.len());
+        joined.extend_from_slice(piece);
+    };
+    format
+        .write(
+            args,
+            &|ptr| strings.get(&ptr).map(Vec::as_slice),
+            Sink::Chunks(&mut sink),
+        )
+        .expect("formats as the whole line did");
     sizes.pop();
     assert!(
         sizes.iter().all(|&n| n == CHUNK),
         "pieces of {sizes:?} bytes"
     );
-    assert!(joined == out, "the pieces are not format()'s output");
+    assert!(joined == out, "the pieces are not the whole line");
 });

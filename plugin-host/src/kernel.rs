@@ -9,15 +9,13 @@
 use std::collections::HashMap;
 
 use rpc_core::protocol::lanes;
+use rpc_core::protocol::printf::{parse, place};
 use rpc_core::protocol::CallArg;
-use rpc_core::protocol::Opcode;
-use rpc_core::protocol::{Client, ClientPort};
-use rpc_core::services::printf::{parse, Count, Piece};
+use rpc_core::protocol::{Client, ClientPort, Dialect, Opcode};
 use rpc_core::{ProtocolError, Result, ServerError};
 
-/// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6):
-/// the server's own values.
-pub use rpc_core::services::streams::{STDERR, STDIN, STDOUT};
+/// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6).
+pub use rpc_core::protocol::{STDERR, STDIN, STDOUT};
 
 /// The most bytes a kernel accepts back from the server in one stream.
 const RECV_BOUND: u64 = 64 << 20;
@@ -356,19 +354,18 @@ pub struct PrintfCall {
 }
 
 /// Lays out `args` for `format` as a GPU compiler would: each value in the size its conversion
-/// takes, `*` widths/precisions as `i32` first, aligned to its size unless `packed`. A `%s`
-/// passes the string's address; the string itself goes when the server asks for it.
+/// takes, `*` widths/precisions as `i32` first, aligned to its size unless `packed` (as the
+/// protocol's [`parse`] reads the format, the host C library's way). A `%s` passes the string's
+/// address; the string itself goes when the server asks for it.
 pub fn encode_printf(format: &str, args: &[Arg<'_>], packed: bool) -> PrintfCall {
-    let pieces = parse(format.as_bytes());
     let mut call = PrintfCall {
         format: nul_terminated(format),
         ..PrintfCall::default()
     };
     let mut next = args.iter();
     let put = |call: &mut PrintfCall, size: usize, arg: Option<&Arg<'_>>| {
-        if !packed {
-            call.args.resize(call.args.len().next_multiple_of(size), 0);
-        }
+        let (start, _) = place(call.args.len(), size, packed);
+        call.args.resize(start, 0);
         let bits = match arg {
             Some(Arg::Int(v)) => *v as u64,
             Some(Arg::UInt(v)) | Some(Arg::Ptr(v)) => *v,
@@ -382,18 +379,10 @@ pub fn encode_printf(format: &str, args: &[Arg<'_>], packed: bool) -> PrintfCall
         };
         call.args.extend_from_slice(&bits.to_le_bytes()[..size]);
     };
-    for piece in &pieces {
-        let (Piece::Spec(spec) | Piece::Malformed { spec, .. }) = piece else {
-            continue;
-        };
-        for count in [spec.width, spec.precision] {
-            if count == Count::Star {
-                put(&mut call, 4, next.next());
-            }
-        }
-        // A malformed spec takes no value, only its `*`s (as the server reads it).
-        if let Piece::Spec(spec) = piece {
-            put(&mut call, spec.value_size(), next.next());
+    // Each `*` width and precision, then the value (a malformed spec takes only its `*`s).
+    for piece in parse(Dialect::HostC, format.as_bytes()) {
+        for size in piece.arg_sizes() {
+            put(&mut call, size, next.next());
         }
     }
     call
@@ -462,5 +451,28 @@ pub fn printf(
                 .map_or(&[][..], Vec::as_slice)
         });
         port.send_n(&strings)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The arguments go where the server reads them: `*`s first as `i32`s, each value aligned
+    /// to its size unless packed, and a spec ending in `%` or a malformed one takes only its
+    /// `*`s (a `%5%` once took a value, and unpacked aligned to a size of 0: a panic).
+    #[test]
+    fn printf_arguments_are_laid_out_as_the_server_reads_them() {
+        let args = [Arg::Int(-1), Arg::Int(7), Arg::UInt(1 << 40), Arg::Int(3)];
+        let call = encode_printf("%c%*ld|%5%|%*y|", &args, false);
+        let mut expected = Vec::new();
+        expected.extend_from_slice(&(-1i32).to_le_bytes()); // %c
+        expected.extend_from_slice(&7i32.to_le_bytes()); // *
+        expected.extend_from_slice(&(1u64 << 40).to_le_bytes()); // %ld, at 8
+        expected.extend_from_slice(&3i32.to_le_bytes()); // %*y's *
+        assert_eq!(call.args, expected);
+        assert_eq!(call.format, b"%c%*ld|%5%|%*y|\0");
+        let packed = encode_printf("%c%ld", &[Arg::Int(1), Arg::Int(2)], true);
+        assert_eq!(packed.args.len(), 12, "no padding when packed");
     }
 }

@@ -1371,7 +1371,7 @@ fn printf_matches_the_host_snprintf_packed_and_unpacked() {
                 let opcode = opcodes[r % 3];
                 let stream = (opcode == opcodes[2]).then_some(&handles);
                 // Twice: the second time, a plain format comes from the worker's kept formats
-                // (`print::Known`), not parsed again.
+                // (`printf::cache`), not parsed again.
                 for time in ["first", "again"] {
                     let (results, asked, sizes) =
                         fx.printf(opcode, stream, &formats, &args, &memory);
@@ -1596,7 +1596,7 @@ fn a_long_printf_goes_out_in_pieces() {
     assert_eq!(writes.iter().sum::<usize>(), 4096 * SPECS);
     let largest = writes.iter().copied().max().unwrap();
     assert!(
-        largest <= rpc_core::services::printf::CHUNK + rpc_core::services::printf::MAX_FIELD,
+        largest <= rpc_core::services::printf::CHUNK + rpc_core::protocol::printf::MAX_FIELD,
         "one write of {largest} bytes"
     );
     fx.expect_counts(0, 0);

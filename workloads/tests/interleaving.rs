@@ -357,7 +357,7 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
             let mut port = fixture.open(&wait, 1, Opcode::READ_FGETS, 1);
             port.send(|_, p| {
                 p.set_word(0, 100);
-                p.set_word(1, rpc_core::services::streams::STDIN);
+                p.set_word(1, rpc_core::protocol::STDIN);
             })
             .unwrap();
             port.recv_n(1 << 20).is_err()
@@ -441,7 +441,7 @@ fn stdin_opcodes_behind_a_blocked_read_never_hold_the_server_thread() {
         }));
     let _kernel = fixture.server.user();
     let wait = Deadline::after(BOUND);
-    let stdin = rpc_core::services::streams::STDIN;
+    let stdin = rpc_core::protocol::STDIN;
     std::thread::scope(|s| {
         let fgets = s.spawn(|| {
             let mut port = fixture.open(&wait, 0, Opcode::READ_FGETS, 1);
@@ -507,7 +507,7 @@ fn stdin_reads_on_every_io_thread_do_not_hold_up_other_ports_files() {
         .set_stdin(Box::new(stdin_read));
     let _kernel = fixture.server.user();
     let wait = Deadline::after(BOUND);
-    let stdin = rpc_core::services::streams::STDIN;
+    let stdin = rpc_core::protocol::STDIN;
     let dir = std::env::temp_dir().join(format!("rpc-stdin-turns-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("f");

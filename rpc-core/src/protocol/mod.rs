@@ -4,7 +4,9 @@
 //!
 //! - `layout.rs`: mailbox layouts of both generations and the device client object
 //!   ([`Layout`], [`Generation`]);
-//! - `opcode.rs`: the opcode table ([`Opcode`]);
+//! - `opcode.rs`: the opcode table ([`Opcode`]), whose printf a mailbox's clients expect
+//!   ([`Dialect`]) and the standard streams' handles ([`STDIN`], [`STDOUT`], [`STDERR`]);
+//! - [`printf`]: how a printf format reads, so which argument bytes a client sends for it;
 //! - `mailbox.rs`: a region viewed as the protocol's atomic arrays ([`Mailbox`],
 //!   [`MailboxMemory`]), and the port lock bits ([`LockTable`]);
 //! - `port.rs`: the per-port state machine both sides share ([`ClientPort`], [`ServerPort`]),
@@ -27,6 +29,7 @@ pub(crate) mod layout;
 pub(crate) mod mailbox;
 pub(crate) mod opcode;
 pub(crate) mod port;
+pub mod printf;
 // Parts of it (the hot-port cache) serve only the server, which needs `std`.
 #[cfg_attr(not(feature = "std"), allow(dead_code))]
 pub(crate) mod scan;
@@ -43,7 +46,7 @@ pub use layout::{Buffer, Generation, Header, Layout, BUFFER_SIZE, FIRST_PACKET_B
 pub use mailbox::Mailbox;
 #[cfg(feature = "std")]
 pub use mailbox::{LockTable, MailboxMemory};
-pub use opcode::{Dialect, Numbering, Opcode};
+pub use opcode::{Dialect, Numbering, Opcode, STDERR, STDIN, STDOUT};
 pub use port::{lanes, ClientPort, Packet, ServerPort, Spin, Wait};
 #[cfg(feature = "std")]
 pub use port::{Backoff, Deadline, Resumable};

@@ -180,8 +180,18 @@ impl Numbering {
     }
 }
 
+/// The stream handle of stdin, where the device passes a `FILE *` (PROTOCOL section 6): in a
+/// *tagged* position (every stream opcode but WRITE_TO_STREAM, CLOSE_FILE and
+/// PRINTF_TO_STREAM) the two low bits name a standard stream, in a *raw* one exactly this value.
+pub const STDIN: u64 = 1;
+/// The stream handle of stdout (see [`STDIN`]).
+pub const STDOUT: u64 = 2;
+/// The stream handle of stderr (see [`STDIN`]).
+pub const STDERR: u64 = 3;
+
 /// Whose printf the output matches (an image prints what LLVM's own loader of its generation
-/// prints: see `services::printf`).
+/// prints: see `services::printf`; both read a format alike but for `%n` and `%q`, see
+/// [`printf::parse`](super::printf::parse)).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Dialect {
     /// The host C library's, as LLVM 23+'s server prints (it hands each spec to `fprintf`).

@@ -52,7 +52,7 @@
 //! | FTELL | C send buf\[0\] = tagged; S send buf\[0\] = offset (i64) or -1 | bad handle (-1) |
 //! | FFLUSH | C send buf\[0\] = tagged (0: every stream); S send buf\[0\] = 0 or EOF | bad handle (EOF) |
 //! | UNGETC | C send {c, tagged}; S send buf\[0\] = c or EOF | bad handle (EOF) |
-//! | PRINTF_TO_* (21-26) | PROTOCOL section 7, see [`print`](mod@print) | bad handle, bad format, missing arguments (-1) |
+//! | PRINTF_TO_* (21-26) | PROTOCOL section 7, see [`printf`] | bad handle, bad format, missing arguments (-1) |
 //! | MALLOC | C send buf\[0\] = size; S send buf\[0\] = address or 0 | no allocator (0) |
 //! | FREE | C send buf\[0\] = address; S recv (no reply) | not a live allocation (nothing freed) |
 //! | HOST_CALL, OFFLOAD_HOST_CALL | C send_n(args); C send buf\[0\] = function; S send buf\[0\] = result | unregistered function, panic ([`HOST_CALL_REFUSED`]) |
@@ -94,7 +94,6 @@ pub mod dispatch_tests;
 mod files;
 pub(crate) mod memory;
 pub(crate) mod output;
-pub mod print;
 pub mod printf;
 mod process;
 mod stdio;
@@ -527,7 +526,7 @@ pub(crate) fn register_standard(registry: &mut Registry) {
     add(Opcode::RENAME, Handler::script(stdio::rename));
 
     for op in Opcode::PRINTF {
-        add(op, Handler::script(print::printf));
+        add(op, Handler::script(printf::printf));
     }
 }
 

@@ -35,15 +35,9 @@ use std::vec::Vec;
 
 use super::output::{Output, StdStream};
 use super::MailboxState;
+use crate::protocol::{STDERR, STDIN, STDOUT};
 use crate::server::limits::{device_log, LogLimit};
 use crate::sync::{lock, Mutex};
-
-/// Tagged value of stdin.
-pub const STDIN: u64 = 1;
-/// Tagged value of stdout.
-pub const STDOUT: u64 = 2;
-/// Tagged value of stderr.
-pub const STDERR: u64 = 3;
 
 const SLOT_BITS: u32 = 30;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;

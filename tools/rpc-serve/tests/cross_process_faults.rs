@@ -225,7 +225,7 @@ fn sigterm_ends_rpc_serve_while_an_io_thread_is_stuck_reading_stdin() {
         .unwrap();
     port.send(|_, p| {
         p.set_word(0, 100);
-        p.set_word(1, rpc_core::services::streams::STDIN);
+        p.set_word(1, rpc_core::protocol::STDIN);
     })
     .unwrap();
     // Until rpc-serve's I/O thread sits in read (0 on x86-64), the other ports serve.
