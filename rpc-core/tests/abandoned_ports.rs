@@ -7,11 +7,13 @@
 //! Every wait is for a condition (a reply, a counter); the durations are hang guards only.
 #![cfg(not(loom))]
 
-use std::io::Write;
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::capture::Capture;
 use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
 use rpc_core::protocol::{MailboxMemory, FIRST_PACKET_BYTES};
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
@@ -25,44 +27,24 @@ const HANG_GUARD: Duration = Duration::from_secs(60);
 
 /// Every opcode whose script begins (after a stream handle, for the `_STREAM` ones) with a
 /// stream from the client.
-const STREAMING: [Opcode; 17] = [
-    Opcode::WRITE_TO_STDOUT,
-    Opcode::WRITE_TO_STDERR,
-    Opcode::WRITE_TO_STREAM,
-    Opcode::WRITE_TO_STDOUT_NEWLINE,
-    Opcode::OPEN_FILE,
-    Opcode::HOST_CALL,
-    Opcode::OFFLOAD_HOST_CALL,
-    Opcode::PRINTF_TO_STDOUT,
-    Opcode::PRINTF_TO_STDERR,
-    Opcode::PRINTF_TO_STREAM,
-    Opcode::PRINTF_TO_STDOUT_PACKED,
-    Opcode::PRINTF_TO_STDERR_PACKED,
-    Opcode::PRINTF_TO_STREAM_PACKED,
-    Opcode::REMOVE,
-    Opcode::RENAME,
-    Opcode::SYSTEM,
-    Opcode::TEST_STREAM,
-];
-
-/// What the server wrote to the device's stdout or stderr.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    fn bytes(&self) -> Vec<u8> {
-        self.0.lock().unwrap().clone()
-    }
+fn streaming() -> Vec<Opcode> {
+    let mut all = vec![
+        Opcode::WRITE_TO_STDOUT,
+        Opcode::WRITE_TO_STDERR,
+        Opcode::WRITE_TO_STREAM,
+        Opcode::WRITE_TO_STDOUT_NEWLINE,
+        Opcode::OPEN_FILE,
+        Opcode::HOST_CALL,
+        Opcode::OFFLOAD_HOST_CALL,
+    ];
+    all.extend(Opcode::PRINTF);
+    all.extend([
+        Opcode::REMOVE,
+        Opcode::RENAME,
+        Opcode::SYSTEM,
+        Opcode::TEST_STREAM,
+    ]);
+    all
 }
 
 /// A running server with one mailbox of `ports` ports (L = 1) and its output captured.
@@ -181,7 +163,8 @@ fn an_over_long_claim_on_each_streaming_opcode_leaves_its_port_serving() {
     let _user = fx.server.user();
     let locks = LockTable::new(2);
     let client = fx.client(&locks);
-    for (k, opcode) in STREAMING.into_iter().enumerate() {
+    let streaming = streaming();
+    for (k, &opcode) in streaming.iter().enumerate() {
         let port = claim(&client, 0, opcode);
         assert_eq!(finish_claim(port), opcode.failure_word(), "{opcode}");
         fx.eventually("counted the error", |s| s.errors == k as u64 + 1);
@@ -189,10 +172,10 @@ fn an_over_long_claim_on_each_streaming_opcode_leaves_its_port_serving() {
     }
     assert!(fx.output.bytes().is_empty(), "{:?}", fx.output.bytes());
     let stats = fx.server.stats();
-    assert_eq!(stats.total_served(), STREAMING.len() as u64, "{stats}");
+    assert_eq!(stats.total_served(), streaming.len() as u64, "{stats}");
     assert_eq!(
         stats.served_of(Opcode::TEST_INCREMENT),
-        STREAMING.len() as u64
+        streaming.len() as u64
     );
 }
 
@@ -204,11 +187,12 @@ fn eight_over_long_claims_on_eight_ports_then_all_eight_serve() {
     let _user = fx.server.user();
     let locks = LockTable::new(8);
     let client = fx.client(&locks);
+    let streaming = streaming();
     let ports: Vec<ClientPort<'_>> = (0..8)
-        .map(|index| claim(&client, index, STREAMING[index as usize]))
+        .map(|index| claim(&client, index, streaming[index as usize]))
         .collect();
     for (index, port) in ports.into_iter().enumerate() {
-        assert_eq!(finish_claim(port), STREAMING[index].failure_word());
+        assert_eq!(finish_claim(port), streaming[index].failure_word());
     }
     for index in 0..8 {
         assert_eq!(

@@ -2,40 +2,19 @@
 //! users and sleep, shutdown policies, unknown opcodes, panics, abandoned exchanges, detach.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::{eventually, Mailbox};
 use rpc_core::protocol::{Backoff, Deadline};
 use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{
     MailboxId, Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped,
 };
-
-/// A mailbox attached to a server, with the client's lock table.
-struct Mailbox {
-    memory: Arc<MailboxMemory>,
-    locks: LockTable,
-    id: MailboxId,
-}
-
-impl Mailbox {
-    fn attach(server: &RpcServer, ports: u32, lanes: u32) -> Self {
-        let memory = Arc::new(MailboxMemory::new(
-            Layout::new(Generation::V1, ports, lanes).unwrap(),
-        ));
-        let id = server.attach(Box::new(memory.clone()));
-        Mailbox {
-            memory,
-            locks: LockTable::new(ports),
-            id,
-        }
-    }
-    fn client(&self) -> Client<'_> {
-        Client::new(self.memory.view(), self.locks.words()).unwrap()
-    }
-}
 
 fn increment(client: &Client<'_>, opcode: Opcode, x: u64) -> u64 {
     let mut port = client.open(opcode, 1).unwrap();
@@ -59,16 +38,6 @@ const fn scaled(normal: usize, under_miri: usize) -> usize {
         under_miri
     } else {
         normal
-    }
-}
-
-/// Polls `condition` for up to 10 s (a generous bound for a loaded 2-core machine).
-fn eventually(what: &str, condition: impl Fn() -> bool) {
-    // A hang guard only: generous, so that busy cores never fail a test that would pass.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        thread::sleep(Duration::from_millis(1));
     }
 }
 

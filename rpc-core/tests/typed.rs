@@ -4,33 +4,23 @@
 //! the one-owner rule, registration while serving, and the refusals of hostile pointees.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::ffi::CStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::{
-    dispatch, CallArg, Client, ClientPort, Deadline, Generation, Layout, LockTable, Mailbox,
-    MailboxMemory,
-};
+use common::Mailbox;
+use rpc_core::protocol::{dispatch, CallArg, ClientPort, Deadline, Generation};
 use rpc_core::services::dispatch_tests::{self, opcode, Pair};
-use rpc_core::{AtomicMailbox, Limits, Opcode, RpcServer, ServerConfig, ServerError, UserGuard};
+use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ServerError, UserGuard};
 
 /// The stream bound the fixture sets: a larger pointee is drained and refused.
 const BOUND: u64 = 4096;
 
-struct Shared(Arc<MailboxMemory>);
-
-impl AtomicMailbox for Shared {
-    fn view(&self) -> Mailbox<'_> {
-        self.0.view()
-    }
-}
-
 /// A running server with the test functions and one mailbox of `lanes` lanes.
 struct Fx {
     mask: u64,
-    memory: Arc<MailboxMemory>,
-    locks: LockTable,
+    mailbox: Mailbox,
     deadline: Deadline,
     _user: UserGuard,
     server: RpcServer,
@@ -57,26 +47,19 @@ impl Fx {
             ..ServerConfig::default()
         });
         dispatch_tests::register(&server).unwrap();
-        let layout = Layout::new(generation, 4, lanes).unwrap();
-        let memory = Arc::new(MailboxMemory::new(layout));
-        let _ = server.attach(Box::new(Shared(memory.clone())));
+        let mailbox = Mailbox::attach_as(&server, generation, 4, lanes);
         let _ = server.start().unwrap();
         Fx {
             mask,
-            memory,
-            locks: LockTable::new(4),
-            deadline: Deadline::after(Duration::from_secs(120)),
+            mailbox,
+            deadline: common::hang_guard(),
             _user: server.user(),
             server,
         }
     }
 
     fn open(&self, opcode: Opcode) -> ClientPort<'_> {
-        Client::new(self.memory.view(), self.locks.words())
-            .unwrap()
-            .with_wait(&self.deadline)
-            .open(opcode, self.mask)
-            .unwrap()
+        self.mailbox.open(&self.deadline, opcode, self.mask)
     }
 
     /// A typed call of the warp; each lane's return value.

@@ -4,9 +4,9 @@
 //! so that it passes only when fast enough: no assertion here is about time.
 
 use std::ffi::CStr;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plugin_host::kernel::{self, encode_printf, PrintfCall};
@@ -16,6 +16,10 @@ use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, Mail
 use rpc_core::{ExitPolicy, Opcode, RpcServer, ServerConfig, ServicesConfig};
 use std::sync::atomic::Ordering;
 
+#[path = "../../rpc-core/tests/common/capture.rs"]
+mod capture;
+use capture::Capture;
+
 /// Generous liveness bound for a loaded 2-core machine (sanitizer builds included).
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -24,20 +28,6 @@ struct Fixture {
     memory: Arc<MailboxMemory>,
     locks: LockTable,
     out: Capture,
-}
-
-/// A writer whose bytes the test can read back.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 impl Fixture {
@@ -221,7 +211,7 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
     }
     // Each lane's output is written whole (with others' in one write); requests may interleave only
     // between whole lines.
-    let out = String::from_utf8(fixture.out.0.lock().unwrap().clone()).unwrap();
+    let out = String::from_utf8(fixture.out.bytes()).unwrap();
     let mut got: Vec<&str> = out.lines().collect();
     let mut want: Vec<&str> = expected.iter().flat_map(|r| r.lines()).collect();
     got.sort_unstable();
