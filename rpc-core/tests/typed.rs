@@ -62,6 +62,23 @@ impl Fx {
         self.mailbox.open(&self.deadline, opcode, self.mask)
     }
 
+    /// `fill` (test function 7) of each lane's whole span with 1, 2, 3, ...; each lane's
+    /// return value.
+    fn fill_from_one(&self, outs: &mut [Vec<u8>]) -> Vec<Vec<u8>> {
+        let mut args: Vec<_> = outs
+            .iter_mut()
+            .map(|o| {
+                let n = (o.len() / 4) as u32;
+                vec![
+                    CallArg::Pointer(Some(&mut o[..])),
+                    CallArg::value(n),
+                    CallArg::value(1u32),
+                ]
+            })
+            .collect();
+        self.call(opcode(7), &mut args, 4)
+    }
+
     /// A typed call of the warp; each lane's return value.
     fn call(&self, opcode: Opcode, args: &mut [Vec<CallArg<'_>>], reply: usize) -> Vec<Vec<u8>> {
         let mut port = self.open(opcode);
@@ -522,18 +539,7 @@ fn pointees_above_the_request_budget_are_refused() {
     let mut outs: Vec<Vec<u8>> = (0..64)
         .map(|l| vec![0; if l == 5 { 2048 } else { 1024 }])
         .collect();
-    let mut args: Vec<_> = outs
-        .iter_mut()
-        .map(|o| {
-            let n = (o.len() / 4) as u32;
-            vec![
-                CallArg::Pointer(Some(&mut o[..])),
-                CallArg::value(n),
-                CallArg::value(1u32),
-            ]
-        })
-        .collect();
-    let r = fx.call(opcode(7), &mut args, 4);
+    let r = fx.fill_from_one(&mut outs);
     assert_eq!(
         (&r[0][..], &r[4][..], &r[5][..]),
         (
@@ -567,18 +573,7 @@ fn pointees_beyond_the_memory_budget_are_refused() {
     );
     // 1 KiB each: lane 0's fits the budget, lane 4's (and 5's) would pass it.
     let mut outs: Vec<Vec<u8>> = (0..64).map(|_| vec![0; 1024]).collect();
-    let mut args: Vec<_> = outs
-        .iter_mut()
-        .map(|o| {
-            let n = (o.len() / 4) as u32;
-            vec![
-                CallArg::Pointer(Some(&mut o[..])),
-                CallArg::value(n),
-                CallArg::value(1u32),
-            ]
-        })
-        .collect();
-    let r = fx.call(opcode(7), &mut args, 4);
+    let r = fx.fill_from_one(&mut outs);
     assert_eq!(
         (&r[0][..], &r[4][..], &r[5][..]),
         (&256u32.to_le_bytes()[..], &[0u8; 4][..], &[0u8; 4][..])
