@@ -17,35 +17,12 @@ use common::capture::Capture;
 use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
 use rpc_core::protocol::{MailboxMemory, FIRST_PACKET_BYTES};
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
+use workloads::claims::{claim, finish_claim, increment_at, open, streaming};
 
 /// Bytes a lane may stream (the claims below are far above it).
 const BOUND: u64 = 4096;
-/// A claim no server may take at its word.
-const CLAIM: u64 = 1 << 62;
 /// How long anything may take before the test fails instead of hanging.
 const HANG_GUARD: Duration = Duration::from_secs(60);
-
-/// Every opcode whose script begins (after a stream handle, for the `_STREAM` ones) with a
-/// stream from the client.
-fn streaming() -> Vec<Opcode> {
-    let mut all = vec![
-        Opcode::WRITE_TO_STDOUT,
-        Opcode::WRITE_TO_STDERR,
-        Opcode::WRITE_TO_STREAM,
-        Opcode::WRITE_TO_STDOUT_NEWLINE,
-        Opcode::OPEN_FILE,
-        Opcode::HOST_CALL,
-        Opcode::OFFLOAD_HOST_CALL,
-    ];
-    all.extend(Opcode::PRINTF);
-    all.extend([
-        Opcode::REMOVE,
-        Opcode::RENAME,
-        Opcode::SYSTEM,
-        Opcode::TEST_STREAM,
-    ]);
-    all
-}
 
 /// A running server with one mailbox of `ports` ports (L = 1) and its output captured.
 struct Fx {
@@ -104,53 +81,6 @@ impl Fx {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-}
-
-/// Opens `opcode` on port `index`, which must be free.
-fn open<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
-    client
-        .try_open_at(index, opcode, 1)
-        .unwrap()
-        .unwrap_or_else(|| panic!("port {index} is not free for {opcode}"))
-}
-
-/// TEST_INCREMENT of `x` on port `index`, which must be free.
-fn increment_at(client: &Client<'_>, index: u32, x: u64) -> u64 {
-    let mut port = open(client, index, Opcode::TEST_INCREMENT);
-    let mut got = 0;
-    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
-        .unwrap();
-    got
-}
-
-/// Opens `opcode` on port `index` and sends what its script sends first, ending with a stream
-/// whose first packet claims [`CLAIM`] bytes: the server refuses the claim there.
-fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
-    let mut port = open(client, index, opcode);
-    let streams = [
-        Opcode::WRITE_TO_STREAM,
-        Opcode::PRINTF_TO_STREAM,
-        Opcode::PRINTF_TO_STREAM_PACKED,
-    ];
-    if streams.contains(&opcode) {
-        // The stream handle (stdout, tagged), then the stream.
-        port.send(|_, p| p.set_word(0, 2)).unwrap();
-    }
-    port.send(|_, p| {
-        p.set_word(0, CLAIM);
-        p.write_bytes(8, &[b'x'; FIRST_PACKET_BYTES]);
-    })
-    .unwrap();
-    port
-}
-
-/// The client goes on with its script as if the claim had been taken: one more packet of its
-/// stream, then it reads the reply. Returns the reply's word 0.
-fn finish_claim(mut port: ClientPort<'_>) -> u64 {
-    port.send(|_, p| p.write_bytes(0, &[b'y'; 64])).unwrap();
-    let mut reply = None;
-    port.recv(|_, p| reply = Some(p.word(0))).unwrap();
-    reply.unwrap()
 }
 
 /// A claim above the bound on each opcode that streams, on port 0 while the server keeps a user
