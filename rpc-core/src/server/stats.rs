@@ -226,44 +226,23 @@ impl fmt::Display for StatsSnapshot {
 mod tests {
     use super::*;
 
-    /// Every counter a different value, an opcode of the table and one outside it.
-    fn sample() -> StatsSnapshot {
-        let mut stats = StatsSnapshot {
-            served: [(Opcode::TEST_INCREMENT, 2), (Opcode(0x7500_0007), 1)].into(),
-            ..StatsSnapshot::default()
-        };
-        for (i, field) in [
-            &mut stats.errors,
-            &mut stats.refused,
-            &mut stats.unknown,
-            &mut stats.bad_headers,
-            &mut stats.panics,
-            &mut stats.abandoned,
-            &mut stats.passes,
-            &mut stats.sleeps,
-            &mut stats.wakeups,
-            &mut stats.doorbell_sleeps,
-            &mut stats.doorbell_rings,
-            &mut stats.workers_started,
-            &mut stats.live_workers,
-            &mut stats.max_live_workers,
-            &mut stats.blocking_calls,
-            &mut stats.io_threads_abandoned,
-            &mut stats.output_lost_bytes,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            *field = i as u64 + 1;
-        }
-        stats
+    /// Every counter a different value (1, 2, 3, ... in the list's order), an opcode of the
+    /// table and one outside it.
+    macro_rules! sample {
+        ($($(#[$doc:meta])* $name:ident,)*) => {{
+            let mut n = 0;
+            StatsSnapshot {
+                served: [(Opcode::TEST_INCREMENT, 2), (Opcode(0x7500_0007), 1)].into(),
+                $($name: { n += 1; n },)*
+            }
+        }};
     }
 
     /// rpc-serve prints these two forms; scripts read them: each counter by its name, in the
     /// list's order.
     #[test]
     fn display_and_json_name_every_counter_in_order() {
-        let stats = sample();
+        let stats: StatsSnapshot = crate::stats_counters!(sample);
         assert_eq!(
             std::format!("{stats}"),
             "served=3 errors=1 refused=2 unknown=3 bad_headers=4 panics=5 abandoned=6 passes=7 \
