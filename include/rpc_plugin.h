@@ -21,7 +21,7 @@ const struct RpcPluginTable *rpc_plugin_entry(void);
  * The ABI's version. Any change to a type or a function of this crate's C side bumps it;
  * a loader accepts only its own version (see `docs/plugins.md`).
  */
-#define RPC_PLUGIN_ABI_VERSION 1
+#define RPC_PLUGIN_ABI_VERSION 2
 
 /**
  * Success.
@@ -263,6 +263,10 @@ typedef struct RpcStats {
    * Most worker threads ever alive at once.
    */
   uint64_t max_live_workers;
+  /**
+   * Bytes of device output (stdout, stderr) not written.
+   */
+  uint64_t output_lost_bytes;
 } RpcStats;
 
 /**

@@ -27,7 +27,7 @@ pub mod export;
 
 /// The ABI's version. Any change to a type or a function of this crate's C side bumps it;
 /// a loader accepts only its own version (see `docs/plugins.md`).
-pub const RPC_PLUGIN_ABI_VERSION: u32 = 1;
+pub const RPC_PLUGIN_ABI_VERSION: u32 = 2;
 
 /// The name of the one symbol a plugin library exports: an [`RpcPluginEntryFn`].
 pub const ENTRY_SYMBOL: &str = "rpc_plugin_entry";
@@ -133,6 +133,9 @@ pub type RpcHandlerFn = unsafe extern "C" fn(ctx: *mut c_void, request: *mut Rpc
 
 /// A server's counters, as [`rpc_core::StatsSnapshot`] (the per-opcode counts come apart,
 /// as [`RpcServedCount`]s).
+// The fields are rpc-core's list of counters (`stats_counters!`) after `served`, written out
+// for cbindgen, which does not expand macros; `conversions` below fails to compile while they
+// differ. A new field is a new ABI version.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RpcStats {
@@ -170,6 +173,8 @@ pub struct RpcStats {
     pub live_workers: u64,
     /// Most worker threads ever alive at once.
     pub max_live_workers: u64,
+    /// Bytes of device output (stdout, stderr) not written.
+    pub output_lost_bytes: u64,
 }
 
 /// Requests of one opcode served to completion.
@@ -366,55 +371,32 @@ pub struct RpcHostWarp {
 pub type RpcHostKernelFn =
     unsafe extern "C" fn(warp: *const RpcHostWarp, args: *const c_void, len: usize);
 
-impl RpcStats {
-    /// The counters of `stats` (the per-opcode counts go apart).
-    pub fn of(stats: &StatsSnapshot) -> Self {
-        RpcStats {
-            served: stats.total_served(),
-            errors: stats.errors,
-            refused: stats.refused,
-            unknown: stats.unknown,
-            bad_headers: stats.bad_headers,
-            panics: stats.panics,
-            abandoned: stats.abandoned,
-            passes: stats.passes,
-            sleeps: stats.sleeps,
-            wakeups: stats.wakeups,
-            doorbell_sleeps: stats.doorbell_sleeps,
-            doorbell_rings: stats.doorbell_rings,
-            workers_started: stats.workers_started,
-            blocking_calls: stats.blocking_calls,
-            io_threads_abandoned: stats.io_threads_abandoned,
-            live_workers: stats.live_workers,
-            max_live_workers: stats.max_live_workers,
-        }
-    }
+/// `RpcStats::of` and `RpcStats::snapshot`, field by field from rpc-core's list of counters:
+/// their struct literals name every field, so a counter `RpcStats` lacks (or one it has that
+/// the list does not) fails to compile here.
+macro_rules! conversions {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        impl RpcStats {
+            /// The counters of `stats` (the per-opcode counts go apart).
+            pub fn of(stats: &StatsSnapshot) -> Self {
+                RpcStats {
+                    served: stats.total_served(),
+                    $($name: stats.$name,)*
+                }
+            }
 
-    /// The snapshot these counters and the per-opcode counts `served` make.
-    pub fn snapshot(&self, served: &[RpcServedCount]) -> StatsSnapshot {
-        StatsSnapshot {
-            served: served.iter().map(|s| (Opcode(s.opcode), s.count)).collect(),
-            errors: self.errors,
-            refused: self.refused,
-            unknown: self.unknown,
-            bad_headers: self.bad_headers,
-            panics: self.panics,
-            abandoned: self.abandoned,
-            passes: self.passes,
-            sleeps: self.sleeps,
-            wakeups: self.wakeups,
-            doorbell_sleeps: self.doorbell_sleeps,
-            doorbell_rings: self.doorbell_rings,
-            workers_started: self.workers_started,
-            blocking_calls: self.blocking_calls,
-            io_threads_abandoned: self.io_threads_abandoned,
-            live_workers: self.live_workers,
-            max_live_workers: self.max_live_workers,
-            // Not carried by this version of the ABI.
-            ..StatsSnapshot::default()
+            /// The snapshot these counters and the per-opcode counts `served` make.
+            pub fn snapshot(&self, served: &[RpcServedCount]) -> StatsSnapshot {
+                StatsSnapshot {
+                    served: served.iter().map(|s| (Opcode(s.opcode), s.count)).collect(),
+                    $($name: self.$name,)*
+                }
+            }
         }
-    }
+    };
 }
+
+rpc_core::stats_counters!(conversions);
 
 impl RpcPacketRequest {
     /// The C view of `request`, valid while `request` is borrowed.
@@ -462,5 +444,35 @@ impl From<rpc_core::plugin::Grid> for RpcGrid {
             blocks: grid.blocks,
             threads: grid.threads,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot whose counters are 1, 2, 3, ... in the list's order.
+    macro_rules! numbered {
+        ($($(#[$doc:meta])* $name:ident,)*) => {{
+            let mut n = 0;
+            StatsSnapshot {
+                served: [(Opcode::TEST_INCREMENT, 3)].into(),
+                $($name: { n += 1; n },)*
+            }
+        }};
+    }
+
+    /// Every counter crosses the C struct and comes back (one the ABI lacked came back 0).
+    #[test]
+    fn every_counter_crosses_the_c_struct_both_ways() {
+        let stats: StatsSnapshot = rpc_core::stats_counters!(numbered);
+        let c = RpcStats::of(&stats);
+        assert_eq!(c.served, 3);
+        assert_eq!(c.output_lost_bytes, stats.output_lost_bytes);
+        let served = [RpcServedCount {
+            opcode: Opcode::TEST_INCREMENT.0,
+            count: 3,
+        }];
+        assert_eq!(c.snapshot(&served), stats);
     }
 }

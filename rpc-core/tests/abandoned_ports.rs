@@ -7,63 +7,22 @@
 //! Every wait is for a condition (a reply, a counter); the durations are hang guards only.
 #![cfg(not(loom))]
 
-use std::io::Write;
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::capture::Capture;
 use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
 use rpc_core::protocol::{MailboxMemory, FIRST_PACKET_BYTES};
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
+use workloads::claims::{claim, finish_claim, increment_at, open, streaming};
 
 /// Bytes a lane may stream (the claims below are far above it).
 const BOUND: u64 = 4096;
-/// A claim no server may take at its word.
-const CLAIM: u64 = 1 << 62;
 /// How long anything may take before the test fails instead of hanging.
 const HANG_GUARD: Duration = Duration::from_secs(60);
-
-/// Every opcode whose script begins (after a stream handle, for the `_STREAM` ones) with a
-/// stream from the client.
-const STREAMING: [Opcode; 17] = [
-    Opcode::WRITE_TO_STDOUT,
-    Opcode::WRITE_TO_STDERR,
-    Opcode::WRITE_TO_STREAM,
-    Opcode::WRITE_TO_STDOUT_NEWLINE,
-    Opcode::OPEN_FILE,
-    Opcode::HOST_CALL,
-    Opcode::OFFLOAD_HOST_CALL,
-    Opcode::PRINTF_TO_STDOUT,
-    Opcode::PRINTF_TO_STDERR,
-    Opcode::PRINTF_TO_STREAM,
-    Opcode::PRINTF_TO_STDOUT_PACKED,
-    Opcode::PRINTF_TO_STDERR_PACKED,
-    Opcode::PRINTF_TO_STREAM_PACKED,
-    Opcode::REMOVE,
-    Opcode::RENAME,
-    Opcode::SYSTEM,
-    Opcode::TEST_STREAM,
-];
-
-/// What the server wrote to the device's stdout or stderr.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    fn bytes(&self) -> Vec<u8> {
-        self.0.lock().unwrap().clone()
-    }
-}
 
 /// A running server with one mailbox of `ports` ports (L = 1) and its output captured.
 struct Fx {
@@ -124,53 +83,6 @@ impl Fx {
     }
 }
 
-/// Opens `opcode` on port `index`, which must be free.
-fn open<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
-    client
-        .try_open_at(index, opcode, 1)
-        .unwrap()
-        .unwrap_or_else(|| panic!("port {index} is not free for {opcode}"))
-}
-
-/// TEST_INCREMENT of `x` on port `index`, which must be free.
-fn increment_at(client: &Client<'_>, index: u32, x: u64) -> u64 {
-    let mut port = open(client, index, Opcode::TEST_INCREMENT);
-    let mut got = 0;
-    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
-        .unwrap();
-    got
-}
-
-/// Opens `opcode` on port `index` and sends what its script sends first, ending with a stream
-/// whose first packet claims [`CLAIM`] bytes: the server refuses the claim there.
-fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
-    let mut port = open(client, index, opcode);
-    let streams = [
-        Opcode::WRITE_TO_STREAM,
-        Opcode::PRINTF_TO_STREAM,
-        Opcode::PRINTF_TO_STREAM_PACKED,
-    ];
-    if streams.contains(&opcode) {
-        // The stream handle (stdout, tagged), then the stream.
-        port.send(|_, p| p.set_word(0, 2)).unwrap();
-    }
-    port.send(|_, p| {
-        p.set_word(0, CLAIM);
-        p.write_bytes(8, &[b'x'; FIRST_PACKET_BYTES]);
-    })
-    .unwrap();
-    port
-}
-
-/// The client goes on with its script as if the claim had been taken: one more packet of its
-/// stream, then it reads the reply. Returns the reply's word 0.
-fn finish_claim(mut port: ClientPort<'_>) -> u64 {
-    port.send(|_, p| p.write_bytes(0, &[b'y'; 64])).unwrap();
-    let mut reply = None;
-    port.recv(|_, p| reply = Some(p.word(0))).unwrap();
-    reply.unwrap()
-}
-
 /// A claim above the bound on each opcode that streams, on port 0 while the server keeps a user
 /// (as rpc-serve does all its life): each is answered to its end with the opcode's failure
 /// word, nothing is printed, and port 0 then serves a TEST_INCREMENT. (Before, the port stayed
@@ -181,7 +93,8 @@ fn an_over_long_claim_on_each_streaming_opcode_leaves_its_port_serving() {
     let _user = fx.server.user();
     let locks = LockTable::new(2);
     let client = fx.client(&locks);
-    for (k, opcode) in STREAMING.into_iter().enumerate() {
+    let streaming = streaming();
+    for (k, &opcode) in streaming.iter().enumerate() {
         let port = claim(&client, 0, opcode);
         assert_eq!(finish_claim(port), opcode.failure_word(), "{opcode}");
         fx.eventually("counted the error", |s| s.errors == k as u64 + 1);
@@ -189,10 +102,10 @@ fn an_over_long_claim_on_each_streaming_opcode_leaves_its_port_serving() {
     }
     assert!(fx.output.bytes().is_empty(), "{:?}", fx.output.bytes());
     let stats = fx.server.stats();
-    assert_eq!(stats.total_served(), STREAMING.len() as u64, "{stats}");
+    assert_eq!(stats.total_served(), streaming.len() as u64, "{stats}");
     assert_eq!(
         stats.served_of(Opcode::TEST_INCREMENT),
-        STREAMING.len() as u64
+        streaming.len() as u64
     );
 }
 
@@ -204,11 +117,12 @@ fn eight_over_long_claims_on_eight_ports_then_all_eight_serve() {
     let _user = fx.server.user();
     let locks = LockTable::new(8);
     let client = fx.client(&locks);
+    let streaming = streaming();
     let ports: Vec<ClientPort<'_>> = (0..8)
-        .map(|index| claim(&client, index, STREAMING[index as usize]))
+        .map(|index| claim(&client, index, streaming[index as usize]))
         .collect();
     for (index, port) in ports.into_iter().enumerate() {
-        assert_eq!(finish_claim(port), STREAMING[index].failure_word());
+        assert_eq!(finish_claim(port), streaming[index].failure_word());
     }
     for index in 0..8 {
         assert_eq!(

@@ -14,12 +14,10 @@ mod common;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
 
-use common::Device;
+use common::{Device, Mailbox};
+use rpc_core::protocol::ClientPort;
 use rpc_core::protocol::Deadline;
-use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
 use rpc_core::{Opcode, RpcServer, ServerConfig, StatsSnapshot, UserGuard};
 
@@ -29,8 +27,7 @@ const MINUS_ONE: u64 = u64::MAX;
 
 struct Fx {
     mask: u64,
-    memory: Arc<MailboxMemory>,
-    locks: LockTable,
+    mailbox: Mailbox,
     dir: PathBuf,
     /// Client waits give up here, so a server that blocks fails the test instead of hanging it.
     deadline: Deadline,
@@ -50,27 +47,17 @@ impl Fx {
             },
             ..ServerConfig::default()
         });
-        let memory = Arc::new(MailboxMemory::new(
-            Layout::new(Generation::V1, 1, lanes).unwrap(),
-        ));
-        server.attach(Box::new(memory.clone()));
+        let mailbox = Mailbox::attach(&server, 1, lanes);
         server
             .context()
             .services()
             .set_stdout(Box::new(std::io::sink()));
         let _ = server.start().unwrap();
-        let dir = std::env::temp_dir().join(format!(
-            "rpc-file-policy-{}-{name}-{lanes}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         Fx {
             mask,
-            memory,
-            locks: LockTable::new(1),
-            dir,
-            deadline: Deadline::after(Duration::from_secs(60)),
+            mailbox,
+            dir: common::empty_dir(&format!("file-policy-{name}-{lanes}")),
+            deadline: common::hang_guard(),
             _user: server.user(),
             server,
         }
@@ -107,11 +94,7 @@ impl Fx {
 
 impl Device for Fx {
     fn open(&self, opcode: Opcode) -> ClientPort<'_> {
-        Client::new(self.memory.view(), self.locks.words())
-            .unwrap()
-            .with_wait(&self.deadline)
-            .open(opcode, self.mask)
-            .unwrap()
+        self.mailbox.open(&self.deadline, opcode, self.mask)
     }
 }
 

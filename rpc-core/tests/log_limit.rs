@@ -7,47 +7,18 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
-use common::Device;
-use rpc_core::protocol::Deadline;
-use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
+use common::{eventually, Device, Mailbox};
+use rpc_core::protocol::ClientPort;
 use rpc_core::{FilePolicy, Limits, Opcode, RpcServer, ServerConfig, ServicesConfig};
-
-/// Every line logged, as text.
-static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Keeping;
-
-impl log::Log for Keeping {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record) {
-        LINES.lock().unwrap().push(record.args().to_string());
-    }
-    fn flush(&self) {}
-}
-
-/// Installs the logger once for the whole binary.
-fn keep_lines() {
-    static INSTALL: Once = Once::new();
-    INSTALL.call_once(|| {
-        log::set_logger(&Keeping).unwrap();
-        log::set_max_level(log::LevelFilter::Warn);
-    });
-}
 
 /// The lines a server named `name` logged (each begins with its name).
 fn lines_of(name: &str) -> Vec<String> {
     let prefix = format!("{name}:");
-    LINES
-        .lock()
-        .unwrap()
-        .iter()
+    common::logged()
+        .into_iter()
         .filter(|line| line.starts_with(&prefix))
-        .cloned()
         .collect()
 }
 
@@ -73,13 +44,8 @@ fn dropped_told(lines: &[String]) -> u64 {
 
 /// A running server with the given limits and files policy, one mailbox of `ports` ports of
 /// one lane, and a user.
-fn serve(
-    name: &str,
-    ports: u32,
-    limits: Limits,
-    files: FilePolicy,
-) -> (RpcServer, Arc<MailboxMemory>) {
-    keep_lines();
+fn serve(name: &str, ports: u32, limits: Limits, files: FilePolicy) -> (RpcServer, Mailbox) {
+    common::keep_log_lines(log::LevelFilter::Warn);
     let server = RpcServer::new(ServerConfig {
         name: name.into(),
         limits,
@@ -89,21 +55,9 @@ fn serve(
         },
         ..ServerConfig::default()
     });
-    let memory = Arc::new(MailboxMemory::new(
-        Layout::new(Generation::V1, ports, 1).unwrap(),
-    ));
-    server.attach(Box::new(memory.clone()));
+    let mailbox = Mailbox::attach(&server, ports, 1);
     let _ = server.start().unwrap();
-    (server, memory)
-}
-
-/// Waits (a generous hang guard, not a measurement) until `done` holds.
-fn eventually(what: &str, done: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < Duration::from_secs(60), "{what}");
-        std::thread::yield_now();
-    }
+    (server, mailbox)
 }
 
 #[test]
@@ -114,13 +68,10 @@ fn device_caused_log_lines_are_rate_limited() {
         device_log_lines: PER_SECOND,
         ..Limits::default()
     };
-    let (server, memory) = serve("log-limit", 4, limits, FilePolicy::Deny);
+    let (server, mailbox) = serve("log-limit", 4, limits, FilePolicy::Deny);
     let _user = server.user();
-    let locks = LockTable::new(4);
-    let deadline = Deadline::after(Duration::from_secs(120));
-    let client = Client::new(memory.view(), locks.words())
-        .unwrap()
-        .with_wait(&deadline);
+    let deadline = common::hang_guard();
+    let client = mailbox.client().with_wait(&deadline);
     let start = Instant::now();
     for i in 0..REQUESTS {
         let mut port = client.open(Opcode::user(0x7777), 1).unwrap();
@@ -128,7 +79,9 @@ fn device_caused_log_lines_are_rate_limited() {
         port.send_and_recv(|_, p| p.set_word(0, i), |_, p| assert_eq!(p.word(0), i))
             .unwrap();
     }
-    eventually("not all served", || server.stats().unknown >= REQUESTS);
+    eventually("every request served", || {
+        server.stats().unknown >= REQUESTS
+    });
     let elapsed = start.elapsed();
     // Every request is counted; the log got at most the budget of each one-second window the
     // run touched (a window starts at the first line after the previous one ended).
@@ -167,17 +120,14 @@ fn a_burst_of_over_long_claims_logs_the_budget_and_a_count_of_the_rest() {
         stream_bytes: 1024,
         ..Limits::default()
     };
-    let (server, memory) = serve("claims", CLAIMS as u32 + 4, limits, FilePolicy::Deny);
+    let (server, mailbox) = serve("claims", CLAIMS as u32 + 4, limits, FilePolicy::Deny);
     server
         .context()
         .services()
         .set_stdout(Box::new(std::io::sink()));
     let user = server.user();
-    let locks = LockTable::new(CLAIMS as u32 + 4);
-    let deadline = Deadline::after(Duration::from_secs(120));
-    let client = Client::new(memory.view(), locks.words())
-        .unwrap()
-        .with_wait(&deadline);
+    let deadline = common::hang_guard();
+    let client = mailbox.client().with_wait(&deadline);
     let start = Instant::now();
     for _ in 0..CLAIMS {
         let mut port = client.open(Opcode::WRITE_TO_STDOUT, 1).unwrap();
@@ -185,7 +135,7 @@ fn a_burst_of_over_long_claims_logs_the_budget_and_a_count_of_the_rest() {
         port.send(|_, p| p.set_word(0, u64::MAX)).unwrap();
         drop(port);
     }
-    eventually("not all claims counted", || server.stats().errors >= CLAIMS);
+    eventually("every claim counted", || server.stats().errors >= CLAIMS);
     drop(user);
     let _ = server.shutdown().unwrap();
     let elapsed = start.elapsed();
@@ -218,7 +168,7 @@ fn a_refused_four_mib_path_makes_a_short_log_line() {
     const PATH_BYTES: usize = 4 << 20;
     let sandbox = std::env::temp_dir().join(format!("rpc-log-limit-{}", std::process::id()));
     std::fs::create_dir_all(&sandbox).unwrap();
-    let (server, memory) = serve(
+    let (server, mailbox) = serve(
         "long-path",
         1,
         Limits::default(),
@@ -226,8 +176,7 @@ fn a_refused_four_mib_path_makes_a_short_log_line() {
     );
     let _user = server.user();
     let fx = Warp {
-        memory,
-        locks: LockTable::new(1),
+        mailbox,
         wait: common::EachWait::new(Duration::from_secs(120)),
     };
     let mut path = b"/etc/".to_vec();
@@ -238,7 +187,7 @@ fn a_refused_four_mib_path_makes_a_short_log_line() {
     assert_eq!(fx.fopen(&paths, "r")[0], 0);
     assert_eq!(fx.stream_then_word(Opcode::REMOVE, &paths)[0], u64::MAX);
     assert_eq!(fx.rename(&paths, &paths)[0], u64::MAX);
-    eventually("not all refused", || server.stats().refused >= 3);
+    eventually("the three refused", || server.stats().refused >= 3);
     std::fs::remove_dir_all(&sandbox).unwrap();
 
     let logged = lines_of("long-path");
@@ -255,17 +204,12 @@ fn a_refused_four_mib_path_makes_a_short_log_line() {
 
 /// One warp of one lane on a mailbox of one port.
 struct Warp {
-    memory: Arc<MailboxMemory>,
-    locks: LockTable,
+    mailbox: Mailbox,
     wait: common::EachWait,
 }
 
 impl Device for Warp {
     fn open(&self, opcode: Opcode) -> ClientPort<'_> {
-        Client::new(self.memory.view(), self.locks.words())
-            .unwrap()
-            .with_wait(&self.wait)
-            .open(opcode, 1)
-            .unwrap()
+        self.mailbox.open(&self.wait, opcode, 1)
     }
 }

@@ -3,16 +3,15 @@
 //! of its own, so that the process's resident memory is this test's alone.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use rpc_core::protocol::{
-    Client, ClientPort, Deadline, Generation, Layout, LockTable, Mailbox, MailboxMemory,
-    FIRST_PACKET_BYTES,
-};
-use rpc_core::{AtomicMailbox, Limits, Opcode, RpcServer, ServerConfig};
+use common::{eventually, Mailbox};
+use rpc_core::protocol::{Client, ClientPort, FIRST_PACKET_BYTES};
+use rpc_core::{Limits, Opcode, RpcServer, ServerConfig};
 
 const LANES: u32 = 32;
 const PORTS: u32 = 8;
@@ -21,14 +20,6 @@ const LANE_BYTES: usize = 256 << 10;
 const PORT_BYTES: u64 = (LANE_BYTES as u64) * LANES as u64;
 /// Room for two ports' streams, not three.
 const BUDGET: u64 = 20 << 20;
-
-struct Shared(Arc<MailboxMemory>);
-
-impl AtomicMailbox for Shared {
-    fn view(&self) -> Mailbox<'_> {
-        self.0.view()
-    }
-}
 
 /// The device's stdout: counts the bytes, keeps none.
 #[derive(Clone, Default)]
@@ -100,16 +91,11 @@ fn unfinished_streams_of_many_ports_hold_at_most_the_budget() {
     let written_out = Count::default();
     let services = server.context().services();
     services.set_stdout(Box::new(written_out.clone()));
-    let layout = Layout::new(Generation::V1, PORTS, LANES).unwrap();
-    let memory = Arc::new(MailboxMemory::new(layout));
-    let id = server.attach(Box::new(Shared(memory.clone())));
+    let mailbox = Mailbox::attach(&server, PORTS, LANES);
     let _ = server.start().unwrap();
     let user = server.user();
-    let locks = LockTable::new(PORTS);
-    let deadline = Deadline::after(Duration::from_secs(120));
-    let client = Client::new(memory.view(), locks.words())
-        .unwrap()
-        .with_wait(&deadline);
+    let deadline = common::hang_guard();
+    let client = mailbox.client().with_wait(&deadline);
 
     let before = rss();
     let mut ports: Vec<ClientPort<'_>> = (0..PORTS)
@@ -134,14 +120,9 @@ fn unfinished_streams_of_many_ports_hold_at_most_the_budget() {
     // A held one ends: served whole; its charge goes with it.
     let first = ports.remove(0);
     assert_eq!(finish(first), vec![LANE_BYTES as u64; LANES as usize]);
-    let wait_for = |what: &dyn Fn() -> bool| {
-        let start = Instant::now();
-        while !what() {
-            assert!(start.elapsed() < Duration::from_secs(30), "hang guard");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    };
-    wait_for(&|| server.context().held_bytes() == PORT_BYTES);
+    eventually("one port's charge given back", || {
+        server.context().held_bytes() == PORT_BYTES
+    });
     // Room again: a new write is served whole.
     let again = unfinished_write(&client, b'z');
     assert_eq!(server.context().held_bytes(), 2 * PORT_BYTES);
@@ -151,14 +132,16 @@ fn unfinished_streams_of_many_ports_hold_at_most_the_budget() {
     for port in ports {
         assert_eq!(finish(port), vec![0; LANES as usize]);
     }
-    wait_for(&|| server.stats().refused == 6);
+    eventually("six refused", || server.stats().refused == 6);
     assert_eq!(written_out.0.load(Ordering::Relaxed), 2 * PORT_BYTES);
 
     // Its kernel gone and the mailbox detached, the budget is whole again.
     std::mem::forget(unfinished);
     drop(user);
-    server.detach(id).unwrap();
-    wait_for(&|| server.context().held_bytes() == 0);
+    server.detach(mailbox.id).unwrap();
+    eventually("every charge given back", || {
+        server.context().held_bytes() == 0
+    });
     let stats = server.stats();
     assert_eq!(
         (stats.refused, stats.errors, stats.panics),

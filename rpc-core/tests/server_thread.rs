@@ -2,40 +2,19 @@
 //! users and sleep, shutdown policies, unknown opcodes, panics, abandoned exchanges, detach.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::{eventually, Mailbox};
 use rpc_core::protocol::{Backoff, Deadline};
-use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::{
     MailboxId, Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped,
 };
-
-/// A mailbox attached to a server, with the client's lock table.
-struct Mailbox {
-    memory: Arc<MailboxMemory>,
-    locks: LockTable,
-    id: MailboxId,
-}
-
-impl Mailbox {
-    fn attach(server: &RpcServer, ports: u32, lanes: u32) -> Self {
-        let memory = Arc::new(MailboxMemory::new(
-            Layout::new(Generation::V1, ports, lanes).unwrap(),
-        ));
-        let id = server.attach(Box::new(memory.clone()));
-        Mailbox {
-            memory,
-            locks: LockTable::new(ports),
-            id,
-        }
-    }
-    fn client(&self) -> Client<'_> {
-        Client::new(self.memory.view(), self.locks.words()).unwrap()
-    }
-}
 
 fn increment(client: &Client<'_>, opcode: Opcode, x: u64) -> u64 {
     let mut port = client.open(opcode, 1).unwrap();
@@ -59,16 +38,6 @@ const fn scaled(normal: usize, under_miri: usize) -> usize {
         under_miri
     } else {
         normal
-    }
-}
-
-/// Polls `condition` for up to 10 s (a generous bound for a loaded 2-core machine).
-fn eventually(what: &str, condition: impl Fn() -> bool) {
-    // A hang guard only: generous, so that busy cores never fail a test that would pass.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !condition() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -783,12 +752,13 @@ fn within_bound<R: Send + 'static>(what: &str, body: impl FnOnce() -> R + Send +
     }
 }
 
-/// Registers `user(1)`: two packets in, their sum back. `started` is set once the first packet
-/// is in, just before the script suspends waiting for the second.
-fn register_sum(server: &RpcServer, started: &Arc<AtomicBool>) {
-    let started = started.clone();
+/// Registers `user(1)`: two packets in, their sum back. The flag returned is set once the first
+/// packet is in, just before the script suspends waiting for the second.
+fn register_sum(server: &RpcServer) -> Arc<AtomicBool> {
+    let started = Arc::new(AtomicBool::new(false));
+    let set = started.clone();
     server.register(Opcode::user(1), move |mut req| {
-        let started = started.clone();
+        let started = set.clone();
         async move {
             let (mut a, mut b) = (0, 0);
             req.recv(|_, p| a = p.word(0)).await?;
@@ -797,6 +767,18 @@ fn register_sum(server: &RpcServer, started: &Arc<AtomicBool>) {
             req.send(|_, p| p.set_word(0, a + b)).await
         }
     });
+    started
+}
+
+/// Opens `opcode` and sends its first packet (40), then waits until its handler has it
+/// (`started`) and suspends: the exchange is in flight, waiting for the client.
+fn suspended<'a>(client: &Client<'a>, opcode: Opcode, started: &AtomicBool) -> ClientPort<'a> {
+    let mut port = client.open(opcode, 1).unwrap();
+    port.send(|_, p| p.set_word(0, 40)).unwrap();
+    eventually("the exchange is suspended in flight", || {
+        started.load(Ordering::Acquire)
+    });
+    port
 }
 
 /// The worker reads `stopping` before every pass, so once a shutdown has begun it serves at
@@ -877,11 +859,7 @@ fn a_shutdown_abandons_the_exchanges_in_flight_and_their_ports_serve_once_the_ke
     let _ = server.start().unwrap();
     let kernel = server.user_for(mailbox.id);
     let client = mailbox.client();
-    let mut port = client.open(Opcode::user(2), 1).unwrap();
-    port.send(|_, p| p.set_word(0, 40)).unwrap();
-    eventually("the exchange is suspended in flight", || {
-        started.load(Ordering::Acquire)
-    });
+    let port = suspended(&client, Opcode::user(2), &started);
     assert_eq!(
         server.shutdown_with(ShutdownPolicy::Force),
         Ok(Stopped::Stopped)
@@ -929,17 +907,12 @@ fn a_restarted_server_serves_again() {
 #[test]
 fn a_live_kernels_suspended_exchange_is_kept_pass_after_pass() {
     let server = RpcServer::new(config("kept"));
-    let started = Arc::new(AtomicBool::new(false));
-    register_sum(&server, &started);
+    let started = register_sum(&server);
     let mailbox = Mailbox::attach(&server, 1, 1);
     let _ = server.start().unwrap();
     let _kernel = server.user_for(mailbox.id);
     let client = mailbox.client();
-    let mut port = client.open(Opcode::user(1), 1).unwrap();
-    port.send(|_, p| p.set_word(0, 40)).unwrap();
-    eventually("the exchange is suspended in flight", || {
-        started.load(Ordering::Acquire)
-    });
+    let mut port = suspended(&client, Opcode::user(1), &started);
     // Two more passes end: the one that suspended the exchange, and one that polled it.
     let passes = server.stats().passes;
     eventually("two more passes", || server.stats().passes >= passes + 2);
@@ -977,19 +950,14 @@ fn the_worker_sleeps_again_once_its_users_are_gone() {
 #[test]
 fn detach_after_the_worker_went_to_sleep_returns() {
     let server = Arc::new(RpcServer::new(config("detach-asleep")));
-    let started = Arc::new(AtomicBool::new(false));
-    register_sum(&server, &started);
+    let started = register_sum(&server);
     let mailbox = Mailbox::attach(&server, 1, 1);
     let _ = server.start().unwrap();
     eventually("the new worker sleeps", || server.stats().sleeps == 1);
     {
         let _kernel = server.user();
         let client = mailbox.client();
-        let mut port = client.open(Opcode::user(1), 1).unwrap();
-        port.send(|_, p| p.set_word(0, 40)).unwrap();
-        eventually("the exchange is suspended in flight", || {
-            started.load(Ordering::Acquire)
-        });
+        let port = suspended(&client, Opcode::user(1), &started);
         // The kernel dies midway: its port is never closed.
         std::mem::forget(port);
     }
@@ -1014,17 +982,12 @@ fn detach_after_the_worker_went_to_sleep_returns() {
 #[test]
 fn detach_ends_an_exchange_waiting_on_the_mailbox_and_returns() {
     let server = Arc::new(RpcServer::new(config("detach-in-flight")));
-    let started = Arc::new(AtomicBool::new(false));
-    register_sum(&server, &started);
+    let started = register_sum(&server);
     let mailbox = Mailbox::attach(&server, 1, 1);
     let _ = server.start().unwrap();
     let _kernel = server.user();
     let client = mailbox.client();
-    let mut port = client.open(Opcode::user(1), 1).unwrap();
-    port.send(|_, p| p.set_word(0, 40)).unwrap();
-    eventually("the exchange is suspended in flight", || {
-        started.load(Ordering::Acquire)
-    });
+    let port = suspended(&client, Opcode::user(1), &started);
     let (detaching, id) = (server.clone(), mailbox.id);
     within_bound("detach with an exchange in flight", move || {
         detaching.detach(id)
@@ -1203,14 +1166,11 @@ fn each_request_receives_only_its_own_bytes_though_buffers_are_reused() {
 #[test]
 fn kernels_arriving_while_the_worker_ends_its_stretch_keep_their_exchanges() {
     let server = RpcServer::new(config("stretch"));
-    let started = Arc::new(AtomicBool::new(false));
-    register_sum(&server, &started);
+    register_sum(&server);
     let mailbox = Mailbox::attach(&server, 1, 1);
     let _ = server.start().unwrap();
     let wait = rpc_core::protocol::Deadline::after(Duration::from_secs(10));
-    let client = Client::new(mailbox.memory.view(), mailbox.locks.words())
-        .unwrap()
-        .with_wait(&wait);
+    let client = mailbox.client().with_wait(&wait);
     let until = Instant::now() + Duration::from_secs(if cfg!(miri) { 1 } else { 5 });
     let mut kernels = 0u64;
     while kernels < scaled(20_000, 20) as u64 && Instant::now() < until {

@@ -12,16 +12,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{slices, Device, HeapAllocator};
+use common::capture::Capture;
+use common::{slices, Device, HeapAllocator, Mailbox};
 use rpc_core::protocol::Deadline;
-use rpc_core::protocol::{
-    Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxMemory,
-};
+use rpc_core::protocol::{Client, ClientPort};
 use rpc_core::services::KernelExit;
 use rpc_core::services::{malloc_alignment, HOST_CALL_REFUSED, MALLOC_ALIGN, SMALL_MAX};
-use rpc_core::AtomicMailbox;
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
-use rpc_core::{MailboxId, Opcode, RpcServer, ServerConfig, UserGuard};
+use rpc_core::{Opcode, RpcServer, ServerConfig, UserGuard};
 
 /// The stream bound the fixtures configure.
 const BOUND: u64 = 4096;
@@ -31,41 +29,11 @@ const CONFIGS: [(u32, u64); 2] = [(1, 1), (32, 0x8000_1235)];
 const EOF: u64 = u64::MAX;
 const MINUS_ONE: u64 = u64::MAX;
 
-struct Shared(Arc<MailboxMemory>);
-
-impl AtomicMailbox for Shared {
-    fn view(&self) -> Mailbox<'_> {
-        self.0.view()
-    }
-}
-
-/// A writer into a buffer the test reads.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Capture {
-    fn take(&self) -> Vec<u8> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
-
 /// A running server with one mailbox, captured stdout/stderr, a temp dir, and a live user.
 struct Fx {
     lanes: u32,
     mask: u64,
-    memory: Arc<MailboxMemory>,
-    locks: LockTable,
-    id: MailboxId,
+    mailbox: Mailbox,
     out: Capture,
     err: Capture,
     dir: PathBuf,
@@ -96,30 +64,20 @@ impl Fx {
         };
         configure(&mut config);
         let server = RpcServer::new(config);
-        let layout = Layout::new(Generation::V1, 4, lanes).unwrap();
-        let memory = Arc::new(MailboxMemory::new(layout));
-        let id = server.attach(Box::new(Shared(memory.clone())));
+        let mailbox = Mailbox::attach(&server, 4, lanes);
         let (out, err) = (Capture::default(), Capture::default());
         let services = server.context().services();
         services.set_stdout(Box::new(out.clone()));
         services.set_stderr(Box::new(err.clone()));
         let _ = server.start().unwrap();
-        let dir = std::env::temp_dir().join(format!(
-            "rpc-services-{}-{name}-{lanes}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         Fx {
             lanes,
             mask,
-            memory,
-            locks: LockTable::new(4),
-            id,
+            mailbox,
             out,
             err,
-            dir,
-            deadline: Deadline::after(Duration::from_secs(120)),
+            dir: common::empty_dir(&format!("services-{name}-{lanes}")),
+            deadline: common::hang_guard(),
             _user: server.user(),
             server: Arc::new(server),
         }
@@ -128,17 +86,12 @@ impl Fx {
     /// Another mailbox of the same server (another device's kernels), sharing the captured
     /// output and the directory.
     fn second_mailbox(&self) -> Fx {
-        let layout = Layout::new(Generation::V1, 4, self.lanes).unwrap();
-        let memory = Arc::new(MailboxMemory::new(layout));
-        let id = self.server.attach(Box::new(Shared(memory.clone())));
         Fx {
-            memory,
-            locks: LockTable::new(4),
-            id,
+            mailbox: Mailbox::attach(&self.server, 4, self.lanes),
             out: self.out.clone(),
             err: self.err.clone(),
             dir: self.dir.clone(),
-            deadline: Deadline::after(Duration::from_secs(120)),
+            deadline: common::hang_guard(),
             _user: self.server.user(),
             server: self.server.clone(),
             ..*self
@@ -146,9 +99,7 @@ impl Fx {
     }
 
     fn client(&self) -> Client<'_> {
-        Client::new(self.memory.view(), self.locks.words())
-            .unwrap()
-            .with_wait(&self.deadline)
+        self.mailbox.client().with_wait(&self.deadline)
     }
 
     fn lanes(&self) -> Vec<u32> {
@@ -766,14 +717,14 @@ fn exit_and_abort_are_recorded_per_mailbox() {
         let first = fx.lanes()[0];
         let start = Instant::now();
         let exit = loop {
-            if let Some(exit) = fx.services().take_exit(fx.id) {
+            if let Some(exit) = fx.services().take_exit(fx.mailbox.id) {
                 break exit;
             }
             assert!(start.elapsed() < Duration::from_secs(10));
             std::thread::sleep(Duration::from_millis(1));
         };
         assert_eq!(exit, KernelExit::Exit(7 + first as i32));
-        assert_eq!(fx.services().take_exit(fx.id), None);
+        assert_eq!(fx.services().take_exit(fx.mailbox.id), None);
 
         let mut port = fx.open(Opcode::ABORT);
         port.send_and_recv(|_, _| {}, |_, _| {}).unwrap();
@@ -784,7 +735,10 @@ fn exit_and_abort_are_recorded_per_mailbox() {
             assert!(start.elapsed() < Duration::from_secs(10));
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_eq!(fx.services().take_exit(fx.id), Some(KernelExit::Abort));
+        assert_eq!(
+            fx.services().take_exit(fx.mailbox.id),
+            Some(KernelExit::Abort)
+        );
         // The server keeps serving.
         let out = fx.words(Opcode::TEST_INCREMENT, |_| vec![1]);
         assert_eq!(out[first as usize], 2);
@@ -1017,7 +971,7 @@ fn small_mallocs_share_slabs_and_the_quota_counts_what_the_allocator_holds() {
     let other = fx.second_mailbox();
     other
         .services()
-        .set_mailbox_allocator(other.id, allocator.clone());
+        .set_mailbox_allocator(other.mailbox.id, allocator.clone());
     let mine = fx.words(Opcode::MALLOC, |_| vec![1]);
     let theirs = other.words(Opcode::MALLOC, |l| vec![u64::from(l % 16) + 1]);
     assert!(mine.iter().chain(&theirs).all(|&a| a != 0));
@@ -1026,7 +980,7 @@ fn small_mallocs_share_slabs_and_the_quota_counts_what_the_allocator_holds() {
         2,
         "a slab each: the other's quota is its own"
     );
-    fx.server.detach(other.id).unwrap();
+    fx.server.detach(other.mailbox.id).unwrap();
     assert_eq!(allocator.live(), 1);
     assert_eq!(fx.services().live_allocations().len(), 64);
 }
@@ -1878,7 +1832,7 @@ fn each_mailbox_has_its_own_files_allocations_and_quotas() {
     // foreign FREE.
     fx.expect_counts(5, 0);
 
-    fx.server.detach(other.id).unwrap();
+    fx.server.detach(other.mailbox.id).unwrap();
     assert_eq!(
         fx.services().open_files(),
         2,
@@ -1957,7 +1911,8 @@ fn an_allocation_made_while_its_mailbox_detaches_is_freed() {
         entered: Mutex::new(entered_tx),
         go: Mutex::new(go_rx),
     });
-    fx.services().set_mailbox_allocator(other.id, gate.clone());
+    fx.services()
+        .set_mailbox_allocator(other.mailbox.id, gate.clone());
     other
         .open(Opcode::MALLOC)
         .send(|_, p| p.set_word(0, 4096))
@@ -1966,7 +1921,7 @@ fn an_allocation_made_while_its_mailbox_detaches_is_freed() {
         .recv_timeout(LIVENESS)
         .expect("the worker calls the allocator");
     let detach = std::thread::spawn({
-        let (server, id) = (fx.server.clone(), other.id);
+        let (server, id) = (fx.server.clone(), other.mailbox.id);
         move || server.detach(id)
     });
     // `detach` forgets the mailbox (dropping its allocator from the table: the test's handle
@@ -2031,7 +1986,7 @@ fn a_file_opened_while_its_mailbox_detaches_is_closed() {
         );
         std::thread::yield_now();
     }
-    fx.server.detach(other.id).unwrap();
+    fx.server.detach(other.mailbox.id).unwrap();
     assert_eq!(fx.services().open_files(), 0);
     go.send(()).unwrap();
     assert_eq!(fx.words(MARK, |_| vec![0])[0], 1);

@@ -2,48 +2,23 @@
 //! the opcode and what moved. Its own test binary: it installs a logger that keeps the lines.
 #![cfg(not(loom))]
 
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+mod common;
 
-use rpc_core::protocol::{Client, Deadline, Generation, Layout, LockTable, MailboxMemory};
+use common::Mailbox;
 use rpc_core::{Opcode, RpcServer, ServerConfig};
-
-static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-struct Keeping;
-
-impl log::Log for Keeping {
-    fn enabled(&self, _: &log::Metadata) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record) {
-        if record.level() == log::Level::Trace {
-            let line = record.args().to_string();
-            LINES.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-        }
-    }
-    fn flush(&self) {}
-}
 
 #[test]
 fn trace_lines_show_every_packet_of_an_exchange() {
-    log::set_logger(&Keeping).unwrap();
-    log::set_max_level(log::LevelFilter::Trace);
+    common::keep_log_lines(log::LevelFilter::Trace);
     let server = RpcServer::new(ServerConfig {
         name: "traced".into(),
         ..ServerConfig::default()
     });
-    let memory = Arc::new(MailboxMemory::new(
-        Layout::new(Generation::V1, 2, 1).unwrap(),
-    ));
-    let id = server.attach(Box::new(memory.clone()));
+    let mailbox = Mailbox::attach(&server, 2, 1);
     let _ = server.start().unwrap();
     let user = server.user();
-    let locks = LockTable::new(2);
-    let deadline = Deadline::after(Duration::from_secs(120));
-    let client = Client::new(memory.view(), locks.words())
-        .unwrap()
-        .with_wait(&deadline);
+    let deadline = common::hang_guard();
+    let client = mailbox.client().with_wait(&deadline);
     let data = vec![7u8; 100];
     let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
     port.send_n(&[&data]).unwrap();
@@ -56,8 +31,8 @@ fn trace_lines_show_every_packet_of_an_exchange() {
     drop(user);
     let _ = server.shutdown().unwrap();
 
-    let lines = LINES.lock().unwrap().clone();
-    let prefix = format!("traced: mailbox {} port {index}: TEST_STREAM", id.0);
+    let lines = common::logged();
+    let prefix = format!("traced: mailbox {} port {index}: TEST_STREAM", mailbox.id.0);
     for what in [
         "received a stream (longest lane 100 bytes)",
         "sent a stream (longest lane 100 bytes)",

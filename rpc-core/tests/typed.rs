@@ -4,33 +4,23 @@
 //! the one-owner rule, registration while serving, and the refusals of hostile pointees.
 #![cfg(not(loom))]
 
+mod common;
+
 use std::ffi::CStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::{
-    dispatch, CallArg, Client, ClientPort, Deadline, Generation, Layout, LockTable, Mailbox,
-    MailboxMemory,
-};
+use common::Mailbox;
+use rpc_core::protocol::{dispatch, CallArg, ClientPort, Deadline, Generation};
 use rpc_core::services::dispatch_tests::{self, opcode, Pair};
-use rpc_core::{AtomicMailbox, Limits, Opcode, RpcServer, ServerConfig, ServerError, UserGuard};
+use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ServerError, UserGuard};
 
 /// The stream bound the fixture sets: a larger pointee is drained and refused.
 const BOUND: u64 = 4096;
 
-struct Shared(Arc<MailboxMemory>);
-
-impl AtomicMailbox for Shared {
-    fn view(&self) -> Mailbox<'_> {
-        self.0.view()
-    }
-}
-
 /// A running server with the test functions and one mailbox of `lanes` lanes.
 struct Fx {
     mask: u64,
-    memory: Arc<MailboxMemory>,
-    locks: LockTable,
+    mailbox: Mailbox,
     deadline: Deadline,
     _user: UserGuard,
     server: RpcServer,
@@ -57,26 +47,36 @@ impl Fx {
             ..ServerConfig::default()
         });
         dispatch_tests::register(&server).unwrap();
-        let layout = Layout::new(generation, 4, lanes).unwrap();
-        let memory = Arc::new(MailboxMemory::new(layout));
-        let _ = server.attach(Box::new(Shared(memory.clone())));
+        let mailbox = Mailbox::attach_as(&server, generation, 4, lanes);
         let _ = server.start().unwrap();
         Fx {
             mask,
-            memory,
-            locks: LockTable::new(4),
-            deadline: Deadline::after(Duration::from_secs(120)),
+            mailbox,
+            deadline: common::hang_guard(),
             _user: server.user(),
             server,
         }
     }
 
     fn open(&self, opcode: Opcode) -> ClientPort<'_> {
-        Client::new(self.memory.view(), self.locks.words())
-            .unwrap()
-            .with_wait(&self.deadline)
-            .open(opcode, self.mask)
-            .unwrap()
+        self.mailbox.open(&self.deadline, opcode, self.mask)
+    }
+
+    /// `fill` (test function 7) of each lane's whole span with 1, 2, 3, ...; each lane's
+    /// return value.
+    fn fill_from_one(&self, outs: &mut [Vec<u8>]) -> Vec<Vec<u8>> {
+        let mut args: Vec<_> = outs
+            .iter_mut()
+            .map(|o| {
+                let n = (o.len() / 4) as u32;
+                vec![
+                    CallArg::Pointer(Some(&mut o[..])),
+                    CallArg::value(n),
+                    CallArg::value(1u32),
+                ]
+            })
+            .collect();
+        self.call(opcode(7), &mut args, 4)
     }
 
     /// A typed call of the warp; each lane's return value.
@@ -539,18 +539,7 @@ fn pointees_above_the_request_budget_are_refused() {
     let mut outs: Vec<Vec<u8>> = (0..64)
         .map(|l| vec![0; if l == 5 { 2048 } else { 1024 }])
         .collect();
-    let mut args: Vec<_> = outs
-        .iter_mut()
-        .map(|o| {
-            let n = (o.len() / 4) as u32;
-            vec![
-                CallArg::Pointer(Some(&mut o[..])),
-                CallArg::value(n),
-                CallArg::value(1u32),
-            ]
-        })
-        .collect();
-    let r = fx.call(opcode(7), &mut args, 4);
+    let r = fx.fill_from_one(&mut outs);
     assert_eq!(
         (&r[0][..], &r[4][..], &r[5][..]),
         (
@@ -584,18 +573,7 @@ fn pointees_beyond_the_memory_budget_are_refused() {
     );
     // 1 KiB each: lane 0's fits the budget, lane 4's (and 5's) would pass it.
     let mut outs: Vec<Vec<u8>> = (0..64).map(|_| vec![0; 1024]).collect();
-    let mut args: Vec<_> = outs
-        .iter_mut()
-        .map(|o| {
-            let n = (o.len() / 4) as u32;
-            vec![
-                CallArg::Pointer(Some(&mut o[..])),
-                CallArg::value(n),
-                CallArg::value(1u32),
-            ]
-        })
-        .collect();
-    let r = fx.call(opcode(7), &mut args, 4);
+    let r = fx.fill_from_one(&mut outs);
     assert_eq!(
         (&r[0][..], &r[4][..], &r[5][..]),
         (&256u32.to_le_bytes()[..], &[0u8; 4][..], &[0u8; 4][..])

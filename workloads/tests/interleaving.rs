@@ -4,9 +4,10 @@
 //! so that it passes only when fast enough: no assertion here is about time.
 
 use std::ffi::CStr;
-use std::io::{Read, Write};
+use std::io::Read;
+use std::path::Path;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plugin_host::kernel::{self, encode_printf, PrintfCall};
@@ -16,6 +17,10 @@ use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, Mail
 use rpc_core::{ExitPolicy, Opcode, RpcServer, ServerConfig, ServicesConfig};
 use std::sync::atomic::Ordering;
 
+#[path = "../../rpc-core/tests/common/capture.rs"]
+mod capture;
+use capture::Capture;
+
 /// Generous liveness bound for a loaded 2-core machine (sanitizer builds included).
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -24,20 +29,6 @@ struct Fixture {
     memory: Arc<MailboxMemory>,
     locks: LockTable,
     out: Capture,
-}
-
-/// A writer whose bytes the test can read back.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 impl Fixture {
@@ -98,6 +89,19 @@ fn increments(fixture: &Fixture, index: u32, count: u64) {
             .unwrap();
         assert_eq!(got, x + 1);
     }
+}
+
+/// OPEN_FILE of `path` in `mode` (NUL-terminated) on port `index`: the handle (0: refused).
+fn fopen(fixture: &Fixture, index: u32, path: &Path, mode: &[u8]) -> u64 {
+    let wait = Deadline::after(BOUND);
+    let mut port = fixture.open(&wait, index, Opcode::OPEN_FILE, 1);
+    let mut name = path.as_os_str().as_encoded_bytes().to_vec();
+    name.push(0);
+    port.send_n(&[&name]).unwrap();
+    let mut handle = u64::MAX;
+    port.send_and_recv(|_, p| p.write_bytes(0, mode), |_, p| handle = p.word(0))
+        .unwrap();
+    handle
 }
 
 /// Sends `data` as `send_n` does, one packet at a time, calling `between` before each packet
@@ -221,7 +225,7 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
     }
     // Each lane's output is written whole (with others' in one write); requests may interleave only
     // between whole lines.
-    let out = String::from_utf8(fixture.out.0.lock().unwrap().clone()).unwrap();
+    let out = String::from_utf8(fixture.out.bytes()).unwrap();
     let mut got: Vec<&str> = out.lines().collect();
     let mut want: Vec<&str> = expected.iter().flat_map(|r| r.lines()).collect();
     got.sort_unstable();
@@ -325,25 +329,14 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
     let kernel = fixture.server.user();
     let give_up = AtomicBool::new(false);
     let wait = UntilTold(&give_up);
-    let path_bytes = |p: &str| {
-        let mut v = p.as_bytes().to_vec();
-        v.push(0);
-        v
-    };
-    // OPEN_FILE of `path` on port `index`: the handle.
-    let fopen = |index: u32, path: &str| {
-        let wait = Deadline::after(BOUND);
-        let mut port = fixture.open(&wait, index, Opcode::OPEN_FILE, 1);
-        port.send_n(&[&path_bytes(path)]).unwrap();
-        let mut handle = u64::MAX;
-        port.send_and_recv(|_, p| p.write_bytes(0, b"r\0"), |_, p| handle = p.word(0))
-            .unwrap();
-        handle
-    };
     // The FIFO and the pty are answered, at once (a bounded wait that never gives up here
     // would have hung before), and with no file.
-    assert_eq!(fopen(2, fifo.to_str().unwrap()), 0, "the FIFO is refused");
-    assert_eq!(fopen(2, &slave), 0, "the pty is refused");
+    assert_eq!(fopen(&fixture, 2, &fifo, b"r\0"), 0, "the FIFO is refused");
+    assert_eq!(
+        fopen(&fixture, 2, Path::new(&slave), b"r\0"),
+        0,
+        "the pty is refused"
+    );
     let read_pipe = |index: u32| {
         let mut port = fixture.open(&wait, index, READ_PIPE, 1);
         port.send(|_, _| {}).unwrap();
@@ -524,14 +517,7 @@ fn stdin_reads_on_every_io_thread_do_not_hold_up_other_ports_files() {
             })
             .collect();
         let index = threads + 1;
-        let mut port = fixture.open(&wait, index, Opcode::OPEN_FILE, 1);
-        let mut name = path.to_str().unwrap().as_bytes().to_vec();
-        name.push(0);
-        port.send_n(&[&name]).unwrap();
-        let mut handle = 0;
-        port.send_and_recv(|_, p| p.write_bytes(0, b"w\0"), |_, p| handle = p.word(0))
-            .unwrap();
-        drop(port);
+        let handle = fopen(&fixture, index, &path, b"w\0");
         assert_ne!(handle, 0, "OPEN_FILE answered while stdin blocks");
         let mut port = fixture.open(&wait, index, Opcode::FTELL, 1);
         let mut offset = u64::MAX;
@@ -610,15 +596,7 @@ fn a_stdout_nobody_reads_holds_only_its_writers_and_shutdown_still_returns() {
         increments(&fixture, 1, 1000);
         let file = std::env::temp_dir().join(format!("rpc-stuck-out-{}", std::process::id()));
         std::fs::write(&file, b"x").unwrap();
-        let wait = Deadline::after(BOUND);
-        let mut port = fixture.open(&wait, 3, Opcode::OPEN_FILE, 1);
-        let mut path = file.to_str().unwrap().as_bytes().to_vec();
-        path.push(0);
-        port.send_n(&[&path]).unwrap();
-        let mut handle = 0;
-        port.send_and_recv(|_, p| p.write_bytes(0, b"r\0"), |_, p| handle = p.word(0))
-            .unwrap();
-        drop(port);
+        let handle = fopen(&fixture, 3, &file, b"r\0");
         assert_ne!(handle, 0, "OPEN_FILE answered with a file");
         std::fs::remove_file(&file).unwrap();
         // The shutdown runs on a thread of its own: a hang would fail the bound below.

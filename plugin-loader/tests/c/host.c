@@ -1,7 +1,9 @@
 /* A C runtime of the host plugin's library (built with `cc` by the tests):
- * host LIBRARY KERNEL_IMAGE. Loads the plugin with dlopen and its entry symbol, registers a
- * handler, loads and launches the native kernel `ask`, checks the replies, stops the server
- * twice (RPC_OK, then RPC_ALREADY_STOPPED) and deinitialises. Prints "ok" on success. */
+ * host LIBRARY KERNEL_IMAGE, its stdout /dev/full. Loads the plugin with dlopen and its entry
+ * symbol, registers a handler, loads and launches the native kernel `ask`, checks the replies;
+ * launches `ask` again writing to the device's stdout, where every byte is lost; stops the
+ * server twice (RPC_OK, then RPC_ALREADY_STOPPED), checks the lost bytes were counted, and
+ * deinitialises. Prints "ok" to stderr on success. */
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 #include "rpc_plugin.h"
 
 #define OPCODE 0x75000009u /* Opcode::user(9) */
+#define WRITE_TO_STDOUT 0x63000002u
 #define THREADS 40u
 
 static const RpcPluginTable *table;
@@ -76,9 +79,22 @@ int main(int argc, char **argv) {
   RpcServedCount served[8];
   size_t kinds = table->stats(plugin, &stats, served, 8);
   if (kinds != 1 || served[0].opcode != OPCODE || served[0].count != 2 || stats.served != 2) fail("stats", (int)kinds);
+
+  /* Each lane writes `1 + lane` bytes (one packet: at most 40 of the 56 it holds) to stdout. */
+  args.opcode = WRITE_TO_STDOUT;
+  args.value = 1;
+  rc = table->launch(plugin, image, "ask", (const uint8_t *)&args, sizeof args, &grid);
+  if (rc != RPC_OK) fail("launch (write)", rc);
+  rc = table->synchronize(plugin, 0, &exit_status);
+  if (rc != RPC_OK) fail("synchronize (write)", rc);
+  for (uint32_t i = 0; i < THREADS; i++)
+    if (out[i] == UINT64_MAX) fail("write call", (int)i);
   if ((rc = table->shutdown_server(plugin)) != RPC_OK) fail("shutdown_server", rc);
   if ((rc = table->shutdown_server(plugin)) != RPC_ALREADY_STOPPED) fail("shutdown_server again", rc);
+  /* 1 + 2 + ... + 40 bytes, none of which /dev/full took. */
+  table->stats(plugin, &stats, served, 8);
+  if (stats.output_lost_bytes != THREADS * (THREADS + 1) / 2) fail("output_lost_bytes", (int)stats.output_lost_bytes);
   if ((rc = table->deinit(plugin)) != RPC_OK) fail("deinit", rc);
-  printf("ok\n");
+  fprintf(stderr, "ok\n");
   return 0;
 }

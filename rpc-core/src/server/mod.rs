@@ -142,7 +142,9 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// State the handlers share: settings, statistics, the services' tables.
 pub struct ServerContext {
     pub(crate) config: ServerConfig,
-    pub(crate) stats: Stats,
+    /// Shared with the layer above, which counts the device output it gives up
+    /// ([`Reporting`]).
+    pub(crate) stats: std::sync::Arc<Stats>,
     pub(crate) mailboxes: std::sync::Arc<Snapshot<Vec<Arc<Attached>>>>,
     pub(crate) registry: Snapshot<Registry>,
     next_id: AtomicU64,
@@ -209,12 +211,12 @@ impl RpcServer {
         extension: impl FnOnce(Slots, Reporting) -> Box<dyn Extension>,
     ) -> Self {
         let mailboxes = std::sync::Arc::new(Snapshot::new(Vec::new()));
-        let stats = Stats::default();
+        let stats = std::sync::Arc::new(Stats::default());
         let log_limit = std::sync::Arc::new(crate::server::limits::LogLimit::new(
             config.limits.device_log_lines,
         ));
         let reporting = Reporting {
-            output_lost_bytes: stats.output_lost_bytes.clone(),
+            stats: stats.clone(),
             log_limit: log_limit.clone(),
         };
         let extension = extension(Slots(mailboxes.clone()), reporting);

@@ -1,5 +1,10 @@
 //! Server statistics: counters the worker bumps and anyone may read while it runs.
 //!
+//! Each counter is listed once, in [`stats_counters!`](crate::stats_counters): its name and its
+//! documentation. The list makes the server's atomics ([`Stats`]), the copy a caller gets
+//! ([`StatsSnapshot`]), the order and names of `Display` and [`StatsSnapshot::to_json`], and
+//! plugin-abi's conversions of its C struct `RpcStats`.
+//!
 //! Memory ordering: every counter is `Relaxed`; they are independent tallies that order no
 //! other data, and a reader only needs each value to be one the counter really had. (One
 //! who needs a count complete, e.g. `live_workers` after a `shutdown`, gets it from what
@@ -15,66 +20,126 @@ use crate::protocol::opcode::Opcode;
 use crate::server::limits::LogLimit;
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
-/// Live counters of one server.
-pub(crate) struct Stats {
-    /// Served requests per opcode of the table, indexed like [`Opcode::ALL`].
-    known: Vec<AtomicU64>,
-    /// Served requests of opcodes outside the table (user opcodes).
-    other: Mutex<BTreeMap<Opcode, u64>>,
-    pub(crate) errors: AtomicU64,
-    pub(crate) refused: AtomicU64,
-    pub(crate) unknown: AtomicU64,
-    pub(crate) bad_headers: AtomicU64,
-    pub(crate) panics: AtomicU64,
-    pub(crate) abandoned: AtomicU64,
-    pub(crate) passes: AtomicU64,
-    pub(crate) sleeps: AtomicU64,
-    pub(crate) wakeups: AtomicU64,
-    pub(crate) doorbell_sleeps: AtomicU64,
-    pub(crate) doorbell_rings: AtomicU64,
-    pub(crate) workers_started: AtomicU64,
-    /// Worker threads alive now (a gauge: up at the spawn, down as the worker exits).
-    pub(crate) live_workers: AtomicU64,
-    pub(crate) max_live_workers: AtomicU64,
-    pub(crate) blocking_calls: AtomicU64,
-    pub(crate) io_threads_abandoned: AtomicU64,
-    /// Shared with the layer above, which counts the device output it gives up
-    /// ([`Reporting`]).
-    pub(crate) output_lost_bytes: std::sync::Arc<AtomicU64>,
+/// Calls the macro `$then` with the list of the server's counters (all but the per-opcode
+/// `served`), each as its documentation and its name, in the order they are printed: the one
+/// place a counter is listed. Every counter is a `u64` in [`StatsSnapshot`](crate::StatsSnapshot)
+/// and an `AtomicU64` in the server.
+///
+/// For the workspace's own crates (plugin-abi makes its C struct's conversions of it, whose
+/// struct literals fail to compile until its `RpcStats` has the same fields: a new counter is
+/// a new plugin ABI version, see `docs/plugins.md`).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! stats_counters {
+    ($then:ident) => {
+        $then! {
+            /// Handlers that returned an error other than a refusal (bad input, abandoned
+            /// streams, ...).
+            errors,
+            /// Requests refused by policy or validation (answered with an error value).
+            refused,
+            /// Requests no handler accepted.
+            unknown,
+            /// Requests whose header lane mask had bits at or above `L` (a mask of 0 is the
+            /// no-request mark of a drained port, PROTOCOL section 11: answered, not counted).
+            bad_headers,
+            /// Handlers that panicked.
+            panics,
+            /// Exchanges abandoned midway: no kernel left to answer, the client timed out, the
+            /// mailbox was detached or the server shut down.
+            abandoned,
+            /// Scans over every attached mailbox.
+            passes,
+            /// Times the worker went to sleep with no users (until a user or a shutdown comes).
+            sleeps,
+            /// Times the worker woke from sleeping with no users.
+            wakeups,
+            /// Times the worker slept on a doorbell (no request open).
+            doorbell_sleeps,
+            /// Doorbell sleeps ended by the device ringing (not by the timeout).
+            doorbell_rings,
+            /// Worker threads started over the server's life.
+            workers_started,
+            /// Worker threads alive now (a gauge, up at the spawn and down as the worker
+            /// exits): 1 while running, 0 once a shutdown returned (a worker abandoned by a
+            /// handler that dropped its server counts until it has exited).
+            live_workers,
+            /// The most worker threads ever alive at once (1: never two).
+            max_live_workers,
+            /// Calls run on the I/O threads.
+            blocking_calls,
+            /// I/O threads a shutdown left behind, stuck in a blocking call.
+            io_threads_abandoned,
+            /// Bytes of device output (stdout, stderr) not written: a write failed, or the
+            /// stream's reader did not take them before a shutdown or flush gave them up.
+            output_lost_bytes,
+        }
+    };
 }
+
+/// Makes [`Stats`], [`StatsSnapshot`] and the snapshot's name/value list from the counters.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        /// Live counters of one server.
+        pub(crate) struct Stats {
+            /// Served requests per opcode of the table, indexed like [`Opcode::ALL`].
+            known: Vec<AtomicU64>,
+            /// Served requests of opcodes outside the table (user opcodes).
+            other: Mutex<BTreeMap<Opcode, u64>>,
+            $(pub(crate) $name: AtomicU64,)*
+        }
+
+        /// A copy of a server's counters.
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct StatsSnapshot {
+            /// Requests served to completion, per opcode (including those answered with a
+            /// refusal).
+            pub served: BTreeMap<Opcode, u64>,
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        /// How many counters the list has.
+        const COUNTERS: usize = [$(stringify!($name)),*].len();
+
+        impl Default for Stats {
+            fn default() -> Self {
+                Stats {
+                    known: Opcode::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
+                    other: Mutex::new(BTreeMap::new()),
+                    $($name: AtomicU64::new(0),)*
+                }
+            }
+        }
+
+        impl Stats {
+            /// A snapshot of `served` and every counter, loaded now.
+            fn load_counters(&self, served: BTreeMap<Opcode, u64>) -> StatsSnapshot {
+                StatsSnapshot {
+                    served,
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+
+        impl StatsSnapshot {
+            /// Every counter but `served`, by its field's name, in the order both `Display`
+            /// and [`StatsSnapshot::to_json`] print them.
+            fn counters(&self) -> [(&'static str, u64); COUNTERS] {
+                [$((stringify!($name), self.$name),)*]
+            }
+        }
+    };
+}
+
+stats_counters!(counters);
 
 /// What the layer above reports into without a request at hand (a stream's drainer thread, a
-/// flush at shutdown): the bytes of device output given up, and the devices' log budget.
+/// flush at shutdown): the bytes of device output given up (`output_lost_bytes`), and the
+/// devices' log budget.
 #[derive(Clone)]
 pub(crate) struct Reporting {
-    pub(crate) output_lost_bytes: std::sync::Arc<AtomicU64>,
+    pub(crate) stats: std::sync::Arc<Stats>,
     pub(crate) log_limit: std::sync::Arc<LogLimit>,
-}
-
-impl Default for Stats {
-    fn default() -> Self {
-        Stats {
-            known: Opcode::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
-            other: Mutex::new(BTreeMap::new()),
-            errors: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
-            unknown: AtomicU64::new(0),
-            bad_headers: AtomicU64::new(0),
-            panics: AtomicU64::new(0),
-            abandoned: AtomicU64::new(0),
-            passes: AtomicU64::new(0),
-            sleeps: AtomicU64::new(0),
-            wakeups: AtomicU64::new(0),
-            doorbell_sleeps: AtomicU64::new(0),
-            doorbell_rings: AtomicU64::new(0),
-            workers_started: AtomicU64::new(0),
-            live_workers: AtomicU64::new(0),
-            max_live_workers: AtomicU64::new(0),
-            blocking_calls: AtomicU64::new(0),
-            io_threads_abandoned: AtomicU64::new(0),
-            output_lost_bytes: std::sync::Arc::new(AtomicU64::new(0)),
-        }
-    }
 }
 
 /// Adds one to a counter.
@@ -93,80 +158,15 @@ impl Stats {
 
     /// A consistent-enough copy of every counter.
     pub(crate) fn snapshot(&self) -> StatsSnapshot {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         let mut served: BTreeMap<Opcode, u64> = Opcode::ALL
             .iter()
             .zip(&self.known)
-            .map(|(&op, c)| (op, get(c)))
+            .map(|(&op, c)| (op, c.load(Ordering::Relaxed)))
             .filter(|&(_, n)| n > 0)
             .collect();
         served.extend(lock(&self.other).iter().map(|(&op, &n)| (op, n)));
-        StatsSnapshot {
-            served,
-            errors: get(&self.errors),
-            refused: get(&self.refused),
-            unknown: get(&self.unknown),
-            bad_headers: get(&self.bad_headers),
-            panics: get(&self.panics),
-            abandoned: get(&self.abandoned),
-            passes: get(&self.passes),
-            sleeps: get(&self.sleeps),
-            wakeups: get(&self.wakeups),
-            doorbell_sleeps: get(&self.doorbell_sleeps),
-            doorbell_rings: get(&self.doorbell_rings),
-            workers_started: get(&self.workers_started),
-            live_workers: get(&self.live_workers),
-            max_live_workers: get(&self.max_live_workers),
-            blocking_calls: get(&self.blocking_calls),
-            io_threads_abandoned: get(&self.io_threads_abandoned),
-            output_lost_bytes: get(&self.output_lost_bytes),
-        }
+        self.load_counters(served)
     }
-}
-
-/// A copy of a server's counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    /// Requests served to completion, per opcode (including those answered with a refusal).
-    pub served: BTreeMap<Opcode, u64>,
-    /// Handlers that returned an error other than a refusal (bad input, abandoned streams, ...).
-    pub errors: u64,
-    /// Requests refused by policy or validation (answered with an error value).
-    pub refused: u64,
-    /// Requests no handler accepted.
-    pub unknown: u64,
-    /// Requests whose header lane mask had bits at or above `L` (a mask of 0 is the no-request
-    /// mark of a drained port, PROTOCOL section 11: answered, not counted).
-    pub bad_headers: u64,
-    /// Handlers that panicked.
-    pub panics: u64,
-    /// Exchanges abandoned midway: no kernel left to answer, the client timed out, the mailbox
-    /// was detached or the server shut down.
-    pub abandoned: u64,
-    /// Scans over every attached mailbox.
-    pub passes: u64,
-    /// Times the worker went to sleep with no users (until a user or a shutdown comes).
-    pub sleeps: u64,
-    /// Times the worker woke from sleeping with no users.
-    pub wakeups: u64,
-    /// Times the worker slept on a doorbell (no request open).
-    pub doorbell_sleeps: u64,
-    /// Doorbell sleeps ended by the device ringing (not by the timeout).
-    pub doorbell_rings: u64,
-    /// Worker threads started over the server's life.
-    pub workers_started: u64,
-    /// Worker threads alive now: 1 while running, 0 once a shutdown returned (a worker
-    /// abandoned by a handler that dropped its server counts until it has exited).
-    pub live_workers: u64,
-    /// The most worker threads ever alive at once (1: never two).
-    pub max_live_workers: u64,
-    /// Calls run on the I/O threads.
-    pub blocking_calls: u64,
-    /// I/O threads a shutdown left behind, stuck in a blocking call.
-    pub io_threads_abandoned: u64,
-    /// Bytes of device output (stdout, stderr) not written: a write failed, or the stream's
-    /// reader did not take them before a shutdown or flush gave them up.
-    pub output_lost_bytes: u64,
 }
 
 impl StatsSnapshot {
@@ -177,30 +177,6 @@ impl StatsSnapshot {
     /// Requests of `opcode` served.
     pub fn served_of(&self, opcode: Opcode) -> u64 {
         self.served.get(&opcode).copied().unwrap_or(0)
-    }
-
-    /// Every counter but `served`, by its field's name, in the order both `Display` and
-    /// [`StatsSnapshot::to_json`] print them.
-    fn counters(&self) -> [(&'static str, u64); 17] {
-        [
-            ("errors", self.errors),
-            ("refused", self.refused),
-            ("unknown", self.unknown),
-            ("bad_headers", self.bad_headers),
-            ("panics", self.panics),
-            ("abandoned", self.abandoned),
-            ("passes", self.passes),
-            ("sleeps", self.sleeps),
-            ("wakeups", self.wakeups),
-            ("doorbell_sleeps", self.doorbell_sleeps),
-            ("doorbell_rings", self.doorbell_rings),
-            ("workers_started", self.workers_started),
-            ("live_workers", self.live_workers),
-            ("max_live_workers", self.max_live_workers),
-            ("blocking_calls", self.blocking_calls),
-            ("io_threads_abandoned", self.io_threads_abandoned),
-            ("output_lost_bytes", self.output_lost_bytes),
-        ]
     }
 
     /// The counters as one line of JSON: every field by its name, `total_served`, and `served`
@@ -243,5 +219,45 @@ impl fmt::Display for StatsSnapshot {
             write!(f, "\n  {op}: {n}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every counter a different value (1, 2, 3, ... in the list's order), an opcode of the
+    /// table and one outside it.
+    macro_rules! sample {
+        ($($(#[$doc:meta])* $name:ident,)*) => {{
+            let mut n = 0;
+            StatsSnapshot {
+                served: [(Opcode::TEST_INCREMENT, 2), (Opcode(0x7500_0007), 1)].into(),
+                $($name: { n += 1; n },)*
+            }
+        }};
+    }
+
+    /// rpc-serve prints these two forms; scripts read them: each counter by its name, in the
+    /// list's order.
+    #[test]
+    fn display_and_json_name_every_counter_in_order() {
+        let stats: StatsSnapshot = crate::stats_counters!(sample);
+        assert_eq!(
+            std::format!("{stats}"),
+            "served=3 errors=1 refused=2 unknown=3 bad_headers=4 panics=5 abandoned=6 passes=7 \
+             sleeps=8 wakeups=9 doorbell_sleeps=10 doorbell_rings=11 workers_started=12 \
+             live_workers=13 max_live_workers=14 blocking_calls=15 io_threads_abandoned=16 \
+             output_lost_bytes=17\n  TEST_INCREMENT (0x63008000): 2\n  0x75000007 (class 'u', n=7): 1"
+        );
+        assert_eq!(
+            stats.to_json(),
+            r#"{"total_served":3,"served":{"TEST_INCREMENT":2,"0x75000007":1},"errors":1,"refused":2,"#
+                .to_string()
+                + r#""unknown":3,"bad_headers":4,"panics":5,"abandoned":6,"passes":7,"sleeps":8,"#
+                + r#""wakeups":9,"doorbell_sleeps":10,"doorbell_rings":11,"workers_started":12,"#
+                + r#""live_workers":13,"max_live_workers":14,"blocking_calls":15,"#
+                + r#""io_threads_abandoned":16,"output_lost_bytes":17}"#
+        );
     }
 }

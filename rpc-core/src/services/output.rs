@@ -580,6 +580,7 @@ impl Output {
     fn count_lost(&self, bytes: u64) {
         // RMW: a tally (see `server::stats`).
         self.report
+            .stats
             .output_lost_bytes
             .fetch_add(bytes, Ordering::Relaxed);
     }
@@ -621,7 +622,6 @@ impl Drop for Output {
 mod tests {
     use super::*;
     use crate::server::limits::LogLimit;
-    use crate::sync::AtomicU64;
 
     /// A writer that records each `write` call, and fails while `fail` is set.
     #[derive(Clone, Default)]
@@ -651,7 +651,7 @@ mod tests {
 
     fn report() -> Reporting {
         Reporting {
-            output_lost_bytes: Arc::new(AtomicU64::new(0)),
+            stats: Arc::default(),
             log_limit: Arc::new(LogLimit::new(20)),
         }
     }
@@ -775,7 +775,7 @@ mod tests {
         }
         assert_eq!(stream.flush_within(Instant::now()), libc::EOF);
         assert_eq!(lock(&stream.state).done(last), Some(false), "given up");
-        let lost = report.output_lost_bytes.load(Ordering::Relaxed);
+        let lost = report.stats.output_lost_bytes.load(Ordering::Relaxed);
         assert!(lost > 0 && lost <= 2 << 20, "{lost}");
     }
 }

@@ -1,15 +1,113 @@
-//! The device side of the standard opcodes' scripts, as LLVM's libc runs them, for the tests
-//! that drive a running server through rpc-core's client (`services.rs`, `file_policy.rs`).
-//! Arrays are indexed by lane.
+//! What rpc-core's integration tests share: the device side of the standard opcodes' scripts,
+//! as LLVM's libc runs them, for the tests that drive a running server through rpc-core's
+//! client (arrays indexed by lane); a writer that captures the device's output; a logger
+//! that keeps its lines.
 
 // Each test file is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
-use std::sync::Mutex;
+pub mod capture;
+
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::{ClientPort, Deadline, Wait};
-use rpc_core::{Opcode, ProtocolError};
+use rpc_core::protocol::{Client, ClientPort, Deadline, Wait};
+use rpc_core::protocol::{Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::{MailboxId, Opcode, ProtocolError, RpcServer};
+
+/// A mailbox in host memory attached to a server, with its client's lock table.
+pub struct Mailbox {
+    pub memory: Arc<MailboxMemory>,
+    pub locks: LockTable,
+    pub id: MailboxId,
+}
+
+impl Mailbox {
+    /// A mailbox of LLVM's first layout.
+    pub fn attach(server: &RpcServer, ports: u32, lanes: u32) -> Self {
+        Mailbox::attach_as(server, Generation::V1, ports, lanes)
+    }
+
+    pub fn attach_as(server: &RpcServer, generation: Generation, ports: u32, lanes: u32) -> Self {
+        let memory = Arc::new(MailboxMemory::new(
+            Layout::new(generation, ports, lanes).unwrap(),
+        ));
+        let id = server.attach(Box::new(memory.clone()));
+        Mailbox {
+            memory,
+            locks: LockTable::new(ports),
+            id,
+        }
+    }
+
+    /// A client of the mailbox (whose waits back off and never give up: a test gives it its
+    /// hang guard with `with_wait`).
+    pub fn client(&self) -> Client<'_> {
+        Client::new(self.memory.view(), self.locks.words()).unwrap()
+    }
+
+    /// Opens a port for `opcode` with the lanes of `mask`, waiting for a free one as `wait`
+    /// says.
+    pub fn open<'a>(&'a self, wait: &'a dyn Wait, opcode: Opcode, mask: u64) -> ClientPort<'a> {
+        self.client().with_wait(wait).open(opcode, mask).unwrap()
+    }
+}
+
+/// Waits until `condition` holds, looking every millisecond; fails naming `what` after 60 s
+/// (a hang guard for a loaded 2-core machine, never a measure of speed).
+pub fn eventually(what: &str, condition: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// An empty folder of the test's own, `rpc-{name}-{pid}` under the temporary folder (what an
+/// earlier run of the same test left there is removed).
+pub fn empty_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("rpc-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A client's wait that gives up at a fixed instant this far ahead: a hang guard, so that a
+/// server that blocks fails the test instead of hanging it.
+pub fn hang_guard() -> Deadline {
+    Deadline::after(Duration::from_secs(120))
+}
+
+/// The lines logged since [`keep_log_lines`], as text.
+static LOGGED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// The test binary's logger: keeps every line.
+struct Keeping;
+
+impl log::Log for Keeping {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record) {
+        let line = record.args().to_string();
+        LOGGED.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+    }
+    fn flush(&self) {}
+}
+
+/// Keeps every line logged at `level` or above from now on (the logger is installed once
+/// per test binary: a test that reads the log is in a binary of its own, without
+/// `env_logger`).
+pub fn keep_log_lines(level: log::LevelFilter) {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| log::set_logger(&Keeping).unwrap());
+    log::set_max_level(level);
+}
+
+/// The lines kept so far.
+pub fn logged() -> Vec<String> {
+    LOGGED.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
 
 /// A client's wait that gives up once one wait for the server (one hand-over) has lasted
 /// `patience`: a hang guard per hand-over, however many a test makes, so it never measures

@@ -304,6 +304,6 @@ fn a_plugin_library_in_rpc_plugin_path_is_the_one_used() {
     expect(
         &output,
         69,
-        "libplugin_cuda.so: plugin ABI version 999, but this loader speaks version 1",
+        "libplugin_cuda.so: plugin ABI version 999, but this loader speaks version 2",
     );
 }

@@ -19,33 +19,9 @@ use common::{log_lines, read_ready, scratch, sigterm, wait_exit, wait_for_line, 
 use rpc_core::protocol::FIRST_PACKET_BYTES;
 use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
 use rpc_core::Opcode;
+use workloads::claims::{claim, finish_claim, increment_at, open, streaming};
 
 const PORTS: u32 = 8;
-/// A claim no server may take at its word.
-const CLAIM: u64 = 1 << 62;
-
-/// Every opcode whose script begins (after a stream handle, for the `_STREAM` ones) with a
-/// stream from the client.
-const STREAMING: [Opcode; 17] = [
-    Opcode::WRITE_TO_STDOUT,
-    Opcode::WRITE_TO_STDERR,
-    Opcode::WRITE_TO_STREAM,
-    Opcode::WRITE_TO_STDOUT_NEWLINE,
-    Opcode::OPEN_FILE,
-    Opcode::HOST_CALL,
-    Opcode::OFFLOAD_HOST_CALL,
-    Opcode::PRINTF_TO_STDOUT,
-    Opcode::PRINTF_TO_STDERR,
-    Opcode::PRINTF_TO_STREAM,
-    Opcode::PRINTF_TO_STDOUT_PACKED,
-    Opcode::PRINTF_TO_STDERR_PACKED,
-    Opcode::PRINTF_TO_STREAM_PACKED,
-    Opcode::REMOVE,
-    Opcode::RENAME,
-    Opcode::SYSTEM,
-    Opcode::TEST_STREAM,
-];
-
 fn layout() -> Layout {
     Layout::new(Generation::V2, PORTS, 1).unwrap()
 }
@@ -100,52 +76,6 @@ impl Serve {
     }
 }
 
-/// Opens `opcode` on port `index`, which must be free.
-fn open<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
-    client
-        .try_open_at(index, opcode, 1)
-        .unwrap()
-        .unwrap_or_else(|| panic!("port {index} is not free for {opcode}"))
-}
-
-/// TEST_INCREMENT of `x` on port `index`, which must be free.
-fn increment_at(client: &Client<'_>, index: u32, x: u64) -> u64 {
-    let mut port = open(client, index, Opcode::TEST_INCREMENT);
-    let mut got = 0;
-    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
-        .unwrap();
-    got
-}
-
-/// Opens `opcode` on port `index` and sends what its script sends first, ending with a stream
-/// whose first packet claims [`CLAIM`] bytes.
-fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
-    let mut port = open(client, index, opcode);
-    let streams = [
-        Opcode::WRITE_TO_STREAM,
-        Opcode::PRINTF_TO_STREAM,
-        Opcode::PRINTF_TO_STREAM_PACKED,
-    ];
-    if streams.contains(&opcode) {
-        port.send(|_, p| p.set_word(0, 2)).unwrap();
-    }
-    port.send(|_, p| {
-        p.set_word(0, CLAIM);
-        p.write_bytes(8, &[b'x'; FIRST_PACKET_BYTES]);
-    })
-    .unwrap();
-    port
-}
-
-/// The client goes on as if its claim had been taken: one more packet of the stream, then the
-/// reply. Returns the reply's word 0.
-fn finish_claim(mut port: ClientPort<'_>) -> u64 {
-    port.send(|_, p| p.write_bytes(0, &[b'y'; 64])).unwrap();
-    let mut reply = None;
-    port.recv(|_, p| reply = Some(p.word(0))).unwrap();
-    reply.unwrap()
-}
-
 #[test]
 fn over_long_claims_on_every_streaming_opcode_and_on_eight_ports_lose_no_port() {
     let dir = scratch("ports-claims");
@@ -155,23 +85,24 @@ fn over_long_claims_on_every_streaming_opcode_and_on_eight_ports_lose_no_port() 
     let client = Client::new(common::view(&serve.map, layout()), locks.words())
         .unwrap()
         .with_wait(&wait);
-    for (k, opcode) in STREAMING.into_iter().enumerate() {
+    let streaming = streaming();
+    for (k, &opcode) in streaming.iter().enumerate() {
         let port = claim(&client, 0, opcode);
         assert_eq!(finish_claim(port), opcode.failure_word(), "{opcode}");
         assert_eq!(increment_at(&client, 0, k as u64), k as u64 + 1, "{opcode}");
     }
     let ports: Vec<ClientPort<'_>> = (0..PORTS)
-        .map(|index| claim(&client, index, STREAMING[index as usize]))
+        .map(|index| claim(&client, index, streaming[index as usize]))
         .collect();
     for (index, port) in ports.into_iter().enumerate() {
-        assert_eq!(finish_claim(port), STREAMING[index].failure_word());
+        assert_eq!(finish_claim(port), streaming[index].failure_word());
     }
     for index in 0..PORTS {
         assert_eq!(increment_at(&client, index, 100), 101, "port {index}");
     }
     let stats = serve.stop();
-    let claims = STREAMING.len() + PORTS as usize;
-    let increments = STREAMING.len() + PORTS as usize;
+    let claims = streaming.len() + PORTS as usize;
+    let increments = streaming.len() + PORTS as usize;
     assert!(stats.contains(&format!("served={increments} ")), "{stats}");
     assert!(stats.contains(&format!("errors={claims} ")), "{stats}");
     assert!(stats.contains("panics=0 "), "{stats}");

@@ -1,0 +1,79 @@
+//! A client that makes stream claims no server may take at its word, and the one-port
+//! requests that show a port still serves after: the client side of the abandoned-port tests
+//! (PROTOCOL section 11), in process (`rpc-core/tests/abandoned_ports.rs`) and across
+//! processes (`tools/rpc-serve/tests/cross_process_ports.rs`).
+
+use rpc_core::protocol::{Client, ClientPort, FIRST_PACKET_BYTES};
+use rpc_core::Opcode;
+
+/// A claim no server may take at its word.
+pub const CLAIM: u64 = 1 << 62;
+
+/// Every opcode whose script begins (after a stream handle, for the `_STREAM` ones) with a
+/// stream from the client.
+pub fn streaming() -> Vec<Opcode> {
+    let mut all = vec![
+        Opcode::WRITE_TO_STDOUT,
+        Opcode::WRITE_TO_STDERR,
+        Opcode::WRITE_TO_STREAM,
+        Opcode::WRITE_TO_STDOUT_NEWLINE,
+        Opcode::OPEN_FILE,
+        Opcode::HOST_CALL,
+        Opcode::OFFLOAD_HOST_CALL,
+    ];
+    all.extend(Opcode::PRINTF);
+    all.extend([
+        Opcode::REMOVE,
+        Opcode::RENAME,
+        Opcode::SYSTEM,
+        Opcode::TEST_STREAM,
+    ]);
+    all
+}
+
+/// Opens `opcode` on port `index`, which must be free.
+pub fn open<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
+    client
+        .try_open_at(index, opcode, 1)
+        .unwrap()
+        .unwrap_or_else(|| panic!("port {index} is not free for {opcode}"))
+}
+
+/// TEST_INCREMENT of `x` on port `index`, which must be free: the reply.
+pub fn increment_at(client: &Client<'_>, index: u32, x: u64) -> u64 {
+    let mut port = open(client, index, Opcode::TEST_INCREMENT);
+    let mut got = 0;
+    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
+        .unwrap();
+    got
+}
+
+/// Opens `opcode` on port `index` and sends what its script sends first, ending with a stream
+/// whose first packet claims [`CLAIM`] bytes: the server refuses the claim there.
+pub fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
+    let mut port = open(client, index, opcode);
+    let streams = [
+        Opcode::WRITE_TO_STREAM,
+        Opcode::PRINTF_TO_STREAM,
+        Opcode::PRINTF_TO_STREAM_PACKED,
+    ];
+    if streams.contains(&opcode) {
+        // The stream handle (stdout, tagged), then the stream.
+        port.send(|_, p| p.set_word(0, 2)).unwrap();
+    }
+    port.send(|_, p| {
+        p.set_word(0, CLAIM);
+        p.write_bytes(8, &[b'x'; FIRST_PACKET_BYTES]);
+    })
+    .unwrap();
+    port
+}
+
+/// The client goes on with its script as if the claim had been taken: one more packet of its
+/// stream, then it reads the reply. Returns the reply's word 0.
+pub fn finish_claim(mut port: ClientPort<'_>) -> u64 {
+    port.send(|_, p| p.write_bytes(0, &[b'y'; 64])).unwrap();
+    let mut reply = None;
+    port.recv(|_, p| reply = Some(p.word(0))).unwrap();
+    reply.unwrap()
+}
