@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use rpc_core::plugin::Symbol;
 
-use crate::device::Core;
+use crate::context::Core;
 use crate::error::{code_name, CudaError, Result, ERROR_NOT_FOUND};
 use crate::loader::{Function, Module};
 

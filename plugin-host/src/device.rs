@@ -332,7 +332,7 @@ impl Device for HostDevice {
 
 /// One launch: the kernel, its grid and what its warps need to reach the server.
 struct Job {
-    body: crate::image::Kernel,
+    body: crate::kernel::Kernel,
     name: String,
     grid: Grid,
     lanes: u32,
