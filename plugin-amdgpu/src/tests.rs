@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use plugin_contract::{counted, Captured};
-use plugin_host::Arg;
+use plugin_host::{Arg, Warp};
 use rpc_core::plugin::{Device, Grid, Plugin};
 use rpc_core::services::malloc_alignment;
 use rpc_core::services::KernelExit;
-use rpc_core::PluginRuntime;
 use rpc_core::{Error, PluginError};
+use rpc_core::{ImageId, PluginRuntime};
 
 use crate::fake::{FakeAgent, FakeHsa, MEMORY_FAULT, OUT_OF_RESOURCES};
+use crate::loader::Status;
 use crate::{AmdGpuError, AmdGpuPlugin};
 
 /// A v1 image with three kernels (16 bytes of explicit arguments each) and a variable.
@@ -38,6 +39,22 @@ fn hsa_error(error: &rpc_core::plugin::VendorError) -> &AmdGpuError {
 /// The plugin over `hsa` in a runtime that records exits and captures stdout.
 fn runtime(hsa: &Arc<FakeHsa>) -> (PluginRuntime<AmdGpuPlugin>, Captured) {
     plugin_contract::runtime_capturing_stdout(AmdGpuPlugin::with_api(hsa.clone()))
+}
+
+/// A runtime over one fake `agent` whose kernel `main` runs `body` once per wave, `image`
+/// loaded on its device and `main` launched on `grid`.
+fn launch_main(
+    agent: FakeAgent,
+    image: &[u8],
+    grid: Grid,
+    body: impl Fn(&Warp<'_>) -> Result<(), Status> + Send + Sync + 'static,
+) -> (Arc<FakeHsa>, PluginRuntime<AmdGpuPlugin>, Captured, ImageId) {
+    let hsa = Arc::new(FakeHsa::new(vec![agent]));
+    hsa.kernel("main", body);
+    let (runtime, out) = runtime(&hsa);
+    let image = runtime.load_image(0, image).unwrap();
+    runtime.launch(image, "main", &[], grid).unwrap();
+    (hsa, runtime, out, image)
 }
 
 fn vendor_message(error: Error) -> String {
@@ -382,25 +399,21 @@ fn malloc_blocks_are_disjoint_freed_by_address_and_refused_once_released() {
 
 #[test]
 fn a_kernels_printf_is_served_and_done_runs_once() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
-    hsa.kernel("main", |warp| {
-        let wave = warp.global_warp();
-        warp.printf("wave %d lane %2d\n", |lane| {
-            vec![Arg::Int(wave.into()), Arg::Int(lane.into())]
-        })
-        .expect("printf");
-        Ok(())
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    // Two blocks of 96 threads: two waves each, the second half full (32 lanes).
+    let grid = Grid::linear(2, 96);
+    let (hsa, mut runtime, out, image) =
+        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), grid, |warp| {
+            let wave = warp.global_warp();
+            warp.printf("wave %d lane %2d\n", |lane| {
+                vec![Arg::Int(wave.into()), Arg::Int(lane.into())]
+            })
+            .expect("printf");
+            Ok(())
+        });
     assert!(
         runtime.mailbox(image).is_some(),
         "the client symbol got a mailbox"
     );
-    // Two blocks of 96 threads: two waves each, the second half full (32 lanes).
-    runtime
-        .launch(image, "main", &[], Grid::linear(2, 96))
-        .unwrap();
     runtime.synchronize(0).unwrap();
     let text = out.text();
     assert_eq!(text.lines().count(), 2 * 96, "{text}");
@@ -417,18 +430,12 @@ fn a_kernels_printf_is_served_and_done_runs_once() {
 #[test]
 fn a_v2_image_is_served_by_polling_when_the_runtime_gives_no_interrupts() {
     // The fake's signals have no event mailbox, so no doorbell: the server polls.
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
-    hsa.kernel("main", |warp| {
-        warp.puts(|lane| format!("v2 lane {lane}")).expect("puts");
-        Ok(())
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime
-        .load_image(0, b".kernel main 0\n.global __llvm_rpc_client 2096\n")
-        .unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 2))
-        .unwrap();
+    let v2 = b".kernel main 0\n.global __llvm_rpc_client 2096\n";
+    let (_hsa, mut runtime, out, _) =
+        launch_main(FakeAgent::mi300x(), v2, Grid::linear(1, 2), |warp| {
+            warp.puts(|lane| format!("v2 lane {lane}")).expect("puts");
+            Ok(())
+        });
     runtime.synchronize(0).unwrap();
     assert_eq!(out.text(), "v2 lane 0\nv2 lane 1\n");
     runtime.deinit().unwrap();
@@ -436,16 +443,12 @@ fn a_v2_image_is_served_by_polling_when_the_runtime_gives_no_interrupts() {
 
 #[test]
 fn a_kernels_exit_is_reported_by_synchronize() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::w7900()]));
-    hsa.kernel("main", |warp| {
-        warp.puts(|_| "bye".into()).expect("puts");
-        warp.exit(3)
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 1))
-        .unwrap();
+    let one = Grid::linear(1, 1);
+    let (_hsa, mut runtime, out, _) =
+        launch_main(FakeAgent::w7900(), IMAGE.as_bytes(), one, |warp| {
+            warp.puts(|_| "bye".into()).expect("puts");
+            warp.exit(3)
+        });
     // An exit is the kernel's status, a value, not an error.
     assert_eq!(runtime.synchronize(0), Ok(Some(KernelExit::Exit(3))));
     assert_eq!(out.text(), "bye\n");
@@ -454,16 +457,12 @@ fn a_kernels_exit_is_reported_by_synchronize() {
 
 #[test]
 fn deinit_waits_for_launches_still_running() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
-    hsa.kernel("main", |warp| {
-        warp.puts(|_| "done".into()).expect("puts");
-        Ok(())
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 1))
-        .unwrap();
+    let one = Grid::linear(1, 1);
+    let (hsa, mut runtime, out, _) =
+        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), one, |warp| {
+            warp.puts(|_| "done".into()).expect("puts");
+            Ok(())
+        });
     // No synchronize: deinit itself waits for the kernel, which is served to its end.
     runtime.deinit().unwrap();
     assert_eq!(out.text(), "done\n");
@@ -473,19 +472,15 @@ fn deinit_waits_for_launches_still_running() {
 
 #[test]
 fn mallocs_the_kernel_forgot_are_freed_at_deinit() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
-    hsa.kernel("main", move |warp| {
-        let addrs = warp.malloc(|_| 4096).expect("malloc");
-        record.lock().unwrap().extend(addrs.into_iter().take(1));
-        Ok(())
-    });
-    let (mut runtime, _out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(2, 1))
-        .unwrap();
+    let two = Grid::linear(2, 1);
+    let (hsa, mut runtime, _out, _) =
+        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), two, move |warp| {
+            let addrs = warp.malloc(|_| 4096).expect("malloc");
+            record.lock().unwrap().extend(addrs.into_iter().take(1));
+            Ok(())
+        });
     runtime.synchronize(0).unwrap();
     let addrs = seen.lock().unwrap().clone();
     assert_eq!(addrs.len(), 2);
@@ -503,16 +498,12 @@ fn mallocs_the_kernel_forgot_are_freed_at_deinit() {
 
 #[test]
 fn a_faulting_queue_is_reported_through_the_runtime() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
-    hsa.kernel("main", |warp| {
-        warp.puts(|_| "before the fault".into()).expect("puts");
-        Err(MEMORY_FAULT)
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 1))
-        .unwrap();
+    let one = Grid::linear(1, 1);
+    let (hsa, mut runtime, out, _) =
+        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), one, |warp| {
+            warp.puts(|_| "before the fault".into()).expect("puts");
+            Err(MEMORY_FAULT)
+        });
     let message = vendor_message(runtime.synchronize(0).unwrap_err());
     assert!(
         message.ends_with("queue error HSA_STATUS_ERROR_MEMORY_FAULT (0x2b)"),

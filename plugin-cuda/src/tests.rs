@@ -4,11 +4,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use plugin_contract::counted;
-use rpc_core::plugin::{Device, Grid, Plugin};
+use rpc_core::plugin::{Completion, Device, Grid, Plugin, VendorError};
 use rpc_core::protocol::Generation;
 
 use crate::fake::{FakeDriver, FakeGpu};
-use crate::{CudaError, CudaPlugin};
+use crate::{CudaDevice, CudaError, CudaImage, CudaPlugin};
 
 const IMAGE: &str = ".entry main\n.entry other\n.global __llvm_rpc_client 552\n.global data 16\n";
 
@@ -23,7 +23,16 @@ fn one_gpu() -> (Arc<FakeDriver>, CudaPlugin) {
     plugin_with(vec![FakeGpu::h200()])
 }
 
-fn cuda_error(error: &rpc_core::plugin::VendorError) -> &CudaError {
+/// Launches kernel `main` of `image` on one warp.
+fn launch_main(
+    device: &CudaDevice,
+    image: &CudaImage,
+    done: Completion,
+) -> Result<(), VendorError> {
+    device.launch(image, "main", &[], Grid::linear(1, 32), done)
+}
+
+fn cuda_error(error: &VendorError) -> &CudaError {
     error.downcast_ref::<CudaError>().expect("a CudaError")
 }
 
@@ -144,9 +153,7 @@ fn driver_errors_carry_the_call_the_code_and_its_name() {
     }
     // A code the driver names (cuGetErrorName).
     driver.fail("cuLaunchKernel", 700);
-    let error = device
-        .launch(&image, "main", &[], Grid::linear(1, 32), Box::new(|| ()))
-        .unwrap_err();
+    let error = launch_main(device, &image, Box::new(|| ())).unwrap_err();
     assert_eq!(
         error.to_string(),
         "cuLaunchKernel failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)"
@@ -322,9 +329,7 @@ fn done_runs_once_after_the_kernel_completes() {
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     let (calls, done) = counted();
-    device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
+    launch_main(device, &image, done).unwrap();
     assert_eq!(
         calls.load(Ordering::SeqCst),
         0,
@@ -352,9 +357,7 @@ fn done_runs_once_when_the_launch_fails() {
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     driver.fail("cuLaunchKernel", 701);
     let (calls, done) = counted();
-    let error = device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap_err();
+    let error = launch_main(device, &image, done).unwrap_err();
     assert_eq!(cuda_error(&error).code(), Some(701));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     device.synchronize().unwrap();
@@ -386,9 +389,7 @@ fn done_runs_once_after_the_kernel_when_queueing_the_callback_fails() {
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     driver.fail("cuLaunchHostFunc", 999);
     let (calls, done) = counted();
-    let error = device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap_err();
+    let error = launch_main(device, &image, done).unwrap_err();
     assert_eq!(
         error.to_string(),
         "cuLaunchHostFunc failed: CUDA_ERROR_UNKNOWN (999)"
@@ -406,9 +407,7 @@ fn done_runs_once_when_a_kernel_faults_the_context() {
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     let (calls, done) = counted();
-    device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
+    launch_main(device, &image, done).unwrap();
     driver.fault(700);
     // The driver drops the host function of a failed context; synchronize reports it instead.
     let error = device.synchronize().unwrap_err();
@@ -424,9 +423,7 @@ fn deinit_waits_for_launches_and_reports_their_completion() {
     let (driver, mut plugin) = one_gpu();
     let image = plugin.devices()[0].load_image(IMAGE.as_bytes()).unwrap();
     let (calls, done) = counted();
-    plugin.devices()[0]
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
+    launch_main(&plugin.devices()[0], &image, done).unwrap();
     plugin.deinit().unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(driver.host_funcs_run(), 1);
@@ -511,9 +508,7 @@ fn abort_launches_resets_the_context_reports_the_launches_and_deinit_waits_no_mo
     let (driver, mut plugin) = one_gpu();
     let image = plugin.devices()[0].load_image(IMAGE.as_bytes()).unwrap();
     let (calls, done) = counted();
-    plugin.devices()[0]
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
+    launch_main(&plugin.devices()[0], &image, done).unwrap();
     // The kernel never completes by itself (the fake runs it only at a synchronize).
     plugin.devices()[0].abort_launches();
     assert_eq!(driver.resets(), 1);
