@@ -3,10 +3,12 @@
 //! image holds (`rpc-run --inspect`) and launch it as LLVM's loader does (wavefront size, kernarg
 //! size, stack needs) before HSA is asked.
 //!
-//! Everything here is bounds-checked: a truncated or hostile file is a [`CodeObjectError`],
-//! never a panic.
+//! Everything here is bounds-checked (the ELF through `elf-read`): a truncated or hostile file
+//! is a [`CodeObjectError`], never a panic.
 
 use std::collections::BTreeMap;
+
+use elf_read::{Elf, ElfError, SHT_DYNSYM, SHT_NOTE, SHT_SYMTAB, STT_OBJECT};
 
 /// `e_machine` of AMDGPU code objects.
 pub const EM_AMDGPU: u16 = 224;
@@ -90,93 +92,35 @@ pub enum CodeObjectError {
 
 type Result<T> = std::result::Result<T, CodeObjectError>;
 
-fn slice(bytes: &[u8], at: u64, len: u64) -> Result<&[u8]> {
-    let at = usize::try_from(at).map_err(|_| CodeObjectError::Malformed("offset"))?;
-    let len = usize::try_from(len).map_err(|_| CodeObjectError::Malformed("size"))?;
-    bytes
-        .get(
-            at..at
-                .checked_add(len)
-                .ok_or(CodeObjectError::Malformed("size"))?,
-        )
-        .ok_or(CodeObjectError::Malformed("past the end of the file"))
-}
-
-fn u16_at(bytes: &[u8], at: usize) -> Result<u16> {
-    Ok(u16::from_le_bytes(
-        slice(bytes, at as u64, 2)?.try_into().unwrap_or_default(),
-    ))
-}
-fn u32_at(bytes: &[u8], at: usize) -> Result<u32> {
-    Ok(u32::from_le_bytes(
-        slice(bytes, at as u64, 4)?.try_into().unwrap_or_default(),
-    ))
-}
-fn u64_at(bytes: &[u8], at: usize) -> Result<u64> {
-    Ok(u64::from_le_bytes(
-        slice(bytes, at as u64, 8)?.try_into().unwrap_or_default(),
-    ))
-}
-
-/// A section header's fields used here.
-struct Section {
-    kind: u32,
-    offset: u64,
-    size: u64,
-    link: u32,
-}
-
-const SHT_SYMTAB: u32 = 2;
-const SHT_NOTE: u32 = 7;
-const SHT_DYNSYM: u32 = 11;
-const STT_OBJECT: u8 = 1;
-
-/// The NUL-terminated string at `at` of a string table.
-fn name_at(table: &[u8], at: u32) -> String {
-    let rest = table.get(at as usize..).unwrap_or_default();
-    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-    String::from_utf8_lossy(&rest[..end]).into_owned()
+impl From<ElfError> for CodeObjectError {
+    fn from(error: ElfError) -> Self {
+        match error {
+            ElfError::NotElf => CodeObjectError::NotElf,
+            ElfError::NotElf64 => CodeObjectError::NotElf64,
+            ElfError::Malformed(why) => CodeObjectError::Malformed(why),
+        }
+    }
 }
 
 /// Whether `bytes` start like an AMDGPU ELF.
 pub fn is_code_object(bytes: &[u8]) -> bool {
-    bytes.starts_with(b"\x7fELF")
-        && bytes.len() > 20
-        && u16_at(bytes, 18).is_ok_and(|m| m == EM_AMDGPU)
+    elf_read::machine(bytes) == Some(EM_AMDGPU)
 }
 
 /// Reads the symbols and the metadata of a code object.
 pub fn read(bytes: &[u8]) -> Result<CodeObject> {
-    if !bytes.starts_with(b"\x7fELF") {
-        return Err(CodeObjectError::NotElf);
+    let elf = Elf::new(bytes)?;
+    if elf.machine != EM_AMDGPU {
+        return Err(CodeObjectError::NotAmdGpu(elf.machine));
     }
-    if bytes.get(4) != Some(&2) || bytes.get(5) != Some(&1) {
-        return Err(CodeObjectError::NotElf64);
-    }
-    let machine = u16_at(bytes, 18)?;
-    if machine != EM_AMDGPU {
-        return Err(CodeObjectError::NotAmdGpu(machine));
-    }
-    let shoff = u64_at(bytes, 40)?;
-    let shentsize = u16_at(bytes, 58)? as u64;
-    let shnum = u16_at(bytes, 60)? as u64;
-    if shentsize < 64 {
-        return Err(CodeObjectError::Malformed("section header size"));
-    }
-    let mut sections = Vec::new();
-    for i in 0..shnum {
-        let h = slice(bytes, shoff + i * shentsize, 64)?;
-        sections.push(Section {
-            kind: u32_at(h, 4)?,
-            offset: u64_at(h, 24)?,
-            size: u64_at(h, 32)?,
-            link: u32_at(h, 40)?,
-        });
-    }
+    let sections = elf.sections()?;
     let mut object = CodeObject::default();
     let mut metadata = None;
     for section in sections.iter().filter(|s| s.kind == SHT_NOTE) {
-        metadata = metadata.or(find_metadata(slice(bytes, section.offset, section.size)?)?);
+        let found = elf_read::notes(elf.data(section)?)?
+            .into_iter()
+            .find(|note| note.kind == NT_AMDGPU_METADATA && note.name.starts_with(b"AMDGPU"));
+        metadata = metadata.or(found.map(|note| note.desc));
     }
     // The static table if there is one (it has every symbol), else the dynamic one.
     let table = sections
@@ -184,24 +128,19 @@ pub fn read(bytes: &[u8]) -> Result<CodeObject> {
         .find(|s| s.kind == SHT_SYMTAB)
         .or_else(|| sections.iter().find(|s| s.kind == SHT_DYNSYM));
     if let Some(table) = table {
-        let strings = sections
-            .get(table.link as usize)
-            .ok_or(CodeObjectError::Malformed("symbol string table"))?;
-        let strings = slice(bytes, strings.offset, strings.size)?;
-        let symbols = slice(bytes, table.offset, table.size)?;
-        for entry in symbols.chunks_exact(24) {
-            let kind = entry[4] & 0xF;
-            let name = name_at(strings, u32_at(entry, 0)?);
-            if kind == STT_OBJECT && !name.ends_with(".kd") && !name.is_empty() {
-                let size = u64_at(entry, 16)?;
-                if object.global(&name).is_none() {
-                    object.globals.push(Global { name, size });
-                }
+        for symbol in elf.symbols(&sections, table)? {
+            let name = symbol.name;
+            let variable = symbol.kind == STT_OBJECT && !name.ends_with(".kd") && !name.is_empty();
+            if variable && object.global(&name).is_none() {
+                object.globals.push(Global {
+                    name,
+                    size: symbol.size,
+                });
             }
         }
     }
     let metadata = metadata.ok_or(CodeObjectError::NoMetadata)?;
-    let root = msgpack::parse(&metadata)?;
+    let root = msgpack::parse(metadata)?;
     object.target = root
         .get("amdhsa.target")
         .and_then(Value::str)
@@ -225,25 +164,6 @@ pub fn read(bytes: &[u8]) -> Result<CodeObject> {
         }
     }
     Ok(object)
-}
-
-/// The descriptor of the `AMDGPU` note of type `NT_AMDGPU_METADATA` in a note section.
-fn find_metadata(mut notes: &[u8]) -> Result<Option<Vec<u8>>> {
-    while notes.len() >= 12 {
-        let name_len = u32_at(notes, 0)? as u64;
-        let desc_len = u32_at(notes, 4)? as u64;
-        let kind = u32_at(notes, 8)?;
-        let name_end = 12 + name_len.next_multiple_of(4);
-        let name = slice(notes, 12, name_len)?;
-        let desc = slice(notes, name_end, desc_len)?;
-        if kind == NT_AMDGPU_METADATA && name.starts_with(b"AMDGPU") {
-            return Ok(Some(desc.to_vec()));
-        }
-        let next = usize::try_from(name_end + desc_len.next_multiple_of(4))
-            .map_err(|_| CodeObjectError::Malformed("note size"))?;
-        notes = notes.get(next..).unwrap_or_default();
-    }
-    Ok(None)
 }
 
 /// A MessagePack value (only what metadata uses; binary and extension values are skipped).

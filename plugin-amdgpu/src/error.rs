@@ -1,6 +1,7 @@
 //! The crate's one error type (STYLE 12) and the names of HSA status codes.
 
-use crate::loader::Status;
+/// `hsa_status_t`.
+pub type Status = u32;
 
 /// What can go wrong talking to the HSA runtime.
 #[derive(Debug, thiserror::Error)]

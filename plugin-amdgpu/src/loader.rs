@@ -18,13 +18,12 @@ use std::sync::{Arc, OnceLock};
 use libloading::Library;
 use static_assertions::const_assert_eq;
 
+pub use crate::error::Status;
 use crate::error::{status_name, AmdGpuError};
 
 /// The soname the runtime is loaded from.
 pub const LIBRARY: &str = "libhsa-runtime64.so.1";
 
-/// `hsa_status_t`.
-pub type Status = u32;
 const STATUS_SUCCESS: Status = 0x0;
 /// `HSA_STATUS_INFO_BREAK`: an iteration callback stopped the iteration (not an error).
 const STATUS_INFO_BREAK: Status = 0x1;

@@ -1,22 +1,21 @@
 //! The plugin through a fake HSA runtime (no GPU, no ROCm): devices, images, memory, AQL
 //! launches and their completions, and kernels that speak RPC, served through `PluginRuntime`.
 
-use std::io::Write;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use plugin_host::Arg;
-use rpc_core::plugin::{Completion, Device, Grid, Plugin};
-use rpc_core::protocol::Generation;
+use plugin_contract::{counted, Captured};
+use plugin_host::{Arg, Warp};
+use rpc_core::plugin::{Device, Grid, Plugin};
+use rpc_core::services::malloc_alignment;
 use rpc_core::services::KernelExit;
-use rpc_core::PluginRuntime;
-use rpc_core::{Error, ExitPolicy, PluginError, ServerConfig, ServicesConfig};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use rpc_core::{Error, PluginError};
+use rpc_core::{ImageId, PluginRuntime};
 
 use crate::fake::{FakeAgent, FakeHsa, MEMORY_FAULT, OUT_OF_RESOURCES};
+use crate::loader::Status;
 use crate::{AmdGpuError, AmdGpuPlugin};
-use rpc_core::plugin::describe;
-use rpc_core::services::malloc_alignment;
 
 /// A v1 image with three kernels (16 bytes of explicit arguments each) and a variable.
 const IMAGE: &str = ".kernel main 16\n.kernel other 16\n.kernel spin 16\n\
@@ -33,59 +32,29 @@ fn one_gpu() -> (Arc<FakeHsa>, AmdGpuPlugin) {
     plugin_with(vec![FakeAgent::mi300x()])
 }
 
-/// A completion that counts its calls.
-fn counted() -> (Arc<AtomicUsize>, Completion) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let inner = calls.clone();
-    (
-        calls,
-        Box::new(move || {
-            inner.fetch_add(1, Ordering::SeqCst);
-        }),
-    )
-}
-
 fn hsa_error(error: &rpc_core::plugin::VendorError) -> &AmdGpuError {
     error.downcast_ref::<AmdGpuError>().expect("an AmdGpuError")
 }
 
-/// A writer the test reads back (the server's stdout).
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
-
 /// The plugin over `hsa` in a runtime that records exits and captures stdout.
 fn runtime(hsa: &Arc<FakeHsa>) -> (PluginRuntime<AmdGpuPlugin>, Captured) {
-    let config = ServerConfig {
-        services: ServicesConfig {
-            exit: ExitPolicy::Record,
-            ..ServicesConfig::default()
-        },
-        ..ServerConfig::default()
-    };
-    let runtime = PluginRuntime::new(AmdGpuPlugin::with_api(hsa.clone()), config).unwrap();
-    let out = Captured::default();
-    runtime
-        .server()
-        .context()
-        .services()
-        .set_stdout(Box::new(out.clone()));
-    (runtime, out)
+    plugin_contract::runtime_capturing_stdout(AmdGpuPlugin::with_api(hsa.clone()))
+}
+
+/// A runtime over one fake `agent` whose kernel `main` runs `body` once per wave, `image`
+/// loaded on its device and `main` launched on `grid`.
+fn launch_main(
+    agent: FakeAgent,
+    image: &[u8],
+    grid: Grid,
+    body: impl Fn(&Warp<'_>) -> Result<(), Status> + Send + Sync + 'static,
+) -> (Arc<FakeHsa>, PluginRuntime<AmdGpuPlugin>, Captured, ImageId) {
+    let hsa = Arc::new(FakeHsa::new(vec![agent]));
+    hsa.kernel("main", body);
+    let (runtime, out) = runtime(&hsa);
+    let image = runtime.load_image(0, image).unwrap();
+    runtime.launch(image, "main", &[], grid).unwrap();
+    (hsa, runtime, out, image)
 }
 
 fn vendor_message(error: Error) -> String {
@@ -102,14 +71,10 @@ fn a_runtime_whose_init_fails_is_zero_devices_and_names_the_status() {
     let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
     hsa.fail("hsa_init", OUT_OF_RESOURCES);
     let mut plugin = AmdGpuPlugin::with_api(hsa.clone());
-    plugin.init().unwrap();
-    assert!(plugin.devices().is_empty());
-    assert_eq!(
-        plugin.reason().as_deref(),
-        Some(
-            "hsa_init failed: HSA_STATUS_ERROR_OUT_OF_RESOURCES (0x1008): \
-             The runtime failed to allocate the necessary resources."
-        )
+    plugin_contract::zero_devices_with_a_reason(
+        &mut plugin,
+        "hsa_init failed: HSA_STATUS_ERROR_OUT_OF_RESOURCES (0x1008): \
+         The runtime failed to allocate the necessary resources.",
     );
     assert_eq!(hsa.inits(), 0);
     plugin.deinit().unwrap();
@@ -117,16 +82,10 @@ fn a_runtime_whose_init_fails_is_zero_devices_and_names_the_status() {
 
 #[test]
 fn a_runtime_without_gpu_agents_is_zero_devices_and_shuts_down() {
-    let (hsa, plugin) = plugin_with(Vec::new());
-    assert_eq!(
-        plugin.reason().as_deref(),
-        Some("the HSA runtime found no GPU agents")
-    );
+    let hsa = Arc::new(FakeHsa::new(Vec::new()));
+    let mut plugin = AmdGpuPlugin::with_api(hsa.clone());
+    plugin_contract::zero_devices_with_a_reason(&mut plugin, "the HSA runtime found no GPU agents");
     assert_eq!(hsa.inits(), 0, "hsa_shut_down balanced the hsa_init");
-    assert_eq!(
-        describe(&plugin),
-        "amdgpu: 0 devices (the HSA runtime found no GPU agents)"
-    );
 }
 
 // --- Devices ----------------------------------------------------------------------------------
@@ -134,15 +93,13 @@ fn a_runtime_without_gpu_agents_is_zero_devices_and_shuts_down() {
 #[test]
 fn devices_are_enumerated_with_name_wavefront_and_ports() {
     let (hsa, plugin) = plugin_with(vec![FakeAgent::mi300x(), FakeAgent::w7900()]);
-    assert_eq!(plugin.name(), "amdgpu");
-    assert_eq!(plugin.reason(), None);
     assert_eq!(hsa.inits(), 1);
-    assert_eq!(plugin.devices()[0].lane_size(), 64);
-    assert_eq!(plugin.devices()[1].lane_size(), 32);
-    assert_eq!(
-        describe(&plugin),
+    plugin_contract::devices_are_described(
+        &plugin,
+        "amdgpu",
+        &[64, 32],
         "amdgpu: 2 devices (Fake MI300X (gfx942): L=64, ports v1=4096 v2=9728; \
-         Fake W7900 (gfx1100): L=32, ports v1=768 v2=768)"
+         Fake W7900 (gfx1100): L=32, ports v1=768 v2=768)",
     );
 }
 
@@ -163,14 +120,15 @@ fn deinit_shuts_the_runtime_down_and_leaves_no_queue_signal_or_block() {
         2,
         "one queue per device, made by its first launch"
     );
-    plugin.deinit().unwrap();
-    assert!(plugin.devices().is_empty());
-    assert_eq!(hsa.inits(), 0);
-    assert_eq!(hsa.live_queues(), 0);
-    assert_eq!(hsa.live_signals(), 0);
-    assert_eq!(hsa.live_host_allocations(), 0);
-    assert_eq!(hsa.live_executables(), 0);
-    plugin.deinit().unwrap(); // idempotent
+    plugin_contract::deinit_leaves_nothing(&mut plugin, || {
+        vec![
+            ("inits", hsa.inits().into()),
+            ("queues", hsa.live_queues() as i64),
+            ("signals", hsa.live_signals() as i64),
+            ("host allocations", hsa.live_host_allocations() as i64),
+            ("executables", hsa.live_executables() as i64),
+        ]
+    });
 }
 
 // --- Errors -----------------------------------------------------------------------------------
@@ -200,27 +158,17 @@ fn runtime_errors_name_the_call_the_status_and_the_runtimes_text() {
 fn images_load_find_variables_copy_and_unload() {
     let (hsa, plugin) = one_gpu();
     let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
-    assert_eq!(hsa.live_executables(), 1);
-    let client = device.find_symbol(&image, "__llvm_rpc_client").unwrap();
-    assert_eq!(
-        Generation::from_client_object_size(client.size),
-        Ok(Generation::V1)
+    plugin_contract::images_load_find_variables_copy_and_unload(
+        device,
+        IMAGE.as_bytes(),
+        || hsa.live_executables(),
+        |image, data| {
+            // A kernel is not a variable.
+            assert_eq!(device.find_symbol(image, "main.kd"), None);
+            // A copy past the variable is refused by the runtime, not done.
+            assert!(device.copy_to_device(data.addr + 4090, &[1; 16]).is_err());
+        },
     );
-    let data = device.find_symbol(&image, "data").unwrap();
-    assert_eq!(data.size, 16);
-    device.copy_to_device(data.addr, &[7; 16]).unwrap();
-    let mut back = [0u8; 16];
-    device.copy_from_device(data.addr, &mut back).unwrap();
-    assert_eq!(back, [7; 16]);
-    // A kernel is not a variable, and unknown or unrepresentable names are no symbol.
-    assert_eq!(device.find_symbol(&image, "main.kd"), None);
-    assert_eq!(device.find_symbol(&image, "missing"), None);
-    assert_eq!(device.find_symbol(&image, "bad\0name"), None);
-    // A copy past the variable is refused by the runtime, not done.
-    assert!(device.copy_to_device(data.addr + 4090, &[1; 16]).is_err());
-    drop(image);
-    assert_eq!(hsa.live_executables(), 0);
 }
 
 #[test]
@@ -257,18 +205,16 @@ fn launch_writes_an_aql_packet_with_the_grid_and_the_kernarg_segment() {
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     let args: Vec<u8> = (1..=12).collect();
-    let grid = Grid {
-        blocks: [4, 2, 1],
-        threads: [64, 1, 1],
-    };
-    device
-        .launch(&image, "other", &args, grid, Box::new(|| ()))
-        .unwrap();
-    device.synchronize().unwrap();
-    let dispatches = hsa.dispatches();
-    assert_eq!(dispatches.len(), 1);
-    let dispatch = &dispatches[0];
-    assert_eq!((dispatch.kernel.as_str(), dispatch.grid), ("other", grid));
+    let grid = plugin_contract::launch_reaches_the_driver_with_the_kernel_and_the_grid(
+        device,
+        &image,
+        &args,
+        || {
+            let dispatches = hsa.dispatches();
+            dispatches.into_iter().map(|d| (d.kernel, d.grid)).collect()
+        },
+    );
+    let dispatch = &hsa.dispatches()[0];
     assert_eq!(dispatch.header, crate::aql::DISPATCH_HEADER);
     // 16 bytes of explicit arguments (12 given, zero-padded), then the implicit block.
     assert_eq!(dispatch.kernarg.len(), 16 + 256);
@@ -299,18 +245,7 @@ fn done_runs_once_after_the_kernel_completes() {
     let (hsa, plugin) = one_gpu();
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
-    let counters: Vec<_> = (0..3)
-        .map(|_| {
-            let (calls, done) = counted();
-            device
-                .launch(&image, "main", &[], Grid::linear(1, 64), done)
-                .unwrap();
-            calls
-        })
-        .collect();
-    device.synchronize().unwrap();
-    device.synchronize().unwrap();
-    assert!(counters.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+    plugin_contract::done_runs_once_by_synchronize(device, &image, 64);
     assert_eq!(hsa.completed(), 3);
     assert_eq!(
         hsa.live_signals(),
@@ -324,16 +259,15 @@ fn a_launch_that_fails_queues_nothing_and_never_calls_done() {
     let (hsa, plugin) = one_gpu();
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
-    let (unknown, done) = counted();
-    let error = device
-        .launch(&image, "missing", &[], Grid::linear(1, 64), done)
-        .unwrap_err();
-    assert!(matches!(hsa_error(&error), AmdGpuError::NoSymbol { .. }));
-    let (empty, done) = counted();
-    let error = device
-        .launch(&image, "main", &[], Grid::linear(0, 64), done)
-        .unwrap_err();
-    assert!(matches!(hsa_error(&error), AmdGpuError::BadGrid(_)));
+    let [(unknown_error, unknown), (empty_error, empty)] =
+        plugin_contract::unknown_kernels_and_empty_grids_launch_nothing(device, &image, 64, || {
+            hsa.dispatches().len()
+        });
+    assert!(matches!(
+        hsa_error(&unknown_error),
+        AmdGpuError::NoSymbol { .. }
+    ));
+    assert!(matches!(hsa_error(&empty_error), AmdGpuError::BadGrid(_)));
     hsa.fail("hsa_queue_create", OUT_OF_RESOURCES);
     let (no_queue, done) = counted();
     let error = device
@@ -390,21 +324,7 @@ fn a_panicking_completion_is_contained() {
     let (_hsa, plugin) = one_gpu();
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
-    device
-        .launch(
-            &image,
-            "main",
-            &[],
-            Grid::linear(1, 64),
-            Box::new(|| panic!("boom")),
-        )
-        .unwrap();
-    let (calls, done) = counted();
-    device
-        .launch(&image, "main", &[], Grid::linear(1, 64), done)
-        .unwrap();
-    device.synchronize().unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the waiter lived on");
+    plugin_contract::a_panicking_completion_is_contained(device, &image, 64);
 }
 
 #[test]
@@ -457,42 +377,19 @@ fn a_panicking_kernel_body_faults_its_queue() {
 fn shared_regions_are_zeroed_aligned_and_freed_on_drop() {
     let (hsa, plugin) = one_gpu();
     let device = &plugin.devices()[0];
-    let region = device.alloc_shared(132_608).unwrap();
-    assert_eq!(region.len(), 132_608);
-    assert_eq!(region.host_ptr() as usize % 64, 0);
-    assert_eq!(region.device_addr(), region.host_ptr() as u64);
-    // SAFETY: the region owns `len` bytes at `host_ptr` and nothing else uses them.
-    let bytes = unsafe { std::slice::from_raw_parts(region.host_ptr(), region.len()) };
-    assert!(
-        bytes.iter().all(|&b| b == 0),
-        "the pool's garbage was zeroed"
-    );
-    assert_eq!(hsa.live_host_allocations(), 1);
-    drop(region);
-    assert_eq!(hsa.live_host_allocations(), 0);
+    // The fake pool's memory is garbage until the plugin zeroes it.
+    plugin_contract::shared_regions_are_zeroed_aligned_and_freed_on_drop(device, || {
+        hsa.live_host_allocations()
+    });
 }
 
 #[test]
 fn malloc_blocks_are_disjoint_freed_by_address_and_refused_once_released() {
     let (hsa, plugin) = one_gpu();
     let allocator = plugin.devices()[0].allocator();
-    let mut blocks = Vec::new();
-    for size in [1, 100, 3 << 20, 0, 10] {
-        let addr = allocator.allocate(size).unwrap();
-        assert_ne!(addr, 0);
-        blocks.push((addr, size.max(1)));
-    }
-    blocks.sort();
-    assert!(
-        blocks.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
-        "{blocks:x?}"
-    );
-    assert_eq!(hsa.live_device_allocations(), 5);
-    for &(addr, size) in &blocks {
-        // SAFETY: each block came from `allocate` just above, freed once here.
-        unsafe { allocator.deallocate(addr, size) }.unwrap();
-    }
-    assert_eq!(hsa.live_device_allocations(), 0);
+    plugin_contract::device_blocks_are_disjoint_and_freed_by_address(&*allocator, || {
+        hsa.live_device_allocations()
+    });
     drop(plugin);
     let error = allocator.allocate(8).unwrap_err();
     assert!(matches!(hsa_error(&error), AmdGpuError::Released));
@@ -502,25 +399,21 @@ fn malloc_blocks_are_disjoint_freed_by_address_and_refused_once_released() {
 
 #[test]
 fn a_kernels_printf_is_served_and_done_runs_once() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
-    hsa.kernel("main", |warp| {
-        let wave = warp.global_warp();
-        warp.printf("wave %d lane %2d\n", |lane| {
-            vec![Arg::Int(wave.into()), Arg::Int(lane.into())]
-        })
-        .expect("printf");
-        Ok(())
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    // Two blocks of 96 threads: two waves each, the second half full (32 lanes).
+    let grid = Grid::linear(2, 96);
+    let (hsa, mut runtime, out, image) =
+        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), grid, |warp| {
+            let wave = warp.global_warp();
+            warp.printf("wave %d lane %2d\n", |lane| {
+                vec![Arg::Int(wave.into()), Arg::Int(lane.into())]
+            })
+            .expect("printf");
+            Ok(())
+        });
     assert!(
         runtime.mailbox(image).is_some(),
         "the client symbol got a mailbox"
     );
-    // Two blocks of 96 threads: two waves each, the second half full (32 lanes).
-    runtime
-        .launch(image, "main", &[], Grid::linear(2, 96))
-        .unwrap();
     runtime.synchronize(0).unwrap();
     let text = out.text();
     assert_eq!(text.lines().count(), 2 * 96, "{text}");
@@ -537,18 +430,12 @@ fn a_kernels_printf_is_served_and_done_runs_once() {
 #[test]
 fn a_v2_image_is_served_by_polling_when_the_runtime_gives_no_interrupts() {
     // The fake's signals have no event mailbox, so no doorbell: the server polls.
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
-    hsa.kernel("main", |warp| {
-        warp.puts(|lane| format!("v2 lane {lane}")).expect("puts");
-        Ok(())
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime
-        .load_image(0, b".kernel main 0\n.global __llvm_rpc_client 2096\n")
-        .unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 2))
-        .unwrap();
+    let v2 = b".kernel main 0\n.global __llvm_rpc_client 2096\n";
+    let (_hsa, mut runtime, out, _) =
+        launch_main(FakeAgent::mi300x(), v2, Grid::linear(1, 2), |warp| {
+            warp.puts(|lane| format!("v2 lane {lane}")).expect("puts");
+            Ok(())
+        });
     runtime.synchronize(0).unwrap();
     assert_eq!(out.text(), "v2 lane 0\nv2 lane 1\n");
     runtime.deinit().unwrap();
@@ -556,16 +443,12 @@ fn a_v2_image_is_served_by_polling_when_the_runtime_gives_no_interrupts() {
 
 #[test]
 fn a_kernels_exit_is_reported_by_synchronize() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::w7900()]));
-    hsa.kernel("main", |warp| {
-        warp.puts(|_| "bye".into()).expect("puts");
-        warp.exit(3)
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 1))
-        .unwrap();
+    let one = Grid::linear(1, 1);
+    let (_hsa, mut runtime, out, _) =
+        launch_main(FakeAgent::w7900(), IMAGE.as_bytes(), one, |warp| {
+            warp.puts(|_| "bye".into()).expect("puts");
+            warp.exit(3)
+        });
     // An exit is the kernel's status, a value, not an error.
     assert_eq!(runtime.synchronize(0), Ok(Some(KernelExit::Exit(3))));
     assert_eq!(out.text(), "bye\n");
@@ -574,16 +457,12 @@ fn a_kernels_exit_is_reported_by_synchronize() {
 
 #[test]
 fn deinit_waits_for_launches_still_running() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
-    hsa.kernel("main", |warp| {
-        warp.puts(|_| "done".into()).expect("puts");
-        Ok(())
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 1))
-        .unwrap();
+    let one = Grid::linear(1, 1);
+    let (hsa, mut runtime, out, _) =
+        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), one, |warp| {
+            warp.puts(|_| "done".into()).expect("puts");
+            Ok(())
+        });
     // No synchronize: deinit itself waits for the kernel, which is served to its end.
     runtime.deinit().unwrap();
     assert_eq!(out.text(), "done\n");
@@ -593,19 +472,15 @@ fn deinit_waits_for_launches_still_running() {
 
 #[test]
 fn mallocs_the_kernel_forgot_are_freed_at_deinit() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
-    hsa.kernel("main", move |warp| {
-        let addrs = warp.malloc(|_| 4096).expect("malloc");
-        record.lock().unwrap().extend(addrs.into_iter().take(1));
-        Ok(())
-    });
-    let (mut runtime, _out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(2, 1))
-        .unwrap();
+    let two = Grid::linear(2, 1);
+    let (hsa, mut runtime, _out, _) =
+        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), two, move |warp| {
+            let addrs = warp.malloc(|_| 4096).expect("malloc");
+            record.lock().unwrap().extend(addrs.into_iter().take(1));
+            Ok(())
+        });
     runtime.synchronize(0).unwrap();
     let addrs = seen.lock().unwrap().clone();
     assert_eq!(addrs.len(), 2);
@@ -623,16 +498,12 @@ fn mallocs_the_kernel_forgot_are_freed_at_deinit() {
 
 #[test]
 fn a_faulting_queue_is_reported_through_the_runtime() {
-    let hsa = Arc::new(FakeHsa::new(vec![FakeAgent::mi300x()]));
-    hsa.kernel("main", |warp| {
-        warp.puts(|_| "before the fault".into()).expect("puts");
-        Err(MEMORY_FAULT)
-    });
-    let (mut runtime, out) = runtime(&hsa);
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 1))
-        .unwrap();
+    let one = Grid::linear(1, 1);
+    let (hsa, mut runtime, out, _) =
+        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), one, |warp| {
+            warp.puts(|_| "before the fault".into()).expect("puts");
+            Err(MEMORY_FAULT)
+        });
     let message = vendor_message(runtime.synchronize(0).unwrap_err());
     assert!(
         message.ends_with("queue error HSA_STATUS_ERROR_MEMORY_FAULT (0x2b)"),

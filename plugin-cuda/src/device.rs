@@ -29,11 +29,10 @@ use rpc_core::plugin::{
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::error::{code_name, CudaError, Result};
+use crate::context::{driver_error, Core};
+use crate::error::{CudaError, Result};
 use crate::image::CudaImage;
-use crate::loader::{
-    Attribute, Code, Context, CuDevice, DriverApi, Stream, STREAM_DEFAULT, STREAM_NON_BLOCKING,
-};
+use crate::loader::{Attribute, DriverApi, Stream, STREAM_DEFAULT, STREAM_NON_BLOCKING};
 use crate::memory::{CudaAllocator, PinnedRegion};
 
 /// NVPTX warps have 32 lanes.
@@ -45,51 +44,8 @@ pub fn resident_warps(sms: u32, max_threads_per_sm: u32) -> u32 {
     sms.saturating_mul(max_threads_per_sm / LANE_SIZE)
 }
 
-/// What the device, its images, regions and allocator share: the driver, the device and its
-/// primary context, which every call binds to the calling thread first (the server thread and
-/// the driver's callback thread have no current context of their own).
-pub struct Core {
-    driver: Arc<dyn DriverApi>,
-    device: CuDevice,
-    context: Context,
-    /// Set when the primary context has been released: later calls fail with `Released`
-    /// instead of naming a context that no longer exists.
-    released: AtomicBool,
-    /// Set by `abort_launches` (the primary context was reset): nothing waits for the
-    /// device's work any more, and what the reset destroyed is not freed again.
-    aborted: AtomicBool,
-}
-
-impl Core {
-    pub(crate) fn driver(&self) -> &dyn DriverApi {
-        &*self.driver
-    }
-
-    /// Makes the device's context current on this thread.
-    pub(crate) fn bind(&self) -> Result<()> {
-        // Relaxed: the flag only turns a late call into an error; it publishes no data.
-        if self.released.load(Ordering::Relaxed) {
-            return Err(CudaError::Released);
-        }
-        self.driver
-            .ctx_set_current(self.context)
-            .map_err(|code| self.fail("cuCtxSetCurrent", code))
-    }
-
-    /// The error for `call` returning `code`.
-    pub(crate) fn fail(&self, call: &'static str, code: Code) -> CudaError {
-        driver_error(&*self.driver, call, code)
-    }
-}
-
 /// The per-thread stack LLVM's GPU loader sets (`llvm-gpu-loader`, nvptx.cpp): 3 KiB.
 pub const LOADER_STACK_SIZE: usize = 3 * 1024;
-
-/// The error for `call` returning `code`, named by the driver or by the built-in table.
-pub(crate) fn driver_error(driver: &dyn DriverApi, call: &'static str, code: Code) -> CudaError {
-    let name = driver.error_name(code).unwrap_or_else(|| code_name(code));
-    CudaError::Driver { call, code, name }
-}
 
 /// Completions waiting for their kernels, by ticket, with the device each belongs to.
 struct Pending {

@@ -11,9 +11,10 @@ use std::borrow::Cow;
 use std::ffi::CString;
 use std::sync::Arc;
 
+use elf_read::Elf;
 use rpc_core::plugin::Symbol;
 
-use crate::device::Core;
+use crate::context::Core;
 use crate::error::{code_name, CudaError, Result, ERROR_NOT_FOUND};
 use crate::loader::{Function, Module};
 
@@ -103,8 +104,6 @@ impl Drop for CudaImage {
 
 /// The fatbin header's magic (`fatBinaryHeader.magic`).
 const FATBIN_MAGIC: u32 = 0xBA55_ED50;
-/// `SHT_NOBITS`: a section that takes no bytes in the file.
-const SHT_NOBITS: u32 = 8;
 
 /// What the driver would read of `bytes`: the whole image, made safe to hand over by pointer.
 pub(crate) fn prepare(bytes: &[u8]) -> Result<Cow<'_, [u8]>> {
@@ -139,60 +138,21 @@ fn bad(what: &str) -> CudaError {
 /// Checks that a 64-bit little-endian ELF's header tables, sections and segments all lie
 /// inside `bytes` (the driver finds everything through them).
 fn check_elf(bytes: &[u8]) -> Result<()> {
-    let len = bytes.len() as u64;
-    if bytes.len() < 64 || bytes[4] != 2 || bytes[5] != 1 {
-        return Err(bad("an ELF image that is not 64-bit little-endian"));
-    }
-    let inside = |offset: u64, size: u64| offset.checked_add(size).is_some_and(|end| end <= len);
-    let field = |offset: usize, width: usize| -> u64 {
-        match width {
-            2 => read_u16(bytes, offset).map(u64::from),
-            4 => read_u32(bytes, offset).map(u64::from),
-            _ => read_u64(bytes, offset),
+    let check = || -> elf_read::Result<()> {
+        let elf = Elf::new(bytes)?;
+        for section in elf.sections()? {
+            elf.data(&section)?;
         }
-        .unwrap_or(u64::MAX)
+        for segment in elf.segments()? {
+            elf_read::bytes_at(bytes, segment.offset, segment.file_size)?;
+        }
+        Ok(())
     };
-    // (table offset, entry size, entry count, offset of an entry's file offset and size).
-    let tables = [
-        (
-            field(0x20, 8),
-            field(0x36, 2),
-            field(0x38, 2),
-            0x08,
-            0x20,
-            false,
-        ),
-        (
-            field(0x28, 8),
-            field(0x3A, 2),
-            field(0x3C, 2),
-            0x18,
-            0x20,
-            true,
-        ),
-    ];
-    for (table, entry_size, count, offset_at, size_at, sections) in tables {
-        if count == 0 {
-            continue;
-        }
-        if entry_size < size_at + 8 || !inside(table, entry_size.saturating_mul(count)) {
-            return Err(bad("an ELF image whose header tables lie outside it"));
-        }
-        for k in 0..count {
-            let entry = (table + k * entry_size) as usize;
-            if sections && field(entry + 4, 4) == u64::from(SHT_NOBITS) {
-                continue;
-            }
-            let (offset, size) = (
-                field(entry + offset_at as usize, 8),
-                field(entry + size_at as usize, 8),
-            );
-            if !inside(offset, size) {
-                return Err(bad("an ELF image with a section outside it"));
-            }
-        }
-    }
-    Ok(())
+    check().map_err(|e| {
+        bad(&format!(
+            "an ELF image the driver could not read whole: {e}"
+        ))
+    })
 }
 
 fn read_u16(bytes: &[u8], at: usize) -> Option<u16> {
@@ -208,6 +168,7 @@ fn read_u64(bytes: &[u8], at: usize) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use elf_read::SHT_NOBITS;
 
     #[test]
     fn ptx_gets_its_terminating_nul() {

@@ -29,6 +29,8 @@
 //!   reply), all freed at release if the kernels forgot.
 //! - [`image`]: modules from PTX (NUL-terminated for the driver), cubin or fatbin, checked to
 //!   hold every byte the driver will read; globals via `cuModuleGetGlobal`.
+//! - `context`: `Core`, what a device, its images, regions and allocator share (the driver,
+//!   the device, its primary context, bound on every call).
 //! - [`error`]: [`CudaError`]; a driver failure keeps the call, the code and its name
 //!   (`cuGetErrorName`, else a built-in table).
 //!
@@ -38,6 +40,7 @@
 
 #![warn(missing_docs)]
 
+mod context;
 pub mod device;
 pub mod error;
 pub mod image;
@@ -135,7 +138,7 @@ impl CudaPlugin {
         let count = match driver.init().and_then(|()| driver.device_count()) {
             Ok(count) => count,
             Err(code) => {
-                let error = device::driver_error(&*driver, "cuInit", code);
+                let error = context::driver_error(&*driver, "cuInit", code);
                 self.reason = Some(error.to_string());
                 return Ok(());
             }

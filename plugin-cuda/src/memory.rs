@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
 use std::sync::Mutex;
 
-use crate::device::Core;
+use crate::context::Core;
 use crate::error::{CudaError, Result};
 use crate::loader::{Stream, MEMHOSTALLOC_DEVICEMAP, MEMHOSTALLOC_PORTABLE};
 

@@ -1,13 +1,14 @@
 //! The plugin through a fake driver table (no GPU, no libcuda), and without any driver.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use rpc_core::plugin::{Completion, Device, Grid, Plugin};
+use plugin_contract::counted;
+use rpc_core::plugin::{Completion, Device, Grid, Plugin, VendorError};
 use rpc_core::protocol::Generation;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::fake::{FakeDriver, FakeGpu};
-use crate::{CudaError, CudaPlugin};
+use crate::{CudaDevice, CudaError, CudaImage, CudaPlugin};
 
 const IMAGE: &str = ".entry main\n.entry other\n.global __llvm_rpc_client 552\n.global data 16\n";
 
@@ -22,19 +23,16 @@ fn one_gpu() -> (Arc<FakeDriver>, CudaPlugin) {
     plugin_with(vec![FakeGpu::h200()])
 }
 
-/// A completion that counts its calls.
-fn counted() -> (Arc<AtomicUsize>, Completion) {
-    let calls = Arc::new(AtomicUsize::new(0));
-    let inner = calls.clone();
-    (
-        calls,
-        Box::new(move || {
-            inner.fetch_add(1, Ordering::SeqCst);
-        }),
-    )
+/// Launches kernel `main` of `image` on one warp.
+fn launch_main(
+    device: &CudaDevice,
+    image: &CudaImage,
+    done: Completion,
+) -> Result<(), VendorError> {
+    device.launch(image, "main", &[], Grid::linear(1, 32), done)
 }
 
-fn cuda_error(error: &rpc_core::plugin::VendorError) -> &CudaError {
+fn cuda_error(error: &VendorError) -> &CudaError {
     error.downcast_ref::<CudaError>().expect("a CudaError")
 }
 
@@ -43,15 +41,9 @@ fn cuda_error(error: &rpc_core::plugin::VendorError) -> &CudaError {
 #[test]
 fn no_driver_library_is_zero_devices_and_a_reason() {
     let mut plugin = CudaPlugin::with_library_names(&["libcuda-not-installed.so.1"]);
-    plugin.init().unwrap();
-    assert!(plugin.devices().is_empty());
-    assert_eq!(
-        plugin.reason().as_deref(),
-        Some("libcuda-not-installed.so.1 not found")
-    );
-    assert_eq!(
-        rpc_core::plugin::describe(&plugin),
-        "cuda: 0 devices (libcuda-not-installed.so.1 not found)"
+    plugin_contract::zero_devices_with_a_reason(
+        &mut plugin,
+        "libcuda-not-installed.so.1 not found",
     );
     plugin.deinit().unwrap();
 }
@@ -73,11 +65,9 @@ fn a_driver_that_finds_no_gpu_is_zero_devices_and_names_the_code() {
     let driver = Arc::new(FakeDriver::new(vec![FakeGpu::h200()]));
     driver.fail_init(100);
     let mut plugin = CudaPlugin::with_driver(driver);
-    plugin.init().unwrap();
-    assert!(plugin.devices().is_empty());
-    assert_eq!(
-        plugin.reason().as_deref(),
-        Some("cuInit failed: CUDA_ERROR_NO_DEVICE (100)")
+    plugin_contract::zero_devices_with_a_reason(
+        &mut plugin,
+        "cuInit failed: CUDA_ERROR_NO_DEVICE (100)",
     );
 }
 
@@ -93,14 +83,12 @@ fn devices_are_enumerated_with_name_lane_width_and_ports() {
         memory_pools: false,
     };
     let (_driver, plugin) = plugin_with(vec![FakeGpu::h200(), small]);
-    assert_eq!(plugin.name(), "cuda");
-    assert_eq!(plugin.reason(), None);
-    assert_eq!(plugin.devices().len(), 2);
-    assert_eq!(plugin.devices()[0].lane_size(), 32);
-    assert_eq!(
-        rpc_core::plugin::describe(&plugin),
+    plugin_contract::devices_are_described(
+        &plugin,
+        "cuda",
+        &[32, 32],
         "cuda: 2 devices (Fake H200: sm_90, L=32, ports v1=4096 v2=8448; \
-         Fake Small: sm_75, L=32, ports v1=64 v2=64)"
+         Fake Small: sm_75, L=32, ports v1=64 v2=64)",
     );
 }
 
@@ -125,11 +113,12 @@ fn deinit_releases_every_context_and_stream() {
     let (driver, mut plugin) = plugin_with(vec![FakeGpu::h200(), FakeGpu::h200()]);
     assert_eq!(driver.retained_contexts(), 2);
     assert_eq!(driver.live_streams(), 4); // launch + allocation stream each
-    plugin.deinit().unwrap();
-    assert!(plugin.devices().is_empty());
-    assert_eq!(driver.retained_contexts(), 0);
-    assert_eq!(driver.live_streams(), 0);
-    plugin.deinit().unwrap(); // idempotent
+    plugin_contract::deinit_leaves_nothing(&mut plugin, || {
+        vec![
+            ("contexts", driver.retained_contexts().into()),
+            ("streams", driver.live_streams() as i64),
+        ]
+    });
 }
 
 #[test]
@@ -164,9 +153,7 @@ fn driver_errors_carry_the_call_the_code_and_its_name() {
     }
     // A code the driver names (cuGetErrorName).
     driver.fail("cuLaunchKernel", 700);
-    let error = device
-        .launch(&image, "main", &[], Grid::linear(1, 32), Box::new(|| ()))
-        .unwrap_err();
+    let error = launch_main(device, &image, Box::new(|| ())).unwrap_err();
     assert_eq!(
         error.to_string(),
         "cuLaunchKernel failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)"
@@ -308,16 +295,12 @@ fn images_load_as_nul_terminated_ptx_copy_and_unload() {
     let (driver, plugin) = one_gpu();
     let device = &plugin.devices()[0];
     // The fake, like the driver, reads PTX up to a NUL: the plugin must add it.
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
-    assert_eq!(driver.live_modules(), 1);
-    let data = device.find_symbol(&image, "data").unwrap();
-    device.copy_to_device(data.addr, &[7; 16]).unwrap();
-    assert_eq!(driver.memory_at(data.addr), Some(vec![7; 16]));
-    let mut back = [0u8; 16];
-    device.copy_from_device(data.addr, &mut back).unwrap();
-    assert_eq!(back, [7; 16]);
-    drop(image);
-    assert_eq!(driver.live_modules(), 0);
+    plugin_contract::images_load_find_variables_copy_and_unload(
+        device,
+        IMAGE.as_bytes(),
+        || driver.live_modules(),
+        |_, data| assert_eq!(driver.memory_at(data.addr), Some(vec![7; 16])),
+    );
 }
 
 // --- Launches and completions -----------------------------------------------------------------
@@ -328,21 +311,16 @@ fn launch_passes_the_packed_argument_block_and_the_grid() {
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     let args: Vec<u8> = (0..24).collect();
-    let grid = Grid {
-        blocks: [4, 2, 1],
-        threads: [128, 1, 1],
-    };
-    device
-        .launch(&image, "other", &args, grid, Box::new(|| ()))
-        .unwrap();
-    device.synchronize().unwrap();
-    let launches = driver.launches();
-    assert_eq!(launches.len(), 1);
-    assert_eq!(
-        (launches[0].kernel.as_str(), launches[0].grid),
-        ("other", grid)
+    plugin_contract::launch_reaches_the_driver_with_the_kernel_and_the_grid(
+        device,
+        &image,
+        &args,
+        || {
+            let launches = driver.launches();
+            launches.into_iter().map(|l| (l.kernel, l.grid)).collect()
+        },
     );
-    assert_eq!(launches[0].args, args);
+    assert_eq!(driver.launches()[0].args, args);
 }
 
 #[test]
@@ -351,9 +329,7 @@ fn done_runs_once_after_the_kernel_completes() {
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     let (calls, done) = counted();
-    device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
+    launch_main(device, &image, done).unwrap();
     assert_eq!(
         calls.load(Ordering::SeqCst),
         0,
@@ -371,18 +347,7 @@ fn done_runs_once_at_synchronize() {
     let (_driver, plugin) = one_gpu();
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
-    let counters: Vec<_> = (0..3)
-        .map(|_| {
-            let (calls, done) = counted();
-            device
-                .launch(&image, "main", &[], Grid::linear(1, 32), done)
-                .unwrap();
-            calls
-        })
-        .collect();
-    device.synchronize().unwrap();
-    device.synchronize().unwrap();
-    assert!(counters.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+    plugin_contract::done_runs_once_by_synchronize(device, &image, 32);
 }
 
 #[test]
@@ -392,9 +357,7 @@ fn done_runs_once_when_the_launch_fails() {
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     driver.fail("cuLaunchKernel", 701);
     let (calls, done) = counted();
-    let error = device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap_err();
+    let error = launch_main(device, &image, done).unwrap_err();
     assert_eq!(cuda_error(&error).code(), Some(701));
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     device.synchronize().unwrap();
@@ -408,20 +371,15 @@ fn done_runs_once_when_the_kernel_is_unknown_or_the_grid_empty() {
     let (driver, plugin) = one_gpu();
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
-    let (calls, done) = counted();
-    let error = device
-        .launch(&image, "missing", &[], Grid::linear(1, 32), done)
-        .unwrap_err();
+    let [(error, calls), (_, empty)] =
+        plugin_contract::unknown_kernels_and_empty_grids_launch_nothing(device, &image, 32, || {
+            driver.launches().len()
+        });
     assert_eq!(cuda_error(&error).code(), Some(500));
-    let (empty, done) = counted();
-    assert!(device
-        .launch(&image, "main", &[], Grid::linear(0, 32), done)
-        .is_err());
     assert_eq!(
         (calls.load(Ordering::SeqCst), empty.load(Ordering::SeqCst)),
         (1, 1)
     );
-    assert!(driver.launches().is_empty());
 }
 
 #[test]
@@ -431,9 +389,7 @@ fn done_runs_once_after_the_kernel_when_queueing_the_callback_fails() {
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     driver.fail("cuLaunchHostFunc", 999);
     let (calls, done) = counted();
-    let error = device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap_err();
+    let error = launch_main(device, &image, done).unwrap_err();
     assert_eq!(
         error.to_string(),
         "cuLaunchHostFunc failed: CUDA_ERROR_UNKNOWN (999)"
@@ -451,9 +407,7 @@ fn done_runs_once_when_a_kernel_faults_the_context() {
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
     let (calls, done) = counted();
-    device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
+    launch_main(device, &image, done).unwrap();
     driver.fault(700);
     // The driver drops the host function of a failed context; synchronize reports it instead.
     let error = device.synchronize().unwrap_err();
@@ -469,9 +423,7 @@ fn deinit_waits_for_launches_and_reports_their_completion() {
     let (driver, mut plugin) = one_gpu();
     let image = plugin.devices()[0].load_image(IMAGE.as_bytes()).unwrap();
     let (calls, done) = counted();
-    plugin.devices()[0]
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
+    launch_main(&plugin.devices()[0], &image, done).unwrap();
     plugin.deinit().unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(driver.host_funcs_run(), 1);
@@ -483,22 +435,7 @@ fn a_panicking_completion_is_contained() {
     let (_driver, plugin) = one_gpu();
     let device = &plugin.devices()[0];
     let image = device.load_image(IMAGE.as_bytes()).unwrap();
-    device
-        .launch(
-            &image,
-            "main",
-            &[],
-            Grid::linear(1, 32),
-            Box::new(|| panic!("boom")),
-        )
-        .unwrap();
-    device.synchronize().unwrap();
-    let (calls, done) = counted();
-    device
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
-    device.synchronize().unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    plugin_contract::a_panicking_completion_is_contained(device, &image, 32);
 }
 
 // --- Memory -----------------------------------------------------------------------------------
@@ -507,16 +444,9 @@ fn a_panicking_completion_is_contained() {
 fn shared_regions_are_zeroed_aligned_mapped_and_freed_on_drop() {
     let (driver, plugin) = one_gpu();
     let device = &plugin.devices()[0];
-    let region = device.alloc_shared(132608).unwrap();
-    assert_eq!(region.len(), 132608);
-    assert_eq!(region.host_ptr() as usize % 64, 0);
-    assert_eq!(region.device_addr() % 64, 0);
-    assert_eq!(region.device_addr(), region.host_ptr() as u64); // the fake's unified addressing
-                                                                // SAFETY: the region owns `len` bytes at `host_ptr` and nothing else uses them.
-    let bytes = unsafe { std::slice::from_raw_parts(region.host_ptr(), region.len()) };
-    assert!(bytes.iter().all(|&b| b == 0));
-    drop(region);
-    assert_eq!(driver.live_host_allocations(), 0);
+    plugin_contract::shared_regions_are_zeroed_aligned_and_freed_on_drop(device, || {
+        driver.live_host_allocations()
+    });
     assert!(device.alloc_shared(0).is_err());
 }
 
@@ -536,24 +466,10 @@ fn a_misaligned_shared_region_is_refused_and_freed() {
 fn device_blocks_are_disjoint_and_freed_by_address() {
     let (driver, plugin) = one_gpu();
     let allocator = plugin.devices()[0].allocator();
-    let mut blocks = Vec::new();
-    for size in [1, 100, 3 << 20, 0, 10] {
-        let addr = allocator.allocate(size).unwrap();
-        assert_ne!(addr, 0);
-        blocks.push((addr, size.max(1)));
-    }
-    blocks.sort();
-    assert!(
-        blocks.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0),
-        "{blocks:x?}"
-    );
-    assert_eq!(driver.live_device_allocations(), 5);
+    plugin_contract::device_blocks_are_disjoint_and_freed_by_address(&*allocator, || {
+        driver.live_device_allocations()
+    });
     assert!(driver.async_allocations() > 0, "an H200 has memory pools");
-    for &(addr, size) in &blocks {
-        // SAFETY: each block came from `allocate` just above, freed once here.
-        unsafe { allocator.deallocate(addr, size) }.unwrap();
-    }
-    assert_eq!(driver.live_device_allocations(), 0);
 }
 
 #[test]
@@ -592,9 +508,7 @@ fn abort_launches_resets_the_context_reports_the_launches_and_deinit_waits_no_mo
     let (driver, mut plugin) = one_gpu();
     let image = plugin.devices()[0].load_image(IMAGE.as_bytes()).unwrap();
     let (calls, done) = counted();
-    plugin.devices()[0]
-        .launch(&image, "main", &[], Grid::linear(1, 32), done)
-        .unwrap();
+    launch_main(&plugin.devices()[0], &image, done).unwrap();
     // The kernel never completes by itself (the fake runs it only at a synchronize).
     plugin.devices()[0].abort_launches();
     assert_eq!(driver.resets(), 1);

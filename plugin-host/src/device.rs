@@ -286,8 +286,12 @@ impl Device for HostDevice {
                     wait: Abortable(launches.clone()),
                 }
                 .run();
-                // The kernel is complete: release the launch's user guard, then report.
-                done();
+                // The kernel is complete: release the launch's user guard, then report. A
+                // panicking `done` must not skip the count below, or `synchronize` would wait
+                // for this launch forever.
+                if catch_unwind(AssertUnwindSafe(done)).is_err() {
+                    log::error!("host: a launch completion panicked");
+                }
                 let mut state = lock(&launches.state);
                 state.0 -= 1;
                 state.1.extend(failures);
@@ -332,7 +336,7 @@ impl Device for HostDevice {
 
 /// One launch: the kernel, its grid and what its warps need to reach the server.
 struct Job {
-    body: crate::image::Kernel,
+    body: crate::kernel::Kernel,
     name: String,
     grid: Grid,
     lanes: u32,

@@ -1,17 +1,21 @@
 //! Host images: a set of named kernels written in Rust (or a native shared object's exported
 //! functions, see [`crate::native`]), and whether the image uses RPC (then it
 //! carries a `__llvm_rpc_client` global of the generation's size, as a GPU image would).
+//! A registered image's bytes are only its name in this process's registry (host kernels are
+//! Rust closures, so there is no binary to load).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rpc_core::protocol::Generation;
 
-use crate::kernel::Warp;
+use crate::error::HostError;
+use crate::kernel::{Kernel, Warp};
+use crate::lock;
 use crate::memory::RawMemory;
 
-/// A kernel: run once per warp.
-pub type Kernel = Arc<dyn Fn(&mut Warp<'_>) + Send + Sync>;
+/// What the bytes of a registered image start with; its key follows.
+const MAGIC: &[u8] = b"rpc-host-image:";
 
 /// An image before loading: its kernels and its RPC generation.
 #[derive(Clone)]
@@ -64,9 +68,29 @@ impl HostImage {
         }
     }
 
-    /// Registers the image with the loader and returns the bytes that load it.
+    /// Registers the image in this process and returns the bytes that load it.
     pub fn into_bytes(self) -> Vec<u8> {
-        crate::loader::register(self)
+        let mut images = lock(registry());
+        let key = format!("{}#{}", self.name, images.len());
+        images.insert(key.clone(), Arc::new(self));
+        [MAGIC, key.as_bytes()].concat()
+    }
+
+    /// The registered image that `bytes` (from [`HostImage::into_bytes`]) name.
+    pub(crate) fn registered(bytes: &[u8]) -> Result<Arc<HostImage>, HostError> {
+        let key = bytes
+            .strip_prefix(MAGIC)
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .ok_or_else(|| {
+                HostError::UnknownImage(format!(
+                    "{} bytes without the host image header",
+                    bytes.len()
+                ))
+            })?;
+        lock(registry())
+            .get(key)
+            .cloned()
+            .ok_or_else(|| HostError::UnknownImage(key.into()))
     }
 
     /// The name given to [`HostImage::new`] (`native` for a shared object): what errors call
@@ -74,6 +98,12 @@ impl HostImage {
     pub fn name(&self) -> &str {
         &self.name
     }
+}
+
+/// The images registered in this process, by key.
+fn registry() -> &'static Mutex<HashMap<String, Arc<HostImage>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Arc<HostImage>>>> = OnceLock::new();
+    REGISTRY.get_or_init(Default::default)
 }
 
 /// A loaded image: the image and its global memory (the client object lives there).

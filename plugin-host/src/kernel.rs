@@ -7,6 +7,7 @@
 //! [`Warp`] is only a [`Client`] plus a lane mask.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rpc_core::protocol::lanes;
 use rpc_core::protocol::printf::{parse, place};
@@ -45,6 +46,9 @@ pub enum Arg<'a> {
     /// `%p` (any pointer-sized value).
     Ptr(u64),
 }
+
+/// A kernel: run once per warp.
+pub type Kernel = Arc<dyn Fn(&mut Warp<'_>) + Send + Sync>;
 
 /// A kernel that called `exit` or `abort` unwinds with this; the launcher knows it is no failure.
 pub(crate) struct KernelEnded;

@@ -5,7 +5,7 @@
 //!   port count.
 //! - [`device::HostDevice`]: memory is host memory (its address is its "device" address);
 //!   a launch runs a grid of warps, one host thread each, and calls the completion when every
-//!   warp has returned. A warp that panics fails the launch (reported by `synchronize`); the
+//!   warp has returned (a completion that panics is caught and logged, as on a GPU plugin). A warp that panics fails the launch (reported by `synchronize`); the
 //!   server keeps serving: the warp keeps its port's lock as it unwinds (as a trapped GPU warp
 //!   keeps its lock bit, so no later warp mixes into the half-done exchange), and the server
 //!   abandons the half-done exchange once no kernel that could own it runs.

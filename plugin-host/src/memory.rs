@@ -19,6 +19,7 @@
 //! that a copy racing with a kernel is a garbage value, never undefined behaviour.
 
 use std::ops::Range;
+use std::panic::RefUnwindSafe;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -26,6 +27,10 @@ use std::time::{Duration, Instant};
 use crate::lock;
 use rpc_core::plugin::{DeviceAllocator, SharedRegion, VendorError};
 use rpc_core::protocol::{Generation, Layout};
+
+/// What keeps borrowed memory alive, whatever it is (this file need not know native images);
+/// unwind-safe, as the memory is.
+pub(crate) type Owner = Arc<dyn Send + Sync + RefUnwindSafe>;
 
 /// A zeroed, 64-byte-aligned allocation, only ever accessed through atomics once shared, each
 /// word with one size (see the module docs).
@@ -35,7 +40,7 @@ pub struct RawMemory {
     /// The bytes accessed as `u32` words; every other word is a `u64`. Both ends multiples of 8.
     narrow: Range<usize>,
     /// What keeps borrowed memory alive (a native image's library); None: ours, freed on drop.
-    owner: Option<Arc<crate::native::NativeLibrary>>,
+    owner: Option<Owner>,
 }
 
 // SAFETY: the memory is plain bytes; every shared access to it is atomic.
@@ -138,7 +143,7 @@ impl RawMemory {
         ptr: *mut u8,
         len: usize,
         narrow: Range<usize>,
-        owner: Arc<crate::native::NativeLibrary>,
+        owner: Owner,
     ) -> Arc<Self> {
         assert!(
             ptr as usize % 8 == 0 && len % 8 == 0 && narrow.start % 8 == 0 && narrow.end <= len,

@@ -22,8 +22,7 @@ use rpc_core::plugin::CLIENT_SYMBOL;
 use rpc_core::protocol::{Generation, Opcode};
 
 use crate::error::HostError;
-use crate::image::Kernel;
-use crate::kernel::Warp;
+use crate::kernel::{Kernel, Warp};
 use crate::memory::RawMemory;
 
 /// glibc's `RTLD_DL_SYMENT`: `dladdr1` returns the symbol's ELF entry.

@@ -1,53 +1,19 @@
 //! plugin-host through the real plugin path: images, mailboxes, launches, user guards.
 
 use std::collections::HashSet;
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use plugin_contract::Captured;
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
-use rpc_core::plugin::Grid;
+use rpc_core::plugin::{Device, Grid, Plugin};
 use rpc_core::protocol::{CallArg, Generation};
 use rpc_core::services::KernelExit;
-use rpc_core::{Error, ExitPolicy, Opcode, PluginError, ServerConfig, ServerError, ServicesConfig};
+use rpc_core::{Error, Opcode, PluginError, ServerError};
 use rpc_core::{PluginRuntime, Runtime};
 
-/// A writer the test can read back.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
-
 fn runtime(config: HostConfig) -> (PluginRuntime<HostPlugin>, Captured) {
-    let server = ServerConfig {
-        services: ServicesConfig {
-            exit: ExitPolicy::Record,
-            ..ServicesConfig::default()
-        },
-        ..ServerConfig::default()
-    };
-    let runtime = PluginRuntime::new(HostPlugin::new(config), server).unwrap();
-    let out = Captured::default();
-    runtime
-        .server()
-        .context()
-        .services()
-        .set_stdout(Box::new(out.clone()));
-    (runtime, out)
+    plugin_contract::runtime_capturing_stdout(HostPlugin::new(config))
 }
 
 fn hello_image() -> Vec<u8> {
@@ -510,15 +476,38 @@ fn describe_says_what_the_plugin_found_as_every_plugin_does() {
         lanes: 32,
         ports: 64,
     };
-    assert_eq!(
-        rpc_core::plugin::probe(HostPlugin::new(two)),
-        "host: 2 devices (cpu0: L=32, ports v1=64 v2=64; cpu1: L=32, ports v1=64 v2=64)"
-    );
+    let line = "host: 2 devices (cpu0: L=32, ports v1=64 v2=64; cpu1: L=32, ports v1=64 v2=64)";
+    assert_eq!(rpc_core::plugin::probe(HostPlugin::new(two)), line);
+    let mut plugin = HostPlugin::new(two);
+    plugin.init().unwrap();
+    plugin_contract::devices_are_described(&plugin, "host", &[32, 32], line);
+    plugin_contract::deinit_leaves_nothing(&mut plugin, Vec::new);
     let none = HostConfig { devices: 0, ..two };
     assert_eq!(
         rpc_core::plugin::probe(HostPlugin::new(none)),
         "host: 0 devices (configured with 0 devices)"
     );
+    let mut plugin = HostPlugin::new(none);
+    plugin_contract::zero_devices_with_a_reason(&mut plugin, "configured with 0 devices");
+    plugin.deinit().unwrap();
+}
+
+/// The launch contract every plugin keeps, here on CPU warps: each `done` runs once by
+/// `synchronize`, and one that panics takes nothing down.
+#[test]
+fn completions_run_once_and_a_panicking_one_is_contained() {
+    let mut plugin = HostPlugin::new(HostConfig::default());
+    plugin.init().unwrap();
+    let device = &plugin.devices()[0];
+    let bytes = HostImage::new("main")
+        .without_rpc()
+        .kernel("main", |_| ())
+        .into_bytes();
+    let image = device.load_image(&bytes).unwrap();
+    plugin_contract::done_runs_once_by_synchronize(device, &image, 32);
+    plugin_contract::a_panicking_completion_is_contained(device, &image, 32);
+    drop(image);
+    plugin.deinit().unwrap();
 }
 
 #[test]

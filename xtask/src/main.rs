@@ -58,8 +58,6 @@ enum Command {
     Stress(stress::Args),
     /// The main job: a small offload program (rpc-demo) on the host plugin
     Demo(plugins::DemoArgs),
-    /// One line per plugin: its devices, or why there are none
-    Devices(plugins::DevicesArgs),
     /// Builds rpc-demo with just those plugins (and rpc-serve with the host plugin) and each
     /// plugin's library libplugin_NAME.so beside them: in target/debug/ (target/release/ with
     /// --release) for all plugins, else in target/plugins/PLUGIN/debug/ (or release/)
@@ -136,7 +134,6 @@ fn run(command: Command) -> Result {
         Command::Layout(args) => layout::run(&args),
         Command::Stress(args) => stress::run(&args),
         Command::Demo(args) => plugins::demo(&args),
-        Command::Devices(args) => plugins::devices(&args),
         Command::Build(args) => plugins::build(&args),
         Command::Header => header::run(),
         Command::Bench(args) => bench::run(&args),

@@ -1,12 +1,9 @@
 //! The commands about plugins and the main job:
 //! - `demo [--plugin host|cuda|amdgpu] [--image FILE --kernel NAME]` runs `rpc-demo`;
-//! - `devices` prints one line per plugin: `NAME: K devices (...)`;
 //! - `build --plugin host|cuda|amdgpu|all [--release]` builds the binaries that embed them,
 //!   and each plugin's loadable library (`libplugin_NAME.so`, crate `plugin-so/NAME`).
 
 use std::process::Command;
-
-use rpc_core::plugin::probe;
 
 use crate::{cargo, project_root, Failure, Result};
 
@@ -25,14 +22,6 @@ pub struct DemoArgs {
     #[arg(long, value_name = "NAME", requires = "image")]
     kernel: Option<String>,
     /// The server's statistics as one line of JSON
-    #[arg(long)]
-    json: bool,
-}
-
-/// `cargo xtask devices`'s flags.
-#[derive(clap::Args, Debug)]
-pub struct DevicesArgs {
-    /// One JSON array of {"plugin", "devices", "detail"}
     #[arg(long)]
     json: bool,
 }
@@ -84,37 +73,6 @@ pub fn demo(args: &DemoArgs) -> Result {
         command.arg("--json");
     }
     status(&mut command, &format!("the {plugin} demo"))
-}
-
-/// `cargo xtask devices`.
-pub fn devices(args: &DevicesArgs) -> Result {
-    let json = args.json;
-    let lines = [
-        probe(plugin_host::HostPlugin::new(Default::default())),
-        probe(plugin_cuda::CudaPlugin::new()),
-        probe(plugin_amdgpu::AmdGpuPlugin::new()),
-    ];
-    if json {
-        let list: Vec<serde_json::Value> = lines.iter().map(|line| device_json(line)).collect();
-        println!("{}", serde_json::Value::Array(list));
-    } else {
-        lines.iter().for_each(|line| println!("{line}"));
-    }
-    Ok(())
-}
-
-/// A plugin's line (`NAME: K device(s) (DETAIL)`, as `rpc_core::plugin::describe` writes it) as
-/// `{"plugin", "devices", "detail"}`; `devices` is null if the line does not read so.
-fn device_json(line: &str) -> serde_json::Value {
-    let (plugin, rest) = line.split_once(": ").unwrap_or((line, ""));
-    let devices = rest
-        .split_whitespace()
-        .next()
-        .and_then(|k| k.parse::<u64>().ok());
-    let detail = rest
-        .split_once(" (")
-        .map(|(_, d)| d.strip_suffix(')').unwrap_or(d));
-    serde_json::json!({ "plugin": plugin, "devices": devices, "detail": detail })
 }
 
 /// `cargo xtask build`: the plugin crates are features of the binary that embeds them
@@ -174,21 +132,4 @@ pub fn build(args: &BuildArgs) -> Result {
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{device_json, probe};
-
-    #[test]
-    fn a_plugins_line_reads_as_json() {
-        let none = device_json("cuda: 0 devices (libcuda.so.1 not found)");
-        assert_eq!(
-            none,
-            serde_json::json!({"plugin": "cuda", "devices": 0, "detail": "libcuda.so.1 not found"})
-        );
-        let host = device_json(&probe(plugin_host::HostPlugin::new(Default::default())));
-        assert_eq!(host["plugin"], "host");
-        assert!(host["devices"].as_u64().is_some_and(|n| n >= 1), "{host}");
-    }
 }

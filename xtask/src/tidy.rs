@@ -14,6 +14,7 @@
 //!   enum the types its variants carry, so the circles looked for are between siblings and
 //!   across layers; but a file of [`STANDS_ALONE`] and its holder count like siblings (the
 //!   holder may use it, it may not use the holder).
+//! - a circle between the files of a plugin crate ([`PLUGINS`]), by the same rules.
 //!
 //! The checks read the text of the files, no compiler: a path is a `crate::...` or `super::...`
 //! in a line that is not a comment.
@@ -114,7 +115,11 @@ fn check(root: &Path) -> Vec<String> {
             problems.push(format!("{relative}: does not start with a `//!` line"));
         }
     }
-    problems.extend(circles(&core, &core_files));
+    problems.extend(circles("rpc-core", &core, &core_files));
+    for plugin in PLUGINS {
+        let src = root.join(plugin).join("src");
+        problems.extend(circles(plugin, &src, &rust_files(&src)));
+    }
     problems
 }
 
@@ -140,10 +145,11 @@ fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
 
-/// The circles between rpc-core's layers and between the sibling files of each layer.
-fn circles(core: &Path, files: &[PathBuf]) -> Vec<String> {
+/// The circles between the layers of crate `name` (rpc-core's; a plugin has none) and between
+/// the sibling files of each layer, its sources being `files` under `src`.
+fn circles(name: &str, src: &Path, files: &[PathBuf]) -> Vec<String> {
     let modules: BTreeMap<Vec<String>, &PathBuf> =
-        files.iter().map(|f| (module_of(core, f), f)).collect();
+        files.iter().map(|f| (module_of(src, f), f)).collect();
     let known: BTreeSet<Vec<String>> = modules.keys().cloned().collect();
     let mut layer_edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut file_edges: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = BTreeMap::new();
@@ -166,7 +172,7 @@ fn circles(core: &Path, files: &[PathBuf]) -> Vec<String> {
         for to in tos {
             if rank(to) > rank(from) {
                 problems.push(format!(
-                    "rpc-core: layer `{from}` uses `{to}`, a layer above it"
+                    "{name}: layer `{from}` uses `{to}`, a layer above it"
                 ));
             }
         }
@@ -174,7 +180,7 @@ fn circles(core: &Path, files: &[PathBuf]) -> Vec<String> {
     for circle in find_circles(&file_edges) {
         let names: Vec<String> = circle.iter().map(|m| m.join("::")).collect();
         problems.push(format!(
-            "rpc-core: modules in a circle: {}",
+            "{name}: modules in a circle: {}",
             names.join(" -> ")
         ));
     }
@@ -200,9 +206,9 @@ fn layer_of(module: &[String]) -> Option<String> {
         .cloned()
 }
 
-/// The module a file of `core` defines: `server/thread.rs` -> `[server, thread]`.
-fn module_of(core: &Path, file: &Path) -> Vec<String> {
-    let relative = file.strip_prefix(core).unwrap_or(file).with_extension("");
+/// The module a file of `src` defines: `server/thread.rs` -> `[server, thread]`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let relative = file.strip_prefix(src).unwrap_or(file).with_extension("");
     let mut parts: Vec<String> = relative
         .components()
         .map(|c| c.as_os_str().to_string_lossy().into_owned())

@@ -23,10 +23,12 @@
 //!     function symbol, `u32` bytes (the function's own frame; the stack its whole call tree
 //!     needs as ptxas computed it).
 //!
-//! Everything is bounds-checked: a truncated or hostile file is an error or a missing fact,
-//! never a panic.
+//! Everything is bounds-checked (the ELF through `elf-read`): a truncated or hostile file is an
+//! error or a missing fact, never a panic.
 
 use std::collections::BTreeMap;
+
+use elf_read::{bytes_at, u16_at, u32_at, Elf, ElfError, SHT_SYMTAB, STT_FUNC, STT_OBJECT};
 
 /// `e_machine` of NVIDIA ELF files.
 pub const EM_CUDA: u16 = 190;
@@ -63,55 +65,12 @@ pub struct BadCubin(pub &'static str);
 
 type Result<T> = std::result::Result<T, BadCubin>;
 
-fn bytes_at(bytes: &[u8], at: u64, len: u64) -> Result<&[u8]> {
-    let start = usize::try_from(at).map_err(|_| BadCubin("offset out of range"))?;
-    let len = usize::try_from(len).map_err(|_| BadCubin("size out of range"))?;
-    let end = start
-        .checked_add(len)
-        .ok_or(BadCubin("size out of range"))?;
-    bytes.get(start..end).ok_or(BadCubin("truncated"))
+impl From<ElfError> for BadCubin {
+    fn from(error: ElfError) -> Self {
+        BadCubin(error.reason())
+    }
 }
 
-fn u16_at(bytes: &[u8], at: usize) -> Result<u16> {
-    let b = bytes_at(bytes, at as u64, 2)?;
-    Ok(u16::from_le_bytes([b[0], b[1]]))
-}
-
-fn u32_at(bytes: &[u8], at: usize) -> Result<u32> {
-    let b = bytes_at(bytes, at as u64, 4)?;
-    Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-fn u64_at(bytes: &[u8], at: usize) -> Result<u64> {
-    Ok(u64::from(u32_at(bytes, at)?) | u64::from(u32_at(bytes, at + 4)?) << 32)
-}
-
-/// The NUL-terminated string at `at` of a string table (empty where out of range).
-fn name_at(table: &[u8], at: u32) -> String {
-    let rest = table.get(at as usize..).unwrap_or_default();
-    let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-    String::from_utf8_lossy(&rest[..end]).into_owned()
-}
-
-struct Section {
-    name: String,
-    kind: u32,
-    offset: u64,
-    size: u64,
-    link: u32,
-}
-
-struct Symbol {
-    name: String,
-    kind: u8,
-    other: u8,
-    size: u64,
-}
-
-const SHT_SYMTAB: u32 = 2;
-const SHT_NOBITS: u32 = 8;
-const STT_OBJECT: u8 = 1;
-const STT_FUNC: u8 = 2;
 const STO_CUDA_ENTRY: u8 = 0x10;
 
 const EIFMT_NVAL: u8 = 1;
@@ -201,7 +160,7 @@ impl Params {
 
 /// Whether `bytes` start like an NVIDIA ELF.
 pub fn is_cubin(bytes: &[u8]) -> bool {
-    bytes.starts_with(b"\x7fELF") && u16_at(bytes, 18).is_ok_and(|m| m == EM_CUDA)
+    elf_read::machine(bytes) == Some(EM_CUDA)
 }
 
 /// Reads a cubin.
@@ -209,17 +168,17 @@ pub fn read(bytes: &[u8]) -> Result<Cubin> {
     if !is_cubin(bytes) {
         return Err(BadCubin("not an NVIDIA ELF (EM_CUDA)"));
     }
-    if bytes.get(4) != Some(&2) || bytes.get(5) != Some(&1) {
-        return Err(BadCubin("not a 64-bit little-endian ELF"));
-    }
-    let abi_version = bytes[8];
-    let flags = u32_at(bytes, 48)?;
+    let elf = Elf::new(bytes)?;
+    let (abi_version, flags) = (elf.abi_version, elf.flags);
     let (sm, accelerated) = match abi_version {
         7 => (flags & 0xff, flags & 0x800 != 0),
         _ => ((flags >> 8) & 0xff, flags & 0x8 != 0),
     };
-    let sections = sections(bytes)?;
-    let symbols = symbols(bytes, &sections)?;
+    let sections = elf.sections()?;
+    let symbols = match sections.iter().find(|s| s.kind == SHT_SYMTAB) {
+        Some(table) => elf.symbols(&sections, table)?,
+        None => Vec::new(),
+    };
 
     // Stack attributes name functions by symbol index, in any .nv.info section.
     let mut stacks: BTreeMap<(u32, u8), u32> = BTreeMap::new();
@@ -228,7 +187,7 @@ pub fn read(bytes: &[u8]) -> Result<Cubin> {
         let Some(rest) = section.name.strip_prefix(".nv.info") else {
             continue;
         };
-        let data = bytes_at(bytes, section.offset, section.size)?;
+        let data = elf.data(section)?;
         for (attribute, value) in attributes(data)? {
             if matches!(attribute, EIATTR_FRAME_SIZE | EIATTR_MIN_STACK_SIZE) && value.len() == 8 {
                 stacks.insert((u32_at(value, 0)?, attribute), u32_at(value, 4)?);
@@ -267,64 +226,6 @@ pub fn read(bytes: &[u8]) -> Result<Cubin> {
         }
     }
     Ok(cubin)
-}
-
-fn sections(bytes: &[u8]) -> Result<Vec<Section>> {
-    let shoff = u64_at(bytes, 40)?;
-    let shentsize = u64::from(u16_at(bytes, 58)?);
-    let shnum = u64::from(u16_at(bytes, 60)?);
-    let shstrndx = usize::from(u16_at(bytes, 62)?);
-    if shnum > 0 && shentsize < 64 {
-        return Err(BadCubin("section header size"));
-    }
-    let mut sections = Vec::new();
-    let mut names = Vec::new();
-    for i in 0..shnum {
-        let at = i
-            .checked_mul(shentsize)
-            .and_then(|off| off.checked_add(shoff))
-            .ok_or(BadCubin("section headers out of range"))?;
-        let h = bytes_at(bytes, at, 64)?;
-        names.push(u32_at(h, 0)?);
-        sections.push(Section {
-            name: String::new(),
-            kind: u32_at(h, 4)?,
-            offset: u64_at(h, 24)?,
-            size: u64_at(h, 32)?,
-            link: u32_at(h, 40)?,
-        });
-    }
-    if let Some(strings) = sections.get(shstrndx) {
-        if strings.kind != SHT_NOBITS {
-            let strings = bytes_at(bytes, strings.offset, strings.size)?.to_vec();
-            for (section, name) in sections.iter_mut().zip(names) {
-                section.name = name_at(&strings, name);
-            }
-        }
-    }
-    Ok(sections)
-}
-
-fn symbols(bytes: &[u8], sections: &[Section]) -> Result<Vec<Symbol>> {
-    let Some(table) = sections.iter().find(|s| s.kind == SHT_SYMTAB) else {
-        return Ok(Vec::new());
-    };
-    let strings = sections
-        .get(table.link as usize)
-        .ok_or(BadCubin("symbol string table"))?;
-    let strings = bytes_at(bytes, strings.offset, strings.size)?;
-    let entries = bytes_at(bytes, table.offset, table.size)?;
-    entries
-        .chunks_exact(24)
-        .map(|entry| {
-            Ok(Symbol {
-                name: name_at(strings, u32_at(entry, 0)?),
-                kind: entry[4] & 0xf,
-                other: entry[5],
-                size: u64_at(entry, 16)?,
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]

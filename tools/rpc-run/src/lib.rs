@@ -6,6 +6,7 @@
 //! rpc-run [--plugin cuda|amdgpu|host|auto] [--threads X[,Y,Z]] [--blocks X[,Y,Z]] [--device N]
 //!         [--timeout SECONDS] IMAGE [[--] ARGS...]
 //! rpc-run --inspect IMAGE
+//! rpc-run --devices [--json] [--plugin cuda|amdgpu|host|auto]
 //! rpc-run --help
 //! ```
 //!
@@ -18,8 +19,8 @@
 //! - this file: the command line (clap: `--help`, every number ranged), the bounded read of
 //!   the image ([`read_bytes`]: a regular file of at most [`MAX_IMAGE_BYTES`], its magic
 //!   checked before the rest is read), the choice of plugin, the plugin set-up LLVM's loader does
-//!   (CUDA's 3 KiB stack limit), the watchdog, and one exit code per failure class
-//!   ([`Failure::code`]).
+//!   (CUDA's 3 KiB stack limit), the watchdog, one exit code per failure class
+//!   ([`Failure::code`]), and `--devices` ([`devices`]: each plugin's devices, or why none).
 //!
 //! The image's plugin is a loaded library when [`plugin_library`] finds one
 //! (`libplugin_cuda.so` / `libplugin_amdgpu.so` in `RPC_PLUGIN_PATH`'s folders, then beside
@@ -134,6 +135,11 @@ pub struct Options {
     pub inspect: bool,
     /// Serve the typed test functions of PROTOCOL section 12.
     pub dispatch_tests: bool,
+    /// `--devices`: list each plugin's devices ([`devices`]) and run nothing.
+    pub devices: bool,
+    /// `--json`, with `--devices`.
+    pub json: bool,
+    /// Empty with `--devices`, which takes no image.
     pub image: String,
     /// The program's arguments after `--` (argv\[0\] is the image).
     pub args: Vec<String>,
@@ -145,7 +151,8 @@ pub struct Options {
     name = "rpc-run",
     about = "Runs a clang-built GPU executable linked with LLVM's GPU libc, as LLVM's \
              llvm-gpu-loader does, or inspects it (--inspect)",
-    override_usage = "rpc-run [OPTIONS] IMAGE [[--] ARGS...]\n       rpc-run --inspect IMAGE",
+    override_usage = "rpc-run [OPTIONS] IMAGE [[--] ARGS...]\n       rpc-run --inspect IMAGE\n       \
+                      rpc-run --devices [--json] [--plugin PLUGIN]",
     after_help = EXIT_CODES
 )]
 struct Cli {
@@ -192,12 +199,19 @@ struct Cli {
     /// Also serve the typed test functions of LLVM's rpc::dispatch (PROTOCOL section 12:
     /// 0x64000000 + n), with the plugin linked into rpc-run (a loaded plugin library's server
     /// takes no Rust functions)
-    #[arg(long, conflicts_with = "inspect")]
+    #[arg(long, conflicts_with_all = ["inspect", "devices"])]
     dispatch_tests: bool,
+    /// Prints one line per plugin (--plugin's, or all with auto): its devices with their
+    /// names, lane widths and ports, or why it has none; runs nothing
+    #[arg(long, conflicts_with_all = ["inspect", "image"])]
+    devices: bool,
+    /// With --devices: one JSON array of {"plugin", "devices", "detail"}
+    #[arg(long)]
+    json: bool,
     /// The GPU executable: PTX, a cubin, a CUDA fat binary, an AMDGPU code object or a
     /// native host image (a shared object of this machine), a regular file of at most 1 GiB
-    #[arg(value_name = "IMAGE")]
-    image: String,
+    #[arg(value_name = "IMAGE", required_unless_present = "devices")]
+    image: Option<String>,
     /// The program's arguments (argv[1..]; argv[0] is IMAGE)
     #[arg(
         value_name = "ARGS",
@@ -266,6 +280,13 @@ impl Options {
         T: Into<std::ffi::OsString> + Clone,
     {
         let cli = <Cli as clap::Parser>::try_parse_from(args)?;
+        // Not clap's `requires`: a flag's default (false) counts as present there.
+        if cli.json && !cli.devices {
+            return Err(<Cli as clap::CommandFactory>::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "--json is for --devices",
+            ));
+        }
         let mut grid = Grid::linear(1, 1);
         grid.threads = cli.threads.unwrap_or(grid.threads);
         grid.blocks = cli.blocks.unwrap_or(grid.blocks);
@@ -288,7 +309,9 @@ impl Options {
             timeout: cli.timeout,
             inspect: cli.inspect,
             dispatch_tests: cli.dispatch_tests,
-            image: cli.image,
+            devices: cli.devices,
+            json: cli.json,
+            image: cli.image.unwrap_or_default(),
             args: cli.args,
         })
     }
@@ -494,6 +517,43 @@ pub fn run_file(options: &Options) -> Result<i32, Failure> {
     }
 }
 
+/// `--devices`: one line per plugin named by `plugin` (`auto`: host, cuda and amdgpu), as
+/// [`rpc_core::plugin::describe`] writes it (`NAME: K devices (...)`, or `NAME: 0 devices
+/// (WHY)`), or with `json` one JSON array of `{"plugin", "devices", "detail"}`. The plugins
+/// linked into rpc-run are asked, each initialised and released again.
+pub fn devices(plugin: &str, json: bool) -> String {
+    use rpc_core::plugin::probe;
+    let lines: Vec<String> = ["host", "cuda", "amdgpu"]
+        .into_iter()
+        .filter(|name| plugin == "auto" || plugin == *name)
+        .map(|name| match name {
+            "host" => probe(plugin_host::HostPlugin::new(Default::default())),
+            "cuda" => probe(plugin_cuda::CudaPlugin::new()),
+            _ => probe(plugin_amdgpu::AmdGpuPlugin::new()),
+        })
+        .collect();
+    if json {
+        let list: Vec<serde_json::Value> = lines.iter().map(|line| device_json(line)).collect();
+        format!("{}\n", serde_json::Value::Array(list))
+    } else {
+        lines.iter().map(|line| format!("{line}\n")).collect()
+    }
+}
+
+/// A plugin's line (`NAME: K device(s) (DETAIL)`, as `rpc_core::plugin::describe` writes it) as
+/// `{"plugin", "devices", "detail"}`; `devices` is null if the line does not read so.
+fn device_json(line: &str) -> serde_json::Value {
+    let (plugin, rest) = line.split_once(": ").unwrap_or((line, ""));
+    let devices = rest
+        .split_whitespace()
+        .next()
+        .and_then(|k| k.parse::<u64>().ok());
+    let detail = rest
+        .split_once(" (")
+        .map(|(_, d)| d.strip_suffix(')').unwrap_or(d));
+    serde_json::json!({ "plugin": plugin, "devices": devices, "detail": detail })
+}
+
 /// What LLVM's loader sets on the CUDA devices before it loads a program: a 3 KiB stack per
 /// thread (`cuCtxSetLimit(CU_LIMIT_STACK_SIZE)`, the plugin's
 /// `Loadable::prepare_for_loader`, as a loaded `libplugin_cuda.so` does it). Nothing when
@@ -547,6 +607,9 @@ mod tests {
         );
         assert_eq!(o.timeout, Some(Duration::from_millis(2500)));
         assert!(parse(&["--inspect", "a.out"]).unwrap().inspect);
+        let o = parse(&["--devices", "--json", "--plugin", "cuda"]).unwrap();
+        assert!(o.devices && o.json);
+        assert_eq!((o.plugin.as_str(), o.image.as_str()), ("cuda", ""));
         // LLVM's loader's flags, as its tests pass them, over --threads / --blocks.
         let o = parse(&[
             "--blocks-x",
@@ -568,7 +631,7 @@ mod tests {
     #[test]
     fn bad_command_lines_are_usage_errors_naming_the_range() {
         let range = format!("from 1 to {}", u32::MAX);
-        let cases: [(&[&str], &str); 14] = [
+        let cases: [(&[&str], &str); 17] = [
             (&["--threads", "0", "a"], &range),
             (&["--threads", "99999999999", "a"], &range),
             (&["--threads-z", "4294967296", "a"], &range),
@@ -586,6 +649,9 @@ mod tests {
             (&["--bogus", "a"], "--bogus"),
             (&["--inspect", "a", "b"], "cannot be used with"),
             (&[], "IMAGE"),
+            (&["--devices", "a"], "cannot be used with"),
+            (&["--devices", "--inspect"], "cannot be used with"),
+            (&["--json", "a"], "--devices"),
         ];
         for (bad, says) in cases {
             let error = parse(bad).unwrap_err();
@@ -594,6 +660,22 @@ mod tests {
         }
         let help = parse(&["--help"]).unwrap_err();
         assert!(!help.use_stderr());
+    }
+
+    #[test]
+    fn a_plugins_line_reads_as_json() {
+        let none = device_json("cuda: 0 devices (libcuda.so.1 not found)");
+        assert_eq!(
+            none,
+            serde_json::json!({"plugin": "cuda", "devices": 0, "detail": "libcuda.so.1 not found"})
+        );
+        let host: serde_json::Value = serde_json::from_str(&devices("host", true)).unwrap();
+        assert_eq!(host.as_array().map(Vec::len), Some(1), "{host}");
+        assert_eq!(host[0]["plugin"], "host");
+        assert!(
+            host[0]["devices"].as_u64().is_some_and(|n| n >= 1),
+            "{host}"
+        );
     }
 
     #[test]

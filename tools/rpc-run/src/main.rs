@@ -1,5 +1,6 @@
 //! The `rpc-run` command: parses the command line, starts the watchdog, runs or inspects the
-//! image, and exits with the program's status or the failure's code (see the library).
+//! image (or lists the devices), and exits with the program's status or the failure's code
+//! (see the library).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -26,6 +27,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code::USAGE);
         }
     };
+    if options.devices {
+        print!("{}", rpc_run::devices(&options.plugin, options.json));
+        return ExitCode::SUCCESS;
+    }
     if options.inspect {
         return match rpc_run::read_image(&options.image) {
             Ok((_, inspection)) => {

@@ -3,6 +3,8 @@
 //! Its kernels are its exported functions, its client object its exported `__llvm_rpc_client`;
 //! both are read here from the dynamic symbol table, without loading the object.
 
+use elf_read::{Elf, ET_DYN, SHT_DYNSYM, STB_GLOBAL, STB_WEAK, STT_FUNC, STT_OBJECT};
+
 /// This machine's ELF `e_machine`.
 #[cfg(target_arch = "x86_64")]
 pub const EM_HOST: u16 = 62;
@@ -12,14 +14,6 @@ pub const EM_HOST: u16 = 183;
 /// This machine's ELF `e_machine` (none known: no native image is recognised).
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 pub const EM_HOST: u16 = u16::MAX;
-
-/// ELF `ET_DYN`: a shared object.
-const ET_DYN: u16 = 3;
-const SHT_DYNSYM: u32 = 11;
-const STT_OBJECT: u8 = 1;
-const STT_FUNC: u8 = 2;
-const STB_GLOBAL: u8 = 1;
-const STB_WEAK: u8 = 2;
 
 /// What a native image exports.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -40,74 +34,26 @@ pub fn is_native(head: &[u8]) -> bool {
         && u16::from_le_bytes([head[18], head[19]]) == EM_HOST
 }
 
-/// `len` bytes at `at` of `bytes`, or why not.
-fn slice(bytes: &[u8], at: u64, len: u64) -> Result<&[u8], String> {
-    let end = at.checked_add(len).ok_or("an offset overflows")?;
-    usize::try_from(at)
-        .ok()
-        .zip(usize::try_from(end).ok())
-        .and_then(|(at, end)| bytes.get(at..end))
-        .ok_or_else(|| format!("{len} bytes at {at} are past the end of the file"))
-}
-
-fn u16_at(bytes: &[u8], at: u64) -> Result<u16, String> {
-    Ok(u16::from_le_bytes(
-        slice(bytes, at, 2)?.try_into().unwrap_or_default(),
-    ))
-}
-fn u32_at(bytes: &[u8], at: u64) -> Result<u32, String> {
-    Ok(u32::from_le_bytes(
-        slice(bytes, at, 4)?.try_into().unwrap_or_default(),
-    ))
-}
-fn u64_at(bytes: &[u8], at: u64) -> Result<u64, String> {
-    Ok(u64::from_le_bytes(
-        slice(bytes, at, 8)?.try_into().unwrap_or_default(),
-    ))
-}
-
 /// The exported, defined symbols of the shared object `bytes` (its `.dynsym`).
 pub fn exports(bytes: &[u8]) -> Result<Exports, String> {
     if !is_native(bytes) {
         return Err("not a 64-bit shared object of this machine".into());
     }
-    let shoff = u64_at(bytes, 40)?;
-    let shentsize = u64::from(u16_at(bytes, 58)?);
-    let shnum = u64::from(u16_at(bytes, 60)?);
-    if shentsize < 64 {
-        return Err("a section header of fewer than 64 bytes".into());
-    }
-    // (kind, offset, size, link) of each section.
-    let mut sections = Vec::new();
-    for i in 0..shnum {
-        let header = slice(bytes, shoff + i * shentsize, 64)?;
-        sections.push((
-            u32_at(header, 4)?,
-            u64_at(header, 24)?,
-            u64_at(header, 32)?,
-            u32_at(header, 40)?,
-        ));
-    }
+    let elf = Elf::new(bytes).map_err(|e| e.to_string())?;
+    let sections = elf.sections().map_err(|e| e.to_string())?;
     let mut exports = Exports::default();
-    let Some(&(_, offset, size, link)) = sections.iter().find(|s| s.0 == SHT_DYNSYM) else {
+    let Some(table) = sections.iter().find(|s| s.kind == SHT_DYNSYM) else {
         return Ok(exports);
     };
-    let &(_, names_at, names_len, _) = sections
-        .get(link as usize)
-        .ok_or("the dynamic symbols' string table is missing")?;
-    let names = slice(bytes, names_at, names_len)?;
-    for entry in slice(bytes, offset, size)?.chunks_exact(24) {
-        let (kind, binding) = (entry[4] & 0xf, entry[4] >> 4);
-        let defined = u16_at(entry, 6)? != 0;
-        if !defined || !matches!(binding, STB_GLOBAL | STB_WEAK) {
+    let symbols = elf.symbols(&sections, table).map_err(|e| e.to_string())?;
+    for symbol in symbols {
+        let defined = symbol.section != 0;
+        if !defined || !matches!(symbol.binding, STB_GLOBAL | STB_WEAK) {
             continue;
         }
-        let rest = names.get(u32_at(entry, 0)? as usize..).unwrap_or_default();
-        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-        let name = String::from_utf8_lossy(&rest[..end]).into_owned();
-        match kind {
-            STT_FUNC => exports.functions.push(name),
-            STT_OBJECT => exports.objects.push((name, u64_at(entry, 16)?)),
+        match symbol.kind {
+            STT_FUNC => exports.functions.push(symbol.name),
+            STT_OBJECT => exports.objects.push((symbol.name, symbol.size)),
             _ => {}
         }
     }

@@ -93,6 +93,8 @@ fn help_exits_0_and_names_every_flag() {
             "--device",
             "--timeout",
             "--inspect",
+            "--devices",
+            "--json",
             "--help",
             "IMAGE",
             "ARGS",
@@ -101,6 +103,21 @@ fn help_exits_0_and_names_every_flag() {
         }
         assert!(text.contains("64 usage, 65 bad image"), "{text}");
     }
+}
+
+#[test]
+fn devices_lists_each_plugin_or_why_it_has_none() {
+    let output = rpc_run(&["--devices"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let names: Vec<&str> = text.lines().filter_map(|l| l.split(": ").next()).collect();
+    assert_eq!(names, ["host", "cuda", "amdgpu"], "{text}");
+    assert!(text.starts_with("host: 1 device (cpu0: L=32"), "{text}");
+    let output = rpc_run(&["--devices", "--json", "--plugin", "host"]);
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.starts_with(r#"[{"detail":"cpu0: L=32"#), "{text}");
+    expect(&rpc_run(&["--json", "a"]), 64, "--json is for --devices");
 }
 
 #[test]
