@@ -170,7 +170,7 @@ pub trait Plugin: Send + Sync {
 /// One line saying what an initialised plugin found, the same for every plugin:
 /// `NAME: K device(s) (DEVICE; ...)`, each device `NAME: [DETAIL, ]L=LANES, ports v1=P v2=Q`
 /// (the ports its mailbox gets in each generation), or `NAME: 0 devices (REASON)`. What
-/// `cargo xtask devices`, `rpc-run` and the demo print.
+/// `rpc-run --devices`, `rpc-run` and the demo print.
 pub fn describe<P: Plugin + ?Sized>(plugin: &P) -> String {
     let name = plugin.name();
     let devices = plugin.devices();
