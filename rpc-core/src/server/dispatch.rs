@@ -23,7 +23,7 @@
 //! Whether a waiting exchange's kernels are gone, or its client timed out, is looked at every
 //! [`HOUSEKEEPING_PASSES`] passes, and every [`IDLE_HOUSEKEEPING_PASSES`] while passes find
 //! nothing to do.
-//! An exchange alone in flight is polled with a budget of spin waits (`port::SPIN_WAITS`): its
+//! An exchange alone in flight is polled with a budget of spin waits (`exec`'s context): its
 //! port operations spin briefly for the client's answer instead of suspending, so a lone
 //! stream's packets go by inside one poll, not one poll (and a return here) per packet.
 //!
@@ -67,29 +67,20 @@
 //! port the moment it looks free: the mark serves both (their fresh headers are requests, the
 //! slow client's packets are not).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use std::vec::Vec;
 
-use crate::protocol::deferred;
 use crate::protocol::opcode::Opcode;
-use crate::protocol::port::{SPIN_WAITS, WAITING_ON_PORT};
 use crate::protocol::scan::{HotPorts, Step};
 use crate::server::error::ServerError;
+use crate::server::exec::{self, catch, poll, yield_to_others, Batching, ExchangeWait, Polled};
 use crate::server::limits::device_log;
 use crate::server::mailboxes::{Marks, Quarantined};
-use crate::server::registry::{Exchange, Handler, Registry, Request, ALONE, YIELDED};
+use crate::server::registry::{Exchange, Handler, Registry, Request};
 use crate::server::stats::bump;
 use crate::server::{panic_message, Attached, Inner, ServerContext};
-use crate::sync::{lock, thread, Arc, Ordering};
+use crate::sync::{lock, Arc, Ordering};
 use crate::Result;
-
-/// The spin waits (`port::SPIN_WAITS`) of an exchange alone in flight per call of
-/// `poll_in_flight`: some 64 packets of a stream go by in one poll, and a new request waits at
-/// most that many short spins. None under loom, where each spin is a scheduling point.
-#[cfg(not(loom))]
-const ALONE_SPIN_WAITS: u32 = 64;
-#[cfg(loom)]
-const ALONE_SPIN_WAITS: u32 = 0;
 
 /// How often (in passes) the exchanges waiting for a client that has not answered are looked
 /// at for a kernel gone or a client timed out: at least every this many passes (and more often
@@ -174,7 +165,7 @@ impl Attached {
             if !q.marks.gone(self, context) {
                 return true;
             }
-            server.drain(q.index, q.opcode.failure_word());
+            server.drain(q.index, q.opcode.failure_word(), &ExchangeWait);
             // RMW: one quarantined port fewer (written only under `quarantine`'s lock).
             self.quarantined.fetch_sub(1, Ordering::Relaxed);
             log::debug!(
@@ -275,20 +266,6 @@ impl Flights {
         ended
     }
 }
-
-/// Yields the CPU, and says whether another thread ran meanwhile: a yield that finds no other
-/// thread ready is a system call (some 170 ns here), one that runs another is two context
-/// switches and that thread's turn, some µs. Only how soon the worker yields depends on the
-/// answer (its back-off, `PassCache::yield_every`): a wrong one costs some yields or spins,
-/// never a request.
-pub(crate) fn yield_to_others() -> bool {
-    let start = Instant::now();
-    thread::yield_now();
-    start.elapsed() > YIELD_ALONE
-}
-
-/// The longest yield counted as one that ran nobody else (see [`yield_to_others`]).
-const YIELD_ALONE: Duration = Duration::from_micros(1);
 
 /// The worker's state between passes: its copies of the mailbox list and the registry
 /// (refreshed when they change) and the exchanges in flight.
@@ -438,7 +415,7 @@ impl Inner {
         // of this function.
         // SAFETY: the mailboxes whose ports the pass flips and unlocks are held by `mailboxes`
         // (and by the exchanges in flight) until after it returns.
-        let _batch = (in_flight.len() >= 2).then(|| unsafe { deferred::Batch::begin() });
+        let _batch = (in_flight.len() >= 2).then(|| unsafe { Batching::enter() });
         // Ports scanned since the last progress of this pass (see `quiet_ports`).
         let mut quiet = 0;
         let stopping = inner.thread.stopping();
@@ -493,7 +470,7 @@ impl Inner {
                             if found == placed && yield_every.is_some_and(|every| calm >= every) {
                                 // The flips this pass deferred go out first: the client that
                                 // runs may be waiting for one of them.
-                                deferred::publish();
+                                exec::publish();
                                 if !yield_to_others() {
                                     *yield_every = None;
                                 }
@@ -519,8 +496,7 @@ impl Inner {
                         }
                         continue;
                     }
-                    let Some(mut port) = server.try_open(index, &crate::protocol::port::Resumable)
-                    else {
+                    let Some(mut port) = server.try_open(index, &ExchangeWait) else {
                         continue;
                     };
                     // Everything after this sees the opcode in today's numbering.
@@ -577,7 +553,7 @@ impl Inner {
             // must not count a request closed, as the port's drop would (it holds nothing
             // else; the drain unlocks it).
             core::mem::forget(port);
-            server.drain(index, opcode.failure_word());
+            server.drain(index, opcode.failure_word(), &ExchangeWait);
             log::debug!(
                 "{name}: mailbox {} port {index}: a late packet of {opcode} answered, not run",
                 mailbox.id.0
@@ -988,51 +964,10 @@ fn carry_out(
     };
     if fate == Fate::Close {
         let owned = mailbox.owned[index as usize].load(Ordering::Relaxed);
-        server.close(index, owned)
+        server.close(index, owned, &ExchangeWait)
     } else {
-        server.drain(index, opcode.failure_word())
+        server.drain(index, opcode.failure_word(), &ExchangeWait)
     }
-}
-
-/// How a poll of an exchange went.
-enum Polled {
-    Done(Result<(), ServerError>),
-    /// Suspended in a port operation: the client has not answered.
-    OnPort,
-    /// Suspended on something else (an I/O call, a user's future).
-    Elsewhere,
-    /// Suspended in `Request::yield_now`, to be polled again soon.
-    Yielded,
-}
-
-/// Polls an exchange once (no-op waker: see the module docs). One `alone` in flight may spin
-/// for its client's answer ([`ALONE_SPIN_WAITS`]) before suspending, and goes on at once from
-/// a `Request::yield_unless_alone`. A panic inside it ends it as [`ServerError::Panicked`].
-fn poll(exchange: &mut Exchange, alone: bool) -> Polled {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    WAITING_ON_PORT.with(|waiting| waiting.set(false));
-    YIELDED.with(|yielded| yielded.set(false));
-    ALONE.with(|flag| flag.set(alone));
-    SPIN_WAITS.with(|left| left.set(if alone { ALONE_SPIN_WAITS } else { 0 }));
-    let polled = catch(|| Ok(exchange.poll(&mut cx)));
-    // No other exchange spins on what this one left, or takes it to be alone.
-    SPIN_WAITS.with(|left| left.set(0));
-    ALONE.with(|flag| flag.set(false));
-    match polled {
-        Ok(std::task::Poll::Pending) if WAITING_ON_PORT.with(|waiting| waiting.get()) => {
-            Polled::OnPort
-        }
-        Ok(std::task::Poll::Pending) if YIELDED.with(|yielded| yielded.get()) => Polled::Yielded,
-        Ok(std::task::Poll::Pending) => Polled::Elsewhere,
-        Ok(std::task::Poll::Ready(result)) => Polled::Done(result),
-        Err(error) => Polled::Done(Err(error)),
-    }
-}
-
-/// Runs `f`, turning a panic into [`ServerError::Panicked`] with its message.
-fn catch<T>(f: impl FnOnce() -> Result<T, ServerError>) -> Result<T, ServerError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or_else(|panic| Err(ServerError::Panicked(panic_message(panic.as_ref()))))
 }
 
 /// Registers, for the tests and models of the passes, a script for `user(1)`: two packets in,
@@ -1058,7 +993,7 @@ pub(crate) fn open_when_free<'a>(
         if let Some(port) = client.try_open_at(index, opcode, 1).unwrap() {
             return port;
         }
-        thread::yield_now();
+        crate::sync::thread::yield_now();
     }
 }
 
@@ -1120,48 +1055,6 @@ mod tests {
                 assert_eq!(sum, u64::from(index) + 1, "port {index}");
             }
             done.store(true, Ordering::Relaxed);
-        });
-    }
-
-    /// Pins the calling thread to `cpu`.
-    #[cfg(all(target_os = "linux", not(miri)))]
-    fn pin_to(cpu: usize) {
-        // SAFETY: a zeroed `cpu_set_t` is an empty bit set; CPU_SET sets one bit of it, and
-        // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it for this thread only.
-        let pinned = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-        };
-        assert_eq!(pinned, 0, "sched_setaffinity to CPU {cpu}");
-    }
-
-    #[test]
-    #[cfg(all(target_os = "linux", not(miri)))]
-    fn a_yield_that_lets_a_thread_on_this_cpu_run_says_so() {
-        use crate::sync::AtomicBool;
-        use Ordering::Relaxed;
-        // SAFETY: sched_getcpu takes no arguments; it returns the CPU this thread is on.
-        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).expect("sched_getcpu");
-        pin_to(cpu);
-        let (ready, stop) = (AtomicBool::new(false), AtomicBool::new(false));
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                pin_to(cpu);
-                ready.store(true, Relaxed);
-                while !stop.load(Relaxed) {
-                    std::hint::spin_loop();
-                }
-            });
-            while !ready.load(Relaxed) {
-                std::thread::yield_now();
-            }
-            // The spinner is always ready on this CPU: the scheduler's fairness runs it at one
-            // of these yields, however it picks (EEVDF may run the yielder again at first,
-            // while the spinner is ahead of its share).
-            let ran = (0..10_000).any(|_| yield_to_others());
-            stop.store(true, Relaxed);
-            assert!(ran, "no yield let the thread on this CPU run");
         });
     }
 }

@@ -46,6 +46,7 @@ use std::future::Future;
 
 pub(crate) mod dispatch;
 pub(crate) mod error;
+pub(crate) mod exec;
 pub(crate) mod io_pool;
 pub(crate) mod limits;
 pub(crate) mod mailboxes;

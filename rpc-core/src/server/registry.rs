@@ -399,19 +399,10 @@ impl Request {
     /// look for new requests; a warp printing in a loop saved some 160 ns a request). Not for
     /// a loop that waits for another port to be served: alone, it would never suspend.
     pub(crate) async fn yield_unless_alone(&self) {
-        if !ALONE.with(|alone| alone.get()) {
+        if !crate::server::exec::alone() {
             self.yield_now().await;
         }
     }
-}
-
-std::thread_local! {
-    /// Set when an exchange suspends in [`Request::yield_now`]: the executor polls it again
-    /// soon and counts the poll as progress (nothing else would wake it).
-    pub(crate) static YIELDED: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
-    /// Set while the executor polls an exchange alone in flight (see
-    /// [`Request::yield_unless_alone`]).
-    pub(crate) static ALONE: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
 }
 
 /// The future of [`Request::yield_now`]: pending once, then ready.
@@ -430,7 +421,7 @@ impl Future for YieldNow {
             return std::task::Poll::Ready(());
         }
         self.yielded = true;
-        YIELDED.with(|yielded| yielded.set(true));
+        crate::server::exec::note_yielded();
         std::task::Poll::Pending
     }
 }
