@@ -1,7 +1,5 @@
-//! The executor: what it takes to poll a script handler's exchange on the server thread, and
-//! the one per-thread context through which the executor and the exchange it polls talk.
+//! The one per-thread context through which the executor and the exchange it polls talk.
 //!
-//! # The context
 //! A port operation that suspends, a `Request::yield_now`, a printf that asks whether it is
 //! alone in flight, and every server port's flip and unlock happen deep inside an exchange's
 //! poll, where only the port's [`Wait`] and the `Request` are at hand. The executor's wait,
@@ -27,16 +25,11 @@
 //! | `alone`, `spin_waits` | [`Polling`]; the wait's spins | the wait, `Request::yield_unless_alone` |
 //! | `on_port`, `yielded` | the wait's `before_suspending`; `Request::yield_now` | [`Polling::suspended`] |
 
-use core::cell::{Cell, RefCell};
-use std::time::{Duration, Instant};
-
 use crate::protocol::deferred::{store_own_word, Batch};
 use crate::protocol::mailbox::unlock;
 use crate::protocol::{ProtocolError, Wait};
-use crate::server::error::ServerError;
-use crate::server::panic_message;
-use crate::server::recycle::Exchange;
-use crate::sync::{spin_hint, thread, AtomicU32};
+use crate::sync::{spin_hint, AtomicU32};
+use core::cell::{Cell, RefCell};
 
 /// The spin waits of an exchange alone in flight per poll: some 64 packets of a stream go by
 /// in one poll, and a new request waits at most that many short spins. None under loom, where
@@ -139,7 +132,7 @@ loom::thread_local! {
 /// The context of one poll of an exchange, entered by [`Polling::enter`] and restored when
 /// dropped (also when the poll panicked): no other exchange spins on what this one left, or
 /// takes itself to be alone.
-struct Polling {
+pub(super) struct Polling {
     /// What the context held before.
     alone: bool,
     spin_waits: u32,
@@ -147,7 +140,7 @@ struct Polling {
 
 impl Polling {
     /// Enters the poll of an exchange, `alone` in flight or not.
-    fn enter(alone: bool) -> Polling {
+    pub(super) fn enter(alone: bool) -> Polling {
         CONTEXT.with(|c| {
             c.on_port.set(false);
             c.yielded.set(false);
@@ -160,7 +153,7 @@ impl Polling {
     }
 
     /// How the poll suspended: on its port (the client has not answered), and yielded.
-    fn suspended(&self) -> (bool, bool) {
+    pub(super) fn suspended(&self) -> (bool, bool) {
         CONTEXT.with(|c| (c.on_port.get(), c.yielded.get()))
     }
 }
@@ -271,55 +264,6 @@ impl Wait for ExchangeWait {
     }
 }
 
-/// How a poll of an exchange went.
-pub(crate) enum Polled {
-    Done(Result<(), ServerError>),
-    /// Suspended in a port operation: the client has not answered.
-    OnPort,
-    /// Suspended on something else (an I/O call, a user's future).
-    Elsewhere,
-    /// Suspended in `Request::yield_now`, to be polled again soon.
-    Yielded,
-}
-
-/// Polls an exchange once, with a no-op waker (nothing wakes an exchange: the passes look at
-/// every port anyway). One `alone` in flight may spin for its client's answer
-/// ([`ALONE_SPIN_WAITS`]) before suspending, and goes on at once from a
-/// `Request::yield_unless_alone`. A panic inside it ends it as [`ServerError::Panicked`].
-pub(crate) fn poll(exchange: &mut Exchange, alone: bool) -> Polled {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let polling = Polling::enter(alone);
-    match catch(|| Ok(exchange.poll(&mut cx))) {
-        Ok(std::task::Poll::Pending) => match polling.suspended() {
-            (true, _) => Polled::OnPort,
-            (false, true) => Polled::Yielded,
-            (false, false) => Polled::Elsewhere,
-        },
-        Ok(std::task::Poll::Ready(result)) => Polled::Done(result),
-        Err(error) => Polled::Done(Err(error)),
-    }
-}
-
-/// Runs `f`, turning a panic into [`ServerError::Panicked`] with its message.
-pub(crate) fn catch<T>(f: impl FnOnce() -> Result<T, ServerError>) -> Result<T, ServerError> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
-        .unwrap_or_else(|panic| Err(ServerError::Panicked(panic_message(panic.as_ref()))))
-}
-
-/// Yields the CPU, and says whether another thread ran meanwhile: a yield that finds no other
-/// thread ready is a system call (some 170 ns here), one that runs another is two context
-/// switches and that thread's turn, some µs. Only how soon the worker yields depends on the
-/// answer (its back-off, `PassCache::yield_every`): a wrong one costs some yields or spins,
-/// never a request.
-pub(crate) fn yield_to_others() -> bool {
-    let start = Instant::now();
-    thread::yield_now();
-    start.elapsed() > YIELD_ALONE
-}
-
-/// The longest yield counted as one that ran nobody else (see [`yield_to_others`]).
-const YIELD_ALONE: Duration = Duration::from_micros(1);
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -408,47 +352,5 @@ mod tests {
         assert_eq!((read(&flags), read(&locks)), (vec![0, 1], vec![0]));
         ExchangeWait.flip(&flags[1], 0);
         assert_eq!(read(&flags), [0, 0], "ended: stored at once");
-    }
-
-    /// Pins the calling thread to `cpu`.
-    #[cfg(all(target_os = "linux", not(miri)))]
-    fn pin_to(cpu: usize) {
-        // SAFETY: a zeroed `cpu_set_t` is an empty bit set; CPU_SET sets one bit of it, and
-        // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it for this thread only.
-        let pinned = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-        };
-        assert_eq!(pinned, 0, "sched_setaffinity to CPU {cpu}");
-    }
-
-    #[test]
-    #[cfg(all(target_os = "linux", not(miri)))]
-    fn a_yield_that_lets_a_thread_on_this_cpu_run_says_so() {
-        use crate::sync::AtomicBool;
-        use Ordering::Relaxed;
-        // SAFETY: sched_getcpu takes no arguments; it returns the CPU this thread is on.
-        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).expect("sched_getcpu");
-        pin_to(cpu);
-        let (ready, stop) = (AtomicBool::new(false), AtomicBool::new(false));
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                pin_to(cpu);
-                ready.store(true, Relaxed);
-                while !stop.load(Relaxed) {
-                    std::hint::spin_loop();
-                }
-            });
-            while !ready.load(Relaxed) {
-                std::thread::yield_now();
-            }
-            // The spinner is always ready on this CPU: the scheduler's fairness runs it at one
-            // of these yields, however it picks (EEVDF may run the yielder again at first,
-            // while the spinner is ahead of its share).
-            let ran = (0..10_000).any(|_| yield_to_others());
-            stop.store(true, Relaxed);
-            assert!(ran, "no yield let the thread on this CPU run");
-        });
     }
 }
