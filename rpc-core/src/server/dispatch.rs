@@ -432,7 +432,7 @@ impl Inner {
                 if fate != Fate::Close {
                     // Its drop would close it: let go of it as `Request`'s drop does.
                     port.quarantine();
-                    carry_out(mailbox, Some(server), index, opcode, marks, fate);
+                    carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
                 }
                 return;
             }
@@ -445,7 +445,7 @@ impl Inner {
                     Err(error) => {
                         // The request went in the unwinding, leaving the port locked.
                         let fate = finish(context, mailbox, index, opcode, Err(error));
-                        carry_out(mailbox, Some(server), index, opcode, marks, fate);
+                        carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
                         return;
                     }
                 }

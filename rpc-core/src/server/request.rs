@@ -54,15 +54,15 @@ pub struct Request {
 }
 
 impl Drop for Request {
-    /// Leaves the port locked as it is: the server closes, drains or quarantines it once the
-    /// exchange has ended (its dispatch pass). A request must therefore not outlive its
-    /// handler's exchange.
+    /// Leaves the port locked as it is, telling the executor whether it owned the buffer: the
+    /// server closes, drains or quarantines the port once the exchange has ended (see
+    /// [`crate::server::exec`]). A request must therefore not outlive its handler's exchange.
     fn drop(&mut self) {
         // SAFETY: the port is taken exactly once, here, and the field is not used afterwards.
         let port = unsafe { ManuallyDrop::take(&mut self.port) };
         let index = port.index();
         let owned = port.quarantine();
-        self.mailbox.note_owned(index, owned);
+        exec::note_dropped(&self.mailbox, index, owned);
     }
 }
 

@@ -8,7 +8,8 @@
 //! that restores it when dropped:
 //! - [`Polling`], for one poll of one exchange: whether it is alone in flight, the spin waits
 //!   it may make ([`ALONE_SPIN_WAITS`]), and, once the poll returns, how it suspended (on its
-//!   port, or yielded);
+//!   port, or yielded) and, if its request was dropped, whether the request owned the buffer
+//!   (the port's state the executor needs to close it: returned by the poll as a value);
 //! - [`Batching`], for a pass that begins with two or more exchanges in flight: the server
 //!   ports' flips and unlocks wait in the context's [`Batch`] (`protocol::deferred`, which says
 //!   why and when it goes out) and are published when the guard drops, at the latest.
@@ -23,11 +24,13 @@
 //! |---|---|---|
 //! | `batch`, `batching` | [`Batching`]; the wait's `flip`, `unlock`, `publish` | the wait |
 //! | `alone`, `spin_waits` | [`Polling`]; the wait's spins | the wait, `Request::yield_unless_alone` |
-//! | `on_port`, `yielded` | the wait's `before_suspending`; `Request::yield_now` | [`Polling::suspended`] |
+//! | `on_port`, `yielded` | the wait's `before_suspending`; `Request::yield_now` | [`Polling::leave`] |
+//! | `dropped` | a `Request`'s drop | [`Polling::leave`] |
 
 use crate::protocol::deferred::{store_own_word, Batch};
 use crate::protocol::mailbox::unlock;
 use crate::protocol::{ProtocolError, Wait};
+use crate::server::Attached;
 use crate::sync::{spin_hint, AtomicU32};
 use core::cell::{Cell, RefCell};
 
@@ -71,6 +74,28 @@ struct Context {
     /// The exchange being polled suspended in `Request::yield_now`: it is polled again soon,
     /// and the poll counts as progress (nothing else would wake it).
     yielded: Cell<bool>,
+    /// The last request dropped on this thread since a poll last took the note: its port, and
+    /// whether it owned the buffer (the executor closes the port once the exchange ends).
+    dropped: Cell<Option<Dropped>>,
+}
+
+/// A request dropped: its port (mailbox and index) and whether it owned the buffer.
+#[derive(Clone, Copy)]
+struct Dropped {
+    /// The mailbox's address, compared only.
+    mailbox: *const Attached,
+    index: u32,
+    owned: bool,
+}
+
+/// What a poll left in the context (read once it returned).
+pub(super) struct Seen {
+    /// It suspended because its client has not answered.
+    pub(super) on_port: bool,
+    /// It suspended in `Request::yield_now`.
+    pub(super) yielded: bool,
+    /// If its request was dropped: whether it owned the buffer.
+    pub(super) owned: Option<bool>,
 }
 
 impl Context {
@@ -83,6 +108,7 @@ impl Context {
             spin_waits: Cell::new(0),
             on_port: Cell::new(false),
             yielded: Cell::new(false),
+            dropped: Cell::new(None),
         }
     }
 
@@ -152,9 +178,29 @@ impl Polling {
         })
     }
 
-    /// How the poll suspended: on its port (the client has not answered), and yielded.
-    pub(super) fn suspended(&self) -> (bool, bool) {
-        CONTEXT.with(|c| (c.on_port.get(), c.yielded.get()))
+    /// Leaves the poll of the exchange of port `index` of `mailbox`, restoring the context
+    /// (as dropping the guard does), and says what the poll left: how it suspended and, if its
+    /// request was dropped (in this poll, or before the first: a script that did not keep it),
+    /// whether it owned the buffer. The note is taken either way: one of another port (a
+    /// request a handler smuggled out of its exchange, or dropped outside any poll) tells
+    /// nothing.
+    pub(super) fn leave(self, mailbox: &Attached, index: u32) -> Seen {
+        let seen = CONTEXT.with(|c| {
+            c.alone.set(self.alone);
+            c.spin_waits.set(self.spin_waits);
+            Seen {
+                on_port: c.on_port.get(),
+                yielded: c.yielded.get(),
+                owned: c
+                    .dropped
+                    .take()
+                    .filter(|d| core::ptr::eq(d.mailbox, mailbox) && d.index == index)
+                    .map(|d| d.owned),
+            }
+        });
+        // Restored above, in the same visit of the context.
+        core::mem::forget(self);
+        seen
     }
 }
 
@@ -209,6 +255,19 @@ pub(crate) fn publish() {
 /// Notes that the exchange being polled suspended in `Request::yield_now`.
 pub(crate) fn note_yielded() {
     CONTEXT.with(|c| c.yielded.set(true));
+}
+
+/// Notes that the request of port `index` of `mailbox` was dropped, owning the buffer or not
+/// (read by the poll it was dropped in, if any: see [`Polling::seen`]).
+pub(crate) fn note_dropped(mailbox: &Attached, index: u32, owned: bool) {
+    let mailbox = mailbox as *const Attached;
+    CONTEXT.with(|c| {
+        c.dropped.set(Some(Dropped {
+            mailbox,
+            index,
+            owned,
+        }))
+    });
 }
 
 /// Whether the exchange being polled on this thread is alone in flight.
@@ -286,7 +345,7 @@ mod tests {
         assert!(!ExchangeWait.before_suspending(&answered_at(1)));
         assert_eq!(calls.get(), 0, "no budget: not even one look");
         assert_eq!(
-            polling.suspended(),
+            CONTEXT.with(|c| (c.on_port.get(), c.yielded.get())),
             (true, false),
             "noted as waiting on its port"
         );
@@ -297,7 +356,11 @@ mod tests {
         assert!(ExchangeWait.before_suspending(&answered_at(5)));
         assert_eq!(calls.get(), 5);
         assert_eq!(CONTEXT.with(|c| c.spin_waits.get()), 1, "one wait used");
-        assert_eq!(polling.suspended(), (false, false), "the answer came");
+        assert_eq!(
+            CONTEXT.with(|c| (c.on_port.get(), c.yielded.get())),
+            (false, false),
+            "the answer came"
+        );
 
         calls.set(0);
         assert!(!ExchangeWait.before_suspending(&answered_at(u32::MAX)));

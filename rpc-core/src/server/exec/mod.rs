@@ -82,7 +82,7 @@ use crate::sync::{lock, thread, Arc, Ordering};
 
 mod context;
 
-pub(super) use context::{alone, note_yielded};
+pub(super) use context::{alone, note_dropped, note_yielded};
 pub(crate) use context::{publish, Batching, ExchangeWait};
 
 /// What ending an exchange does to its port.
@@ -110,13 +110,6 @@ impl Attached {
     fn set_flight(&self, index: u32, position: Option<usize>) {
         let word = position.map_or(0, |k| k as u32 + 1);
         self.in_flight[index as usize].store(word, Ordering::Relaxed);
-    }
-
-    /// Records whether port `index`'s request owned the buffer when it was dropped. Relaxed: set
-    /// and read by the worker, in that order, on the same thread (a request a handler moved
-    /// elsewhere may leave a stale value; the protocol then only sees a late or a missing flip).
-    pub(crate) fn note_owned(&self, index: u32, owned: bool) {
-        self.owned[index as usize].store(owned, Ordering::Relaxed);
     }
 
     /// Stops serving a mailbox whose part of a pass panicked (a plugin's memory source, say):
@@ -166,6 +159,9 @@ pub(crate) struct InFlight {
     /// The last poll suspended in a port operation: no use polling again until the client
     /// has answered (the port is pending again).
     pub(crate) on_port: bool,
+    /// Whether its request owned the buffer when it was dropped (false while it lives): the
+    /// poll it was dropped in says so.
+    owned: bool,
 }
 
 /// The exchanges in flight, each found from its port through `Attached::in_flight`, which
@@ -244,19 +240,20 @@ impl Flights {
         marks: Marks,
         mut exchange: Exchange,
     ) {
-        let on_port = match poll(&mut exchange, false) {
+        let mut owned = false;
+        let on_port = match poll(&mut exchange, false, (mailbox, index), &mut owned) {
             Polled::OnPort => true,
             Polled::Elsewhere | Polled::Yielded => false,
             Polled::Done(result) => {
-                end(
-                    context, mailbox, server, index, opcode, marks, exchange, result,
-                );
+                let ended = (exchange, result, owned);
+                end(context, mailbox, server, index, opcode, marks, ended);
                 return;
             }
         };
         self.push(InFlight {
             exchange,
             on_port,
+            owned,
             mailbox: mailbox.clone(),
             index,
             opcode,
@@ -347,7 +344,8 @@ impl Flights {
         let polled = if waiting {
             Polled::OnPort
         } else {
-            poll(&mut flight.exchange, alone)
+            let port = (&**mailbox, flight.index);
+            poll(&mut flight.exchange, alone, port, &mut flight.owned)
         };
         let was_on_port = flight.on_port;
         flight.on_port = matches!(polled, Polled::OnPort);
@@ -363,15 +361,16 @@ impl Flights {
         }
         if let Polled::Done(result) = polled {
             let flight = self.swap_remove(k);
+            let ended = (flight.exchange, result, flight.owned);
+            let (index, opcode) = (flight.index, flight.opcode);
             end(
                 context,
                 &flight.mailbox,
                 server,
-                flight.index,
-                flight.opcode,
+                index,
+                opcode,
                 flight.marks,
-                flight.exchange,
-                result,
+                ended,
             );
             return (progress + 1, true);
         }
@@ -403,9 +402,9 @@ impl Flights {
     }
 }
 
-/// Ends a completed exchange: logs and counts its result, then drops it with the fate that
-/// result calls for.
-#[allow(clippy::too_many_arguments)] // The exchange's parts, taken apart by its owner.
+/// Ends a completed exchange (`ended`: the exchange, its result, and whether its request owned
+/// the buffer when dropped): logs and counts its result, then drops it and carries out the
+/// fate that result calls for.
 fn end(
     context: &ServerContext,
     mailbox: &Arc<Attached>,
@@ -413,12 +412,12 @@ fn end(
     index: u32,
     opcode: Opcode,
     marks: Marks,
-    exchange: Exchange,
-    result: Result<(), ServerError>,
+    ended: (Exchange, Result<(), ServerError>, bool),
 ) {
+    let (exchange, result, owned) = ended;
     let fate = finish(context, mailbox, index, opcode, result);
     drop(exchange);
-    carry_out(mailbox, Some(server), index, opcode, marks, fate);
+    carry_out(mailbox, Some(server), (index, owned), opcode, marks, fate);
 }
 
 /// Logs and counts how a request ended (settling it: see `Attached::settle_request`); the
@@ -484,8 +483,11 @@ fn count(
     }
 }
 
-/// Ends an exchange that can no longer go on, logging and counting it.
+/// Ends an exchange that can no longer go on, logging and counting it. Its port is drained or
+/// quarantined, never closed: its request is dropped here, outside any poll, so whether it owned
+/// the buffer is not known (nor needed).
 pub(crate) fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) {
+    debug_assert!(fate != Fate::Close, "an abandoned exchange is not closed");
     let InFlight {
         exchange,
         mailbox,
@@ -500,7 +502,7 @@ pub(crate) fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, rea
         Fate::Quarantine => "port left locked",
     };
     drop(exchange);
-    carry_out(&mailbox, None, index, opcode, marks, fate);
+    carry_out(&mailbox, None, (index, false), opcode, marks, fate);
     // Logged once done, so whoever reads the line finds the port as it says. A device (a
     // client that went silent or timed out) can cause any number of these: within the budget.
     device_log!(
@@ -514,13 +516,14 @@ pub(crate) fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, rea
     mailbox.settle_request();
 }
 
-/// Does to the port of an `opcode` exchange what its fate says, once its request is gone (see
-/// the module docs), through `server`, the mailbox's view, if the caller has one. A detached
-/// mailbox's ports are left untouched: the server no longer writes that memory.
+/// Does to port `index` of an `opcode` exchange what its fate says, once its request is gone
+/// (see the module docs), through `server`, the mailbox's view, if the caller has one; `owned`:
+/// whether the request owned the buffer, which a close hands back. A detached mailbox's ports
+/// are left untouched: the server no longer writes that memory.
 pub(crate) fn carry_out(
     mailbox: &Attached,
     server: Option<&ServerEnd<'_>>,
-    index: u32,
+    (index, owned): (u32, bool),
     opcode: Opcode,
     marks: Marks,
     fate: Fate,
@@ -548,7 +551,6 @@ pub(crate) fn carry_out(
         }
     };
     if fate == Fate::Close {
-        let owned = mailbox.owned[index as usize].load(Ordering::Relaxed);
         server.close(index, owned, &ExchangeWait)
     } else {
         server.drain(index, opcode.failure_word(), &ExchangeWait)
@@ -556,7 +558,7 @@ pub(crate) fn carry_out(
 }
 
 /// How a poll of an exchange went.
-pub(crate) enum Polled {
+enum Polled {
     Done(Result<(), ServerError>),
     /// Suspended in a port operation: the client has not answered.
     OnPort,
@@ -566,19 +568,29 @@ pub(crate) enum Polled {
     Yielded,
 }
 
-/// Polls an exchange once, with a no-op waker (nothing wakes an exchange: the passes look at
-/// every port anyway). One `alone` in flight may spin for its client's answer
-/// ([`ALONE_SPIN_WAITS`]) before suspending, and goes on at once from a
-/// `Request::yield_unless_alone`. A panic inside it ends it as [`ServerError::Panicked`].
-pub(crate) fn poll(exchange: &mut Exchange, alone: bool) -> Polled {
+/// Polls the exchange of `port` (its mailbox and index) once, with a no-op waker (nothing
+/// wakes an exchange: the passes look at every port anyway). One `alone` in flight may spin for
+/// its client's answer (`context::ALONE_SPIN_WAITS`) before suspending, and goes on at once
+/// from a `Request::yield_unless_alone`. A panic inside it ends it as
+/// [`ServerError::Panicked`]. If its request is dropped in this poll, `owned` says whether the
+/// request owned the buffer.
+fn poll(
+    exchange: &mut Exchange,
+    alone: bool,
+    (mailbox, index): (&Attached, u32),
+    owned: &mut bool,
+) -> Polled {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let polling = context::Polling::enter(alone);
-    match catch(|| Ok(exchange.poll(&mut cx))) {
-        Ok(std::task::Poll::Pending) => match polling.suspended() {
-            (true, _) => Polled::OnPort,
-            (false, true) => Polled::Yielded,
-            (false, false) => Polled::Elsewhere,
-        },
+    let polled = catch(|| Ok(exchange.poll(&mut cx)));
+    let seen = polling.leave(mailbox, index);
+    if let Some(was) = seen.owned {
+        *owned = was;
+    }
+    match polled {
+        Ok(std::task::Poll::Pending) if seen.on_port => Polled::OnPort,
+        Ok(std::task::Poll::Pending) if seen.yielded => Polled::Yielded,
+        Ok(std::task::Poll::Pending) => Polled::Elsewhere,
         Ok(std::task::Poll::Ready(result)) => Polled::Done(result),
         Err(error) => Polled::Done(Err(error)),
     }
