@@ -19,7 +19,7 @@ use crate::protocol::opcode::Opcode;
 use crate::protocol::port::Packet;
 use crate::protocol::ServerPort;
 use crate::server::error::ServerError;
-pub(crate) use crate::server::recycle::Exchange;
+use crate::server::exec::Exchange;
 // Re-exported: the services name the request by this path too.
 pub(crate) use crate::server::request::Request;
 use crate::Result;

@@ -1,6 +1,7 @@
 //! The executor: the exchanges of script handlers kept in flight between passes, polled,
-//! and ended (the pass that opens ports and drives this is `dispatch`), with the per-thread
-//! context through which the executor and the exchange it polls talk (`context.rs`).
+//! and ended (the pass that opens ports and drives this is `dispatch`), each in a block of
+//! memory its thread reuses (`exchange.rs`), with the per-thread context through which the
+//! executor and the exchange it polls talk (`context.rs`).
 //!
 //! # Resumable exchanges
 //! A port's exchange is a script of packets. A packet handler's script is one packet each way
@@ -75,15 +76,16 @@ use crate::protocol::ServerEnd;
 use crate::server::error::ServerError;
 use crate::server::limits::device_log;
 use crate::server::mailboxes::{Marks, Quarantined};
-use crate::server::recycle::Exchange;
 use crate::server::stats::bump;
 use crate::server::{panic_message, Attached, ServerContext};
 use crate::sync::{lock, thread, Arc, Ordering};
 
 mod context;
+mod exchange;
 
 pub(super) use context::{alone, note_dropped, note_yielded};
 pub(crate) use context::{publish, Batching, ExchangeWait};
+pub(crate) use exchange::Exchange;
 
 /// What ending an exchange does to its port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
