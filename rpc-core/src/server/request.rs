@@ -56,7 +56,7 @@ pub struct Request {
 impl Drop for Request {
     /// Leaves the port locked as it is, telling the executor whether it owned the buffer: the
     /// server closes, drains or quarantines the port once the exchange has ended (see
-    /// [`crate::server::exec`]). A request must therefore not outlive its handler's exchange.
+    /// `server::exec`). A request must therefore not outlive its handler's exchange.
     fn drop(&mut self) {
         // SAFETY: the port is taken exactly once, here, and the field is not used afterwards.
         let port = unsafe { ManuallyDrop::take(&mut self.port) };
