@@ -21,8 +21,8 @@
 //! executor, on a later pass, while it serves the other ports). The layer keeps no per-thread
 //! state: what a server thread's executor needs to know of a wait (that it suspended on its
 //! port, how long it may spin) and its batch of deferred flips are the business of its
-//! [`Wait`], through the trait's hooks. Closures get each packet with a fresh lifetime (`Packet<'_>`), so no
-//! reference into the mailbox outlives the call that lent it.
+//! [`Wait`], through the trait's hooks. Closures get each packet with a fresh lifetime
+//! (`Packet<'_>`), so no reference into the mailbox outlives the call that lent it.
 //!
 //! | field | who touches it |
 //! |---|---|

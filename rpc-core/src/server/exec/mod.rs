@@ -7,8 +7,8 @@
 //! A port's exchange is a script of packets. A packet handler's script is one packet each way
 //! and runs to completion when the port opens (the client's packet is already there). A script
 //! handler's exchange is a future (an `async` function of its `Request`, see
-//! [`crate::server::registry`]): it runs until it needs a packet the client has not sent yet (or the
-//! result of a call on the I/O threads), and then *suspends*. The pass keeps it in flight and
+//! [`crate::server::registry`]): it runs until it needs a packet the client has not sent yet
+//! (or the result of a call on the I/O threads), and then *suspends*. The pass keeps it in flight and
 //! moves on to the other ports; later passes poll it again whenever it can advance, so an
 //! exchange whose client answers quickly still advances about as fast as if it had the thread
 //! alone, while one whose client is slow costs its port's slot, and nobody waits for it.
@@ -49,8 +49,8 @@
 //! `Opcode::failure_word`, in every lane, and our flip), and is unlocked. The server keeps
 //! nothing about it: the mark is its state. What the client sends next without opening a new
 //! request (a late packet: its header still has the mark) is answered the same way, in
-//! `dispatch`'s `Inner::start`, and never run; its next open writes a fresh header, and is served at once.
-//! So an abandoned client runs the rest of its script on failure replies and gives the port
+//! `dispatch`'s `Inner::start`, and never run; its next open writes a fresh header, and is
+//! served at once. So an abandoned client runs the rest of its script on failure replies and gives the port
 //! back, and none is lost, however slow the client or whatever it claimed.
 //!
 //! A *quarantined* port keeps the server's lock bit and both flags as they are: a shutdown
@@ -62,8 +62,9 @@
 //! A request's port outlives nothing: the exchange's future owns the request, and the request
 //! is dropped when the script returns (inside the poll that completes it) or when the pass drops
 //! a suspended exchange. Dropping it leaves the port locked, as it is, noting whether it owned
-//! the buffer; the executor then carries out the port's [`Fate`]: closing hands a buffer we owned
-//! back (a flip of our word) and unlocks; draining marks, answers if the buffer is ours, and
+//! the buffer (in the executor's context: the poll it was dropped in returns it); the executor
+//! then carries out the port's [`Fate`]: closing hands a buffer we owned back (a flip of our
+//! word) and unlocks; draining marks, answers if the buffer is ours, and
 //! unlocks. A timed-out client process may be alive after all, and other processes may take the
 //! port the moment it looks free: the mark serves both (their fresh headers are requests, the
 //! slow client's packets are not).
