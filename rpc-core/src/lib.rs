@@ -139,7 +139,7 @@ pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]
 pub use server::recycle::Streams;
 #[cfg(feature = "std")]
-pub use server::registry::{MailboxInfo, Request};
+pub use server::request::{MailboxInfo, Request};
 #[cfg(feature = "std")]
 pub use server::stats::StatsSnapshot;
 #[cfg(feature = "std")]

@@ -1106,6 +1106,46 @@ fn an_exchange_that_yields_lets_the_other_ports_be_served_meanwhile() {
     assert_eq!((stats.errors, stats.panics), (0, 0));
 }
 
+/// A script that drops its request before its first poll (it never keeps it), and one that
+/// drops it midway and completes on a later poll: each hands the buffer back as its port closes
+/// (the request tells the executor whether it owned the buffer whenever it is dropped), so the
+/// client's next request on the port is served. Fails (an open gives up at its deadline) where
+/// only a request dropped in the poll that completes its exchange is heard.
+#[test]
+fn a_script_that_lets_go_of_its_request_early_still_hands_the_buffer_back() {
+    const IGNORES: Opcode = Opcode::user(34);
+    const DROPS_MIDWAY: Opcode = Opcode::user(35);
+    let server = RpcServer::new(config("early drop"));
+    let mailbox = Mailbox::attach(&server, 1, 1);
+    server.register(IGNORES, |_request| async { Ok(()) });
+    server.register(DROPS_MIDWAY, |mut req| async move {
+        req.recv(|_, _| {}).await?;
+        drop(req);
+        // Suspended once on nothing (not its port, not a yield): it completes on a later poll.
+        let mut polled = false;
+        std::future::poll_fn(|_| {
+            if std::mem::replace(&mut polled, true) {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+        .await;
+        Ok(())
+    });
+    let _ = server.start().unwrap();
+    let _user = server.user();
+    let wait = Deadline::after(Duration::from_secs(60));
+    let client = mailbox.client().with_wait(&wait);
+    for opcode in [IGNORES, DROPS_MIDWAY, IGNORES, DROPS_MIDWAY] {
+        let mut port = client.open(opcode, 1).expect("the port was handed back");
+        port.send(|_, p| p.set_word(0, 1)).unwrap();
+    }
+    assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 41), 42);
+    let stats = server.stats();
+    assert_eq!((stats.errors, stats.panics, stats.abandoned), (0, 0, 0));
+}
+
 #[test]
 fn each_request_receives_only_its_own_bytes_though_buffers_are_reused() {
     // `recv_n` fills buffers a finished exchange left (`recycle.rs`): a request after a

@@ -2,6 +2,9 @@
 //! first by `cargo xtask test`. It fails, naming each offending file, on:
 //! - an atomic named outside rpc-core's one sync shim (`sync::atomic` in any other file of
 //!   `rpc-core/src`);
+//! - a `thread_local!` in rpc-core's protocol layer (`rpc-core/src/protocol/`): what a thread
+//!   keeps for the server (its executor's context, its batch of deferred flips) is the server's,
+//!   reached through the protocol's `Wait`;
 //! - a vendor name (CUDA, HSA, AMD GPU, NVIDIA) or `libloading` in rpc-core's code or manifest
 //!   (comments may name the vendors, the code may not; `cudarc` contains `cuda`);
 //! - a plugin crate missing one of the files every plugin has (STYLE 2), or its loadable
@@ -84,6 +87,12 @@ fn check(root: &Path) -> Vec<String> {
                 }
             }
         }
+        if file.starts_with(core.join("protocol")) && declares_thread_local(&text) {
+            problems.push(format!(
+                "{relative}: declares a `thread_local!` (the protocol layer keeps no per-thread \
+                 state: a server thread's is the server's, reached through `Wait`)"
+            ));
+        }
         if let Some(word) = vendor_word(code_lines(&text)) {
             problems.push(format!(
                 "{relative}: names the vendor word `{word}` in code"
@@ -139,6 +148,11 @@ fn vendor_word<'a>(lines: impl Iterator<Item = &'a str>) -> Option<&'static str>
         }
     }
     None
+}
+
+/// Whether the code of `text` (not its comments) declares a thread-local, std's or loom's.
+fn declares_thread_local(text: &str) -> bool {
+    code_lines(text).any(|line| line.contains("thread_local!"))
 }
 
 fn is_ident(c: char) -> bool {
@@ -393,6 +407,17 @@ mod tests {
         assert!(!counts_for_circles(
             &m("protocol::error"),
             &m("server::thread")
+        ));
+    }
+
+    #[test]
+    fn a_thread_local_is_found_in_code_only() {
+        assert!(declares_thread_local(
+            "std::thread_local! {\n    static X: u8 = 0;\n}\n"
+        ));
+        assert!(declares_thread_local("    loom::thread_local! {"));
+        assert!(!declares_thread_local(
+            "//! Not a `thread_local!` here.\nfn f() {} // nor thread_local! here\n"
         ));
     }
 

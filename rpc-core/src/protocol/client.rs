@@ -157,6 +157,7 @@ impl<'a> Client<'a> {
             owns: true,
             receive: false,
             wait: self.wait,
+            resumable: self.wait.resumable(),
             doorbell: None,
             gave_up: false,
         })

@@ -9,9 +9,11 @@
 
 use std::vec::Vec;
 
-use crate::protocol::deferred::{self, Batch};
+use crate::protocol::deferred::Batch;
 use crate::protocol::port::Spin;
-use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory, Opcode, ServerEnd};
+use crate::protocol::{
+    Client, Generation, Layout, LockTable, MailboxMemory, Opcode, ProtocolError, ServerEnd, Wait,
+};
 use crate::sync::{thread, Arc, AtomicU32, Ordering};
 
 struct Fixture {
@@ -29,10 +31,10 @@ fn fixture(ports: u32) -> Arc<Fixture> {
     })
 }
 
-/// Serves one TEST_INCREMENT request; returns false if no port was pending.
-fn serve_one(f: &Fixture) -> bool {
+/// Serves one TEST_INCREMENT request with `wait`; returns false if no port was pending.
+fn serve_one(f: &Fixture, wait: &dyn Wait) -> bool {
     let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-    let Some(mut port) = server.open_next(0, &Spin) else {
+    let Some(mut port) = server.open_next(0, wait) else {
         return false;
     };
     port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
@@ -41,9 +43,12 @@ fn serve_one(f: &Fixture) -> bool {
 }
 
 /// The server port pending first, waiting (yielding) until a client's request arrives.
-fn open_when_pending<'a>(server: &'a ServerEnd<'a>) -> crate::protocol::ServerPort<'a> {
+fn open_when_pending<'a>(
+    server: &'a ServerEnd<'a>,
+    wait: &'a dyn Wait,
+) -> crate::protocol::ServerPort<'a> {
     loop {
-        if let Some(port) = server.open_next(0, &Spin) {
+        if let Some(port) = server.open_next(0, wait) {
             break port;
         }
         thread::yield_now();
@@ -61,15 +66,54 @@ fn increment(client: &Client<'_>, x: u64) -> u64 {
 }
 
 // The batch of deferred flips (`deferred`) under loom: the server thread below runs each
-// exchange inside a real `Batch`, as a dispatcher's pass with two or more exchanges in flight
-// does, and the client checks every packet it reads after each flip. Every `a_batch_*` model
-// fails (a data race on a reply or request packet's shadow cell) if the release fence at the
-// top of `Pending::publish` is removed; the order of a batch (flips, then unlocks) is held by
+// exchange with a wait that defers its flips and unlocks into a real `Batch` (`Batching`), as
+// the executor's wait does in a pass with two or more exchanges in flight, and the client
+// checks every packet it reads after each flip. Every `a_batch_*` model fails (a data race on
+// a reply or request packet's shadow cell) if the release fence at the top of `Batch::publish`
+// is removed; the order of a batch (flips, then unlocks) is held by
 // `a_batch_publishes_its_flips_before_its_unlocks`.
+
+/// A blocking wait that defers a server port's flips and unlocks into a [`Batch`] (spinning
+/// like `Spin`, and publishing before each pause, as a batching wait must), published when it
+/// is dropped or told to. The lock is for `Sync` only: one model thread uses each.
+struct Batching(std::sync::Mutex<Batch>);
+
+impl Batching {
+    fn new() -> Self {
+        Batching(std::sync::Mutex::new(Batch::EMPTY))
+    }
+}
+
+impl Wait for Batching {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<(), ProtocolError> {
+        self.publish();
+        crate::sync::spin_hint();
+        Ok(())
+    }
+    fn flip(&self, word: &AtomicU32, value: u32) {
+        // SAFETY: every model's mailbox and lock tables (its `Fixture`) outlive its waits, and
+        // a wait's batch is published when it is dropped.
+        unsafe { self.0.lock().unwrap().flip(word, value) };
+    }
+    fn unlock(&self, locks: &[AtomicU32], index: u32) {
+        // SAFETY: as in `flip`.
+        unsafe { self.0.lock().unwrap().unlock(locks, index) };
+    }
+    fn publish(&self) {
+        self.0.lock().unwrap().publish();
+    }
+}
+
+impl Drop for Batching {
+    /// The end of the batch (a dispatcher's pass): what waits goes out.
+    fn drop(&mut self) {
+        self.publish();
+    }
+}
 
 /// A batch published when it ends (the end of a dispatcher's pass): the reply's flip and the
 /// port's unlock wait in the batch until it drops. Catches: no release fence in
-/// `Pending::publish` (the client's read of the reply races with the server's write of it).
+/// `Batch::publish` (the client's read of the reply races with the server's write of it).
 #[test]
 fn a_batch_published_at_the_end_of_a_pass_orders_the_reply_before_its_flip() {
     loom::model(|| {
@@ -78,9 +122,8 @@ fn a_batch_published_at_the_end_of_a_pass_orders_the_reply_before_its_flip() {
             let f = f.clone();
             thread::spawn(move || {
                 let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                // SAFETY: the mailbox and lock table (in `f`) outlive the batch.
-                let batch = unsafe { Batch::begin() };
-                let mut port = open_when_pending(&server);
+                let batch = Batching::new();
+                let mut port = open_when_pending(&server, &batch);
                 port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
                     .unwrap();
                 drop(port);
@@ -95,12 +138,12 @@ fn a_batch_published_at_the_end_of_a_pass_orders_the_reply_before_its_flip() {
     });
 }
 
-/// A batch published before its thread waits for a client (`Port::poll_take`), and at a
-/// checkpoint's explicit `deferred::publish` (what the sweep calls before it yields): the
-/// second round's request comes only after the first round's reply is seen, and port 1's only
-/// after port 0's exchange ended, so a batch holding either flip back would never let the
-/// model end. Catches: no release fence in `Pending::publish`; no `publish` before the wait
-/// in `poll_take` (loom reports the model never ending).
+/// A batch published before its thread waits for a client (the wait's pause), and at a
+/// checkpoint's explicit publish (what the sweep does before it yields): the second round's
+/// request comes only after the first round's reply is seen, and port 1's only after port 0's
+/// exchange ended, so a batch holding either flip back would never let the model end.
+/// Catches: no release fence in `Batch::publish`; no publish before the pause (loom reports
+/// the model never ending).
 #[test]
 fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_flip() {
     loom::model(|| {
@@ -109,9 +152,8 @@ fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_fli
             let f = f.clone();
             thread::spawn(move || {
                 let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                // SAFETY: the mailbox and lock table (in `f`) outlive the batch.
-                let _batch = unsafe { Batch::begin() };
-                let mut port = open_when_pending(&server);
+                let batch = Batching::new();
+                let mut port = open_when_pending(&server, &batch);
                 for _ in 0..2 {
                     // The second `recv` waits for the client, which waits for our first flip.
                     port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
@@ -119,8 +161,8 @@ fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_fli
                 }
                 drop(port);
                 // The checkpoint: port 1's client waits for port 0's close.
-                deferred::publish();
-                let mut port = open_when_pending(&server);
+                batch.publish();
+                let mut port = open_when_pending(&server, &batch);
                 port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
                     .unwrap();
             })
@@ -154,7 +196,7 @@ fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_fli
 
 /// A batch holding `ServerEnd::close`'s flip (a request without answer, closed by the
 /// dispatcher once its handler is done): the client's next request on the port writes the
-/// packet the server read. Catches: no release fence in `Pending::publish` (the client's write
+/// packet the server read. Catches: no release fence in `Batch::publish` (the client's write
 /// races with the server's read of the first request).
 #[test]
 fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_request() {
@@ -164,15 +206,14 @@ fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_requ
             let f = f.clone();
             thread::spawn(move || {
                 let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                // SAFETY: the mailbox and lock table (in `f`) outlive the batch.
-                let batch = unsafe { Batch::begin() };
-                let mut port = open_when_pending(&server);
+                let batch = Batching::new();
+                let mut port = open_when_pending(&server, &batch);
                 let mut got = 0;
                 port.recv(|_, p| got = p.word(0)).unwrap();
                 assert_eq!(got, 1);
                 let index = port.index();
                 let owned = port.quarantine();
-                server.close(index, owned);
+                server.close(index, owned, &batch);
                 drop(batch);
             })
         };
@@ -196,7 +237,7 @@ fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_requ
 /// word still says pending and serve the request again; and a thread that locked the port it
 /// saw pending but found it served by the other (`ServerEnd::try_open`) must unlock it, or the
 /// port is never served again. Catches: the unlocks published before the flips in
-/// `Pending::publish` (served twice); no `unlock` in `try_open`'s not-pending branch (a lock
+/// `Batch::publish` (served twice); no `unlock` in `try_open`'s not-pending branch (a lock
 /// left behind).
 #[test]
 fn a_batch_publishes_its_flips_before_its_unlocks() {
@@ -207,13 +248,12 @@ fn a_batch_publishes_its_flips_before_its_unlocks() {
             .map(|_| {
                 let (f, served) = (f.clone(), served.clone());
                 thread::spawn(move || {
-                    // SAFETY: the mailbox and lock table (in `f`) outlive the batch.
-                    let batch = unsafe { Batch::begin() };
-                    if serve_one(&f) {
+                    let batch = Batching::new();
+                    if serve_one(&f, &batch) {
                         served.fetch_add(1, Ordering::Relaxed);
                     }
                     drop(batch);
-                    if serve_one(&f) {
+                    if serve_one(&f, &Spin) {
                         served.fetch_add(1, Ordering::Relaxed);
                     }
                 })
@@ -299,7 +339,7 @@ fn two_clients_race_for_one_port() {
             .filter_map(|c| c.join().unwrap())
             .collect();
         assert_eq!(winners.len(), 1, "exactly one client gets the port");
-        assert!(serve_one(&f));
+        assert!(serve_one(&f, &Spin));
         let client = Client::new(f.memory.view(), f.client_locks.words()).unwrap();
         let mut port = client
             .try_open_at(0, Opcode::NOOP, 1)
@@ -323,7 +363,7 @@ fn two_server_threads_share_a_lock_table() {
                 thread::spawn(move || {
                     // Each server thread makes two attempts; the request must be served once.
                     for _ in 0..2 {
-                        if serve_one(&f) {
+                        if serve_one(&f, &Spin) {
                             served.fetch_add(1, Ordering::Relaxed);
                         }
                         thread::yield_now();

@@ -3,8 +3,8 @@
 //! # Memory ordering
 //! Ownership of a port's header and packets moves by flipping one's own word:
 //! - before a flip, `fence(Release)` then a `Relaxed` store (`Port::hand_over`, through
-//!   `deferred::store_own_word`, or in a server thread's batch, `deferred`): every header and
-//!   packet write before it is visible to whoever sees the flip;
+//!   `deferred::store_own_word`, or in the batch of a server port's wait, `deferred`): every
+//!   header and packet write before it is visible to whoever sees the flip;
 //! - waiting for the other side's flip uses `Relaxed` loads, then `fence(Acquire)`
 //!   (`Port::take_buffer`), which pairs with that side's release fence, so its writes are
 //!   visible before we read or overwrite the buffers.
@@ -16,10 +16,13 @@
 //! `Port::poll_take`: "is the buffer ours yet?". A blocking [`Wait`] (a client warp, the raw
 //! protocol [`crate::protocol::ServerEnd`]) pauses inside that poll until it is, so the future completes in
 //! its first poll and the synchronous methods (`send`, `recv`, ...) just poll it once. A
-//! resumable wait ([`Resumable`], the [`crate::RpcServer`]'s exchanges) returns `Pending`
-//! instead, and the server thread's executor polls the exchange again on a later pass while it
-//! serves the other ports. Closures get each packet with a fresh lifetime (`Packet<'_>`), so no
-//! reference into the mailbox outlives the call that lent it.
+//! resumable wait ([`Resumable`], or the [`crate::RpcServer`]'s for its exchanges) returns
+//! `Pending` instead, and whoever polls the operation polls it again later (the server's
+//! executor, on a later pass, while it serves the other ports). The layer keeps no per-thread
+//! state: what a server thread's executor needs to know of a wait (that it suspended on its
+//! port, how long it may spin) and its batch of deferred flips are the business of its
+//! [`Wait`], through the trait's hooks. Closures get each packet with a fresh lifetime
+//! (`Packet<'_>`), so no reference into the mailbox outlives the call that lent it.
 //!
 //! | field | who touches it |
 //! |---|---|
@@ -44,77 +47,46 @@ extern crate alloc;
 #[cfg(not(feature = "std"))]
 use alloc::vec::Vec;
 
-/// How a side waits for the other: called after each poll that found the buffer not yet ours.
+/// How a side waits for the other, and when its hand-overs reach it. A blocking wait pauses
+/// after each poll that found the buffer not yet ours; a resumable one suspends the operation
+/// instead. A server port's flips and unlocks go through its wait too, so that a wait may defer
+/// them into a batch it keeps (`deferred`); the provided methods store them at once.
 pub trait Wait: Sync {
     /// Pause before the next poll of `port` (`attempt` counts from 0), or give up with an error
-    /// (usually [`ProtocolError::Abandoned`]).
+    /// (usually [`ProtocolError::Abandoned`]). A wait that defers flips publishes them first.
     fn pause(&self, port: u32, attempt: u32) -> Result<(), ProtocolError>;
     /// True if a port should not wait at all but suspend its operation (`Poll::Pending`), to be
-    /// polled again later; `pause` is then never called. Only [`Resumable`] says yes.
+    /// polled again later; `pause` is then never called. Asked once, when the port opens.
     fn resumable(&self) -> bool {
         false
     }
-}
-
-#[cfg(feature = "std")]
-std::thread_local! {
-    /// Set when a resumable port operation suspends because the other side has not answered:
-    /// the executor then knows the exchange waits for its port, not for something else, and
-    /// need not poll it again until the port's flags say the client answered.
-    pub(crate) static WAITING_ON_PORT: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
-    /// How many more times a resumable port operation may spin for the other side's answer
-    /// (up to [`SPINS_PER_WAIT`] spin hints each) before it suspends. Zero but while the
-    /// executor polls an exchange alone in flight, whose client (a stream, say) usually answers
-    /// within a cross-core transfer: its packets then go by inside one poll, without a return
-    /// to the executor and a re-poll per packet.
-    pub(crate) static SPIN_WAITS: core::cell::Cell<u32> = const { core::cell::Cell::new(0) };
-}
-
-/// The spin hints of one round of a wait allowed by [`SPIN_WAITS`] (some 3 µs on this
-/// project's CPUs).
-#[cfg(feature = "std")]
-const SPINS_PER_WAIT: u32 = 128;
-
-/// The rounds of spin hints in one wait, a `yield_now` between each two: some 30 µs in all.
-/// With one round, a 32-lane stream's client (which writes and reads 32 packet lines a hand-
-/// over, some 2 µs) often took longer now and then, its exchange suspended, and the worker's
-/// back-off (its yields, then a park and a timer's wake-up) made that hand-over slow: with 8
-/// rounds the L=32 stream row read 1.23-1.37x as much in A/B runs. The yields give the CPU
-/// to a client that shares it.
-#[cfg(feature = "std")]
-const ROUNDS_PER_WAIT: u32 = 8;
-
-/// Spins (and yields between rounds of spins) while [`SPIN_WAITS`] allows, until `answered`.
-/// A wait that runs out ends the spinning for the rest of the poll: that client is slow, and
-/// the server has other ports to look at.
-#[cfg(feature = "std")]
-fn spin_for_answer(answered: impl Fn() -> bool) -> bool {
-    SPIN_WAITS.with(|left| {
-        if left.get() == 0 {
-            return false;
-        }
-        left.set(left.get() - 1);
-        // The answer may wait on a flip of ours still deferred.
-        deferred::publish();
-        for round in 0..ROUNDS_PER_WAIT {
-            if round > 0 {
-                std::thread::yield_now();
-            }
-            for _ in 0..SPINS_PER_WAIT {
-                crate::sync::spin_hint();
-                if answered() {
-                    return true;
-                }
-            }
-        }
-        left.set(0);
+    /// A resumable wait's last look before its operation suspends: it may spin a while for the
+    /// other side's answer (`answered` looks for it; a wait that defers flips publishes them
+    /// first), and may note that its thread's operation waits on its port. True if the answer
+    /// came: the operation goes on instead.
+    fn before_suspending(&self, answered: &dyn Fn() -> bool) -> bool {
+        let _ = answered;
         false
-    })
+    }
+    /// Hands a server port's buffer over: stores `value` to this side's `word` behind a release
+    /// fence, or defers the store into the wait's batch.
+    fn flip(&self, word: &AtomicU32, value: u32) {
+        deferred::store_own_word(word, value);
+    }
+    /// Unlocks server port `index` of `locks` (after its flips), or defers it into the wait's
+    /// batch.
+    fn unlock(&self, locks: &[AtomicU32], index: u32) {
+        unlock(locks, index);
+    }
+    /// Publishes what the wait deferred: before its thread writes or reads its own word outside
+    /// a flip.
+    fn publish(&self) {}
 }
 
-/// The wait of a resumable exchange: never pauses, suspends instead (see the module docs). The
-/// synchronous operations of a port with this wait fail with [`ProtocolError::WouldBlock`]
-/// rather than wait.
+/// The plain resumable wait: never pauses, suspends instead, and defers nothing (see the module
+/// docs). The synchronous operations of a port with this wait fail with
+/// [`ProtocolError::WouldBlock`] rather than wait: for a client that drives many ports from one
+/// thread.
 #[cfg(feature = "std")]
 pub struct Resumable;
 
@@ -384,6 +356,8 @@ pub struct Port<'a, const SERVER: bool> {
     pub(crate) owns: bool,
     pub(crate) receive: bool,
     pub(crate) wait: &'a dyn Wait,
+    /// What `wait.resumable()` said when the port opened.
+    pub(crate) resumable: bool,
     /// v2 doorbell counter, decremented once when a server port closes.
     pub(crate) doorbell: Option<&'a AtomicU64>,
     /// Set when a wait gave up or `recv_n` refused a length: the exchange stopped midway, so
@@ -441,17 +415,12 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         }
         let mut attempt = 0;
         while !self.owned() {
-            if self.wait.resumable() {
-                #[cfg(feature = "std")]
-                {
-                    if spin_for_answer(|| self.owned()) {
-                        break;
-                    }
-                    WAITING_ON_PORT.with(|waiting| waiting.set(true));
+            if self.resumable {
+                if self.wait.before_suspending(&|| self.owned()) {
+                    break;
                 }
                 return Poll::Pending;
             }
-            deferred::publish();
             if let Err(error) = self.wait.pause(self.index, attempt) {
                 self.gave_up = true;
                 return Poll::Ready(Err(error));
@@ -469,12 +438,12 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         core::future::poll_fn(|_| self.poll_take()).await
     }
 
-    /// Hands the buffer to the other side by flipping our own word (a server thread's flip
-    /// may wait in a batch: `deferred`).
+    /// Hands the buffer to the other side by flipping our own word (a server port's flip goes
+    /// through its wait, which may defer it: `deferred`).
     fn hand_over(&mut self) {
         self.out ^= 1;
         if SERVER {
-            deferred::flip(self.outbox, self.out);
+            self.wait.flip(self.outbox, self.out);
         } else {
             deferred::store_own_word(self.outbox, self.out);
         }
@@ -879,6 +848,8 @@ impl<'a> Port<'a, true> {
     /// finished exchange) and releases the port, whatever step the script was at.
     pub fn reset(mut self) {
         self.out = normalize(self.inbox.load(Ordering::Relaxed));
+        // What the wait deferred goes first: a flip of ours must not overtake the reset.
+        self.wait.publish();
         deferred::store_own_word(self.outbox, self.out);
         self.owns = false;
     }
@@ -916,7 +887,7 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
         }
         self.count_closed();
         if SERVER {
-            deferred::unlock(self.locks, self.index);
+            self.wait.unlock(self.locks, self.index);
         } else {
             unlock(self.locks, self.index);
         }
@@ -934,42 +905,6 @@ mod tests {
             out[8 * i..8 * i + 8].copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
         }
         out
-    }
-
-    /// A resumable wait spins only as `SPIN_WAITS` allows: not at all without a budget, until
-    /// the answer within one, and a wait that runs out ends the spinning for the whole poll.
-    #[cfg(feature = "std")]
-    #[test]
-    fn spin_waits_bound_the_spinning_of_resumable_waits() {
-        let calls = core::cell::Cell::new(0u32);
-        let answered_at = |n: u32| {
-            let calls = &calls;
-            move || {
-                calls.set(calls.get() + 1);
-                calls.get() >= n
-            }
-        };
-        SPIN_WAITS.with(|left| left.set(0));
-        assert!(!spin_for_answer(answered_at(1)));
-        assert_eq!(calls.get(), 0, "no budget: not even one look");
-
-        SPIN_WAITS.with(|left| left.set(2));
-        assert!(spin_for_answer(answered_at(5)));
-        assert_eq!(calls.get(), 5);
-        assert_eq!(SPIN_WAITS.with(|left| left.get()), 1, "one wait used");
-
-        calls.set(0);
-        assert!(!spin_for_answer(answered_at(u32::MAX)));
-        assert_eq!(
-            calls.get(),
-            SPINS_PER_WAIT * ROUNDS_PER_WAIT,
-            "a wait looks at most SPINS_PER_WAIT times a round"
-        );
-        assert_eq!(
-            SPIN_WAITS.with(|left| left.get()),
-            0,
-            "a wait that ran out ends the spinning"
-        );
     }
 
     /// Every range of the packet (the word-aligned path and the other): `read_bytes` gives

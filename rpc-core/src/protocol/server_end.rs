@@ -1,7 +1,6 @@
 //! The server side of the port protocol over one mailbox: finding pending ports and opening
 //! them. The thread that drives it is [`crate::server::thread`]; handlers run the port scripts.
 
-use crate::protocol::deferred;
 use crate::protocol::error::ProtocolError;
 use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
@@ -68,17 +67,18 @@ impl<'a> ServerEnd<'a> {
     }
 
     /// Closes port `index`, which the caller holds locked with its exchange ended: hands the
-    /// buffer back if we `owned` it (flips our word, as a port's drop does), then unlocks.
-    pub(crate) fn close(&self, index: u32, owned: bool) {
+    /// buffer back if we `owned` it (flips our word, as a port's drop does), then unlocks, both
+    /// through `wait` (which may defer them, as it does a port's: `deferred`).
+    pub(crate) fn close<W: Wait + ?Sized>(&self, index: u32, owned: bool, wait: &W) {
         let i = index as usize;
         if owned {
             // Only we write our word, so once our deferred flips are out it reads what we
             // last stored.
-            deferred::publish();
+            wait.publish();
             let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
-            deferred::flip(&self.mailbox.primary[i], out ^ 1);
+            wait.flip(&self.mailbox.primary[i], out ^ 1);
         }
-        deferred::unlock(self.locks, index);
+        wait.unlock(self.locks, index);
     }
 
     /// Drains port `index`, whose exchange the server abandoned and which the caller holds
@@ -91,14 +91,14 @@ impl<'a> ServerEnd<'a> {
     /// for its client): a client writes the header only when it opens a request, which the
     /// client of this exchange, holding its lock, cannot do before it closes. A request opened
     /// anyway (a client of another lock table) and written before the mark reads as a late
-    /// packet: answered, never run.
-    pub(crate) fn drain(&self, index: u32, reply: u64) {
+    /// packet: answered, never run. The flip and the unlock go through `wait`, as in `close`.
+    pub(crate) fn drain<W: Wait + ?Sized>(&self, index: u32, reply: u64, wait: &W) {
         let i = index as usize;
         // Relaxed: later loads of ours see it (or a client's later header), and the release
         // fence of our next flip orders it before whatever the client does after that flip.
         self.mailbox.header(index)[0].store(0, Ordering::Relaxed);
         // Only we write our word, so once our deferred flips are out it reads what we stored.
-        deferred::publish();
+        wait.publish();
         let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
         // Relaxed: the fence below orders the packets once the buffer is ours.
         let inbox = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
@@ -111,9 +111,9 @@ impl<'a> ServerEnd<'a> {
                 word.store(value.to_le(), Ordering::Relaxed);
             }
             // The flip's release fence (here or in the batch) publishes the reply first.
-            deferred::flip(&self.mailbox.primary[i], out ^ 1);
+            wait.flip(&self.mailbox.primary[i], out ^ 1);
         }
-        deferred::unlock(self.locks, index);
+        wait.unlock(self.locks, index);
     }
 
     /// The first pending port at or after `from`.
@@ -174,6 +174,7 @@ impl<'a> ServerEnd<'a> {
             owns: true,
             receive: false,
             wait,
+            resumable: wait.resumable(),
             doorbell: self.doorbell,
             gave_up: false,
         })

@@ -15,7 +15,8 @@ use std::boxed::Box;
 
 use crate::protocol::port::Spin;
 use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
-use crate::server::dispatch::{open_when_free, register_two_packet_sum, Fate, PassCache};
+use crate::server::dispatch::{open_when_free, register_two_packet_sum, PassCache};
+use crate::server::exec::Fate;
 use crate::server::Inner;
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Ordering};
 use crate::{MailboxId, Opcode, ProtocolError, RpcServer, ServerError};

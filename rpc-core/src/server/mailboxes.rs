@@ -157,8 +157,6 @@ pub(crate) struct Attached {
     pub(crate) detached: AtomicBool,
     /// User guards covering this mailbox.
     pub(crate) users: Arc<Coverage>,
-    /// Per port: whether the last request dropped owned the buffer (see `dispatch`).
-    pub(crate) owned: Box<[AtomicBool]>,
     /// Ports a shutdown left locked mid-exchange, each drained once the kernels that could
     /// still be inside its exchange are gone (see [`crate::server::dispatch`]).
     pub(crate) quarantine: Mutex<Vec<Quarantined>>,
@@ -354,9 +352,6 @@ impl RpcServer {
             doorbell,
             detached: AtomicBool::new(false),
             users: Arc::new(Coverage::default()),
-            owned: (0..layout.ports())
-                .map(|_| AtomicBool::new(false))
-                .collect(),
             quarantine: Mutex::new(Vec::new()),
             quarantined: AtomicUsize::new(0),
             in_flight: (0..layout.ports()).map(|_| AtomicU32::new(0)).collect(),

@@ -33,7 +33,8 @@ use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
 use crate::server::mailboxes::{Attached, MailboxSlot, Slots, Snapshot};
-use crate::server::registry::{entry, Entry, Handler, Matcher, Registry, Request};
+use crate::server::registry::{entry, Entry, Handler, Matcher, Registry};
+use crate::server::request::Request;
 use crate::server::stats::{Reporting, Stats, StatsSnapshot};
 pub use crate::server::thread::ShutdownPolicy;
 use crate::server::thread::{ServerThread, Started, Stopped};
@@ -46,11 +47,13 @@ use std::future::Future;
 
 pub(crate) mod dispatch;
 pub(crate) mod error;
+pub(crate) mod exec;
 pub(crate) mod io_pool;
 pub(crate) mod limits;
 pub(crate) mod mailboxes;
 pub(crate) mod recycle;
 pub(crate) mod registry;
+pub(crate) mod request;
 pub(crate) mod stats;
 pub(crate) mod thread;
 pub(crate) mod users;

@@ -1,6 +1,7 @@
 //! Memory a finished exchange leaves behind, kept for the next exchanges of the same thread:
-//! the block that held its future ([`Exchange`]), the buffers of its `recv_n` results
-//! ([`Streams`]) and of the vectors a service made for it ([`PooledVec`]).
+//! the block that held its future (`exec`'s `Exchange`, through [`take_block`] and
+//! [`give_block`]), the buffers of its `recv_n` results ([`Streams`]) and of the vectors a
+//! service made for it ([`PooledVec`]).
 //!
 //! Why: a server thread with many exchanges in flight (the pipelined rows of
 //! docs/performance.md) ends a score of them in one pass and begins as many in the next. The C
@@ -21,17 +22,12 @@
 
 use std::alloc::Layout;
 use std::cell::RefCell;
-use std::future::Future;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
-use std::pin::Pin;
 use std::ptr::NonNull;
-use std::task::{Context, Poll};
 use std::vec::Vec;
 
-use crate::server::error::ServerError;
 use crate::server::limits::Charge;
-use crate::Result;
 
 /// The most bytes one thread's pool keeps (blocks and buffer capacity together): a few hundred
 /// exchanges' worth of printf state.
@@ -39,70 +35,6 @@ pub(crate) const KEEP_BYTES: usize = 256 << 10;
 
 /// How long a silent server thread keeps the buffers of a stream larger than its budget.
 pub(crate) const KEEP_LARGE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The future of a script handler's exchange.
-type Script = dyn Future<Output = Result<(), ServerError>> + Send + 'static;
-
-/// What a script handler returns: the rest of the exchange, pinned in a block of memory that
-/// goes back to this thread's pool when the exchange ends (a `Pin<Box<dyn Future>>` whose
-/// block is reused).
-pub(crate) struct Exchange(NonNull<Script>);
-
-// SAFETY: the future is `Send` (`Exchange::new` requires it) and only the `Exchange` reaches
-// it, so the `Exchange` may move to another thread with it.
-unsafe impl Send for Exchange {}
-
-impl Exchange {
-    pub(crate) fn new<F>(future: F) -> Self
-    where
-        F: Future<Output = Result<(), ServerError>> + Send + 'static,
-    {
-        let layout = Layout::new::<F>();
-        let block: NonNull<F> = if layout.size() == 0 {
-            NonNull::dangling()
-        } else {
-            with_pool(|pool| pool.take_block(layout))
-                .flatten()
-                .unwrap_or_else(|| {
-                    // SAFETY: `layout` has a nonzero size.
-                    let raw = unsafe { std::alloc::alloc(layout) };
-                    NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout))
-                })
-                .cast()
-        };
-        // SAFETY: `block` is valid for a write of an `F` and aligned for it: allocated (now or
-        // for an earlier exchange) with `F`'s layout, or dangling and `F` has no size.
-        unsafe { block.as_ptr().write(future) };
-        Exchange(block)
-    }
-
-    /// Polls the future once.
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ServerError>> {
-        // SAFETY: the future lives in its block, never moved, until `drop` drops it in place:
-        // it is pinned. `&mut self` makes this the only reference to it.
-        unsafe { Pin::new_unchecked(self.0.as_mut()) }.poll(cx)
-    }
-}
-
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        // SAFETY: the future is alive until the line after (see `poll`).
-        let layout = Layout::for_value(unsafe { self.0.as_ref() });
-        // SAFETY: as above; it is dropped once, here, and its block not read again but to be
-        // reused or freed. (Should its destructor panic, the block leaks: no harm.)
-        unsafe { self.0.as_ptr().drop_in_place() };
-        if layout.size() == 0 {
-            return;
-        }
-        let block = self.0.cast::<u8>();
-        let kept = with_pool(|pool| pool.give_block(block, layout)).unwrap_or(false);
-        if !kept {
-            // SAFETY: `block` was allocated by the global allocator with `layout` and is no
-            // longer used.
-            unsafe { std::alloc::dealloc(block.as_ptr(), layout) };
-        }
-    }
-}
 
 /// A vector whose buffer comes from this thread's pool of blocks, and goes back to it when
 /// the vector is dropped (emptied): for the vectors a busy service makes for every request
@@ -285,6 +217,18 @@ pub(crate) fn release_large() {
     drop(large);
 }
 
+/// A free block of `layout` from this thread's pool, if it keeps one (it is the caller's now:
+/// allocated by the global allocator with `layout`, unused).
+pub(crate) fn take_block(layout: Layout) -> Option<NonNull<u8>> {
+    with_pool(|pool| pool.take_block(layout)).flatten()
+}
+
+/// Gives `block` (allocated by the global allocator with `layout`, no longer used) to this
+/// thread's pool; false if the pool has no room for it (the caller frees it).
+pub(crate) fn give_block(block: NonNull<u8>, layout: Layout) -> bool {
+    with_pool(|pool| pool.give_block(block, layout)).unwrap_or(false)
+}
+
 /// One thread's kept memory.
 #[derive(Default)]
 struct Pool {
@@ -355,37 +299,6 @@ fn with_pool<T>(f: impl FnOnce(&mut Pool) -> T) -> Option<T> {
 mod tests {
     use super::*;
 
-    fn exchange_of(bytes: [u8; 100]) -> Exchange {
-        Exchange::new(async move {
-            if bytes[99] == 7 {
-                Ok(())
-            } else {
-                Err(ServerError::Refused("not seven".into()))
-            }
-        })
-    }
-
-    fn poll_once(exchange: &mut Exchange) -> Poll<Result<(), ServerError>> {
-        exchange.poll(&mut Context::from_waker(std::task::Waker::noop()))
-    }
-
-    #[test]
-    fn an_ended_exchange_block_serves_the_next_exchange_of_its_layout() {
-        let first = exchange_of([7; 100]);
-        let block = first.0.cast::<u8>();
-        drop(first);
-        let mut second = exchange_of([1; 100]);
-        assert_eq!(second.0.cast::<u8>(), block, "the freed block was reused");
-        assert!(matches!(poll_once(&mut second), Poll::Ready(Err(_))));
-        let mut third = exchange_of([7; 100]);
-        assert_ne!(
-            third.0.cast::<u8>(),
-            block,
-            "a block in use is not handed out"
-        );
-        assert!(matches!(poll_once(&mut third), Poll::Ready(Ok(()))));
-    }
-
     #[test]
     fn a_dropped_pooled_vector_gives_its_buffer_to_the_next_of_its_capacity() {
         let live = std::rc::Rc::new(());
@@ -415,17 +328,10 @@ mod tests {
 
     #[test]
     fn the_pool_keeps_at_most_its_budget() {
-        let exchanges: Vec<Exchange> = (0..2 * KEEP_BYTES / 8192)
-            .map(|_| {
-                let big = [3u8; 8192];
-                Exchange::new(async move {
-                    (big[0] == 3)
-                        .then_some(())
-                        .ok_or(ServerError::Deinitialised)
-                })
-            })
+        let blocks: Vec<PooledVec<u8>> = (0..2 * KEEP_BYTES / 8192)
+            .map(|_| PooledVec::with_capacity(8192))
             .collect();
-        drop(exchanges);
+        drop(blocks);
         let kept = with_pool(|pool| pool.bytes).unwrap();
         assert!(kept <= KEEP_BYTES, "{kept} bytes kept");
         assert!(kept > KEEP_BYTES / 2, "{kept} bytes kept");

@@ -5,7 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::server::dispatch::{yield_to_others, Fate, PassCache};
+use crate::server::dispatch::PassCache;
+use crate::server::exec::{yield_to_others, Fate};
 use crate::server::recycle;
 use crate::server::stats::bump;
 use crate::server::Inner;

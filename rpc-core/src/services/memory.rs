@@ -31,7 +31,7 @@ use std::vec::Vec;
 use super::{active, per_lane, recv_words, send_word0, MailboxState, Refusals};
 use crate::server::error::ServerError;
 use crate::server::limits::device_log;
-use crate::server::registry::Request;
+use crate::server::request::Request;
 use crate::sync::lock;
 use crate::Result;
 use crate::VendorError;

@@ -84,7 +84,8 @@ use crate::server::limits::{
     device_log, Charge, ExitPolicy, FilePolicy, Limits, LogLimit, ServicesConfig,
 };
 use crate::server::mailboxes::{MailboxSlot, Slots};
-use crate::server::registry::{entry, Handler, Matcher, Registry, Request, SharedContext};
+use crate::server::registry::{entry, Handler, Matcher, Registry};
+use crate::server::request::{Request, SharedContext};
 use crate::server::stats::Reporting;
 use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::server::error::ServerError;
 use crate::server::limits::{device_log, quoted};
-use crate::server::registry::Request;
+use crate::server::request::Request;
 use crate::sync::lock;
 use crate::Result;
 

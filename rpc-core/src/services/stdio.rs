@@ -18,7 +18,7 @@ use super::{
 use crate::server::error::ServerError;
 use crate::server::limits::quoted;
 use crate::server::recycle::Streams;
-use crate::server::registry::Request;
+use crate::server::request::Request;
 use crate::sync::lock;
 use crate::Result;
 

@@ -4,7 +4,7 @@ use std::vec::Vec;
 
 use crate::protocol::port::Packet;
 use crate::server::error::ServerError;
-use crate::server::registry::Request;
+use crate::server::request::Request;
 use crate::Result;
 
 /// NOOP: C send(any). S recv.

@@ -1,0 +1,667 @@
+//! The executor: the exchanges of script handlers kept in flight between passes, polled,
+//! and ended (the pass that opens ports and drives this is `dispatch`), each in a block of
+//! memory its thread reuses (`exchange.rs`), with the per-thread context through which the
+//! executor and the exchange it polls talk (`context.rs`).
+//!
+//! # Resumable exchanges
+//! A port's exchange is a script of packets. A packet handler's script is one packet each way
+//! and runs to completion when the port opens (the client's packet is already there). A script
+//! handler's exchange is a future (an `async` function of its `Request`, see
+//! [`crate::server::registry`]): it runs until it needs a packet the client has not sent yet
+//! (or the result of a call on the I/O threads), and then *suspends*. The pass keeps it in flight and
+//! moves on to the other ports; later passes poll it again whenever it can advance, so an
+//! exchange whose client answers quickly still advances about as fast as if it had the thread
+//! alone, while one whose client is slow costs its port's slot, and nobody waits for it.
+//!
+//! We poll rather than wake: a device cannot signal the host, so the pass looks at every port
+//! anyway. Polls run with a no-op waker. An exchange suspended in a port operation waits until
+//! its port is pending again (the client answered): the sweep that finds the port pending polls
+//! it there, found through the mailbox's table of positions (`Attached::in_flight`), so a pass
+//! other than a housekeeping one (below) spends nothing on the exchanges whose clients are
+//! silent, however many there are. One
+//! suspended on something else (yielded, an I/O call's result, a user's future) is polled at the
+//! start of every pass and at every checkpoint of the scan (`scan::HOT_STRIDE` ports), as are,
+//! at checkpoints, those whose ports turned pending (in a mailbox of more ports than a stride).
+//! Whether a waiting exchange's kernels are gone, or its client timed out, is looked at in the
+//! housekeeping passes (`dispatch::HOUSEKEEPING_PASSES`).
+//! An exchange alone in flight is polled with a budget of spin waits (`context`): its
+//! port operations spin briefly for the client's answer instead of suspending, so a lone
+//! stream's packets go by inside one poll, not one poll (and a return here) per packet.
+//!
+//! A port looks free from outside while its exchange waits for the client (both flags equal).
+//! A client that takes such a port with lock bits of its own (a new process; never a GPU, whose
+//! dead warps keep their lock bits set in device memory) would have its packets read as the old
+//! exchange's next ones: it must wait until the server has ended that exchange (for rpc-serve,
+//! the client timeout; the server logs it).
+//!
+//! # Ending an exchange
+//! | how it ends | the port | counted |
+//! |---|---|---|
+//! | completed, or refused with its script complete | closed: our buffer handed back, unlocked | `served` (+ `refused`) |
+//! | an error (a stream claim above the bound, ...) or a panic midway | drained | `errors` / `panics` |
+//! | no kernel that could answer runs any more | drained | `abandoned` |
+//! | the client timed out (`client_timeout`, rpc-serve; counted only while the exchange waits on its port) | drained | `abandoned` |
+//! | server shutting down | quarantined, drained once its kernels are gone | `abandoned` |
+//! | mailbox detached | left untouched | `abandoned` |
+//!
+//! A *drained* port (PROTOCOL section 11, `ServerEnd::drain`) gets the no-request mark in its
+//! header (lane mask 0), the drained reply if the buffer is ours (the opcode's failure word,
+//! `Opcode::failure_word`, in every lane, and our flip), and is unlocked. The server keeps
+//! nothing about it: the mark is its state. What the client sends next without opening a new
+//! request (a late packet: its header still has the mark) is answered the same way, in
+//! `dispatch`'s `Inner::start`, and never run; its next open writes a fresh header, and is
+//! served at once. So an abandoned client runs the rest of its script on failure replies and gives the port
+//! back, and none is lost, however slow the client or whatever it claimed.
+//!
+//! A *quarantined* port keeps the server's lock bit and both flags as they are: a shutdown
+//! hands nothing back (the server is going away; a client waits, as a warp whose server stopped
+//! does). Once every kernel that could be inside that exchange is gone, a pass drains it. A
+//! quarantined port is no user: the worker sleeps when the kernels are gone, and the next
+//! stretch drains it.
+//!
+//! A request's port outlives nothing: the exchange's future owns the request, and the request
+//! is dropped when the script returns (inside the poll that completes it) or when the pass drops
+//! a suspended exchange. Dropping it leaves the port locked, as it is, noting whether it owned
+//! the buffer (in the executor's context: the poll it was dropped in returns it); the executor
+//! then carries out the port's [`Fate`]: closing hands a buffer we owned back (a flip of our
+//! word) and unlocks; draining marks, answers if the buffer is ours, and
+//! unlocks. A timed-out client process may be alive after all, and other processes may take the
+//! port the moment it looks free: the mark serves both (their fresh headers are requests, the
+//! slow client's packets are not).
+
+use std::time::{Duration, Instant};
+use std::vec::Vec;
+
+use crate::protocol::opcode::Opcode;
+use crate::protocol::ServerEnd;
+use crate::server::error::ServerError;
+use crate::server::limits::device_log;
+use crate::server::mailboxes::{Marks, Quarantined};
+use crate::server::stats::bump;
+use crate::server::{panic_message, Attached, ServerContext};
+use crate::sync::{lock, thread, Arc, Ordering};
+
+mod context;
+mod exchange;
+
+pub(super) use context::{alone, note_dropped, note_yielded};
+pub(crate) use context::{publish, Batching, ExchangeWait};
+pub(crate) use exchange::Exchange;
+
+/// What ending an exchange does to its port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// Close it: hand back a buffer we own, unlock.
+    Close,
+    /// Drain it: the no-request mark, the drained reply if the buffer is ours, unlock (see the
+    /// module docs).
+    Drain,
+    /// Leave it locked and untouched until its kernels are gone, then drain it.
+    Quarantine,
+}
+
+impl Attached {
+    /// Where port `index`'s exchange is in the worker's [`Flights`], if it has one in flight.
+    /// Relaxed: only the worker writes and reads these words; they order nothing.
+    pub(crate) fn flight_of(&self, index: u32) -> Option<usize> {
+        let word = self.in_flight[index as usize].load(Ordering::Relaxed);
+        (word as usize).checked_sub(1)
+    }
+
+    /// Records where port `index`'s exchange is in the worker's [`Flights`] (`None`: it has
+    /// none). Relaxed: as `flight_of`.
+    fn set_flight(&self, index: u32, position: Option<usize>) {
+        let word = position.map_or(0, |k| k as u32 + 1);
+        self.in_flight[index as usize].store(word, Ordering::Relaxed);
+    }
+
+    /// Stops serving a mailbox whose part of a pass panicked (a plugin's memory source, say):
+    /// logged once and counted in `panics`; its exchanges end as if it were detached (its
+    /// memory untouched), and the other mailboxes are served on. The owner should detach it.
+    pub(crate) fn fail(&self, context: &ServerContext, panic: &(dyn std::any::Any + Send)) {
+        log::error!(
+            "{}: mailbox {} panicked while being served ({}); it is no longer served",
+            context.config.name,
+            self.id.0,
+            panic_message(panic)
+        );
+        bump(&context.stats.panics);
+        // Release: as `detach`'s store (the flag is all that changes).
+        self.detached.store(true, Ordering::Release);
+    }
+}
+
+/// Which exchanges in flight a poll of them looks at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Look {
+    /// Those that can advance (see `Inner::step`), and of the others whether their kernels
+    /// are gone or their client timed out.
+    Housekeeping,
+    /// Those that can advance: not waiting on their port, or their client has answered.
+    Ready,
+    /// Those not waiting on their port: a yielded exchange or one waiting on an I/O call. The
+    /// sweep that follows polls the others where it finds their ports pending.
+    OffPort,
+}
+
+/// One exchange in flight.
+pub(crate) struct InFlight {
+    /// The rest of the script; owns its `Request` and so the port.
+    exchange: Exchange,
+    pub(crate) mailbox: Arc<Attached>,
+    pub(crate) index: u32,
+    opcode: Opcode,
+    pub(crate) marks: Marks,
+    /// Both flags of the port when last seen changing.
+    flags: (u32, u32),
+    /// For `client_timeout`: when a poll first found the exchange waiting on its port without
+    /// progress since it last advanced (`None`: it advanced, or left its port, at the last
+    /// look). Read from the clock only then, so an exchange that keeps advancing (a stream:
+    /// a packet per poll) never reads it.
+    since: Option<Instant>,
+    /// The last poll suspended in a port operation: no use polling again until the client
+    /// has answered (the port is pending again).
+    pub(crate) on_port: bool,
+    /// Whether its request owned the buffer when it was dropped (false while it lives): the
+    /// poll it was dropped in says so.
+    owned: bool,
+}
+
+/// The exchanges in flight, each found from its port through `Attached::in_flight`, which
+/// every change of the list keeps current (the one place positions change).
+pub(crate) struct Flights(Vec<InFlight>);
+
+impl Flights {
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(crate) fn get(&self, k: usize) -> &InFlight {
+        &self.0[k]
+    }
+
+    fn get_mut(&mut self, k: usize) -> &mut InFlight {
+        &mut self.0[k]
+    }
+
+    fn push(&mut self, flight: InFlight) {
+        flight.mailbox.set_flight(flight.index, Some(self.0.len()));
+        self.0.push(flight);
+    }
+
+    /// Takes exchange `k` out of the list (the last one takes its place).
+    pub(crate) fn swap_remove(&mut self, k: usize) -> InFlight {
+        let flight = self.0.swap_remove(k);
+        flight.mailbox.set_flight(flight.index, None);
+        if let Some(moved) = self.0.get(k) {
+            moved.mailbox.set_flight(moved.index, Some(k));
+        }
+        flight
+    }
+
+    /// Ends every exchange that `ends` picks ([`abandon`] with `fate` and `reason`); returns
+    /// how many.
+    pub(crate) fn abandon_where(
+        &mut self,
+        context: &ServerContext,
+        ends: impl Fn(&InFlight) -> bool,
+        fate: Fate,
+        reason: &str,
+    ) -> usize {
+        let mut ended = 0;
+        let mut k = 0;
+        while k < self.len() {
+            if ends(self.get(k)) {
+                abandon(context, self.swap_remove(k), fate, reason);
+                ended += 1;
+            } else {
+                k += 1;
+            }
+        }
+        ended
+    }
+}
+
+impl Flights {
+    /// The exchanges in flight: none.
+    pub(crate) fn new() -> Self {
+        Flights(Vec::new())
+    }
+
+    /// Polls the exchange just started on port `index` of `mailbox` (`server` its view) once:
+    /// ends it if it completed, keeps it in flight if it suspended (written once, where it
+    /// stays, not returned and copied).
+    #[allow(clippy::too_many_arguments)] // The exchange's parts, as its starter found them.
+    #[inline]
+    pub(crate) fn run(
+        &mut self,
+        context: &ServerContext,
+        mailbox: &Arc<Attached>,
+        server: &ServerEnd<'_>,
+        index: u32,
+        opcode: Opcode,
+        marks: Marks,
+        mut exchange: Exchange,
+    ) {
+        let mut owned = false;
+        let on_port = match poll(&mut exchange, false, (mailbox, index), &mut owned) {
+            Polled::OnPort => true,
+            Polled::Elsewhere | Polled::Yielded => false,
+            Polled::Done(result) => {
+                let ended = (exchange, result, owned);
+                end(context, mailbox, server, index, opcode, marks, ended);
+                return;
+            }
+        };
+        self.push(InFlight {
+            exchange,
+            on_port,
+            owned,
+            mailbox: mailbox.clone(),
+            index,
+            opcode,
+            marks,
+            flags: server.flags(index),
+            since: None,
+        });
+    }
+
+    /// Polls the exchanges in flight of every mailbox that `look` picks, with one view of
+    /// each mailbox. Returns how many made progress.
+    pub(crate) fn poll_all(
+        &mut self,
+        context: &ServerContext,
+        mailboxes: &[Arc<Attached>],
+        look: Look,
+    ) -> usize {
+        if self.len() == 0 {
+            return 0;
+        }
+        let mut progress = 0;
+        for mailbox in mailboxes {
+            if mailbox.detached.load(Ordering::Acquire) {
+                continue;
+            }
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let server = mailbox.server();
+                self.poll_of(context, mailbox, &server, look)
+            }));
+            match polled {
+                Ok(found) => progress += found,
+                Err(panic) => mailbox.fail(context, panic.as_ref()),
+            }
+        }
+        progress
+    }
+
+    /// [`Flights::poll_all`] for the exchanges of one attached mailbox, `server` its view.
+    pub(crate) fn poll_of(
+        &mut self,
+        context: &ServerContext,
+        mailbox: &Arc<Attached>,
+        server: &ServerEnd<'_>,
+        look: Look,
+    ) -> usize {
+        let mut progress = 0;
+        let mut k = 0;
+        while k < self.len() {
+            let flight = self.get(k);
+            let skip =
+                !Arc::ptr_eq(&flight.mailbox, mailbox) || (look == Look::OffPort && flight.on_port);
+            if skip {
+                k += 1;
+                continue;
+            }
+            let (found, ended) = self.step(context, mailbox, server, k, look == Look::Housekeeping);
+            progress += found;
+            if !ended {
+                k += 1;
+            }
+        }
+        progress
+    }
+
+    /// Polls exchange `k` (of `mailbox`, `server` its view) unless it waits for
+    /// a client that has not answered, and ends it if it completed or, with `housekeeping`,
+    /// can no longer be answered. Returns how much progress it made and whether it ended (then
+    /// the list's last exchange took its place).
+    pub(crate) fn step(
+        &mut self,
+        context: &ServerContext,
+        mailbox: &Arc<Attached>,
+        server: &ServerEnd<'_>,
+        k: usize,
+        housekeeping: bool,
+    ) -> (usize, bool) {
+        let alone = self.len() == 1;
+        let flight = self.get_mut(k);
+        // Polled before asking whether its kernel is gone: a kernel's last packet (EXIT's
+        // status) may come just before it ends. Not polled while it waits for a client that
+        // has not answered (the port not pending): that poll could only suspend again, and
+        // its flags cannot have changed, so only housekeeping has anything to look at.
+        let waiting = flight.on_port && !server.is_pending(flight.index);
+        if waiting && !housekeeping {
+            return (0, false);
+        }
+        let mut progress = 0;
+        let polled = if waiting {
+            Polled::OnPort
+        } else {
+            let port = (&**mailbox, flight.index);
+            poll(&mut flight.exchange, alone, port, &mut flight.owned)
+        };
+        let was_on_port = flight.on_port;
+        flight.on_port = matches!(polled, Polled::OnPort);
+        if matches!(polled, Polled::Yielded) {
+            // It asked to be polled again soon: the thread must not back off meanwhile.
+            progress += 1;
+        }
+        if !(was_on_port && flight.on_port) {
+            // The client is timed only while the exchange waits on its port (the clock
+            // starts again each time it does): time spent on an I/O thread (a 400 MB
+            // printf, a slow file) is the server's, not the client's.
+            flight.since = None;
+        }
+        if let Polled::Done(result) = polled {
+            let flight = self.swap_remove(k);
+            let ended = (flight.exchange, result, flight.owned);
+            let (index, opcode) = (flight.index, flight.opcode);
+            end(
+                context,
+                &flight.mailbox,
+                server,
+                index,
+                opcode,
+                flight.marks,
+                ended,
+            );
+            return (progress + 1, true);
+        }
+        let flags = server.flags(flight.index);
+        if flags != flight.flags {
+            flight.flags = flags;
+            flight.since = None;
+            return (progress + 1, false);
+        }
+        if flight.marks.gone(mailbox, context) {
+            let flight = self.swap_remove(k);
+            abandon(context, flight, Fate::Drain, "no running kernel can answer");
+            return (progress + 1, true);
+        }
+        let timed_out = flight.on_port
+            && context
+                .config
+                .client_timeout
+                .is_some_and(|t| flight.since.get_or_insert_with(Instant::now).elapsed() > t);
+        if timed_out {
+            // Drained: the client may be slow, not gone, and its next packet must not be read
+            // as a request; other client processes may take the port from the moment it looks
+            // free, and their fresh headers are.
+            let flight = self.swap_remove(k);
+            abandon(context, flight, Fate::Drain, "the client timed out");
+            return (progress, true);
+        }
+        (progress, false)
+    }
+}
+
+/// Ends a completed exchange (`ended`: the exchange, its result, and whether its request owned
+/// the buffer when dropped): logs and counts its result, then drops it and carries out the
+/// fate that result calls for.
+fn end(
+    context: &ServerContext,
+    mailbox: &Arc<Attached>,
+    server: &ServerEnd<'_>,
+    index: u32,
+    opcode: Opcode,
+    marks: Marks,
+    ended: (Exchange, Result<(), ServerError>, bool),
+) {
+    let (exchange, result, owned) = ended;
+    let fate = finish(context, mailbox, index, opcode, result);
+    drop(exchange);
+    carry_out(mailbox, Some(server), (index, owned), opcode, marks, fate);
+}
+
+/// Logs and counts how a request ended (settling it: see `Attached::settle_request`); the
+/// fate of its port.
+pub(crate) fn finish(
+    context: &ServerContext,
+    mailbox: &Attached,
+    index: u32,
+    opcode: Opcode,
+    result: Result<(), ServerError>,
+) -> Fate {
+    let fate = count(context, mailbox, index, opcode, result);
+    mailbox.settle_request();
+    fate
+}
+
+/// [`finish`]'s logging and counting.
+fn count(
+    context: &ServerContext,
+    mailbox: &Attached,
+    index: u32,
+    opcode: Opcode,
+    result: Result<(), ServerError>,
+) -> Fate {
+    let name = &context.config.name;
+    let id = mailbox.id.0;
+    match result {
+        Ok(()) => {
+            context.stats.served(opcode);
+            Fate::Close
+        }
+        Err(ServerError::Refused(why)) => {
+            device_log!(
+                context.log_limit,
+                Warn,
+                "{name}: mailbox {id} port {index}: {opcode} refused: {why}"
+            );
+            bump(&context.stats.refused);
+            context.stats.served(opcode);
+            Fate::Close
+        }
+        Err(ServerError::Panicked(text)) => {
+            // A device may make a handler panic again and again: within the budget too.
+            device_log!(
+                context.log_limit,
+                Error,
+                "{name}: mailbox {id} port {index}: handler for {opcode} panicked: {text}; \
+                 port drained"
+            );
+            bump(&context.stats.panics);
+            Fate::Drain
+        }
+        Err(error) => {
+            // A stream claim above the bounds, a broken exchange: the device's doing.
+            device_log!(
+                context.log_limit,
+                Error,
+                "{name}: mailbox {id} port {index}: {opcode} failed: {error}; port drained"
+            );
+            bump(&context.stats.errors);
+            Fate::Drain
+        }
+    }
+}
+
+/// Ends an exchange that can no longer go on, logging and counting it. Its port is drained or
+/// quarantined, never closed: its request is dropped here, outside any poll, so whether it owned
+/// the buffer is not known (nor needed).
+pub(crate) fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, reason: &str) {
+    debug_assert!(fate != Fate::Close, "an abandoned exchange is not closed");
+    let InFlight {
+        exchange,
+        mailbox,
+        index,
+        opcode,
+        marks,
+        ..
+    } = flight;
+    let action = match fate {
+        Fate::Drain => "port drained",
+        Fate::Close => "port freed",
+        Fate::Quarantine => "port left locked",
+    };
+    drop(exchange);
+    carry_out(&mailbox, None, (index, false), opcode, marks, fate);
+    // Logged once done, so whoever reads the line finds the port as it says. A device (a
+    // client that went silent or timed out) can cause any number of these: within the budget.
+    device_log!(
+        context.log_limit,
+        Warn,
+        "{}: mailbox {} port {index}: {opcode} abandoned: {reason}; {action}",
+        context.config.name,
+        mailbox.id.0
+    );
+    bump(&context.stats.abandoned);
+    mailbox.settle_request();
+}
+
+/// Does to port `index` of an `opcode` exchange what its fate says, once its request is gone
+/// (see the module docs), through `server`, the mailbox's view, if the caller has one; `owned`:
+/// whether the request owned the buffer, which a close hands back. A detached mailbox's ports
+/// are left untouched: the server no longer writes that memory.
+pub(crate) fn carry_out(
+    mailbox: &Attached,
+    server: Option<&ServerEnd<'_>>,
+    (index, owned): (u32, bool),
+    opcode: Opcode,
+    marks: Marks,
+    fate: Fate,
+) {
+    if mailbox.detached.load(Ordering::Acquire) {
+        return;
+    }
+    if fate == Fate::Quarantine {
+        let mut quarantine = lock(&mailbox.quarantine);
+        quarantine.push(Quarantined {
+            index,
+            opcode,
+            marks,
+        });
+        // RMW: one quarantined port more, under the lock (see `release_quarantined`).
+        mailbox.quarantined.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    let built;
+    let server = match server {
+        Some(server) => server,
+        None => {
+            built = mailbox.server();
+            &built
+        }
+    };
+    if fate == Fate::Close {
+        server.close(index, owned, &ExchangeWait)
+    } else {
+        server.drain(index, opcode.failure_word(), &ExchangeWait)
+    }
+}
+
+/// How a poll of an exchange went.
+enum Polled {
+    Done(Result<(), ServerError>),
+    /// Suspended in a port operation: the client has not answered.
+    OnPort,
+    /// Suspended on something else (an I/O call, a user's future).
+    Elsewhere,
+    /// Suspended in `Request::yield_now`, to be polled again soon.
+    Yielded,
+}
+
+/// Polls the exchange of `port` (its mailbox and index) once, with a no-op waker (nothing
+/// wakes an exchange: the passes look at every port anyway). One `alone` in flight may spin for
+/// its client's answer (`context::ALONE_SPIN_WAITS`) before suspending, and goes on at once
+/// from a `Request::yield_unless_alone`. A panic inside it ends it as
+/// [`ServerError::Panicked`]. If its request is dropped in this poll, `owned` says whether the
+/// request owned the buffer.
+fn poll(
+    exchange: &mut Exchange,
+    alone: bool,
+    (mailbox, index): (&Attached, u32),
+    owned: &mut bool,
+) -> Polled {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let polling = context::Polling::enter(alone);
+    let polled = catch(|| Ok(exchange.poll(&mut cx)));
+    let seen = polling.leave(mailbox, index);
+    if let Some(was) = seen.owned {
+        *owned = was;
+    }
+    match polled {
+        Ok(std::task::Poll::Pending) if seen.on_port => Polled::OnPort,
+        Ok(std::task::Poll::Pending) if seen.yielded => Polled::Yielded,
+        Ok(std::task::Poll::Pending) => Polled::Elsewhere,
+        Ok(std::task::Poll::Ready(result)) => Polled::Done(result),
+        Err(error) => Polled::Done(Err(error)),
+    }
+}
+
+/// Runs `f`, turning a panic into [`ServerError::Panicked`] with its message.
+pub(crate) fn catch<T>(f: impl FnOnce() -> Result<T, ServerError>) -> Result<T, ServerError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f))
+        .unwrap_or_else(|panic| Err(ServerError::Panicked(panic_message(panic.as_ref()))))
+}
+
+/// Yields the CPU, and says whether another thread ran meanwhile: a yield that finds no other
+/// thread ready is a system call (some 170 ns here), one that runs another is two context
+/// switches and that thread's turn, some µs. Only how soon the worker yields depends on the
+/// answer (its back-off, `PassCache::yield_every`): a wrong one costs some yields or spins,
+/// never a request.
+pub(crate) fn yield_to_others() -> bool {
+    let start = Instant::now();
+    thread::yield_now();
+    start.elapsed() > YIELD_ALONE
+}
+
+/// The longest yield counted as one that ran nobody else (see [`yield_to_others`]).
+const YIELD_ALONE: Duration = Duration::from_micros(1);
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Pins the calling thread to `cpu`.
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn pin_to(cpu: usize) {
+        // SAFETY: a zeroed `cpu_set_t` is an empty bit set; CPU_SET sets one bit of it, and
+        // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes of it for this thread only.
+        let pinned = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        assert_eq!(pinned, 0, "sched_setaffinity to CPU {cpu}");
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", not(miri)))]
+    fn a_yield_that_lets_a_thread_on_this_cpu_run_says_so() {
+        use crate::sync::AtomicBool;
+        use Ordering::Relaxed;
+        // SAFETY: sched_getcpu takes no arguments; it returns the CPU this thread is on.
+        let cpu = usize::try_from(unsafe { libc::sched_getcpu() }).expect("sched_getcpu");
+        pin_to(cpu);
+        let (ready, stop) = (AtomicBool::new(false), AtomicBool::new(false));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                pin_to(cpu);
+                ready.store(true, Relaxed);
+                while !stop.load(Relaxed) {
+                    std::hint::spin_loop();
+                }
+            });
+            while !ready.load(Relaxed) {
+                std::thread::yield_now();
+            }
+            // The spinner is always ready on this CPU: the scheduler's fairness runs it at one
+            // of these yields, however it picks (EEVDF may run the yielder again at first,
+            // while the spinner is ahead of its share).
+            let ran = (0..10_000).any(|_| yield_to_others());
+            stop.store(true, Relaxed);
+            assert!(ran, "no yield let the thread on this CPU run");
+        });
+    }
+}
