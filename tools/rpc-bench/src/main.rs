@@ -15,10 +15,10 @@
 //! - `pingpong`: two threads bounce two `u32` flags on separate cache lines: the floor;
 //! - `bare loop`: TEST_INCREMENT against a thread running only `rpc_core::Server`, on the
 //!   N=64 mailbox every server shares (all of them stopped or asleep);
-//! - `minimal loop`: TEST_INCREMENT against a thread that only flips port 0's flag with raw
-//!   atomics, on the same mailbox: the least a server can do;
 //! - `roundtrip N=.. port ..`: TEST_INCREMENT, L=1, on port 0 and on port N-1, for N = 64,
-//!   1024, 4096 (v1) and 16384 (v2);
+//!   1024, 4096 (v1) and 16384 (v2); and against the floor ([`Server::Floor`]): a thread that
+//!   only flips the measured port's flag with raw atomics, on the same mailbox, the least a
+//!   server can do;
 //! - `lanes L=32 full / half`: TEST_INCREMENT with 32 or 16 active lanes;
 //! - `typed add` / `typed sum 4 KiB`, N=16384 (v2): typed calls as LLVM 23's `rpc::dispatch`
 //!   makes them (`--dispatch-tests`' `add`, and `sum` of a 4 KiB span), against LLVM's own
@@ -33,6 +33,8 @@
 //!   doorbell`), on which the worker sleeps instead of parking.
 //!
 //! Written to `OUT/bench-{quick,full}.{json,md,svg}`; the last line printed is the summary.
+//! `--requests-only N K` is no row: the client of an instruction count of a server
+//! under callgrind (docs/performance.md).
 
 mod measure;
 mod svg;
@@ -84,6 +86,12 @@ struct Cli {
     /// Only the idle CPU and wake-up rows.
     #[arg(long, group = "part")]
     idle_only: bool,
+    /// No rows: only K TEST_INCREMENT round trips, one lane, on port N-1 of a fresh mailbox of
+    /// N ports (a shape of the round-trip rows), against each server process given, one after
+    /// the other; then exit. The client of an instruction count of a server under callgrind
+    /// (docs/performance.md), whose requests cost it nothing but the round trips.
+    #[arg(long, group = "part", num_args = 2, value_names = ["N", "K"])]
+    requests_only: Option<Vec<u32>>,
     /// The servers' park in microseconds (ServerConfig::park), instead of its default.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(PARK_US_RANGE))]
     park_us: Option<u64>,
@@ -135,6 +143,11 @@ enum Part {
     Pipelined(Option<measure::Pipelined>),
     /// `--idle-only`: the idle CPU and wake-up rows alone.
     Idle,
+    /// `--requests-only N K`: K round trips on port N-1 of N ports per server process, no rows.
+    Requests {
+        ports: u32,
+        count: u32,
+    },
 }
 
 /// What the command line asks for, but for the flags `main` keeps in statics (`--float`,
@@ -155,6 +168,11 @@ fn parse(cli: Cli) -> (Settings, Part, Binaries, PathBuf) {
         Part::Pipelined(kind.as_deref().and_then(pipelined))
     } else if cli.idle_only {
         Part::Idle
+    } else if let Some([ports, count]) = cli.requests_only.as_deref() {
+        Part::Requests {
+            ports: *ports,
+            count: *count,
+        }
     } else {
         Part::All
     };
@@ -480,9 +498,15 @@ impl Report {
             .map_or(f64::NAN, Row::median)
     }
 
+    /// rpc-serve's median over `other`'s (LLVM's server, or the floor), for the same row and
+    /// regime.
+    fn ours_over(&self, other: Server, what: &str, loaded: bool) -> f64 {
+        self.median(what, Server::RpcServe, loaded) / self.median(what, other, loaded)
+    }
+
     /// rpc-serve's median over LLVM's, for the same row and regime.
     fn vs_llvm(&self, what: &str, loaded: bool) -> f64 {
-        self.median(what, Server::RpcServe, loaded) / self.median(what, Server::Llvm, loaded)
+        self.ours_over(Server::Llvm, what, loaded)
     }
 
     /// The summary line: `name=value` for each figure the run measured; a figure it did not
@@ -495,7 +519,17 @@ impl Report {
             .find(&wake_row(SILENCES[2].1, ""), Server::InProcess, false)
             .map(Row::sorted)
             .unwrap_or_default();
-        let figures: [(&str, f64, usize); 17] = [
+        // Per shape and regime, rpc-serve on port N-1 over LLVM's server and over the floor.
+        let versus = SHAPES.iter().flat_map(|&(_, n)| {
+            [false, true].into_iter().flat_map(move |loaded| {
+                let regime = if loaded { "loaded" } else { "quiet" };
+                [(Server::Llvm, "llvm"), (Server::Floor, "floor")].map(|(other, name)| {
+                    let ratio = self.ours_over(other, &last(n), loaded);
+                    (format!("vs_{name}_n{n}_{regime}"), ratio, 2)
+                })
+            })
+        });
+        let figures: Vec<(String, f64, usize)> = [
             ("roundtrip_ns", ip(&last(64)), 1),
             ("pingpong_ns", ip(PINGPONG), 1),
             ("roundtrip_ratio", ip(&last(64)) / ip(PINGPONG), 2),
@@ -510,22 +544,27 @@ impl Report {
                 xp(&last(16384), true) / xp(&last(64), true),
                 2,
             ),
-            ("vs_llvm_n64_quiet", self.vs_llvm(&last(64), false), 2),
-            ("vs_llvm_n64_loaded", self.vs_llvm(&last(64), true), 2),
-            ("vs_llvm_n16384_quiet", self.vs_llvm(&last(16384), false), 2),
-            ("vs_llvm_n16384_loaded", self.vs_llvm(&last(16384), true), 2),
-            ("stream_mb_s", ip(STREAM_L1), 0),
-            ("idle_cpu_pct", ip(IDLE_NO_KERNEL), 3),
-            (
-                "rpc_serve_idle_cpu_pct",
-                self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
-                3,
-            ),
-            ("silent_cpu_pct", ip(&silent_row("")), 2),
-            ("silent_doorbell_cpu_pct", ip(&silent_row(RINGS)), 2),
-            ("wake_us_p50", percentile(&wake, 50.0), 1),
-            ("wake_us_p99", percentile(&wake, 99.0), 1),
-        ];
+        ]
+        .into_iter()
+        .map(|(name, value, digits)| (name.to_string(), value, digits))
+        .chain(versus)
+        .chain(
+            [
+                ("stream_mb_s", ip(STREAM_L1), 0),
+                ("idle_cpu_pct", ip(IDLE_NO_KERNEL), 3),
+                (
+                    "rpc_serve_idle_cpu_pct",
+                    self.median(IDLE_NO_CLIENT, Server::RpcServe, false),
+                    3,
+                ),
+                ("silent_cpu_pct", ip(&silent_row("")), 2),
+                ("silent_doorbell_cpu_pct", ip(&silent_row(RINGS)), 2),
+                ("wake_us_p50", percentile(&wake, 50.0), 1),
+                ("wake_us_p99", percentile(&wake, 99.0), 1),
+            ]
+            .map(|(name, value, digits)| (name.to_string(), value, digits)),
+        )
+        .collect();
         figures
             .iter()
             .filter(|(_, value, _)| value.is_finite())
@@ -557,38 +596,51 @@ impl Report {
         out
     }
 
-    /// The rows side by side: medians of each server, and rpc-serve over LLVM.
-    fn comparison(&self) -> String {
-        let mut out = String::from(
-            "| benchmark | regime | unit | in-process | rpc-serve | LLVM | rpc-serve / LLVM |\n\
-             |---|---|---|---:|---:|---:|---:|\n",
-        );
-        let mut seen: Vec<(&str, bool)> = Vec::new();
+    /// The rows side by side, once per row and regime in the order measured: the median of
+    /// each server of [`COLUMNS`] (NaN where not measured), and rpc-serve over LLVM's server
+    /// and over the floor.
+    fn side_by_side(&self) -> Vec<SideBySide<'_>> {
+        let mut out: Vec<SideBySide<'_>> = Vec::new();
         for row in &self.rows {
-            if seen.contains(&(row.what.as_str(), row.loaded)) {
+            if out
+                .iter()
+                .any(|line| line.row.what == row.what && line.row.loaded == row.loaded)
+            {
                 continue;
             }
-            seen.push((row.what.as_str(), row.loaded));
-            let cell = |server| {
-                self.find(&row.what, server, row.loaded)
-                    .map_or("—".to_string(), |r| fmt(r.median()))
-            };
-            let ratio = self.vs_llvm(&row.what, row.loaded);
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                row.what,
-                row.regime(),
-                row.unit,
-                cell(Server::InProcess),
-                cell(Server::RpcServe),
-                cell(Server::Llvm),
-                if ratio.is_finite() {
-                    format!("{ratio:.2}")
-                } else {
-                    "—".into()
-                }
-            );
+            out.push(SideBySide {
+                row,
+                medians: COLUMNS.map(|server| self.median(&row.what, server, row.loaded)),
+                vs_llvm: self.vs_llvm(&row.what, row.loaded),
+                vs_floor: self.ours_over(Server::Floor, &row.what, row.loaded),
+            });
+        }
+        out
+    }
+
+    /// [`Report::side_by_side`] as a Markdown table.
+    fn comparison(&self) -> String {
+        let mut out = String::from("| benchmark | regime | unit |");
+        for server in COLUMNS {
+            let _ = write!(out, " {} |", server.name());
+        }
+        out.push_str(" rpc-serve / LLVM | rpc-serve / floor |\n|---|---|---|");
+        out.push_str(&"---:|".repeat(COLUMNS.len() + 2));
+        out.push('\n');
+        let ratio = |r: f64| {
+            if r.is_finite() {
+                format!("{r:.2}")
+            } else {
+                "—".into()
+            }
+        };
+        for line in self.side_by_side() {
+            let row = line.row;
+            let _ = write!(out, "| {} | {} | {} |", row.what, row.regime(), row.unit);
+            for median in line.medians {
+                let _ = write!(out, " {} |", fmt(median));
+            }
+            let _ = writeln!(out, " {} | {} |", ratio(line.vs_llvm), ratio(line.vs_floor));
         }
         out
     }
@@ -610,13 +662,38 @@ impl Report {
                 })
             })
             .collect();
+        // A figure not measured is null.
+        let figure = |value: f64| value.is_finite().then_some(value);
+        let side_by_side: Vec<serde_json::Value> = self
+            .side_by_side()
+            .iter()
+            .map(|line| {
+                let medians: serde_json::Map<String, serde_json::Value> = COLUMNS
+                    .iter()
+                    .zip(line.medians)
+                    .map(|(server, median)| (server.name().to_string(), figure(median).into()))
+                    .collect();
+                serde_json::json!({
+                    "name": line.row.what,
+                    "regime": line.row.regime(),
+                    "unit": line.row.unit,
+                    "medians": medians,
+                    "rpc_serve_over_llvm": figure(line.vs_llvm),
+                    "rpc_serve_over_floor": figure(line.vs_floor),
+                })
+            })
+            .collect();
+        let machine = Machine::here();
         serde_json::json!({
             "mode": self.settings.name,
+            "cpu_model": machine.model,
+            "cpus": machine.cpus,
             "rounds": self.settings.rounds,
             "window_ms": self.settings.window.as_millis() as u64,
             "quiet_placement": placement(),
             "stream_bytes_per_lane": STREAM_BYTES,
             "rows": rows,
+            "comparison": side_by_side,
             "summary": self.summary(),
         })
     }
@@ -633,7 +710,14 @@ impl Report {
         };
         let servers = [Server::InProcess, Server::RpcServe, Server::Llvm];
         let mut latency = Vec::new();
-        for (colour, &server) in servers.iter().enumerate() {
+        // The floor's colour is the last of the palette: the wake-up panel's doorbell series
+        // takes the one after the servers'.
+        let with_floor = servers
+            .iter()
+            .copied()
+            .enumerate()
+            .chain([(svg::FLOOR_COLOUR, Server::Floor)]);
+        for (colour, server) in with_floor {
             for loaded in [false, true] {
                 let points: Vec<svg::Point> = SHAPES
                     .iter()
@@ -706,6 +790,59 @@ impl Report {
     }
 }
 
+/// The servers of the comparison's columns, in order.
+const COLUMNS: [Server; 4] = [
+    Server::InProcess,
+    Server::RpcServe,
+    Server::Llvm,
+    Server::Floor,
+];
+
+/// One line of the comparison: a row in one regime, every server's median side by side.
+struct SideBySide<'r> {
+    /// The first of the row's servers measured (its name, regime and unit).
+    row: &'r Row,
+    /// The medians of [`COLUMNS`]' servers.
+    medians: [f64; COLUMNS.len()],
+    /// rpc-serve over LLVM's server.
+    vs_llvm: f64,
+    /// rpc-serve over the floor.
+    vs_floor: f64,
+}
+
+/// The machine the run measured, as the report's header names it.
+#[derive(Debug, PartialEq, Eq)]
+struct Machine {
+    /// `model name` of /proc/cpuinfo ("unknown" where it has none).
+    model: String,
+    /// Its CPUs (`processor` entries), which the bench's two pinned CPUs are among.
+    cpus: usize,
+}
+
+impl Machine {
+    fn here() -> Self {
+        Machine::of(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
+    }
+
+    /// The machine that a /proc/cpuinfo text describes.
+    fn of(cpuinfo: &str) -> Self {
+        let field = |line: &str, key: &str| {
+            let (name, value) = line.split_once(':')?;
+            (name.trim() == key).then(|| value.trim().to_string())
+        };
+        Machine {
+            model: cpuinfo
+                .lines()
+                .find_map(|line| field(line, "model name"))
+                .unwrap_or_else(|| "unknown".into()),
+            cpus: cpuinfo
+                .lines()
+                .filter(|line| field(line, "processor").is_some())
+                .count(),
+        }
+    }
+}
+
 /// Three significant figures or so, without exponent.
 fn fmt(value: f64) -> String {
     if !value.is_finite() {
@@ -729,7 +866,6 @@ const TYPED_ADD: &str = "typed add N=16384";
 const TYPED_SUM: &str = "typed sum 4 KiB N=16384";
 /// The port count of the shape the typed rows run on.
 const TYPED_PORTS: u32 = 16384;
-const MINIMAL: &str = "roundtrip, minimal loop (raw atomics)";
 const LANES_FULL: &str = "lanes L=32 full mask";
 const LANES_HALF: &str = "lanes L=32 half mask";
 const STREAM_L1: &str = "stream 1 MiB, L=1";
@@ -792,7 +928,7 @@ fn setups(
     for server in order.into_iter().filter(|s| servers.contains(s)) {
         let file = match server {
             Server::RpcServe => file.as_deref(),
-            Server::Llvm | Server::InProcess => created,
+            Server::Llvm | Server::InProcess | Server::Floor => created,
         };
         if let Some(setup) = Setup::new(server, binaries, generation, ports, lanes, file)? {
             if server == Server::RpcServe {
@@ -817,6 +953,9 @@ fn run(
     allowed_cpus();
     pin_client();
     let servers = servers(binaries);
+    if let Part::Requests { ports, count } = part {
+        return requests(&servers, binaries, ports, count);
+    }
     eprintln!(
         "rpc-bench ({}): servers {}; {} interleaved rounds of {} ms per latency row, quiet ({}) \
          and loaded ...",
@@ -857,30 +996,33 @@ fn run(
             Row::new(PINGPONG, Server::InProcess, loaded, unit),
             Box::new(move || measure::pingpong(w)),
         )];
-        // The bare and minimal loops run on the lines every server serves: the N=64 mailbox
-        // (rpc-serve's setup of it; every server is stopped or asleep between its rows).
-        let shared = shapes
+        // The bare loop and the floor run on the lines every server of a shape serves: its
+        // mailbox file, through rpc-serve's setup of it (every server is stopped or asleep
+        // between its rows).
+        if let Some(setup) = shapes
             .iter()
             .find(|(n, _)| *n == 64)
-            .and_then(|(_, setups)| setups.iter().find(|setup| setup.server == Server::RpcServe));
-        if let Some(setup) = shared {
+            .and_then(|(_, setups)| file_of(setups))
+        {
             plan.push((
                 Row::new(BARE, Server::InProcess, loaded, unit),
                 Box::new(move || measure::bare_roundtrip(setup, w)),
             ));
-            plan.push((
-                Row::new(MINIMAL, Server::InProcess, loaded, unit),
-                Box::new(move || measure::minimal_roundtrip(setup, w)),
-            ));
         }
         for (n, setups) in &shapes {
-            for setup in setups {
-                let ports: &[u32] = if *n == 64 { &[0, 63] } else { &[n - 1] };
-                for &port in ports {
-                    let what = format!("roundtrip N={n} port {port}");
+            let ports: &[u32] = if *n == 64 { &[0, 63] } else { &[n - 1] };
+            for &port in ports {
+                let what = format!("roundtrip N={n} port {port}");
+                for setup in setups {
                     plan.push((
-                        Row::new(what, setup.server, loaded, unit),
+                        Row::new(&what, setup.server, loaded, unit),
                         Box::new(move || measure::roundtrip(setup, port, 1, w)),
+                    ));
+                }
+                if let Some(setup) = file_of(setups) {
+                    plan.push((
+                        Row::new(&what, Server::Floor, loaded, unit),
+                        Box::new(move || measure::floor_roundtrip(setup, port, w)),
                     ));
                 }
             }
@@ -1052,6 +1194,42 @@ fn run(
     write(report(rows), &out_dir, started)
 }
 
+/// rpc-serve's setup among a shape's, through which the bench's own loops map its mailbox file.
+fn file_of(setups: &[Setup]) -> Option<&Setup> {
+    setups.iter().find(|setup| setup.server == Server::RpcServe)
+}
+
+/// `--requests-only N K`: K TEST_INCREMENT round trips, one lane, on port N-1 of a fresh
+/// mailbox of N ports, against each server process of `servers` in turn. The server is
+/// stopped (SIGSTOP) from its ready line to the first request and after the last, then ended
+/// (SIGTERM), so that what it did in between is the K requests and the polls between them.
+fn requests(servers: &[Server], binaries: &Binaries, ports: u32, count: u32) -> Result<(), String> {
+    let Some(&(generation, _)) = SHAPES.iter().find(|&&(_, n)| n == ports) else {
+        let shapes: Vec<String> = SHAPES.iter().map(|(_, n)| n.to_string()).collect();
+        return Err(format!(
+            "--requests-only: N is one of {}, not {ports}",
+            shapes.join(", ")
+        ));
+    };
+    for &server in servers.iter().filter(|&&s| s != Server::InProcess) {
+        let Some(setup) = Setup::new(server, binaries, generation, ports, 1, None)? else {
+            continue;
+        };
+        let serving = setup.serving();
+        let client = setup.client();
+        for x in 0..u64::from(count) {
+            measure::increment(&client, ports - 1, 1, x)?;
+        }
+        drop(serving);
+        eprintln!(
+            "rpc-bench: {count} round trips on port {} of {ports} against {}",
+            ports - 1,
+            server.name()
+        );
+    }
+    Ok(())
+}
+
 /// A row, and the measurement of one repetition of it.
 type Measured<'a> = (Row, Box<dyn FnMut() -> Result<f64, String> + 'a>);
 
@@ -1094,7 +1272,17 @@ fn write(report: Report, dir: &std::path::Path, started: Instant) -> Result<(), 
     let name = report.settings.name;
     let path = |ext: &str| dir.join(format!("bench-{name}.{ext}"));
     let json = serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?;
-    let md = format!("{comparison}\n{table}\n```\n{}\n```\n", report.summary());
+    let machine = Machine::here();
+    let header = format!(
+        "# rpc-bench {name}\n\n{}, {} CPUs; quiet regime: {}.\n",
+        machine.model,
+        machine.cpus,
+        placement()
+    );
+    let md = format!(
+        "{header}\n{comparison}\n{table}\n```\n{}\n```\n",
+        report.summary()
+    );
     let picture = report.picture();
     for (ext, text) in [("json", &json), ("md", &md), ("svg", &picture)] {
         std::fs::write(path(ext), text).map_err(|e| format!("{}: {e}", path(ext).display()))?;
@@ -1111,6 +1299,7 @@ fn write(report: Report, dir: &std::path::Path, started: Instant) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rpc_core::protocol::Layout;
 
     fn row(what: &str, server: Server, loaded: bool, values: &[f64]) -> Row {
         let mut row = Row::new(what, server, loaded, "ns/round trip");
@@ -1119,7 +1308,7 @@ mod tests {
     }
 
     #[test]
-    fn the_comparison_puts_each_row_of_each_regime_on_one_line_with_ours_over_llvm() {
+    fn the_comparison_puts_each_row_of_each_regime_on_one_line_with_ours_over_llvm_and_floor() {
         let report = Report {
             settings: Settings::QUICK,
             rows: vec![
@@ -1131,24 +1320,71 @@ mod tests {
                     &[400.0, 600.0, 500.0],
                 ),
                 row("roundtrip N=64 port 63", Server::Llvm, false, &[1000.0]),
+                row("roundtrip N=64 port 63", Server::Floor, false, &[400.0]),
                 row("roundtrip N=64 port 63", Server::RpcServe, true, &[3000.0]),
+                row("roundtrip N=64 port 63", Server::Floor, true, &[2000.0]),
             ],
         };
         let table = report.comparison();
-        let lines: Vec<&str> = table.lines().skip(2).collect();
+        let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
             lines,
             [
-                "| roundtrip N=64 port 63 | quiet | ns/round trip | 500 | 500 | 1000 | 0.50 |",
-                "| roundtrip N=64 port 63 | loaded | ns/round trip | — | 3000 | — | — |",
+                "| benchmark | regime | unit | in-process | rpc-serve | LLVM | floor \
+                 | rpc-serve / LLVM | rpc-serve / floor |",
+                "|---|---|---|---:|---:|---:|---:|---:|---:|",
+                "| roundtrip N=64 port 63 | quiet | ns/round trip | 500 | 500 | 1000 | 400 \
+                 | 0.50 | 1.25 |",
+                "| roundtrip N=64 port 63 | loaded | ns/round trip | — | 3000 | — | 2000 \
+                 | — | 1.50 |",
             ]
         );
         assert_eq!(report.vs_llvm("roundtrip N=64 port 63", false), 0.5);
-        assert!(report.summary().contains("vs_llvm_n64_quiet=0.50"));
+        let summary = report.summary();
+        assert!(
+            summary.contains(
+                "vs_llvm_n64_quiet=0.50 vs_floor_n64_quiet=1.25 vs_floor_n64_loaded=1.50"
+            ),
+            "{summary}"
+        );
+        // The JSON says the same, null where a server was not measured.
+        let json = report.json();
+        let lines = json["comparison"].as_array().unwrap();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["medians"]["floor"], 400.0);
+        assert_eq!(lines[0]["rpc_serve_over_llvm"], 0.5);
+        assert_eq!(lines[0]["rpc_serve_over_floor"], 1.25);
+        assert_eq!(lines[1]["regime"], "loaded");
+        assert!(lines[1]["medians"]["LLVM"].is_null());
+        assert!(lines[1]["rpc_serve_over_llvm"].is_null());
+        assert_eq!(lines[1]["rpc_serve_over_floor"], 1.5);
+    }
+
+    #[test]
+    fn the_machine_is_the_model_name_and_the_count_of_processors_of_cpuinfo() {
+        let cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 7B13\n\
+                       flags\t\t: fpu\n\nprocessor\t: 1\nmodel name\t: AMD EPYC 7B13\n\n";
+        let machine = Machine::of(cpuinfo);
+        assert_eq!(
+            machine,
+            Machine {
+                model: "AMD EPYC 7B13".into(),
+                cpus: 2
+            }
+        );
+        // An architecture whose cpuinfo has no model name (some Arm kernels).
+        assert_eq!(
+            Machine::of("processor : 0\nBogoMIPS : 50.00\n").model,
+            "unknown"
+        );
+        // And the JSON of this machine names its model and CPUs.
+        let json = synthetic(false).json();
+        assert!(!json["cpu_model"].as_str().unwrap().is_empty());
+        assert!(json["cpus"].as_u64().unwrap() >= 1);
     }
 
     /// A report of every row the picture and the summary read, values spread over three
-    /// repetitions: in-process and rpc-serve, and LLVM's server with `llvm`.
+    /// repetitions: in-process, rpc-serve and the floor, and LLVM's server with `llvm`.
     fn synthetic(llvm: bool) -> Report {
         let mut servers = vec![Server::InProcess, Server::RpcServe];
         if llvm {
@@ -1183,6 +1419,13 @@ mod tests {
                     };
                     rows.push(row(&what, server, false, &values));
                 }
+            }
+        }
+        for loaded in [false, true] {
+            for &(_, n) in &SHAPES {
+                let ns = 250.0 * f64::from(n).sqrt() / 8.0 * if loaded { 6.0 } else { 1.0 };
+                let what = format!("roundtrip N={n} port {}", n - 1);
+                rows.push(row(&what, Server::Floor, loaded, &spread(ns)));
             }
         }
         for (_, label) in SILENCES {
@@ -1266,8 +1509,9 @@ mod tests {
             let touches = |b: &Box4, &(x, y, r): &(f64, f64, f64)| {
                 x + r >= b[0] && x - r <= b[2] && y + r >= b[1] && y - r <= b[3]
             };
-            // Entries: a series per server and regime; per server and the doorbell; per server.
-            let entries = [2 * servers, servers + 1, servers];
+            // Entries: a series per server (and the floor) and regime; per server and the
+            // doorbell; per server.
+            let entries = [2 * (servers + 1), servers + 1, servers];
             for (legend, entries) in legends.iter().zip(entries) {
                 let inside = circles.iter().filter(|c| touches(legend, c)).count();
                 assert_eq!(
@@ -1290,8 +1534,9 @@ mod tests {
                 words.contains("A 0 is drawn at the start of the axis."),
                 "{words}"
             );
-            // 4 shapes x 2 regimes, 3 silences (+ 3 doorbell), 7 rates, per server.
-            assert_eq!(plotted.len(), servers * (8 + 3 + 7) + 3);
+            // 4 shapes x 2 regimes, 3 silences (+ 3 doorbell), 7 rates, per server; the
+            // floor's 4 shapes x 2 regimes.
+            assert_eq!(plotted.len(), servers * (8 + 3 + 7) + 3 + 8);
             // The throughput axis also holds the bars, up to 1.5 times a median here.
             for (frame, slack) in frames.iter().zip([0.12, 0.12, 0.25]) {
                 let here: Vec<_> = plotted.iter().filter(|c| touches(frame, c)).collect();
@@ -1329,14 +1574,60 @@ mod tests {
                 "{summary}"
             );
             assert!(!summary.contains("vs_llvm"), "{summary}");
+            assert!(summary.contains("vs_floor"), "{summary}");
             assert!(summary.starts_with("roundtrip_ns="), "{summary}");
         }
         let against = synthetic(true).summary();
         assert!(against.contains("vs_llvm_n64_quiet=0.67"), "{against}");
         assert!(against.contains("vs_llvm_n16384_loaded="), "{against}");
+        // rpc-serve over the floor, without LLVM's server as with it: 600 / 250.
+        for summary in [alone.summary(), against] {
+            assert!(summary.contains("vs_floor_n64_quiet=2.40"), "{summary}");
+            assert!(summary.contains("vs_floor_n4096_loaded=2.40"), "{summary}");
+        }
         assert!(!serde_json::to_string(&alone.json())
             .unwrap()
             .contains("NaN"));
+    }
+
+    /// The floor answers the measured port of every shape (port 0 and 63 of 64, port N-1 of
+    /// the others, v2 at 16384) on a server process's mailbox file, the process stopped
+    /// meanwhile: every answer is checked by the client. The process is a stand-in for
+    /// rpc-serve that only makes the file, says it is ready and sleeps.
+    #[test]
+    fn the_floor_answers_the_measured_port_of_every_shape_on_a_server_process_file() {
+        let dir = std::env::temp_dir().join(format!("rpc-bench-floor-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for &(generation, n) in &SHAPES {
+            let bytes = Layout::new(generation, n, 1).unwrap().total_size();
+            // rpc-serve's command line starts `--file FILE`.
+            let script = dir.join(format!("serve-{n}"));
+            std::fs::write(
+                &script,
+                format!(
+                    "#!/bin/sh\ntruncate -s {bytes} \"$2\" && echo \"ready $2 {bytes}\" && \
+                     exec sleep 600\n"
+                ),
+            )
+            .unwrap();
+            std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            let binaries = Binaries {
+                rpc_serve: Some(script),
+                peer_v1: None,
+                peer_v2: None,
+            };
+            let file = dir.join(format!("mailbox-{n}"));
+            let setup = Setup::new(Server::RpcServe, &binaries, generation, n, 1, Some(&file))
+                .unwrap()
+                .expect("a server process");
+            let ports: &[u32] = if n == 64 { &[0, 63] } else { &[n - 1] };
+            for &port in ports {
+                let ns = measure::floor_roundtrip(&setup, port, Duration::from_millis(5));
+                assert!(ns.unwrap() > 0.0, "N={n} port {port}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -1438,6 +1729,15 @@ mod tests {
         let any = Part::Pipelined(None);
         assert_eq!(part(&["--pipelined-only", "--quick"]), Some((true, any)));
         assert_eq!(part(&["--pipelined-only", "bogus"]), None);
+        let requests = Part::Requests {
+            ports: 4096,
+            count: 1000,
+        };
+        assert_eq!(
+            part(&["--requests-only", "4096", "1000"]),
+            Some((false, requests))
+        );
+        assert_eq!(part(&["--requests-only", "4096"]), None);
         // One part at a time.
         assert_eq!(part(&["--latency-only", "--idle-only"]), None);
     }

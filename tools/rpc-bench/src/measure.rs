@@ -371,13 +371,13 @@ pub fn roundtrip(setup: &Setup, index: u32, mask: u64, window: Duration) -> Resu
     time_per_op(window, |x| increment(&client, index, mask, x))
 }
 
-/// One repetition of TEST_INCREMENT round trips against a bare `rpc_core::Server` loop (a
-/// thread that only opens pending ports and answers them: no `RpcServer`, registry, statistics
-/// or back-off): ns per round trip. The gap to `roundtrip` is the cost of the real server's
-/// per-pass and per-request work; the gap to `pingpong` that of the protocol itself.
+/// One repetition of TEST_INCREMENT round trips on port 0 against a bare `rpc_core::Server`
+/// loop (a thread that only opens pending ports and answers them: no `RpcServer`, registry,
+/// statistics or back-off): ns per round trip. The gap to `roundtrip` is the cost of the real
+/// server's per-pass and per-request work; the gap to `pingpong` that of the protocol itself.
 pub fn bare_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
     let server_locks = LockTable::new(setup.layout().ports());
-    against_loop(setup, window, |stop| {
+    against_loop(setup, 0, window, |stop| {
         let server = rpc_core::protocol::ServerEnd::new(setup.view(), server_locks.words())
             .expect("lock table sized for the mailbox");
         let mut idle = 0;
@@ -396,18 +396,23 @@ pub fn bare_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
     })
 }
 
-/// One repetition of TEST_INCREMENT round trips on port 0 against the least a server can do:
-/// a thread that waits for port 0's flags to differ, reads the header's opcode and the packet,
-/// writes the answer and flips its flag, with atomics at the layout's offsets and nothing
-/// else (no scan, lock, registry, statistics or back-off but the bare loop's): ns per round
-/// trip.
-pub fn minimal_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
+/// One repetition of TEST_INCREMENT round trips on port `index` against the least a server
+/// can do, the floor of the round-trip rows: a thread that waits for that one port's flags to
+/// differ, reads the header's opcode and the packet, writes the answer and flips its flag,
+/// with atomics at the layout's offsets and nothing else (no scan of other ports, lock,
+/// registry, statistics or back-off but the bare loop's): ns per round trip.
+///
+/// The answerer is a thread of the bench, not a process: it maps the very file the server
+/// processes serve (through their setup's mapping), so a hand-over crosses the same cache
+/// lines, between the same two CPUs, as with a server in another process; only the page
+/// tables differ, which a hand-over does not touch.
+pub fn floor_roundtrip(setup: &Setup, index: u32, window: Duration) -> Result<f64, String> {
     let layout = setup.layout();
-    against_loop(setup, window, |stop| {
-        let ours = setup.u32_at(layout.primary());
-        let theirs = setup.u32_at(layout.secondary());
-        let opcode = setup.u32_at(layout.header_of(0) + 8);
-        let word = setup.u64_at(layout.packet_of(0, 0));
+    against_loop(setup, index, window, |stop| {
+        let ours = setup.u32_at(layout.primary() + 4 * index as usize);
+        let theirs = setup.u32_at(layout.secondary() + 4 * index as usize);
+        let opcode = setup.u32_at(layout.header_of(index) + 8);
+        let word = setup.u64_at(layout.packet_of(index, 0));
         let mut idle = 0;
         while !stop.load(Ordering::Relaxed) {
             let flag = ours.load(Ordering::Relaxed);
@@ -428,12 +433,13 @@ pub fn minimal_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String>
     })
 }
 
-/// TEST_INCREMENT round trips on port 0 of `setup`'s mailbox against `serve`, a server loop of
-/// the bench's own run on the servers' CPU until its flag is set: ns per round trip. `setup` is
-/// a server process, which stays stopped meanwhile (rpc-serve's, whose mailbox every server
-/// shares), so the loop crosses the very lines the servers serve.
+/// TEST_INCREMENT round trips on port `index` of `setup`'s mailbox against `serve`, a server
+/// loop of the bench's own run on the servers' CPU until its flag is set: ns per round trip.
+/// `setup` is a server process, which stays stopped meanwhile (rpc-serve's, whose mailbox
+/// every server of its shape shares), so the loop crosses the very lines the servers serve.
 fn against_loop(
     setup: &Setup,
+    index: u32,
     window: Duration,
     serve: impl FnOnce(&AtomicBool) + Send,
 ) -> Result<f64, String> {
@@ -447,7 +453,8 @@ fn against_loop(
             serve(&stop);
         });
         let client = setup.client();
-        let result = time_per_op(window, |x| increment(&client, 0, 1, x));
+        let result = time_per_op(window, |x| increment(&client, index, 1, x));
+        // Relaxed: the flag only ends the loop, after the client's last answer came back.
         stop.store(true, Ordering::Relaxed);
         result
     })

@@ -53,12 +53,15 @@ const RATES_PER_ROW: u32 = 30;
 /// sits at its band's middle and the servers' points spread over the band).
 const BAND: i32 = 12;
 /// The servers' colours, strong enough to tell apart in both regimes.
-const PALETTE: [RGBColor; 4] = [
+const PALETTE: [RGBColor; 5] = [
     RGBColor(0x1f, 0x5f, 0xbf),
     RGBColor(0xd6, 0x27, 0x28),
     RGBColor(0x1a, 0x8f, 0x3a),
     RGBColor(0x8e, 0x44, 0xad),
+    RGBColor(0xe6, 0x7e, 0x22),
 ];
+/// The floor's colour in the latency panel: the palette's last.
+pub const FLOOR_COLOUR: usize = PALETTE.len() - 1;
 /// The legend box's fill (the tests find the box by it).
 pub const LEGEND_FILL: RGBColor = RGBColor(0xfc, 0xfc, 0xfc);
 /// The frame around each plotting area (the tests find the frames by it).

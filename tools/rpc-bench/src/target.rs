@@ -35,6 +35,10 @@ pub enum Server {
     RpcServe,
     /// LLVM's server (`llvm-peer`) in another process.
     Llvm,
+    /// The floor: a thread of the bench that answers the measured port alone with raw atomics
+    /// (`measure::floor_roundtrip`), on rpc-serve's mailbox file while every server of the
+    /// shape is stopped or asleep. Not a server one starts: no setup of its own.
+    Floor,
 }
 
 impl Server {
@@ -43,6 +47,7 @@ impl Server {
             Server::InProcess => "in-process",
             Server::RpcServe => "rpc-serve",
             Server::Llvm => "LLVM",
+            Server::Floor => "floor",
         }
     }
 }
@@ -57,7 +62,7 @@ pub struct Binaries {
 impl Binaries {
     fn of(&self, server: Server, generation: Generation) -> Option<&Path> {
         match (server, generation) {
-            (Server::InProcess, _) => None,
+            (Server::InProcess | Server::Floor, _) => None,
             (Server::RpcServe, _) => self.rpc_serve.as_deref(),
             (Server::Llvm, Generation::V1) => self.peer_v1.as_deref(),
             (Server::Llvm, Generation::V2) => self.peer_v2.as_deref(),
@@ -164,7 +169,7 @@ impl Setup {
     }
 
     /// The mailbox's `u32` word at `offset` bytes, as an atomic (for the bench's own loop on
-    /// it, `measure::minimal_roundtrip`).
+    /// it, `measure::floor_roundtrip`).
     pub fn u32_at(&self, offset: usize) -> &AtomicU32 {
         let (base, len) = self.region();
         assert!(offset % 4 == 0 && offset + 4 <= len);
