@@ -37,6 +37,10 @@ pub struct Args {
     #[arg(long, value_name = "N", value_parser = crate::flags::number(1u64, 1_000_000),
           allow_negative_numbers = true)]
     park_us: Option<u64>,
+    /// Busy threads in the loaded regime (more than the CPUs: an oversubscribed node)
+    #[arg(long, value_name = "N", value_parser = crate::flags::number(1u64, 16),
+          allow_negative_numbers = true)]
+    hogs: Option<u64>,
 }
 
 pub fn run(args: &Args) -> Result {
@@ -54,6 +58,9 @@ pub fn run(args: &Args) -> Result {
         .collect();
     if let Some(us) = args.park_us {
         pass.extend(["--park-us".to_string(), us.to_string()]);
+    }
+    if let Some(hogs) = args.hogs {
+        pass.extend(["--hogs".to_string(), hogs.to_string()]);
     }
     let status = Command::new(cargo())
         .current_dir(&root)

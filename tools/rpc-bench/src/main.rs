@@ -92,6 +92,12 @@ struct Cli {
     /// (docs/performance.md), whose requests cost it nothing but the round trips.
     #[arg(long, group = "part", num_args = 2, value_names = ["N", "K"])]
     requests_only: Option<Vec<u32>>,
+    /// Busy threads in the loaded regime: the first alone on one CPU, each further one
+    /// alternately beside the client and servers and on that CPU (more busy threads than
+    /// CPUs: an oversubscribed node)
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u64).range(1..=16))]
+    hogs: u64,
     /// The servers' park in microseconds (ServerConfig::park), instead of its default.
     #[arg(long, value_name = "US", value_parser = clap::value_parser!(u64).range(PARK_US_RANGE))]
     park_us: Option<u64>,
@@ -117,6 +123,7 @@ fn main() -> ExitCode {
     let cli = <Cli as clap::Parser>::parse();
     PIN.store(!cli.float, Ordering::Relaxed);
     PARK_US.store(cli.park_us.unwrap_or(0), Ordering::Relaxed);
+    HOGS.store(cli.hogs, Ordering::Relaxed);
     let (settings, part, binaries, out) = parse(cli);
     match run(settings, part, &binaries, out) {
         Ok(()) => ExitCode::SUCCESS,
@@ -324,6 +331,9 @@ static PIN: AtomicBool = AtomicBool::new(true);
 /// idle CPU / wake-up latency trade-off.
 pub(crate) static PARK_US: AtomicU64 = AtomicU64::new(0);
 
+/// `--hogs N`: the busy threads of the loaded regime (see [`Loaded`]).
+static HOGS: AtomicU64 = AtomicU64::new(1);
+
 /// Set while the loaded regime runs (see [`Loaded`]): threads a row spawns as its server run
 /// on the client's CPU.
 static LOADED: AtomicBool = AtomicBool::new(false);
@@ -406,30 +416,38 @@ fn unplace(tid: i32, client: bool) {
 /// CPU, and the client (the calling thread) and every thread of every server pinned to the
 /// other, so that the client and the server share a CPU and every hand-over goes through the
 /// scheduler, in every round alike. (A hog left to float shared a CPU now with the client, now
-/// with the server, and the loaded rows were bimodal.) Where fewer than two CPUs are allowed,
-/// the hog alone.
+/// with the server, and the loaded rows were bimodal.) With `--hogs N` the further busy
+/// threads go alternately to the shared CPU and the hog's: more busy threads than CPUs, as on a
+/// node whose other processes busy-poll. Where fewer than two CPUs are allowed, the hogs
+/// alone.
 struct Loaded {
-    _hog: Hog,
+    _hogs: Vec<Hog>,
     /// The server threads it pinned.
     threads: Vec<i32>,
 }
 
 impl Loaded {
     fn start<'s>(setups: impl IntoIterator<Item = &'s Setup>) -> Self {
+        let hogs = HOGS.load(Ordering::Relaxed);
         let Some((shared, hogged)) = two_cpus() else {
             return Loaded {
-                _hog: Hog::start(None),
+                _hogs: (0..hogs).map(|_| Hog::start(None)).collect(),
                 threads: Vec::new(),
             };
         };
         LOADED.store(true, Ordering::Relaxed);
-        let hog = Hog::start(Some(hogged));
+        let hogs = (0..hogs)
+            .map(|k| Hog::start(Some(if k % 2 == 0 { hogged } else { shared })))
+            .collect();
         pin(0, shared);
         let threads: Vec<i32> = setups.into_iter().flat_map(Setup::threads).collect();
         for &tid in &threads {
             pin(tid, shared);
         }
-        Loaded { _hog: hog, threads }
+        Loaded {
+            _hogs: hogs,
+            threads,
+        }
     }
 }
 
@@ -691,6 +709,7 @@ impl Report {
             "rounds": self.settings.rounds,
             "window_ms": self.settings.window.as_millis() as u64,
             "quiet_placement": placement(),
+            "loaded_busy_threads": HOGS.load(Ordering::Relaxed),
             "stream_bytes_per_lane": STREAM_BYTES,
             "rows": rows,
             "comparison": side_by_side,
@@ -1274,10 +1293,12 @@ fn write(report: Report, dir: &std::path::Path, started: Instant) -> Result<(), 
     let json = serde_json::to_string_pretty(&report.json()).map_err(|e| e.to_string())?;
     let machine = Machine::here();
     let header = format!(
-        "# rpc-bench {name}\n\n{}, {} CPUs; quiet regime: {}.\n",
+        "# rpc-bench {name}\n\n{}, {} CPUs; quiet regime: {}; loaded regime: {} busy \
+         thread(s).\n",
         machine.model,
         machine.cpus,
-        placement()
+        placement(),
+        HOGS.load(Ordering::Relaxed)
     );
     let md = format!(
         "{header}\n{comparison}\n{table}\n```\n{}\n```\n",
