@@ -61,11 +61,9 @@ impl Fixture {
         }
     }
 
-    /// The server's stdin made a pipe: its write end.
-    fn stdin_pipe(&self) -> std::io::PipeWriter {
-        let (read, write) = std::io::pipe().unwrap();
-        self.server.context().services().set_stdin(Box::new(read));
-        write
+    /// Makes `stdin` the server's stdin.
+    fn set_stdin(&self, stdin: impl std::io::Read + Send + 'static) {
+        self.server.context().services().set_stdin(Box::new(stdin));
     }
 
     fn client<'a>(&'a self, wait: &'a dyn Wait) -> Client<'a> {
@@ -312,7 +310,8 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
     let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid path string.
     assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
-    let stdin_write = fixture.stdin_pipe();
+    let (stdin_read, stdin_write) = std::io::pipe().unwrap();
+    fixture.set_stdin(stdin_read);
     let (pipe_read, pipe_write) = std::io::pipe().unwrap();
     let handler_end = Arc::new(pipe_read);
     fixture.server.register(READ_PIPE, move |mut req| {
@@ -427,14 +426,10 @@ fn stdin_opcodes_behind_a_blocked_read_never_hold_the_server_thread() {
     let fixture = Fixture::new("stdin-blocked", 8, 1);
     let (entered_tx, entered) = std::sync::mpsc::channel();
     let (go, go_rx) = std::sync::mpsc::channel();
-    fixture
-        .server
-        .context()
-        .services()
-        .set_stdin(Box::new(GatedStdin {
-            entered: entered_tx,
-            go: go_rx,
-        }));
+    fixture.set_stdin(GatedStdin {
+        entered: entered_tx,
+        go: go_rx,
+    });
     let _kernel = fixture.server.user();
     let wait = Deadline::after(BOUND);
     let stdin = rpc_core::protocol::STDIN;
@@ -495,7 +490,8 @@ fn stdin_reads_on_every_io_thread_do_not_hold_up_other_ports_files() {
     let fixture = Fixture::new("stdin-turns", 8, 1);
     let threads = ServerConfig::default().io_threads as u32;
     assert!(threads + 2 <= 8, "ports for the reads and the file");
-    let stdin_write = fixture.stdin_pipe();
+    let (stdin_read, stdin_write) = std::io::pipe().unwrap();
+    fixture.set_stdin(stdin_read);
     let _kernel = fixture.server.user();
     let wait = Deadline::after(BOUND);
     let stdin = rpc_core::protocol::STDIN;

@@ -9,8 +9,8 @@ use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Warp};
 use rpc_core::plugin::Grid;
 use rpc_core::protocol::Generation;
 use rpc_core::protocol::Numbering;
-use rpc_core::{PluginRuntime, Runtime};
 use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
+use rpc_core::{PluginRuntime, Runtime};
 use rpc_run::start::{self, Program};
 use rpc_run::Failure;
 
