@@ -13,13 +13,12 @@ use rpc_core::{Opcode, ServerConfig};
 const SQUARE: Opcode = Opcode::user(1);
 
 fn run() -> Result<u64, String> {
-    let config = HostConfig {
-        devices: 1,
-        lanes: 32,
-        ports: 16,
-    };
-    let mut runtime = PluginRuntime::new(HostPlugin::new(config), ServerConfig::default())
-        .map_err(|e| e.to_string())?;
+    // One device of 32 lanes.
+    let mut runtime = PluginRuntime::new(
+        HostPlugin::new(HostConfig::default()),
+        ServerConfig::default(),
+    )
+    .map_err(|e| e.to_string())?;
     // A one-packet opcode: a plain closure over the lane's packet, run on the server thread.
     runtime
         .server()

@@ -30,13 +30,12 @@ impl Plain for Point {}
 
 /// Runs the kernel; returns what the host function was given and what the kernel got back.
 fn run() -> Result<(Vec<String>, Vec<String>), String> {
-    let config = HostConfig {
-        devices: 1,
-        lanes: 32,
-        ports: 16,
-    };
-    let mut runtime = PluginRuntime::new(HostPlugin::new(config), ServerConfig::default())
-        .map_err(|e| e.to_string())?;
+    // One device of 32 lanes.
+    let mut runtime = PluginRuntime::new(
+        HostPlugin::new(HostConfig::default()),
+        ServerConfig::default(),
+    )
+    .map_err(|e| e.to_string())?;
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     // The host function: its signature is the call's. It runs on the server thread, so it

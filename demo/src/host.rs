@@ -17,13 +17,12 @@ const SQUARE: Opcode = Opcode::user(1);
 const COUNT_UP: Opcode = Opcode::user(2);
 
 pub fn run(json: bool) -> Result<(), String> {
-    let config = HostConfig {
-        devices: 1,
-        lanes: 32,
-        ports: 64,
-    };
-    let mut runtime = PluginRuntime::new(HostPlugin::new(config), super::server_config())
-        .map_err(|e| e.to_string())?;
+    // One device of 32 lanes, 64 ports.
+    let mut runtime = PluginRuntime::new(
+        HostPlugin::new(HostConfig::default()),
+        super::server_config(),
+    )
+    .map_err(|e| e.to_string())?;
     println!("{}", rpc_core::plugin::describe(runtime.plugin()));
     let server = runtime.server();
     server.register_packet(SQUARE, move |_, p| {

@@ -2,17 +2,15 @@
 
 use std::process::Command;
 
+use workloads::bounded;
+
 fn demo(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_rpc-demo"))
         .args(args)
         .env("RUST_LOG", "error")
         .output()
         .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    bounded::texts(&out)
 }
 
 #[test]
@@ -108,25 +106,23 @@ fn gpu_plugins_without_a_device_say_why_and_fail() {
 fn bounded_demo(args: &[&str]) -> (Option<i32>, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-demo"));
     command.args(args).env("RUST_LOG", "error");
-    let out = workloads::bounded::output(command);
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    bounded::texts(&bounded::output(command))
 }
 
 #[test]
 fn help_exits_0_and_names_every_flag() {
-    for help in ["--help", "-h"] {
-        let (code, stdout, stderr) = bounded_demo(&[help]);
-        assert_eq!(code, Some(0), "{stderr}");
-        assert!(stdout.contains("Usage: rpc-demo"), "{stdout}");
-        for flag in ["--plugin", "--image", "--kernel", "--json", "--help"] {
-            assert!(stdout.contains(flag), "{flag} not in: {stdout}");
-        }
-        assert!(stdout.contains("host, cuda, amdgpu"), "{stdout}");
-    }
+    bounded::assert_help_names(
+        env!("CARGO_BIN_EXE_rpc-demo"),
+        &[
+            "Usage: rpc-demo",
+            "--plugin",
+            "--image",
+            "--kernel",
+            "--json",
+            "--help",
+            "host, cuda, amdgpu",
+        ],
+    );
 }
 
 #[test]

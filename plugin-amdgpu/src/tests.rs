@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use plugin_contract::{counted, Captured};
+use plugin_contract::{counted, Capture};
 use plugin_host::{Arg, Warp};
 use rpc_core::plugin::{Device, Grid, Plugin};
 use rpc_core::services::malloc_alignment;
@@ -37,7 +37,7 @@ fn hsa_error(error: &rpc_core::plugin::VendorError) -> &AmdGpuError {
 }
 
 /// The plugin over `hsa` in a runtime that records exits and captures stdout.
-fn runtime(hsa: &Arc<FakeHsa>) -> (PluginRuntime<AmdGpuPlugin>, Captured) {
+fn runtime(hsa: &Arc<FakeHsa>) -> (PluginRuntime<AmdGpuPlugin>, Capture) {
     plugin_contract::runtime_capturing_stdout(AmdGpuPlugin::with_api(hsa.clone()))
 }
 
@@ -48,7 +48,7 @@ fn launch_main(
     image: &[u8],
     grid: Grid,
     body: impl Fn(&Warp<'_>) -> Result<(), Status> + Send + Sync + 'static,
-) -> (Arc<FakeHsa>, PluginRuntime<AmdGpuPlugin>, Captured, ImageId) {
+) -> (Arc<FakeHsa>, PluginRuntime<AmdGpuPlugin>, Capture, ImageId) {
     let hsa = Arc::new(FakeHsa::new(vec![agent]));
     hsa.kernel("main", body);
     let (runtime, out) = runtime(&hsa);

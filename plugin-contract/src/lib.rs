@@ -7,13 +7,12 @@
 //! knows no vendor: it depends on rpc-core alone, and only as a dev-dependency of the plugins.
 //!
 //! Also the test furniture the plugins' suites share: [`counted`] completions and a runtime
-//! whose stdout a test reads back ([`runtime_capturing_stdout`], [`Captured`]).
+//! whose stdout a test reads back ([`runtime_capturing_stdout`], [`Capture`]).
 
 #![warn(missing_docs)]
 
-use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use rpc_core::plugin::{describe, Completion, Device, DeviceAllocator, Grid, Plugin, Symbol};
 use rpc_core::protocol::Generation;
@@ -41,30 +40,14 @@ pub fn calls(calls: &Calls) -> usize {
     calls.load(Ordering::SeqCst)
 }
 
-/// A writer the test reads back (the server's stdout).
-#[derive(Clone, Default)]
-pub struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// What was written, as text.
-    pub fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
+/// A writer the test reads back (the server's stdout): rpc-core's tests' own.
+#[path = "../../rpc-core/tests/common/capture.rs"]
+mod capture;
+pub use capture::Capture;
 
 /// A runtime over `plugin` that records kernels' exits (so a test sees them as
 /// `synchronize`'s value) and captures the server's stdout.
-pub fn runtime_capturing_stdout<P: Plugin>(plugin: P) -> (PluginRuntime<P>, Captured) {
+pub fn runtime_capturing_stdout<P: Plugin>(plugin: P) -> (PluginRuntime<P>, Capture) {
     let config = ServerConfig {
         services: ServicesConfig {
             exit: ExitPolicy::Record,
@@ -73,7 +56,7 @@ pub fn runtime_capturing_stdout<P: Plugin>(plugin: P) -> (PluginRuntime<P>, Capt
         ..ServerConfig::default()
     };
     let runtime = PluginRuntime::new(plugin, config).unwrap();
-    let out = Captured::default();
+    let out = Capture::default();
     runtime
         .server()
         .context()

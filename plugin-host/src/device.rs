@@ -101,6 +101,13 @@ impl HostDevice {
         Some((words, signal, event_id))
     }
 
+    /// The region `len` bytes at `addr` lie in, and their offset in it.
+    fn region_at(&self, addr: u64, len: usize) -> Result<(Arc<RawMemory>, usize), HostError> {
+        self.memory
+            .find(addr, len)
+            .ok_or(HostError::BadAddress { addr, len })
+    }
+
     /// The mailbox named by a client object, checked against this device's memory.
     fn mailbox_of(
         &self,
@@ -117,13 +124,7 @@ impl HostDevice {
         // The inbox (primary) pointer follows the port count, and the doorbell on v2.
         let primary = word(if generation == Generation::V2 { 16 } else { 8 });
         let base = primary.wrapping_sub(layout.primary() as u64);
-        let (region, offset) =
-            self.memory
-                .find(base, layout.total_size())
-                .ok_or(HostError::BadAddress {
-                    addr: base,
-                    len: layout.total_size(),
-                })?;
+        let (region, offset) = self.region_at(base, layout.total_size())?;
         if offset != 0 {
             return Err(HostError::BadAddress {
                 addr: base,
@@ -209,25 +210,13 @@ impl Device for HostDevice {
     }
 
     fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError> {
-        let (region, offset) = self
-            .memory
-            .find(dst, bytes.len())
-            .ok_or(HostError::BadAddress {
-                addr: dst,
-                len: bytes.len(),
-            })?;
+        let (region, offset) = self.region_at(dst, bytes.len())?;
         region.write(offset, bytes);
         Ok(())
     }
 
     fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError> {
-        let (region, offset) = self
-            .memory
-            .find(src, out.len())
-            .ok_or(HostError::BadAddress {
-                addr: src,
-                len: out.len(),
-            })?;
+        let (region, offset) = self.region_at(src, out.len())?;
         region.read(offset, out);
         Ok(())
     }

@@ -196,38 +196,42 @@ impl RawMemory {
         }
     }
 
-    /// Copies `bytes` in at `offset`, word by word (see the module docs: kernels may be
-    /// reading, and the words keep their sizes).
-    pub fn write(&self, offset: usize, bytes: &[u8]) {
+    /// The words that the `len` bytes from `offset` lie in, in order: each with how many of its
+    /// bytes come before the range, and which of the range's bytes it holds (counted from 0).
+    fn spans(
+        &self,
+        offset: usize,
+        len: usize,
+    ) -> impl Iterator<Item = (Word<'_>, usize, Range<usize>)> + '_ {
         assert!(
-            offset
-                .checked_add(bytes.len())
-                .is_some_and(|end| end <= self.len),
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
             "bytes inside the region"
         );
         let mut done = 0;
-        while done < bytes.len() {
-            let (word, skip) = self.word(offset + done);
-            let take = (word.size() - skip).min(bytes.len() - done);
-            word.store(skip, &bytes[done..done + take]);
-            done += take;
+        std::iter::from_fn(move || {
+            (done < len).then(|| {
+                let (word, skip) = self.word(offset + done);
+                let take = (word.size() - skip).min(len - done);
+                let held = done..done + take;
+                done += take;
+                (word, skip, held)
+            })
+        })
+    }
+
+    /// Copies `bytes` in at `offset`, word by word (see the module docs: kernels may be
+    /// reading, and the words keep their sizes).
+    pub fn write(&self, offset: usize, bytes: &[u8]) {
+        for (word, skip, held) in self.spans(offset, bytes.len()) {
+            word.store(skip, &bytes[held]);
         }
     }
 
     /// Copies out from `offset`, word by word.
     pub fn read(&self, offset: usize, out: &mut [u8]) {
-        assert!(
-            offset
-                .checked_add(out.len())
-                .is_some_and(|end| end <= self.len),
-            "bytes inside the region"
-        );
-        let mut done = 0;
-        while done < out.len() {
-            let (word, skip) = self.word(offset + done);
-            let take = (word.size() - skip).min(out.len() - done);
-            out[done..done + take].copy_from_slice(&word.load()[skip..skip + take]);
-            done += take;
+        for (word, skip, held) in self.spans(offset, out.len()) {
+            let take = held.len();
+            out[held].copy_from_slice(&word.load()[skip..skip + take]);
         }
     }
 

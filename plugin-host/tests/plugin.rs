@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use plugin_contract::Captured;
+use plugin_contract::Capture;
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::{Device, Grid, Plugin};
 use rpc_core::protocol::{CallArg, Generation};
@@ -12,7 +12,7 @@ use rpc_core::services::KernelExit;
 use rpc_core::{Error, Opcode, PluginError, ServerError};
 use rpc_core::{PluginRuntime, Runtime};
 
-fn runtime(config: HostConfig) -> (PluginRuntime<HostPlugin>, Captured) {
+fn runtime(config: HostConfig) -> (PluginRuntime<HostPlugin>, Capture) {
     plugin_contract::runtime_capturing_stdout(HostPlugin::new(config))
 }
 

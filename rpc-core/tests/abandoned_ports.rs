@@ -17,7 +17,8 @@ use common::capture::Capture;
 use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
 use rpc_core::protocol::{MailboxMemory, FIRST_PACKET_BYTES};
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
-use workloads::claims::{claim, finish_claim, increment_at, open, streaming};
+use workloads::claims::{claim, finish_claim, finish_stream, increment_at, open, start_stream};
+use workloads::claims::{streaming, write_stdout_at};
 
 /// Bytes a lane may stream (the claims below are far above it).
 const BOUND: u64 = 4096;
@@ -151,22 +152,11 @@ fn a_slow_clients_late_packets_are_answered_never_run_and_its_port_serves_again(
         .into_iter()
         .enumerate()
     {
-        let mut port = open(&client, 0, opcode);
-        port.send(|_, p| {
-            p.set_word(0, data.len() as u64);
-            p.write_bytes(8, &data[..FIRST_PACKET_BYTES]);
-        })
-        .unwrap();
+        let port = start_stream(&client, 0, opcode, &data);
         fx.eventually("gave the silent client up", |s| s.abandoned == k as u64 + 1);
-        for chunk in data[FIRST_PACKET_BYTES..].chunks(64) {
-            port.send(|_, p| p.write_bytes(0, chunk)).unwrap();
-        }
-        let mut reply = None;
-        port.recv(|_, p| reply = Some(p.word(0))).unwrap();
-        drop(port);
         assert_eq!(
-            reply,
-            Some(0),
+            finish_stream(port, &data),
+            0,
             "{opcode}: 0 bytes written, or an empty echo"
         );
         assert_eq!(fx.server.stats().served_of(opcode), 0, "{opcode} ran");
@@ -174,12 +164,7 @@ fn a_slow_clients_late_packets_are_answered_never_run_and_its_port_serves_again(
         assert_eq!(increment_at(&client, 0, 41), 42);
     }
     // A write on that port prints again.
-    let mut port = open(&client, 0, Opcode::WRITE_TO_STDOUT);
-    port.send_n(&[&b"again\n"[..]]).unwrap();
-    let mut written = 0;
-    port.recv(|_, p| written = p.word(0)).unwrap();
-    drop(port);
-    assert_eq!(written, 6);
+    assert_eq!(write_stdout_at(&client, 0, b"again\n"), 6);
     assert_eq!(fx.output.bytes(), b"again\n");
 }
 

@@ -110,6 +110,14 @@ impl Fx {
     }
 }
 
+/// Each lane's arguments: one pointer, to its buffer.
+fn one_pointer_each<B: AsMut<[u8]>>(buffers: &mut [B]) -> Vec<Vec<CallArg<'_>>> {
+    buffers
+        .iter_mut()
+        .map(|b| vec![CallArg::Pointer(Some(b.as_mut()))])
+        .collect()
+}
+
 fn u64_of(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(bytes.try_into().unwrap())
 }
@@ -197,10 +205,7 @@ fn every_test_function_answers_each_lane_in_both_generations() {
                 .map(|l| (l as i64 * 1000 - 7).to_le_bytes())
                 .collect();
             {
-                let mut args: Vec<_> = xs
-                    .iter_mut()
-                    .map(|x| vec![CallArg::Pointer(Some(&mut x[..]))])
-                    .collect();
+                let mut args = one_pointer_each(&mut xs);
                 let r = fx.call(opcode(3), &mut args, 1);
                 for l in fx.lanes() {
                     assert_eq!(r[l], [0], "{what} negate's void result is one zero byte");
@@ -383,6 +388,18 @@ fn a_function_registered_while_the_server_runs_is_served() {
 /// lanes 0 and 5, which are served as usual.
 const HOSTILE: (u32, u64) = (32, 0x31);
 
+/// [`HOSTILE`]'s lane 4 refused (a result of as many zero bytes as the others') while lanes 0
+/// and 5 answered `lane_0` and `lane_5`; one more refusal counted.
+fn expect_lane_4_refused(fx: &Fx, refusals: &mut u64, r: &[Vec<u8>], lane_0: &[u8], lane_5: &[u8]) {
+    let zeros = vec![0u8; lane_0.len()];
+    assert_eq!(
+        (&r[0][..], &r[4][..], &r[5][..]),
+        (lane_0, &zeros[..], lane_5)
+    );
+    *refusals += 1;
+    fx.expect_refused(*refusals);
+}
+
 #[test]
 fn pointees_that_do_not_fit_their_type_are_refused_and_the_rest_served() {
     let fx = Fx::new(Generation::V1, HOSTILE.0, HOSTILE.1);
@@ -398,10 +415,7 @@ fn pointees_that_do_not_fit_their_type_are_refused_and_the_rest_served() {
             }
         })
         .collect();
-    let mut args: Vec<_> = xs
-        .iter_mut()
-        .map(|x| vec![CallArg::Pointer(Some(&mut x[..]))])
-        .collect();
+    let mut args = one_pointer_each(&mut xs);
     let r = fx.call(opcode(3), &mut args, 1);
     assert_eq!((r[0].as_slice(), r[4].as_slice()), (&[0u8][..], &[0u8][..]));
     assert_eq!(xs[4], [1; 7], "nothing copied back to a refused lane");
@@ -425,9 +439,8 @@ fn pointees_that_do_not_fit_their_type_are_refused_and_the_rest_served() {
         .map(|s| vec![CallArg::Pointer(Some(&mut s[..])), CallArg::value(2u64)])
         .collect();
     let r = fx.call(opcode(4), &mut args, 8);
-    assert_eq!((u64_of(&r[0]), u64_of(&r[4]), u64_of(&r[5])), (15, 0, 15));
-    refusals += 1;
-    fx.expect_refused(refusals);
+    let fifteen = 15u64.to_le_bytes();
+    expect_lane_4_refused(&fx, &mut refusals, &r, &fifteen, &fifteen);
 
     // length: a C string without its NUL.
     let mut texts: Vec<Vec<u8>> = (0..64)
@@ -439,14 +452,10 @@ fn pointees_that_do_not_fit_their_type_are_refused_and_the_rest_served() {
             }
         })
         .collect();
-    let mut args: Vec<_> = texts
-        .iter_mut()
-        .map(|t| vec![CallArg::Pointer(Some(&mut t[..]))])
-        .collect();
+    let mut args = one_pointer_each(&mut texts);
     let r = fx.call(opcode(2), &mut args, 8);
-    assert_eq!((u64_of(&r[0]), u64_of(&r[4]), u64_of(&r[5])), (3, 0, 3));
-    refusals += 1;
-    fx.expect_refused(refusals);
+    let three = 3u64.to_le_bytes();
+    expect_lane_4_refused(&fx, &mut refusals, &r, &three, &three);
 
     // A function that needs data gets NULL.
     let op = Opcode::user(41);
@@ -460,16 +469,8 @@ fn pointees_that_do_not_fit_their_type_are_refused_and_the_rest_served() {
         .map(|(l, t)| vec![CallArg::Pointer((l != 4).then_some(&mut t[..]))])
         .collect();
     let r = fx.call(op, &mut args, 4);
-    assert_eq!(
-        (&r[0][..], &r[4][..], &r[5][..]),
-        (
-            &3u32.to_le_bytes()[..],
-            &[0u8; 4][..],
-            &3u32.to_le_bytes()[..]
-        )
-    );
-    refusals += 1;
-    fx.expect_refused(refusals);
+    let three = 3u32.to_le_bytes();
+    expect_lane_4_refused(&fx, &mut refusals, &r, &three, &three);
 
     // A function that panics on one lane.
     let op = Opcode::user(42);
@@ -480,16 +481,8 @@ fn pointees_that_do_not_fit_their_type_are_refused_and_the_rest_served() {
         })
         .unwrap();
     let r = fx.call(op, &mut per_lane(|l| vec![CallArg::value(l as u32)]), 4);
-    assert_eq!(
-        (&r[0][..], &r[4][..], &r[5][..]),
-        (
-            &0u32.to_le_bytes()[..],
-            &[0u8; 4][..],
-            &10u32.to_le_bytes()[..]
-        )
-    );
-    refusals += 1;
-    fx.expect_refused(refusals);
+    let (zero, ten) = (0u32.to_le_bytes(), 10u32.to_le_bytes());
+    expect_lane_4_refused(&fx, &mut refusals, &r, &zero, &ten);
 }
 
 #[test]
@@ -637,10 +630,7 @@ fn a_client_whose_argument_kinds_differ_desynchronises_without_a_hang_or_a_crash
     // new request; the client then reads that one's answer as its copy-back length and gives
     // up (longer than its pointee). Both sides end; neither waits for ever.
     let mut xs: Vec<Vec<u8>> = (0..64).map(|_| 5i64.to_le_bytes().to_vec()).collect();
-    let mut args: Vec<_> = xs
-        .iter_mut()
-        .map(|x| vec![CallArg::Pointer(Some(&mut x[..]))])
-        .collect();
+    let mut args = one_pointer_each(&mut xs);
     let mut port = fx.open(opcode(0));
     assert!(dispatch(&mut port, &mut args, 1).is_err());
     drop(port);

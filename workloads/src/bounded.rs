@@ -1,6 +1,7 @@
 //! Running a command-line program under test within bounds: a small address space, so that a
 //! program reading a device or a huge file whole fails instead of growing, and a generous hang
-//! guard, so that a program that never ends fails the test instead of hanging it.
+//! guard, so that a program that never ends fails the test instead of hanging it. With the
+//! checks every binary's command-line tests make: its `--help`, and its output as text.
 
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
@@ -46,6 +47,37 @@ pub fn output(mut command: Command) -> Output {
             // returned), so the pid still names that child.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             panic!("{command:?} ran past the hang guard ({HANG_GUARD:?})");
+        }
+    }
+}
+
+/// Runs `program` with `args` through [`output`].
+pub fn run(program: &str, args: &[&str]) -> Output {
+    let mut command = Command::new(program);
+    command.args(args);
+    output(command)
+}
+
+/// An output's exit code, stdout and stderr (as text).
+pub fn texts(output: &Output) -> (Option<i32>, String, String) {
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Checks that `program --help` and `program -h` each exit 0 with a help that names every one
+/// of `names`.
+pub fn assert_help_names(program: &str, names: &[&str]) {
+    for flag in ["--help", "-h"] {
+        let (code, stdout, stderr) = texts(&run(program, &[flag]));
+        assert_eq!(code, Some(0), "{flag}: {stderr}");
+        for name in names {
+            assert!(
+                stdout.contains(name),
+                "{flag} does not name {name}: {stdout}"
+            );
         }
     }
 }

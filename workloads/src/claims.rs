@@ -48,6 +48,43 @@ pub fn increment_at(client: &Client<'_>, index: u32, x: u64) -> u64 {
     got
 }
 
+/// WRITE_TO_STDOUT of `text` on port `index`, which must be free: the reply (bytes written).
+pub fn write_stdout_at(client: &Client<'_>, index: u32, text: &[u8]) -> u64 {
+    let mut port = open(client, index, Opcode::WRITE_TO_STDOUT);
+    port.send_n(&[text]).unwrap();
+    let mut written = 0;
+    port.recv(|_, p| written = p.word(0)).unwrap();
+    written
+}
+
+/// Opens `opcode` (a stream first, with no handle before it) on port `index` and sends the
+/// first packet of a stream of `data`: its length and first bytes. The server waits for the
+/// rest.
+pub fn start_stream<'a>(
+    client: &Client<'a>,
+    index: u32,
+    opcode: Opcode,
+    data: &[u8],
+) -> ClientPort<'a> {
+    let mut port = open(client, index, opcode);
+    port.send(|_, p| {
+        p.set_word(0, data.len() as u64);
+        p.write_bytes(8, &data[..FIRST_PACKET_BYTES]);
+    })
+    .unwrap();
+    port
+}
+
+/// The rest of [`start_stream`]'s stream, after its first packet, then the reply: its word 0.
+pub fn finish_stream(mut port: ClientPort<'_>, data: &[u8]) -> u64 {
+    for chunk in data[FIRST_PACKET_BYTES..].chunks(64) {
+        port.send(|_, p| p.write_bytes(0, chunk)).unwrap();
+    }
+    let mut reply = None;
+    port.recv(|_, p| reply = Some(p.word(0))).unwrap();
+    reply.unwrap()
+}
+
 /// Opens `opcode` on port `index` and sends what its script sends first, ending with a stream
 /// whose first packet claims [`CLAIM`] bytes: the server refuses the claim there.
 pub fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {

@@ -83,6 +83,49 @@ fn attach(server: &RpcServer) -> (Arc<MailboxMemory>, MailboxId) {
     (memory, id)
 }
 
+/// Steady traffic as mailbox `id`'s kernel until `stop`: increments on `MASK`'s lanes, each
+/// answer checked, `each` called after every one.
+fn increment_until(
+    server: &RpcServer,
+    memory: &MailboxMemory,
+    id: MailboxId,
+    stop: &AtomicBool,
+    mut each: impl FnMut(),
+) {
+    as_kernel(server, memory, id, |client| {
+        let mut x = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let mut port = client.open(Opcode::TEST_INCREMENT, MASK).unwrap();
+            let mut got = [0u64; 64];
+            port.send_and_recv(
+                |l, p| p.set_word(0, x + u64::from(l)),
+                |l, p| got[l as usize] = p.word(0),
+            )
+            .unwrap();
+            assert!(lanes(MASK).all(|l| got[l as usize] == x + u64::from(l) + 1));
+            x += 100;
+            each();
+        }
+    })
+}
+
+/// Runs `f` with a client of `memory` as a kernel of mailbox `id` (its user guard held), with
+/// lock bits of its own and a 30 s hang guard.
+fn as_kernel<R>(
+    server: &RpcServer,
+    memory: &MailboxMemory,
+    id: MailboxId,
+    f: impl FnOnce(&Client<'_>) -> R,
+) -> R {
+    let _kernel = server.user_for(id);
+    let locks = LockTable::new(PORTS);
+    let wait = Deadline::after(Duration::from_secs(30));
+    let client = Client::new(memory.view(), locks.words())
+        .unwrap()
+        .with_wait(&wait);
+    f(&client)
+}
+
 /// Requests whose dispatch ended, however it ended.
 fn ended(stats: &StatsSnapshot) -> u64 {
     stats.total_served()
@@ -295,19 +338,16 @@ fn kill_at_every_step(name: &str, script: Script) {
     let _ = server.start().unwrap();
     let steps = {
         let before = ended(&server.stats());
-        let _user = server.user_for(id);
-        let locks = LockTable::new(PORTS);
-        let wait = Deadline::after(Duration::from_secs(30));
-        let client = Client::new(memory.view(), locks.words())
-            .unwrap()
-            .with_wait(&wait);
-        let killer = Killer::at(usize::MAX);
-        script(&client, &killer).unwrap();
-        // A script may end with the client's send: wait for the server to finish reading it.
-        eventually("the full script ended", || {
-            ended(&server.stats()) == before + 1
-        });
-        killer.step.get()
+        as_kernel(&server, &memory, id, |client| {
+            let killer = Killer::at(usize::MAX);
+            script(client, &killer).unwrap();
+            // A script may end with the client's send: wait for the server to finish reading
+            // it.
+            eventually("the full script ended", || {
+                ended(&server.stats()) == before + 1
+            });
+            killer.step.get()
+        })
     };
     assert!(steps >= 4, "{name}: {steps} steps");
     // Requests ended so far, counted by the test: the server counts a request just after its
@@ -535,25 +575,9 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
         let (memory, streams_memory, server, stop) = (&memory, &streams_memory, &server, &stop);
         let (increments, streams) = (&increments, &streams);
         s.spawn(move || {
-            let _kernel = server.user_for(id);
-            let locks = LockTable::new(PORTS);
-            let wait = Deadline::after(Duration::from_secs(30));
-            let client = Client::new(memory.view(), locks.words())
-                .unwrap()
-                .with_wait(&wait);
-            let mut x = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let mut port = client.open(Opcode::TEST_INCREMENT, MASK).unwrap();
-                let mut got = [0u64; 64];
-                port.send_and_recv(
-                    |l, p| p.set_word(0, x + u64::from(l)),
-                    |l, p| got[l as usize] = p.word(0),
-                )
-                .unwrap();
-                assert!(lanes(MASK).all(|l| got[l as usize] == x + u64::from(l) + 1));
-                x += 100;
+            increment_until(server, memory, id, stop, || {
                 increments.fetch_add(1, Ordering::Relaxed);
-            }
+            })
         });
         s.spawn(move || {
             let data = stream_data();
@@ -646,26 +670,7 @@ fn attach_and_detach_with_exchanges_in_flight() {
     let stop = AtomicBool::new(false);
     std::thread::scope(|s| {
         let (memory, server, stop) = (&memory, &server, &stop);
-        s.spawn(move || {
-            let _kernel = server.user_for(id);
-            let locks = LockTable::new(PORTS);
-            let wait = Deadline::after(Duration::from_secs(30));
-            let client = Client::new(memory.view(), locks.words())
-                .unwrap()
-                .with_wait(&wait);
-            let mut x = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let mut port = client.open(Opcode::TEST_INCREMENT, MASK).unwrap();
-                let mut got = [0u64; 64];
-                port.send_and_recv(
-                    |l, p| p.set_word(0, x + u64::from(l)),
-                    |l, p| got[l as usize] = p.word(0),
-                )
-                .unwrap();
-                assert!(lanes(MASK).all(|l| got[l as usize] == x + u64::from(l) + 1));
-                x += 100;
-            }
-        });
+        s.spawn(move || increment_until(server, memory, id, stop, || ()));
         for round in 0..30 {
             let (other, other_id) = attach(server);
             let _kernel = server.user_for(other_id);

@@ -61,6 +61,11 @@ impl Fixture {
         }
     }
 
+    /// Makes `stdin` the server's stdin.
+    fn set_stdin(&self, stdin: impl std::io::Read + Send + 'static) {
+        self.server.context().services().set_stdin(Box::new(stdin));
+    }
+
     fn client<'a>(&'a self, wait: &'a dyn Wait) -> Client<'a> {
         Client::new(self.memory.view(), self.locks.words())
             .unwrap()
@@ -236,10 +241,12 @@ fn sixty_four_paused_exchanges_all_complete_with_the_sequential_output() {
     assert_eq!(stats.errors + stats.abandoned + stats.refused, 0, "{stats}");
 }
 
-/// A client wait that gives up once told to (the test ends the clients it left blocked).
-struct UntilTold<'a>(&'a AtomicBool);
+/// A client wait that gives up once told to (the test ends the clients it left blocked), and
+/// until then waits as `W` does (with a deadline, so that a test failing elsewhere ends instead
+/// of waiting for it).
+struct UntilTold<'a, W>(&'a AtomicBool, W);
 
-impl Wait for UntilTold<'_> {
+impl<W: Wait> Wait for UntilTold<'_, W> {
     fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
         if self.0.load(Ordering::Acquire) {
             return Err(rpc_core::ProtocolError::Abandoned {
@@ -247,8 +254,7 @@ impl Wait for UntilTold<'_> {
                 reason: "the test gave up",
             });
         }
-        Backoff::step(attempt);
-        Ok(())
+        self.1.pause(port, attempt)
     }
 }
 
@@ -305,11 +311,7 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
     // SAFETY: a valid path string.
     assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
     let (stdin_read, stdin_write) = std::io::pipe().unwrap();
-    fixture
-        .server
-        .context()
-        .services()
-        .set_stdin(Box::new(stdin_read));
+    fixture.set_stdin(stdin_read);
     let (pipe_read, pipe_write) = std::io::pipe().unwrap();
     let handler_end = Arc::new(pipe_read);
     fixture.server.register(READ_PIPE, move |mut req| {
@@ -328,7 +330,7 @@ fn blocking_calls_block_only_their_own_ports_and_shutdown_still_returns() {
     let (_master, slave) = open_pty();
     let kernel = fixture.server.user();
     let give_up = AtomicBool::new(false);
-    let wait = UntilTold(&give_up);
+    let wait = UntilTold(&give_up, Backoff);
     // The FIFO and the pty are answered, at once (a bounded wait that never gives up here
     // would have hung before), and with no file.
     assert_eq!(fopen(&fixture, 2, &fifo, b"r\0"), 0, "the FIFO is refused");
@@ -424,14 +426,10 @@ fn stdin_opcodes_behind_a_blocked_read_never_hold_the_server_thread() {
     let fixture = Fixture::new("stdin-blocked", 8, 1);
     let (entered_tx, entered) = std::sync::mpsc::channel();
     let (go, go_rx) = std::sync::mpsc::channel();
-    fixture
-        .server
-        .context()
-        .services()
-        .set_stdin(Box::new(GatedStdin {
-            entered: entered_tx,
-            go: go_rx,
-        }));
+    fixture.set_stdin(GatedStdin {
+        entered: entered_tx,
+        go: go_rx,
+    });
     let _kernel = fixture.server.user();
     let wait = Deadline::after(BOUND);
     let stdin = rpc_core::protocol::STDIN;
@@ -493,11 +491,7 @@ fn stdin_reads_on_every_io_thread_do_not_hold_up_other_ports_files() {
     let threads = ServerConfig::default().io_threads as u32;
     assert!(threads + 2 <= 8, "ports for the reads and the file");
     let (stdin_read, stdin_write) = std::io::pipe().unwrap();
-    fixture
-        .server
-        .context()
-        .services()
-        .set_stdin(Box::new(stdin_read));
+    fixture.set_stdin(stdin_read);
     let _kernel = fixture.server.user();
     let wait = Deadline::after(BOUND);
     let stdin = rpc_core::protocol::STDIN;
@@ -543,22 +537,6 @@ fn thread_named(name: &str) -> bool {
     })
 }
 
-/// A client wait that gives up once told to, or once its deadline passes (so that a test
-/// failing elsewhere ends instead of waiting for it).
-struct UntilToldOrDeadline<'a>(&'a AtomicBool, Deadline);
-
-impl Wait for UntilToldOrDeadline<'_> {
-    fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
-        if self.0.load(Ordering::Acquire) {
-            return Err(rpc_core::ProtocolError::Abandoned {
-                port,
-                reason: "the test gave up",
-            });
-        }
-        self.1.pause(port, attempt)
-    }
-}
-
 /// A request on port `index` that sends `data` to stdout (WRITE_TO_STDOUT) and leaves without
 /// waiting for the reply, which a stdout nobody reads holds back; the port stays locked.
 fn write_to_stdout_unanswered(fixture: &Fixture, index: u32, data: &[u8]) {
@@ -588,7 +566,7 @@ fn a_stdout_nobody_reads_holds_only_its_writers_and_shutdown_still_returns() {
     let (done, shut) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let line = s.spawn(|| {
-            let wait = UntilToldOrDeadline(&give_up, Deadline::after(BOUND));
+            let wait = UntilTold(&give_up, Deadline::after(BOUND));
             let client = fixture.client(&wait);
             let call = encode_printf("behind the blob\n", &[], false);
             kernel::printf(&client, 1, Target::Stdout, false, &[call]).is_err()

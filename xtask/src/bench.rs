@@ -15,7 +15,7 @@ use std::process::Command;
 use rpc_core::protocol::Generation;
 
 use crate::llvm_client::{self, Problem};
-use crate::{cargo, project_root, Failure, Result};
+use crate::{cargo, project_root, succeed, target_dir, Failure, Result};
 
 /// `cargo xtask bench`'s flags, checked here before any build: rpc-bench's own (passed on),
 /// plus `--peer`.
@@ -62,29 +62,22 @@ pub fn run(args: &Args) -> Result {
     if let Some(hogs) = args.hogs {
         pass.extend(["--hogs".to_string(), hogs.to_string()]);
     }
-    let status = Command::new(cargo())
-        .current_dir(&root)
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "rpc-bench",
-            "-p",
-            "rpc-serve",
-        ])
-        .args(["--bin", "rpc-bench", "--bin", "rpc-serve"])
-        .status()
-        .map_err(|e| format!("bench: running cargo: {e}"))?;
-    if !status.success() {
-        return Err(Failure::Failed(format!(
-            "bench: building rpc-bench and rpc-serve failed ({status})"
-        )));
-    }
-    let release = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"))
-        .join("release");
+    succeed(
+        Command::new(cargo())
+            .current_dir(&root)
+            .args([
+                "build",
+                "--release",
+                "--quiet",
+                "-p",
+                "rpc-bench",
+                "-p",
+                "rpc-serve",
+            ])
+            .args(["--bin", "rpc-bench", "--bin", "rpc-serve"]),
+        "bench: building rpc-bench and rpc-serve",
+    )?;
+    let release = target_dir(&root).join("release");
     let mut bench = Command::new(release.join("rpc-bench"));
     bench
         .current_dir(&root)

@@ -19,6 +19,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::succeed;
+
 /// The target the kit's binaries are built for: x86-64 Linux, glibc 2.17 (RHEL/CentOS 7).
 const KIT_TARGET: &str = "x86_64-unknown-linux-gnu.2.17";
 /// Cargo's name of that target (cargo-zigbuild takes the glibc version off).
@@ -181,19 +183,19 @@ fn build_binaries(root: &Path) -> Result<(PathBuf, bool), String> {
             "gpu-check: no cargo-zigbuild (pip install cargo-zigbuild ziglang): building \
              natively, so the binaries need this machine's glibc or newer"
         );
-        run_step(
+        succeed(
             Command::new(cargo)
                 .current_dir(root)
                 .args(["build", "--release"])
                 .args(packages),
-            "cargo build --release",
+            "gpu-check: cargo build --release",
         )?;
         return Ok((root.join("target/release"), false));
     }
     let shim_dir = root.join("target/gpu-check-shim");
     std::fs::create_dir_all(&shim_dir).map_err(|e| format!("gpu-check: {e}"))?;
     let shim = shim_dir.join("gettid.o");
-    run_step(
+    succeed(
         Command::new("cargo-zigbuild")
             .args([
                 "zig",
@@ -208,10 +210,10 @@ fn build_binaries(root: &Path) -> Result<(PathBuf, bool), String> {
             ])
             .arg(&shim)
             .arg(root.join("tools/gpu-check/gettid_shim.c")),
-        "zig cc gettid_shim.c",
+        "gpu-check: zig cc gettid_shim.c",
     )?;
     println!("gpu-check: building rpc-run and cuda-gpu-check (release, {KIT_TARGET})");
-    run_step(
+    succeed(
         Command::new("cargo-zigbuild")
             .current_dir(root)
             .args(["zigbuild", "--release", "--target", KIT_TARGET])
@@ -220,20 +222,9 @@ fn build_binaries(root: &Path) -> Result<(PathBuf, bool), String> {
                 "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUSTFLAGS",
                 format!("-C link-arg={}", shim.display()),
             ),
-        "cargo zigbuild",
+        "gpu-check: cargo zigbuild",
     )?;
     Ok((root.join("target").join(CARGO_TARGET).join("release"), true))
-}
-
-fn run_step(command: &mut Command, what: &str) -> Result<(), String> {
-    let status = command
-        .status()
-        .map_err(|e| format!("gpu-check: running {what}: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("gpu-check: {what} failed ({status})"))
-    }
 }
 
 /// The newest `GLIBC_x.y` symbol version `binary` needs, from `objdump -T`.

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use rpc_core::protocol::{Generation, Layout};
 
-use crate::{cargo, project_root, Failure, Result};
+use crate::{cargo, project_root, succeed, target_dir, Failure, Result};
 
 /// The Debian source packages tried, the generation their client speaks, newest LLVM last.
 const SOURCES: &[(u32, Generation)] = &[
@@ -607,50 +607,64 @@ fn start_driver_build(
     if let Some(dir) = binary.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
-    let source = root.join("workloads/llvm-client/driver.cpp");
-    // -O1: the driver waits on rpc-serve, and -O2 doubles the build. LLVM's headers as system
-    // headers: their warnings are not ours to fail on.
-    let child = Command::new(compiler)
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pthread",
-        ])
-        .arg("-U_FORTIFY_SOURCE")
-        .args(match generation {
-            // LLVM 18's client lives in libc's own tree and namespace.
-            Generation::V0 => vec![
-                "-DLLVM_RPC_18".to_string(),
-                format!("-DLIBC_NAMESPACE={LIBC_NAMESPACE_18}"),
-                "-isystem".to_string(),
-                headers.join("libc").display().to_string(),
-            ],
-            Generation::V1 | Generation::V2 => vec![
-                "-isystem".to_string(),
-                headers.join("libc/shared").display().to_string(),
-            ],
-        })
-        .arg(&source)
-        .arg("-o")
-        .arg(binary)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("llvm-client: running {compiler}: {e}"))?;
-    Ok(DriverBuild {
-        child,
-        what: format!(
+    // LLVM's headers as system headers: their warnings are not ours to fail on.
+    let mut flags = vec!["-U_FORTIFY_SOURCE".to_string()];
+    flags.extend(match generation {
+        // LLVM 18's client lives in libc's own tree and namespace.
+        Generation::V0 => vec![
+            "-DLLVM_RPC_18".to_string(),
+            format!("-DLIBC_NAMESPACE={LIBC_NAMESPACE_18}"),
+            "-isystem".to_string(),
+            headers.join("libc").display().to_string(),
+        ],
+        Generation::V1 | Generation::V2 => vec![
+            "-isystem".to_string(),
+            headers.join("libc/shared").display().to_string(),
+        ],
+    });
+    DriverBuild::start(
+        compiler,
+        &flags,
+        &root.join("workloads/llvm-client/driver.cpp"),
+        binary,
+        format!(
             "{} ({compiler}, LLVM's headers from {})",
             binary.display(),
             headers.display()
         ),
-    })
+    )
 }
 
 impl DriverBuild {
+    /// Starts `compiler` on `source` with `flags` (before the source), to `binary`: C++17 at
+    /// -O1 (the driver waits on rpc-serve, and -O2 doubles the build), every warning an error.
+    fn start(
+        compiler: &str,
+        flags: &[String],
+        source: &Path,
+        binary: &Path,
+        what: String,
+    ) -> Result<DriverBuild> {
+        let child = Command::new(compiler)
+            .args([
+                "-std=c++17",
+                "-O1",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pthread",
+            ])
+            .args(flags)
+            .arg(source)
+            .arg("-o")
+            .arg(binary)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("llvm-client: running {compiler}: {e}"))?;
+        Ok(DriverBuild { child, what })
+    }
+
     fn finish(mut self) -> Result {
         let mut complaints = String::new();
         if let Some(mut stderr) = self.child.stderr.take() {
@@ -678,50 +692,30 @@ fn start_dispatch_build(
     headers: &Path,
     binary: &Path,
 ) -> Result<DriverBuild> {
-    let source = root.join("workloads/llvm-client/dispatch.cpp");
-    let child = Command::new(compiler)
-        .args([
-            "-std=c++17",
-            "-O1",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pthread",
-        ])
-        .arg("-isystem")
-        .arg(headers.join("libc/shared"))
-        .arg(&source)
-        .arg("-o")
-        .arg(binary)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("llvm-client: running {compiler}: {e}"))?;
-    Ok(DriverBuild {
-        child,
-        what: format!(
+    DriverBuild::start(
+        compiler,
+        &[
+            "-isystem".to_string(),
+            headers.join("libc/shared").display().to_string(),
+        ],
+        &root.join("workloads/llvm-client/dispatch.cpp"),
+        binary,
+        format!(
             "{} ({compiler}, LLVM's rpc_dispatch.h from {})",
             binary.display(),
             headers.display()
         ),
-    })
+    )
 }
 
 fn build_rpc_serve(root: &Path) -> Result<PathBuf> {
-    let status = Command::new(cargo())
-        .current_dir(root)
-        .args(["build", "--quiet", "-p", "rpc-serve"])
-        .status()
-        .map_err(|e| format!("llvm-client: running cargo: {e}"))?;
-    if !status.success() {
-        return Err(Failure::Failed(format!(
-            "llvm-client: cargo build of rpc-serve failed ({status})"
-        )));
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    Ok(target.join("debug/rpc-serve"))
+    succeed(
+        Command::new(cargo())
+            .current_dir(root)
+            .args(["build", "--quiet", "-p", "rpc-serve"]),
+        "llvm-client: cargo build of rpc-serve",
+    )?;
+    Ok(target_dir(root).join("debug/rpc-serve"))
 }
 
 // ---- LLVM 18's client as real GPU code ---------------------------------------------------

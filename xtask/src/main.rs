@@ -26,7 +26,7 @@ mod test;
 mod tidy;
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -125,6 +125,24 @@ pub fn project_root() -> PathBuf {
 /// The cargo that runs us (`$CARGO`), else the one on `PATH`.
 pub fn cargo() -> std::ffi::OsString {
     std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
+/// Runs `command` to its end; if it does not succeed, why, named by `what` ("WHAT: why" when
+/// it does not start, "WHAT failed (STATUS)" when it fails).
+pub fn succeed(command: &mut std::process::Command, what: &str) -> std::result::Result<(), String> {
+    let status = command.status().map_err(|e| format!("{what}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{what} failed ({status})"))
+    }
+}
+
+/// Where cargo builds the workspace at `root`: `$CARGO_TARGET_DIR`, else its `target`.
+pub fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
 }
 
 fn run(command: Command) -> Result {

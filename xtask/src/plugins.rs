@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use crate::{cargo, project_root, Failure, Result};
+use crate::{cargo, project_root, succeed, Failure, Result};
 
 const PLUGINS: [&str; 3] = ["host", "cuda", "amdgpu"];
 
@@ -38,15 +38,7 @@ pub struct BuildArgs {
 }
 
 fn status(command: &mut Command, what: &str) -> Result {
-    let status = command
-        .current_dir(project_root())
-        .status()
-        .map_err(|e| Failure::Failed(format!("{what}: {e}")))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(Failure::Failed(format!("{what} failed ({status})")))
-    }
+    Ok(succeed(command.current_dir(project_root()), what)?)
 }
 
 /// `cargo xtask demo`: the README's main command.

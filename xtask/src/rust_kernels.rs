@@ -20,7 +20,7 @@ use std::process::Command;
 use rpc_core::protocol::Generation;
 use rpc_run::image::{Client, Format};
 
-use crate::{cargo, project_root, Failure, Result};
+use crate::{cargo, project_root, succeed, Failure, Result};
 
 /// The command line of `cargo xtask rust-kernels`.
 #[derive(clap::Args, Debug)]
@@ -109,15 +109,10 @@ fn build_gpu(root: &Path, target: &Path, gpu: &Gpu, example: &str) -> Result<Pat
         // and under fat LTO the PTX `--emit asm` writes is the whole program's.
         command.args(["--crate-type", "staticlib", "--", "--emit", "asm"]);
     }
-    let status = command
-        .status()
-        .map_err(|e| format!("rust-kernels: cargo: {e}"))?;
-    if !status.success() {
-        return Err(Failure::Failed(format!(
-            "rust-kernels: building {example} for {}: {status}",
-            gpu.triple
-        )));
-    }
+    succeed(
+        &mut command,
+        &format!("rust-kernels: building {example} for {}", gpu.triple),
+    )?;
     let folder = target.join(gpu.triple).join("release/examples");
     let image = if gpu.ptx {
         newest(&folder, example, ".s")?
@@ -259,17 +254,10 @@ fn cargo_build(root: &Path, args: &[&str], target_dir: Option<&Path>) -> Result 
     if let Some(dir) = target_dir {
         command.arg("--target-dir").arg(dir);
     }
-    let status = command
-        .status()
-        .map_err(|e| format!("rust-kernels: cargo: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(Failure::Failed(format!(
-            "rust-kernels: cargo {}: {status}",
-            args.join(" ")
-        )))
-    }
+    Ok(succeed(
+        &mut command,
+        &format!("rust-kernels: cargo {}", args.join(" ")),
+    )?)
 }
 
 /// Builds the examples for the host, with the v2 client object (into the workspace's

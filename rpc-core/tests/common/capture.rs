@@ -1,5 +1,6 @@
 //! A writer whose bytes the test reads back: what a server wrote to the device's stdout or
-//! stderr (`Services::set_stdout`). Also workloads' `interleaving.rs` includes this file.
+//! stderr (`Services::set_stdout`). Also workloads' `interleaving.rs` and plugin-contract
+//! include this file.
 
 // A test binary may use only part of it.
 #![allow(dead_code)]
@@ -25,6 +26,10 @@ impl Capture {
     /// Every byte written so far.
     pub fn bytes(&self) -> Vec<u8> {
         self.0.lock().unwrap().clone()
+    }
+    /// Every byte written so far, as text.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.bytes()).unwrap()
     }
     /// The bytes written since the last `take`.
     pub fn take(&self) -> Vec<u8> {

@@ -196,19 +196,12 @@ impl<'a> DeviceBuffer<'a> {
         Ok(bytes)
     }
 
-    fn read_u32(&self) -> Result<Vec<u32>, String> {
+    /// The block as words of `N` bytes, each made by `word` (`u32::from_le_bytes`).
+    fn read_words<const N: usize, T>(&self, word: fn([u8; N]) -> T) -> Result<Vec<T>, String> {
         Ok(self
             .read()?
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect())
-    }
-
-    fn read_u64(&self) -> Result<Vec<u64>, String> {
-        Ok(self
-            .read()?
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .chunks_exact(N)
+            .map(|c| word(c.try_into().unwrap()))
             .collect())
     }
 }
@@ -300,7 +293,7 @@ impl Check<'_> {
             grid,
         )
         .map_err(|e| e.to_string())?;
-        verdicts(&result.read_u32()?)?;
+        verdicts(&result.read_words(u32::from_le_bytes)?)?;
         Ok(format!(
             "{threads} threads x {iterations} round trips{}",
             if skip_odd { ", odd lanes absent" } else { "" }
@@ -317,7 +310,7 @@ impl Check<'_> {
             grid,
         )
         .map_err(|e| e.to_string())?;
-        verdicts(&result.read_u32()?)?;
+        verdicts(&result.read_words(u32::from_le_bytes)?)?;
         Ok(format!(
             "{threads} threads x 15 streams of 0..3937 bytes echoed"
         ))
@@ -330,7 +323,7 @@ impl Check<'_> {
         self.run("rpc_write_stdout", &[result.addr], grid)
             .map_err(|e| e.to_string())?;
         let printed = self.out.take();
-        verdicts(&result.read_u32()?)?;
+        verdicts(&result.read_words(u32::from_le_bytes)?)?;
         let expected = each_thread(grid, |block, warp, lane| {
             format!("hello from block {block} warp {warp} lane {lane}\n")
         });
@@ -346,7 +339,7 @@ impl Check<'_> {
         self.run("rpc_printf_stdout", &[result.addr, written.addr], grid)
             .map_err(|e| e.to_string())?;
         let printed = self.out.take();
-        verdicts(&result.read_u32()?)?;
+        verdicts(&result.read_words(u32::from_le_bytes)?)?;
         let expected = each_thread(grid, |block, warp, lane| {
             let word = if lane == 31 {
                 "(null)"
@@ -356,7 +349,7 @@ impl Check<'_> {
             let value = f64::from(lane) * 1.25 + f64::from(block);
             format!("block {block} warp {warp} lane {lane}: {word} {value:5.2}\n")
         });
-        let written = written.read_u64()?;
+        let written = written.read_words(u64::from_le_bytes)?;
         for (thread, (line, &count)) in expected.iter().zip(&written).enumerate() {
             if count != line.len() as u64 {
                 return Err(format!(
@@ -379,7 +372,7 @@ impl Check<'_> {
             Err(error) => return Err(format!("synchronize said {error}, expected exit(7)")),
             Ok((other, _)) => return Err(format!("synchronize reported {other:?}, not exit(7)")),
         }
-        verdicts(&result.read_u32()?)?;
+        verdicts(&result.read_words(u32::from_le_bytes)?)?;
         // Recorded once: the next synchronize is clean.
         self.runtime.synchronize(0).map_err(|e| e.to_string())?;
         Ok("recorded as exit(7), the kernel returned".into())
@@ -392,7 +385,7 @@ impl Check<'_> {
         let elapsed = self
             .run("rpc_test_increment", &[result.addr, iterations, 0], grid)
             .map_err(|e| e.to_string())?;
-        verdicts(&result.read_u32()?)?;
+        verdicts(&result.read_words(u32::from_le_bytes)?)?;
         let warps = grid.total_blocks() * grid.threads_per_block().div_ceil(u64::from(WARP));
         Ok((warps * iterations) as f64 / elapsed.as_secs_f64())
     }

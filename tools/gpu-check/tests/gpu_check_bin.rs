@@ -1,18 +1,13 @@
 //! `cuda-gpu-check` without a GPU: says why and exits 69 (the kit reports a skip), never
 //! panics; bad arguments exit 2.
 
-use std::process::Command;
+use workloads::bounded;
+
+const CHECK: &str = env!("CARGO_BIN_EXE_cuda-gpu-check");
 
 /// Runs cuda-gpu-check under `workloads::bounded`'s address-space limit and hang guard.
 fn check(args: &[&str]) -> (Option<i32>, String, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_cuda-gpu-check"));
-    command.args(args);
-    let output = workloads::bounded::output(command);
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    bounded::texts(&bounded::run(CHECK, args))
 }
 
 #[test]
@@ -55,15 +50,14 @@ fn bad_arguments_exit_2_with_the_message_and_the_usage() {
 
 #[test]
 fn help_exits_0_and_names_every_flag() {
-    let (code, stdout, stderr) = check(&["--help"]);
-    assert_eq!(code, Some(0), "{stderr}");
-    for flag in [
-        "PTX",
-        "--quick",
-        "--iterations-1warp",
-        "--iterations-many",
-        "--timeout-s",
-    ] {
-        assert!(stdout.contains(flag), "{flag} not in: {stdout}");
-    }
+    bounded::assert_help_names(
+        CHECK,
+        &[
+            "PTX",
+            "--quick",
+            "--iterations-1warp",
+            "--iterations-many",
+            "--timeout-s",
+        ],
+    );
 }

@@ -3,21 +3,15 @@
 //! anything is measured, and a `--requests-only` port count that is no shape with the shapes;
 //! each run under `workloads::bounded`'s address-space limit and hang guard.
 
-use std::process::{Command, Output};
+use workloads::bounded;
 
-fn bench(args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-bench"));
-    command.args(args);
-    workloads::bounded::output(command)
-}
+const BENCH: &str = env!("CARGO_BIN_EXE_rpc-bench");
 
 #[test]
 fn help_exits_0_and_names_every_flag() {
-    for help in ["--help", "-h"] {
-        let out = bench(&[help]);
-        assert_eq!(out.status.code(), Some(0), "{help}");
-        let text = String::from_utf8_lossy(&out.stdout);
-        for flag in [
+    bounded::assert_help_names(
+        BENCH,
+        &[
             "--quick",
             "--float",
             "--latency-only",
@@ -31,16 +25,17 @@ fn help_exits_0_and_names_every_flag() {
             "--peer-v1",
             "--peer-v2",
             "--out",
-        ] {
-            assert!(text.contains(flag), "{help} names {flag}:\n{text}");
-        }
-    }
+        ],
+    );
 }
 
 #[test]
 fn park_us_out_of_its_range_is_refused_naming_the_range() {
     for bad in ["0", "4294967296", "1000001"] {
-        let out = bench(&["--park-us", bad, "--out", "/nonexistent/never-written"]);
+        let out = bounded::run(
+            BENCH,
+            &["--park-us", bad, "--out", "/nonexistent/never-written"],
+        );
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {stderr}");
         assert!(stderr.contains("1..=1000000"), "{bad}: {stderr}");
@@ -51,13 +46,16 @@ fn park_us_out_of_its_range_is_refused_naming_the_range() {
 /// `--requests-only N K` takes only a shape of the round-trip rows, and says which.
 #[test]
 fn requests_only_refuses_a_port_count_that_is_no_shape_naming_the_shapes() {
-    let out = bench(&[
-        "--requests-only",
-        "100",
-        "5",
-        "--out",
-        "/nonexistent/never-written",
-    ]);
+    let out = bounded::run(
+        BENCH,
+        &[
+            "--requests-only",
+            "100",
+            "5",
+            "--out",
+            "/nonexistent/never-written",
+        ],
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

@@ -260,6 +260,27 @@ pub struct FatbinEntry {
 }
 
 impl Inspection {
+    /// A PTX module's or a cubin's (every kernel known), the client and the constructors read
+    /// from its globals (name, bytes).
+    fn nvidia(
+        format: Format,
+        target: String,
+        version: String,
+        kernels: Vec<Kernel>,
+        globals: &[(String, u64)],
+    ) -> Inspection {
+        Inspection {
+            format,
+            target,
+            version,
+            kernels,
+            kernels_known: true,
+            client: Client::of(globals),
+            init_fini: init_fini(globals.iter().map(|(n, _)| n.as_str())),
+            entries: Vec::new(),
+        }
+    }
+
     pub fn kernel(&self, name: &str) -> Option<&Kernel> {
         self.kernels.iter().find(|k| k.name == name)
     }
@@ -286,27 +307,25 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
             if let Some(why) = &module.unfinished {
                 return Err(BadImage(format!("PTX text: {why}")));
             }
-            Ok(Inspection {
+            let kernels = module
+                .entries
+                .iter()
+                .map(|e| Kernel {
+                    name: e.name.clone(),
+                    kernarg_size: Some(e.params_size),
+                    params: Some(e.params.clone()),
+                    stack: Some(e.frame),
+                    dynamic_stack: Some(e.calls),
+                    wavefront_size: Some(32),
+                })
+                .collect();
+            Ok(Inspection::nvidia(
                 format,
-                target: module.target.clone(),
-                version: module.version.clone(),
-                kernels: module
-                    .entries
-                    .iter()
-                    .map(|e| Kernel {
-                        name: e.name.clone(),
-                        kernarg_size: Some(e.params_size),
-                        params: Some(e.params.clone()),
-                        stack: Some(e.frame),
-                        dynamic_stack: Some(e.calls),
-                        wavefront_size: Some(32),
-                    })
-                    .collect(),
-                kernels_known: true,
-                client: Client::of(&module.globals),
-                init_fini: init_fini(module.globals.iter().map(|(n, _)| n.as_str())),
-                entries: Vec::new(),
-            })
+                module.target.clone(),
+                module.version.clone(),
+                kernels,
+                &module.globals,
+            ))
         }
         Format::AmdGpu => {
             let object = code_object::read(bytes)
@@ -346,27 +365,25 @@ pub fn inspect(bytes: &[u8]) -> Result<Inspection, BadImage> {
         }
         Format::Cubin => {
             let cubin = cubin::read(bytes).map_err(|e| BadImage(format!("cubin: {}", e.0)))?;
-            Ok(Inspection {
+            let kernels = cubin
+                .kernels
+                .iter()
+                .map(|k| Kernel {
+                    name: k.name.clone(),
+                    kernarg_size: k.params_size,
+                    params: k.params.clone(),
+                    stack: k.stack,
+                    dynamic_stack: None,
+                    wavefront_size: Some(32),
+                })
+                .collect();
+            Ok(Inspection::nvidia(
                 format,
-                target: cubin.target.clone(),
-                version: cubin.abi_version.to_string(),
-                kernels: cubin
-                    .kernels
-                    .iter()
-                    .map(|k| Kernel {
-                        name: k.name.clone(),
-                        kernarg_size: k.params_size,
-                        params: k.params.clone(),
-                        stack: k.stack,
-                        dynamic_stack: None,
-                        wavefront_size: Some(32),
-                    })
-                    .collect(),
-                kernels_known: true,
-                client: Client::of(&cubin.globals),
-                init_fini: init_fini(cubin.globals.iter().map(|(n, _)| n.as_str())),
-                entries: Vec::new(),
-            })
+                cubin.target.clone(),
+                cubin.abi_version.to_string(),
+                kernels,
+                &cubin.globals,
+            ))
         }
         Format::Fatbin => inspect_fatbin(bytes),
         Format::Host => {

@@ -2,6 +2,8 @@
 //! clear message (each run under `workloads::bounded`'s address-space limit and hang guard),
 //! and `--inspect` reads the real images `cargo xtask gpu-images` built.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -76,11 +78,9 @@ fn every_failure_class_exits_with_its_own_code_and_says_why() {
 
 #[test]
 fn help_exits_0_and_names_every_flag() {
-    for help in ["--help", "-h"] {
-        let output = rpc_run(&[help]);
-        assert_eq!(output.status.code(), Some(0), "{output:?}");
-        let text = String::from_utf8_lossy(&output.stdout);
-        for flag in [
+    bounded::assert_help_names(
+        env!("CARGO_BIN_EXE_rpc-run"),
+        &[
             "--plugin",
             "--threads ",
             "--blocks ",
@@ -98,11 +98,9 @@ fn help_exits_0_and_names_every_flag() {
             "--help",
             "IMAGE",
             "ARGS",
-        ] {
-            assert!(text.contains(flag), "{flag} not in: {text}");
-        }
-        assert!(text.contains("64 usage, 65 bad image"), "{text}");
-    }
+            "64 usage, 65 bad image",
+        ],
+    );
 }
 
 #[test]
@@ -259,40 +257,25 @@ fn inspect_prints_the_generation_and_kernels() {
 /// The xtask checks them in more depth (against llvm-readelf).
 #[test]
 fn inspect_reads_the_built_gpu_images() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/gpu-images");
-    let Ok(targets) = std::fs::read_dir(&root) else {
-        eprintln!(
-            "no {} (run `cargo xtask gpu-images`): nothing to read",
-            root.display()
+    let images = common::built_gpu_images(None);
+    for path in &images {
+        let output = rpc_run(&["--inspect", path.to_str().unwrap()]);
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{}: {output:?}", path.display());
+        assert!(
+            text.contains("client symbol=__llvm_rpc_client size=552 generation=v1"),
+            "{}: {text}",
+            path.display()
         );
-        return;
-    };
-    let mut read = 0;
-    for target in targets.flatten() {
-        for image in std::fs::read_dir(target.path()).unwrap().flatten() {
-            let path = image.path();
-            if path.extension().is_some() {
-                continue; // logs
-            }
-            let output = rpc_run(&["--inspect", path.to_str().unwrap()]);
-            let text = String::from_utf8_lossy(&output.stdout);
-            assert!(output.status.success(), "{}: {output:?}", path.display());
+        for kernel in ["_begin", "_start", "_end"] {
             assert!(
-                text.contains("client symbol=__llvm_rpc_client size=552 generation=v1"),
+                text.contains(&format!("kernel name={kernel} ")),
                 "{}: {text}",
                 path.display()
             );
-            for kernel in ["_begin", "_start", "_end"] {
-                assert!(
-                    text.contains(&format!("kernel name={kernel} ")),
-                    "{}: {text}",
-                    path.display()
-                );
-            }
-            read += 1;
         }
     }
-    eprintln!("read {read} images under {}", root.display());
+    eprintln!("read {} built images", images.len());
 }
 
 /// A `libplugin_cuda.so` in `RPC_PLUGIN_PATH` is the plugin rpc-run uses (here one of another

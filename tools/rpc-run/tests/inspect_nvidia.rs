@@ -5,7 +5,9 @@
 //! `cargo xtask gpu-images` built. The fixtures are written from that layout, not from the
 //! reader's code, so a misreading of either shows.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::process::Command;
 
 use rpc_run::image::{inspect, Client, Format};
@@ -492,21 +494,9 @@ fn a_malformed_fatbin_is_a_bad_image_and_never_a_panic() {
 /// its PTX does.
 #[test]
 fn a_fatbin_of_each_built_ptx_image_reads_as_the_ptx() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/gpu-images/nvptx64");
-    let Ok(images) = std::fs::read_dir(&root) else {
-        eprintln!(
-            "no {} (run `cargo xtask gpu-images`): nothing to wrap",
-            root.display()
-        );
-        return;
-    };
-    let mut read = 0;
-    for image in images.flatten() {
-        let path = image.path();
-        if path.extension().is_some() {
-            continue; // logs
-        }
-        let ptx = std::fs::read(&path).unwrap();
+    let images = common::built_gpu_images(Some("nvptx64"));
+    for path in &images {
+        let ptx = std::fs::read(path).unwrap();
         let plain = inspect(&ptx).unwrap();
         assert_eq!(plain.format, Format::Ptx, "{}", path.display());
         let wrapped = inspect(&fatbin(&[fat_entry(
@@ -522,7 +512,6 @@ fn a_fatbin_of_each_built_ptx_image_reads_as_the_ptx() {
         assert_eq!(wrapped.init_fini, plain.init_fini, "{}", path.display());
         assert_eq!(wrapped.target, "sm_90");
         assert!(matches!(wrapped.client, Client::Known { size: 552, .. }));
-        read += 1;
     }
-    eprintln!("wrapped {read} PTX images of {}", root.display());
+    eprintln!("wrapped {} built PTX images", images.len());
 }

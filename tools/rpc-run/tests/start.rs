@@ -9,9 +9,10 @@ use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Warp};
 use rpc_core::plugin::Grid;
 use rpc_core::protocol::Generation;
 use rpc_core::protocol::Numbering;
-use rpc_core::PluginRuntime;
 use rpc_core::{ExitPolicy, ServerConfig, ServicesConfig};
+use rpc_core::{PluginRuntime, Runtime};
 use rpc_run::start::{self, Program};
+use rpc_run::Failure;
 
 fn word(args: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(args[at..at + 8].try_into().unwrap())
@@ -105,21 +106,23 @@ fn program() -> Program {
     }
 }
 
+/// [`program`] run from `image` on `device` (no constructors).
+fn run_program(
+    runtime: &dyn Runtime,
+    device: usize,
+    image: &[u8],
+    numbering: Numbering,
+    grid: Grid,
+) -> Result<i32, Failure> {
+    start::run(runtime, device, image, numbering, &[], &program(), grid)
+}
+
 #[test]
 fn begin_on_one_thread_start_on_the_grid_end_then_mains_status() {
     let log = Log::default();
     let runtime = record_runtime(32);
     let image = program_image(&log, 5);
-    let status = start::run(
-        &runtime,
-        0,
-        &image,
-        Numbering::Current,
-        &[],
-        &program(),
-        Grid::linear(2, 64),
-    )
-    .unwrap();
+    let status = run_program(&runtime, 0, &image, Numbering::Current, Grid::linear(2, 64)).unwrap();
     assert_eq!(status, 5);
     let log = log.lock().unwrap().clone();
     let argv = r#"["prog.img", "one", "two"]"#;
@@ -137,15 +140,7 @@ fn an_llvm19_image_gets_the_status_in_end() {
     let log = Log::default();
     let runtime = record_runtime(1);
     let image = program_image(&log, 2);
-    let status = start::run(
-        &runtime,
-        0,
-        &image,
-        Numbering::Llvm19,
-        &[],
-        &program(),
-        Grid::linear(1, 1),
-    );
+    let status = run_program(&runtime, 0, &image, Numbering::Llvm19, Grid::linear(1, 1));
     assert_eq!(status, Ok(2));
     assert_eq!(log.lock().unwrap().last().unwrap(), "_end args=4");
 }
@@ -164,15 +159,7 @@ fn a_kernels_exit_ends_the_program_with_its_status_and_exit_0_is_no_error() {
                 panic!("_end must not run after exit")
             })
             .into_bytes();
-        let got = start::run(
-            &runtime,
-            0,
-            &image,
-            Numbering::Current,
-            &[],
-            &program(),
-            Grid::linear(1, 32),
-        );
+        let got = run_program(&runtime, 0, &image, Numbering::Current, Grid::linear(1, 32));
         assert_eq!(got, Ok(status));
     }
 }
@@ -183,36 +170,18 @@ fn a_faulting_kernel_and_a_missing_device_are_their_own_failures() {
     let image = HostImage::new("faults")
         .kernel("_begin", |_: &mut Warp<'_>| panic!("illegal address"))
         .into_bytes();
-    let failure = start::run(
-        &runtime,
-        0,
-        &image,
-        Numbering::Current,
-        &[],
-        &program(),
-        Grid::linear(1, 1),
-    )
-    .unwrap_err();
+    let failure =
+        run_program(&runtime, 0, &image, Numbering::Current, Grid::linear(1, 1)).unwrap_err();
     assert_eq!(failure.code(), rpc_run::code::KERNEL_FAULT, "{failure}");
-    let failure = start::run(
-        &runtime,
-        3,
-        &image,
-        Numbering::Current,
-        &[],
-        &program(),
-        Grid::linear(1, 1),
-    )
-    .unwrap_err();
+    let failure =
+        run_program(&runtime, 3, &image, Numbering::Current, Grid::linear(1, 1)).unwrap_err();
     assert_eq!(failure.code(), rpc_run::code::NO_DEVICE, "{failure}");
     let missing = HostImage::new("no start").into_bytes();
-    let failure = start::run(
+    let failure = run_program(
         &runtime,
         0,
         &missing,
         Numbering::Current,
-        &[],
-        &program(),
         Grid::linear(1, 1),
     )
     .unwrap_err();
@@ -239,15 +208,7 @@ fn exit_3_makes_the_process_exit_3() {
             })
             .kernel("_end", |_: &mut Warp<'_>| {})
             .into_bytes();
-        let _ = start::run(
-            &runtime,
-            0,
-            &image,
-            Numbering::Current,
-            &[],
-            &program(),
-            Grid::linear(1, 1),
-        );
+        let _ = run_program(&runtime, 0, &image, Numbering::Current, Grid::linear(1, 1));
         unreachable!("exit(3) ends the process");
     }
     let output = std::process::Command::new(std::env::current_exe().unwrap())
@@ -284,16 +245,7 @@ mod cuda_fake {
             blocks: [4, 1, 1],
             threads: [32, 2, 1],
         };
-        let status = start::run(
-            &runtime,
-            0,
-            IMAGE,
-            Numbering::Current,
-            &[],
-            &program(),
-            grid,
-        )
-        .unwrap();
+        let status = run_program(&runtime, 0, IMAGE, Numbering::Current, grid).unwrap();
         assert_eq!(status, 0, "nothing ran, so *ret stayed 0");
         let launches = driver.launches();
         let names: Vec<&str> = launches.iter().map(|l| l.kernel.as_str()).collect();
@@ -320,16 +272,8 @@ mod cuda_fake {
         let driver = Arc::new(FakeDriver::new(vec![]));
         let runtime = rpc_run::runtime(CudaPlugin::with_driver(driver), false).unwrap();
         rpc_run::prepare_cuda(&runtime, 0).unwrap();
-        let failure = start::run(
-            &runtime,
-            0,
-            IMAGE,
-            Numbering::Current,
-            &[],
-            &program(),
-            Grid::linear(1, 1),
-        )
-        .unwrap_err();
+        let failure =
+            run_program(&runtime, 0, IMAGE, Numbering::Current, Grid::linear(1, 1)).unwrap_err();
         assert_eq!(failure.code(), rpc_run::code::NO_DEVICE, "{failure}");
     }
 }

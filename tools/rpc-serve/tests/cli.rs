@@ -2,21 +2,15 @@
 //! with a message that names the accepted values or range; each run under
 //! `workloads::bounded`'s address-space limit and hang guard.
 
-use std::process::{Command, Output};
+use workloads::bounded;
 
-fn run(args: &[&str]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_rpc-serve"));
-    command.args(args);
-    workloads::bounded::output(command)
-}
+const SERVE: &str = env!("CARGO_BIN_EXE_rpc-serve");
 
 #[test]
 fn help_exits_0_and_names_every_flag_and_exit_status() {
-    for help in ["--help", "-h"] {
-        let output = run(&[help]);
-        let text = String::from_utf8_lossy(&output.stdout);
-        assert_eq!(output.status.code(), Some(0), "{help}: {text}");
-        for flag in [
+    bounded::assert_help_names(
+        SERVE,
+        &[
             "--file",
             "--replace",
             "--memfd",
@@ -31,13 +25,13 @@ fn help_exits_0_and_names_every_flag_and_exit_status() {
             "--json",
             "--dispatch-tests",
             "--help",
-        ] {
-            assert!(text.contains(flag), "{help} does not name {flag}: {text}");
-        }
-        for line in ["SIGHUP", "Exit status", "3  --file", "6  the shutdown"] {
-            assert!(text.contains(line), "{help} does not say {line:?}: {text}");
-        }
-    }
+            // The signals and the exit statuses.
+            "SIGHUP",
+            "Exit status",
+            "3  --file",
+            "6  the shutdown",
+        ],
+    );
 }
 
 #[test]
@@ -86,7 +80,7 @@ fn usage_errors_exit_2_and_name_what_is_accepted() {
         (with(&["--file", "x", "--memfd"]), &["--memfd", "--file"]),
     ];
     for (args, names) in cases {
-        let output = run(&args);
+        let output = bounded::run(SERVE, &args);
         let message = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {message}");
         assert!(output.stdout.is_empty(), "{args:?}");

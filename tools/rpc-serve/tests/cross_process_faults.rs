@@ -150,15 +150,21 @@ fn a_client_process_killed_mid_exchange_loses_only_its_port_until_the_client_tim
     assert_eq!(back[0], data);
 
     // SIGTERM: rpc-serve stops cleanly and reports the one abandoned exchange.
-    // SAFETY: kill has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) }, 0);
-    let status = serve.0.wait().unwrap();
-    assert!(status.success(), "rpc-serve exited with {status}");
-    let mut rest = String::new();
-    serve_out.read_to_string(&mut rest).unwrap();
+    let rest = stop(&mut serve, &mut serve_out);
     assert!(rest.contains("abandoned=1 "), "{rest}");
     assert!(rest.contains("panics=0 "), "{rest}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// SIGTERM to `serve`: it stops cleanly; what it printed after that (its statistics), from
+/// `out`.
+fn stop(serve: &mut Killing, out: &mut impl Read) -> String {
+    common::sigterm(&serve.0);
+    let status = serve.0.wait().unwrap();
+    assert!(status.success(), "rpc-serve exited with {status}");
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    rest
 }
 
 /// The thread of process `pid` named `name` (as the kernel shortens it) blocked in the system
@@ -182,9 +188,7 @@ fn sigterm_ends_rpc_serve_while_an_io_thread_is_stuck_reading_stdin() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("mailbox");
     let fifo = dir.join("fifo");
-    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    common::mkfifo(&fifo);
     let mut serve = Killing(
         Command::new(env!("CARGO_BIN_EXE_rpc-serve"))
             .args(["--file", file.to_str().unwrap(), "--gen", "v2"])
@@ -241,12 +245,7 @@ fn sigterm_ends_rpc_serve_while_an_io_thread_is_stuck_reading_stdin() {
         assert_eq!(got, 2);
     }
     std::mem::forget(port);
-    // SAFETY: kill has no memory-safety preconditions.
-    assert_eq!(unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) }, 0);
-    let status = serve.0.wait().unwrap();
-    assert!(status.success(), "rpc-serve exited with {status}");
-    let mut rest = String::new();
-    serve_out.read_to_string(&mut rest).unwrap();
+    let rest = stop(&mut serve, &mut serve_out);
     assert!(rest.contains("io_threads_abandoned=1"), "{rest}");
     assert!(rest.contains(" refused=1 "), "{rest}");
     std::fs::remove_dir_all(&dir).unwrap();

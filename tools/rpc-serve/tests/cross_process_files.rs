@@ -2,6 +2,8 @@
 //! sandbox of its working directory; `--files deny`; the mailbox file (and `/proc`) refused
 //! even under `--files all`; and rpc-serve's own log and output files refused wherever they lie.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -24,11 +26,9 @@ struct Dirs {
 
 impl Dirs {
     fn new(tag: &str) -> Dirs {
-        let top =
-            std::env::temp_dir().join(format!("rpc-serve-files-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&top);
+        let top = common::scratch(tag);
         let jail = top.join("jail");
-        std::fs::create_dir_all(&jail).unwrap();
+        std::fs::create_dir(&jail).unwrap();
         Dirs { top, jail }
     }
 }

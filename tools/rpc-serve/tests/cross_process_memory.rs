@@ -44,6 +44,14 @@ fn status_bytes(serve: &Serve, field: &str) -> u64 {
 /// Far below each attack's old cost (hundreds of MB), far above rpc-serve's own needs.
 const PEAK: u64 = 96 << 20;
 
+/// Checks that `serve`'s peak RSS stayed below [`PEAK`], and stops it.
+fn stop_below_peak(serve: Serve) {
+    let peak = peak_rss(&serve);
+    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
+    assert!(peak < PEAK, "peak RSS {peak} bytes");
+    serve.stop();
+}
+
 /// Runs `f` with a one-lane warp of a client of `serve`'s mailbox.
 fn with_warp<R>(serve: &Serve, f: impl FnOnce(&Warp) -> R) -> R {
     let map = common::map(&serve.path);
@@ -69,10 +77,7 @@ fn a_printf_of_400_mb_never_holds_its_output() {
     })
     .unwrap();
     assert_eq!(printed[0], (4096 * SPECS) as i64);
-    let peak = peak_rss(&serve);
-    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
-    assert!(peak < PEAK, "peak RSS {peak} bytes");
-    serve.stop();
+    stop_below_peak(serve);
 }
 
 #[test]
@@ -84,10 +89,7 @@ fn a_string_printed_300_times_is_fetched_once_and_never_held_whole() {
     })
     .unwrap();
     assert_eq!(printed[0], 300 << 20);
-    let peak = peak_rss(&serve);
-    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
-    assert!(peak < PEAK, "peak RSS {peak} bytes");
-    serve.stop();
+    stop_below_peak(serve);
 }
 
 #[test]
@@ -100,10 +102,7 @@ fn a_read_of_2_pow_62_bytes_from_dev_zero_is_served_in_a_part() {
         rpc_core::Limits::default().read_bytes as usize
     );
     assert!(data[0].iter().all(|&b| b == 0));
-    let peak = peak_rss(&serve);
-    eprintln!("rpc-serve peak RSS: {} KiB", peak >> 10);
-    assert!(peak < PEAK, "peak RSS {peak} bytes");
-    serve.stop();
+    stop_below_peak(serve);
 }
 
 #[test]

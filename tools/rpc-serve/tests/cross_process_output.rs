@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::os::unix::fs::OpenOptionsExt;
-
 use common::{layout, scratch, serve, BOUND, PORTS};
 use rpc_core::protocol::{Client, Deadline, LockTable};
 use rpc_core::Opcode;
@@ -15,15 +13,8 @@ use rpc_core::Opcode;
 fn a_stdout_fifo_nobody_reads_holds_no_other_port_and_sigterm_ends_rpc_serve() {
     let dir = scratch("stuck-stdout");
     let fifo = dir.join("out");
-    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
     // The reader: alive (rpc-serve's open of the FIFO finds it), never reading.
-    let _reader = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .unwrap();
+    let _reader = common::fifo_nobody_reads(&fifo);
     std::fs::write(dir.join("x.txt"), b"x").unwrap();
     let serve = serve(
         &[

@@ -16,10 +16,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use common::{log_lines, read_ready, scratch, sigterm, wait_exit, wait_for_line, Killing, BOUND};
-use rpc_core::protocol::FIRST_PACKET_BYTES;
 use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
 use rpc_core::Opcode;
-use workloads::claims::{claim, finish_claim, increment_at, open, streaming};
+use workloads::claims::{claim, finish_claim, finish_stream, increment_at, start_stream};
+use workloads::claims::{streaming, write_stdout_at};
 
 const PORTS: u32 = 8;
 fn layout() -> Layout {
@@ -128,35 +128,19 @@ fn a_slow_clients_late_packets_are_never_run_and_its_port_serves_again() {
         .with_wait(&wait);
     let data: Vec<u8> = (0..200u32).map(|i| b'a' + (i % 26) as u8).collect();
     for opcode in [Opcode::WRITE_TO_STDOUT, Opcode::TEST_STREAM] {
-        let mut port = open(&client, 0, opcode);
-        port.send(|_, p| {
-            p.set_word(0, data.len() as u64);
-            p.write_bytes(8, &data[..FIRST_PACKET_BYTES]);
-        })
-        .unwrap();
+        let port = start_stream(&client, 0, opcode, &data);
         // The rest only once rpc-serve has given the exchange up.
         let line = wait_for_line(&serve.log, "the client timed out", BOUND);
         assert!(line.contains("port 0"), "{line}");
-        for chunk in data[FIRST_PACKET_BYTES..].chunks(64) {
-            port.send(|_, p| p.write_bytes(0, chunk)).unwrap();
-        }
-        let mut reply = None;
-        port.recv(|_, p| reply = Some(p.word(0))).unwrap();
-        drop(port);
         assert_eq!(
-            reply,
-            Some(0),
+            finish_stream(port, &data),
+            0,
             "{opcode}: 0 bytes written, or an empty echo"
         );
         assert_eq!(increment_at(&client, 0, 41), 42, "{opcode}");
     }
     // A write on that port prints again.
-    let mut port = open(&client, 0, Opcode::WRITE_TO_STDOUT);
-    port.send_n(&[&b"again\n"[..]]).unwrap();
-    let mut written = 0;
-    port.recv(|_, p| written = p.word(0)).unwrap();
-    drop(port);
-    assert_eq!(written, 6);
+    assert_eq!(write_stdout_at(&client, 0, b"again\n"), 6);
     let stats = serve.stop();
     // The three requests served are the two increments and the last write; the abandoned
     // exchanges and their late packets ran nothing.

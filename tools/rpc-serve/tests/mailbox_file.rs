@@ -50,9 +50,7 @@ fn an_existing_file_that_is_not_an_idle_mailbox_is_refused_and_left_byte_for_byt
     std::fs::write(&sized, &garbage).unwrap();
     // A FIFO: refused at once, not waited on.
     let fifo = dir.join("fifo");
-    let c_fifo = std::ffi::CString::new(arg(&fifo)).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
+    common::mkfifo(&fifo);
     for (path, why) in [
         (&precious, "not an idle mailbox"),
         (&sized, "not an idle mailbox"),

@@ -7,7 +7,7 @@
 mod common;
 
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{increment, scratch, serve, wait_exit, Serve, BOUND, PORTS};
@@ -60,19 +60,40 @@ fn pipe_fill(fifo: &impl AsRawFd) -> (i32, i32) {
     (queued, capacity)
 }
 
+/// Until the pipe behind `pipe` (read end) is full; `what` names it in the failure.
+fn wait_until_full(pipe: &impl AsRawFd, what: &str) {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let (queued, capacity) = pipe_fill(pipe);
+        if queued >= capacity {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} never filled: {queued} of {capacity}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A client of the mailbox at `file` writes 256 KiB of `byte` to the device's stdout, four
+/// times a pipe's usual capacity: its reply never comes (the thread is left behind; its wait
+/// ends with the test process).
+fn write_past_a_pipe(file: &Path, byte: u8) {
+    let map = common::map(file);
+    std::thread::spawn(move || {
+        let locks = LockTable::new(PORTS);
+        let wait = Deadline::after(BOUND);
+        let warp = common::warp(&map, common::layout(), &locks, Some(&wait), 1);
+        let _ = warp.write(Target::Stdout, |_| vec![byte; 256 << 10]);
+    });
+}
+
 #[test]
 fn a_worker_stuck_writing_to_a_fifo_nobody_reads_does_not_hold_the_shutdown() {
     let dir = scratch("stuck");
     let fifo = dir.join("out.fifo");
-    let c_fifo = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c_fifo.as_ptr(), 0o600) }, 0);
-    // Our read end first (so that rpc-serve's open for writing finds a reader), never read.
-    let reader = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(&fifo)
-        .unwrap();
+    let reader = common::fifo_nobody_reads(&fifo);
     let file = dir.join("mailbox");
     let serving = serve(
         &[
@@ -83,28 +104,9 @@ fn a_worker_stuck_writing_to_a_fifo_nobody_reads_does_not_hold_the_shutdown() {
         ],
         None,
     );
-    // A client writes 256 KiB to the device's stdout, four times the pipe's usual capacity:
-    // its reply never comes (the thread is left behind; its wait ends with the test process).
-    let map = common::map(&file);
-    std::thread::spawn(move || {
-        let locks = LockTable::new(PORTS);
-        let wait = Deadline::after(BOUND);
-        let warp = common::warp(&map, common::layout(), &locks, Some(&wait), 1);
-        let _ = warp.write(Target::Stdout, |_| vec![b'x'; 256 << 10]);
-    });
+    write_past_a_pipe(&file, b'x');
     // Until the pipe is full, the worker being stuck in its write.
-    let deadline = Instant::now() + BOUND;
-    loop {
-        let (queued, capacity) = pipe_fill(&reader);
-        if queued >= capacity {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the FIFO never filled: {queued} of {capacity}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_until_full(&reader, "the FIFO");
     let signalled = Instant::now();
     signal(&serving, libc::SIGTERM);
     let mut serving = serving;
@@ -136,25 +138,8 @@ fn a_worker_stuck_on_rpc_serves_own_stdout_does_not_hold_the_shutdown() {
     let dir = scratch("stuck-own");
     let file = dir.join("mailbox");
     let mut serving = serve(&["--file", file.to_str().unwrap()], None);
-    let map = common::map(&file);
-    std::thread::spawn(move || {
-        let locks = LockTable::new(PORTS);
-        let wait = Deadline::after(BOUND);
-        let warp = common::warp(&map, common::layout(), &locks, Some(&wait), 1);
-        let _ = warp.write(Target::Stdout, |_| vec![b'y'; 256 << 10]);
-    });
-    let deadline = Instant::now() + BOUND;
-    loop {
-        let (queued, capacity) = pipe_fill(serving.stdout.get_ref());
-        if queued >= capacity {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "stdout never filled: {queued} of {capacity}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    write_past_a_pipe(&file, b'y');
+    wait_until_full(serving.stdout.get_ref(), "stdout");
     let signalled = Instant::now();
     signal(&serving, libc::SIGINT);
     let status = wait_exit(&mut serving.child.0, HANG_GUARD);

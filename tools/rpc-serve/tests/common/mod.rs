@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
@@ -125,6 +126,24 @@ pub const BOUND: Duration = Duration::from_secs(60);
 
 pub fn layout() -> Layout {
     Layout::new(Generation::V2, PORTS, 1).unwrap()
+}
+
+/// Makes a FIFO at `path`.
+pub fn mkfifo(path: &Path) {
+    let c_path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+}
+
+/// A FIFO at `path` and its read end, opened first (so that rpc-serve's open for writing finds
+/// a reader) and never read by the test.
+pub fn fifo_nobody_reads(path: &Path) -> std::fs::File {
+    mkfifo(path);
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .unwrap()
 }
 
 /// A fresh directory for one test's files.
