@@ -15,15 +15,15 @@
 
 use std::vec::Vec;
 
+use crate::protocol::opcode::Opcode;
 use crate::protocol::scan::{HotPorts, Step};
+use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
     InFlight, Look,
 };
 use crate::server::limits::device_log;
 use crate::server::mailboxes::Marks;
-use crate::protocol::opcode::Opcode;
-use crate::server::error::ServerError;
 use crate::server::registry::{Entry, Handler, Registry};
 use crate::server::request::Request;
 use crate::server::stats::bump;

@@ -232,10 +232,7 @@ mod tests {
             Some("mine")
         );
         assert!(registry.asks_predicates());
-        assert_eq!(
-            found(&registry, Opcode::user(9)).as_deref(),
-            Some("user 9")
-        );
+        assert_eq!(found(&registry, Opcode::user(9)).as_deref(), Some("user 9"));
         assert_eq!(
             found(&registry, Opcode::user(10)).as_deref(),
             Some("class u")
