@@ -493,12 +493,19 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         // for at once, the lines come in parallel. At L=32 the first reads were three quarters
         // of printf's `recv_n`, and printf lines went up 13-21%. Only the server's ports: a
         // client's loop is the device's (or, here, the bench's measuring instrument).
+        self.prefetch_packets();
+        Poll::Ready(Ok(()))
+    }
+
+    /// Asks for every active lane's packet line at once (a server port's, of more than one
+    /// lane), before they are read one after the other: see `poll_packets`.
+    #[inline]
+    fn prefetch_packets(&self) {
         if SERVER && self.mask.count_ones() > 1 {
             for lane in lanes(self.mask) {
                 prefetch(&self.packets[8 * lane as usize]);
             }
         }
-        Poll::Ready(Ok(()))
     }
 
     /// Hands the buffer of the last recv back, as an empty packet, if the last operation was a
@@ -766,8 +773,20 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
     pub fn recv_and_send(
         &mut self,
-        work: impl FnMut(u32, Packet<'_>),
+        mut work: impl FnMut(u32, Packet<'_>),
     ) -> Result<(), ProtocolError> {
+        if self.owns && !self.receive {
+            // The other side's packet is here already (a server port just opened, every
+            // packet handler's): nothing to wait for, so no operation to build and poll. The
+            // same steps as `recv_and_send_async`'s when neither of its waits waits.
+            self.prefetch_packets();
+            for lane in lanes(self.mask) {
+                work(lane, self.packet(lane));
+            }
+            self.hand_over();
+            self.receive = false;
+            return Ok(());
+        }
         complete(self.index, self.recv_and_send_async(work))
     }
 

@@ -15,14 +15,16 @@
 
 use std::vec::Vec;
 
+use crate::protocol::opcode::Opcode;
 use crate::protocol::scan::{HotPorts, Step};
+use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
     InFlight, Look,
 };
 use crate::server::limits::device_log;
 use crate::server::mailboxes::Marks;
-use crate::server::registry::{Handler, Registry};
+use crate::server::registry::{Entry, Handler, Registry};
 use crate::server::request::Request;
 use crate::server::stats::bump;
 use crate::server::{Attached, Inner, ServerContext};
@@ -311,13 +313,9 @@ impl Inner {
                     };
                     // Everything after this sees the opcode in today's numbering.
                     port.opcode = mailbox.numbering.translate(port.opcode.0);
-                    // Read once the port is open, after `try_open`'s acquire fence: the kernel that
-                    // sent the request took its ticket before its flip (release), so the marks
-                    // include it; read before, a stale mark could make a live kernel look gone.
-                    let marks = Marks::now(mailbox, context);
                     sweep.served(index);
                     found += 1;
-                    Inner::start(inner, &server, port, mailbox, marks, registry, in_flight);
+                    Inner::start(inner, &server, port, mailbox, registry, in_flight);
                 }
                 found
             }));
@@ -349,7 +347,6 @@ impl Inner {
         server: &crate::protocol::ServerEnd<'_>,
         mut port: crate::protocol::ServerPort<'_>,
         mailbox: &Arc<Attached>,
-        marks: Marks,
         registry: &Registry,
         in_flight: &mut Flights,
     ) {
@@ -380,16 +377,15 @@ impl Inner {
             bump(&context.stats.bad_headers);
             return; // Dropping the port closes it: the client reads its own request back.
         }
-        // A user's matcher may panic: that request alone goes unanswered, as an unknown one.
         // The pass's copy of the registry may predate a handler registered just before this
         // request was sent (the pass began first): an opcode it does not know is looked up
         // again in the current registry. `register` published it before the client's flip,
         // which `try_open`'s acquire fence ordered before this lock of the snapshot.
         let current: Arc<Registry>;
-        let found = match catch(|| Ok(registry.find(opcode))) {
+        let found = match find(registry, opcode) {
             Ok(None) => {
                 current = context.registry.get();
-                catch(|| Ok(current.find(opcode)))
+                find(&current, opcode)
             }
             found => found,
         };
@@ -423,25 +419,32 @@ impl Inner {
         // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
         // looking drained: its last hand-over lets the kernel go on first.
         mailbox.begin_request();
-        let exchange = match &entry.handler {
+        let (exchange, marks) = match &entry.handler {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
-                // reply only needs the buffer we hold: this never suspends.
+                // reply only needs the buffer we hold: this never suspends, so it needs no
+                // exchange, only the one catch of a panic.
                 let result = catch(|| reply(&mut port));
                 let fate = finish(context, mailbox, index, opcode, result);
                 if fate != Fate::Close {
                     // Its drop would close it: let go of it as `Request`'s drop does.
                     port.quarantine();
+                    let marks = Marks::now(mailbox, context);
                     carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
                 }
                 return;
             }
             Handler::Script(script) => {
+                // Read once the port is open, after `try_open`'s acquire fence: the kernel that
+                // sent the request took its ticket before its flip (release), so the marks
+                // include it; read before, a stale mark could make a live kernel look gone.
+                // (A packet handler's port is never quarantined: its marks are never needed.)
+                let marks = Marks::now(mailbox, context);
                 // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
                 // mailbox's region, lock table and doorbell, all owned by `*mailbox`.
                 let request = unsafe { Request::new(port, mailbox.clone(), inner.clone()) };
                 match catch(|| Ok(script(request))) {
-                    Ok(exchange) => exchange,
+                    Ok(exchange) => (exchange, marks),
                     Err(error) => {
                         // The request went in the unwinding, leaving the port locked.
                         let fate = finish(context, mailbox, index, opcode, Err(error));
@@ -470,6 +473,18 @@ impl Inner {
             self.thread.notify();
         }
         ended
+    }
+}
+
+/// The handler of `opcode` in `registry`. A user's matcher may panic: then that request alone
+/// goes unanswered, as an unknown one (the error). A registry with no matcher (every standard
+/// opcode, and user handlers of one opcode each) compares opcodes only, which cannot panic:
+/// no catch, so a packet handler's request passes one (around its handler).
+fn find(registry: &Registry, opcode: Opcode) -> Result<Option<&Entry>, ServerError> {
+    if registry.asks_predicates() {
+        catch(|| Ok(registry.find(opcode)))
+    } else {
+        Ok(registry.find(opcode))
     }
 }
 

@@ -91,15 +91,35 @@ pub(crate) struct Entry {
 pub(crate) struct Registry {
     user: Vec<Entry>,
     standard: Vec<Entry>,
-    /// For each opcode of the table (by [`Opcode::table_index`]), the first standard entry
-    /// registered for exactly that opcode: the lookup of a standard opcode is one index.
+    /// For each opcode of the table (by [`Opcode::table_index`]), the first user entry
+    /// registered for exactly that opcode, and the first standard one: while no entry matches
+    /// by predicate, the lookup of an opcode of the table is one index.
+    user_by_table: Vec<Option<usize>>,
     standard_by_table: Vec<Option<usize>>,
+    /// Whether any user entry matches by predicate (then the user entries must be searched).
+    user_predicates: bool,
     /// Whether any standard entry matches by predicate (then the order must be searched).
     standard_predicates: bool,
 }
 
+/// Notes entry `at` in `by_table` if it is the first registered for exactly its opcode of the
+/// table; true if it matches by predicate instead.
+fn index(by_table: &mut Vec<Option<usize>>, matcher: &Matcher, at: usize) -> bool {
+    match matcher {
+        Matcher::Opcode(op) => {
+            if let Some(i) = op.table_index() {
+                by_table.resize(Opcode::ALL.len(), None);
+                by_table[i].get_or_insert(at);
+            }
+            false
+        }
+        Matcher::Predicate(_) => true,
+    }
+}
+
 impl Registry {
     pub(crate) fn push_user(&mut self, entry: Entry) {
+        self.user_predicates |= index(&mut self.user_by_table, &entry.matcher, self.user.len());
         self.user.push(entry);
     }
     /// Pushes a user entry that owns its one opcode alone, unless a user entry accepts it
@@ -111,30 +131,35 @@ impl Registry {
         if let Some(owner) = self.user.iter().find(|e| e.matcher.accepts(opcode)) {
             return Err(format!("the handler {:?}", owner.name));
         }
-        self.user.push(entry);
+        self.push_user(entry);
         Ok(())
     }
     pub(crate) fn push_standard(&mut self, entry: Entry) {
-        match entry.matcher {
-            Matcher::Opcode(op) => {
-                if let Some(i) = op.table_index() {
-                    self.standard_by_table.resize(Opcode::ALL.len(), None);
-                    self.standard_by_table[i].get_or_insert(self.standard.len());
-                }
-            }
-            Matcher::Predicate(_) => self.standard_predicates = true,
-        }
+        let at = self.standard.len();
+        self.standard_predicates |= index(&mut self.standard_by_table, &entry.matcher, at);
         self.standard.push(entry);
+    }
+    /// Whether finding a handler may ask a predicate, which may panic (a user's matcher).
+    /// Without one, [`Registry::find`] compares opcodes only.
+    pub(crate) fn asks_predicates(&self) -> bool {
+        self.user_predicates || self.standard_predicates
     }
     /// The first handler accepting `opcode`: user handlers in registration order, then the
     /// standard ones.
     pub(crate) fn find(&self, opcode: Opcode) -> Option<&Entry> {
-        if let Some(entry) = self.user.iter().find(|e| e.matcher.accepts(opcode)) {
-            return Some(entry);
+        let table_index = opcode.table_index();
+        let user = match table_index {
+            // No predicate among the user entries: the first for exactly this opcode.
+            Some(i) if !self.user_predicates => {
+                let at = self.user_by_table.get(i).copied().flatten();
+                at.map(|k| &self.user[k])
+            }
+            _ => self.user.iter().find(|e| e.matcher.accepts(opcode)),
+        };
+        if user.is_some() {
+            return user;
         }
-        let indexed = opcode
-            .table_index()
-            .and_then(|i| *self.standard_by_table.get(i)?);
+        let indexed = table_index.and_then(|i| *self.standard_by_table.get(i)?);
         if !self.standard_predicates {
             return indexed.map(|i| &self.standard[i]);
         }
@@ -188,6 +213,16 @@ mod tests {
         assert_eq!(found(&registry, Opcode::user(1)), None);
         // A user handler overrides a standard opcode; a predicate catches a whole class.
         registry.push_user(named("mine", Matcher::Opcode(Opcode::TEST_INCREMENT)));
+        registry.push_user(named("mine too", Matcher::Opcode(Opcode::TEST_INCREMENT)));
+        registry.push_user(named("user 9", Matcher::Opcode(Opcode::user(9))));
+        // Found by one index (no predicate yet): the first user entry, ahead of the standard.
+        assert!(!registry.asks_predicates());
+        assert_eq!(
+            found(&registry, Opcode::TEST_INCREMENT).as_deref(),
+            Some("mine")
+        );
+        assert_eq!(found(&registry, Opcode::user(9)).as_deref(), Some("user 9"));
+        assert_eq!(found(&registry, Opcode::NOOP), None);
         registry.push_user(named(
             "class u",
             Matcher::Predicate(Arc::new(|op: Opcode| op.class() == b'u')),
@@ -196,8 +231,10 @@ mod tests {
             found(&registry, Opcode::TEST_INCREMENT).as_deref(),
             Some("mine")
         );
+        assert!(registry.asks_predicates());
+        assert_eq!(found(&registry, Opcode::user(9)).as_deref(), Some("user 9"));
         assert_eq!(
-            found(&registry, Opcode::user(9)).as_deref(),
+            found(&registry, Opcode::user(10)).as_deref(),
             Some("class u")
         );
         // A standard predicate registered before an indexed entry wins, as the order says.

@@ -149,9 +149,18 @@ pub(crate) fn bump(counter: &AtomicU64) {
 }
 
 impl Stats {
+    /// Counts a request of `opcode` served. Worker only: the counters of `known` have one
+    /// writer at a time (one worker runs at a time, and the next starts only once the server
+    /// thread's lock saw the last one stop), so each is a plain load and store, as `passes`:
+    /// no read-modify-write, whose locked instruction would also wait for the request's flip
+    /// to leave the store buffer (`protocol::deferred`). The line is written by the worker
+    /// only; a reader's load is the only other access.
     pub(crate) fn served(&self, opcode: Opcode) {
         match opcode.table_index() {
-            Some(i) => bump(&self.known[i]),
+            Some(i) => {
+                let counter = &self.known[i];
+                counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+            }
             None => *lock(&self.other).entry(opcode).or_insert(0) += 1,
         }
     }

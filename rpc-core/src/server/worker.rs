@@ -168,8 +168,10 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
     let mut slack = TimerSlack::tight();
     let (spin, yield_) = BACKOFF_PASSES;
     let mut idle: u32 = 0;
-    // When the last pass that found work ended: the silence the parks grow with.
-    let mut last_work = Instant::now();
+    // When the silence the parks grow with began: read once the passes after the last work
+    // are past the hot ones (some 32 units of scanning, a µs or two after the last work),
+    // not at every pass that finds work, so that a request costs no clock read.
+    let mut quiet_since = None;
     loop {
         // A shutdown must not wait for a quiet moment: under steady traffic every pass finds
         // work and the idle check below never comes.
@@ -185,7 +187,7 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
         // client waiting for us to yield. A phase ends once its units are done (`<`): one
         // idle scan of 16384 ports (64 units) ends the spinning, as 64 passes over 64 ports do.
         if Inner::serve_pass(inner, cache) > 0 {
-            last_work = Instant::now();
+            quiet_since = None;
             idle = (cache.quiet_ports() / UNIT_PORTS) as u32;
             if idle == 0 {
                 continue;
@@ -198,7 +200,10 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             // Right after serving, the next request of a client in a loop is a cross-core
             // transfer away: poll back to back (a PAUSE here would add half its length to the
             // average detection delay of every round trip).
-        } else if idle < spin && cache.yield_every.is_none() {
+            continue;
+        }
+        let silent_from = *quiet_since.get_or_insert_with(Instant::now);
+        if idle < spin && cache.yield_every.is_none() {
             crate::sync::spin_hint();
         } else if idle < yield_ {
             // While yields run other threads, one may be a client waiting for this CPU (the
@@ -207,7 +212,7 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             // the hot passes would have.
             cache.yield_every = yield_to_others().then_some(HOT_PASSES as usize * UNIT_PORTS);
         } else {
-            let silence = last_work.elapsed();
+            let silence = silent_from.elapsed();
             if silence >= recycle::KEEP_LARGE_FOR {
                 recycle::release_large();
             }
