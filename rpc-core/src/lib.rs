@@ -149,3 +149,5 @@ pub use server::{
     AtomicMailbox, MailboxId, RpcServer, ServerConfig, ServerContext, ShutdownPolicy, UserGuard,
     ABSENT_AFTER,
 };
+#[cfg(feature = "std")]
+pub use services::process::KernelExit;

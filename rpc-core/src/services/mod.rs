@@ -96,7 +96,7 @@ mod files;
 pub(crate) mod memory;
 pub(crate) mod output;
 pub mod printf;
-mod process;
+pub(crate) mod process;
 mod stdio;
 pub mod streams;
 mod test_ops;
@@ -104,19 +104,11 @@ pub mod typed;
 
 pub(crate) use memory::DeviceAllocator;
 pub use memory::{malloc_alignment, Allocation, MALLOC_ALIGN, SMALL_MAX};
+pub(crate) use process::KernelExit;
 pub use process::HOST_CALL_REFUSED;
 
 use output::{Descriptor, StdStream, Writer};
 use streams::{FileTable, Input, Target};
-
-/// How a kernel ended itself, as recorded under [`ExitPolicy::Record`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelExit {
-    /// EXIT with this status.
-    Exit(i32),
-    /// ABORT.
-    Abort,
-}
 
 /// A host function HOST_CALL may call: it gets the lane's argument block, returns the reply.
 pub type HostFunction = Arc<dyn Fn(&[u8]) -> u64 + Send + Sync>;

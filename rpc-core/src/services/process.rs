@@ -4,8 +4,7 @@ use std::ffi::CString;
 use std::vec::Vec;
 
 use super::{
-    active, c_result, io, per_lane, recv_words, send_word0, until_nul, ExitPolicy, KernelExit,
-    Refusals,
+    active, c_result, io, per_lane, recv_words, send_word0, until_nul, ExitPolicy, Refusals,
 };
 use crate::server::error::ServerError;
 use crate::server::limits::{device_log, quoted};
@@ -15,6 +14,16 @@ use crate::Result;
 
 /// HOST_CALL's reply for a function that is not registered (or panicked): all ones.
 pub const HOST_CALL_REFUSED: u64 = u64::MAX;
+
+/// How a kernel ended itself, as recorded under [`ExitPolicy::Record`]: what
+/// `PluginRuntime::synchronize` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelExit {
+    /// EXIT with this status.
+    Exit(i32),
+    /// ABORT.
+    Abort,
+}
 
 /// The handshake of EXIT and ABORT: C send; S recv; S send; C recv.
 async fn handshake(req: &mut Request) -> Result<(), ServerError> {
