@@ -17,7 +17,10 @@
 //!   enum the types its variants carry, so the circles looked for are between siblings and
 //!   across layers; but a file of [`STANDS_ALONE`] and its holder count like siblings (the
 //!   holder may use it, it may not use the holder).
-//! - a circle between the files of a plugin crate ([`PLUGINS`]), by the same rules.
+//! - a circle between the files of a plugin crate ([`PLUGINS`]), by the same rules;
+//! - a file of rpc-core's protocol, server or services layer naming the root's `Result`,
+//!   `Error` or `VendorError` ([`ROOT_ERRORS`]): each layer fails with its own error, and only
+//!   the root and the plugin layer (which returns the embedder's `Error`) name the root's.
 //!
 //! The checks read the text of the files, no compiler: a path is a `crate::...` or `super::...`
 //! in a line that is not a comment.
@@ -48,6 +51,10 @@ const LAYERS: &[&str] = &["protocol", "server", "services", "plugin"];
 /// machine stands below the server it runs, so that its no-lost-wake-up argument reads in one
 /// file (`server/thread.rs`).
 const STANDS_ALONE: &[&str] = &["server::thread"];
+/// The root's error types, which no layer below the plugin layer names.
+const ROOT_ERRORS: &[&str] = &["Result", "Error", "VendorError"];
+/// The layers that name no type of the root (below the plugin layer).
+const OWN_ERROR_LAYERS: &[&str] = &["protocol", "server", "services"];
 
 pub fn run() -> Result {
     let mut problems = check(&project_root());
@@ -92,6 +99,17 @@ fn check(root: &Path) -> Vec<String> {
                 "{relative}: declares a `thread_local!` (the protocol layer keeps no per-thread \
                  state: a server thread's is the server's, reached through `Wait`)"
             ));
+        }
+        if OWN_ERROR_LAYERS
+            .iter()
+            .any(|layer| file.starts_with(core.join(layer)))
+        {
+            if let Some(name) = root_error_named(&text) {
+                problems.push(format!(
+                    "{relative}: names the root's `crate::{name}` (each layer fails with its own \
+                     error: ProtocolError, ServerError)"
+                ));
+            }
         }
         if let Some(word) = vendor_word(code_lines(&text)) {
             problems.push(format!(
@@ -153,6 +171,26 @@ fn vendor_word<'a>(lines: impl Iterator<Item = &'a str>) -> Option<&'static str>
 /// Whether the code of `text` (not its comments) declares a thread-local, std's or loom's.
 fn declares_thread_local(text: &str) -> bool {
     code_lines(text).any(|line| line.contains("thread_local!"))
+}
+
+/// The first of the root's error types ([`ROOT_ERRORS`]) that the code of `text` names as
+/// `crate::NAME` or in a `crate::{...}` group, which may span lines.
+fn root_error_named(text: &str) -> Option<&'static str> {
+    let code = code_lines(text).collect::<Vec<_>>().join(" ");
+    for (at, _) in code.match_indices("crate::") {
+        if code[..at].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        // `paths_after` reads a group after a prefix: give it the `crate` prefix back.
+        for path in paths_after(&code[at..]) {
+            if let [_, name] = &path[..] {
+                if let Some(found) = ROOT_ERRORS.iter().find(|e| **e == name.as_str()) {
+                    return Some(found);
+                }
+            }
+        }
+    }
+    None
 }
 
 fn is_ident(c: char) -> bool {
@@ -419,6 +457,27 @@ mod tests {
         assert!(!declares_thread_local(
             "//! Not a `thread_local!` here.\nfn f() {} // nor thread_local! here\n"
         ));
+    }
+
+    #[test]
+    fn a_root_error_is_found_in_paths_and_groups_in_code_only() {
+        assert_eq!(root_error_named("use crate::Result;\n"), Some("Result"));
+        assert_eq!(
+            root_error_named("use crate::{\n    Opcode,\n    VendorError,\n};\n"),
+            Some("VendorError")
+        );
+        assert_eq!(
+            root_error_named("fn f() -> crate::Error { todo!() }"),
+            Some("Error")
+        );
+        // The layers' own errors, a longer path, a comment and a foreign crate are not the root's.
+        assert_eq!(
+            root_error_named(
+                "use crate::server::error::{ServerError, VendorError};\n\
+                 /// [`Error`](crate::Error)\nuse my_crate::Result;\nuse crate::ResultSet;\n"
+            ),
+            None
+        );
     }
 
     #[test]

@@ -37,7 +37,6 @@ use core::str::FromStr;
 use static_assertions::const_assert_eq;
 
 use crate::protocol::error::ProtocolError;
-use crate::Result;
 
 /// One lane's packet: 8 little-endian `u64` words.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -36,7 +36,6 @@ use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::protocol::mailbox::unlock;
 use crate::protocol::opcode::Opcode;
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
-use crate::Result;
 use core::future::Future;
 use core::task::{Context, Poll, Waker};
 

@@ -6,7 +6,6 @@ use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, prefetch, Port, ServerPort, Wait};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
-use crate::Result;
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
 /// or two threads can open one port.

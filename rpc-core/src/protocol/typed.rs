@@ -14,7 +14,6 @@
 
 use crate::protocol::error::ProtocolError;
 use crate::protocol::port::{lanes, ClientPort};
-use crate::Result;
 
 #[cfg(not(feature = "std"))]
 extern crate alloc;

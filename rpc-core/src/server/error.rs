@@ -6,6 +6,12 @@ use std::string::String;
 use crate::protocol::error::ProtocolError;
 use crate::protocol::Opcode;
 
+/// A vendor hook's error, boxed: what the traits a plugin implements return (the services'
+/// `DeviceAllocator`, the plugin layer's `Plugin` and `Device`), kept whole by the plugin
+/// layer as the `source()` of its `PluginError::Vendor`. Defined here, the lowest layer that
+/// calls a vendor's hook, so that no layer names the crate root's types.
+pub type VendorError = std::boxed::Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// A failure of the server (starting, stopping, attaching, detaching) or of one request it
 /// serves (a handler's refusal or panic). A protocol failure under it is kept whole as
 /// [`ServerError::Protocol`]; the embedder's [`Error`](crate::Error) holds that one as its

@@ -14,7 +14,6 @@ use crate::server::error::ServerError;
 use crate::server::users::Coverage;
 use crate::server::{RpcServer, ServerContext};
 use crate::sync::{lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
-use crate::Result;
 
 /// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
 /// 64-byte aligned when allocated; freed when dropped.

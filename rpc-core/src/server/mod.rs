@@ -41,7 +41,6 @@ use crate::server::thread::{ServerThread, Started, Stopped};
 use crate::server::users::Coverage;
 pub use crate::server::worker::ABSENT_AFTER;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
-use crate::Result;
 use error::ServerError;
 use std::future::Future;
 

@@ -22,7 +22,6 @@ use crate::server::error::ServerError;
 use crate::server::exec::Exchange;
 // Re-exported: the services name the request by this path too.
 pub(crate) use crate::server::request::Request;
-use crate::Result;
 
 /// A packet handler as the server runs it: the whole one-packet script over the open port (it
 /// never waits: the client's packet is there when the port opens). Built by [`Handler::packet`]

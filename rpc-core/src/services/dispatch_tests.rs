@@ -22,7 +22,6 @@ use crate::protocol::Opcode;
 use crate::server::error::ServerError;
 use crate::server::RpcServer;
 use crate::services::typed::Plain;
-use crate::Result;
 
 /// The class of the typed test functions: `'d'`.
 pub const CLASS: u8 = b'd';

@@ -30,11 +30,10 @@ use std::vec::Vec;
 
 use super::{active, per_lane, recv_words, send_word0, MailboxState, Refusals};
 use crate::server::error::ServerError;
+use crate::server::error::VendorError;
 use crate::server::limits::device_log;
 use crate::server::request::Request;
 use crate::sync::lock;
-use crate::Result;
-use crate::VendorError;
 
 /// Device-accessible memory for the MALLOC/FREE services, raw: blocks of bytes at the alignment
 /// the allocator states (the server aligns them further, see the module docs). What kernels

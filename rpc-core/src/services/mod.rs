@@ -79,6 +79,7 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use crate::protocol::port::lanes;
+use crate::protocol::Opcode;
 use crate::server::error::ServerError;
 use crate::server::limits::{
     device_log, Charge, ExitPolicy, FilePolicy, Limits, LogLimit, ServicesConfig,
@@ -89,7 +90,6 @@ use crate::server::request::{Request, SharedContext};
 use crate::server::stats::Reporting;
 use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};
-use crate::{Opcode, Result};
 
 pub mod dispatch_tests;
 mod files;

@@ -10,7 +10,6 @@ use crate::server::error::ServerError;
 use crate::server::limits::{device_log, quoted};
 use crate::server::request::Request;
 use crate::sync::lock;
-use crate::Result;
 
 /// HOST_CALL's reply for a function that is not registered (or panicked): all ones.
 pub const HOST_CALL_REFUSED: u64 = u64::MAX;

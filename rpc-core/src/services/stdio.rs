@@ -20,7 +20,6 @@ use crate::server::limits::quoted;
 use crate::server::recycle::Streams;
 use crate::server::request::Request;
 use crate::sync::lock;
-use crate::Result;
 
 /// Writes each lane's bytes to its target; replies the bytes written. Lanes to stdout and
 /// stderr are handed to their streams here, in lane order, each waiting suspended while its

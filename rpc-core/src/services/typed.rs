@@ -45,6 +45,7 @@ use bytemuck::{AnyBitPattern, NoUninit};
 
 use crate::protocol::layout::{BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::protocol::port::lanes;
+use crate::protocol::Opcode;
 use crate::protocol::POINTER_BYTES;
 use crate::server::error::ServerError;
 use crate::server::recycle::{PooledVec, Streams};
@@ -52,7 +53,6 @@ use crate::server::registry::Handler;
 use crate::server::request::Request;
 use crate::server::{panic_message, RpcServer};
 use crate::sync::Arc;
-use crate::{Opcode, Result};
 
 /// The most arguments a typed function takes.
 pub const MAX_ARGUMENTS: usize = 8;

@@ -10,7 +10,6 @@ use std::task::{Context, Poll};
 
 use crate::server::error::ServerError;
 use crate::server::recycle::{give_block, take_block};
-use crate::Result;
 
 /// The future of a script handler's exchange.
 type Script = dyn Future<Output = Result<(), ServerError>> + Send + 'static;
