@@ -20,7 +20,10 @@
 //! - a circle between the files of a plugin crate ([`PLUGINS`]), by the same rules;
 //! - a file of rpc-core's protocol, server or services layer naming the root's `Result`,
 //!   `Error` or `VendorError` ([`ROOT_ERRORS`]): each layer fails with its own error, and only
-//!   the root and the plugin layer (which returns the embedder's `Error`) name the root's.
+//!   the root and the plugin layer (which returns the embedder's `Error`) name the root's;
+//! - rpc-core's root re-exports (the `pub use` items of its `lib.rs`, and its exported macros
+//!   but the hidden ones, [`HIDDEN_AT_ROOT`]) not the capitalised names in backquotes of
+//!   ARCHITECTURE.md's "Front door" paragraph.
 //!
 //! The checks read the text of the files, no compiler: a path is a `crate::...` or `super::...`
 //! in a line that is not a comment.
@@ -55,6 +58,11 @@ const STANDS_ALONE: &[&str] = &["server::thread"];
 const ROOT_ERRORS: &[&str] = &["Result", "Error", "VendorError"];
 /// The layers that name no type of the root (below the plugin layer).
 const OWN_ERROR_LAYERS: &[&str] = &["protocol", "server", "services"];
+/// Names at rpc-core's root that its front door does not list: `#[doc(hidden)]` macros for
+/// the workspace's own crates (plugin-abi's conversions of the statistics).
+const HIDDEN_AT_ROOT: &[&str] = &["stats_counters"];
+/// How ARCHITECTURE.md's paragraph listing the root's names begins.
+const FRONT_DOOR: &str = "**Front door.**";
 
 pub fn run() -> Result {
     let mut problems = check(&project_root());
@@ -142,6 +150,7 @@ fn check(root: &Path) -> Vec<String> {
             problems.push(format!("{relative}: does not start with a `//!` line"));
         }
     }
+    problems.extend(front_door(root, &core_files));
     problems.extend(circles("rpc-core", &core, &core_files));
     for plugin in PLUGINS {
         let src = root.join(plugin).join("src");
@@ -191,6 +200,99 @@ fn root_error_named(text: &str) -> Option<&'static str> {
         }
     }
     None
+}
+
+/// Where rpc-core's root names (its `pub use` items and exported macros) and ARCHITECTURE.md's
+/// front-door list differ, one line per name.
+fn front_door(root: &Path, core_files: &[PathBuf]) -> Vec<String> {
+    let mut at_root = root_reexports(&read(&root.join("rpc-core/src/lib.rs")));
+    for file in core_files {
+        at_root.extend(exported_macros(&read(file)));
+    }
+    at_root.retain(|name| !HIDDEN_AT_ROOT.contains(&name.as_str()));
+    let Some(listed) = front_door_names(&read(&root.join("ARCHITECTURE.md"))) else {
+        return vec![format!(
+            "ARCHITECTURE.md: has no paragraph beginning `{FRONT_DOOR}`"
+        )];
+    };
+    let mut problems = Vec::new();
+    for name in at_root.difference(&listed) {
+        problems.push(format!(
+            "rpc-core/src/lib.rs: re-exports `{name}`, which ARCHITECTURE.md's front door does \
+             not list"
+        ));
+    }
+    for name in listed.difference(&at_root) {
+        problems.push(format!(
+            "ARCHITECTURE.md: its front door lists `{name}`, which rpc-core's root does not \
+             re-export"
+        ));
+    }
+    problems
+}
+
+/// The names the `pub use` items of `text` (a `lib.rs`) bring in: each item's last segment,
+/// or what it is renamed `as`.
+fn root_reexports(text: &str) -> BTreeSet<String> {
+    let code = code_lines(text).collect::<Vec<_>>().join(" ");
+    let mut names = BTreeSet::new();
+    for (at, _) in code.match_indices("pub use ") {
+        let item = code[at + "pub use ".len()..]
+            .split(';')
+            .next()
+            .unwrap_or("");
+        // `a::{b::C, D as E}` lists `C` and `E`; `a::B` lists `B`.
+        let inner = match item.find('{') {
+            Some(open) => item[open + 1..].trim_end().trim_end_matches('}'),
+            None => item,
+        };
+        for part in inner.split(',') {
+            let last = part.split_whitespace().last().unwrap_or("");
+            let name = last.rsplit("::").next().unwrap_or("");
+            if !name.is_empty() && name.chars().all(is_ident) {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The macros `text` exports at the crate's root (`#[macro_export]`, then `macro_rules! NAME`).
+fn exported_macros(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut exported = false;
+    for line in code_lines(text) {
+        let line = line.trim();
+        if line.starts_with("#[macro_export]") {
+            exported = true;
+        } else if let Some(rest) = line.strip_prefix("macro_rules!") {
+            if exported {
+                names.push(rest.trim().chars().take_while(|&c| is_ident(c)).collect());
+            }
+            exported = false;
+        } else if !line.starts_with("#[") {
+            exported = false;
+        }
+    }
+    names
+}
+
+/// The capitalised names in backquotes (`Name`, `NAME`, no path) of the paragraph of `text`
+/// that begins with [`FRONT_DOOR`], if there is one.
+fn front_door_names(text: &str) -> Option<BTreeSet<String>> {
+    let start = text.find(FRONT_DOOR)?;
+    let paragraph = text[start..].split("\n\n").next().unwrap_or("");
+    Some(
+        paragraph
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|quoted| {
+                quoted.starts_with(|c: char| c.is_ascii_uppercase()) && quoted.chars().all(is_ident)
+            })
+            .map(String::from)
+            .collect(),
+    )
 }
 
 fn is_ident(c: char) -> bool {
@@ -478,6 +580,28 @@ mod tests {
             ),
             None
         );
+    }
+
+    #[test]
+    fn the_root_names_are_its_pub_use_items_and_exported_macros() {
+        let lib =
+            "pub mod plugin;\npub use error::{Error, Result};\n#[cfg(x)]\npub use server::{\n    \
+                   a::MailboxId,\n    RpcServer as Server,\n};\npub use protocol::Opcode;\n\
+                   // pub use gone::Commented;\npub(crate) use sync::Arc;\n";
+        let names: Vec<_> = root_reexports(lib).into_iter().collect();
+        assert_eq!(names, ["Error", "MailboxId", "Opcode", "Result", "Server"]);
+        let stats =
+            "#[doc(hidden)]\n#[macro_export]\nmacro_rules! counters {\n}\nmacro_rules! inner {}\n";
+        assert_eq!(exported_macros(stats), ["counters"]);
+    }
+
+    #[test]
+    fn the_front_door_lists_capitalised_plain_names_of_its_paragraph() {
+        let doc = "# A\n\n**Front door.** `Runtime` (one `Vec`), `ABSENT_AFTER`, `RpcServer::register`,\n\
+                   `protocol`, `#![warn(x)]`.\n\n**Errors.** `Other`.\n";
+        let names: Vec<_> = front_door_names(doc).unwrap().into_iter().collect();
+        assert_eq!(names, ["ABSENT_AFTER", "Runtime", "Vec"]);
+        assert_eq!(front_door_names("no such paragraph"), None);
     }
 
     #[test]
