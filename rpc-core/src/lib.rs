@@ -144,8 +144,8 @@ pub use server::stats::StatsSnapshot;
 pub use server::thread::{Started, Stopped};
 #[cfg(feature = "std")]
 pub use server::{
-    AtomicMailbox, MailboxId, RpcServer, ServerConfig, ServerContext, ShutdownPolicy, UserGuard,
-    ABSENT_AFTER,
+    AtomicMailbox, AttachOptions, MailboxId, RpcServer, ServerConfig, ServerContext,
+    ShutdownPolicy, UserGuard, ABSENT_AFTER,
 };
 #[cfg(feature = "std")]
 pub use services::process::KernelExit;

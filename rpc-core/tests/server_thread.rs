@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::{eventually, Mailbox};
 use rpc_core::protocol::{Backoff, Deadline};
 use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::AttachOptions;
 use rpc_core::{
     MailboxId, Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped,
 };
@@ -658,7 +659,10 @@ fn panics_outside_handlers_are_caught_and_cost_only_what_they_touch() {
     let flaky = Arc::new(MailboxMemory::new(
         Layout::new(Generation::V1, 1, 1).unwrap(),
     ));
-    let _flaky_id = server.attach(Box::new(Flaky(flaky, broken.clone())));
+    let _flaky_id = server.attach(
+        Box::new(Flaky(flaky, broken.clone())),
+        AttachOptions::default(),
+    );
     let _ = server.start().unwrap();
     let _user = server.user();
     let client = mailbox.client();

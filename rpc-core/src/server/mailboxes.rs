@@ -86,11 +86,23 @@ impl AtomicMailbox for Arc<MailboxMemory> {
     }
 }
 
-/// A plugin's shared region holding a mailbox of `layout`.
+/// A plugin's shared region holding a mailbox of a layout, as [`RpcServer::attach`] takes it:
+/// the server's same-size atomic views of the region, trusted by its [`SharedRegion`] contract.
 #[cfg(not(loom))]
-struct RegionMailbox {
+pub struct RegionMailbox {
     region: Box<dyn SharedRegion>,
     layout: Layout,
+}
+
+#[cfg(not(loom))]
+impl RegionMailbox {
+    /// The mailbox of `layout` in `region`; fails if the region is misaligned or too small.
+    pub fn new(region: Box<dyn SharedRegion>, layout: Layout) -> Result<Self, ServerError> {
+        // Checks alignment and size once; `view` relies on it.
+        // SAFETY: a view is only built here to validate; the region outlives this statement.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(RegionMailbox { region, layout })
+    }
 }
 
 #[cfg(not(loom))]
@@ -98,7 +110,7 @@ impl AtomicMailbox for RegionMailbox {
     fn view(&self) -> Mailbox<'_> {
         // SAFETY: the region is owned by `self` (so it lives as long as the view), and this
         // process only accesses mailbox memory through same-size atomic views (the region's
-        // `SharedRegion` contract); `attach_region` checked alignment and size once, and the
+        // `SharedRegion` contract); `new` checked alignment and size once, and the
         // region never changes.
         unsafe { Mailbox::from_raw(self.region.host_ptr(), self.region.len(), self.layout) }
             .expect("checked when attached")
@@ -258,81 +270,49 @@ impl<T: Clone> Snapshot<T> {
     }
 }
 
+/// How [`RpcServer::attach`] serves a mailbox; the default is a current client of this
+/// process (no doorbell, today's opcode numbers, the host C library's printf).
+#[derive(Default)]
+#[non_exhaustive]
+pub struct AttachOptions {
+    /// A v2 mailbox's doorbell (PROTOCOL section 9): the server decrements its counter once
+    /// per served port, and the worker sleeps on it while no request is open (every attached
+    /// mailbox having a doorbell), polling on a timeout too.
+    #[cfg(not(loom))]
+    pub doorbell: Option<Box<dyn Doorbell>>,
+    /// How its clients number opcodes (an LLVM 19 image's: see [`Numbering`]).
+    pub numbering: Numbering,
+    /// Whose printf its clients expect (see [`Dialect`]).
+    pub dialect: Dialect,
+}
+
+impl AttachOptions {
+    /// These options with the v2 doorbell `bell`.
+    #[cfg(not(loom))]
+    pub fn doorbell(mut self, bell: Box<dyn Doorbell>) -> Self {
+        self.doorbell = Some(bell);
+        self
+    }
+
+    /// These options for clients numbering opcodes as `numbering` says and expecting the
+    /// printf of `dialect`.
+    pub fn clients(mut self, numbering: Numbering, dialect: Dialect) -> Self {
+        self.numbering = numbering;
+        self.dialect = dialect;
+        self
+    }
+}
+
 impl RpcServer {
-    /// Attaches a mailbox held in `source`; the worker serves it from its next pass on.
-    pub fn attach(&self, source: Box<dyn AtomicMailbox>) -> MailboxId {
-        self.attach_inner(
-            source,
+    /// Attaches the mailbox held in `source` (a [`RegionMailbox`] for a plugin's raw shared
+    /// region), served as `options` say; the worker serves it from its next pass on.
+    pub fn attach(&self, source: Box<dyn AtomicMailbox>, options: AttachOptions) -> MailboxId {
+        let AttachOptions {
             #[cfg(not(loom))]
-            None,
-            Numbering::Current,
-            Dialect::HostC,
-        )
-    }
-
-    /// Attaches a plugin's shared region holding a mailbox of `layout`.
-    #[cfg(not(loom))]
-    pub fn attach_region(
-        &self,
-        region: Box<dyn SharedRegion>,
-        layout: Layout,
-    ) -> Result<MailboxId, ServerError> {
-        // Checks alignment and size once; `RegionMailbox::view` relies on it.
-        // SAFETY: a view is only built here to validate; the region outlives this statement.
-        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
-        Ok(self.attach(Box::new(RegionMailbox { region, layout })))
-    }
-
-    /// Attaches a v2 mailbox (in `source`) whose doorbell (PROTOCOL section 9) is `bell`: the
-    /// server decrements its counter once per served port, and the worker sleeps on it while no
-    /// request is open (every attached mailbox having a doorbell), polling on a timeout too.
-    #[cfg(not(loom))]
-    pub fn attach_with_doorbell(
-        &self,
-        source: Box<dyn AtomicMailbox>,
-        bell: Box<dyn Doorbell>,
-    ) -> MailboxId {
-        self.attach_inner(source, Some(bell), Numbering::Current, Dialect::HostC)
-    }
-
-    /// [`RpcServer::attach_region`] with a doorbell.
-    #[cfg(not(loom))]
-    pub fn attach_region_with_doorbell(
-        &self,
-        region: Box<dyn SharedRegion>,
-        layout: Layout,
-        bell: Box<dyn Doorbell>,
-    ) -> Result<MailboxId, ServerError> {
-        // SAFETY: as in `attach_region`: a validating view only.
-        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
-        Ok(self.attach_with_doorbell(Box::new(RegionMailbox { region, layout }), bell))
-    }
-
-    /// [`RpcServer::attach_region`] with an optional doorbell, for clients that number their
-    /// opcodes as `numbering` says (an LLVM 19 image's: see [`Numbering`]) and expect the
-    /// printf of `printf` (see [`Dialect`]).
-    #[cfg(not(loom))]
-    pub fn attach_region_for(
-        &self,
-        region: Box<dyn SharedRegion>,
-        layout: Layout,
-        bell: Option<Box<dyn Doorbell>>,
-        numbering: Numbering,
-        printf: Dialect,
-    ) -> Result<MailboxId, ServerError> {
-        // SAFETY: as in `attach_region`: a validating view only.
-        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
-        let source = Box::new(RegionMailbox { region, layout });
-        Ok(self.attach_inner(source, bell, numbering, printf))
-    }
-
-    fn attach_inner(
-        &self,
-        source: Box<dyn AtomicMailbox>,
-        #[cfg(not(loom))] doorbell: Option<Box<dyn Doorbell>>,
-        numbering: Numbering,
-        printf: Dialect,
-    ) -> MailboxId {
+            doorbell,
+            numbering,
+            dialect,
+        } = options;
         let context = &self.inner.context;
         // RMW: hands out each id once.
         let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
@@ -343,7 +323,7 @@ impl RpcServer {
             id,
             layout,
             numbering,
-            printf,
+            printf: dialect,
             slot,
             source,
             locks: LockTable::new(layout.ports()),

@@ -65,7 +65,9 @@ mod loom_io_pool;
 #[cfg(all(test, loom))]
 mod loom_thread;
 
-pub use mailboxes::{AtomicMailbox, Doorbell, MailboxId, SharedRegion};
+#[cfg(not(loom))]
+pub use mailboxes::RegionMailbox;
+pub use mailboxes::{AtomicMailbox, AttachOptions, Doorbell, MailboxId, SharedRegion};
 pub use users::UserGuard;
 
 /// A server's settings.
