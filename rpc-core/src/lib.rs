@@ -131,7 +131,7 @@ pub use plugin::runtime::{ImageId, PacketHandler, PacketRequest, PluginRuntime, 
 pub use protocol::error::ProtocolError;
 pub use protocol::Opcode;
 #[cfg(feature = "std")]
-pub use server::error::{ServerError, VendorError};
+pub use server::error::{Outcome, ServerError, VendorError};
 #[cfg(feature = "std")]
 pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]

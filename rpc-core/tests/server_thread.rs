@@ -170,7 +170,7 @@ fn shutdown_policies_with_a_live_guard() {
 #[test]
 fn a_panicking_handler_is_caught_and_the_worker_goes_on() {
     let server = RpcServer::new(config("panic"));
-    server.register(Opcode::user(1), |mut req| async move {
+    server.register::<_, _, ()>(Opcode::user(1), |mut req| async move {
         req.recv(|_, _| {}).await?;
         // A panic that skips the panic hook: with RUST_BACKTRACE=1 the default hook
         // symbolizes a backtrace (seconds under a sanitizer) under std's process-wide lock,

@@ -41,7 +41,7 @@ use crate::server::thread::{ServerThread, Started, Stopped};
 use crate::server::users::Coverage;
 pub use crate::server::worker::ABSENT_AFTER;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
-use error::ServerError;
+use error::{Outcome, ServerError};
 use std::future::Future;
 
 pub(crate) mod dispatch;
@@ -274,10 +274,11 @@ impl RpcServer {
     ///     req.send_n(&slices).await
     /// });
     /// ```
-    pub fn register<F, Fut>(&self, opcode: Opcode, script: F)
+    pub fn register<F, Fut, R>(&self, opcode: Opcode, script: F)
     where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
+        Fut: Future<Output = Result<R, ServerError>> + Send + 'static,
+        R: Into<Outcome> + 'static,
     {
         self.register_handler(
             Matcher::Opcode(opcode),
@@ -308,14 +309,15 @@ impl RpcServer {
     }
 
     /// Registers a script handler for every opcode `accepts` says yes to.
-    pub fn register_matching<F, Fut>(
+    pub fn register_matching<F, Fut, R>(
         &self,
         name: &str,
         accepts: impl Fn(Opcode) -> bool + Send + Sync + 'static,
         script: F,
     ) where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
+        Fut: Future<Output = Result<R, ServerError>> + Send + 'static,
+        R: Into<Outcome> + 'static,
     {
         self.register_handler(
             Matcher::Predicate(std::sync::Arc::new(accepts)),

@@ -80,7 +80,7 @@ use std::vec::Vec;
 
 use crate::protocol::port::lanes;
 use crate::protocol::Opcode;
-use crate::server::error::ServerError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::limits::{
     device_log, Charge, ExitPolicy, FilePolicy, Limits, LogLimit, ServicesConfig,
 };
@@ -674,7 +674,7 @@ pub(crate) fn until_nul(bytes: &[u8]) -> &[u8] {
     bytes.split(|&b| b == 0).next().unwrap_or_default()
 }
 
-/// The refusals of one request, per lane; the request ends with [`ServerError::Refused`] if any.
+/// The refusals of one request, per lane; the request ends as [`Outcome::Refused`] if any.
 #[derive(Default)]
 pub(crate) struct Refusals {
     first: Option<String>,
@@ -690,11 +690,11 @@ impl Refusals {
         }
     }
     /// `Ok` if nothing was refused, else the refusal (the script must be complete by now).
-    pub(crate) fn finish(self) -> Result<(), ServerError> {
+    pub(crate) fn finish(self) -> Result<Outcome, ServerError> {
         match self.first {
-            None => Ok(()),
-            Some(first) if self.more == 0 => Err(ServerError::Refused(first)),
-            Some(first) => Err(ServerError::Refused(std::format!(
+            None => Ok(Outcome::Served),
+            Some(first) if self.more == 0 => Ok(Outcome::Refused(first)),
+            Some(first) => Ok(Outcome::Refused(std::format!(
                 "{first} (and {} more lane(s))",
                 self.more
             ))),
