@@ -264,7 +264,7 @@ impl Layout {
         }
     }
     /// Bytes from one port's header to the next one's.
-    pub const fn header_stride(&self) -> usize {
+    pub(crate) const fn header_stride(&self) -> usize {
         match self.generation {
             Generation::V0 => self.v0_packet_size(),
             Generation::V1 | Generation::V2 => size_of::<Header>(),
@@ -308,7 +308,8 @@ impl Layout {
 
     /// Writes the device-side client object for a mailbox whose base the device sees at
     /// `device_base` into `out`, which must be exactly [`Layout::client_object_size`] bytes.
-    pub fn write_client_object(
+    #[cfg(feature = "std")]
+    pub(crate) fn write_client_object(
         &self,
         device_base: u64,
         out: &mut [u8],

@@ -817,7 +817,8 @@ fn alloc_vec(size: usize) -> Vec<u8> {
 
 impl<'a> Port<'a, true> {
     /// The header's lane mask as the client wrote it.
-    pub fn header_mask(&self) -> u64 {
+    #[cfg(feature = "std")]
+    pub(crate) fn header_mask(&self) -> u64 {
         self.header_mask
     }
 

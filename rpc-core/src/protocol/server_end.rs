@@ -48,7 +48,7 @@ impl<'a> ServerEnd<'a> {
     /// True if the client has handed port `index` to the server (`C != S`). A hint only: read
     /// without the lock, it is re-checked when the port is opened.
     #[inline]
-    pub fn is_pending(&self, index: u32) -> bool {
+    pub(crate) fn is_pending(&self, index: u32) -> bool {
         let i = index as usize;
         // Relaxed: a hint; `try_open` re-reads under the lock and fences.
         normalize(self.mailbox.secondary[i].load(Ordering::Relaxed))

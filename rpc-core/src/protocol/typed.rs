@@ -23,7 +23,7 @@ use alloc::vec::Vec;
 use std::vec::Vec;
 
 /// The bytes a pointer takes in the packed argument list (the device's 64-bit pointers).
-pub const POINTER_BYTES: usize = 8;
+pub(crate) const POINTER_BYTES: usize = 8;
 
 /// One argument of a typed call, as the client marshals it.
 #[derive(Debug)]

@@ -24,7 +24,7 @@ use crate::server::RpcServer;
 use crate::services::typed::Plain;
 
 /// The class of the typed test functions: `'d'`.
-pub const CLASS: u8 = b'd';
+pub(crate) const CLASS: u8 = b'd';
 
 /// The opcode of test function `n` (`0x64000000 + n`).
 pub const fn opcode(n: u32) -> Opcode {

@@ -312,10 +312,6 @@ impl Services {
         self.mailboxes.all().into_iter().map(state_in).collect()
     }
 
-    /// Drops the default allocator: MALLOC answers null until one is set.
-    pub fn clear_allocator(&self) {
-        *lock(&self.allocator) = None;
-    }
     /// Allocations MALLOC handed out and FREE has not freed, by mailbox, then lowest address
     /// first.
     pub fn live_allocations(&self) -> Vec<Allocation> {
