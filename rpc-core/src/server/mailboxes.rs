@@ -1,18 +1,18 @@
-//! The mailboxes a server serves: attaching and detaching them, and what the worker keeps per
-//! attached mailbox.
+//! The mailboxes a server serves: the memory traits, how one is attached (`AttachOptions`),
+//! and what the worker keeps per attached mailbox (`RpcServer::attach` and `detach`, like
+//! every method of the server, are in `mod.rs`).
 
 use std::boxed::Box;
-use std::time::{Duration, Instant};
 use std::vec::Vec;
 
 use crate::protocol::layout::Layout;
 use crate::protocol::mailbox::{LockTable, Mailbox, MailboxMemory};
 use crate::protocol::opcode::{Dialect, Numbering, Opcode};
-use crate::protocol::port::Backoff;
 use crate::protocol::server_end::ServerEnd;
+#[cfg(not(loom))]
 use crate::server::error::ServerError;
 use crate::server::users::Coverage;
-use crate::server::{RpcServer, ServerContext};
+use crate::server::ServerContext;
 use crate::sync::{lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
 
 /// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
@@ -86,7 +86,7 @@ impl AtomicMailbox for Arc<MailboxMemory> {
     }
 }
 
-/// A plugin's shared region holding a mailbox of a layout, as [`RpcServer::attach`] takes it:
+/// A plugin's shared region holding a mailbox of a layout, as [`RpcServer::attach`](crate::RpcServer::attach) takes it:
 /// the server's same-size atomic views of the region, trusted by its [`SharedRegion`] contract.
 #[cfg(not(loom))]
 pub struct RegionMailbox {
@@ -183,6 +183,35 @@ pub(crate) struct Attached {
 }
 
 impl Attached {
+    /// A mailbox attached as `id`, held in `source`, with the layer above's `slot`.
+    pub(crate) fn new(
+        id: MailboxId,
+        numbering: Numbering,
+        printf: Dialect,
+        slot: MailboxSlot,
+        source: Box<dyn AtomicMailbox>,
+        #[cfg(not(loom))] doorbell: Option<Box<dyn Doorbell>>,
+    ) -> Self {
+        let layout = source.view().layout();
+        Attached {
+            id,
+            layout,
+            numbering,
+            printf,
+            slot,
+            source,
+            locks: LockTable::new(layout.ports()),
+            #[cfg(not(loom))]
+            doorbell,
+            detached: AtomicBool::new(false),
+            users: Arc::new(Coverage::default()),
+            quarantine: Mutex::new(Vec::new()),
+            quarantined: AtomicUsize::new(0),
+            in_flight: (0..layout.ports()).map(|_| AtomicU32::new(0)).collect(),
+            unsettled: AtomicUsize::new(0),
+        }
+    }
+
     #[cfg(not(loom))]
     pub(crate) fn doorbell(&self) -> Option<&dyn Doorbell> {
         self.doorbell.as_deref()
@@ -194,6 +223,12 @@ impl Attached {
         // hand-overs by their Release.
         let n = self.unsettled.load(Ordering::Relaxed);
         self.unsettled.store(n + 1, Ordering::Relaxed);
+    }
+
+    /// Whether every request of this mailbox begun is counted in the statistics.
+    pub(crate) fn settled(&self) -> bool {
+        // Acquire: pairs with `settle_request`'s Release, so the counts before it are seen.
+        self.unsettled.load(Ordering::Acquire) == 0
     }
 
     /// A request of this mailbox has been counted in the statistics (completed, failed or
@@ -270,7 +305,7 @@ impl<T: Clone> Snapshot<T> {
     }
 }
 
-/// How [`RpcServer::attach`] serves a mailbox; the default is a current client of this
+/// How [`RpcServer::attach`](crate::RpcServer::attach) serves a mailbox; the default is a current client of this
 /// process (no doorbell, today's opcode numbers, the host C library's printf).
 #[derive(Default)]
 #[non_exhaustive]
@@ -300,138 +335,5 @@ impl AttachOptions {
         self.numbering = numbering;
         self.dialect = dialect;
         self
-    }
-}
-
-impl RpcServer {
-    /// Attaches the mailbox held in `source` (a [`RegionMailbox`] for a plugin's raw shared
-    /// region), served as `options` say; the worker serves it from its next pass on.
-    pub fn attach(&self, source: Box<dyn AtomicMailbox>, options: AttachOptions) -> MailboxId {
-        let AttachOptions {
-            #[cfg(not(loom))]
-            doorbell,
-            numbering,
-            dialect,
-        } = options;
-        let context = &self.inner.context;
-        // RMW: hands out each id once.
-        let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
-        // Its state exists before the worker can see a request of it.
-        let slot = context.extension.mailbox_attached(id);
-        let layout = source.view().layout();
-        let attached = Arc::new(Attached {
-            id,
-            layout,
-            numbering,
-            printf: dialect,
-            slot,
-            source,
-            locks: LockTable::new(layout.ports()),
-            #[cfg(not(loom))]
-            doorbell,
-            detached: AtomicBool::new(false),
-            users: Arc::new(Coverage::default()),
-            quarantine: Mutex::new(Vec::new()),
-            quarantined: AtomicUsize::new(0),
-            in_flight: (0..layout.ports()).map(|_| AtomicU32::new(0)).collect(),
-            unsettled: AtomicUsize::new(0),
-        });
-        context.mailboxes.update(|list| list.push(attached));
-        log::debug!(
-            "{}: attached mailbox {} ({layout})",
-            context.config.name,
-            id.0
-        );
-        id
-    }
-
-    /// Detaches a mailbox and frees it once the worker no longer holds it (a wait on one of
-    /// its ports is abandoned); the files its kernels opened are closed and their MALLOC
-    /// allocations freed. Errors if no such mailbox is attached.
-    pub fn detach(&self, id: MailboxId) -> Result<(), ServerError> {
-        let context = &self.inner.context;
-        let attached = context.mailboxes.update(|list| {
-            let at = list.iter().position(|m| m.id == id)?;
-            Some(list.remove(at))
-        });
-        let attached = attached.ok_or(ServerError::NoSuchMailbox(id.0))?;
-        // Release: pairs with the worker's Acquire load before it touches the mailbox again.
-        attached.detached.store(true, Ordering::Release);
-        // Its kernels can no longer ask anything: what they held goes now.
-        context.extension.mailbox_detached(id, &attached.slot);
-        if self.inner.thread.is_worker() {
-            // From a handler: the worker lets go of the mailbox after this pass; it cannot wait
-            // for itself.
-            log::debug!(
-                "{}: detached mailbox {} (from a handler)",
-                context.config.name,
-                id.0
-            );
-            return Ok(());
-        }
-        self.inner.thread.wait_released(&attached);
-        log::debug!("{}: detached mailbox {}", context.config.name, id.0);
-        Ok(())
-    }
-
-    /// Ports of mailbox `id` whose request the server has not finished (`C != S`), or None if
-    /// no such mailbox is attached.
-    pub fn pending(&self, id: MailboxId) -> Option<usize> {
-        let mailboxes = self.inner.context.mailboxes.get();
-        let attached = mailboxes.iter().find(|m| m.id == id)?;
-        let server = attached.server();
-        Some(
-            (0..attached.layout.ports())
-                .filter(|&i| server.is_pending(i))
-                .count(),
-        )
-    }
-
-    /// Waits (backing off) until mailbox `id` has no pending request and every request the
-    /// server began on it is counted in the statistics, or `timeout` passes; true if it
-    /// drained. A launcher calls it after a kernel completed, so that requests the kernel sent
-    /// last without waiting for an answer (FREE, EXIT's status) are served, and the counts
-    /// read next include every request of the kernel: a request's last hand-over lets the
-    /// kernel go on before the server has counted it (the count follows the hand-over, in
-    /// the same poll or, for a script that goes on after its reply, a later one).
-    pub fn wait_drained(&self, id: MailboxId, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut attempt = 0;
-        while !self.drained(id) {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            Backoff::step(attempt);
-            attempt = attempt.saturating_add(1);
-        }
-        true
-    }
-
-    /// Whether mailbox `id` (if attached) has no pending port and no request begun and not
-    /// yet counted.
-    fn drained(&self, id: MailboxId) -> bool {
-        let mailboxes = self.inner.context.mailboxes.get();
-        let Some(attached) = mailboxes.iter().find(|m| m.id == id) else {
-            return true;
-        };
-        let server = attached.server();
-        if (0..attached.layout.ports()).any(|i| server.is_pending(i)) {
-            return false;
-        }
-        // Acquire: pairs with the Release of the hand-overs whose flags were just read, so
-        // the requests they belong to are seen begun (see `Attached`'s ordering note).
-        crate::sync::fence(Ordering::Acquire);
-        attached.unsettled.load(Ordering::Acquire) == 0
-    }
-
-    /// The ids of the attached mailboxes.
-    pub fn mailboxes(&self) -> Vec<MailboxId> {
-        self.inner
-            .context
-            .mailboxes
-            .get()
-            .iter()
-            .map(|m| m.id)
-            .collect()
     }
 }
