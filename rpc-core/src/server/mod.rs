@@ -262,10 +262,11 @@ impl RpcServer {
     /// Registers a script handler for one opcode, ahead of the standard ones and of handlers
     /// registered later: an async function of the [`Request`] whose every `.await` on the port
     /// lets the server thread serve the other ports until the client answers. It ends with
-    /// `Ok(())` or a [`ServerError`] (`?` lifts the port's [`ProtocolError`](crate::ProtocolError)s
-    /// into one): [`ServerError::Refused`] closes the port as served and counts a refusal, any
-    /// other error drains the port (PROTOCOL section 11: the rest of the client's script is
-    /// answered with the opcode's failure word, and never run as a request).
+    /// `Ok(())` or `Ok(`[`Outcome::Served`]`)`; `Ok(`[`Outcome::Refused`]`)`, its script
+    /// complete, which closes the port as served and counts a refusal; or a failure, a
+    /// [`ServerError`] (`?` lifts the port's `ProtocolError`s into one), which drains the port
+    /// (PROTOCOL section 11: the rest of the client's script is answered with the opcode's
+    /// failure word, and never run as a request).
     ///
     /// ```no_run
     /// # let server = rpc_core::RpcServer::new(Default::default());
