@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use libfuzzer_sys::fuzz_target;
+use rpc_core::AttachOptions;
 use rpc_core::plugin::{DeviceAllocator, VendorError};
 use rpc_core::protocol::{Generation, Layout, MailboxMemory};
 use rpc_core::FilePolicy;
@@ -171,11 +172,14 @@ fuzz_target!(|data: &[u8]| {
     let passes = server.stats().passes;
     let first = if shape & 32 != 0 && generation == Generation::V2 {
         let bell = CountingBell(AtomicU64::new(u64::from(shape >> 6)));
-        server.attach_with_doorbell(Box::new(memories[0].clone()), Box::new(bell))
+        server.attach(
+            Box::new(memories[0].clone()),
+            AttachOptions::default().doorbell(Box::new(bell)),
+        )
     } else {
-        server.attach(Box::new(memories[0].clone()))
+        server.attach(Box::new(memories[0].clone()), AttachOptions::default())
     };
-    let second = server.attach(Box::new(memories[1].clone()));
+    let second = server.attach(Box::new(memories[1].clone()), AttachOptions::default());
     // Two passes started after the attaches: at least one ran over both mailboxes.
     while server.stats().passes < passes + 2 {
         std::thread::yield_now();

@@ -9,7 +9,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use rpc_core::plugin::panic_message;
-use rpc_core::services::KernelExit;
+use rpc_core::KernelExit;
 use rpc_core::{
     Error, ExitPolicy, ImageId, Opcode, PluginError, PluginRuntime, ProtocolError, Runtime,
     ServerConfig, ServerError, Started, Stopped,

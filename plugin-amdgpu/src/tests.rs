@@ -9,7 +9,7 @@ use plugin_contract::{counted, Capture};
 use plugin_host::{Arg, Warp};
 use rpc_core::plugin::{Device, Grid, Plugin};
 use rpc_core::services::malloc_alignment;
-use rpc_core::services::KernelExit;
+use rpc_core::KernelExit;
 use rpc_core::{Error, PluginError};
 use rpc_core::{ImageId, PluginRuntime};
 

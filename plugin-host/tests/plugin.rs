@@ -8,7 +8,7 @@ use plugin_contract::Capture;
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target};
 use rpc_core::plugin::{Device, Grid, Plugin};
 use rpc_core::protocol::{CallArg, Generation};
-use rpc_core::services::KernelExit;
+use rpc_core::KernelExit;
 use rpc_core::{Error, Opcode, PluginError, ServerError};
 use rpc_core::{PluginRuntime, Runtime};
 

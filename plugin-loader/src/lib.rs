@@ -45,7 +45,7 @@ use std::sync::Mutex;
 use libloading::Library;
 use plugin_abi::*;
 use rpc_core::plugin::{Grid, SharedRegion, Symbol};
-use rpc_core::services::KernelExit;
+use rpc_core::KernelExit;
 use rpc_core::{
     ImageId, MailboxId, Opcode, PacketHandler, PluginError, Result, Runtime, ServerError, Started,
     StatsSnapshot, Stopped,

@@ -31,11 +31,6 @@ pub enum Error {
 /// `Result` with the embedder's [`Error`]; each layer names its own error as `E`.
 pub type Result<T, E = Error> = core::result::Result<T, E>;
 
-/// A vendor hook's error, boxed: what the plugin traits return, kept whole as the `source()`
-/// of [`PluginError::Vendor`].
-#[cfg(feature = "std")]
-pub type VendorError = std::boxed::Box<dyn std::error::Error + Send + Sync + 'static>;
-
 impl From<ProtocolError> for Error {
     fn from(error: ProtocolError) -> Self {
         Error::Protocol(error)

@@ -123,8 +123,6 @@ mod server;
 pub mod services;
 pub(crate) mod sync;
 
-#[cfg(feature = "std")]
-pub use error::VendorError;
 pub use error::{Error, Result};
 #[cfg(feature = "std")]
 pub use plugin::error::PluginError;
@@ -133,7 +131,7 @@ pub use plugin::runtime::{ImageId, PacketHandler, PacketRequest, PluginRuntime, 
 pub use protocol::error::ProtocolError;
 pub use protocol::Opcode;
 #[cfg(feature = "std")]
-pub use server::error::ServerError;
+pub use server::error::{Outcome, ServerError, VendorError};
 #[cfg(feature = "std")]
 pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]
@@ -146,6 +144,8 @@ pub use server::stats::StatsSnapshot;
 pub use server::thread::{Started, Stopped};
 #[cfg(feature = "std")]
 pub use server::{
-    AtomicMailbox, MailboxId, RpcServer, ServerConfig, ServerContext, ShutdownPolicy, UserGuard,
-    ABSENT_AFTER,
+    AtomicMailbox, AttachOptions, MailboxId, RpcServer, ServerConfig, ServerContext,
+    ShutdownPolicy, UserGuard, ABSENT_AFTER,
 };
+#[cfg(feature = "std")]
+pub use services::process::KernelExit;

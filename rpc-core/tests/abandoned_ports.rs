@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use common::capture::Capture;
 use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
 use rpc_core::protocol::{MailboxMemory, FIRST_PACKET_BYTES};
+use rpc_core::AttachOptions;
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
 use workloads::claims::{claim, finish_claim, finish_stream, increment_at, open, start_stream};
 use workloads::claims::{streaming, write_stdout_at};
@@ -49,7 +50,7 @@ impl Fx {
         let memory = Arc::new(MailboxMemory::new(
             Layout::new(Generation::V1, ports, 1).unwrap(),
         ));
-        let id = server.attach(Box::new(memory.clone()));
+        let id = server.attach(Box::new(memory.clone()), AttachOptions::default());
         let output = Capture::default();
         let services = server.context().services();
         services.set_stdout(Box::new(output.clone()));

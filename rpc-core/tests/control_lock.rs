@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use rpc_core::plugin::Doorbell;
 use rpc_core::protocol::{Generation, Layout, MailboxMemory};
+use rpc_core::AttachOptions;
 use rpc_core::{RpcServer, ServerConfig, ShutdownPolicy, Stopped};
 
 /// The server the logger asks for its users on every line it gets.
@@ -124,7 +125,10 @@ fn a_doorbell_calling_back_into_the_server_does_not_deadlock_the_worker() {
         };
         let _ = bell.server.set(Arc::downgrade(&server));
         let memory = MailboxMemory::new(Layout::new(Generation::V2, 1, 1).unwrap());
-        let _id = server.attach_with_doorbell(Box::new(memory), Box::new(bell));
+        let _id = server.attach(
+            Box::new(memory),
+            AttachOptions::default().doorbell(Box::new(bell)),
+        );
         let _ = server.start().unwrap();
         // With a user and no request, the worker backs off and then looks whether it can sleep
         // on the doorbell (its counter 0), again and again.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::{eventually, Mailbox};
 use rpc_core::protocol::{Backoff, Deadline};
 use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::AttachOptions;
 use rpc_core::{
     MailboxId, Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped,
 };
@@ -169,7 +170,7 @@ fn shutdown_policies_with_a_live_guard() {
 #[test]
 fn a_panicking_handler_is_caught_and_the_worker_goes_on() {
     let server = RpcServer::new(config("panic"));
-    server.register(Opcode::user(1), |mut req| async move {
+    server.register::<_, _, ()>(Opcode::user(1), |mut req| async move {
         req.recv(|_, _| {}).await?;
         // A panic that skips the panic hook: with RUST_BACKTRACE=1 the default hook
         // symbolizes a backtrace (seconds under a sanitizer) under std's process-wide lock,
@@ -658,7 +659,10 @@ fn panics_outside_handlers_are_caught_and_cost_only_what_they_touch() {
     let flaky = Arc::new(MailboxMemory::new(
         Layout::new(Generation::V1, 1, 1).unwrap(),
     ));
-    let _flaky_id = server.attach(Box::new(Flaky(flaky, broken.clone())));
+    let _flaky_id = server.attach(
+        Box::new(Flaky(flaky, broken.clone())),
+        AttachOptions::default(),
+    );
     let _ = server.start().unwrap();
     let _user = server.user();
     let client = mailbox.client();

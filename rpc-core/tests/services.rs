@@ -16,8 +16,8 @@ use common::capture::Capture;
 use common::{slices, Device, HeapAllocator, Mailbox};
 use rpc_core::protocol::Deadline;
 use rpc_core::protocol::{Client, ClientPort};
-use rpc_core::services::KernelExit;
 use rpc_core::services::{malloc_alignment, HOST_CALL_REFUSED, MALLOC_ALIGN, SMALL_MAX};
+use rpc_core::KernelExit;
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
 use rpc_core::{Opcode, RpcServer, ServerConfig, UserGuard};
 

@@ -26,8 +26,9 @@ use plugin_host::kernel::{STDIN, STDOUT};
 use plugin_host::{Arg, HostConfig, HostImage, HostPlugin, Target, Warp};
 use rpc_core::plugin::Grid;
 use rpc_core::protocol::Generation;
-use rpc_core::services::{malloc_alignment, KernelExit};
+use rpc_core::services::malloc_alignment;
 use rpc_core::FilePolicy;
+use rpc_core::KernelExit;
 use rpc_core::PluginRuntime;
 use rpc_core::{Error, ExitPolicy, Opcode, PluginError, ServerConfig, ServicesConfig};
 

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use rpc_core::protocol::Deadline;
 use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::AttachOptions;
 use rpc_core::{
     MailboxId, Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped,
     UserGuard,
@@ -240,7 +241,7 @@ pub fn run_with(config: &StressConfig) -> StressReport {
         ..ServerConfig::default()
     });
     let traffic = ClientMailbox::new(CLIENTS as u32, 1);
-    server.attach(Box::new(traffic.memory.clone()));
+    server.attach(Box::new(traffic.memory.clone()), AttachOptions::default());
     let counts = OpCounts::default();
     let ops_done = AtomicBool::new(false);
     let sent = AtomicU64::new(0);
@@ -450,7 +451,9 @@ impl OpThread<'_> {
         let ports = 1 + rng.below(4) as u32;
         let lanes = [1, 32][rng.below(2) as usize];
         let mailbox = ClientMailbox::new(ports, lanes);
-        let id = self.server.attach(Box::new(mailbox.memory.clone()));
+        let id = self
+            .server
+            .attach(Box::new(mailbox.memory.clone()), AttachOptions::default());
         if let Ok(Some(mut port)) = mailbox.client().try_open_at(0, Opcode::TEST_INCREMENT, 1) {
             // The port is owned by us when opened, so this send does not wait.
             let _ = port.send(|_, p| p.set_word(0, 1));

@@ -41,6 +41,7 @@ use proptest::test_runner::{Config, TestRunner};
 use rpc_core::plugin::{DeviceAllocator, VendorError};
 use rpc_core::protocol::Deadline;
 use rpc_core::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::AttachOptions;
 use rpc_core::FilePolicy;
 use rpc_core::{ExitPolicy, Limits, MailboxId, Opcode, RpcServer, ServerConfig, ServicesConfig};
 use std::sync::atomic::Ordering;
@@ -432,7 +433,9 @@ impl Fixture {
     fn attach(&self) -> Attached<'_> {
         let mailboxes = [(); MAILBOXES].map(|()| {
             let memory = Arc::new(MailboxMemory::new(self.layout));
-            let id = self.server.attach(Box::new(memory.clone()));
+            let id = self
+                .server
+                .attach(Box::new(memory.clone()), AttachOptions::default());
             let locks = LockTable::new(self.layout.ports());
             for port in 0..HOSTILE {
                 locks.words()[port as usize / 32].fetch_or(1 << (port % 32), Ordering::Relaxed);

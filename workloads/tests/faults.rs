@@ -13,6 +13,7 @@ use plugin_host::kernel::{encode_printf, PrintfCall};
 use plugin_host::Arg;
 use rpc_core::protocol::{lanes, Backoff, Deadline};
 use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::AttachOptions;
 use rpc_core::{
     ExitPolicy, MailboxId, Opcode, RpcServer, ServerConfig, ServicesConfig, ShutdownPolicy,
     StatsSnapshot,
@@ -79,7 +80,7 @@ fn server(name: &str) -> RpcServer {
 fn attach(server: &RpcServer) -> (Arc<MailboxMemory>, MailboxId) {
     let layout = Layout::new(Generation::V1, PORTS, LANES).unwrap();
     let memory = Arc::new(MailboxMemory::new(layout));
-    let id = server.attach(Box::new(memory.clone()));
+    let id = server.attach(Box::new(memory.clone()), AttachOptions::default());
     (memory, id)
 }
 

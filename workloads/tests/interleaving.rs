@@ -14,6 +14,7 @@ use plugin_host::kernel::{self, encode_printf, PrintfCall};
 use plugin_host::{Arg, Target};
 use rpc_core::protocol::{lanes, Backoff, Deadline, Wait};
 use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::AttachOptions;
 use rpc_core::{ExitPolicy, Opcode, RpcServer, ServerConfig, ServicesConfig};
 use std::sync::atomic::Ordering;
 
@@ -51,7 +52,7 @@ impl Fixture {
         let memory = Arc::new(MailboxMemory::new(
             Layout::new(Generation::V2, ports, lanes).unwrap(),
         ));
-        server.attach(Box::new(memory.clone()));
+        server.attach(Box::new(memory.clone()), AttachOptions::default());
         let _ = server.start().unwrap();
         Fixture {
             server,

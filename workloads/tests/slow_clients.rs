@@ -25,6 +25,7 @@ use rpc_core::protocol::{
     Backoff, Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxMemory,
     ProtocolError, Wait,
 };
+use rpc_core::AttachOptions;
 use rpc_core::{AtomicMailbox, Limits, Opcode, RpcServer, ServerConfig, StatsSnapshot};
 
 const PORTS: u32 = 8;
@@ -243,7 +244,7 @@ fn slow_clients_on_many_ports_lose_no_port_and_run_no_late_packet() {
     let strategy = prop::collection::vec(script(), 1..PORTS as usize);
     let result = runner.run(&strategy, |scripts| {
         let memory = Arc::new(MailboxMemory::new(layout));
-        let id = server.attach(Box::new(Shared(memory.clone())));
+        let id = server.attach(Box::new(Shared(memory.clone())), AttachOptions::default());
         let user = server.user();
         let locks = LockTable::new(PORTS);
         let guard = Instant::now() + HANG_GUARD;

@@ -17,7 +17,13 @@
 //!   enum the types its variants carry, so the circles looked for are between siblings and
 //!   across layers; but a file of [`STANDS_ALONE`] and its holder count like siblings (the
 //!   holder may use it, it may not use the holder).
-//! - a circle between the files of a plugin crate ([`PLUGINS`]), by the same rules.
+//! - a circle between the files of a plugin crate ([`PLUGINS`]), by the same rules;
+//! - a file of rpc-core's protocol, server or services layer naming the root's `Result`,
+//!   `Error` or `VendorError` ([`ROOT_ERRORS`]): each layer fails with its own error, and only
+//!   the root and the plugin layer (which returns the embedder's `Error`) name the root's;
+//! - rpc-core's root re-exports (the `pub use` items of its `lib.rs`, and its exported macros
+//!   but the hidden ones, [`HIDDEN_AT_ROOT`]) not the capitalised names in backquotes of
+//!   ARCHITECTURE.md's "Front door" paragraph.
 //!
 //! The checks read the text of the files, no compiler: a path is a `crate::...` or `super::...`
 //! in a line that is not a comment.
@@ -48,6 +54,15 @@ const LAYERS: &[&str] = &["protocol", "server", "services", "plugin"];
 /// machine stands below the server it runs, so that its no-lost-wake-up argument reads in one
 /// file (`server/thread.rs`).
 const STANDS_ALONE: &[&str] = &["server::thread"];
+/// The root's error types, which no layer below the plugin layer names.
+const ROOT_ERRORS: &[&str] = &["Result", "Error", "VendorError"];
+/// The layers that name no type of the root (below the plugin layer).
+const OWN_ERROR_LAYERS: &[&str] = &["protocol", "server", "services"];
+/// Names at rpc-core's root that its front door does not list: `#[doc(hidden)]` macros for
+/// the workspace's own crates (plugin-abi's conversions of the statistics).
+const HIDDEN_AT_ROOT: &[&str] = &["stats_counters"];
+/// How ARCHITECTURE.md's paragraph listing the root's names begins.
+const FRONT_DOOR: &str = "**Front door.**";
 
 pub fn run() -> Result {
     let mut problems = check(&project_root());
@@ -93,6 +108,17 @@ fn check(root: &Path) -> Vec<String> {
                  state: a server thread's is the server's, reached through `Wait`)"
             ));
         }
+        if OWN_ERROR_LAYERS
+            .iter()
+            .any(|layer| file.starts_with(core.join(layer)))
+        {
+            if let Some(name) = root_error_named(&text) {
+                problems.push(format!(
+                    "{relative}: names the root's `crate::{name}` (each layer fails with its own \
+                     error: ProtocolError, ServerError)"
+                ));
+            }
+        }
         if let Some(word) = vendor_word(code_lines(&text)) {
             problems.push(format!(
                 "{relative}: names the vendor word `{word}` in code"
@@ -124,6 +150,7 @@ fn check(root: &Path) -> Vec<String> {
             problems.push(format!("{relative}: does not start with a `//!` line"));
         }
     }
+    problems.extend(front_door(root, &core_files));
     problems.extend(circles("rpc-core", &core, &core_files));
     for plugin in PLUGINS {
         let src = root.join(plugin).join("src");
@@ -153,6 +180,119 @@ fn vendor_word<'a>(lines: impl Iterator<Item = &'a str>) -> Option<&'static str>
 /// Whether the code of `text` (not its comments) declares a thread-local, std's or loom's.
 fn declares_thread_local(text: &str) -> bool {
     code_lines(text).any(|line| line.contains("thread_local!"))
+}
+
+/// The first of the root's error types ([`ROOT_ERRORS`]) that the code of `text` names as
+/// `crate::NAME` or in a `crate::{...}` group, which may span lines.
+fn root_error_named(text: &str) -> Option<&'static str> {
+    let code = code_lines(text).collect::<Vec<_>>().join(" ");
+    for (at, _) in code.match_indices("crate::") {
+        if code[..at].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        // `paths_after` reads a group after a prefix: give it the `crate` prefix back.
+        for path in paths_after(&code[at..]) {
+            if let [_, name] = &path[..] {
+                if let Some(found) = ROOT_ERRORS.iter().find(|e| **e == name.as_str()) {
+                    return Some(found);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Where rpc-core's root names (its `pub use` items and exported macros) and ARCHITECTURE.md's
+/// front-door list differ, one line per name.
+fn front_door(root: &Path, core_files: &[PathBuf]) -> Vec<String> {
+    let mut at_root = root_reexports(&read(&root.join("rpc-core/src/lib.rs")));
+    for file in core_files {
+        at_root.extend(exported_macros(&read(file)));
+    }
+    at_root.retain(|name| !HIDDEN_AT_ROOT.contains(&name.as_str()));
+    let Some(listed) = front_door_names(&read(&root.join("ARCHITECTURE.md"))) else {
+        return vec![format!(
+            "ARCHITECTURE.md: has no paragraph beginning `{FRONT_DOOR}`"
+        )];
+    };
+    let mut problems = Vec::new();
+    for name in at_root.difference(&listed) {
+        problems.push(format!(
+            "rpc-core/src/lib.rs: re-exports `{name}`, which ARCHITECTURE.md's front door does \
+             not list"
+        ));
+    }
+    for name in listed.difference(&at_root) {
+        problems.push(format!(
+            "ARCHITECTURE.md: its front door lists `{name}`, which rpc-core's root does not \
+             re-export"
+        ));
+    }
+    problems
+}
+
+/// The names the `pub use` items of `text` (a `lib.rs`) bring in: each item's last segment,
+/// or what it is renamed `as`.
+fn root_reexports(text: &str) -> BTreeSet<String> {
+    let code = code_lines(text).collect::<Vec<_>>().join(" ");
+    let mut names = BTreeSet::new();
+    for (at, _) in code.match_indices("pub use ") {
+        let item = code[at + "pub use ".len()..]
+            .split(';')
+            .next()
+            .unwrap_or("");
+        // `a::{b::C, D as E}` lists `C` and `E`; `a::B` lists `B`.
+        let inner = match item.find('{') {
+            Some(open) => item[open + 1..].trim_end().trim_end_matches('}'),
+            None => item,
+        };
+        for part in inner.split(',') {
+            let last = part.split_whitespace().last().unwrap_or("");
+            let name = last.rsplit("::").next().unwrap_or("");
+            if !name.is_empty() && name.chars().all(is_ident) {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// The macros `text` exports at the crate's root (`#[macro_export]`, then `macro_rules! NAME`).
+fn exported_macros(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut exported = false;
+    for line in code_lines(text) {
+        let line = line.trim();
+        if line.starts_with("#[macro_export]") {
+            exported = true;
+        } else if let Some(rest) = line.strip_prefix("macro_rules!") {
+            if exported {
+                names.push(rest.trim().chars().take_while(|&c| is_ident(c)).collect());
+            }
+            exported = false;
+        } else if !line.starts_with("#[") {
+            exported = false;
+        }
+    }
+    names
+}
+
+/// The capitalised names in backquotes (`Name`, `NAME`, no path) of the paragraph of `text`
+/// that begins with [`FRONT_DOOR`], if there is one.
+fn front_door_names(text: &str) -> Option<BTreeSet<String>> {
+    let start = text.find(FRONT_DOOR)?;
+    let paragraph = text[start..].split("\n\n").next().unwrap_or("");
+    Some(
+        paragraph
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|quoted| {
+                quoted.starts_with(|c: char| c.is_ascii_uppercase()) && quoted.chars().all(is_ident)
+            })
+            .map(String::from)
+            .collect(),
+    )
 }
 
 fn is_ident(c: char) -> bool {
@@ -419,6 +559,49 @@ mod tests {
         assert!(!declares_thread_local(
             "//! Not a `thread_local!` here.\nfn f() {} // nor thread_local! here\n"
         ));
+    }
+
+    #[test]
+    fn a_root_error_is_found_in_paths_and_groups_in_code_only() {
+        assert_eq!(root_error_named("use crate::Result;\n"), Some("Result"));
+        assert_eq!(
+            root_error_named("use crate::{\n    Opcode,\n    VendorError,\n};\n"),
+            Some("VendorError")
+        );
+        assert_eq!(
+            root_error_named("fn f() -> crate::Error { todo!() }"),
+            Some("Error")
+        );
+        // The layers' own errors, a longer path, a comment and a foreign crate are not the root's.
+        assert_eq!(
+            root_error_named(
+                "use crate::server::error::{ServerError, VendorError};\n\
+                 /// [`Error`](crate::Error)\nuse my_crate::Result;\nuse crate::ResultSet;\n"
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn the_root_names_are_its_pub_use_items_and_exported_macros() {
+        let lib =
+            "pub mod plugin;\npub use error::{Error, Result};\n#[cfg(x)]\npub use server::{\n    \
+                   a::MailboxId,\n    RpcServer as Server,\n};\npub use protocol::Opcode;\n\
+                   // pub use gone::Commented;\npub(crate) use sync::Arc;\n";
+        let names: Vec<_> = root_reexports(lib).into_iter().collect();
+        assert_eq!(names, ["Error", "MailboxId", "Opcode", "Result", "Server"]);
+        let stats =
+            "#[doc(hidden)]\n#[macro_export]\nmacro_rules! counters {\n}\nmacro_rules! inner {}\n";
+        assert_eq!(exported_macros(stats), ["counters"]);
+    }
+
+    #[test]
+    fn the_front_door_lists_capitalised_plain_names_of_its_paragraph() {
+        let doc = "# A\n\n**Front door.** `Runtime` (one `Vec`), `ABSENT_AFTER`, `RpcServer::register`,\n\
+                   `protocol`, `#![warn(x)]`.\n\n**Errors.** `Other`.\n";
+        let names: Vec<_> = front_door_names(doc).unwrap().into_iter().collect();
+        assert_eq!(names, ["ABSENT_AFTER", "Runtime", "Vec"]);
+        assert_eq!(front_door_names("no such paragraph"), None);
     }
 
     #[test]

@@ -13,6 +13,8 @@ use std::sync::Arc;
 
 use crate::protocol::layout::{Generation, Layout};
 
+#[cfg(not(loom))]
+pub use crate::server::RegionMailbox;
 pub use crate::server::{panic_message, Doorbell, SharedRegion};
 pub use crate::services::memory::DeviceAllocator;
 pub use crate::VendorError;

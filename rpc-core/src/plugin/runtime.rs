@@ -46,7 +46,9 @@ use crate::protocol::opcode::{Dialect, Numbering};
 use crate::protocol::Opcode;
 use crate::server::stats::StatsSnapshot;
 use crate::server::thread::{Started, Stopped};
-use crate::server::{MailboxId, RpcServer, ServerConfig, ShutdownPolicy};
+use crate::server::{
+    AttachOptions, MailboxId, RegionMailbox, RpcServer, ServerConfig, ShutdownPolicy,
+};
 use crate::services::KernelExit;
 use crate::sync::{lock, Arc, Mutex};
 use crate::{Error, Result};
@@ -337,9 +339,14 @@ impl<P: Plugin> PluginRuntime<P> {
             Generation::V0 | Generation::V1 => Dialect::LlvmLibc,
             Generation::V2 => Dialect::HostC,
         };
-        let id = self
-            .server
-            .attach_region_for(region, layout, bell, numbering, printf)?;
+        let id = self.server.attach(
+            Box::new(RegionMailbox::new(region, layout)?),
+            AttachOptions {
+                doorbell: bell,
+                ..AttachOptions::default()
+            }
+            .clients(numbering, printf),
+        );
         self.server
             .context()
             .services()

@@ -6,7 +6,6 @@ use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, ClientPort, Port, Wait, DEFAULT_WAIT};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
-use crate::Result;
 
 /// A client of one mailbox. Every client thread of the mailbox must share one lock table (the
 /// device-private lock bits of a GPU client); share the `Client` itself or its `locks`.

@@ -37,7 +37,6 @@ use core::str::FromStr;
 use static_assertions::const_assert_eq;
 
 use crate::protocol::error::ProtocolError;
-use crate::Result;
 
 /// One lane's packet: 8 little-endian `u64` words.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -265,7 +264,7 @@ impl Layout {
         }
     }
     /// Bytes from one port's header to the next one's.
-    pub const fn header_stride(&self) -> usize {
+    pub(crate) const fn header_stride(&self) -> usize {
         match self.generation {
             Generation::V0 => self.v0_packet_size(),
             Generation::V1 | Generation::V2 => size_of::<Header>(),
@@ -309,7 +308,8 @@ impl Layout {
 
     /// Writes the device-side client object for a mailbox whose base the device sees at
     /// `device_base` into `out`, which must be exactly [`Layout::client_object_size`] bytes.
-    pub fn write_client_object(
+    #[cfg(feature = "std")]
+    pub(crate) fn write_client_object(
         &self,
         device_base: u64,
         out: &mut [u8],

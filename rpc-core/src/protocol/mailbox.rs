@@ -11,7 +11,6 @@
 use crate::protocol::error::ProtocolError;
 use crate::protocol::layout::Layout;
 use crate::sync::{AtomicU32, DataWord};
-use crate::Result;
 
 /// A view of one mailbox: the arrays of PROTOCOL section 2 as atomics.
 #[derive(Clone, Copy)]

@@ -51,4 +51,6 @@ pub use port::{lanes, ClientPort, Packet, ServerPort, Spin, Wait};
 #[cfg(feature = "std")]
 pub use port::{Backoff, Deadline, Resumable};
 pub use server_end::ServerEnd;
-pub use typed::{dispatch, CallArg, POINTER_BYTES};
+#[cfg(feature = "std")]
+pub(crate) use typed::POINTER_BYTES;
+pub use typed::{dispatch, CallArg};

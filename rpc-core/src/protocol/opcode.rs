@@ -164,7 +164,8 @@ impl Numbering {
     /// The current opcode of the number an image of this numbering wrote in its header.
     /// A number LLVM 19 did not have comes out as an unknown opcode (class 0), answered as
     /// every unknown opcode is.
-    pub const fn translate(self, raw: u32) -> Opcode {
+    #[cfg(feature = "std")]
+    pub(crate) const fn translate(self, raw: u32) -> Opcode {
         match self {
             Numbering::Current => Opcode(raw),
             Numbering::Llvm19 => {

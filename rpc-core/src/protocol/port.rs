@@ -36,7 +36,6 @@ use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::protocol::mailbox::unlock;
 use crate::protocol::opcode::Opcode;
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
-use crate::Result;
 use core::future::Future;
 use core::task::{Context, Poll, Waker};
 
@@ -837,7 +836,8 @@ fn alloc_vec(size: usize) -> Vec<u8> {
 
 impl<'a> Port<'a, true> {
     /// The header's lane mask as the client wrote it.
-    pub fn header_mask(&self) -> u64 {
+    #[cfg(feature = "std")]
+    pub(crate) fn header_mask(&self) -> u64 {
         self.header_mask
     }
 

@@ -126,7 +126,7 @@ pub struct Spec {
 impl Spec {
     /// Size in bytes of the value argument (after any `*` arguments); 0 for `%`, which has none.
     #[inline]
-    pub fn value_size(&self) -> usize {
+    pub(crate) fn value_size(&self) -> usize {
         match self.conversion {
             b'%' => 0,
             b'c' => 4,
@@ -157,7 +157,7 @@ impl Piece<'_> {
     }
 
     /// The bytes of the format the piece was parsed from.
-    pub fn text_len(&self) -> usize {
+    pub(crate) fn text_len(&self) -> usize {
         match self {
             Piece::Literal(bytes) => bytes.len(),
             Piece::Percent => 2,

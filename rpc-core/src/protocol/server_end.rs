@@ -6,7 +6,6 @@ use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, prefetch, Port, ServerPort, Wait};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
-use crate::Result;
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
 /// or two threads can open one port.
@@ -49,7 +48,7 @@ impl<'a> ServerEnd<'a> {
     /// True if the client has handed port `index` to the server (`C != S`). A hint only: read
     /// without the lock, it is re-checked when the port is opened.
     #[inline]
-    pub fn is_pending(&self, index: u32) -> bool {
+    pub(crate) fn is_pending(&self, index: u32) -> bool {
         let i = index as usize;
         // Relaxed: a hint; `try_open` re-reads under the lock and fences.
         normalize(self.mailbox.secondary[i].load(Ordering::Relaxed))

@@ -14,7 +14,6 @@
 
 use crate::protocol::error::ProtocolError;
 use crate::protocol::port::{lanes, ClientPort};
-use crate::Result;
 
 #[cfg(not(feature = "std"))]
 extern crate alloc;
@@ -24,7 +23,7 @@ use alloc::vec::Vec;
 use std::vec::Vec;
 
 /// The bytes a pointer takes in the packed argument list (the device's 64-bit pointers).
-pub const POINTER_BYTES: usize = 8;
+pub(crate) const POINTER_BYTES: usize = 8;
 
 /// One argument of a typed call, as the client marshals it.
 #[derive(Debug)]

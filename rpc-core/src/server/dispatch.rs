@@ -535,7 +535,7 @@ mod tests {
         let memory = Arc::new(MailboxMemory::new(
             Layout::new(Generation::V1, PORTS, 1).unwrap(),
         ));
-        server.attach(std::boxed::Box::new(memory.clone()));
+        server.attach(std::boxed::Box::new(memory.clone()), Default::default());
         let _user = server.user();
         let locks = LockTable::new(PORTS);
         let done = AtomicBool::new(false);

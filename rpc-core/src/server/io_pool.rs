@@ -29,7 +29,6 @@ use crate::server::error::ServerError;
 use crate::server::stats::bump;
 use crate::server::{panic_message, Inner, ServerContext};
 use crate::sync::{lock, Arc, Condvar, Mutex};
-use crate::Result;
 
 type Call = Box<dyn FnOnce() + Send>;
 

@@ -17,6 +17,7 @@ use crate::protocol::port::Spin;
 use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
 use crate::server::dispatch::{open_when_free, register_two_packet_sum, PassCache};
 use crate::server::exec::Fate;
+use crate::server::AttachOptions;
 use crate::server::Inner;
 use crate::sync::{thread, Arc, AtomicBool, AtomicUsize, Ordering};
 use crate::{MailboxId, Opcode, ProtocolError, RpcServer, ServerError};
@@ -36,7 +37,7 @@ fn fixture(ports: u32) -> Arc<Fixture> {
     let memory = Arc::new(MailboxMemory::new(
         Layout::new(Generation::V1, ports, 1).unwrap(),
     ));
-    let id = server.attach(Box::new(memory.clone()));
+    let id = server.attach(Box::new(memory.clone()), AttachOptions::default());
     Arc::new(Fixture {
         server,
         memory,

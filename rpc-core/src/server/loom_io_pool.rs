@@ -16,7 +16,6 @@ use std::time::Duration;
 use crate::server::error::ServerError;
 use crate::server::Inner;
 use crate::sync::{thread, Arc, AtomicUsize, Ordering};
-use crate::Result;
 use crate::{RpcServer, ServerConfig};
 
 /// Long enough that `stop` waits for every thread (loom's timed waits never time out).

@@ -5,6 +5,7 @@ use std::vec::Vec;
 
 use crate::protocol::port::Spin;
 use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use crate::server::AttachOptions;
 use crate::sync::{thread, Arc};
 use crate::{Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped};
 
@@ -46,7 +47,7 @@ fn a_user_arriving_as_the_worker_goes_to_sleep_is_served() {
         let server = server();
         let layout = Layout::new(Generation::V1, 1, 1).unwrap();
         let memory = Arc::new(MailboxMemory::new(layout));
-        server.attach(Box::new(memory.clone()));
+        server.attach(Box::new(memory.clone()), AttachOptions::default());
         assert_eq!(server.start().unwrap(), Started::Started);
         let client = {
             let (server, memory) = (server.clone(), memory.clone());
@@ -99,7 +100,7 @@ fn a_request_of_a_user_that_came_and_went_is_still_served() {
         let memory = Arc::new(MailboxMemory::new(
             Layout::new(Generation::V1, 1, 1).unwrap(),
         ));
-        server.attach(Box::new(memory.clone()));
+        server.attach(Box::new(memory.clone()), AttachOptions::default());
         let _ = server.start().unwrap();
         {
             // A kernel that sends a request needing no answer and ends before the worker looks.
@@ -169,7 +170,7 @@ fn of_two_users_the_one_that_outlives_the_other_is_served() {
         let memory = Arc::new(MailboxMemory::new(
             Layout::new(Generation::V1, 1, 1).unwrap(),
         ));
-        server.attach(Box::new(memory.clone()));
+        server.attach(Box::new(memory.clone()), AttachOptions::default());
         let _ = server.start().unwrap();
         let (first, second) = (server.user(), server.user());
         let leaver = thread::spawn(move || drop(first));

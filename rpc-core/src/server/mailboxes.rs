@@ -1,20 +1,19 @@
-//! The mailboxes a server serves: attaching and detaching them, and what the worker keeps per
-//! attached mailbox.
+//! The mailboxes a server serves: the memory traits, how one is attached (`AttachOptions`),
+//! and what the worker keeps per attached mailbox (`RpcServer::attach` and `detach`, like
+//! every method of the server, are in `mod.rs`).
 
 use std::boxed::Box;
-use std::time::{Duration, Instant};
 use std::vec::Vec;
 
 use crate::protocol::layout::Layout;
 use crate::protocol::mailbox::{LockTable, Mailbox, MailboxMemory};
 use crate::protocol::opcode::{Dialect, Numbering, Opcode};
-use crate::protocol::port::Backoff;
 use crate::protocol::server_end::ServerEnd;
+#[cfg(not(loom))]
 use crate::server::error::ServerError;
 use crate::server::users::Coverage;
-use crate::server::{RpcServer, ServerContext};
+use crate::server::ServerContext;
 use crate::sync::{lock, Arc, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Mutex, Ordering};
-use crate::Result;
 
 /// Host memory the device reads and writes coherently (pinned / fine-grained), zeroed and
 /// 64-byte aligned when allocated; freed when dropped.
@@ -87,11 +86,23 @@ impl AtomicMailbox for Arc<MailboxMemory> {
     }
 }
 
-/// A plugin's shared region holding a mailbox of `layout`.
+/// A plugin's shared region holding a mailbox of a layout, as [`RpcServer::attach`](crate::RpcServer::attach) takes it:
+/// the server's same-size atomic views of the region, trusted by its [`SharedRegion`] contract.
 #[cfg(not(loom))]
-struct RegionMailbox {
+pub struct RegionMailbox {
     region: Box<dyn SharedRegion>,
     layout: Layout,
+}
+
+#[cfg(not(loom))]
+impl RegionMailbox {
+    /// The mailbox of `layout` in `region`; fails if the region is misaligned or too small.
+    pub fn new(region: Box<dyn SharedRegion>, layout: Layout) -> Result<Self, ServerError> {
+        // Checks alignment and size once; `view` relies on it.
+        // SAFETY: a view is only built here to validate; the region outlives this statement.
+        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(RegionMailbox { region, layout })
+    }
 }
 
 #[cfg(not(loom))]
@@ -99,7 +110,7 @@ impl AtomicMailbox for RegionMailbox {
     fn view(&self) -> Mailbox<'_> {
         // SAFETY: the region is owned by `self` (so it lives as long as the view), and this
         // process only accesses mailbox memory through same-size atomic views (the region's
-        // `SharedRegion` contract); `attach_region` checked alignment and size once, and the
+        // `SharedRegion` contract); `new` checked alignment and size once, and the
         // region never changes.
         unsafe { Mailbox::from_raw(self.region.host_ptr(), self.region.len(), self.layout) }
             .expect("checked when attached")
@@ -172,6 +183,35 @@ pub(crate) struct Attached {
 }
 
 impl Attached {
+    /// A mailbox attached as `id`, held in `source`, with the layer above's `slot`.
+    pub(crate) fn new(
+        id: MailboxId,
+        numbering: Numbering,
+        printf: Dialect,
+        slot: MailboxSlot,
+        source: Box<dyn AtomicMailbox>,
+        #[cfg(not(loom))] doorbell: Option<Box<dyn Doorbell>>,
+    ) -> Self {
+        let layout = source.view().layout();
+        Attached {
+            id,
+            layout,
+            numbering,
+            printf,
+            slot,
+            source,
+            locks: LockTable::new(layout.ports()),
+            #[cfg(not(loom))]
+            doorbell,
+            detached: AtomicBool::new(false),
+            users: Arc::new(Coverage::default()),
+            quarantine: Mutex::new(Vec::new()),
+            quarantined: AtomicUsize::new(0),
+            in_flight: (0..layout.ports()).map(|_| AtomicU32::new(0)).collect(),
+            unsettled: AtomicUsize::new(0),
+        }
+    }
+
     #[cfg(not(loom))]
     pub(crate) fn doorbell(&self) -> Option<&dyn Doorbell> {
         self.doorbell.as_deref()
@@ -183,6 +223,12 @@ impl Attached {
         // hand-overs by their Release.
         let n = self.unsettled.load(Ordering::Relaxed);
         self.unsettled.store(n + 1, Ordering::Relaxed);
+    }
+
+    /// Whether every request of this mailbox begun is counted in the statistics.
+    pub(crate) fn settled(&self) -> bool {
+        // Acquire: pairs with `settle_request`'s Release, so the counts before it are seen.
+        self.unsettled.load(Ordering::Acquire) == 0
     }
 
     /// A request of this mailbox has been counted in the statistics (completed, failed or
@@ -259,200 +305,35 @@ impl<T: Clone> Snapshot<T> {
     }
 }
 
-impl RpcServer {
-    /// Attaches a mailbox held in `source`; the worker serves it from its next pass on.
-    pub fn attach(&self, source: Box<dyn AtomicMailbox>) -> MailboxId {
-        self.attach_inner(
-            source,
-            #[cfg(not(loom))]
-            None,
-            Numbering::Current,
-            Dialect::HostC,
-        )
-    }
-
-    /// Attaches a plugin's shared region holding a mailbox of `layout`.
+/// How [`RpcServer::attach`](crate::RpcServer::attach) serves a mailbox; the default is a current client of this
+/// process (no doorbell, today's opcode numbers, the host C library's printf).
+#[derive(Default)]
+#[non_exhaustive]
+pub struct AttachOptions {
+    /// A v2 mailbox's doorbell (PROTOCOL section 9): the server decrements its counter once
+    /// per served port, and the worker sleeps on it while no request is open (every attached
+    /// mailbox having a doorbell), polling on a timeout too.
     #[cfg(not(loom))]
-    pub fn attach_region(
-        &self,
-        region: Box<dyn SharedRegion>,
-        layout: Layout,
-    ) -> Result<MailboxId, ServerError> {
-        // Checks alignment and size once; `RegionMailbox::view` relies on it.
-        // SAFETY: a view is only built here to validate; the region outlives this statement.
-        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
-        Ok(self.attach(Box::new(RegionMailbox { region, layout })))
-    }
+    pub doorbell: Option<Box<dyn Doorbell>>,
+    /// How its clients number opcodes (an LLVM 19 image's: see [`Numbering`]).
+    pub numbering: Numbering,
+    /// Whose printf its clients expect (see [`Dialect`]).
+    pub dialect: Dialect,
+}
 
-    /// Attaches a v2 mailbox (in `source`) whose doorbell (PROTOCOL section 9) is `bell`: the
-    /// server decrements its counter once per served port, and the worker sleeps on it while no
-    /// request is open (every attached mailbox having a doorbell), polling on a timeout too.
+impl AttachOptions {
+    /// These options with the v2 doorbell `bell`.
     #[cfg(not(loom))]
-    pub fn attach_with_doorbell(
-        &self,
-        source: Box<dyn AtomicMailbox>,
-        bell: Box<dyn Doorbell>,
-    ) -> MailboxId {
-        self.attach_inner(source, Some(bell), Numbering::Current, Dialect::HostC)
+    pub fn doorbell(mut self, bell: Box<dyn Doorbell>) -> Self {
+        self.doorbell = Some(bell);
+        self
     }
 
-    /// [`RpcServer::attach_region`] with a doorbell.
-    #[cfg(not(loom))]
-    pub fn attach_region_with_doorbell(
-        &self,
-        region: Box<dyn SharedRegion>,
-        layout: Layout,
-        bell: Box<dyn Doorbell>,
-    ) -> Result<MailboxId, ServerError> {
-        // SAFETY: as in `attach_region`: a validating view only.
-        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
-        Ok(self.attach_with_doorbell(Box::new(RegionMailbox { region, layout }), bell))
-    }
-
-    /// [`RpcServer::attach_region`] with an optional doorbell, for clients that number their
-    /// opcodes as `numbering` says (an LLVM 19 image's: see [`Numbering`]) and expect the
-    /// printf of `printf` (see [`Dialect`]).
-    #[cfg(not(loom))]
-    pub fn attach_region_for(
-        &self,
-        region: Box<dyn SharedRegion>,
-        layout: Layout,
-        bell: Option<Box<dyn Doorbell>>,
-        numbering: Numbering,
-        printf: Dialect,
-    ) -> Result<MailboxId, ServerError> {
-        // SAFETY: as in `attach_region`: a validating view only.
-        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
-        let source = Box::new(RegionMailbox { region, layout });
-        Ok(self.attach_inner(source, bell, numbering, printf))
-    }
-
-    fn attach_inner(
-        &self,
-        source: Box<dyn AtomicMailbox>,
-        #[cfg(not(loom))] doorbell: Option<Box<dyn Doorbell>>,
-        numbering: Numbering,
-        printf: Dialect,
-    ) -> MailboxId {
-        let context = &self.inner.context;
-        // RMW: hands out each id once.
-        let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
-        // Its state exists before the worker can see a request of it.
-        let slot = context.extension.mailbox_attached(id);
-        let layout = source.view().layout();
-        let attached = Arc::new(Attached {
-            id,
-            layout,
-            numbering,
-            printf,
-            slot,
-            source,
-            locks: LockTable::new(layout.ports()),
-            #[cfg(not(loom))]
-            doorbell,
-            detached: AtomicBool::new(false),
-            users: Arc::new(Coverage::default()),
-            quarantine: Mutex::new(Vec::new()),
-            quarantined: AtomicUsize::new(0),
-            in_flight: (0..layout.ports()).map(|_| AtomicU32::new(0)).collect(),
-            unsettled: AtomicUsize::new(0),
-        });
-        context.mailboxes.update(|list| list.push(attached));
-        log::debug!(
-            "{}: attached mailbox {} ({layout})",
-            context.config.name,
-            id.0
-        );
-        id
-    }
-
-    /// Detaches a mailbox and frees it once the worker no longer holds it (a wait on one of
-    /// its ports is abandoned); the files its kernels opened are closed and their MALLOC
-    /// allocations freed. Errors if no such mailbox is attached.
-    pub fn detach(&self, id: MailboxId) -> Result<(), ServerError> {
-        let context = &self.inner.context;
-        let attached = context.mailboxes.update(|list| {
-            let at = list.iter().position(|m| m.id == id)?;
-            Some(list.remove(at))
-        });
-        let attached = attached.ok_or(ServerError::NoSuchMailbox(id.0))?;
-        // Release: pairs with the worker's Acquire load before it touches the mailbox again.
-        attached.detached.store(true, Ordering::Release);
-        // Its kernels can no longer ask anything: what they held goes now.
-        context.extension.mailbox_detached(id, &attached.slot);
-        if self.inner.thread.is_worker() {
-            // From a handler: the worker lets go of the mailbox after this pass; it cannot wait
-            // for itself.
-            log::debug!(
-                "{}: detached mailbox {} (from a handler)",
-                context.config.name,
-                id.0
-            );
-            return Ok(());
-        }
-        self.inner.thread.wait_released(&attached);
-        log::debug!("{}: detached mailbox {}", context.config.name, id.0);
-        Ok(())
-    }
-
-    /// Ports of mailbox `id` whose request the server has not finished (`C != S`), or None if
-    /// no such mailbox is attached.
-    pub fn pending(&self, id: MailboxId) -> Option<usize> {
-        let mailboxes = self.inner.context.mailboxes.get();
-        let attached = mailboxes.iter().find(|m| m.id == id)?;
-        let server = attached.server();
-        Some(
-            (0..attached.layout.ports())
-                .filter(|&i| server.is_pending(i))
-                .count(),
-        )
-    }
-
-    /// Waits (backing off) until mailbox `id` has no pending request and every request the
-    /// server began on it is counted in the statistics, or `timeout` passes; true if it
-    /// drained. A launcher calls it after a kernel completed, so that requests the kernel sent
-    /// last without waiting for an answer (FREE, EXIT's status) are served, and the counts
-    /// read next include every request of the kernel: a request's last hand-over lets the
-    /// kernel go on before the server has counted it (the count follows the hand-over, in
-    /// the same poll or, for a script that goes on after its reply, a later one).
-    pub fn wait_drained(&self, id: MailboxId, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        let mut attempt = 0;
-        while !self.drained(id) {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            Backoff::step(attempt);
-            attempt = attempt.saturating_add(1);
-        }
-        true
-    }
-
-    /// Whether mailbox `id` (if attached) has no pending port and no request begun and not
-    /// yet counted.
-    fn drained(&self, id: MailboxId) -> bool {
-        let mailboxes = self.inner.context.mailboxes.get();
-        let Some(attached) = mailboxes.iter().find(|m| m.id == id) else {
-            return true;
-        };
-        let server = attached.server();
-        if (0..attached.layout.ports()).any(|i| server.is_pending(i)) {
-            return false;
-        }
-        // Acquire: pairs with the Release of the hand-overs whose flags were just read, so
-        // the requests they belong to are seen begun (see `Attached`'s ordering note).
-        crate::sync::fence(Ordering::Acquire);
-        attached.unsettled.load(Ordering::Acquire) == 0
-    }
-
-    /// The ids of the attached mailboxes.
-    pub fn mailboxes(&self) -> Vec<MailboxId> {
-        self.inner
-            .context
-            .mailboxes
-            .get()
-            .iter()
-            .map(|m| m.id)
-            .collect()
+    /// These options for clients numbering opcodes as `numbering` says and expecting the
+    /// printf of `dialect`.
+    pub fn clients(mut self, numbering: Numbering, dialect: Dialect) -> Self {
+        self.numbering = numbering;
+        self.dialect = dialect;
+        self
     }
 }

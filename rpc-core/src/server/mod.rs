@@ -28,10 +28,11 @@
 
 use std::boxed::Box;
 use std::string::{String, ToString};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
+use crate::protocol::port::Backoff;
 use crate::server::mailboxes::{Attached, MailboxSlot, Slots, Snapshot};
 use crate::server::registry::{entry, Entry, Handler, Matcher, Registry};
 use crate::server::request::Request;
@@ -41,8 +42,7 @@ use crate::server::thread::{ServerThread, Started, Stopped};
 use crate::server::users::Coverage;
 pub use crate::server::worker::ABSENT_AFTER;
 use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
-use crate::Result;
-use error::ServerError;
+use error::{Outcome, ServerError};
 use std::future::Future;
 
 pub(crate) mod dispatch;
@@ -66,7 +66,9 @@ mod loom_io_pool;
 #[cfg(all(test, loom))]
 mod loom_thread;
 
-pub use mailboxes::{AtomicMailbox, Doorbell, MailboxId, SharedRegion};
+#[cfg(not(loom))]
+pub use mailboxes::RegionMailbox;
+pub use mailboxes::{AtomicMailbox, AttachOptions, Doorbell, MailboxId, SharedRegion};
 pub use users::UserGuard;
 
 /// A server's settings.
@@ -260,10 +262,11 @@ impl RpcServer {
     /// Registers a script handler for one opcode, ahead of the standard ones and of handlers
     /// registered later: an async function of the [`Request`] whose every `.await` on the port
     /// lets the server thread serve the other ports until the client answers. It ends with
-    /// `Ok(())` or a [`ServerError`] (`?` lifts the port's [`ProtocolError`](crate::ProtocolError)s
-    /// into one): [`ServerError::Refused`] closes the port as served and counts a refusal, any
-    /// other error drains the port (PROTOCOL section 11: the rest of the client's script is
-    /// answered with the opcode's failure word, and never run as a request).
+    /// `Ok(())` or `Ok(`[`Outcome::Served`]`)`; `Ok(`[`Outcome::Refused`]`)`, its script
+    /// complete, which closes the port as served and counts a refusal; or a failure, a
+    /// [`ServerError`] (`?` lifts the port's `ProtocolError`s into one), which drains the port
+    /// (PROTOCOL section 11: the rest of the client's script is answered with the opcode's
+    /// failure word, and never run as a request).
     ///
     /// ```no_run
     /// # let server = rpc_core::RpcServer::new(Default::default());
@@ -273,10 +276,11 @@ impl RpcServer {
     ///     req.send_n(&slices).await
     /// });
     /// ```
-    pub fn register<F, Fut>(&self, opcode: Opcode, script: F)
+    pub fn register<F, Fut, R>(&self, opcode: Opcode, script: F)
     where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
+        Fut: Future<Output = Result<R, ServerError>> + Send + 'static,
+        R: Into<Outcome> + 'static,
     {
         self.register_handler(
             Matcher::Opcode(opcode),
@@ -307,14 +311,15 @@ impl RpcServer {
     }
 
     /// Registers a script handler for every opcode `accepts` says yes to.
-    pub fn register_matching<F, Fut>(
+    pub fn register_matching<F, Fut, R>(
         &self,
         name: &str,
         accepts: impl Fn(Opcode) -> bool + Send + Sync + 'static,
         script: F,
     ) where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
+        Fut: Future<Output = Result<R, ServerError>> + Send + 'static,
+        R: Into<Outcome> + 'static,
     {
         self.register_handler(
             Matcher::Predicate(std::sync::Arc::new(accepts)),
@@ -416,6 +421,151 @@ impl RpcServer {
     /// True while a worker runs (state Running).
     pub fn is_running(&self) -> bool {
         self.inner.thread.is_running()
+    }
+    /// A user covering every mailbox (e.g. a client that is not a kernel launch).
+    pub fn user(&self) -> UserGuard {
+        UserGuard::new(&self.inner, self.inner.context.any_users.clone())
+    }
+
+    /// A user covering one mailbox: a launch of a kernel of the image that mailbox serves.
+    pub fn user_for(&self, id: MailboxId) -> UserGuard {
+        let covered = self
+            .inner
+            .context
+            .mailboxes
+            .get()
+            .iter()
+            .find(|m| m.id == id)
+            .map(|m| m.users.clone());
+        UserGuard::new(&self.inner, covered.unwrap_or_default())
+    }
+
+    /// Live user guards.
+    pub fn users(&self) -> usize {
+        self.inner.thread.users()
+    }
+
+    /// Attaches the mailbox held in `source` (a [`RegionMailbox`] for a plugin's raw shared
+    /// region), served as `options` say; the worker serves it from its next pass on.
+    pub fn attach(&self, source: Box<dyn AtomicMailbox>, options: AttachOptions) -> MailboxId {
+        let AttachOptions {
+            #[cfg(not(loom))]
+            doorbell,
+            numbering,
+            dialect,
+        } = options;
+        let context = &self.inner.context;
+        // RMW: hands out each id once.
+        let id = MailboxId(context.next_id.fetch_add(1, Ordering::Relaxed));
+        // Its state exists before the worker can see a request of it.
+        let slot = context.extension.mailbox_attached(id);
+        let attached = Arc::new(Attached::new(
+            id,
+            numbering,
+            dialect,
+            slot,
+            source,
+            #[cfg(not(loom))]
+            doorbell,
+        ));
+        let layout = attached.layout;
+        context.mailboxes.update(|list| list.push(attached));
+        log::debug!(
+            "{}: attached mailbox {} ({layout})",
+            context.config.name,
+            id.0
+        );
+        id
+    }
+
+    /// Detaches a mailbox and frees it once the worker no longer holds it (a wait on one of
+    /// its ports is abandoned); the files its kernels opened are closed and their MALLOC
+    /// allocations freed. Errors if no such mailbox is attached.
+    pub fn detach(&self, id: MailboxId) -> Result<(), ServerError> {
+        let context = &self.inner.context;
+        let attached = context.mailboxes.update(|list| {
+            let at = list.iter().position(|m| m.id == id)?;
+            Some(list.remove(at))
+        });
+        let attached = attached.ok_or(ServerError::NoSuchMailbox(id.0))?;
+        // Release: pairs with the worker's Acquire load before it touches the mailbox again.
+        attached.detached.store(true, Ordering::Release);
+        // Its kernels can no longer ask anything: what they held goes now.
+        context.extension.mailbox_detached(id, &attached.slot);
+        if self.inner.thread.is_worker() {
+            // From a handler: the worker lets go of the mailbox after this pass; it cannot wait
+            // for itself.
+            log::debug!(
+                "{}: detached mailbox {} (from a handler)",
+                context.config.name,
+                id.0
+            );
+            return Ok(());
+        }
+        self.inner.thread.wait_released(&attached);
+        log::debug!("{}: detached mailbox {}", context.config.name, id.0);
+        Ok(())
+    }
+
+    /// Ports of mailbox `id` whose request the server has not finished (`C != S`), or None if
+    /// no such mailbox is attached.
+    pub fn pending(&self, id: MailboxId) -> Option<usize> {
+        let mailboxes = self.inner.context.mailboxes.get();
+        let attached = mailboxes.iter().find(|m| m.id == id)?;
+        let server = attached.server();
+        Some(
+            (0..attached.layout.ports())
+                .filter(|&i| server.is_pending(i))
+                .count(),
+        )
+    }
+
+    /// Waits (backing off) until mailbox `id` has no pending request and every request the
+    /// server began on it is counted in the statistics, or `timeout` passes; true if it
+    /// drained. A launcher calls it after a kernel completed, so that requests the kernel sent
+    /// last without waiting for an answer (FREE, EXIT's status) are served, and the counts
+    /// read next include every request of the kernel: a request's last hand-over lets the
+    /// kernel go on before the server has counted it (the count follows the hand-over, in
+    /// the same poll or, for a script that goes on after its reply, a later one).
+    pub fn wait_drained(&self, id: MailboxId, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut attempt = 0;
+        while !self.drained(id) {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            Backoff::step(attempt);
+            attempt = attempt.saturating_add(1);
+        }
+        true
+    }
+
+    /// Whether mailbox `id` (if attached) has no pending port and no request begun and not
+    /// yet counted.
+    fn drained(&self, id: MailboxId) -> bool {
+        let mailboxes = self.inner.context.mailboxes.get();
+        let Some(attached) = mailboxes.iter().find(|m| m.id == id) else {
+            return true;
+        };
+        let server = attached.server();
+        if (0..attached.layout.ports()).any(|i| server.is_pending(i)) {
+            return false;
+        }
+        // Acquire: pairs with the Release of the hand-overs whose flags were just read, so
+        // the requests they belong to are seen begun (see `Attached`'s ordering note).
+        crate::sync::fence(Ordering::Acquire);
+        attached.settled()
+    }
+
+    /// The ids of the attached mailboxes.
+    pub fn mailboxes(&self) -> Vec<MailboxId> {
+        self.inner
+            .context
+            .mailboxes
+            .get()
+            .iter()
+            .map(|m| m.id)
+            .collect()
     }
 }
 

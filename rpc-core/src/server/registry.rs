@@ -18,17 +18,17 @@ use std::vec::Vec;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::Packet;
 use crate::protocol::ServerPort;
-use crate::server::error::ServerError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::exec::Exchange;
 // Re-exported: the services name the request by this path too.
 pub(crate) use crate::server::request::Request;
-use crate::Result;
 
 /// A packet handler as the server runs it: the whole one-packet script over the open port (it
 /// never waits: the client's packet is there when the port opens). Built by [`Handler::packet`]
 /// from a per-lane closure, which is called directly (one dynamic call per request, not per
 /// lane).
-pub(crate) type PacketFn = dyn Fn(&mut ServerPort<'_>) -> Result<(), ServerError> + Send + Sync;
+pub(crate) type PacketFn =
+    dyn Fn(&mut ServerPort<'_>) -> Result<Outcome, ServerError> + Send + Sync;
 
 /// A script handler: starts the exchange of one request.
 pub(crate) type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
@@ -44,20 +44,24 @@ pub(crate) enum Handler {
 
 impl Handler {
     /// A script handler from an async function or closure.
-    pub(crate) fn script<F, Fut>(script: F) -> Self
+    /// Its script ends with an [`Outcome`], or with `()` for served.
+    pub(crate) fn script<F, Fut, R>(script: F) -> Self
     where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), ServerError>> + Send + 'static,
+        Fut: Future<Output = Result<R, ServerError>> + Send + 'static,
+        R: Into<Outcome> + 'static,
     {
         Handler::Script(std::sync::Arc::new(move |request| {
-            Exchange::new(script(request))
+            let script = script(request);
+            Exchange::new(async move { script.await.map(Into::into) })
         }))
     }
 
     /// A packet handler from a closure that rewrites each active lane's packet in place.
     pub(crate) fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
         Handler::Packet(std::sync::Arc::new(move |port: &mut ServerPort<'_>| {
-            Ok(port.recv_and_send(&reply)?)
+            port.recv_and_send(&reply)?;
+            Ok(Outcome::Served)
         }))
     }
 }

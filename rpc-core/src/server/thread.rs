@@ -76,7 +76,6 @@ use crate::server::mailboxes::Attached;
 use crate::server::stats::{bump, Stats};
 use crate::server::users::Coverage;
 use crate::sync::{self, lock, thread, Arc, AtomicBool, Condvar, Mutex, MutexGuard, Ordering};
-use crate::Result;
 
 /// What to do when `shutdown` finds kernels still holding user guards.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::server::{Inner, MailboxId, RpcServer};
+use crate::server::Inner;
 use crate::sync::{lock, Arc, AtomicU64, Mutex, Ordering};
 
 /// A kernel (or other client) that may send requests: while any guard lives the worker stays
@@ -67,7 +67,7 @@ impl Coverage {
 }
 
 impl UserGuard {
-    fn new(inner: &Arc<Inner>, covered: Arc<Coverage>) -> Self {
+    pub(crate) fn new(inner: &Arc<Inner>, covered: Arc<Coverage>) -> Self {
         let ticket = inner.thread.add_user(&covered);
         UserGuard {
             inner: inner.clone(),
@@ -80,30 +80,5 @@ impl UserGuard {
 impl Drop for UserGuard {
     fn drop(&mut self) {
         self.inner.thread.remove_user(&self.covered, self.ticket);
-    }
-}
-
-impl RpcServer {
-    /// A user covering every mailbox (e.g. a client that is not a kernel launch).
-    pub fn user(&self) -> UserGuard {
-        UserGuard::new(&self.inner, self.inner.context.any_users.clone())
-    }
-
-    /// A user covering one mailbox: a launch of a kernel of the image that mailbox serves.
-    pub fn user_for(&self, id: MailboxId) -> UserGuard {
-        let covered = self
-            .inner
-            .context
-            .mailboxes
-            .get()
-            .iter()
-            .find(|m| m.id == id)
-            .map(|m| m.users.clone());
-        UserGuard::new(&self.inner, covered.unwrap_or_default())
-    }
-
-    /// Live user guards.
-    pub fn users(&self) -> usize {
-        self.inner.thread.users()
     }
 }

@@ -22,10 +22,9 @@ use crate::protocol::Opcode;
 use crate::server::error::ServerError;
 use crate::server::RpcServer;
 use crate::services::typed::Plain;
-use crate::Result;
 
 /// The class of the typed test functions: `'d'`.
-pub const CLASS: u8 = b'd';
+pub(crate) const CLASS: u8 = b'd';
 
 /// The opcode of test function `n` (`0x64000000 + n`).
 pub const fn opcode(n: u32) -> Opcode {

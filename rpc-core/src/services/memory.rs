@@ -29,12 +29,11 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use super::{active, per_lane, recv_words, send_word0, MailboxState, Refusals};
-use crate::server::error::ServerError;
+use crate::server::error::VendorError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::limits::device_log;
 use crate::server::request::Request;
 use crate::sync::lock;
-use crate::Result;
-use crate::VendorError;
 
 /// Device-accessible memory for the MALLOC/FREE services, raw: blocks of bytes at the alignment
 /// the allocator states (the server aligns them further, see the module docs). What kernels
@@ -457,7 +456,7 @@ fn allocate(
 /// says) or 0. Size 0 and failed allocations answer 0, as C's malloc may; no allocator set, or
 /// a request whose memory would take the mailbox above `Limits::malloc_bytes`, is a refusal
 /// (0).
-pub(crate) async fn malloc(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn malloc(mut req: Request) -> Result<Outcome, ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let services = &context.services();
@@ -498,7 +497,7 @@ pub(crate) async fn malloc(mut req: Request) -> Result<(), ServerError> {
 /// FREE: C send buf\[0\] = address; S frees; no reply. Address 0 is a no-op (`free(NULL)`);
 /// anything else that is not a live allocation of this mailbox (foreign, another mailbox's, or
 /// freed already) is refused and nothing is freed.
-pub(crate) async fn free(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn free(mut req: Request) -> Result<Outcome, ServerError> {
     let words = recv_words(&mut req).await?;
     let mailbox = super::mailbox_state(&req);
     let mut refusals = Refusals::default();

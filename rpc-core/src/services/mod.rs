@@ -79,7 +79,8 @@ use std::sync::Arc;
 use std::vec::Vec;
 
 use crate::protocol::port::lanes;
-use crate::server::error::ServerError;
+use crate::protocol::Opcode;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::limits::{
     device_log, Charge, ExitPolicy, FilePolicy, Limits, LogLimit, ServicesConfig,
 };
@@ -89,14 +90,13 @@ use crate::server::request::{Request, SharedContext};
 use crate::server::stats::Reporting;
 use crate::server::{Extension, MailboxId, RpcServer, ServerConfig, ServerContext};
 use crate::sync::{lock, AtomicBool, Mutex, Ordering};
-use crate::{Opcode, Result};
 
 pub mod dispatch_tests;
 mod files;
 pub(crate) mod memory;
 pub(crate) mod output;
 pub mod printf;
-mod process;
+pub(crate) mod process;
 mod stdio;
 pub mod streams;
 mod test_ops;
@@ -104,19 +104,11 @@ pub mod typed;
 
 pub(crate) use memory::DeviceAllocator;
 pub use memory::{malloc_alignment, Allocation, MALLOC_ALIGN, SMALL_MAX};
+pub(crate) use process::KernelExit;
 pub use process::HOST_CALL_REFUSED;
 
 use output::{Descriptor, StdStream, Writer};
 use streams::{FileTable, Input, Target};
-
-/// How a kernel ended itself, as recorded under [`ExitPolicy::Record`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelExit {
-    /// EXIT with this status.
-    Exit(i32),
-    /// ABORT.
-    Abort,
-}
 
 /// A host function HOST_CALL may call: it gets the lane's argument block, returns the reply.
 pub type HostFunction = Arc<dyn Fn(&[u8]) -> u64 + Send + Sync>;
@@ -320,10 +312,6 @@ impl Services {
         self.mailboxes.all().into_iter().map(state_in).collect()
     }
 
-    /// Drops the default allocator: MALLOC answers null until one is set.
-    pub fn clear_allocator(&self) {
-        *lock(&self.allocator) = None;
-    }
     /// Allocations MALLOC handed out and FREE has not freed, by mailbox, then lowest address
     /// first.
     pub fn live_allocations(&self) -> Vec<Allocation> {
@@ -682,7 +670,7 @@ pub(crate) fn until_nul(bytes: &[u8]) -> &[u8] {
     bytes.split(|&b| b == 0).next().unwrap_or_default()
 }
 
-/// The refusals of one request, per lane; the request ends with [`ServerError::Refused`] if any.
+/// The refusals of one request, per lane; the request ends as [`Outcome::Refused`] if any.
 #[derive(Default)]
 pub(crate) struct Refusals {
     first: Option<String>,
@@ -698,11 +686,11 @@ impl Refusals {
         }
     }
     /// `Ok` if nothing was refused, else the refusal (the script must be complete by now).
-    pub(crate) fn finish(self) -> Result<(), ServerError> {
+    pub(crate) fn finish(self) -> Result<Outcome, ServerError> {
         match self.first {
-            None => Ok(()),
-            Some(first) if self.more == 0 => Err(ServerError::Refused(first)),
-            Some(first) => Err(ServerError::Refused(std::format!(
+            None => Ok(Outcome::Served),
+            Some(first) if self.more == 0 => Ok(Outcome::Refused(first)),
+            Some(first) => Ok(Outcome::Refused(std::format!(
                 "{first} (and {} more lane(s))",
                 self.more
             ))),

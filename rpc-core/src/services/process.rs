@@ -4,17 +4,25 @@ use std::ffi::CString;
 use std::vec::Vec;
 
 use super::{
-    active, c_result, io, per_lane, recv_words, send_word0, until_nul, ExitPolicy, KernelExit,
-    Refusals,
+    active, c_result, io, per_lane, recv_words, send_word0, until_nul, ExitPolicy, Refusals,
 };
-use crate::server::error::ServerError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::limits::{device_log, quoted};
 use crate::server::request::Request;
 use crate::sync::lock;
-use crate::Result;
 
 /// HOST_CALL's reply for a function that is not registered (or panicked): all ones.
 pub const HOST_CALL_REFUSED: u64 = u64::MAX;
+
+/// How a kernel ended itself, as recorded under [`ExitPolicy::Record`]: what
+/// `PluginRuntime::synchronize` returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelExit {
+    /// EXIT with this status.
+    Exit(i32),
+    /// ABORT.
+    Abort,
+}
 
 /// The handshake of EXIT and ABORT: C send; S recv; S send; C recv.
 async fn handshake(req: &mut Request) -> Result<(), ServerError> {
@@ -73,7 +81,7 @@ pub(crate) async fn abort(mut req: Request) -> Result<(), ServerError> {
 /// HOST_CALL and OFFLOAD_HOST_CALL: C send_n(argument block); C send buf\[0\] = function
 /// address; S calls the function registered at that address (on an I/O thread: it may block);
 /// S send buf\[0\] = result.
-pub(crate) async fn host_call(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn host_call(mut req: Request) -> Result<Outcome, ServerError> {
     let args = req.recv_n().await?;
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
@@ -119,7 +127,7 @@ pub(crate) async fn host_call(mut req: Request) -> Result<(), ServerError> {
 
 /// SYSTEM: C send_n(command); S send buf\[0\] = `system`'s status (run on an I/O thread), or
 /// -1 unless allowed.
-pub(crate) async fn system(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn system(mut req: Request) -> Result<Outcome, ServerError> {
     let commands = req.recv_n().await?;
     let context = super::context(&req);
     let allowed = context.services().config().allow_system;

@@ -15,12 +15,11 @@ use super::{
     active, c_result, io, per_lane, read_charge, recv_words, send_word0, until_nul, Refusals,
     Services, Touches, EOF_WORD, OVER_BUDGET,
 };
-use crate::server::error::ServerError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::limits::quoted;
 use crate::server::recycle::Streams;
 use crate::server::request::Request;
 use crate::sync::lock;
-use crate::Result;
 
 /// Writes each lane's bytes to its target; replies the bytes written. Lanes to stdout and
 /// stderr are handed to their streams here, in lane order, each waiting suspended while its
@@ -101,7 +100,7 @@ async fn write_std(
     mut req: Request,
     target: fn() -> Target,
     newline: bool,
-) -> Result<(), ServerError> {
+) -> Result<Outcome, ServerError> {
     let data = req.recv_n().await?;
     let mut refusals = Refusals::default();
     write_lanes(&mut req, data, |_| Some(target()), newline, &mut refusals).await?;
@@ -109,22 +108,22 @@ async fn write_std(
 }
 
 /// WRITE_TO_STDOUT: C send_n(bytes); S send buf\[0\] = written.
-pub(crate) async fn write_to_stdout(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn write_to_stdout(req: Request) -> Result<Outcome, ServerError> {
     write_std(req, || Target::Stdout, false).await
 }
 
 /// WRITE_TO_STDERR: as WRITE_TO_STDOUT, to stderr.
-pub(crate) async fn write_to_stderr(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn write_to_stderr(req: Request) -> Result<Outcome, ServerError> {
     write_std(req, || Target::Stderr, false).await
 }
 
 /// WRITE_TO_STDOUT_NEWLINE: as WRITE_TO_STDOUT, then `\n` (in the same write), counted.
-pub(crate) async fn write_to_stdout_newline(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn write_to_stdout_newline(req: Request) -> Result<Outcome, ServerError> {
     write_std(req, || Target::Stdout, true).await
 }
 
 /// WRITE_TO_STREAM: C send buf\[0\] = raw handle; C send_n(bytes); S send buf\[0\] = written.
-pub(crate) async fn write_to_stream(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn write_to_stream(mut req: Request) -> Result<Outcome, ServerError> {
     let handles = recv_words(&mut req).await?;
     let data = req.recv_n().await?;
     let context = super::context(&req);
@@ -152,7 +151,7 @@ fn take_budget(budget: &mut u64, want: u64) -> usize {
 /// READ_FROM_STREAM: C send {buf\[0\] = max, buf\[1\] = tagged}; S send_n(data);
 /// S send buf\[0\] = bytes read. The lanes together read at most `Limits::read_bytes` (a short
 /// count beyond, as a read of a pipe may return).
-pub(crate) async fn read_from_stream(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn read_from_stream(mut req: Request) -> Result<Outcome, ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
@@ -189,7 +188,7 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<(), ServerError
 /// READ_FGETS: C send {buf\[0\] = count, buf\[1\] = tagged}; S send_n(line incl. NUL, or 0
 /// bytes at the end or on an error). The lanes' counts together are bounded by
 /// `Limits::read_bytes` (a longer line comes in parts, as with a smaller count).
-pub(crate) async fn read_fgets(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn read_fgets(mut req: Request) -> Result<Outcome, ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
@@ -232,7 +231,7 @@ fn valid_mode(mode: &[u8]) -> bool {
 /// OPEN_FILE: C send_n(path incl. NUL); C send(mode incl. NUL in the buffer);
 /// S send buf\[0\] = handle or 0. The file policy's checks and the open run on an I/O thread
 /// (a slow file system may block; a FIFO does not, it is refused at once).
-pub(crate) async fn open_file(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn open_file(mut req: Request) -> Result<Outcome, ServerError> {
     let paths = req.recv_n().await?;
     let mut modes = per_lane(&req, [0u8; 64]);
     req.recv(|lane, p| p.read_bytes(0, &mut modes[lane as usize]))
@@ -307,7 +306,7 @@ async fn on_stream(
     bad: u64,
     handle: fn(&Services, &MailboxState, u64) -> Option<Target>,
     op: StreamOp,
-) -> Result<(), ServerError> {
+) -> Result<Outcome, ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
@@ -343,7 +342,7 @@ async fn on_stream(
 }
 
 /// FEOF: C send buf\[0\] = tagged; S send buf\[0\] = feof (1 for a bad handle).
-pub(crate) async fn feof(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn feof(req: Request) -> Result<Outcome, ServerError> {
     on_stream(req, 0, 1, Services::tagged, |s, _, t, _| {
         c_result(s.eof(t).into())
     })
@@ -351,7 +350,7 @@ pub(crate) async fn feof(req: Request) -> Result<(), ServerError> {
 }
 
 /// FERROR: C send buf\[0\] = tagged; S send buf\[0\] = ferror (1 for a bad handle).
-pub(crate) async fn ferror(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn ferror(req: Request) -> Result<Outcome, ServerError> {
     on_stream(req, 0, 1, Services::tagged, |s, _, t, _| {
         c_result(s.error(t).into())
     })
@@ -359,7 +358,7 @@ pub(crate) async fn ferror(req: Request) -> Result<(), ServerError> {
 }
 
 /// FTELL: C send buf\[0\] = tagged; S send buf\[0\] = ftell as i64 (-1 for a bad handle).
-pub(crate) async fn ftell(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn ftell(req: Request) -> Result<Outcome, ServerError> {
     on_stream(req, 0, c_result(-1), Services::tagged, |s, _, t, _| {
         c_result(s.tell(t))
     })
@@ -367,7 +366,7 @@ pub(crate) async fn ftell(req: Request) -> Result<(), ServerError> {
 }
 
 /// FSEEK: C send {tagged, offset, whence}; S send buf\[0\] = 0 or -1.
-pub(crate) async fn fseek(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn fseek(req: Request) -> Result<Outcome, ServerError> {
     on_stream(req, 0, c_result(-1), Services::tagged, |s, _, t, w| {
         c_result(s.seek(t, w[1] as i64, w[2]).into())
     })
@@ -375,7 +374,7 @@ pub(crate) async fn fseek(req: Request) -> Result<(), ServerError> {
 }
 
 /// UNGETC: C send {buf\[0\] = c, buf\[1\] = tagged}; S send buf\[0\] = c or EOF.
-pub(crate) async fn ungetc(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn ungetc(req: Request) -> Result<Outcome, ServerError> {
     on_stream(req, 1, EOF_WORD, Services::tagged, |s, _, t, w| {
         c_result(s.ungetc(t, w[0] as u32 as c_int).into())
     })
@@ -385,7 +384,7 @@ pub(crate) async fn ungetc(req: Request) -> Result<(), ServerError> {
 /// CLEARERR: C send buf\[0\] = tagged; S clears; S sends the buffer back unchanged. Clearing
 /// stdin's or a file's indicators takes that stream's lock, which a read may hold while it
 /// blocks: so it runs on an I/O thread, as every other stdin and file opcode does.
-pub(crate) async fn clearerr(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn clearerr(mut req: Request) -> Result<Outcome, ServerError> {
     let words = recv_words(&mut req).await?;
     let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
@@ -413,7 +412,7 @@ pub(crate) async fn clearerr(mut req: Request) -> Result<(), ServerError> {
 
 /// CLOSE_FILE: C send buf\[0\] = raw handle; S send buf\[0\] = 0 or EOF. The standard
 /// streams cannot be closed.
-pub(crate) async fn close_file(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn close_file(req: Request) -> Result<Outcome, ServerError> {
     let file =
         |services: &Services, mailbox: &MailboxState, handle| match services.raw(mailbox, handle) {
             Some(target @ Target::File(_)) => Some(target),
@@ -428,7 +427,7 @@ pub(crate) async fn close_file(req: Request) -> Result<(), ServerError> {
 
 /// FFLUSH: C send buf\[0\] = tagged; S send buf\[0\] = 0 or EOF. Handle 0 (`fflush(NULL)`)
 /// flushes every standard output and open file, as C does.
-pub(crate) async fn fflush(req: Request) -> Result<(), ServerError> {
+pub(crate) async fn fflush(req: Request) -> Result<Outcome, ServerError> {
     // Handle 0 stands for "every stream": stdin's target marks it (flushing stdin is a no-op).
     let every = |services: &Services, mailbox: &MailboxState, handle| match handle {
         0 => Some(Target::Stdin),
@@ -446,13 +445,13 @@ pub(crate) async fn fflush(req: Request) -> Result<(), ServerError> {
 }
 
 /// REMOVE: C send_n(path); S send buf\[0\] = 0 or -1.
-pub(crate) async fn remove(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn remove(mut req: Request) -> Result<Outcome, ServerError> {
     let paths = req.recv_n().await?;
     on_paths(req, std::vec![paths], |rules, p| files::remove(rules, p[0])).await
 }
 
 /// RENAME: C send_n(old); C send_n(new); S send buf\[0\] = 0 or -1.
-pub(crate) async fn rename(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn rename(mut req: Request) -> Result<Outcome, ServerError> {
     let old = req.recv_n().await?;
     let new = req.recv_n().await?;
     on_paths(req, std::vec![old, new], |rules, p| {
@@ -468,7 +467,7 @@ async fn on_paths(
     req: Request,
     streams: Vec<Streams>,
     call: fn(&Rules, &[&[u8]]) -> core::result::Result<(), Denial>,
-) -> Result<(), ServerError> {
+) -> Result<Outcome, ServerError> {
     let lanes: Vec<u32> = active(&req).collect();
     let opcode = req.opcode();
     let results = io(&req, true, move |context| {
@@ -502,7 +501,7 @@ async fn on_paths(
 async fn reply_calls(
     mut req: Request,
     results: Vec<core::result::Result<(u32, c_int), (u32, String)>>,
-) -> Result<(), ServerError> {
+) -> Result<Outcome, ServerError> {
     let mut refusals = Refusals::default();
     let mut replies = per_lane(&req, c_result(-1));
     for result in results {

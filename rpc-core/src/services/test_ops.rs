@@ -5,7 +5,6 @@ use std::vec::Vec;
 use crate::protocol::port::Packet;
 use crate::server::error::ServerError;
 use crate::server::request::Request;
-use crate::Result;
 
 /// NOOP: C send(any). S recv.
 pub(crate) async fn noop(mut req: Request) -> Result<(), ServerError> {

@@ -45,14 +45,14 @@ use bytemuck::{AnyBitPattern, NoUninit};
 
 use crate::protocol::layout::{BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::protocol::port::lanes;
+use crate::protocol::Opcode;
 use crate::protocol::POINTER_BYTES;
-use crate::server::error::ServerError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::recycle::{PooledVec, Streams};
 use crate::server::registry::Handler;
 use crate::server::request::Request;
 use crate::server::{panic_message, RpcServer};
 use crate::sync::Arc;
-use crate::{Opcode, Result};
 
 /// The most arguments a typed function takes.
 pub const MAX_ARGUMENTS: usize = 8;
@@ -549,7 +549,7 @@ fn keep(copy: &mut Vec<u8>, len: usize) {
 }
 
 /// The script of one typed request (see the module docs' table).
-async fn serve(mut req: Request, call: Arc<Registered>) -> Result<(), ServerError> {
+async fn serve(mut req: Request, call: Arc<Registered>) -> Result<Outcome, ServerError> {
     let limits = req.context().config().limits;
     let lanes_n = req.lane_size() as usize;
     let mask = req.mask();
@@ -653,8 +653,8 @@ async fn serve(mut req: Request, call: Arc<Registered>) -> Result<(), ServerErro
     }
 
     match refused.first {
-        None => Ok(()),
-        Some((lane, why)) => Err(ServerError::Refused(format!(
+        None => Ok(Outcome::Served),
+        Some((lane, why)) => Ok(Outcome::Refused(format!(
             "typed call: {} lane(s) refused (result 0, nothing copied back); lane {lane}: {why}",
             refused.mask.count_ones()
         ))),

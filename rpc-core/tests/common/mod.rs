@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use rpc_core::protocol::{Client, ClientPort, Deadline, Wait};
 use rpc_core::protocol::{Generation, Layout, LockTable, MailboxMemory};
+use rpc_core::AttachOptions;
 use rpc_core::{MailboxId, Opcode, ProtocolError, RpcServer};
 
 /// A mailbox in host memory attached to a server, with its client's lock table.
@@ -32,7 +33,7 @@ impl Mailbox {
         let memory = Arc::new(MailboxMemory::new(
             Layout::new(generation, ports, lanes).unwrap(),
         ));
-        let id = server.attach(Box::new(memory.clone()));
+        let id = server.attach(Box::new(memory.clone()), AttachOptions::default());
         Mailbox {
             memory,
             locks: LockTable::new(ports),

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use plugin_cuda::{CudaDevice, CudaPlugin};
 use rpc_core::plugin::{Device, Grid};
 use rpc_core::protocol::Generation;
-use rpc_core::services::KernelExit;
+use rpc_core::KernelExit;
 use rpc_core::{Error, ExitPolicy, PluginError, ServerConfig, ServicesConfig};
 use rpc_core::{ImageId, PluginRuntime};
 

@@ -18,11 +18,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use plugin_host::memory::Signal;
-use rpc_core::plugin::{Doorbell, SharedRegion};
+use rpc_core::plugin::{Doorbell, RegionMailbox, SharedRegion};
 use rpc_core::protocol::{
     Client, ClientDoorbell, Generation, Layout, LockTable, Mailbox, MailboxMemory,
 };
-use rpc_core::{RpcServer, ServerConfig, UserGuard};
+use rpc_core::{AttachOptions, RpcServer, ServerConfig, UserGuard};
 
 use crate::{pin_server, pin_server_process, SpinThenYield, PARK_US};
 
@@ -391,20 +391,18 @@ fn in_process(
     let memory = match file {
         Some(file) => {
             let mapping = Arc::new(Mapping::new(file, layout.total_size())?);
-            server
-                .attach_region(Box::new(SharedMapping(mapping.clone())), layout)
+            let region = RegionMailbox::new(Box::new(SharedMapping(mapping.clone())), layout)
                 .map_err(|e| e.to_string())?;
+            server.attach(Box::new(region), AttachOptions::default());
             Memory::Shared(mapping)
         }
         None => {
             let memory = Arc::new(MailboxMemory::new(layout));
-            match &bell {
-                Some(bell) => server.attach_with_doorbell(
-                    Box::new(memory.clone()),
-                    Box::new(ServerBell(bell.clone())),
-                ),
-                None => server.attach(Box::new(memory.clone())),
+            let options = match &bell {
+                Some(bell) => AttachOptions::default().doorbell(Box::new(ServerBell(bell.clone()))),
+                None => AttachOptions::default(),
             };
+            server.attach(Box::new(memory.clone()), options);
             Memory::Own(memory)
         }
     };

@@ -24,7 +24,7 @@
 
 use rpc_core::plugin::Grid;
 use rpc_core::protocol::Numbering;
-use rpc_core::services::KernelExit;
+use rpc_core::KernelExit;
 use rpc_core::Runtime;
 
 use crate::Failure;

@@ -78,8 +78,11 @@ use std::time::{Duration, Instant};
 
 use clap::builder::TypedValueParser;
 use clap::{CommandFactory, Parser};
+use rpc_core::plugin::RegionMailbox;
 use rpc_core::protocol::{Dialect, Generation, Layout, Numbering};
-use rpc_core::{ExitPolicy, FilePolicy, Limits, RpcServer, ServerConfig, ServicesConfig};
+use rpc_core::{
+    AttachOptions, ExitPolicy, FilePolicy, Limits, RpcServer, ServerConfig, ServicesConfig,
+};
 
 mod mailbox;
 mod output;
@@ -446,15 +449,12 @@ fn serve(args: Args) -> Result<Status, Failure> {
             Generation::V0 => Numbering::Llvm19,
             Generation::V1 | Generation::V2 => Numbering::Current,
         };
-        let mailbox = server
-            .attach_region_for(
-                Box::new(opened.region),
-                args.layout,
-                None,
-                numbering,
-                Dialect::HostC,
-            )
+        let region = RegionMailbox::new(Box::new(opened.region), args.layout)
             .map_err(|e| failed(e.to_string()))?;
+        let mailbox = server.attach(
+            Box::new(region),
+            AttachOptions::default().clients(numbering, Dialect::HostC),
+        );
         let _ = server.start().map_err(|e| failed(e.to_string()))?;
         Ok(mailbox)
     };

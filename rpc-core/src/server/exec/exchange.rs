@@ -8,12 +8,11 @@ use std::pin::Pin;
 use std::ptr::NonNull;
 use std::task::{Context, Poll};
 
-use crate::server::error::ServerError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::recycle::{give_block, take_block};
-use crate::Result;
 
 /// The future of a script handler's exchange.
-type Script = dyn Future<Output = Result<(), ServerError>> + Send + 'static;
+type Script = dyn Future<Output = Result<Outcome, ServerError>> + Send + 'static;
 
 /// What a script handler returns: the rest of the exchange, pinned in a block of memory that
 /// goes back to this thread's pool when the exchange ends (a `Pin<Box<dyn Future>>` whose
@@ -27,7 +26,7 @@ unsafe impl Send for Exchange {}
 impl Exchange {
     pub(crate) fn new<F>(future: F) -> Self
     where
-        F: Future<Output = Result<(), ServerError>> + Send + 'static,
+        F: Future<Output = Result<Outcome, ServerError>> + Send + 'static,
     {
         let layout = Layout::new::<F>();
         let block: NonNull<F> = if layout.size() == 0 {
@@ -48,7 +47,7 @@ impl Exchange {
     }
 
     /// Polls the future once.
-    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ServerError>> {
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Outcome, ServerError>> {
         // SAFETY: the future lives in its block, never moved, until `drop` drops it in place:
         // it is pinned. `&mut self` makes this the only reference to it.
         unsafe { Pin::new_unchecked(self.0.as_mut()) }.poll(cx)
@@ -82,14 +81,14 @@ mod tests {
     fn exchange_of(bytes: [u8; 100]) -> Exchange {
         Exchange::new(async move {
             if bytes[99] == 7 {
-                Ok(())
+                Ok(Outcome::Served)
             } else {
-                Err(ServerError::Refused("not seven".into()))
+                Ok(Outcome::Refused("not seven".into()))
             }
         })
     }
 
-    fn poll_once(exchange: &mut Exchange) -> Poll<Result<(), ServerError>> {
+    fn poll_once(exchange: &mut Exchange) -> Poll<Result<Outcome, ServerError>> {
         exchange.poll(&mut Context::from_waker(std::task::Waker::noop()))
     }
 
@@ -100,13 +99,19 @@ mod tests {
         drop(first);
         let mut second = exchange_of([1; 100]);
         assert_eq!(second.0.cast::<u8>(), block, "the freed block was reused");
-        assert!(matches!(poll_once(&mut second), Poll::Ready(Err(_))));
+        assert!(matches!(
+            poll_once(&mut second),
+            Poll::Ready(Ok(Outcome::Refused(_)))
+        ));
         let mut third = exchange_of([7; 100]);
         assert_ne!(
             third.0.cast::<u8>(),
             block,
             "a block in use is not handed out"
         );
-        assert!(matches!(poll_once(&mut third), Poll::Ready(Ok(()))));
+        assert!(matches!(
+            poll_once(&mut third),
+            Poll::Ready(Ok(Outcome::Served))
+        ));
     }
 }

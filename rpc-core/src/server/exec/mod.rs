@@ -74,7 +74,7 @@ use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
 use crate::protocol::ServerEnd;
-use crate::server::error::ServerError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::limits::device_log;
 use crate::server::mailboxes::{Marks, Quarantined};
 use crate::server::stats::bump;
@@ -415,7 +415,7 @@ fn end(
     index: u32,
     opcode: Opcode,
     marks: Marks,
-    ended: (Exchange, Result<(), ServerError>, bool),
+    ended: (Exchange, Result<Outcome, ServerError>, bool),
 ) {
     let (exchange, result, owned) = ended;
     let fate = finish(context, mailbox, index, opcode, result);
@@ -430,7 +430,7 @@ pub(crate) fn finish(
     mailbox: &Attached,
     index: u32,
     opcode: Opcode,
-    result: Result<(), ServerError>,
+    result: Result<Outcome, ServerError>,
 ) -> Fate {
     let fate = count(context, mailbox, index, opcode, result);
     mailbox.settle_request();
@@ -443,16 +443,16 @@ fn count(
     mailbox: &Attached,
     index: u32,
     opcode: Opcode,
-    result: Result<(), ServerError>,
+    result: Result<Outcome, ServerError>,
 ) -> Fate {
     let name = &context.config.name;
     let id = mailbox.id.0;
     match result {
-        Ok(()) => {
+        Ok(Outcome::Served) => {
             context.stats.served(opcode);
             Fate::Close
         }
-        Err(ServerError::Refused(why)) => {
+        Ok(Outcome::Refused(why)) => {
             device_log!(
                 context.log_limit,
                 Warn,
@@ -562,7 +562,7 @@ pub(crate) fn carry_out(
 
 /// How a poll of an exchange went.
 enum Polled {
-    Done(Result<(), ServerError>),
+    Done(Result<Outcome, ServerError>),
     /// Suspended in a port operation: the client has not answered.
     OnPort,
     /// Suspended on something else (an I/O call, a user's future).

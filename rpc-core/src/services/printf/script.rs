@@ -26,7 +26,7 @@ use super::cache::Kept;
 use super::format::{Format, CHUNK};
 use super::lanes::{at, write_on_io, write_staged, Fetched, Lane, Sent};
 use crate::protocol::opcode::Opcode;
-use crate::server::error::ServerError;
+use crate::server::error::{Outcome, ServerError};
 use crate::server::limits::quoted;
 use crate::server::recycle::{PooledVec, Streams};
 use crate::server::registry::Request;
@@ -46,7 +46,7 @@ const ROUNDS: usize = 4;
 /// that fetched them and [`Fetched`]. The work per lane is what differs between lanes: what a
 /// format implies (its argument size, its pointers' offsets, its plan if plain) is found once
 /// per format.
-pub(crate) async fn printf(mut req: Request) -> Result<(), ServerError> {
+pub(crate) async fn printf(mut req: Request) -> Result<Outcome, ServerError> {
     let opcode = req.opcode();
     let packed = matches!(
         opcode,
