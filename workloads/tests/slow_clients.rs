@@ -16,17 +16,17 @@
 #![cfg(not(loom))]
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use rpc_core::protocol::{
-    Backoff, Client, ClientPort, Generation, Layout, LockTable, Mailbox, MailboxMemory,
-    ProtocolError, Wait,
+    Backoff, Client, ClientPort, Generation, Layout, LockTable, MailboxMemory, ProtocolError, Wait,
 };
 use rpc_core::AttachOptions;
-use rpc_core::{AtomicMailbox, Limits, Opcode, RpcServer, ServerConfig, StatsSnapshot};
+use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, StatsSnapshot};
+use workloads::stress::SplitMix64;
 
 const PORTS: u32 = 8;
 const LANES: u32 = 32;
@@ -39,40 +39,22 @@ const CLIENT_TIMEOUT: Duration = Duration::from_millis(2);
 /// A hang guard, never reached by a correct server.
 const HANG_GUARD: Duration = Duration::from_secs(60);
 
-struct Shared(Arc<MailboxMemory>);
-
-impl AtomicMailbox for Shared {
-    fn view(&self) -> Mailbox<'_> {
-        self.0.view()
-    }
-}
-
 /// A slow client's wait: before some of its polls it naps (up to `nap_us`), which leaves the
 /// server waiting on its port; otherwise it backs off as any client does, up to the hang
 /// guard.
 struct Slow {
-    rng: AtomicU64,
+    rng: Mutex<SplitMix64>,
     nap_us: u64,
     guard: Instant,
 }
 
-impl Slow {
-    /// The next number of a SplitMix64 sequence (each thread has its own `Slow`).
-    fn next(&self) -> u64 {
-        let mut z = self
-            .rng
-            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
-            .wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
-
 impl Wait for Slow {
     fn pause(&self, port: u32, attempt: u32) -> Result<(), ProtocolError> {
-        if attempt == 0 && self.nap_us > 0 && self.next() % 4 == 0 {
-            std::thread::sleep(Duration::from_micros(self.next() % self.nap_us));
+        if attempt == 0 && self.nap_us > 0 {
+            let mut rng = self.rng.lock().unwrap();
+            if rng.below(4) == 0 {
+                std::thread::sleep(Duration::from_micros(rng.below(self.nap_us)));
+            }
         }
         if Instant::now() >= self.guard {
             return Err(ProtocolError::Abandoned {
@@ -244,7 +226,7 @@ fn slow_clients_on_many_ports_lose_no_port_and_run_no_late_packet() {
     let strategy = prop::collection::vec(script(), 1..PORTS as usize);
     let result = runner.run(&strategy, |scripts| {
         let memory = Arc::new(MailboxMemory::new(layout));
-        let id = server.attach(Box::new(Shared(memory.clone())), AttachOptions::default());
+        let id = server.attach(Box::new(memory.clone()), AttachOptions::default());
         let user = server.user();
         let locks = LockTable::new(PORTS);
         let guard = Instant::now() + HANG_GUARD;
@@ -258,7 +240,7 @@ fn slow_clients_on_many_ports_lose_no_port_and_run_no_late_packet() {
                     let (memory, locks, running) = (&memory, &locks, &running);
                     scope.spawn(move || {
                         let wait = Slow {
-                            rng: AtomicU64::new(script.seed),
+                            rng: Mutex::new(SplitMix64::new(script.seed)),
                             nap_us: script.nap_us,
                             guard,
                         };

@@ -568,10 +568,7 @@ mod tests {
             root_error_named("use crate::{\n    Opcode,\n    VendorError,\n};\n"),
             Some("VendorError")
         );
-        assert_eq!(
-            root_error_named("fn f() -> crate::Error { todo!() }"),
-            Some("Error")
-        );
+        assert_eq!(root_error_named("fn f(e: crate::Error) {}"), Some("Error"));
         // The layers' own errors, a longer path, a comment and a foreign crate are not the root's.
         assert_eq!(
             root_error_named(
