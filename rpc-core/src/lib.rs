@@ -133,9 +133,9 @@ pub use protocol::Opcode;
 #[cfg(feature = "std")]
 pub use server::error::{Outcome, ServerError, VendorError};
 #[cfg(feature = "std")]
-pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
+pub use server::exec::Streams;
 #[cfg(feature = "std")]
-pub use server::recycle::Streams;
+pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]
 pub use server::request::{MailboxInfo, Request};
 #[cfg(feature = "std")]

@@ -9,7 +9,7 @@
 
 use std::vec::Vec;
 
-use crate::protocol::deferred::Batch;
+use crate::protocol::port::Batch;
 use crate::protocol::port::Spin;
 use crate::protocol::{
     Client, Generation, Layout, LockTable, MailboxMemory, Opcode, ProtocolError, ServerEnd, Wait,
@@ -65,7 +65,7 @@ fn increment(client: &Client<'_>, x: u64) -> u64 {
     got
 }
 
-// The batch of deferred flips (`deferred`) under loom: the server thread below runs each
+// The batch of deferred flips (`port::Batch`) under loom: the server thread below runs each
 // exchange with a wait that defers its flips and unlocks into a real `Batch` (`Batching`), as
 // the executor's wait does in a pass with two or more exchanges in flight, and the client
 // checks every packet it reads after each flip. Every `a_batch_*` model fails (a data race on

@@ -10,29 +10,23 @@
 //! - `mailbox.rs`: a region viewed as the protocol's atomic arrays ([`Mailbox`],
 //!   [`MailboxMemory`]), and the port lock bits ([`LockTable`]);
 //! - `port.rs`: the per-port state machine both sides share ([`ClientPort`], [`ServerPort`]),
-//!   and the ways to wait ([`Wait`]);
+//!   the ways to wait ([`Wait`]), and a server thread's flips and unlocks published in batches;
 //! - `client.rs`: opening ports as a GPU warp does ([`Client`]);
-//! - `deferred.rs`: a server thread's flips and unlocks published in batches;
 //! - `server_end.rs`: the server's end of one mailbox: finding pending ports and opening them
-//!   ([`ServerEnd`]; `scan.rs` finds them a word at a time);
+//!   ([`ServerEnd`]; pending ports found a word at a time);
 //! - `typed.rs`: a typed call as LLVM's `rpc::dispatch` makes it ([`dispatch`], [`CallArg`]).
 //!
 //! Its failures are [`ProtocolError`]s (`error.rs`). It depends on nothing else in the crate
 //! but the `sync` shim.
 
 pub(crate) mod client;
-// Its batches serve only the server thread, which needs `std`.
-#[cfg_attr(not(feature = "std"), allow(dead_code))]
-pub(crate) mod deferred;
 pub(crate) mod error;
 pub(crate) mod layout;
 pub(crate) mod mailbox;
 pub(crate) mod opcode;
 pub(crate) mod port;
 pub mod printf;
-// Parts of it (the hot-port cache) serve only the server, which needs `std`.
-#[cfg_attr(not(feature = "std"), allow(dead_code))]
-pub(crate) mod scan;
+// The server's end serves only the server thread, which needs `std`.
 #[cfg_attr(not(feature = "std"), allow(dead_code))]
 pub(crate) mod server_end;
 pub(crate) mod typed;

@@ -3,7 +3,7 @@
 //! # Memory ordering
 //! Ownership of a port's header and packets moves by flipping one's own word:
 //! - before a flip, `fence(Release)` then a `Relaxed` store (`Port::hand_over`, through
-//!   `deferred::store_own_word`, or in the batch of a server port's wait, `deferred`): every
+//!   `store_own_word`, or in the batch of a server port's wait, `Batch`): every
 //!   header and packet write before it is visible to whoever sees the flip;
 //! - waiting for the other side's flip uses `Relaxed` loads, then `fence(Acquire)`
 //!   (`Port::take_buffer`), which pairs with that side's release fence, so its writes are
@@ -29,18 +29,56 @@
 //! | own word (`outbox`) | only this side, only while holding the port's lock |
 //! | other word (`inbox`) | read only |
 //! | header, packets | only while `owns` (or, for the client, between open and its first send) |
+//!
+//! # Batches of hand-overs
+//! A server thread serving many exchanges at once stores its
+//! flips (PROTOCOL section 3), and the unlocks of the ports whose exchanges they ended, a few
+//! at a time instead of one by one.
+//!
+//! Why: a flip is a store to a cache line the client keeps reading (it polls for our word), so
+//! the store waits in the CPU's store buffer while that line comes back, a cross-core round
+//! trip. Stores leave the buffer in order, so the next locked instruction (a port's lock bit,
+//! an `Arc` count, the allocator's lock) or the next load the buffer cannot forward (the moves
+//! of odd-sized values after a hand-over are full of them) waits for that round trip too:
+//! about one stall per flip: batching them made the pipelined printf row 17-25% faster
+//! (docs/performance.md). Deferred, the flips of several exchanges go out together: their
+//! lines are fetched at once, and the thread stalls once per batch.
+//!
+//! The price is latency, each deferred flip reaching its client later by the work done before
+//! the batch is published: so the server's executor defers only in passes that begin with two
+//! or more exchanges in flight (a client that pipelines, or many warps), never for a request
+//! alone, and at most [`BATCH_MAX`] flips or unlocks wait.
+//!
+//! # Rules
+//! - A server port's flips and unlocks go through its [`Wait`]
+//!   (`Wait::flip`, `Wait::unlock`; `Port::hand_over`, a server port's drop,
+//!   `ServerEnd::close` and `ServerEnd::drain`): a wait that batches puts them in a [`Batch`]
+//!   it keeps, the others store them at once ([`store_own_word`], [`crate::protocol::mailbox`]'s
+//!   unlock). This layer keeps no batch of its own: the server keeps one per thread.
+//! - A batch is published behind one release fence, the flips in the order they were made,
+//!   then the unlocks: every packet written before a flip is visible before it (as with
+//!   [`store_own_word`]), and a port's flips before its unlock, so whoever locks the port next
+//!   reads our word as we left it.
+//! - It is published when [`BATCH_MAX`] flips or unlocks wait, when its owner ends it, and before its
+//!   thread waits for a client (a wait's pause or spin), writes its own word otherwise (a
+//!   reset) or reads it to flip it (`ServerEnd::close` of a buffer we own): `Wait::publish`.
+//! - Until then our word in memory is the old one. The scan then sees the port still pending
+//!   and the sweep polls its exchange, which finds the buffer not ours (the port's own state
+//!   is current) and suspends again; and `ServerEnd::flags` reads the old word, so an exchange's
+//!   snapshot of its flags may see one change more than there was: a pass counted as progress,
+//!   nothing else.
 
-use crate::protocol::deferred;
 use crate::protocol::error::ProtocolError;
 use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
 use crate::protocol::mailbox::unlock;
 use crate::protocol::opcode::Opcode;
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
 use core::future::Future;
+use core::ptr::NonNull;
 use core::task::{Context, Poll, Waker};
-
 #[cfg(feature = "std")]
 use std::vec::Vec;
+
 #[cfg(not(feature = "std"))]
 extern crate alloc;
 #[cfg(not(feature = "std"))]
@@ -49,7 +87,7 @@ use alloc::vec::Vec;
 /// How a side waits for the other, and when its hand-overs reach it. A blocking wait pauses
 /// after each poll that found the buffer not yet ours; a resumable one suspends the operation
 /// instead. A server port's flips and unlocks go through its wait too, so that a wait may defer
-/// them into a batch it keeps (`deferred`); the provided methods store them at once.
+/// them into a batch it keeps (`Batch`); the provided methods store them at once.
 pub trait Wait: Sync {
     /// Pause before the next poll of `port` (`attempt` counts from 0), or give up with an error
     /// (usually [`ProtocolError::Abandoned`]). A wait that defers flips publishes them first.
@@ -70,7 +108,7 @@ pub trait Wait: Sync {
     /// Hands a server port's buffer over: stores `value` to this side's `word` behind a release
     /// fence, or defers the store into the wait's batch.
     fn flip(&self, word: &AtomicU32, value: u32) {
-        deferred::store_own_word(word, value);
+        store_own_word(word, value);
     }
     /// Unlocks server port `index` of `locks` (after its flips), or defers it into the wait's
     /// batch.
@@ -438,13 +476,13 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     }
 
     /// Hands the buffer to the other side by flipping our own word (a server port's flip goes
-    /// through its wait, which may defer it: `deferred`).
+    /// through its wait, which may defer it into a `Batch`).
     fn hand_over(&mut self) {
         self.out ^= 1;
         if SERVER {
             self.wait.flip(self.outbox, self.out);
         } else {
-            deferred::store_own_word(self.outbox, self.out);
+            store_own_word(self.outbox, self.out);
         }
         self.owns = false;
     }
@@ -869,7 +907,7 @@ impl<'a> Port<'a, true> {
         self.out = normalize(self.inbox.load(Ordering::Relaxed));
         // What the wait deferred goes first: a flip of ours must not overtake the reset.
         self.wait.publish();
-        deferred::store_own_word(self.outbox, self.out);
+        store_own_word(self.outbox, self.out);
         self.owns = false;
     }
 }
@@ -910,6 +948,151 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
         } else {
             unlock(self.locks, self.index);
         }
+    }
+}
+
+/// The most flips, and the most unlocks, that wait before a batch is published.
+#[cfg_attr(not(feature = "std"), allow(dead_code))]
+pub(crate) const BATCH_MAX: usize = 16;
+
+/// Flips and unlocks waiting to be published: words to store and lock bits to clear.
+#[cfg_attr(not(feature = "std"), allow(dead_code))]
+pub(crate) struct Batch {
+    flips: [(Option<NonNull<AtomicU32>>, u32); BATCH_MAX],
+    flipped: usize,
+    unlocks: [(Option<NonNull<AtomicU32>>, u32); BATCH_MAX],
+    unlocked: usize,
+}
+
+// SAFETY: the batch holds pointers to atomics only, which any thread may store to; that they
+// are still valid when it publishes is its filler's promise (`flip`, `unlock`), wherever it
+// is. (No `Drop`: a thread-local holding one then needs no destructor.)
+unsafe impl Send for Batch {}
+
+#[cfg_attr(not(feature = "std"), allow(dead_code))]
+impl Batch {
+    /// Nothing waits.
+    pub(crate) const EMPTY: Batch = Batch {
+        flips: [(None, 0); BATCH_MAX],
+        flipped: 0,
+        unlocks: [(None, 0); BATCH_MAX],
+        unlocked: 0,
+    };
+
+    /// Adds a store of `value` to `word`; publishes if the list is full.
+    ///
+    /// # Safety
+    /// `word` stays valid until the batch is next published (its owner publishes it before it
+    /// lets go of the mailboxes it flipped: no drop does).
+    pub(crate) unsafe fn flip(&mut self, word: &AtomicU32, value: u32) {
+        self.flips[self.flipped] = (Some(NonNull::from(word)), value);
+        self.flipped += 1;
+        if self.flipped == BATCH_MAX {
+            self.publish();
+        }
+    }
+
+    /// Adds a clear of server port `index`'s bit in `locks`; publishes if the list is full.
+    ///
+    /// # Safety
+    /// `locks` stays valid until the batch is next published (as for `flip`).
+    pub(crate) unsafe fn unlock(&mut self, locks: &[AtomicU32], index: u32) {
+        let (word, bit) = crate::protocol::mailbox::lock_bit(locks, index);
+        self.unlocks[self.unlocked] = (Some(NonNull::from(word)), bit);
+        self.unlocked += 1;
+        if self.unlocked == BATCH_MAX {
+            self.publish();
+        }
+    }
+
+    /// Stores every waiting flip, in order, then clears every waiting lock bit.
+    pub(crate) fn publish(&mut self) {
+        if self.flipped == 0 && self.unlocked == 0 {
+            return;
+        }
+        // Release: every packet and header write before a flip is visible before it.
+        fence(Ordering::Release);
+        for &(word, value) in &self.flips[..self.flipped] {
+            // SAFETY: `flip`'s caller keeps every word it added valid until this publish.
+            let word = unsafe { word.expect("a recorded flip").as_ref() };
+            word.store(value, Ordering::Relaxed);
+        }
+        for &(locks, bit) in &self.unlocks[..self.unlocked] {
+            // SAFETY: as above, for the lock tables (`unlock`).
+            let locks = unsafe { locks.expect("a recorded unlock").as_ref() };
+            // RMW: clears our bit alone; `Release` publishes the holder's work to the next.
+            locks.fetch_and(!bit, Ordering::Release);
+        }
+        self.flipped = 0;
+        self.unlocked = 0;
+    }
+}
+
+/// Stores this side's word (a flip, or a reset to the other side's value): `fence(Release)`
+/// first, so every header and packet write before it is visible to whoever sees the new word
+/// (see `port`'s memory-ordering note). The one place a side's word is written after open
+/// outside a [`Batch`] (the caller published its wait's batch first, where it has one).
+#[inline]
+pub(crate) fn store_own_word(word: &AtomicU32, value: u32) {
+    fence(Ordering::Release);
+    word.store(value, Ordering::Relaxed);
+}
+
+#[cfg(all(test, feature = "std", not(loom)))]
+mod batch_tests {
+    use super::*;
+
+    fn words(n: usize) -> Vec<AtomicU32> {
+        (0..n).map(|_| AtomicU32::new(0)).collect()
+    }
+
+    fn read(words: &[AtomicU32]) -> Vec<u32> {
+        words.iter().map(|w| w.load(Ordering::Relaxed)).collect()
+    }
+
+    #[test]
+    fn a_batch_publishes_its_flips_in_order_then_its_unlocks() {
+        let (flags, locks) = (words(3), words(2));
+        locks[0].store(u32::MAX, Ordering::Relaxed);
+        locks[1].store(u32::MAX, Ordering::Relaxed);
+        let mut batch = Batch::EMPTY;
+        // SAFETY: the words outlive the batch.
+        unsafe {
+            batch.flip(&flags[0], 1);
+            batch.flip(&flags[2], 1);
+            batch.flip(&flags[0], 0); // A second flip of one port: its last value wins.
+            batch.unlock(&locks, 0);
+            batch.unlock(&locks, 37);
+        }
+        assert_eq!(read(&flags), [0, 0, 0], "nothing stored yet");
+        assert_eq!(read(&locks), [u32::MAX, u32::MAX], "nothing unlocked yet");
+        flags[0].store(7, Ordering::Relaxed); // Overwritten by the publish, in order.
+        batch.publish();
+        assert_eq!(read(&flags), [0, 0, 1]);
+        assert_eq!(read(&locks), [!1, !(1 << 5)]);
+    }
+
+    #[test]
+    fn a_full_list_and_publish_store_at_once() {
+        let (flags, locks) = (words(BATCH_MAX), words(1));
+        locks[0].store(u32::MAX, Ordering::Relaxed);
+        let mut batch = Batch::EMPTY;
+        for word in &flags[..BATCH_MAX - 1] {
+            // SAFETY: the words outlive the batch.
+            unsafe { batch.flip(word, 1) };
+        }
+        assert!(read(&flags).iter().all(|&w| w == 0), "{BATCH_MAX} - 1 wait");
+        // SAFETY: as above.
+        unsafe { batch.flip(&flags[BATCH_MAX - 1], 1) };
+        assert!(
+            read(&flags).iter().all(|&w| w == 1),
+            "the {BATCH_MAX}th publishes"
+        );
+        // SAFETY: as above.
+        unsafe { batch.unlock(&locks, 3) };
+        assert_eq!(read(&locks), [u32::MAX]);
+        batch.publish();
+        assert_eq!(read(&locks), [!(1 << 3)]);
     }
 }
 

@@ -1,5 +1,38 @@
 //! The server side of the port protocol over one mailbox: finding pending ports and opening
 //! them. The thread that drives it is [`crate::server::thread`]; handlers run the port scripts.
+//!
+//! # Finding pending ports
+//! A port is pending when `C != S` for port i (each word normalised: non-zero counts as 1).
+//!
+//! Two costs matter (DESIGN.md, "Performance targets"): the cost of a pass over a mailbox whose
+//! ports are nearly all idle (up to 16384 of them), and the delay before a busy port is seen.
+//!
+//! - **Blocks of words.** [`next_pending_in`] reads the words of [`BLOCK`] ports of each array
+//!   per step and ORs their XOR differences, with no branch per port; only a block with a
+//!   non-zero difference is looked at port by port (with the normalisation, so garbage such as `2` vs `1` is not
+//!   pending). An idle port then costs two loads and two ALU operations instead of two loads,
+//!   two normalisations, a compare and a branch.
+//! - **Hot ports.** A [`Sweep`] (one pass over one mailbox) checks the few most recently served
+//!   ports ([`HotPorts`]) first (in a mailbox of more than a stride), and again every
+//!   [`HOT_STRIDE`] ports of its scan, so a client that talks to the server in a loop is
+//!   answered within a stride of scanning instead of a whole pass, however many idle ports
+//!   there are. Every pending port the sweep passes is still served in the same pass.
+//!
+//! # Why plain relaxed atomic loads are sound and enough
+//! Every word is read with a `Relaxed` atomic load of its own size (`u32`): the arrays are
+//! shared with another party, so the reads must be atomic (no data race in this process), and
+//! they must have the same size as the other side's stores (mixed-size atomic accesses racing
+//! with each other are not allowed by Rust's memory model). Wider loads or SIMD would be faster
+//! still but would be exactly such non-atomic or mixed-size racing reads. On x86-64 and AArch64
+//! each load is a plain move, so the block loop is as cheap as a non-atomic one short of
+//! vectorisation.
+//!
+//! The answer is a hint: the words may change right after we read them. That is harmless both
+//! ways. A port that becomes pending after we looked is found by the next pass (or the next
+//! hot-port check). A port we report but that is not pending any more (or was never pending:
+//! a block's fast check and the per-port check read the words at different times) is re-checked
+//! by [`crate::protocol::ServerEnd::try_open`] under the port's lock, which also supplies the ordering (its
+//! acquire fence pairs with the client's release fence); nothing read here orders anything.
 
 use crate::protocol::error::ProtocolError;
 use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
@@ -67,7 +100,7 @@ impl<'a> ServerEnd<'a> {
 
     /// Closes port `index`, which the caller holds locked with its exchange ended: hands the
     /// buffer back if we `owned` it (flips our word, as a port's drop does), then unlocks, both
-    /// through `wait` (which may defer them, as it does a port's: `deferred`).
+    /// through `wait` (which may defer them, as it does a port's: `Batch`).
     pub(crate) fn close<W: Wait + ?Sized>(&self, index: u32, owned: bool, wait: &W) {
         let i = index as usize;
         if owned {
@@ -117,18 +150,15 @@ impl<'a> ServerEnd<'a> {
 
     /// The first pending port at or after `from`.
     pub fn next_pending(&self, from: u32) -> Option<u32> {
-        crate::protocol::scan::next_pending(self.mailbox.primary, self.mailbox.secondary, from)
+        next_pending(self.mailbox.primary, self.mailbox.secondary, from)
     }
 
     /// One pass's walk over the ports, re-checking `hot` (the recently served ports) on the way.
-    pub(crate) fn sweep<'h>(
-        &self,
-        hot: &'h mut crate::protocol::scan::HotPorts,
-    ) -> crate::protocol::scan::Sweep<'h>
+    pub(crate) fn sweep<'h>(&self, hot: &'h mut HotPorts) -> Sweep<'h>
     where
         'a: 'h,
     {
-        crate::protocol::scan::Sweep::new(self.mailbox.primary, self.mailbox.secondary, hot)
+        Sweep::new(self.mailbox.primary, self.mailbox.secondary, hot)
     }
 
     /// Opens port `index` if it is pending and no other server thread holds it.
@@ -188,5 +218,318 @@ impl<'a> ServerEnd<'a> {
             from = index + 1;
         }
         None
+    }
+}
+
+/// Ports compared per step of a scan (8 words: 4 of each array). Measured on the Zen 5 of
+/// `docs/performance.md`, 16384 idle ports take about 2.5 µs with 4, 4 µs with 8, 6 µs with 16 or
+/// 32 (the compiler keeps atomic loads in program order and spills the larger blocks' values to
+/// the stack) and 8.5-11.5 µs port by port.
+pub(crate) const BLOCK: usize = 4;
+/// Ports scanned between two looks at the hot ports (about 80 ns of scanning).
+pub(crate) const HOT_STRIDE: usize = 512;
+/// How many recently served ports a mailbox's sweep keeps re-checking.
+pub(crate) const HOT_PORTS: usize = 4;
+
+/// Whether one port is pending. Relaxed: a hint (see the module docs).
+#[inline]
+fn pending(primary: &AtomicU32, secondary: &AtomicU32) -> bool {
+    normalize(primary.load(Ordering::Relaxed)) != normalize(secondary.load(Ordering::Relaxed))
+}
+
+/// The first pending port of two equally long runs of words, port by port.
+#[inline]
+fn first_pending(primary: &[AtomicU32], secondary: &[AtomicU32]) -> Option<usize> {
+    primary
+        .iter()
+        .zip(secondary)
+        .position(|(s, c)| pending(s, c))
+}
+
+/// The first port at or after `from` whose client word differs from the server's.
+pub(crate) fn next_pending(
+    primary: &[AtomicU32],
+    secondary: &[AtomicU32],
+    from: u32,
+) -> Option<u32> {
+    next_pending_in(primary, secondary, from as usize, usize::MAX).map(|i| i as u32)
+}
+
+/// The first pending port in `from..to` (`to` is clamped to the arrays' length).
+pub(crate) fn next_pending_in(
+    primary: &[AtomicU32],
+    secondary: &[AtomicU32],
+    from: usize,
+    to: usize,
+) -> Option<usize> {
+    let to = to.min(primary.len()).min(secondary.len());
+    let (primary, secondary) = (primary.get(from..to)?, secondary.get(from..to)?);
+    let mut blocks = primary
+        .chunks_exact(BLOCK)
+        .zip(secondary.chunks_exact(BLOCK));
+    let mut at = from;
+    for (s, c) in &mut blocks {
+        // Relaxed: a hint (see the module docs). Raw words, not normalised: equal words are
+        // equal after normalisation too, so a zero difference proves no port here is pending;
+        // a non-zero one is checked port by port below.
+        let difference = s.iter().zip(c).fold(0, |d, (s, c)| {
+            d | (s.load(Ordering::Relaxed) ^ c.load(Ordering::Relaxed))
+        });
+        if difference != 0 {
+            if let Some(k) = first_pending(s, c) {
+                return Some(at + k);
+            }
+        }
+        at += BLOCK;
+    }
+    let done = at - from;
+    first_pending(&primary[done..], &secondary[done..]).map(|k| at + k)
+}
+
+/// The ports of one mailbox served most recently (by one worker; a private hint, no atomics).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct HotPorts {
+    ports: [u32; HOT_PORTS],
+    len: usize,
+    /// The slot the next new port replaces once all are used.
+    next: usize,
+}
+
+impl HotPorts {
+    /// Remembers that `index` was just served.
+    pub(crate) fn note(&mut self, index: u32) {
+        if self.ports[..self.len].contains(&index) {
+            return;
+        }
+        self.ports[self.next] = index;
+        self.next = (self.next + 1) % HOT_PORTS;
+        self.len = (self.len + 1).min(HOT_PORTS);
+    }
+}
+
+/// What a sweep found next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// A port that looks pending.
+    Pending(u32),
+    /// [`HOT_STRIDE`] more ports scanned.
+    Checkpoint,
+}
+
+/// One pass's walk over a mailbox's ports: the hot ports, then every port in order, found a
+/// block at a time, with the hot ports re-checked every [`HOT_STRIDE`] ports.
+pub(crate) struct Sweep<'a> {
+    primary: &'a [AtomicU32],
+    secondary: &'a [AtomicU32],
+    hot: &'a mut HotPorts,
+    /// The next port the in-order scan looks at.
+    next: usize,
+    /// Where the scan stops next to look at the hot ports.
+    checkpoint: usize,
+    /// Hot ports (`hot.ports[..hot_left]`) still to look at for the current checkpoint.
+    hot_left: usize,
+}
+
+impl<'a> Sweep<'a> {
+    pub(crate) fn new(
+        primary: &'a [AtomicU32],
+        secondary: &'a [AtomicU32],
+        hot: &'a mut HotPorts,
+    ) -> Self {
+        // The hot ports first, too, in a mailbox of more than a stride: a client in a loop on
+        // one port of a large mailbox shares its CPU with the server when another program
+        // keeps the other busy (the loaded regime of `docs/performance.md`); it sends its next
+        // request while the server yields between passes, and the next pass then finds it at
+        // once, not after a whole scan. A smaller mailbox is scanned within a stride anyway.
+        let hot_left = if primary.len().min(secondary.len()) > HOT_STRIDE {
+            hot.len
+        } else {
+            0
+        };
+        Sweep {
+            primary,
+            secondary,
+            hot,
+            next: 0,
+            checkpoint: HOT_STRIDE,
+            hot_left,
+        }
+    }
+
+    /// The next port that looks pending, or None once the whole mailbox was scanned. A hot port
+    /// may come back more than once per sweep (each time it was found pending again).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn next_pending(&mut self) -> Option<u32> {
+        loop {
+            match self.next()? {
+                Step::Pending(index) => return Some(index),
+                Step::Checkpoint => continue,
+            }
+        }
+    }
+
+    /// The next port that looks pending, or a checkpoint (every [`HOT_STRIDE`] ports scanned,
+    /// where the caller may look at other work), or None once the whole mailbox was scanned.
+    pub(crate) fn next(&mut self) -> Option<Step> {
+        let len = self.primary.len().min(self.secondary.len());
+        loop {
+            while self.hot_left > 0 {
+                self.hot_left -= 1;
+                let index = self.hot.ports[self.hot_left] as usize;
+                // Also ports ahead of the scan: a client looping on the last port would
+                // otherwise wait for the whole scan. The scan may find such a port again (a
+                // new request by then, or not pending any more: `try_open` re-checks).
+                if pending(&self.primary[index], &self.secondary[index]) {
+                    return Some(Step::Pending(index as u32));
+                }
+            }
+            if self.next >= len {
+                return None;
+            }
+            let end = self.checkpoint.min(len);
+            if let Some(index) = next_pending_in(self.primary, self.secondary, self.next, end) {
+                self.next = index + 1;
+                return Some(Step::Pending(index as u32));
+            }
+            self.next = end;
+            if end == self.checkpoint {
+                self.checkpoint += HOT_STRIDE;
+                self.hot_left = self.hot.len;
+                return Some(Step::Checkpoint);
+            }
+        }
+    }
+
+    /// The ports the in-order scan has looked at so far.
+    pub(crate) fn position(&self) -> usize {
+        self.next
+    }
+
+    /// Records that port `index` was served, for this and later sweeps of the mailbox.
+    pub(crate) fn served(&mut self, index: u32) {
+        self.hot.note(index);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod scan_tests {
+    use super::*;
+    use std::vec::Vec;
+
+    fn words(values: &[u32]) -> Vec<AtomicU32> {
+        values.iter().map(|&v| AtomicU32::new(v)).collect()
+    }
+
+    /// The obvious port-by-port scan, as the reference.
+    fn reference(primary: &[u32], secondary: &[u32], from: usize) -> Option<usize> {
+        (from..primary.len()).find(|&i| (primary[i] != 0) != (secondary[i] != 0))
+    }
+
+    /// A small deterministic generator (xorshift), so the test needs no dependency.
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    #[test]
+    fn block_scan_agrees_with_a_port_by_port_scan_including_garbage_words() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15;
+        // Under miri, which interprets every load, a few arrays of each length.
+        let rounds = if cfg!(miri) { 2 } else { 50 };
+        for n in [0usize, 1, 15, 16, 17, 33, 64, 100, 1024, 1031] {
+            for _ in 0..rounds {
+                // Mostly equal words; a few differ, some only in garbage (2 vs 1: not pending).
+                let mut p = Vec::with_capacity(n);
+                let mut s = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let r = xorshift(&mut seed);
+                    let base = (r & 1) as u32;
+                    let (a, b) = match (r >> 8) % 64 {
+                        0 => (base, base ^ 1),
+                        1 => (2, 1),
+                        2 => (0, 7),
+                        _ => (base, base),
+                    };
+                    p.push(a);
+                    s.push(b);
+                }
+                let (pa, sa) = (words(&p), words(&s));
+                for from in [0, 1, 5, 16, n / 2, n.saturating_sub(1), n, n + 3] {
+                    assert_eq!(
+                        next_pending_in(&pa, &sa, from, usize::MAX),
+                        reference(&p, &s, from),
+                        "n={n} from={from}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn range_scan_stops_at_the_end_of_the_range() {
+        let p = words(&[0; 40]);
+        let s = words(&[0; 40]);
+        s[35].store(1, Ordering::Relaxed);
+        assert_eq!(next_pending_in(&p, &s, 0, 35), None);
+        assert_eq!(next_pending_in(&p, &s, 0, 36), Some(35));
+        assert_eq!(next_pending_in(&p, &s, 36, 40), None);
+    }
+
+    #[test]
+    fn sweep_visits_every_pending_port_once_in_order_when_nothing_changes() {
+        // Under miri, which interprets every load, past two scan checkpoints only.
+        let (n, last) = if cfg!(miri) {
+            (1100, 1098)
+        } else {
+            (5000, 4095)
+        };
+        let p = words(&std::vec![0; n]);
+        let s = words(&std::vec![0; n]);
+        let pending = [0, 17, 1023, 1024, 1025, last, n - 1];
+        for &i in &pending {
+            s[i].store(1, Ordering::Relaxed);
+        }
+        let mut hot = HotPorts::default();
+        let mut sweep = Sweep::new(&p, &s, &mut hot);
+        let mut seen = Vec::new();
+        while let Some(i) = sweep.next_pending() {
+            seen.push(i as usize);
+            // Serve it: the server flips its word.
+            p[i as usize].store(1, Ordering::Relaxed);
+            sweep.served(i);
+        }
+        assert_eq!(seen, pending);
+    }
+
+    #[test]
+    fn sweep_rechecks_a_hot_port_behind_the_scan() {
+        let n = 4 * HOT_STRIDE;
+        let p = words(&std::vec![0; n]);
+        let s = words(&std::vec![0; n]);
+        let mut hot = HotPorts::default();
+        hot.note(3);
+        let mut sweep = Sweep::new(&p, &s, &mut hot);
+        // Port 3 turns pending after the scan went past it: seen at the next checkpoint, not
+        // only in the next pass.
+        s[HOT_STRIDE + 5].store(1, Ordering::Relaxed);
+        assert_eq!(sweep.next_pending(), Some(HOT_STRIDE as u32 + 5));
+        s[3].store(1, Ordering::Relaxed);
+        assert_eq!(sweep.next_pending(), Some(3));
+        p[3].store(1, Ordering::Relaxed); // served
+        assert_eq!(sweep.next_pending(), None);
+    }
+
+    #[test]
+    fn hot_ports_keep_the_last_distinct_ports_first_in_first_out() {
+        let mut hot = HotPorts::default();
+        for i in [1, 2, 2, 3, 4, 5, 1] {
+            hot.note(i);
+        }
+        let mut ports = hot.ports[..hot.len].to_vec();
+        ports.sort();
+        // 5 replaced 1 (the oldest), then 1 replaced 2.
+        assert_eq!(ports, [1, 3, 4, 5]);
     }
 }

@@ -16,7 +16,7 @@
 use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
-use crate::protocol::scan::{HotPorts, Step};
+use crate::protocol::server_end::{HotPorts, Step};
 use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
@@ -222,7 +222,7 @@ impl Inner {
         };
         let mut progress = inner.drop_detached(in_flight);
         // A pass that begins with two or more exchanges in flight (a client that pipelines, or
-        // many warps) publishes its flips and unlocks in batches: see `deferred`, which is why
+        // many warps) publishes its flips and unlocks in batches: see `protocol::port`'s batches, which is why
         // that pays and what it costs. Published at the latest when `batch` drops, at the end
         // of this function.
         // SAFETY: the mailboxes whose ports the pass flips and unlocks are held by `mailboxes`
@@ -519,7 +519,7 @@ pub(crate) fn open_when_free<'a>(
 mod tests {
     use super::*;
     use crate::protocol::opcode::Opcode;
-    use crate::protocol::scan::HOT_STRIDE;
+    use crate::protocol::server_end::HOT_STRIDE;
     use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory, Spin};
     use crate::sync::AtomicBool;
     use crate::RpcServer;

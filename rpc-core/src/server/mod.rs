@@ -51,7 +51,6 @@ pub(crate) mod exec;
 pub(crate) mod io_pool;
 pub(crate) mod limits;
 pub(crate) mod mailboxes;
-pub(crate) mod recycle;
 pub(crate) mod registry;
 pub(crate) mod request;
 pub(crate) mod stats;

@@ -16,7 +16,7 @@ use crate::protocol::port::Packet;
 use crate::protocol::ServerPort;
 use crate::server::error::ServerError;
 use crate::server::exec;
-use crate::server::recycle::Streams;
+use crate::server::exec::Streams;
 use crate::server::{Attached, Inner, MailboxId, ServerContext};
 use crate::sync::Arc;
 

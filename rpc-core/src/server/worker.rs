@@ -6,8 +6,8 @@
 use std::time::{Duration, Instant};
 
 use crate::server::dispatch::PassCache;
+use crate::server::exec;
 use crate::server::exec::{yield_to_others, Fate};
-use crate::server::recycle;
 use crate::server::stats::bump;
 use crate::server::Inner;
 use crate::sync::{Arc, Ordering};
@@ -77,10 +77,10 @@ pub(crate) fn run(inner: Arc<Inner>) {
         absent: inner.context.config.absent_park,
     };
     let mut seen_epoch = 0;
-    recycle::keep_large_streams();
+    exec::keep_large_streams();
     loop {
         // Nothing to serve until a user comes: a kept stream's buffers would wait unused.
-        recycle::release_large();
+        exec::release_large();
         // Asleep while nobody could send a request (see `thread`'s module docs).
         let running = this.wait_for_users(&inner.context.stats, &mut seen_epoch);
         // Everything the worker calls (plugin memory views, doorbells, matchers) runs under
@@ -213,8 +213,8 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             cache.yield_every = yield_to_others().then_some(HOT_PASSES as usize * UNIT_PORTS);
         } else {
             let silence = silent_from.elapsed();
-            if silence >= recycle::KEEP_LARGE_FOR {
-                recycle::release_large();
+            if silence >= exec::KEEP_LARGE_FOR {
+                exec::release_large();
             }
             let length = park.after(silence);
             // The plugin's doorbells are asked before the server thread's lock is taken (no

@@ -701,7 +701,7 @@ impl Refusals {
 /// Why a lane whose strings the memory budget refused ([`Streams::refused`]) gets its error
 /// value.
 ///
-/// [`Streams::refused`]: crate::server::recycle::Streams::refused
+/// [`Streams::refused`]: crate::server::exec::Streams::refused
 pub(crate) const OVER_BUDGET: &str =
     "its strings would take the server above its memory budget (Limits::held_bytes)";
 

@@ -16,8 +16,8 @@ use super::{
     Services, Touches, EOF_WORD, OVER_BUDGET,
 };
 use crate::server::error::{Outcome, ServerError};
+use crate::server::exec::Streams;
 use crate::server::limits::quoted;
-use crate::server::recycle::Streams;
 use crate::server::request::Request;
 use crate::sync::lock;
 

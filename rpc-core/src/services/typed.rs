@@ -27,7 +27,7 @@
 //! packets mean something else to each side): the client's timeout and the server's ending of
 //! an exchange whose client is gone end it, never a hang of the server or a crash.
 //!
-//! The pointees are copied into buffers of the server thread's pool (`recycle`), aligned to
+//! The pointees are copied into buffers of the server thread's pool (`exec`'s recycled memory), aligned to
 //! 16 bytes so that a slice of any [`Plain`] type of alignment up to 16 borrows them in place,
 //! and given back when the request ends.
 //!
@@ -48,7 +48,7 @@ use crate::protocol::port::lanes;
 use crate::protocol::Opcode;
 use crate::protocol::POINTER_BYTES;
 use crate::server::error::{Outcome, ServerError};
-use crate::server::recycle::{PooledVec, Streams};
+use crate::server::exec::{PooledVec, Streams};
 use crate::server::registry::Handler;
 use crate::server::request::Request;
 use crate::server::{panic_message, RpcServer};

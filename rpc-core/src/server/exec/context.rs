@@ -27,8 +27,8 @@
 //! | `on_port`, `yielded` | the wait's `before_suspending`; `Request::yield_now` | [`Polling::leave`] |
 //! | `dropped` | a `Request`'s drop | [`Polling::leave`] |
 
-use crate::protocol::deferred::{store_own_word, Batch};
 use crate::protocol::mailbox::unlock;
+use crate::protocol::port::{store_own_word, Batch};
 use crate::protocol::{ProtocolError, Wait};
 use crate::server::Attached;
 use crate::sync::{spin_hint, AtomicU32};

@@ -22,7 +22,7 @@
 //! ([`Dialect::HostC`], LLVM 23+: each conversion is handed to `snprintf`, except `%b`/`%B`
 //! and the plain ones, formatted here, and `%n`, which prints nothing), or to LLVM libc's printf
 //! core ([`Dialect::LlvmLibc`], the mailboxes the runtime attaches for LLVM 19-22 images).
-//! A server thread keeps the last few plain formats it compiled (`cache.rs`), so that a format
+//! A server thread keeps the last few plain formats it compiled (`format.rs`'s `Kept`), so that a format
 //! printed again is not parsed again.
 //!
 //! Robustness (the format and the arguments come from an untrusted GPU): nothing here panics or
@@ -40,10 +40,8 @@
 //! [`Dialect::HostC`]: crate::protocol::Dialect::HostC
 //! [`Dialect::LlvmLibc`]: crate::protocol::Dialect::LlvmLibc
 
-mod cache;
 mod convert;
 mod format;
-mod lanes;
 mod script;
 
 pub use format::{Format, FormatError, Sink, CHUNK};
