@@ -22,16 +22,17 @@ mod tests {
             .skip(1)
             .map(|arg| arg.split_whitespace().next().unwrap())
             .collect();
-        for crate_name in [
-            "rpc-core",
-            "plugin-host",
-            "plugin-cuda",
-            "plugin-amdgpu",
-            "plugin-abi",
-            "plugin-loader",
+        // (package, folder): rpc-core's package has its own name on crates.io.
+        for (crate_name, folder) in [
+            ("gpu-rpc-core", "rpc-core"),
+            ("plugin-host", "plugin-host"),
+            ("plugin-cuda", "plugin-cuda"),
+            ("plugin-amdgpu", "plugin-amdgpu"),
+            ("plugin-abi", "plugin-abi"),
+            ("plugin-loader", "plugin-loader"),
         ] {
             assert!(named.contains(&crate_name), "{crate_name} in {named:?}");
-            let manifest = std::fs::read_to_string(root.join(crate_name).join("Cargo.toml"))
+            let manifest = std::fs::read_to_string(root.join(folder).join("Cargo.toml"))
                 .unwrap_or_else(|e| panic!("{crate_name}: {e}"));
             assert!(
                 manifest.contains(&format!("name = \"{crate_name}\"")),

@@ -59,7 +59,7 @@ pub fn run(args: &Args) -> crate::Result {
             .args(["+nightly", "test", "-Zbuild-std", "--target", TARGET])
             .args([
                 "-p",
-                "rpc-core",
+                "gpu-rpc-core",
                 "-p",
                 "workloads",
                 "--lib",

@@ -45,7 +45,7 @@ const MIRI_ARGS: &[&str] = &[
     "miri",
     "test",
     "-p",
-    "rpc-core",
+    "gpu-rpc-core",
     "--lib",
     "--test",
     "protocol",
@@ -88,7 +88,7 @@ const STEPS: &[Step] = &[
     step("tests", &["test", "--workspace"]),
     Step {
         name: "loom",
-        args: &["test", "-p", "rpc-core", "--release", "--lib", "loom"],
+        args: &["test", "-p", "gpu-rpc-core", "--release", "--lib", "loom"],
         env: LOOM_ENV,
         nightly: None,
     },
@@ -111,7 +111,7 @@ const STEPS: &[Step] = &[
         &[
             "rustc",
             "-p",
-            "rpc-core",
+            "gpu-rpc-core",
             "--no-default-features",
             "--lib",
             "--",
@@ -226,7 +226,7 @@ mod tests {
         assert_eq!(
             shown(loom),
             "RUSTFLAGS=\"--cfg loom\" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom \
-             cargo test -p rpc-core --release --lib loom"
+             cargo test -p gpu-rpc-core --release --lib loom"
         );
     }
 
@@ -234,9 +234,8 @@ mod tests {
     fn the_miri_step_runs_on_nightly() {
         let miri = STEPS.iter().find(|s| s.name == "miri").unwrap();
         assert_eq!(miri.nightly, Some("miri"));
-        assert!(
-            shown(miri).starts_with("MIRIFLAGS=-Zmiri-seed=1 cargo +nightly miri test -p rpc-core")
-        );
+        assert!(shown(miri)
+            .starts_with("MIRIFLAGS=-Zmiri-seed=1 cargo +nightly miri test -p gpu-rpc-core"));
     }
 
     #[test]

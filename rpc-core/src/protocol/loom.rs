@@ -1,6 +1,6 @@
 //! loom models of the port protocol: every interleaving (within the preemption bound) of small
 //! exchanges over loom atomics. Run with
-//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p rpc-core --release --lib loom`.
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p gpu-rpc-core --release --lib loom`.
 //!
 //! Headers and packets are shadowed under loom (`sync::DataWord`): each word's load is a read
 //! of a `loom::cell::UnsafeCell` and its store a write, so a side touching a buffer before the
