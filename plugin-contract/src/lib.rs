@@ -65,6 +65,17 @@ pub fn runtime_capturing_stdout<P: Plugin>(plugin: P) -> (PluginRuntime<P>, Capt
     (runtime, out)
 }
 
+/// The first device of an initialised `plugin` and `bytes` loaded on it: where most tests of
+/// one device start.
+pub fn first_device_with_image<'a, P: Plugin>(
+    plugin: &'a P,
+    bytes: &[u8],
+) -> (&'a P::Device, <P::Device as Device>::Image) {
+    let device = &plugin.devices()[0];
+    let image = device.load_image(bytes).unwrap();
+    (device, image)
+}
+
 // --- Plugins --------------------------------------------------------------------------------
 
 /// No driver, no device or a failed init is not an error: `init` succeeds with zero devices,
