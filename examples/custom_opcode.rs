@@ -12,13 +12,12 @@ use rpc_core::{Opcode, ServerConfig};
 /// The example's own opcode (class `u`, so it never meets libc's).
 const SQUARE: Opcode = Opcode::user(1);
 
-fn run() -> Result<u64, String> {
+fn run() -> rpc_core::Result<u64> {
     // One device of 32 lanes.
     let mut runtime = PluginRuntime::new(
         HostPlugin::new(HostConfig::default()),
         ServerConfig::default(),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     // A one-packet opcode: a plain closure over the lane's packet, run on the server thread.
     runtime
         .server()
@@ -36,13 +35,11 @@ fn run() -> Result<u64, String> {
             .unwrap();
         })
         .into_bytes();
-    let image = runtime.load_image(0, &image).map_err(|e| e.to_string())?;
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 8))
-        .map_err(|e| e.to_string())?;
-    runtime.synchronize(0).map_err(|e| e.to_string())?;
+    let image = runtime.load_image(0, &image)?;
+    runtime.launch(image, "main", &[], Grid::linear(1, 8))?;
+    runtime.synchronize(0)?;
     let served = runtime.server().stats().served_of(SQUARE);
-    runtime.deinit().map_err(|e| e.to_string())?;
+    runtime.deinit()?;
     Ok(served)
 }
 

@@ -12,7 +12,7 @@ use rpc_core::{Opcode, ServerConfig};
 
 const OP: Opcode = Opcode::user(7);
 
-fn runtime(name: &str, answer: fn(u64) -> u64) -> Result<PluginRuntime<HostPlugin>, String> {
+fn runtime(name: &str, answer: fn(u64) -> u64) -> rpc_core::Result<PluginRuntime<HostPlugin>> {
     let config = HostConfig {
         devices: 1,
         lanes: 1,
@@ -22,7 +22,7 @@ fn runtime(name: &str, answer: fn(u64) -> u64) -> Result<PluginRuntime<HostPlugi
         name: name.into(),
         ..ServerConfig::default()
     };
-    let runtime = PluginRuntime::new(HostPlugin::new(config), server).map_err(|e| e.to_string())?;
+    let runtime = PluginRuntime::new(HostPlugin::new(config), server)?;
     runtime
         .server()
         .register_packet(OP, move |_, p| p.set_word(0, answer(p.word(0))));
@@ -30,7 +30,7 @@ fn runtime(name: &str, answer: fn(u64) -> u64) -> Result<PluginRuntime<HostPlugi
 }
 
 /// Loads a kernel that calls OP with 20 and records the answer, runs it, and returns the answer.
-fn ask(runtime: &mut PluginRuntime<HostPlugin>) -> Result<u64, String> {
+fn ask(runtime: &mut PluginRuntime<HostPlugin>) -> rpc_core::Result<u64> {
     let answer = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let seen = answer.clone();
     let image = HostImage::new("ask")
@@ -39,24 +39,22 @@ fn ask(runtime: &mut PluginRuntime<HostPlugin>) -> Result<u64, String> {
             seen.store(got, std::sync::atomic::Ordering::Relaxed);
         })
         .into_bytes();
-    let image = runtime.load_image(0, &image).map_err(|e| e.to_string())?;
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 1))
-        .map_err(|e| e.to_string())?;
-    runtime.synchronize(0).map_err(|e| e.to_string())?;
+    let image = runtime.load_image(0, &image)?;
+    runtime.launch(image, "main", &[], Grid::linear(1, 1))?;
+    runtime.synchronize(0)?;
     // The kernel's thread stored it before synchronize saw the kernel end.
     Ok(answer.load(std::sync::atomic::Ordering::Relaxed))
 }
 
-fn run() -> Result<(u64, u64, u64), String> {
+fn run() -> rpc_core::Result<(u64, u64, u64)> {
     let mut first = runtime("adds-one", |x| x + 1)?;
     let mut second = runtime("doubles", |x| x * 2)?;
     let (a, b) = (ask(&mut first)?, ask(&mut second)?);
     // The first server stops; the second is not touched.
-    let _ = first.server().shutdown().map_err(|e| e.to_string())?;
+    let _ = first.server().shutdown()?;
     let c = ask(&mut second)?;
-    first.deinit().map_err(|e| e.to_string())?;
-    second.deinit().map_err(|e| e.to_string())?;
+    first.deinit()?;
+    second.deinit()?;
     Ok((a, b, c))
 }
 

@@ -29,34 +29,30 @@ struct Point {
 impl Plain for Point {}
 
 /// Runs the kernel; returns what the host function was given and what the kernel got back.
-fn run() -> Result<(Vec<String>, Vec<String>), String> {
+fn run() -> rpc_core::Result<(Vec<String>, Vec<String>)> {
     // One device of 32 lanes.
     let mut runtime = PluginRuntime::new(
         HostPlugin::new(HostConfig::default()),
         ServerConfig::default(),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
     // The host function: its signature is the call's. It runs on the server thread, so it
     // keeps a note rather than printing (a write may block).
-    runtime
-        .server()
-        .register_typed(
-            TAG,
-            move |name: &CStr, out: &mut [u32], origin: Point| -> u32 {
-                let name = name.to_string_lossy();
-                for (i, x) in out.iter_mut().enumerate() {
-                    *x = (origin.x + origin.y) as u32 * 100 + i as u32;
-                }
-                log.lock().unwrap().push(format!(
-                    "host: tag({name:?}, {} slots, {origin:?})",
-                    out.len()
-                ));
-                name.len() as u32
-            },
-        )
-        .map_err(|e| e.to_string())?;
+    runtime.server().register_typed(
+        TAG,
+        move |name: &CStr, out: &mut [u32], origin: Point| -> u32 {
+            let name = name.to_string_lossy();
+            for (i, x) in out.iter_mut().enumerate() {
+                *x = (origin.x + origin.y) as u32 * 100 + i as u32;
+            }
+            log.lock().unwrap().push(format!(
+                "host: tag({name:?}, {} slots, {origin:?})",
+                out.len()
+            ));
+            name.len() as u32
+        },
+    )?;
     let got = Arc::new(Mutex::new(Vec::new()));
     let kernel_got = got.clone();
     let image = HostImage::new("typed")
@@ -96,12 +92,10 @@ fn run() -> Result<(Vec<String>, Vec<String>), String> {
             }
         })
         .into_bytes();
-    let image = runtime.load_image(0, &image).map_err(|e| e.to_string())?;
-    runtime
-        .launch(image, "main", &[], Grid::linear(1, 4))
-        .map_err(|e| e.to_string())?;
-    runtime.synchronize(0).map_err(|e| e.to_string())?;
-    runtime.deinit().map_err(|e| e.to_string())?;
+    let image = runtime.load_image(0, &image)?;
+    runtime.launch(image, "main", &[], Grid::linear(1, 4))?;
+    runtime.synchronize(0)?;
+    runtime.deinit()?;
     let seen = seen.lock().unwrap().clone();
     let got = got.lock().unwrap().clone();
     Ok((seen, got))

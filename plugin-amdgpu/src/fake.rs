@@ -39,6 +39,10 @@ use crate::loader::*;
 
 /// `HSA_STATUS_ERROR_INVALID_ARGUMENT`.
 pub const INVALID_ARGUMENT: Status = 0x1001;
+/// `HSA_STATUS_ERROR_INVALID_AGENT`.
+const INVALID_AGENT: Status = 0x1004;
+/// `HSA_STATUS_ERROR_INVALID_QUEUE`.
+const INVALID_QUEUE: Status = 0x1007;
 /// `HSA_STATUS_ERROR_OUT_OF_RESOURCES`.
 pub const OUT_OF_RESOURCES: Status = 0x1008;
 /// `HSA_STATUS_ERROR_EXCEPTION`: what a panicking kernel body faults its queue with.
@@ -368,6 +372,31 @@ impl FakeHsa {
     fn status(&self, call: &'static str, status: Status) -> AmdGpuError {
         HsaApi::check(self, call, status).expect_err("an error status")
     }
+
+    /// The fake GPU `agent` names, or `call`'s `HSA_STATUS_ERROR_INVALID_AGENT`.
+    fn gpu<'s>(
+        &self,
+        state: &'s State,
+        agent: Agent,
+        call: &'static str,
+    ) -> HsaResult<&'s FakeAgent> {
+        state
+            .gpu(agent)
+            .ok_or_else(|| self.status(call, INVALID_AGENT))
+    }
+
+    /// The live queue `queue`, or `call`'s `HSA_STATUS_ERROR_INVALID_QUEUE`.
+    fn queue<'s>(
+        &self,
+        state: &'s mut State,
+        queue: *mut Queue,
+        call: &'static str,
+    ) -> HsaResult<&'s mut FakeQueue> {
+        state
+            .queues
+            .get_mut(&(queue as usize))
+            .ok_or_else(|| self.status(call, INVALID_QUEUE))
+    }
 }
 
 impl Drop for FakeHsa {
@@ -663,9 +692,7 @@ impl HsaApi for FakeHsa {
                 _ => Err(self.status("hsa_agent_get_info", INVALID_ARGUMENT)),
             };
         }
-        let gpu = state
-            .gpu(agent)
-            .ok_or_else(|| self.status("hsa_agent_get_info", 0x1004))?;
+        let gpu = self.gpu(&state, agent, "hsa_agent_get_info")?;
         Ok(match attribute {
             AgentU32::WavefrontSize => gpu.wavefront,
             AgentU32::QueueMaxSize => gpu.queue_max,
@@ -679,9 +706,7 @@ impl HsaApi for FakeHsa {
         if agent == CPU {
             return Ok("Fake CPU".to_owned());
         }
-        let gpu = state
-            .gpu(agent)
-            .ok_or_else(|| self.status("hsa_agent_get_info", 0x1004))?;
+        let gpu = self.gpu(&state, agent, "hsa_agent_get_info")?;
         Ok(match attribute {
             AgentName::Name => gpu.isa,
             AgentName::ProductName => gpu.product,
@@ -693,15 +718,10 @@ impl HsaApi for FakeHsa {
         if agent == CPU {
             return Ok(vec![LOCKED_POOL, HOST_POOL]);
         }
-        let index = agent.handle - FIRST_GPU;
-        state
-            .gpu(agent)
-            .map(|_| {
-                vec![MemoryPool {
-                    handle: FIRST_DEVICE_POOL + index,
-                }]
-            })
-            .ok_or_else(|| self.status("hsa_amd_agent_iterate_memory_pools", 0x1004))
+        self.gpu(&state, agent, "hsa_amd_agent_iterate_memory_pools")?;
+        Ok(vec![MemoryPool {
+            handle: FIRST_DEVICE_POOL + (agent.handle - FIRST_GPU),
+        }])
     }
     fn pool_info(&self, pool: MemoryPool) -> HsaResult<PoolInfo> {
         let state = lock(&self.inner);
@@ -813,9 +833,7 @@ impl HsaApi for FakeHsa {
             .get(&reader.handle)
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .ok_or_else(|| self.status(call, 0x1021))?;
-        if state.gpu(agent).is_none() {
-            return Err(self.status(call, 0x1004));
-        }
+        self.gpu(&state, agent, call)?;
         match state.executables.get(&executable.handle) {
             None => return Err(self.status(call, 0x1011)),
             Some(e) if e.frozen => return Err(self.status(call, 0x1012)),
@@ -884,9 +902,7 @@ impl HsaApi for FakeHsa {
     ) -> HsaResult<ExecutableSymbol> {
         let call = "hsa_executable_get_symbol_by_name";
         let mut state = lock(&self.inner);
-        if state.gpu(agent).is_none() {
-            return Err(self.status(call, 0x1004));
-        }
+        self.gpu(&state, agent, call)?;
         let exe = state
             .executables
             .get(&executable.handle)
@@ -1023,10 +1039,7 @@ impl HsaApi for FakeHsa {
         let call = "hsa_queue_create";
         self.check(call)?;
         let mut state = lock(&self.inner);
-        let max = state
-            .gpu(agent)
-            .ok_or_else(|| self.status(call, 0x1004))?
-            .queue_max;
+        let max = self.gpu(&state, agent, call)?.queue_max;
         if !size.is_power_of_two() || size > max {
             return Err(self.status(call, INVALID_ARGUMENT));
         }
@@ -1098,10 +1111,7 @@ impl HsaApi for FakeHsa {
     unsafe fn queue_destroy(&self, queue: *mut Queue) -> HsaResult<()> {
         let processor = {
             let mut state = lock(&self.inner);
-            let q = state
-                .queues
-                .get_mut(&(queue as usize))
-                .ok_or_else(|| self.status("hsa_queue_destroy", 0x1007))?;
+            let q = self.queue(&mut state, queue, "hsa_queue_destroy")?;
             q.stop = true;
             q.processor.take()
         };
@@ -1124,11 +1134,8 @@ impl HsaApi for FakeHsa {
     }
     unsafe fn queue_inactivate(&self, queue: *mut Queue) -> HsaResult<()> {
         let mut state = lock(&self.inner);
-        let q = state
-            .queues
-            .get_mut(&(queue as usize))
-            .ok_or_else(|| self.status("hsa_queue_inactivate", 0x1007))?;
-        q.inactive = true;
+        self.queue(&mut state, queue, "hsa_queue_inactivate")?
+            .inactive = true;
         state.epoch += 1;
         drop(state);
         self.inner.changed.notify_all();

@@ -202,8 +202,7 @@ fn a_bad_code_object_is_an_error_naming_the_call() {
 #[test]
 fn launch_writes_an_aql_packet_with_the_grid_and_the_kernarg_segment() {
     let (hsa, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     let args: Vec<u8> = (1..=12).collect();
     let grid = plugin_contract::launch_reaches_the_driver_with_the_kernel_and_the_grid(
         device,
@@ -243,8 +242,7 @@ fn launch_writes_an_aql_packet_with_the_grid_and_the_kernarg_segment() {
 #[test]
 fn done_runs_once_after_the_kernel_completes() {
     let (hsa, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     plugin_contract::done_runs_once_by_synchronize(device, &image, 64);
     assert_eq!(hsa.completed(), 3);
     assert_eq!(
@@ -257,8 +255,7 @@ fn done_runs_once_after_the_kernel_completes() {
 #[test]
 fn a_launch_that_fails_queues_nothing_and_never_calls_done() {
     let (hsa, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     let [(unknown_error, unknown), (empty_error, empty)] =
         plugin_contract::unknown_kernels_and_empty_grids_launch_nothing(device, &image, 64, || {
             hsa.dispatches().len()
@@ -292,8 +289,7 @@ fn a_launch_that_fails_queues_nothing_and_never_calls_done() {
 fn a_faulting_queue_fails_its_launches_once_each() {
     let (hsa, plugin) = one_gpu();
     hsa.kernel("main", |_| Err(MEMORY_FAULT));
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     let (first, done) = counted();
     device
         .launch(&image, "main", &[], Grid::linear(1, 64), done)
@@ -322,8 +318,7 @@ fn a_faulting_queue_fails_its_launches_once_each() {
 #[test]
 fn a_panicking_completion_is_contained() {
     let (_hsa, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     plugin_contract::a_panicking_completion_is_contained(device, &image, 64);
 }
 
@@ -332,8 +327,7 @@ fn more_launches_than_queue_slots_wrap_the_ring() {
     // The W7900's queue holds 64 packets: 200 launches go round it three times, each
     // waiting for its slot to be consumed.
     let (hsa, plugin) = plugin_with(vec![FakeAgent::w7900()]);
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     let counters: Vec<_> = (0..200u32)
         .map(|i| {
             let (calls, done) = counted();
@@ -357,8 +351,7 @@ fn more_launches_than_queue_slots_wrap_the_ring() {
 fn a_panicking_kernel_body_faults_its_queue() {
     let (hsa, plugin) = one_gpu();
     hsa.kernel("main", |_| panic!("a broken kernel"));
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     device
         .launch(&image, "main", &[], Grid::linear(1, 64), Box::new(|| ()))
         .unwrap();

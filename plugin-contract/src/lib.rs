@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rpc_core::plugin::{describe, Completion, Device, DeviceAllocator, Grid, Plugin, Symbol};
 use rpc_core::protocol::Generation;
-use rpc_core::{ExitPolicy, PluginRuntime, ServerConfig, ServicesConfig};
+use rpc_core::{ExitPolicy, PluginRuntime, Runtime, ServerConfig, ServerError, ServicesConfig};
 
 /// How many times a [`counted`] completion ran.
 pub type Calls = Arc<AtomicUsize>;
@@ -65,6 +65,17 @@ pub fn runtime_capturing_stdout<P: Plugin>(plugin: P) -> (PluginRuntime<P>, Capt
     (runtime, out)
 }
 
+/// The first device of an initialised `plugin` and `bytes` loaded on it: where most tests of
+/// one device start.
+pub fn first_device_with_image<'a, P: Plugin>(
+    plugin: &'a P,
+    bytes: &[u8],
+) -> (&'a P::Device, <P::Device as Device>::Image) {
+    let device = &plugin.devices()[0];
+    let image = device.load_image(bytes).unwrap();
+    (device, image)
+}
+
 // --- Plugins --------------------------------------------------------------------------------
 
 /// No driver, no device or a failed init is not an error: `init` succeeds with zero devices,
@@ -101,6 +112,15 @@ pub fn deinit_leaves_nothing<P: Plugin>(
         assert_eq!(count, 0, "{what} left after deinit");
     }
     plugin.deinit().unwrap();
+}
+
+/// A runtime's `deinit` is final: it succeeds, and starting the server again is refused.
+pub fn deinit_is_final(runtime: &mut dyn Runtime) {
+    runtime.deinit().unwrap();
+    assert_eq!(
+        runtime.start_server().unwrap_err(),
+        rpc_core::Error::Server(ServerError::Deinitialised)
+    );
 }
 
 // --- Images ---------------------------------------------------------------------------------

@@ -136,8 +136,7 @@ fn a_device_that_fails_to_open_fails_init_and_leaks_nothing() {
 #[test]
 fn driver_errors_carry_the_call_the_code_and_its_name() {
     let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
 
     // A code the driver cannot name: the built-in table names it.
     driver.fail("cuMemHostAlloc", 2);
@@ -308,8 +307,7 @@ fn images_load_as_nul_terminated_ptx_copy_and_unload() {
 #[test]
 fn launch_passes_the_packed_argument_block_and_the_grid() {
     let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     let args: Vec<u8> = (0..24).collect();
     plugin_contract::launch_reaches_the_driver_with_the_kernel_and_the_grid(
         device,
@@ -326,8 +324,7 @@ fn launch_passes_the_packed_argument_block_and_the_grid() {
 #[test]
 fn done_runs_once_after_the_kernel_completes() {
     let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     let (calls, done) = counted();
     launch_main(device, &image, done).unwrap();
     assert_eq!(
@@ -345,16 +342,14 @@ fn done_runs_once_after_the_kernel_completes() {
 #[test]
 fn done_runs_once_at_synchronize() {
     let (_driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     plugin_contract::done_runs_once_by_synchronize(device, &image, 32);
 }
 
 #[test]
 fn done_runs_once_when_the_launch_fails() {
     let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     driver.fail("cuLaunchKernel", 701);
     let (calls, done) = counted();
     let error = launch_main(device, &image, done).unwrap_err();
@@ -369,8 +364,7 @@ fn done_runs_once_when_the_launch_fails() {
 #[test]
 fn done_runs_once_when_the_kernel_is_unknown_or_the_grid_empty() {
     let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     let [(error, calls), (_, empty)] =
         plugin_contract::unknown_kernels_and_empty_grids_launch_nothing(device, &image, 32, || {
             driver.launches().len()
@@ -385,8 +379,7 @@ fn done_runs_once_when_the_kernel_is_unknown_or_the_grid_empty() {
 #[test]
 fn done_runs_once_after_the_kernel_when_queueing_the_callback_fails() {
     let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     driver.fail("cuLaunchHostFunc", 999);
     let (calls, done) = counted();
     let error = launch_main(device, &image, done).unwrap_err();
@@ -404,8 +397,7 @@ fn done_runs_once_after_the_kernel_when_queueing_the_callback_fails() {
 #[test]
 fn done_runs_once_when_a_kernel_faults_the_context() {
     let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     let (calls, done) = counted();
     launch_main(device, &image, done).unwrap();
     driver.fault(700);
@@ -433,8 +425,7 @@ fn deinit_waits_for_launches_and_reports_their_completion() {
 #[test]
 fn a_panicking_completion_is_contained() {
     let (_driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    let image = device.load_image(IMAGE.as_bytes()).unwrap();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
     plugin_contract::a_panicking_completion_is_contained(device, &image, 32);
 }
 

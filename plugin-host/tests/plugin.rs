@@ -32,6 +32,16 @@ fn hello_image() -> Vec<u8> {
         .into_bytes()
 }
 
+/// Loads `bytes` on device 0 and runs its kernel `k` on two blocks of 100 threads: the last
+/// warp of each block is partial.
+fn run_k_on_partial_warps(runtime: &PluginRuntime<HostPlugin>, bytes: &[u8]) {
+    let image = runtime.load_image(0, bytes).unwrap();
+    runtime
+        .launch(image, "k", &[], Grid::linear(2, 100))
+        .unwrap();
+    runtime.synchronize(0).unwrap();
+}
+
 #[test]
 fn four_devices_one_server_thread_and_deinit_twice() {
     let (mut runtime, out) = runtime(HostConfig {
@@ -103,11 +113,7 @@ fn runtimes_held_as_dyn_runtime_each_serve_their_own_kernels() {
     assert!(wide_out.text().contains("warp 0 lane 63: hello\n"));
     for runtime in &mut runtimes {
         assert!(runtime.stats().total_served() > 0);
-        runtime.deinit().unwrap();
-        assert_eq!(
-            runtime.start_server().unwrap_err(),
-            rpc_core::Error::Server(rpc_core::ServerError::Deinitialised)
-        );
+        plugin_contract::deinit_is_final(&mut **runtime);
     }
 }
 
@@ -149,12 +155,7 @@ fn v1_and_v2_images_and_every_lane_size() {
                     warp.puts(|lane| format!("lane {lane}")).unwrap();
                 })
                 .into_bytes();
-            let image = runtime.load_image(0, &bytes).unwrap();
-            // 100 threads: the last warp is partial.
-            runtime
-                .launch(image, "k", &[], Grid::linear(2, 100))
-                .unwrap();
-            runtime.synchronize(0).unwrap();
+            run_k_on_partial_warps(&runtime, &bytes);
             assert_eq!(out.text().lines().count(), 200, "{generation} L={lanes}");
         }
     }
@@ -645,12 +646,7 @@ fn kernels_call_a_typed_rust_function_on_32_and_64_lanes() {
                     }
                 })
                 .into_bytes();
-            let image = runtime.load_image(0, &bytes).unwrap();
-            // 100 threads: the last warp is partial.
-            runtime
-                .launch(image, "k", &[], Grid::linear(2, 100))
-                .unwrap();
-            runtime.synchronize(0).unwrap();
+            run_k_on_partial_warps(&runtime, &bytes);
             let stats = runtime.server().stats();
             let warps = 2 * 100u64.div_ceil(u64::from(lanes));
             assert_eq!(

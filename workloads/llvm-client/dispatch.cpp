@@ -17,34 +17,20 @@
 #include "rpc_dispatch.h"
 
 #include <atomic>
-#include <cerrno>
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <fcntl.h>
 #include <new>
 #include <string>
-#include <sys/mman.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 namespace {
+constexpr const char *PROGRAM = "llvm-dispatch";
+} // namespace
+#include "common.h"
 
-[[noreturn]] void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-[[noreturn]] void die(const char *fmt, ...) {
-  char msg[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  std::string line = std::string("llvm-dispatch: FAILED: ") + msg + "\n";
-  ssize_t ignored = write(2, line.data(), line.size());
-  (void)ignored;
-  _exit(1);
-}
+namespace {
 
 // ---- the test functions, as the host would define them --------------------------------------
 
@@ -82,16 +68,6 @@ constexpr uint32_t op(uint32_t n) { return 0x64000000u + n; }
 
 alignas(rpc::Client) unsigned char client_storage[sizeof(rpc::Client)];
 rpc::Client *client;
-
-struct SplitMix {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-};
 
 std::atomic<uint64_t> checked{0};
 
@@ -169,43 +145,23 @@ void round_of_calls(int who, int round, SplitMix &rng) {
 } // namespace
 
 int main(int argc, char **argv) {
-  const char *mailbox = nullptr;
-  uint64_t bytes = 0;
-  uint32_t ports = 0;
-  int threads = 4, rounds = 200;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> const char * {
-      if (i + 1 >= argc)
-        usage(("missing value of " + arg).c_str());
-      return argv[++i];
-    };
-    if (arg == "--bytes")
-      bytes = strtoull(value(), nullptr, 10);
-    else if (arg == "--ports")
-      ports = static_cast<uint32_t>(strtoul(value(), nullptr, 10));
-    else if (arg == "--threads")
-      threads = atoi(value());
-    else if (arg == "--rounds")
-      rounds = atoi(value());
-    else if (!mailbox && arg[0] != '-')
-      mailbox = argv[i];
-    else
-      usage(("unexpected argument " + arg).c_str());
-  }
-  if (!mailbox || !bytes || !ports || threads < 0 || rounds < 1)
+  int rounds = 200;
+  const Mailbox mailbox =
+      parse_args(argc, argv, usage, [&](const std::string &arg, auto value) {
+        if (arg != "--rounds")
+          return false;
+        rounds = atoi(value());
+        return true;
+      });
+  const uint32_t ports = mailbox.ports;
+  const int threads = mailbox.threads;
+  if (!mailbox.path || !mailbox.bytes || !ports || threads < 0 || rounds < 1)
     usage("missing arguments");
-  if (rpc::Server::allocation_size(1, ports) != bytes)
+  if (rpc::Server::allocation_size(1, ports) != mailbox.bytes)
     die("LLVM's allocation_size(1, %u) is %llu bytes, rpc-serve's mailbox %llu", ports,
-        (unsigned long long)rpc::Server::allocation_size(1, ports), (unsigned long long)bytes);
-  int fd = open(mailbox, O_RDWR);
-  if (fd < 0)
-    die("opening %s: %s", mailbox, strerror(errno));
-  void *base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED)
-    die("mapping %s: %s", mailbox, strerror(errno));
-  close(fd);
-  client = new (client_storage) rpc::Client(ports, base);
+        (unsigned long long)rpc::Server::allocation_size(1, ports),
+        (unsigned long long)mailbox.bytes);
+  client = new (client_storage) rpc::Client(ports, map_mailbox(mailbox));
 
   SplitMix serial{0xd15a7c};
   for (int round = 0; round < rounds; ++round)

@@ -91,39 +91,25 @@ uint64_t llvm_allocation_size(uint32_t lanes, uint32_t ports) {
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fcntl.h>
 #include <new>
 #include <string>
-#include <sys/mman.h>
 #include <thread>
 #include <type_traits>
 #include <utility>
-#include <unistd.h>
 #include <vector>
+
+namespace {
+constexpr const char *PROGRAM = "llvm-client";
+} // namespace
+#include "common.h"
 
 namespace {
 
 // ---- failing -------------------------------------------------------------------------------
-
-[[noreturn]] void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-[[noreturn]] void die(const char *fmt, ...) {
-  char msg[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  // Several threads may fail at once: one write per message, then out without running the
-  // destructors under the other threads' feet.
-  std::string line = std::string("llvm-client: FAILED: ") + msg + "\n";
-  ssize_t ignored = write(2, line.data(), line.size());
-  (void)ignored;
-  _exit(1);
-}
 
 [[maybe_unused]] std::string show(const std::string &bytes) {
   std::string out;
@@ -202,23 +188,17 @@ template <uint32_t OP, typename F> void with_port(F &&body) {
   close_port(port);
 }
 
-// ---- a deterministic byte source -----------------------------------------------------------
-
-struct SplitMix {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  std::string bytes(size_t n) {
-    std::string out(n, '\0');
-    for (size_t i = 0; i < n; ++i)
-      out[i] = static_cast<char>(next());
-    return out;
-  }
-};
+// One word sent in a packet, the word that comes back in it: the requests whose only argument
+// and only result are one `uint64_t` (TEST_INCREMENT, MALLOC, and on a (tagged) stream
+// CLOSE_FILE, FEOF, FERROR, FFLUSH, FTELL, CLEARERR).
+template <uint32_t OP> uint64_t word_call(uint64_t word) {
+  uint64_t reply = 0;
+  with_port<OP>([&](rpc::Client::Port &port) {
+    port.send_and_recv([=](rpc::Buffer *buffer, uint32_t) { buffer->data[0] = word; },
+                       [&](rpc::Buffer *buffer, uint32_t) { reply = buffer->data[0]; });
+  });
+  return reply;
+}
 
 // ---- what one run (the serial one, or one thread) expects ----------------------------------
 
@@ -242,14 +222,7 @@ struct Run {
 
 // ---- TEST_INCREMENT, TEST_INTERFACE, TEST_STREAM -------------------------------------------
 
-uint64_t increment(uint64_t x) {
-  uint64_t reply = 0;
-  with_port<LIBC_TEST_INCREMENT>([&](rpc::Client::Port &port) {
-    port.send_and_recv([=](rpc::Buffer *buffer, uint32_t) { buffer->data[0] = x; },
-                       [&](rpc::Buffer *buffer, uint32_t) { reply = buffer->data[0]; });
-  });
-  return reply;
-}
+uint64_t increment(uint64_t x) { return word_call<LIBC_TEST_INCREMENT>(x); }
 
 void test_increment(Run &run) {
   const uint64_t fixed[] = {0, 1, 41, 0xffffffffull, 0x7fffffffffffffffull, ~0ull - 1, ~0ull};
@@ -611,17 +584,7 @@ uint64_t open_file(const std::string &path, const char *mode) {
   return handle;
 }
 
-// The one-packet requests on a (tagged) stream: FEOF, FERROR, FFLUSH, FTELL, CLEARERR.
-template <uint32_t OP> uint64_t stream_call(uint64_t tagged) {
-  uint64_t reply = 0;
-  with_port<OP>([&](rpc::Client::Port &port) {
-    port.send_and_recv([=](rpc::Buffer *buffer, uint32_t) { buffer->data[0] = tagged; },
-                       [&](rpc::Buffer *buffer, uint32_t) { reply = buffer->data[0]; });
-  });
-  return reply;
-}
-
-uint64_t close_file(uint64_t handle) { return stream_call<LIBC_CLOSE_FILE>(handle); }
+uint64_t close_file(uint64_t handle) { return word_call<LIBC_CLOSE_FILE>(handle); }
 
 int64_t seek(uint64_t tagged, int64_t offset, int whence) {
   uint64_t reply = 0;
@@ -732,8 +695,8 @@ void test_files(Run &run) {
   content += check_printf<LIBC_PRINTF_TO_STREAM>(run, f, "|%s %d %.2f|", "to a file", 7, 0.25);
   content += check_printf<LIBC_PRINTF_TO_STREAM_PACKED>(run, f, "|%c%lld|", 'p', -1LL);
 #endif
-  expect_u64("FFLUSH of a file", stream_call<LIBC_FFLUSH>(f), 0);
-  expect_u64("FTELL after writing", stream_call<LIBC_FTELL>(f), content.size());
+  expect_u64("FFLUSH of a file", word_call<LIBC_FFLUSH>(f), 0);
+  expect_u64("FTELL after writing", word_call<LIBC_FTELL>(f), content.size());
   expect_u64("CLOSE_FILE", close_file(f), 0);
   run.checks += 6;
 
@@ -766,19 +729,19 @@ void test_files(Run &run) {
   uint64_t count = 1;
   std::string nothing = read_stream(f, 100, &count);
   expect_u64("READ_FROM_STREAM at the end: bytes", count, 0);
-  if (stream_call<LIBC_FEOF>(f) == 0)
+  if (word_call<LIBC_FEOF>(f) == 0)
     die("FEOF after reading past the end: 0");
-  expect_u64("FERROR", stream_call<LIBC_FERROR>(f), 0);
-  stream_call<LIBC_CLEARERR>(f);
-  expect_u64("FEOF after CLEARERR", stream_call<LIBC_FEOF>(f), 0);
+  expect_u64("FERROR", word_call<LIBC_FERROR>(f), 0);
+  word_call<LIBC_CLEARERR>(f);
+  expect_u64("FEOF after CLEARERR", word_call<LIBC_FEOF>(f), 0);
   expect_u64("FSEEK to 5 from the start", static_cast<uint64_t>(seek(f, 5, SEEK_SET)), 0);
-  expect_u64("FTELL after FSEEK", stream_call<LIBC_FTELL>(f), 5);
+  expect_u64("FTELL after FSEEK", word_call<LIBC_FTELL>(f), 5);
   std::string five = read_stream(f, 5, &count);
   expect_bytes("READ_FROM_STREAM after FSEEK", five.data(), five.size(), content.data() + 5, 5);
   expect_u64("FSEEK back 3 from here", static_cast<uint64_t>(seek(f, -3, SEEK_CUR)), 0);
-  expect_u64("FTELL after a relative FSEEK", stream_call<LIBC_FTELL>(f), 7);
+  expect_u64("FTELL after a relative FSEEK", word_call<LIBC_FTELL>(f), 7);
   expect_u64("FSEEK to the end", static_cast<uint64_t>(seek(f, 0, SEEK_END)), 0);
-  expect_u64("FTELL at the end", stream_call<LIBC_FTELL>(f), content.size());
+  expect_u64("FTELL at the end", word_call<LIBC_FTELL>(f), content.size());
   expect_u64("FSEEK to 0", static_cast<uint64_t>(seek(f, 0, SEEK_SET)), 0);
   expect_u64("UNGETC", ungetc_on(f, 'Z'), 'Z');
   std::string two = read_stream(f, 2, &count);
@@ -825,21 +788,14 @@ void test_stdin(Run &run, const std::string &stdin_text) {
   }
   expect_bytes("READ_FROM_STREAM of stdin", rest.data(), rest.size(), stdin_text.data() + nl + 1,
                stdin_text.size() - nl - 1);
-  if (stream_call<LIBC_FEOF>(in) == 0)
+  if (word_call<LIBC_FEOF>(in) == 0)
     die("FEOF of stdin after reading it all: 0");
   run.checks += 3;
 }
 
 // ---- MALLOC and FREE -----------------------------------------------------------------------
 
-uint64_t malloc_call(uint64_t size) {
-  uint64_t ptr = 0;
-  with_port<LIBC_MALLOC>([&](rpc::Client::Port &port) {
-    port.send_and_recv([=](rpc::Buffer *buffer, uint32_t) { buffer->data[0] = size; },
-                       [&](rpc::Buffer *buffer, uint32_t) { ptr = buffer->data[0]; });
-  });
-  return ptr;
-}
+uint64_t malloc_call(uint64_t size) { return word_call<LIBC_MALLOC>(size); }
 
 void free_call(uint64_t ptr) {
   with_port<LIBC_FREE>([&](rpc::Client::Port &port) {
@@ -959,35 +915,23 @@ std::string read_file(const std::string &path) {
 } // namespace
 
 int main(int argc, char **argv) {
-  const char *mailbox = nullptr, *gen = nullptr, *expect_dir = nullptr, *stdin_path = nullptr;
-  uint64_t bytes = 0;
-  uint32_t ports = 0;
-  int threads = 4;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> const char * {
-      if (i + 1 >= argc)
-        usage(("missing value of " + arg).c_str());
-      return argv[++i];
-    };
-    if (arg == "--bytes")
-      bytes = strtoull(value(), nullptr, 10);
-    else if (arg == "--ports")
-      ports = static_cast<uint32_t>(strtoul(value(), nullptr, 10));
-    else if (arg == "--gen")
-      gen = value();
-    else if (arg == "--expect")
-      expect_dir = value();
-    else if (arg == "--stdin")
-      stdin_path = value();
-    else if (arg == "--threads")
-      threads = atoi(value());
-    else if (!mailbox && arg[0] != '-')
-      mailbox = argv[i];
-    else
-      usage(("unexpected argument " + arg).c_str());
-  }
-  if (!mailbox || !gen || !expect_dir || !stdin_path || !bytes || !ports || threads < 0)
+  const char *gen = nullptr, *expect_dir = nullptr, *stdin_path = nullptr;
+  const Mailbox mailbox =
+      parse_args(argc, argv, usage, [&](const std::string &arg, auto value) {
+        if (arg == "--gen")
+          gen = value();
+        else if (arg == "--expect")
+          expect_dir = value();
+        else if (arg == "--stdin")
+          stdin_path = value();
+        else
+          return false;
+        return true;
+      });
+  const uint64_t bytes = mailbox.bytes;
+  const uint32_t ports = mailbox.ports;
+  const int threads = mailbox.threads;
+  if (!mailbox.path || !gen || !expect_dir || !stdin_path || !bytes || !ports || threads < 0)
     usage("missing arguments");
   const std::string dir = expect_dir;
 
@@ -1010,13 +954,7 @@ int main(int argc, char **argv) {
       sizes += std::to_string(n) + " " + std::to_string(lanes) + " " +
                std::to_string(llvm_allocation_size(lanes, n)) + "\n";
 
-  int fd = open(mailbox, O_RDWR);
-  if (fd < 0)
-    die("opening %s: %s", mailbox, strerror(errno));
-  void *base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (base == MAP_FAILED)
-    die("mapping %s: %s", mailbox, strerror(errno));
-  close(fd);
+  void *base = map_mailbox(mailbox);
 
   // What LLVM's loader does: `rpc::Client client(NumPorts, RPCBuffer)`, then its bytes go to
   // the device's `__llvm_rpc_client`. Here the object is built in that global's place.

@@ -905,46 +905,35 @@ fn run_one(
     let layout = Layout::new(generation, ports, 1).map_err(|e| e.to_string())?;
 
     // rpc-serve: the sandbox is its working directory, the device's stdio go to files.
-    let log_path = dir.join("rpc-serve.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
-    let mut server = Killing(
-        Command::new(serve)
-            .current_dir(&sandbox)
-            .args([
-                "--gen",
-                &generation.to_string(),
-                "--ports",
-                &ports.to_string(),
-            ])
-            .args([
-                "--lanes",
-                "1",
-                "--stdout",
-                "../stdout.txt",
-                "--stderr",
-                "../stderr.txt",
-            ])
-            .env("RUST_LOG", "warn")
-            .stdin(std::fs::File::open(&stdin).map_err(|e| e.to_string())?)
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", serve.display()))?,
-    );
-    let (said, path, bytes) = ready_line(&mut server, &log_path)?;
-    let (path, bytes) = (path.as_str(), bytes.as_str());
-    if bytes != layout.total_size().to_string() {
+    let mut command = Command::new(serve);
+    command
+        .current_dir(&sandbox)
+        .args([
+            "--gen",
+            &generation.to_string(),
+            "--ports",
+            &ports.to_string(),
+        ])
+        .args([
+            "--lanes",
+            "1",
+            "--stdout",
+            "../stdout.txt",
+            "--stderr",
+            "../stderr.txt",
+        ])
+        .stdin(std::fs::File::open(&stdin).map_err(|e| e.to_string())?);
+    let mut serving = Serving::start(command, dir.join("rpc-serve.log"))?;
+    if serving.bytes != layout.total_size().to_string() {
         return Err(format!(
-            "rpc-serve's mailbox is {bytes} bytes; rpc-core's Layout says {}",
+            "rpc-serve's mailbox is {} bytes; rpc-core's Layout says {}",
+            serving.bytes,
             layout.total_size()
         ));
     }
 
-    // The driver, bounded; its output kept for the report.
-    let mut client = Killing(
-        Command::new(driver)
-            .arg(path)
-            .args(["--bytes", bytes, "--ports", &ports.to_string()])
+    let summary = serving.run_driver(driver, ports, "the driver", |command| {
+        command
             .args([
                 "--gen",
                 &generation.to_string(),
@@ -955,40 +944,14 @@ fn run_one(
             .arg(&expect)
             .arg("--stdin")
             .arg(&stdin)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", driver.display()))?,
-    );
-    let client_out = lines_of(client.0.stdout.take().expect("piped"));
-    let client_err = lines_of(client.0.stderr.take().expect("piped"));
-    let status = wait_bounded(&mut client.0, DRIVER_BOUND, "the driver");
-    let status = status.map_err(|why| format!("{why}; rpc-serve's log: {}", tail(&log_path)))?;
-    let summary: Vec<String> = client_out.iter().collect();
-    let complaints: Vec<String> = client_err.iter().collect();
-    if !status.success() {
-        return Err(format!(
-            "the driver failed ({status}):\n  {}\nrpc-serve's log: {}",
-            complaints.join("\n  "),
-            tail(&log_path)
-        ));
-    }
-
-    let stopped = stop_rpc_serve(&mut server, &said, &log_path)?;
-    for clean in [
+    })?;
+    let stopped = serving.stop(&[
         "errors=0",
         "unknown=0",
         "bad_headers=0",
         "panics=0",
         "abandoned=0",
-    ] {
-        if !stopped.split_whitespace().any(|w| w == clean) {
-            return Err(format!(
-                "rpc-serve's statistics should say {clean}: {stopped}; its log: {}",
-                tail(&log_path)
-            ));
-        }
-    }
+    ])?;
 
     // The device's output, the files, the client object.
     for stream in ["stdout", "stderr"] {
@@ -1030,114 +993,149 @@ fn run_dispatch(out: &Path, serve: &Path, driver: &Path) -> std::result::Result<
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let ports = 3;
-    let log_path = dir.join("rpc-serve.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
-    let mut server = Killing(
-        Command::new(serve)
-            .current_dir(&dir)
-            .args(["--gen", "v2", "--ports", &ports.to_string(), "--lanes", "1"])
-            .arg("--dispatch-tests")
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", serve.display()))?,
-    );
-    let (said, path, bytes) = ready_line(&mut server, &log_path)?;
-    let (path, bytes) = (path.as_str(), bytes.as_str());
-    let mut client = Killing(
-        Command::new(driver)
-            .arg(path)
-            .args(["--bytes", bytes, "--ports", &ports.to_string()])
+    let mut command = Command::new(serve);
+    command
+        .current_dir(&dir)
+        .args(["--gen", "v2", "--ports", &ports.to_string(), "--lanes", "1"])
+        .arg("--dispatch-tests")
+        .stdin(Stdio::null());
+    let mut serving = Serving::start(command, dir.join("rpc-serve.log"))?;
+    let summary = serving.run_driver(driver, ports, "the dispatch driver", |command| {
+        command
             .args(["--threads", &THREADS.to_string()])
             .args(["--rounds", &DISPATCH_ROUNDS.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", driver.display()))?,
-    );
-    let client_out = lines_of(client.0.stdout.take().expect("piped"));
-    let client_err = lines_of(client.0.stderr.take().expect("piped"));
-    let status = wait_bounded(&mut client.0, DRIVER_BOUND, "the dispatch driver")
-        .map_err(|why| format!("{why}; rpc-serve's log: {}", tail(&log_path)))?;
-    if !status.success() {
-        let complaints: Vec<String> = client_err.iter().collect();
-        return Err(format!(
-            "the driver failed ({status}):\n  {}\nrpc-serve's log: {}",
-            complaints.join("\n  "),
-            tail(&log_path)
-        ));
-    }
-    let summary: Vec<String> = client_out.iter().collect();
-    let stopped = stop_rpc_serve(&mut server, &said, &log_path)?;
+    })?;
     // Eight calls per round, from one thread and then from each of THREADS.
     let calls = 8 * DISPATCH_ROUNDS * (1 + THREADS);
-    for clean in [
-        format!("served={calls}"),
-        "errors=0".into(),
-        "refused=0".into(),
-        "unknown=0".into(),
-        "bad_headers=0".into(),
-        "panics=0".into(),
-        "abandoned=0".into(),
-    ] {
-        if !stopped.split_whitespace().any(|w| w == clean) {
-            return Err(format!(
-                "rpc-serve's statistics should say {clean}: {stopped}; its log: {}",
-                tail(&log_path)
-            ));
-        }
-    }
+    serving.stop(&[
+        &format!("served={calls}"),
+        "errors=0",
+        "refused=0",
+        "unknown=0",
+        "bad_headers=0",
+        "panics=0",
+        "abandoned=0",
+    ])?;
     Ok(format!(
         "{} rpc-serve served={calls}",
         summary.join(" ").trim_start_matches("llvm-dispatch: ")
     ))
 }
 
-/// rpc-serve's output, once it said `ready PATH BYTES` within [`READY_BOUND`]: the rest of its
-/// lines, the mailbox's path and its size.
-fn ready_line(
-    server: &mut Killing,
-    log_path: &Path,
-) -> std::result::Result<(Receiver<String>, String, String), String> {
-    let said = lines_of(server.0.stdout.take().expect("piped"));
-    let ready = said
-        .recv_timeout(READY_BOUND)
-        .map_err(|_| format!("no ready line from rpc-serve; its log: {}", tail(log_path)))?;
-    let (path, bytes) = ready
-        .strip_prefix("ready ")
-        .and_then(|rest| rest.rsplit_once(' '))
-        .ok_or_else(|| format!("not a ready line: {ready:?}"))?;
-    Ok((said, path.to_string(), bytes.to_string()))
+/// A running rpc-serve that said `ready PATH BYTES`: what the drivers of both runs need of it.
+struct Serving {
+    server: Killing,
+    /// The rest of its stdout's lines.
+    said: Receiver<String>,
+    /// The mailbox's path and its size, as it said them.
+    path: String,
+    bytes: String,
+    /// Its stderr (the log), quoted when something fails.
+    log_path: PathBuf,
 }
 
-/// Stops rpc-serve with SIGTERM (it flushes the device's output and prints its statistics),
-/// waits a bounded time for a clean exit and returns its `stopped: ...` line.
-fn stop_rpc_serve(
-    server: &mut Killing,
-    said: &Receiver<String>,
-    log_path: &Path,
-) -> std::result::Result<String, String> {
-    // SAFETY: kill has no memory-safety preconditions; the pid is our live child's.
-    if unsafe { libc::kill(server.0.id() as i32, libc::SIGTERM) } != 0 {
-        return Err(format!(
-            "SIGTERM to rpc-serve: {}",
-            std::io::Error::last_os_error()
-        ));
+impl Serving {
+    /// Starts `command` (rpc-serve with its arguments, directory and stdin), logging to
+    /// `log_path`, and waits up to [`READY_BOUND`] for its ready line.
+    fn start(mut command: Command, log_path: PathBuf) -> std::result::Result<Serving, String> {
+        let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
+        let mut server = Killing(
+            command
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::piped())
+                .stderr(log)
+                .spawn()
+                .map_err(|e| {
+                    let serve = Path::new(command.get_program());
+                    format!("starting {}: {e}", serve.display())
+                })?,
+        );
+        let said = lines_of(server.0.stdout.take().expect("piped"));
+        let ready = said
+            .recv_timeout(READY_BOUND)
+            .map_err(|_| format!("no ready line from rpc-serve; its log: {}", tail(&log_path)))?;
+        let (path, bytes) = ready
+            .strip_prefix("ready ")
+            .and_then(|rest| rest.rsplit_once(' '))
+            .ok_or_else(|| format!("not a ready line: {ready:?}"))?;
+        Ok(Serving {
+            server,
+            said,
+            path: path.to_string(),
+            bytes: bytes.to_string(),
+            log_path,
+        })
     }
-    let status = wait_bounded(&mut server.0, EXIT_BOUND, "rpc-serve after SIGTERM")?;
-    if !status.success() {
-        return Err(format!(
-            "rpc-serve exited with {status}; its log: {}",
-            tail(log_path)
-        ));
+
+    /// Runs `driver MAILBOX --bytes B --ports N` with the arguments `more` adds, bounded by
+    /// [`DRIVER_BOUND`]; returns its stdout's lines (the summary), or its stderr's and
+    /// rpc-serve's log if it failed.
+    fn run_driver(
+        &self,
+        driver: &Path,
+        ports: u32,
+        what: &str,
+        more: impl FnOnce(&mut Command) -> &mut Command,
+    ) -> std::result::Result<Vec<String>, String> {
+        let mut command = Command::new(driver);
+        command
+            .arg(&self.path)
+            .args(["--bytes", &self.bytes, "--ports", &ports.to_string()]);
+        let mut client = Killing(
+            more(&mut command)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .map_err(|e| format!("starting {}: {e}", driver.display()))?,
+        );
+        let client_out = lines_of(client.0.stdout.take().expect("piped"));
+        let client_err = lines_of(client.0.stderr.take().expect("piped"));
+        let status = wait_bounded(&mut client.0, DRIVER_BOUND, what)
+            .map_err(|why| format!("{why}; rpc-serve's log: {}", tail(&self.log_path)))?;
+        if !status.success() {
+            let complaints: Vec<String> = client_err.iter().collect();
+            return Err(format!(
+                "the driver failed ({status}):\n  {}\nrpc-serve's log: {}",
+                complaints.join("\n  "),
+                tail(&self.log_path)
+            ));
+        }
+        Ok(client_out.iter().collect())
     }
-    let stats: Vec<String> = said.iter().collect();
-    stats
-        .into_iter()
-        .find(|l| l.starts_with("stopped: "))
-        .ok_or_else(|| "rpc-serve printed no statistics".to_string())
+
+    /// Stops rpc-serve with SIGTERM (it flushes the device's output and prints its
+    /// statistics), waits a bounded time for a clean exit and returns its `stopped: ...` line,
+    /// which must hold each word of `clean`.
+    fn stop(&mut self, clean: &[&str]) -> std::result::Result<String, String> {
+        // SAFETY: kill has no memory-safety preconditions; the pid is our live child's.
+        if unsafe { libc::kill(self.server.0.id() as i32, libc::SIGTERM) } != 0 {
+            return Err(format!(
+                "SIGTERM to rpc-serve: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        let status = wait_bounded(&mut self.server.0, EXIT_BOUND, "rpc-serve after SIGTERM")?;
+        if !status.success() {
+            return Err(format!(
+                "rpc-serve exited with {status}; its log: {}",
+                tail(&self.log_path)
+            ));
+        }
+        let stats: Vec<String> = self.said.iter().collect();
+        let stopped = stats
+            .into_iter()
+            .find(|l| l.starts_with("stopped: "))
+            .ok_or_else(|| "rpc-serve printed no statistics".to_string())?;
+        for clean in clean {
+            if !stopped.split_whitespace().any(|w| w == *clean) {
+                return Err(format!(
+                    "rpc-serve's statistics should say {clean}: {stopped}; its log: {}",
+                    tail(&self.log_path)
+                ));
+            }
+        }
+        Ok(stopped)
+    }
 }
 
 fn tail(log: &Path) -> String {

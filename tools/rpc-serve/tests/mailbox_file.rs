@@ -39,6 +39,28 @@ fn arg(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// rpc-serve on `--file path` (and `more`) answers an increment of `x` there, then stops.
+fn serve_an_increment(path: &Path, more: &[&str], x: u64) {
+    let mut args = vec!["--file", arg(path)];
+    args.extend_from_slice(more);
+    let serving = serve(&args, None);
+    assert_eq!(increment(&common::map(path), x), x + 1);
+    serving.stop();
+}
+
+/// rpc-serve with `args` is refused with `code`, saying `why`.
+fn refused_saying(args: &[&str], code: i32, why: &str) {
+    let (status, log) = refused(args);
+    assert_eq!(status.code(), Some(code), "{args:?}: {log}");
+    assert!(log.contains(why), "{log}");
+}
+
+/// `--file path` is refused with `code`, saying `why`, with `--replace` as without.
+fn refused_even_with_replace(path: &Path, code: i32, why: &str) {
+    refused_saying(&["--file", arg(path)], code, why);
+    refused_saying(&["--file", arg(path), "--replace"], code, why);
+}
+
 #[test]
 fn an_existing_file_that_is_not_an_idle_mailbox_is_refused_and_left_byte_for_byte() {
     let dir = scratch("precious");
@@ -56,9 +78,7 @@ fn an_existing_file_that_is_not_an_idle_mailbox_is_refused_and_left_byte_for_byt
         (&sized, "not an idle mailbox"),
         (&fifo, "not a regular file"),
     ] {
-        let (status, log) = refused(&["--file", arg(path)]);
-        assert_eq!(status.code(), Some(4), "{}: {log}", path.display());
-        assert!(log.contains(why), "{log}");
+        refused_saying(&["--file", arg(path)], 4, why);
     }
     assert!(refused(&["--file", arg(&precious)]).1.contains("--replace"));
     assert_eq!(std::fs::read(&precious).unwrap(), b"precious words\n");
@@ -83,13 +103,7 @@ fn a_symbolic_link_at_the_path_is_refused_and_its_target_untouched() {
     let dangling = dir.join("dangling");
     std::os::unix::fs::symlink(&missing, &dangling).unwrap();
     for path in [&link, &to_mailbox, &dangling] {
-        for extra in [&[][..], &["--replace"][..]] {
-            let mut args = vec!["--file", arg(path)];
-            args.extend_from_slice(extra);
-            let (status, log) = refused(&args);
-            assert_eq!(status.code(), Some(4), "{args:?}: {log}");
-            assert!(log.contains("symbolic link"), "{log}");
-        }
+        refused_even_with_replace(path, 4, "symbolic link");
         assert!(path.symlink_metadata().unwrap().is_symlink());
     }
     assert_eq!(std::fs::read(&target).unwrap(), b"the target\n");
@@ -106,13 +120,7 @@ fn a_second_server_on_a_live_mailbox_file_refuses_and_the_first_serves_on() {
     let dir = scratch("second");
     let file = dir.join("mailbox");
     let first = serve(&["--file", arg(&file)], None);
-    for extra in [&[][..], &["--replace"][..]] {
-        let mut args = vec!["--file", arg(&file)];
-        args.extend_from_slice(extra);
-        let (status, log) = refused(&args);
-        assert_eq!(status.code(), Some(3), "{args:?}: {log}");
-        assert!(log.contains("another rpc-serve"), "{log}");
-    }
+    refused_even_with_replace(&file, 3, "another rpc-serve");
     // The refused servers neither removed nor touched the file.
     let map = common::map(&file);
     assert_eq!(increment(&map, 1), 2);
@@ -130,16 +138,12 @@ fn only_a_file_rpc_serve_created_is_removed_at_exit() {
     let dir = scratch("created");
     // Created by rpc-serve: removed.
     let fresh = dir.join("fresh");
-    let serving = serve(&["--file", arg(&fresh)], None);
-    assert_eq!(increment(&common::map(&fresh), 1), 2);
-    serving.stop();
+    serve_an_increment(&fresh, &[], 1);
     assert!(!fresh.exists());
     // An idle mailbox it was given (a fresh one is all zero): served as it is, kept.
     let given = dir.join("given");
     std::fs::write(&given, vec![0; layout().total_size()]).unwrap();
-    let serving = serve(&["--file", arg(&given)], None);
-    assert_eq!(increment(&common::map(&given), 3), 4);
-    serving.stop();
+    serve_an_increment(&given, &[], 3);
     assert_eq!(
         std::fs::metadata(&given).unwrap().len(),
         layout().total_size() as u64,
@@ -148,9 +152,7 @@ fn only_a_file_rpc_serve_created_is_removed_at_exit() {
     // A user file overwritten with --replace: the user asked for it, and it is kept too.
     let replaced = dir.join("replaced.txt");
     std::fs::write(&replaced, b"old contents\n").unwrap();
-    let serving = serve(&["--file", arg(&replaced), "--replace"], None);
-    assert_eq!(increment(&common::map(&replaced), 5), 6);
-    serving.stop();
+    serve_an_increment(&replaced, &["--replace"], 5);
     assert_eq!(
         std::fs::metadata(&replaced).unwrap().len(),
         layout().total_size() as u64,

@@ -8,6 +8,7 @@ mod common;
 
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use common::{increment, scratch, serve, wait_exit, Serve, BOUND, PORTS};
@@ -16,6 +17,23 @@ use rpc_core::protocol::{Deadline, LockTable};
 
 /// Longer than rpc-serve's 2 s bound by far: only a hang fails it.
 const HANG_GUARD: Duration = Duration::from_secs(30);
+
+/// How rpc-serve ends when its own stdout failed: status 5, the statistics (`stopped`, the
+/// start of their line) on stderr instead, and the mailbox file removed.
+fn exited_with_the_statistics_on_stderr(
+    status: ExitStatus,
+    log: &[String],
+    stopped: &str,
+    file: &Path,
+) {
+    assert_eq!(status.code(), Some(5), "{status}; log: {log:?}");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("statistics not written") && l.contains(stopped)),
+        "{log:?}"
+    );
+    assert!(!file.exists());
+}
 
 fn signal(serve: &Serve, signal: i32) {
     // SAFETY: kill has no memory-safety preconditions.
@@ -148,13 +166,7 @@ fn a_worker_stuck_on_rpc_serves_own_stdout_does_not_hold_the_shutdown() {
         signalled.elapsed()
     );
     let log: Vec<String> = serving.log.iter().collect();
-    assert_eq!(status.code(), Some(5), "{status}; log: {log:?}");
-    assert!(
-        log.iter()
-            .any(|l| l.contains("statistics not written") && l.contains("stopped: served=")),
-        "{log:?}"
-    );
-    assert!(!file.exists());
+    exited_with_the_statistics_on_stderr(status, &log, "stopped: served=", &file);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -182,13 +194,7 @@ fn a_broken_stdout_is_no_panic_and_the_statistics_go_to_stderr() {
     assert_eq!(unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) }, 0);
     let status = wait_exit(&mut child.0, HANG_GUARD);
     let log: Vec<String> = log.iter().collect();
-    assert_eq!(status.code(), Some(5), "{status}; log: {log:?}");
     assert!(!log.iter().any(|l| l.contains("panicked")), "{log:?}");
-    assert!(
-        log.iter()
-            .any(|l| l.contains("statistics not written") && l.contains("stopped: served=1 ")),
-        "{log:?}"
-    );
-    assert!(!file.exists());
+    exited_with_the_statistics_on_stderr(status, &log, "stopped: served=1 ", &file);
     std::fs::remove_dir_all(&dir).unwrap();
 }
