@@ -1,6 +1,8 @@
 //! hello: every thread prints a formatted line with a `Vec` it filled from the host's heap;
 //! with `RPC_DEVICE_HELLO_DIR` in the environment each thread also writes a file of its own
-//! there, reads it back and prints what it read; with `RPC_DEVICE_HELLO_LONG` each prints a
+//! there, reads it back, prints what it read and renames it to `thread-B-T.txt`, then makes a
+//! second file and removes it; given the argument `stdin`, thread 0 reads the host's standard
+//! input to its end and prints it; with `RPC_DEVICE_HELLO_LONG` each prints a
 //! line of 1000 bytes, four times the device's line buffer; given the argument `typed`, each
 //! thread calls four of PROTOCOL section 12's test functions (a runtime serving them:
 //! `rpc-run --dispatch-tests`) and prints what they gave; thread 0 prints the arguments; the
@@ -38,13 +40,18 @@ fn main(args: Args) -> i32 {
         .env()
         .find_map(|e| e.to_bytes().strip_prefix(b"RPC_DEVICE_HELLO_DIR="));
     if let Some(dir) = dir {
-        let path = format!(
-            "{}/thread-{}-{thread}.txt\0",
-            String::from_utf8_lossy(dir),
-            block_index()
-        );
-        let path = CStr::from_bytes_with_nul(path.as_bytes()).unwrap();
-        println!("{}", write_and_read_back(path));
+        let path = |ending: &str| {
+            let dir = String::from_utf8_lossy(dir);
+            format!("{dir}/thread-{}-{thread}.{ending}\0", block_index())
+        };
+        let (scratch, kept, gone) = (path("tmp"), path("txt"), path("gone"));
+        let [scratch, kept, gone] =
+            [&scratch, &kept, &gone].map(|p| CStr::from_bytes_with_nul(p.as_bytes()).unwrap());
+        println!("{}", write_and_read_back(scratch));
+        println!("{}", rename_and_remove(scratch, kept, gone));
+    }
+    if thread == 0 && block_index() == 0 && args.iter().any(|a| a.to_bytes() == b"stdin") {
+        println!("{}", read_stdin());
     }
     if args
         .env()
@@ -114,6 +121,37 @@ fn write_and_read_back(path: &CStr) -> String {
         ),
         failed => format!("thread {thread} of block {block}: {failed:?}"),
     }
+}
+
+/// Renames `scratch` to `kept`, then makes `gone` and removes it; says whether all went well.
+fn rename_and_remove(scratch: &CStr, kept: &CStr, gone: &CStr) -> String {
+    let (block, thread) = (block_index(), thread_index());
+    let made = File::open(gone, c"w").and_then(File::close);
+    match (
+        rpc_device::rename(scratch, kept),
+        made,
+        rpc_device::remove(gone),
+    ) {
+        (Ok(()), Ok(()), Ok(())) => format!("thread {thread} of block {block} renamed and removed"),
+        failed => format!("thread {thread} of block {block}: {failed:?}"),
+    }
+}
+
+/// The host's standard input to its end, as text.
+fn read_stdin() -> String {
+    let (mut text, mut piece) = (Vec::new(), [0u8; 16]);
+    loop {
+        match rpc_device::stdin().read(&mut piece) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&piece[..n]),
+            Err(e) => return format!("stdin: {e}"),
+        }
+    }
+    format!(
+        "stdin gave {} bytes: {:?}",
+        text.len(),
+        String::from_utf8_lossy(&text)
+    )
 }
 
 rpc_device::main!(main);

@@ -1,6 +1,7 @@
 //! [`File`]: a file on the host, opened, read, written, sought, flushed and closed through the
 //! stream opcodes (OPEN_FILE, READ_FROM_STREAM, WRITE_TO_STREAM, FSEEK, FTELL, FFLUSH,
-//! CLOSE_FILE; PROTOCOL section 6). The host's file policy applies (rpc-run's allows every
+//! CLOSE_FILE; PROTOCOL section 6); [`remove`] and [`rename`] (REMOVE, RENAME); the host
+//! program's standard input, [`stdin`]. The host's file policy applies (rpc-run's allows every
 //! regular file; `/proc`, `/sys`, `/dev` and special files never). The handle is the host's,
 //! an index of its table, never a pointer.
 //!
@@ -8,7 +9,7 @@
 
 use core::ffi::CStr;
 
-use rpc_core::protocol::{Opcode, BUFFER_SIZE};
+use rpc_core::protocol::{Opcode, BUFFER_SIZE, STDIN};
 
 use crate::client::Port;
 
@@ -96,15 +97,7 @@ impl File {
 
     /// Reads at most `into.len()` bytes into `into`; the count read (0 at the end).
     pub fn read(&mut self, into: &mut [u8]) -> Result<usize, Error> {
-        let mut port = Port::open(Opcode::READ_FROM_STREAM);
-        port.send(|packet| {
-            packet[0] = into.len() as u64;
-            packet[1] = self.handle;
-        });
-        port.recv_n(into);
-        let mut read = 0;
-        port.recv(|packet| read = packet[0]);
-        result(read).map(|n| (n as usize).min(into.len()))
+        read_from(self.handle, into)
     }
 
     /// Moves the position; the new one.
@@ -132,6 +125,55 @@ impl File {
     pub fn close(mut self) -> Result<(), Error> {
         let handle = core::mem::take(&mut self.handle);
         result(call(Opcode::CLOSE_FILE, &[handle])).map(drop)
+    }
+}
+
+/// READ_FROM_STREAM of the (tagged) stream `handle`: at most `into.len()` bytes.
+fn read_from(handle: u64, into: &mut [u8]) -> Result<usize, Error> {
+    let mut port = Port::open(Opcode::READ_FROM_STREAM);
+    port.send(|packet| {
+        packet[0] = into.len() as u64;
+        packet[1] = handle;
+    });
+    port.recv_n(into);
+    let mut read = 0;
+    port.recv(|packet| read = packet[0]);
+    result(read).map(|n| (n as usize).min(into.len()))
+}
+
+/// Removes the file at `path` (C's `remove`), where the host's policy lets it.
+pub fn remove(path: &CStr) -> Result<(), Error> {
+    let mut port = Port::open(Opcode::REMOVE);
+    port.send_n(path.to_bytes_with_nul());
+    let mut removed = 0;
+    port.recv(|packet| removed = packet[0]);
+    result(removed).map(drop)
+}
+
+/// Renames the file at `old` to `new` (C's `rename`), where the host's policy lets it.
+pub fn rename(old: &CStr, new: &CStr) -> Result<(), Error> {
+    let mut port = Port::open(Opcode::RENAME);
+    port.send_n(old.to_bytes_with_nul());
+    port.send_n(new.to_bytes_with_nul());
+    let mut renamed = 0;
+    port.recv(|packet| renamed = packet[0]);
+    result(renamed).map(drop)
+}
+
+/// The host program's standard input, shared by every thread of every kernel: each read takes
+/// the next bytes there are, so threads reading together get one piece each, in no set order.
+#[derive(Clone, Copy, Debug)]
+pub struct Stdin;
+
+/// The host program's standard input.
+pub fn stdin() -> Stdin {
+    Stdin
+}
+
+impl Stdin {
+    /// Reads at most `into.len()` bytes into `into`; the count read (0 at the end).
+    pub fn read(&mut self, into: &mut [u8]) -> Result<usize, Error> {
+        read_from(STDIN, into)
     }
 }
 

@@ -56,7 +56,7 @@ pub mod start;
 pub mod typed;
 
 pub use client::{ClientObject, Port, GENERATION};
-pub use file::{File, SeekFrom};
+pub use file::{remove, rename, stdin, File, SeekFrom, Stdin};
 pub use heap::Malloc;
 pub use panic::report_and_abort;
 pub use process::{abort, exit};

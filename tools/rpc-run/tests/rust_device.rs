@@ -153,11 +153,36 @@ fn each_lane_writes_seeks_and_reads_back_its_own_file() {
                 text.len()
             );
             assert!(lines.contains(&line), "{line} in {lines:?}");
-            let file = dir.join(format!("thread-{block}-{thread}.txt"));
-            assert_eq!(std::fs::read_to_string(&file).unwrap(), text);
+            let renamed = format!("thread {thread} of block {block} renamed and removed");
+            assert!(lines.contains(&renamed), "{renamed} in {lines:?}");
+            let file = |ending| dir.join(format!("thread-{block}-{thread}.{ending}"));
+            assert_eq!(std::fs::read_to_string(file("txt")).unwrap(), text);
+            assert!(!file("tmp").exists() && !file("gone").exists());
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_thread_reads_the_hosts_stdin_to_its_end() {
+    use std::io::Write;
+    let mut run = Command::new(env!("CARGO_BIN_EXE_rpc-run"))
+        .args(["--threads", "2", &image("hello"), "stdin"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // More than one read's 16 bytes, so the loop reads piece by piece up to the end.
+    let input = "one line\nand another, longer line\n";
+    run.stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let output = run.wait_with_output().unwrap();
+    assert_eq!(output.status.code(), Some(3));
+    let line = format!("stdin gave {} bytes: {input:?}", input.len());
+    assert!(sorted_lines(&output.stdout).contains(&line), "{line}");
 }
 
 #[test]
