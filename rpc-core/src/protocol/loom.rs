@@ -31,9 +31,64 @@ fn fixture(ports: u32) -> Arc<Fixture> {
     })
 }
 
+/// A client of `memory` with `locks` as its lock bits, spinning (`Spin`) whenever it waits
+/// (the models of `server/` use it too).
+pub(crate) fn spinning_client<'a>(memory: &'a MailboxMemory, locks: &'a LockTable) -> Client<'a> {
+    Client::new(memory.view(), locks.words())
+        .unwrap()
+        .with_wait(&Spin)
+}
+
+impl Fixture {
+    fn client(&self) -> Client<'_> {
+        spinning_client(&self.memory, &self.client_locks)
+    }
+
+    /// The server's end; every server thread of a model shares `server_locks`.
+    fn server(&self) -> ServerEnd<'_> {
+        ServerEnd::new(self.memory.view(), self.server_locks.words()).unwrap()
+    }
+}
+
+/// A model thread running `serve` over the fixture's server end.
+fn spawn_server(
+    f: &Arc<Fixture>,
+    serve: impl FnOnce(&ServerEnd<'_>) + Send + 'static,
+) -> thread::JoinHandle<()> {
+    let f = f.clone();
+    thread::spawn(move || serve(&f.server()))
+}
+
+/// Two server threads each running `serve` (which counts each request it answers in `served`)
+/// on one port's fixture, while the client sends one TEST_INCREMENT of 1: the request is
+/// answered at most once, and if answered the answer is 2. Returns the fixture for more checks.
+fn two_servers_answer_one_request(serve: fn(&Fixture, &AtomicU32)) -> Arc<Fixture> {
+    let f = fixture(1);
+    let served = Arc::new(AtomicU32::new(0));
+    let servers: Vec<_> = (0..2)
+        .map(|_| {
+            let (f, served) = (f.clone(), served.clone());
+            thread::spawn(move || serve(&f, &served))
+        })
+        .collect();
+    let client = f.client();
+    let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
+    port.send(|_, p| p.set_word(0, 1)).unwrap();
+    servers.into_iter().for_each(|s| s.join().unwrap());
+    let answered = served.load(Ordering::Relaxed);
+    assert!(answered <= 1, "served twice");
+    if answered == 1 {
+        let mut got = 0;
+        port.recv(|_, p| got = p.word(0)).unwrap();
+        assert_eq!(got, 2);
+    }
+    drop(port);
+    f
+}
+
 /// Serves one TEST_INCREMENT request with `wait`; returns false if no port was pending.
 fn serve_one(f: &Fixture, wait: &dyn Wait) -> bool {
-    let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
+    let server = f.server();
     let Some(mut port) = server.open_next(0, wait) else {
         return false;
     };
@@ -57,7 +112,7 @@ fn open_when_pending<'a>(
 
 /// One TEST_INCREMENT request of `x` on port 0; returns the answer (the client reads the reply
 /// packet after the server's flip, in the shadow cells of `sync::DataWord`).
-fn increment(client: &Client<'_>, x: u64) -> u64 {
+pub(crate) fn increment(client: &Client<'_>, x: u64) -> u64 {
     let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
     let mut got = 0;
     port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
@@ -118,21 +173,15 @@ impl Drop for Batching {
 fn a_batch_published_at_the_end_of_a_pass_orders_the_reply_before_its_flip() {
     loom::model(|| {
         let f = fixture(1);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let batch = Batching::new();
-                let mut port = open_when_pending(&server, &batch);
-                port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
-                    .unwrap();
-                drop(port);
-                drop(batch);
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
+        let server = spawn_server(&f, |server| {
+            let batch = Batching::new();
+            let mut port = open_when_pending(server, &batch);
+            port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
+                .unwrap();
+            drop(port);
+            drop(batch);
+        });
+        let client = f.client();
         assert_eq!(increment(&client, 41), 42);
         server.join().unwrap();
     });
@@ -148,28 +197,22 @@ fn a_batch_published_at_the_end_of_a_pass_orders_the_reply_before_its_flip() {
 fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_flip() {
     loom::model(|| {
         let f = fixture(2);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let batch = Batching::new();
-                let mut port = open_when_pending(&server, &batch);
-                for _ in 0..2 {
-                    // The second `recv` waits for the client, which waits for our first flip.
-                    port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
-                        .unwrap();
-                }
-                drop(port);
-                // The checkpoint: port 1's client waits for port 0's close.
-                batch.publish();
-                let mut port = open_when_pending(&server, &batch);
+        let server = spawn_server(&f, |server| {
+            let batch = Batching::new();
+            let mut port = open_when_pending(server, &batch);
+            for _ in 0..2 {
+                // The second `recv` waits for the client, which waits for our first flip.
                 port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
                     .unwrap();
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
+            }
+            drop(port);
+            // The checkpoint: port 1's client waits for port 0's close.
+            batch.publish();
+            let mut port = open_when_pending(server, &batch);
+            port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
+                .unwrap();
+        });
+        let client = f.client();
         let mut port = client
             .try_open_at(0, Opcode::TEST_INCREMENT, 1)
             .unwrap()
@@ -202,24 +245,18 @@ fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_fli
 fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_request() {
     loom::model(|| {
         let f = fixture(1);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let batch = Batching::new();
-                let mut port = open_when_pending(&server, &batch);
-                let mut got = 0;
-                port.recv(|_, p| got = p.word(0)).unwrap();
-                assert_eq!(got, 1);
-                let index = port.index();
-                let owned = port.quarantine();
-                server.close(index, owned, &batch);
-                drop(batch);
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
+        let server = spawn_server(&f, |server| {
+            let batch = Batching::new();
+            let mut port = open_when_pending(server, &batch);
+            let mut got = 0;
+            port.recv(|_, p| got = p.word(0)).unwrap();
+            assert_eq!(got, 1);
+            let index = port.index();
+            let owned = port.quarantine();
+            server.close(index, owned, &batch);
+            drop(batch);
+        });
+        let client = f.client();
         for x in 1..=2 {
             // The second `open` waits (spinning) until the batch is published.
             client
@@ -242,36 +279,16 @@ fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_requ
 #[test]
 fn a_batch_publishes_its_flips_before_its_unlocks() {
     loom::model(|| {
-        let f = fixture(1);
-        let served = Arc::new(AtomicU32::new(0));
-        let servers: Vec<_> = (0..2)
-            .map(|_| {
-                let (f, served) = (f.clone(), served.clone());
-                thread::spawn(move || {
-                    let batch = Batching::new();
-                    if serve_one(&f, &batch) {
-                        served.fetch_add(1, Ordering::Relaxed);
-                    }
-                    drop(batch);
-                    if serve_one(&f, &Spin) {
-                        served.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
-        port.send(|_, p| p.set_word(0, 1)).unwrap();
-        servers.into_iter().for_each(|s| s.join().unwrap());
-        let answered = served.load(Ordering::Relaxed);
-        assert!(answered <= 1, "served twice");
-        if answered == 1 {
-            let mut got = 0;
-            port.recv(|_, p| got = p.word(0)).unwrap();
-            assert_eq!(got, 2);
-        }
+        let f = two_servers_answer_one_request(|f, served| {
+            let batch = Batching::new();
+            if serve_one(f, &batch) {
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(batch);
+            if serve_one(f, &Spin) {
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+        });
         let locks = f.server_locks.words();
         assert!(
             locks.iter().all(|w| w.load(Ordering::Relaxed) == 0),
@@ -284,25 +301,14 @@ fn a_batch_publishes_its_flips_before_its_unlocks() {
 fn exchange_with_recv_after_recv() {
     loom::model(|| {
         let f = fixture(1);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let mut port = loop {
-                    if let Some(port) = server.open_next(0, &Spin) {
-                        break port;
-                    }
-                    thread::yield_now();
-                };
-                let (mut a, mut b) = (0, 0);
-                port.recv(|_, p| a = p.word(0)).unwrap();
-                port.recv(|_, p| b = p.word(0)).unwrap(); // recv after recv: acknowledges first
-                port.send(|_, p| p.set_word(0, a + b)).unwrap();
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
+        let server = spawn_server(&f, |server| {
+            let mut port = open_when_pending(server, &Spin);
+            let (mut a, mut b) = (0, 0);
+            port.recv(|_, p| a = p.word(0)).unwrap();
+            port.recv(|_, p| b = p.word(0)).unwrap(); // recv after recv: acknowledges first
+            port.send(|_, p| p.set_word(0, a + b)).unwrap();
+        });
+        let client = f.client();
         let mut port = client.open(Opcode::user(1), 1).unwrap();
         port.send(|_, p| p.set_word(0, 20)).unwrap();
         port.send(|_, p| p.set_word(0, 22)).unwrap();
@@ -327,7 +333,7 @@ fn two_clients_race_for_one_port() {
             .map(|t| {
                 let f = f.clone();
                 thread::spawn(move || {
-                    let client = Client::new(f.memory.view(), f.client_locks.words()).unwrap();
+                    let client = f.client();
                     let mut port = client.try_open_at(0, Opcode::TEST_INCREMENT, 1).unwrap()?;
                     port.send(|_, p| p.set_word(0, 10 * t)).unwrap();
                     Some(t)
@@ -340,7 +346,7 @@ fn two_clients_race_for_one_port() {
             .collect();
         assert_eq!(winners.len(), 1, "exactly one client gets the port");
         assert!(serve_one(&f, &Spin));
-        let client = Client::new(f.memory.view(), f.client_locks.words()).unwrap();
+        let client = f.client();
         let mut port = client
             .try_open_at(0, Opcode::NOOP, 1)
             .unwrap()
@@ -355,35 +361,15 @@ fn two_clients_race_for_one_port() {
 #[test]
 fn two_server_threads_share_a_lock_table() {
     loom::model(|| {
-        let f = fixture(1);
-        let served = Arc::new(AtomicU32::new(0));
-        let servers: Vec<_> = (0..2)
-            .map(|_| {
-                let (f, served) = (f.clone(), served.clone());
-                thread::spawn(move || {
-                    // Each server thread makes two attempts; the request must be served once.
-                    for _ in 0..2 {
-                        if serve_one(&f, &Spin) {
-                            served.fetch_add(1, Ordering::Relaxed);
-                        }
-                        thread::yield_now();
-                    }
-                })
-            })
-            .collect();
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
-        port.send(|_, p| p.set_word(0, 1)).unwrap();
-        servers.into_iter().for_each(|s| s.join().unwrap());
-        let answered = served.load(Ordering::Relaxed);
-        assert!(answered <= 1, "served twice");
-        if answered == 1 {
-            let mut got = 0;
-            port.recv(|_, p| got = p.word(0)).unwrap();
-            assert_eq!(got, 2);
-        }
+        // Each server thread makes two attempts; the request must be served once.
+        two_servers_answer_one_request(|f, served| {
+            for _ in 0..2 {
+                if serve_one(f, &Spin) {
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+                thread::yield_now();
+            }
+        });
     });
 }
 
@@ -396,25 +382,14 @@ fn two_server_threads_share_a_lock_table() {
 fn a_port_reopened_after_a_request_without_answer_is_ordered_after_the_servers_reads() {
     loom::model(|| {
         let f = fixture(1);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let mut port = loop {
-                    if let Some(port) = server.open_next(0, &Spin) {
-                        break port;
-                    }
-                    thread::yield_now();
-                };
-                let mut got = 0;
-                port.recv(|_, p| got = p.word(0)).unwrap();
-                assert_eq!(got, 1);
-                // Dropping the port hands the buffer back (a flip after a release fence).
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
+        let server = spawn_server(&f, |server| {
+            let mut port = open_when_pending(server, &Spin);
+            let mut got = 0;
+            port.recv(|_, p| got = p.word(0)).unwrap();
+            assert_eq!(got, 1);
+            // Dropping the port hands the buffer back (a flip after a release fence).
+        });
+        let client = f.client();
         client
             .open(Opcode::NOOP, 1)
             .unwrap()
