@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{eventually, Mailbox};
+use common::{eventually, register_holding, Mailbox};
 use rpc_core::protocol::{Backoff, Deadline};
 use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::AttachOptions;
@@ -852,19 +852,7 @@ fn once_a_shutdown_begins_the_worker_serves_only_its_current_and_last_pass() {
 #[test]
 fn a_shutdown_abandons_the_exchanges_in_flight_and_their_ports_serve_once_the_kernel_is_gone() {
     let server = RpcServer::new(config("abandon-at-shutdown"));
-    let started = Arc::new(AtomicBool::new(false));
-    {
-        let started = started.clone();
-        server.register(Opcode::user(2), move |mut req| {
-            let started = started.clone();
-            async move {
-                req.recv(|_, _| {}).await?;
-                started.store(true, Ordering::Release);
-                std::future::pending::<()>().await;
-                Ok(())
-            }
-        });
-    }
+    let started = register_holding(&server, Opcode::user(2));
     let mailbox = Mailbox::attach(&server, 1, 1);
     let _ = server.start().unwrap();
     let kernel = server.user_for(mailbox.id);

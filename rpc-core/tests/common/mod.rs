@@ -8,6 +8,7 @@
 
 pub mod capture;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,23 @@ impl Mailbox {
     pub fn open<'a>(&'a self, wait: &'a dyn Wait, opcode: Opcode, mask: u64) -> ClientPort<'a> {
         self.client().with_wait(wait).open(opcode, mask).unwrap()
     }
+}
+
+/// Registers `opcode` on `server`: one packet in, then the flag returned is set, then the
+/// exchange holds its port's buffer until a shutdown cuts it.
+pub fn register_holding(server: &RpcServer, opcode: Opcode) -> Arc<AtomicBool> {
+    let started = Arc::new(AtomicBool::new(false));
+    let flag = started.clone();
+    server.register(opcode, move |mut req| {
+        let flag = flag.clone();
+        async move {
+            req.recv(|_, _| {}).await?;
+            flag.store(true, Ordering::Release);
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    started
 }
 
 /// Waits until `condition` holds, looking every millisecond; fails naming `what` after 60 s
