@@ -13,13 +13,15 @@ fn server() -> Arc<RpcServer> {
     Arc::new(RpcServer::new(ServerConfig::default()))
 }
 
-/// A mailbox of one port and one lane, attached to `server`.
-fn attach_one_port(server: &RpcServer) -> Arc<MailboxMemory> {
+/// A server with a mailbox of one port and one lane, started.
+fn started_with_one_port() -> (Arc<RpcServer>, Arc<MailboxMemory>) {
+    let server = server();
     let memory = Arc::new(MailboxMemory::new(
         Layout::new(Generation::V1, 1, 1).unwrap(),
     ));
     server.attach(Box::new(memory.clone()), AttachOptions::default());
-    memory
+    assert_eq!(server.start().unwrap(), Started::Started);
+    (server, memory)
 }
 
 #[test]
@@ -53,9 +55,7 @@ fn concurrent_start_shutdown_start() {
 #[test]
 fn a_user_arriving_as_the_worker_goes_to_sleep_is_served() {
     loom::model(|| {
-        let server = server();
-        let memory = attach_one_port(&server);
-        assert_eq!(server.start().unwrap(), Started::Started);
+        let (server, memory) = started_with_one_port();
         let client = {
             let (server, memory) = (server.clone(), memory.clone());
             thread::spawn(move || {
@@ -97,9 +97,7 @@ fn shutdown_while_a_guard_is_live() {
 #[test]
 fn a_request_of_a_user_that_came_and_went_is_still_served() {
     loom::model(|| {
-        let server = server();
-        let memory = attach_one_port(&server);
-        let _ = server.start().unwrap();
+        let (server, memory) = started_with_one_port();
         {
             // A kernel that sends a request needing no answer and ends before the worker looks.
             let _user = server.user();
@@ -162,9 +160,7 @@ fn concurrent_shutdowns_both_return_after_the_worker_exited() {
 #[test]
 fn of_two_users_the_one_that_outlives_the_other_is_served() {
     loom::model(|| {
-        let server = server();
-        let memory = attach_one_port(&server);
-        let _ = server.start().unwrap();
+        let (server, memory) = started_with_one_port();
         let (first, second) = (server.user(), server.user());
         let leaver = thread::spawn(move || drop(first));
         let locks = LockTable::new(1);
