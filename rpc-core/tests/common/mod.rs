@@ -216,13 +216,20 @@ pub trait Device {
         out
     }
 
-    fn fread(&self, max: u64, handles: &[u64; 64]) -> (Vec<Vec<u8>>, [u64; 64]) {
-        let mut port = self.open(Opcode::READ_FROM_STREAM);
+    /// Opens a read (READ_FROM_STREAM, READ_FGETS) and sends its request: C send {buf[0] =
+    /// `want`, buf[1] = handle}.
+    fn open_read(&self, opcode: Opcode, want: u64, handles: &[u64; 64]) -> ClientPort<'_> {
+        let mut port = self.open(opcode);
         port.send(|l, p| {
-            p.set_word(0, max);
+            p.set_word(0, want);
             p.set_word(1, handles[l as usize]);
         })
         .unwrap();
+        port
+    }
+
+    fn fread(&self, max: u64, handles: &[u64; 64]) -> (Vec<Vec<u8>>, [u64; 64]) {
+        let mut port = self.open_read(Opcode::READ_FROM_STREAM, max, handles);
         let data = port.recv_n(u64::MAX).unwrap();
         let mut out = [0u64; 64];
         port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
@@ -230,12 +237,7 @@ pub trait Device {
     }
 
     fn fgets(&self, count: u64, handles: &[u64; 64]) -> Vec<Vec<u8>> {
-        let mut port = self.open(Opcode::READ_FGETS);
-        port.send(|l, p| {
-            p.set_word(0, count);
-            p.set_word(1, handles[l as usize]);
-        })
-        .unwrap();
+        let mut port = self.open_read(Opcode::READ_FGETS, count, handles);
         let lines = port.recv_n(u64::MAX).unwrap();
         for (lane, line) in lines.iter().enumerate() {
             assert!(line.len() as u64 <= count, "lane {lane}: more than count");
