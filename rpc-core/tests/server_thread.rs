@@ -240,9 +240,8 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned() {
     let client = mailbox.client();
     {
         let _kernel = server.user_for(mailbox.id);
-        let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
         // First packet of a 1000-byte stream, then the "kernel" dies.
-        port.send(|_, p| p.set_word(0, 1000)).unwrap();
+        let port = stream_begun(&client);
         std::mem::forget(port); // A dead kernel never closes its port.
     }
     eventually("the exchange is abandoned", || {
@@ -263,8 +262,7 @@ fn a_client_timeout_drains_the_port_of_a_client_that_stopped_answering() {
     let _ = server.start().unwrap();
     let _kernel = server.user_for(mailbox.id); // Still "running", but silent.
     let client = mailbox.client();
-    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
-    port.send(|_, p| p.set_word(0, 1000)).unwrap();
+    let port = stream_begun(&client);
     eventually("the client times out", || server.stats().abandoned == 1);
     std::mem::forget(port);
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 7), 8);
@@ -492,8 +490,7 @@ fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
     let (server, mailbox) = serving("relaunch", 2, 1);
     let client = mailbox.client();
     let first = server.user_for(mailbox.id);
-    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
-    port.send(|_, p| p.set_word(0, 1000)).unwrap();
+    let mut port = stream_begun(&client);
     // The second packet goes once the worker has opened the port (taking its marks) and
     // read the first: the stream's exchange is then in flight, waiting for the third.
     port.send(|_, _| {}).unwrap();
@@ -760,6 +757,14 @@ fn detach_within_bound(what: &str, server: &Arc<RpcServer>, mailbox: &Mailbox) {
         1,
         "the server let go of the memory"
     );
+}
+
+/// Opens TEST_STREAM (waiting for a free port) and sends the first packet of a 1000-byte
+/// stream: the server then waits for the rest.
+fn stream_begun<'a>(client: &Client<'a>) -> ClientPort<'a> {
+    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
+    port.send(|_, p| p.set_word(0, 1000)).unwrap();
+    port
 }
 
 /// Registers `user(1)`: two packets in, their sum back. The flag returned is set once the first
