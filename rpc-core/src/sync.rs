@@ -85,6 +85,30 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Waits on `cv` (`guard` released meanwhile) while `waiting` holds of the guarded value, but
+/// not past `deadline`: a deadline, not a timeout per wake-up, so notifications and spurious
+/// wake-ups do not restart it. Returns the guard; `waiting` may still hold (the deadline
+/// passed).
+#[cfg(feature = "std")]
+pub(crate) fn wait_until<'a, T>(
+    cv: &Condvar,
+    mut guard: MutexGuard<'a, T>,
+    deadline: std::time::Instant,
+    mut waiting: impl FnMut(&T) -> bool,
+) -> MutexGuard<'a, T> {
+    while waiting(&guard) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        guard = cv
+            .wait_timeout(guard, left)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+    guard
+}
+
 /// Spawns a named thread (loom's threads have no names).
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) fn spawn(

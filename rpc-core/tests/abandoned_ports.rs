@@ -9,14 +9,12 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::capture::Capture;
-use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
-use rpc_core::protocol::{MailboxMemory, FIRST_PACKET_BYTES};
-use rpc_core::AttachOptions;
+use common::{register_holding, Mailbox};
+use rpc_core::protocol::{Client, ClientPort, Deadline, LockTable, FIRST_PACKET_BYTES};
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
 use workloads::claims::{claim, finish_claim, finish_stream, increment_at, open, start_stream};
 use workloads::claims::{streaming, write_stdout_at};
@@ -29,8 +27,7 @@ const HANG_GUARD: Duration = Duration::from_secs(60);
 /// A running server with one mailbox of `ports` ports (L = 1) and its output captured.
 struct Fx {
     server: RpcServer,
-    memory: Arc<MailboxMemory>,
-    id: rpc_core::MailboxId,
+    mailbox: Mailbox,
     output: Capture,
     wait: Deadline,
 }
@@ -47,10 +44,7 @@ impl Fx {
             client_timeout,
             ..ServerConfig::default()
         });
-        let memory = Arc::new(MailboxMemory::new(
-            Layout::new(Generation::V1, ports, 1).unwrap(),
-        ));
-        let id = server.attach(Box::new(memory.clone()), AttachOptions::default());
+        let mailbox = Mailbox::attach(&server, ports, 1);
         let output = Capture::default();
         let services = server.context().services();
         services.set_stdout(Box::new(output.clone()));
@@ -58,15 +52,20 @@ impl Fx {
         assert_eq!(server.start(), Ok(Started::Started));
         Fx {
             server,
-            memory,
-            id,
+            mailbox,
             output,
             wait: Deadline::after(HANG_GUARD),
         }
     }
 
-    fn client<'a>(&'a self, locks: &'a LockTable) -> Client<'a> {
-        Client::new(self.memory.view(), locks.words())
+    /// The kernel's client, with the mailbox's lock table.
+    fn client(&self) -> Client<'_> {
+        self.mailbox.client().with_wait(&self.wait)
+    }
+
+    /// A client with a lock table of its own (another process's, or a new kernel's).
+    fn client_with<'a>(&'a self, locks: &'a LockTable) -> Client<'a> {
+        Client::new(self.mailbox.memory.view(), locks.words())
             .unwrap()
             .with_wait(&self.wait)
     }
@@ -93,8 +92,7 @@ impl Fx {
 fn an_over_long_claim_on_each_streaming_opcode_leaves_its_port_serving() {
     let fx = Fx::new("claims", 2, None);
     let _user = fx.server.user();
-    let locks = LockTable::new(2);
-    let client = fx.client(&locks);
+    let client = fx.client();
     let streaming = streaming();
     for (k, &opcode) in streaming.iter().enumerate() {
         let port = claim(&client, 0, opcode);
@@ -117,8 +115,7 @@ fn an_over_long_claim_on_each_streaming_opcode_leaves_its_port_serving() {
 fn eight_over_long_claims_on_eight_ports_then_all_eight_serve() {
     let fx = Fx::new("eight-claims", 8, None);
     let _user = fx.server.user();
-    let locks = LockTable::new(8);
-    let client = fx.client(&locks);
+    let client = fx.client();
     let streaming = streaming();
     let ports: Vec<ClientPort<'_>> = (0..8)
         .map(|index| claim(&client, index, streaming[index as usize]))
@@ -146,8 +143,7 @@ fn eight_over_long_claims_on_eight_ports_then_all_eight_serve() {
 fn a_slow_clients_late_packets_are_answered_never_run_and_its_port_serves_again() {
     let fx = Fx::new("slow", 2, Some(Duration::from_millis(20)));
     let _user = fx.server.user();
-    let locks = LockTable::new(2);
-    let client = fx.client(&locks);
+    let client = fx.client();
     let data: Vec<u8> = (0..200u32).map(|i| b'a' + (i % 26) as u8).collect();
     for (k, opcode) in [Opcode::WRITE_TO_STDOUT, Opcode::TEST_STREAM]
         .into_iter()
@@ -181,7 +177,7 @@ fn a_new_client_takes_the_port_of_a_timed_out_one_and_is_served() {
     let fx = Fx::new("taken", 2, Some(Duration::from_millis(20)));
     let _user = fx.server.user();
     let dead_locks = LockTable::new(2);
-    let dead = fx.client(&dead_locks);
+    let dead = fx.client_with(&dead_locks);
     let mut port = open(&dead, 0, Opcode::TEST_STREAM);
     port.send(|_, p| {
         p.set_word(0, 200);
@@ -191,8 +187,7 @@ fn a_new_client_takes_the_port_of_a_timed_out_one_and_is_served() {
     // The process dies here: its port and lock bits are never seen again.
     std::mem::forget(port);
     fx.eventually("gave the dead client up", |s| s.abandoned == 1);
-    let locks = LockTable::new(2);
-    let client = fx.client(&locks);
+    let client = fx.client();
     assert_eq!(increment_at(&client, 0, 41), 42);
     let mut port = open(&client, 0, Opcode::TEST_STREAM);
     port.send_n(&[&b"mine"[..]]).unwrap();
@@ -209,22 +204,10 @@ fn a_new_client_takes_the_port_of_a_timed_out_one_and_is_served() {
 #[test]
 fn drained_and_quarantined_ports_keep_no_worker_awake() {
     let fx = Fx::new("asleep", 2, None);
-    let started = Arc::new(AtomicBool::new(false));
-    let flag = started.clone();
-    fx.server.register(Opcode::user(1), move |mut req| {
-        let flag = flag.clone();
-        async move {
-            req.recv(|_, _| {}).await?;
-            flag.store(true, Ordering::Release);
-            // Holds the buffer until a shutdown cuts it.
-            std::future::pending::<()>().await;
-            Ok(())
-        }
-    });
-    let other_kernel = fx.server.user_for(fx.id);
-    let kernel = fx.server.user_for(fx.id);
-    let locks = LockTable::new(2);
-    let client = fx.client(&locks);
+    let started = register_holding(&fx.server, Opcode::user(1));
+    let other_kernel = fx.server.user_for(fx.mailbox.id);
+    let kernel = fx.server.user_for(fx.mailbox.id);
+    let client = fx.client();
     let port = claim(&client, 0, Opcode::WRITE_TO_STDOUT);
     assert_eq!(finish_claim(port), 0);
     assert_eq!(increment_at(&client, 0, 1), 2);
@@ -246,9 +229,9 @@ fn drained_and_quarantined_ports_keep_no_worker_awake() {
     let sleeps = fx.server.stats().sleeps;
     assert_eq!(fx.server.start(), Ok(Started::Started));
     fx.eventually("slept with no user", |s| s.sleeps > sleeps);
-    let _kernel = fx.server.user_for(fx.id);
+    let _kernel = fx.server.user_for(fx.mailbox.id);
     let fresh = LockTable::new(2);
-    let client = fx.client(&fresh);
+    let client = fx.client_with(&fresh);
     assert_eq!(increment_at(&client, 0, 3), 4);
     // The quarantined port is drained at the new kernel's first pass: free soon after.
     let start = Instant::now();

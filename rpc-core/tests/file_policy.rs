@@ -63,6 +63,14 @@ impl Fx {
         }
     }
 
+    /// A fixture under `FilePolicy::Allow` for each of `CONFIGS` in turn (each dropped before
+    /// the next is made).
+    fn each(name: &'static str) -> impl Iterator<Item = Fx> {
+        CONFIGS
+            .into_iter()
+            .map(move |(lanes, mask)| Fx::new(name, lanes, mask, FilePolicy::Allow))
+    }
+
     fn services(&self) -> &rpc_core::services::Services {
         self.server.context().services()
     }
@@ -82,6 +90,12 @@ impl Fx {
             .unwrap();
         drop(port);
         self.server.stats()
+    }
+
+    /// Asserts the server settled (see `settled`) with `refused` refusals and no file open.
+    fn expect_settled(&self, refused: u64) {
+        assert_eq!(self.settled().refused, refused);
+        assert_eq!(self.services().open_files(), 0);
     }
 
     /// Asserts every active lane's reply is `want`.
@@ -130,8 +144,7 @@ fn per_lane(f: impl Fn(u32) -> String) -> Vec<Vec<u8>> {
 /// written the byte), SYSTEM still answers -1 and the policy is unchanged.
 #[test]
 fn proc_self_mem_cannot_rewrite_the_servers_policy() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("proc-mem", lanes, mask, FilePolicy::Allow);
+    for fx in Fx::each("proc-mem") {
         let before = fx.services().config();
         assert!(!before.allow_system);
         // A byte of the server process's heap standing for `allow_system`.
@@ -172,8 +185,7 @@ fn proc_self_mem_cannot_rewrite_the_servers_policy() {
         assert_eq!(fx.services().config(), before, "the policy changed");
         assert!(!fx.services().config().allow_system);
         // Six refusals: maps, mem, two other names, the link, SYSTEM.
-        assert_eq!(fx.settled().refused, 6);
-        assert_eq!(fx.services().open_files(), 0);
+        fx.expect_settled(6);
     }
 }
 
@@ -183,8 +195,7 @@ fn proc_self_mem_cannot_rewrite_the_servers_policy() {
 /// for their own file inside, odd lanes for a way out, in the same request.
 #[test]
 fn the_sandbox_holds_through_the_protocol() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("sandbox", lanes, mask, FilePolicy::Allow);
+    for fx in Fx::each("sandbox") {
         let jail = fx.path("jail");
         std::fs::create_dir_all(jail.join("sub")).unwrap();
         let outside = fx.path("outside.txt");
@@ -296,8 +307,7 @@ fn the_sandbox_holds_through_the_protocol() {
 /// touch either; `/dev/null` opens.
 #[test]
 fn fifos_directories_devices_and_protected_files_are_refused() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("special", lanes, mask, FilePolicy::Allow);
+    for fx in Fx::each("special") {
         let fifo = fx.path("fifo");
         let c_fifo = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
         // SAFETY: a valid NUL-terminated path.
@@ -346,8 +356,7 @@ fn fifos_directories_devices_and_protected_files_are_refused() {
         }
         assert_eq!(std::fs::read_to_string(&mailbox).unwrap(), "the mailbox");
         assert!(fx.path("other").exists() && !fx.path("moved").exists());
-        assert_eq!(fx.settled().refused, refused);
-        assert_eq!(fx.services().open_files(), 0);
+        fx.expect_settled(refused);
     }
 }
 
@@ -359,8 +368,7 @@ fn fifos_directories_devices_and_protected_files_are_refused() {
 /// each request, the device read `secret.txt` and wrote, removed and renamed files there.)
 #[test]
 fn a_renamed_sandbox_replaced_by_a_link_keeps_requests_inside_the_renamed_directory() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("renamed", lanes, mask, FilePolicy::Allow);
+    for fx in Fx::each("renamed") {
         let jail = fx.path("jail");
         let moved = fx.path("moved");
         let elsewhere = fx.path("elsewhere");

@@ -42,6 +42,19 @@ fn dropped_told(lines: &[String]) -> u64 {
         .sum()
 }
 
+/// The budget of device-caused log lines per second the rate tests set.
+const PER_SECOND: u32 = 5;
+
+/// Asserts that `lines` lines of one kind, logged in `elapsed`, kept the budget of `windows`
+/// one-second windows, and that the first window's lines were logged.
+fn assert_within_budget(lines: u64, windows: u64, elapsed: Duration, logged: &[String]) {
+    assert!(
+        lines <= u64::from(PER_SECOND) * windows,
+        "{lines} lines in {elapsed:?}: {logged:#?}"
+    );
+    assert!(lines >= u64::from(PER_SECOND), "the first lines are logged");
+}
+
 /// A running server with the given limits and files policy, one mailbox of `ports` ports of
 /// one lane, and a user.
 fn serve(name: &str, ports: u32, limits: Limits, files: FilePolicy) -> (RpcServer, Mailbox) {
@@ -62,7 +75,6 @@ fn serve(name: &str, ports: u32, limits: Limits, files: FilePolicy) -> (RpcServe
 
 #[test]
 fn device_caused_log_lines_are_rate_limited() {
-    const PER_SECOND: u32 = 5;
     const REQUESTS: u64 = 300;
     let limits = Limits {
         device_log_lines: PER_SECOND,
@@ -92,11 +104,7 @@ fn device_caused_log_lines_are_rate_limited() {
         .iter()
         .filter(|l| l.contains("unknown opcode"))
         .count() as u64;
-    assert!(
-        lines <= u64::from(PER_SECOND) * windows,
-        "{lines} lines in {elapsed:?}"
-    );
-    assert!(lines >= u64::from(PER_SECOND), "the first lines are logged");
+    assert_within_budget(lines, windows, elapsed, &logged);
     if lines < REQUESTS {
         // Lines were dropped: any window after the first reports them.
         assert!(
@@ -113,7 +121,6 @@ fn device_caused_log_lines_are_rate_limited() {
 /// dropped is told as a count: by the next line logged, or by the worker when it stops.
 #[test]
 fn a_burst_of_over_long_claims_logs_the_budget_and_a_count_of_the_rest() {
-    const PER_SECOND: u32 = 5;
     const CLAIMS: u64 = 500;
     let limits = Limits {
         device_log_lines: PER_SECOND,
@@ -148,14 +155,7 @@ fn a_burst_of_over_long_claims_logs_the_budget_and_a_count_of_the_rest() {
         .count() as u64;
     // At most the budget in each window: a window lasts a second and begins at a line.
     let windows = elapsed.as_secs() + 1;
-    assert!(
-        claims <= u64::from(PER_SECOND) * windows,
-        "{claims} lines in {elapsed:?}: {logged:#?}"
-    );
-    assert!(
-        claims >= u64::from(PER_SECOND),
-        "the first lines are logged"
-    );
+    assert_within_budget(claims, windows, elapsed, &logged);
     // Every claim is in the log: as its line, or in a count of dropped lines.
     assert_eq!(claims + dropped_told(&logged), CLAIMS, "{logged:#?}");
 }

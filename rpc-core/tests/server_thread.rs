@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{eventually, Mailbox};
+use common::{eventually, register_holding, Mailbox};
 use rpc_core::protocol::{Backoff, Deadline};
 use rpc_core::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
 use rpc_core::AttachOptions;
@@ -23,6 +23,14 @@ fn increment(client: &Client<'_>, opcode: Opcode, x: u64) -> u64 {
     port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
         .unwrap();
     got
+}
+
+/// A server named `name` with a mailbox of `ports` ports and `lanes` lanes, started.
+fn serving(name: &str, ports: u32, lanes: u32) -> (Arc<RpcServer>, Mailbox) {
+    let server = Arc::new(RpcServer::new(config(name)));
+    let mailbox = Mailbox::attach(&server, ports, lanes);
+    let _ = server.start().unwrap();
+    (server, mailbox)
 }
 
 fn config(name: &str) -> ServerConfig {
@@ -206,9 +214,7 @@ fn a_panicking_handler_is_caught_and_the_worker_goes_on() {
 
 #[test]
 fn a_bad_lane_mask_is_counted_and_the_port_returned() {
-    let server = RpcServer::new(config("mask"));
-    let mailbox = Mailbox::attach(&server, 1, 32);
-    let _ = server.start().unwrap();
+    let (server, mailbox) = serving("mask", 1, 32);
     let _user = server.user();
     // Write a header with a bit above L by hand, as a broken device would.
     let layout = mailbox.memory.layout();
@@ -230,15 +236,12 @@ fn a_bad_lane_mask_is_counted_and_the_port_returned() {
 
 #[test]
 fn an_exchange_whose_kernel_is_gone_is_abandoned() {
-    let server = RpcServer::new(config("abandon"));
-    let mailbox = Mailbox::attach(&server, 2, 1);
-    let _ = server.start().unwrap();
+    let (server, mailbox) = serving("abandon", 2, 1);
     let client = mailbox.client();
     {
         let _kernel = server.user_for(mailbox.id);
-        let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
         // First packet of a 1000-byte stream, then the "kernel" dies.
-        port.send(|_, p| p.set_word(0, 1000)).unwrap();
+        let port = stream_begun(&client);
         std::mem::forget(port); // A dead kernel never closes its port.
     }
     eventually("the exchange is abandoned", || {
@@ -259,8 +262,7 @@ fn a_client_timeout_drains_the_port_of_a_client_that_stopped_answering() {
     let _ = server.start().unwrap();
     let _kernel = server.user_for(mailbox.id); // Still "running", but silent.
     let client = mailbox.client();
-    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
-    port.send(|_, p| p.set_word(0, 1000)).unwrap();
+    let port = stream_begun(&client);
     eventually("the client times out", || server.stats().abandoned == 1);
     std::mem::forget(port);
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 7), 8);
@@ -394,9 +396,7 @@ fn a_queued_call_of_an_abandoned_exchange_never_runs() {
 
 #[test]
 fn requests_left_by_a_finished_kernel_are_served_before_sleeping() {
-    let server = RpcServer::new(config("last-pass"));
-    let mailbox = Mailbox::attach(&server, 1, 1);
-    let _ = server.start().unwrap();
+    let (server, mailbox) = serving("last-pass", 1, 1);
     {
         let _kernel = server.user();
         let mut port = mailbox.client().open(Opcode::NOOP, 1).unwrap();
@@ -409,9 +409,7 @@ fn requests_left_by_a_finished_kernel_are_served_before_sleeping() {
 
 #[test]
 fn detach_while_serving() {
-    let server = RpcServer::new(config("detach"));
-    let keep = Mailbox::attach(&server, 2, 1);
-    let _ = server.start().unwrap();
+    let (server, keep) = serving("detach", 2, 1);
     let _user = server.user();
     let stop = AtomicBool::new(false);
     thread::scope(|s| {
@@ -469,9 +467,7 @@ fn thread_cpu_time(tid: i32) -> Duration {
     ignore = "reads the worker's CPU time from /proc, which miri neither has nor allows"
 )]
 fn an_idle_server_uses_no_measurable_cpu() {
-    let server = RpcServer::new(config("idle"));
-    let _mailbox = Mailbox::attach(&server, 64, 32);
-    let _ = server.start().unwrap();
+    let (server, _mailbox) = serving("idle", 64, 32);
     let tid = worker_tid("rpc-idle");
     let before = thread_cpu_time(tid);
     thread::sleep(Duration::from_secs(1));
@@ -491,13 +487,10 @@ fn backoff_is_a_valid_wait() {
 
 #[test]
 fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
-    let server = RpcServer::new(config("relaunch"));
-    let mailbox = Mailbox::attach(&server, 2, 1);
-    let _ = server.start().unwrap();
+    let (server, mailbox) = serving("relaunch", 2, 1);
     let client = mailbox.client();
     let first = server.user_for(mailbox.id);
-    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
-    port.send(|_, p| p.set_word(0, 1000)).unwrap();
+    let mut port = stream_begun(&client);
     // The second packet goes once the worker has opened the port (taking its marks) and
     // read the first: the stream's exchange is then in flight, waiting for the third.
     port.send(|_, _| {}).unwrap();
@@ -518,9 +511,7 @@ fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
 /// asserted: a watchdog ends the traffic after 30 s, and the test fails if it had to.
 #[test]
 fn shutdown_returns_while_a_client_keeps_the_worker_busy() {
-    let server = RpcServer::new(config("busy"));
-    let mailbox = Mailbox::attach(&server, 2, 1);
-    let _ = server.start().unwrap();
+    let (server, mailbox) = serving("busy", 2, 1);
     let stop = AtomicBool::new(false);
     let watchdog_fired = AtomicBool::new(false);
     thread::scope(|s| {
@@ -756,6 +747,26 @@ fn within_bound<R: Send + 'static>(what: &str, body: impl FnOnce() -> R + Send +
     }
 }
 
+/// Detaches `mailbox` (within `within_bound`'s bound, as `what`); the server let go of its
+/// memory.
+fn detach_within_bound(what: &str, server: &Arc<RpcServer>, mailbox: &Mailbox) {
+    let (detaching, id) = (server.clone(), mailbox.id);
+    within_bound(what, move || detaching.detach(id)).unwrap();
+    assert_eq!(
+        Arc::strong_count(&mailbox.memory),
+        1,
+        "the server let go of the memory"
+    );
+}
+
+/// Opens TEST_STREAM (waiting for a free port) and sends the first packet of a 1000-byte
+/// stream: the server then waits for the rest.
+fn stream_begun<'a>(client: &Client<'a>) -> ClientPort<'a> {
+    let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
+    port.send(|_, p| p.set_word(0, 1000)).unwrap();
+    port
+}
+
 /// Registers `user(1)`: two packets in, their sum back. The flag returned is set once the first
 /// packet is in, just before the script suspends waiting for the second.
 fn register_sum(server: &RpcServer) -> Arc<AtomicBool> {
@@ -846,19 +857,7 @@ fn once_a_shutdown_begins_the_worker_serves_only_its_current_and_last_pass() {
 #[test]
 fn a_shutdown_abandons_the_exchanges_in_flight_and_their_ports_serve_once_the_kernel_is_gone() {
     let server = RpcServer::new(config("abandon-at-shutdown"));
-    let started = Arc::new(AtomicBool::new(false));
-    {
-        let started = started.clone();
-        server.register(Opcode::user(2), move |mut req| {
-            let started = started.clone();
-            async move {
-                req.recv(|_, _| {}).await?;
-                started.store(true, Ordering::Release);
-                std::future::pending::<()>().await;
-                Ok(())
-            }
-        });
-    }
+    let started = register_holding(&server, Opcode::user(2));
     let mailbox = Mailbox::attach(&server, 1, 1);
     let _ = server.start().unwrap();
     let kernel = server.user_for(mailbox.id);
@@ -910,10 +909,8 @@ fn a_restarted_server_serves_again() {
 /// it completes when the client answers.
 #[test]
 fn a_live_kernels_suspended_exchange_is_kept_pass_after_pass() {
-    let server = RpcServer::new(config("kept"));
+    let (server, mailbox) = serving("kept", 1, 1);
     let started = register_sum(&server);
-    let mailbox = Mailbox::attach(&server, 1, 1);
-    let _ = server.start().unwrap();
     let _kernel = server.user_for(mailbox.id);
     let client = mailbox.client();
     let mut port = suspended(&client, Opcode::user(1), &started);
@@ -934,9 +931,7 @@ fn a_live_kernels_suspended_exchange_is_kept_pass_after_pass() {
 /// Once the last user is gone the worker goes back to sleep (it does not go on polling).
 #[test]
 fn the_worker_sleeps_again_once_its_users_are_gone() {
-    let server = RpcServer::new(config("sleeps"));
-    let mailbox = Mailbox::attach(&server, 1, 1);
-    let _ = server.start().unwrap();
+    let (server, mailbox) = serving("sleeps", 1, 1);
     eventually("the new worker sleeps", || server.stats().sleeps == 1);
     let kernel = server.user();
     assert_eq!(increment(&mailbox.client(), Opcode::TEST_INCREMENT, 1), 2);
@@ -953,10 +948,8 @@ fn the_worker_sleeps_again_once_its_users_are_gone() {
 /// exchange is not caught here: a pass of the stretch already finds that kernel gone.)
 #[test]
 fn detach_after_the_worker_went_to_sleep_returns() {
-    let server = Arc::new(RpcServer::new(config("detach-asleep")));
+    let (server, mailbox) = serving("detach-asleep", 1, 1);
     let started = register_sum(&server);
-    let mailbox = Mailbox::attach(&server, 1, 1);
-    let _ = server.start().unwrap();
     eventually("the new worker sleeps", || server.stats().sleeps == 1);
     {
         let _kernel = server.user();
@@ -967,16 +960,7 @@ fn detach_after_the_worker_went_to_sleep_returns() {
     }
     eventually("the worker sleeps again", || server.stats().sleeps == 2);
     assert_eq!(server.stats().abandoned, 1, "the gone kernel's exchange");
-    let (detaching, id) = (server.clone(), mailbox.id);
-    within_bound("detach after the worker slept", move || {
-        detaching.detach(id)
-    })
-    .unwrap();
-    assert_eq!(
-        Arc::strong_count(&mailbox.memory),
-        1,
-        "the server let go of the memory"
-    );
+    detach_within_bound("detach after the worker slept", &server, &mailbox);
     let _ = server.shutdown().unwrap();
 }
 
@@ -985,24 +969,13 @@ fn detach_after_the_worker_went_to_sleep_returns() {
 /// and lets go of the memory, untouched.
 #[test]
 fn detach_ends_an_exchange_waiting_on_the_mailbox_and_returns() {
-    let server = Arc::new(RpcServer::new(config("detach-in-flight")));
+    let (server, mailbox) = serving("detach-in-flight", 1, 1);
     let started = register_sum(&server);
-    let mailbox = Mailbox::attach(&server, 1, 1);
-    let _ = server.start().unwrap();
     let _kernel = server.user();
     let client = mailbox.client();
     let port = suspended(&client, Opcode::user(1), &started);
-    let (detaching, id) = (server.clone(), mailbox.id);
-    within_bound("detach with an exchange in flight", move || {
-        detaching.detach(id)
-    })
-    .unwrap();
+    detach_within_bound("detach with an exchange in flight", &server, &mailbox);
     assert_eq!(server.stats().abandoned, 1);
-    assert_eq!(
-        Arc::strong_count(&mailbox.memory),
-        1,
-        "the server let go of the memory"
-    );
     drop(port);
 }
 
@@ -1209,10 +1182,8 @@ fn each_request_receives_only_its_own_bytes_though_buffers_are_reused() {
 /// a lost exchange shows as a client deadline (10 s) or a wrong sum.
 #[test]
 fn kernels_arriving_while_the_worker_ends_its_stretch_keep_their_exchanges() {
-    let server = RpcServer::new(config("stretch"));
+    let (server, mailbox) = serving("stretch", 1, 1);
     register_sum(&server);
-    let mailbox = Mailbox::attach(&server, 1, 1);
-    let _ = server.start().unwrap();
     let wait = rpc_core::protocol::Deadline::after(Duration::from_secs(10));
     let client = mailbox.client().with_wait(&wait);
     let until = Instant::now() + Duration::from_secs(if cfg!(miri) { 1 } else { 5 });
@@ -1254,9 +1225,7 @@ fn many_exchanges_in_flight_are_each_served_whole() {
     const PATIENCE: Duration = Duration::from_secs(if cfg!(miri) { 600 } else { 60 });
     const THREADS: u64 = 4;
     let rounds = scaled(300, 1) as u64;
-    let server = RpcServer::new(config("in-flight"));
-    let mailbox = Mailbox::attach(&server, 64, 1);
-    let _ = server.start().unwrap();
+    let (server, mailbox) = serving("in-flight", 64, 1);
     let _user = server.user_for(mailbox.id);
     thread::scope(|scope| {
         for t in 0..THREADS {

@@ -48,6 +48,13 @@ impl Fx {
         Fx::with(name, lanes, mask, |_| {})
     }
 
+    /// A fixture for each of `CONFIGS` in turn (each dropped before the next is made).
+    fn each(name: &'static str) -> impl Iterator<Item = Fx> {
+        CONFIGS
+            .into_iter()
+            .map(move |(lanes, mask)| Fx::new(name, lanes, mask))
+    }
+
     fn with(name: &str, lanes: u32, mask: u64, configure: impl FnOnce(&mut ServerConfig)) -> Fx {
         let _ = env_logger::builder().is_test(true).try_init();
         let mut config = ServerConfig {
@@ -140,6 +147,15 @@ impl Fx {
         }
     }
 
+    /// C send buf[0] = addr(lane) (FREE, which has no reply); waits until the server served it.
+    fn free(&self, addr: impl Fn(u32) -> u64) {
+        let served = self.server.stats().served_of(Opcode::FREE);
+        let mut port = self.open(Opcode::FREE);
+        port.send(|l, p| p.set_word(0, addr(l))).unwrap();
+        drop(port);
+        self.wait_served(Opcode::FREE, served + 1);
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
@@ -155,6 +171,16 @@ impl Fx {
         )
         .unwrap();
         out
+    }
+
+    /// PRINTF_TO_STDOUT of formats whose arguments hold no string (`printf`).
+    fn printf_stdout(
+        &self,
+        formats: &[Vec<u8>],
+        args: &[Vec<u8>],
+    ) -> ([i64; 64], Vec<Vec<u64>>, [u64; 64]) {
+        let no_strings = HashMap::new();
+        self.printf(Opcode::PRINTF_TO_STDOUT, None, formats, args, &no_strings)
     }
 
     /// The printf exchange of PROTOCOL section 7 as LLVM's client runs it. `memory` holds the
@@ -244,8 +270,7 @@ fn lane_text(lane: u32) -> Vec<u8> {
 
 #[test]
 fn noop_and_test_opcodes() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("test-ops", lanes, mask);
+    for fx in Fx::each("test-ops") {
         fx.open(Opcode::NOOP).send(|_, p| p.set_word(0, 9)).unwrap();
         let out = fx.words(Opcode::TEST_INCREMENT, |l| vec![100 + u64::from(l)]);
         for l in fx.lanes() {
@@ -267,8 +292,7 @@ fn noop_and_test_opcodes() {
 
 #[test]
 fn writes_reach_the_captured_streams_whole() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("write", lanes, mask);
+    for fx in Fx::each("write") {
         let data = per_lane(lane_text);
         let expect: Vec<u8> = fx.lanes().iter().flat_map(|&l| lane_text(l)).collect();
 
@@ -309,8 +333,7 @@ fn writes_reach_the_captured_streams_whole() {
 
 #[test]
 fn files_open_write_seek_read_tell_unget_and_close() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("files", lanes, mask);
+    for fx in Fx::each("files") {
         let names = per_lane(|l| fx.path(&format!("lane{l}.txt")));
         let paths = per_lane(|l| cpath(&names[l as usize]));
         let handles = fx.fopen(&paths, "w+");
@@ -446,8 +469,7 @@ fn files_open_write_seek_read_tell_unget_and_close() {
 
 #[test]
 fn stdin_reads_in_lane_order() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("stdin", lanes, mask);
+    for fx in Fx::each("stdin") {
         let n = fx.lanes().len();
         let mut input = String::new();
         for i in 0..n {
@@ -495,8 +517,7 @@ fn stdin_reads_in_lane_order() {
 
 #[test]
 fn remove_and_rename() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("remove", lanes, mask);
+    for fx in Fx::each("remove") {
         for l in fx.lanes() {
             std::fs::write(fx.path(&format!("a{l}")), format!("{l}")).unwrap();
         }
@@ -527,8 +548,7 @@ fn remove_and_rename() {
 
 #[test]
 fn file_policy_confines_paths_to_a_directory() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("policy", lanes, mask);
+    for fx in Fx::each("policy") {
         let jail = fx.path("jail");
         std::fs::create_dir_all(&jail).unwrap();
         std::fs::write(fx.path("outside.txt"), "secret").unwrap();
@@ -573,8 +593,7 @@ fn file_policy_confines_paths_to_a_directory() {
 
 #[test]
 fn malloc_and_free_through_the_plugin_allocator() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("malloc", lanes, mask);
+    for fx in Fx::each("malloc") {
         // No allocator: 0 and a refusal.
         let out = fx.words(Opcode::MALLOC, |_| vec![64]);
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
@@ -643,8 +662,7 @@ fn malloc_and_free_through_the_plugin_allocator() {
 
 #[test]
 fn host_calls_run_only_registered_functions() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("host-call", lanes, mask);
+    for fx in Fx::each("host-call") {
         let sum = |args: &[u8]| args.iter().map(|&b| u64::from(b)).sum::<u64>() + 1_000_000;
         fx.services().register_host_function(0x4000, Arc::new(sum));
         let args = per_lane(|l| (0..(l as u8 * 3)).collect::<Vec<u8>>());
@@ -655,12 +673,16 @@ fn host_calls_run_only_registered_functions() {
             }
         }
         fx.expect_counts(0, 0);
-        let out = fx.host_call(Opcode::HOST_CALL, &args, 0x4001);
-        assert!(fx
-            .lanes()
-            .iter()
-            .all(|&l| out[l as usize] == HOST_CALL_REFUSED));
-        fx.expect_counts(1, 0);
+        // Each refused call answers HOST_CALL_REFUSED on every lane and counts a refusal.
+        let refused = |opcode, function, refusals| {
+            let out = fx.host_call(opcode, &args, function);
+            assert!(fx
+                .lanes()
+                .iter()
+                .all(|&l| out[l as usize] == HOST_CALL_REFUSED));
+            fx.expect_counts(refusals, 0);
+        };
+        refused(Opcode::HOST_CALL, 0x4001, 1);
         fx.services().register_host_function(
             0x5000,
             Arc::new(|_: &[u8]| {
@@ -669,26 +691,15 @@ fn host_calls_run_only_registered_functions() {
                 std::panic::resume_unwind(Box::new("host function bug"))
             }),
         );
-        let out = fx.host_call(Opcode::HOST_CALL, &args, 0x5000);
-        assert!(fx
-            .lanes()
-            .iter()
-            .all(|&l| out[l as usize] == HOST_CALL_REFUSED));
-        fx.expect_counts(2, 0);
+        refused(Opcode::HOST_CALL, 0x5000, 2);
         assert!(fx.services().unregister_host_function(0x4000));
-        let out = fx.host_call(Opcode::OFFLOAD_HOST_CALL, &args, 0x4000);
-        assert!(fx
-            .lanes()
-            .iter()
-            .all(|&l| out[l as usize] == HOST_CALL_REFUSED));
-        fx.expect_counts(3, 0);
+        refused(Opcode::OFFLOAD_HOST_CALL, 0x4000, 3);
     }
 }
 
 #[test]
 fn system_only_when_allowed() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("system", lanes, mask);
+    for fx in Fx::each("system") {
         let marker = fx.path("ran");
         let commands = per_lane(|_| cstr(&format!("touch '{}'; exit 3", marker.display())));
         let out = fx.stream_then_word(Opcode::SYSTEM, &commands);
@@ -707,8 +718,7 @@ fn system_only_when_allowed() {
 
 #[test]
 fn exit_and_abort_are_recorded_per_mailbox() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("exit", lanes, mask);
+    for fx in Fx::each("exit") {
         let mut port = fx.open(Opcode::EXIT);
         port.send_and_recv(|_, _| {}, |_, _| {}).unwrap();
         port.send(|l, p| p.set_word(0, 0xdead_0000_0000 | (7 + u64::from(l))))
@@ -790,8 +800,7 @@ fn the_default_exit_policy_ends_the_process() {
 
 #[test]
 fn bad_stream_handles_get_error_results() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("bad-handles", lanes, mask);
+    for fx in Fx::each("bad-handles") {
         let paths = per_lane(|l| cpath(&fx.path(&format!("f{l}"))));
         let live = fx.fopen(&paths, "w+");
         let stale = live;
@@ -880,32 +889,22 @@ fn bad_stream_handles_get_error_results() {
 
 #[test]
 fn free_of_foreign_or_freed_pointers_is_refused() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("bad-free", lanes, mask);
+    for fx in Fx::each("bad-free") {
         let allocator = Arc::new(HeapAllocator::default());
         fx.services().set_allocator(allocator.clone());
         let out = fx.words(Opcode::MALLOC, |_| vec![10]);
-        let frees = std::cell::Cell::new(0);
-        let free = |addr: &dyn Fn(u32) -> u64| {
-            let mut port = fx.open(Opcode::FREE);
-            port.send(|l, p| p.set_word(0, addr(l))).unwrap();
-            drop(port);
-            // FREE has no reply: wait until the server has served it.
-            frees.set(frees.get() + 1);
-            fx.wait_served(Opcode::FREE, frees.get());
-        };
-        free(&|_| 0x1000);
+        fx.free(|_| 0x1000);
         fx.expect_counts(1, 0);
         // Inside a chunk, never where one starts.
-        free(&|l| out[l as usize] + 8);
+        fx.free(|l| out[l as usize] + 8);
         fx.expect_counts(2, 0);
         let live = fx.services().live_allocations().len();
         assert_eq!(live, fx.lanes().len(), "nothing was freed");
         assert_eq!(allocator.live(), 1, "the lanes' chunks share a slab");
-        free(&|l| out[l as usize]);
+        fx.free(|l| out[l as usize]);
         fx.expect_counts(2, 0);
         assert_eq!(allocator.live(), 0);
-        free(&|l| out[l as usize]);
+        fx.free(|l| out[l as usize]);
         fx.expect_counts(3, 0);
         let out = fx.words(Opcode::TEST_INCREMENT, |_| vec![41]);
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == 42));
@@ -948,22 +947,14 @@ fn small_mallocs_share_slabs_and_the_quota_counts_what_the_allocator_holds() {
     assert_eq!(distinct.len(), chunks);
     assert!(addrs.iter().all(|a| a % 16 == 0));
 
-    let frees = std::cell::Cell::new(0);
-    let free = |addr: &dyn Fn(u32) -> u64| {
-        let mut port = fx.open(Opcode::FREE);
-        port.send(|l, p| p.set_word(0, addr(l))).unwrap();
-        drop(port);
-        frees.set(frees.get() + 1);
-        fx.wait_served(Opcode::FREE, frees.get());
-    };
     // Foreign: inside a chunk; then every chunk freed, the last taking the slab with it.
-    free(&|l| addrs[l as usize] + 4);
+    fx.free(|l| addrs[l as usize] + 4);
     fx.expect_counts(2, 0);
     for batch in addrs.chunks(64) {
-        free(&|l| batch[l as usize]);
+        fx.free(|l| batch[l as usize]);
     }
     assert_eq!((allocator.live(), allocator.bytes()), (0, 0));
-    free(&|l| addrs[l as usize]);
+    fx.free(|l| addrs[l as usize]);
     fx.expect_counts(3, 0);
     assert!(fx.services().live_allocations().is_empty());
 
@@ -1286,8 +1277,7 @@ fn encode(lane: u32, args: &[Enc], packed: bool) -> (Vec<u8>, HashMap<u64, Vec<u
 #[test]
 fn printf_matches_the_host_snprintf_packed_and_unpacked() {
     let mut checked = 0;
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("printf", lanes, mask);
+    for fx in Fx::each("printf") {
         let table: Vec<Vec<Row>> = (0..64).map(rows).collect();
         assert!(table[0].len() >= 20);
         let files = per_lane(|l| cpath(&fx.path(&format!("printf{l}"))));
@@ -1329,7 +1319,7 @@ fn printf_matches_the_host_snprintf_packed_and_unpacked() {
                 for time in ["first", "again"] {
                     let (results, asked, sizes) =
                         fx.printf(opcode, stream, &formats, &args, &memory);
-                    let what = format!("L={lanes} {opcode} {:?} ({time})", row.format);
+                    let what = format!("L={} {opcode} {:?} ({time})", fx.lanes, row.format);
                     let mut expect = Vec::new();
                     for l in fx.lanes() {
                         let i = l as usize;
@@ -1377,20 +1367,13 @@ fn printf_matches_the_host_snprintf_packed_and_unpacked() {
 /// only the 4-byte argument of each `*` (as LLVM sizes the buffer, and glibc reads it).
 #[test]
 fn printf_percent_with_flags_or_width_prints_a_percent_as_llvm_does() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("printf-percent", lanes, mask);
+    for fx in Fx::each("printf-percent") {
         let formats = per_lane(|_| cstr("[%5%|%-05%|%.3%|%l%|%+ #%|%*%|%-*.*%] %d\n"));
         let args = per_lane(|l| {
             let words = [-5, 6, 7, l as i32];
             words.iter().flat_map(|w| w.to_le_bytes()).collect()
         });
-        let (results, asked, sizes) = fx.printf(
-            Opcode::PRINTF_TO_STDOUT,
-            None,
-            &formats,
-            &args,
-            &HashMap::new(),
-        );
+        let (results, asked, sizes) = fx.printf_stdout(&formats, &args);
         let mut expect = Vec::new();
         for l in fx.lanes() {
             let text = format!("[%|%|%|%|%|%|%] {l}\n");
@@ -1409,8 +1392,7 @@ fn printf_percent_with_flags_or_width_prints_a_percent_as_llvm_does() {
 
 #[test]
 fn printf_of_malformed_formats_prints_them_and_of_short_arguments_answers_minus_one() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("printf-bad", lanes, mask);
+    for fx in Fx::each("printf-bad") {
         let first = fx.lanes()[0];
         let mut refused = 0;
         let mut check = |format: &str, args: Vec<u8>, want_size: Option<u64>| {
@@ -1429,13 +1411,7 @@ fn printf_of_malformed_formats_prints_them_and_of_short_arguments_answers_minus_
                     (l as i32).to_le_bytes().to_vec()
                 }
             });
-            let (results, asked, sizes) = fx.printf(
-                Opcode::PRINTF_TO_STDOUT,
-                None,
-                &formats,
-                &all_args,
-                &HashMap::new(),
-            );
+            let (results, asked, sizes) = fx.printf_stdout(&formats, &all_args);
             assert_eq!(results[first as usize], -1, "{format:?}");
             assert!(asked[first as usize].is_empty());
             if let Some(size) = want_size {
@@ -1466,13 +1442,7 @@ fn printf_of_malformed_formats_prints_them_and_of_short_arguments_answers_minus_
             let formats = per_lane(|_| cstr(format));
             let star = 5i32.to_le_bytes().to_vec();
             let args = per_lane(|_| star.clone());
-            let (results, asked, sizes) = fx.printf(
-                Opcode::PRINTF_TO_STDOUT,
-                None,
-                &formats,
-                &args,
-                &HashMap::new(),
-            );
+            let (results, asked, sizes) = fx.printf_stdout(&formats, &args);
             let want_size = if format.contains('*') { 4 } else { 0 };
             let mut expect = Vec::new();
             for l in fx.lanes() {
@@ -1538,13 +1508,7 @@ fn a_long_printf_goes_out_in_pieces() {
     fx.services().set_stdout(Box::new(writes.clone()));
     let formats = per_lane(|_| cstr(&"%4096d".repeat(SPECS)));
     let args = per_lane(|_| 7u32.to_le_bytes().repeat(SPECS));
-    let (results, _, _) = fx.printf(
-        Opcode::PRINTF_TO_STDOUT,
-        None,
-        &formats,
-        &args,
-        &HashMap::new(),
-    );
+    let (results, _, _) = fx.printf_stdout(&formats, &args);
     assert_eq!(results[0], (4096 * SPECS) as i64);
     let writes = writes.0.lock().unwrap().clone();
     assert_eq!(writes.iter().sum::<usize>(), 4096 * SPECS);
@@ -1565,13 +1529,7 @@ fn short_printfs_of_all_lanes_go_out_in_one_write() {
     fx.services().set_stdout(Box::new(writes.clone()));
     let formats = per_lane(|_| cstr("lane %d\n"));
     let args = per_lane(|l| (l as i32).to_le_bytes().to_vec());
-    let (results, _, _) = fx.printf(
-        Opcode::PRINTF_TO_STDOUT,
-        None,
-        &formats,
-        &args,
-        &HashMap::new(),
-    );
+    let (results, _, _) = fx.printf_stdout(&formats, &args);
     let lines: Vec<String> = fx
         .lanes()
         .into_iter()
@@ -1822,11 +1780,7 @@ fn each_mailbox_has_its_own_files_allocations_and_quotas() {
     let theirs = other.words(Opcode::MALLOC, |_| vec![two_mib])[0];
     assert_ne!(theirs, 0, "the other mailbox's own quota");
     // FREE of the first mailbox's memory from the other frees nothing.
-    other
-        .open(Opcode::FREE)
-        .send(|_, p| p.set_word(0, mine))
-        .unwrap();
-    other.wait_served(Opcode::FREE, 1);
+    other.free(|_| mine);
     assert_eq!(fx.services().live_allocations().len(), 2);
     // Refused: the third open, the foreign write and close, the MALLOC above the quota, the
     // foreign FREE.
@@ -2005,8 +1959,7 @@ fn a_file_opened_while_its_mailbox_detaches_is_closed() {
 /// between input and output. Found by the adversarial tests (a release build aborted).
 #[test]
 fn ungetc_then_writes_leave_the_host_heap_whole() {
-    for (lanes, mask) in CONFIGS {
-        let fx = Fx::new("unget-write", lanes, mask);
+    for fx in Fx::each("unget-write") {
         let paths = per_lane(|l| cpath(&fx.path(&format!("u{l}"))));
         let handles = fx.fopen(&paths, "w+");
         let block = per_lane(|l| vec![b'a' + l as u8; BOUND as usize]);

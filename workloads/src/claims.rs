@@ -41,10 +41,18 @@ pub fn open<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'
 
 /// TEST_INCREMENT of `x` on port `index`, which must be free: the reply.
 pub fn increment_at(client: &Client<'_>, index: u32, x: u64) -> u64 {
-    let mut port = open(client, index, Opcode::TEST_INCREMENT);
-    let mut got = 0;
-    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
-        .unwrap();
+    increment_lanes(&mut open(client, index, Opcode::TEST_INCREMENT), x)[0]
+}
+
+/// TEST_INCREMENT on `port`, opened for it, each lane sending `x + lane`: each lane's reply
+/// (`x + lane + 1` from a server that serves it).
+pub fn increment_lanes(port: &mut ClientPort<'_>, x: u64) -> [u64; 64] {
+    let mut got = [0u64; 64];
+    port.send_and_recv(
+        |l, p| p.set_word(0, x + u64::from(l)),
+        |l, p| got[l as usize] = p.word(0),
+    )
+    .unwrap();
     got
 }
 

@@ -46,6 +46,7 @@ use rpc_core::FilePolicy;
 use rpc_core::{ExitPolicy, Limits, MailboxId, Opcode, RpcServer, ServerConfig, ServicesConfig};
 use std::sync::atomic::Ordering;
 use workloads::adversary::{Kind, Loot, RawMailbox, Seat, Step, Value};
+use workloads::claims::increment_lanes;
 
 /// Stream bound of the server under attack: small, so lengths just inside it make the server
 /// wait for many packets that never come.
@@ -476,12 +477,7 @@ impl Fixture {
             let mask = self.layout.lane_mask();
             let mut port = client.open(Opcode::TEST_INCREMENT, mask).unwrap();
             assert_eq!(port.index(), HOSTILE, "only the good port is ours");
-            let mut got = [0u64; 64];
-            port.send_and_recv(
-                |l, p| p.set_word(0, salt + u64::from(l)),
-                |l, p| got[l as usize] = p.word(0),
-            )
-            .unwrap();
+            let got = increment_lanes(&mut port, salt);
             drop(port);
             for lane in 0..self.layout.lanes() {
                 assert_eq!(
@@ -854,6 +850,14 @@ fn counts() -> impl Strategy<Value = u64> {
 }
 
 /// A one-word-each-way exchange: the words, then the reply.
+/// What READ_FROM_STREAM and READ_FGETS begin with: {`want`, handle `h`}, then the data.
+fn read_request(want: u64, h: Value, ms: u8) -> Vec<Step> {
+    vec![
+        put(vec![(0, Value::Plain(want)), (1, h)], ms),
+        Step::GetStream { packets: 100, ms },
+    ]
+}
+
 fn words_then_reply(mask: u64, opcode: Opcode, words: Vec<(u8, Value)>, ms: u8) -> Vec<Step> {
     exchange(
         mask,
@@ -883,19 +887,12 @@ fn stream_ops(
             exchange(mask, Opcode::WRITE_TO_STREAM, ms, body)
         });
     let read = (mask.clone(), h.clone(), counts(), wait_ms()).prop_map(|(mask, h, max, ms)| {
-        let body = vec![
-            put(vec![(0, Value::Plain(max)), (1, h)], ms),
-            Step::GetStream { packets: 100, ms },
-            Step::Get { keep: None, ms },
-        ];
+        let mut body = read_request(max, h, ms);
+        body.push(Step::Get { keep: None, ms });
         exchange(mask, Opcode::READ_FROM_STREAM, ms, body)
     });
     let fgets = (mask.clone(), h.clone(), counts(), wait_ms()).prop_map(|(mask, h, n, ms)| {
-        let body = vec![
-            put(vec![(0, Value::Plain(n)), (1, h)], ms),
-            Step::GetStream { packets: 100, ms },
-        ];
-        exchange(mask, Opcode::READ_FGETS, ms, body)
+        exchange(mask, Opcode::READ_FGETS, ms, read_request(n, h, ms))
     });
     let offsets = prop_oneof![(0u64..64), any::<u64>()];
     let whences = prop_oneof![0u64..3, any::<u64>()];

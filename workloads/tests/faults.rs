@@ -19,6 +19,7 @@ use rpc_core::{
     StatsSnapshot,
 };
 use std::sync::atomic::Ordering;
+use workloads::claims::increment_lanes;
 
 const LANES: u32 = 32;
 /// Lanes 0, 1 and 3: a partial warp, so inactive lanes are exercised too.
@@ -97,12 +98,7 @@ fn increment_until(
         let mut x = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let mut port = client.open(Opcode::TEST_INCREMENT, MASK).unwrap();
-            let mut got = [0u64; 64];
-            port.send_and_recv(
-                |l, p| p.set_word(0, x + u64::from(l)),
-                |l, p| got[l as usize] = p.word(0),
-            )
-            .unwrap();
+            let got = increment_lanes(&mut port, x);
             assert!(lanes(MASK).all(|l| got[l as usize] == x + u64::from(l) + 1));
             x += 100;
             each();
@@ -654,10 +650,7 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
         .unwrap()
         .with_wait(&wait);
     let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
-    let mut got = 0;
-    port.send_and_recv(|_, p| p.set_word(0, 41), |_, p| got = p.word(0))
-        .unwrap();
-    assert_eq!(got, 42);
+    assert_eq!(increment_lanes(&mut port, 41)[0], 42);
 }
 
 /// Mailboxes attached and detached while another mailbox serves steady traffic, each detached

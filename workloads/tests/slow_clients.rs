@@ -26,6 +26,7 @@ use rpc_core::protocol::{
 };
 use rpc_core::AttachOptions;
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, StatsSnapshot};
+use workloads::claims::increment_lanes;
 use workloads::stress::SplitMix64;
 
 const PORTS: u32 = 8;
@@ -163,12 +164,7 @@ fn run(client: &Client<'_>, index: u32, script: &Script) -> u64 {
         // The port serves again.
         let x = script.seed.wrapping_add(k as u64) >> 1;
         let mut port = open_own(client, index, Opcode::TEST_INCREMENT, echo.mask);
-        let mut got = [0u64; 64];
-        port.send_and_recv(
-            |l, p| p.set_word(0, x + u64::from(l)),
-            |l, p| got[l as usize] = p.word(0),
-        )
-        .unwrap();
+        let got = increment_lanes(&mut port, x);
         drop(port);
         opened += 1;
         for lane in rpc_core::protocol::lanes(echo.mask) {

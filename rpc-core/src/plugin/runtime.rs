@@ -50,7 +50,7 @@ use crate::server::{
     AttachOptions, MailboxId, RegionMailbox, RpcServer, ServerConfig, ShutdownPolicy,
 };
 use crate::services::KernelExit;
-use crate::sync::{lock, Arc, Mutex};
+use crate::sync::{lock, wait_until, Arc, Mutex};
 use crate::{Error, Result};
 use std::sync::Condvar;
 use std::time::{Duration, Instant};
@@ -133,18 +133,9 @@ impl Launches {
     /// Waits until no launch runs or `wait` has passed; the ones still running.
     fn wait(&self, wait: Duration) -> Vec<(usize, String)> {
         let deadline = Instant::now() + wait;
-        let mut running = lock(&self.running);
-        loop {
-            let now = Instant::now();
-            if running.1.is_empty() || now >= deadline {
-                break;
-            }
-            running = self
-                .completed
-                .wait_timeout(running, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        let running = wait_until(&self.completed, lock(&self.running), deadline, |r| {
+            !r.1.is_empty()
+        });
         running
             .1
             .iter()

@@ -9,10 +9,11 @@
 
 use std::vec::Vec;
 
-use crate::protocol::port::Batch;
 use crate::protocol::port::Spin;
+use crate::protocol::port::{Batch, Port};
 use crate::protocol::{
-    Client, Generation, Layout, LockTable, MailboxMemory, Opcode, ProtocolError, ServerEnd, Wait,
+    Client, ClientPort, Generation, Layout, LockTable, MailboxMemory, Opcode, ProtocolError,
+    ServerEnd, ServerPort, Wait,
 };
 use crate::sync::{thread, Arc, AtomicU32, Ordering};
 
@@ -31,22 +32,89 @@ fn fixture(ports: u32) -> Arc<Fixture> {
     })
 }
 
+/// A client of `memory` with `locks` as its lock bits, spinning (`Spin`) whenever it waits
+/// (the models of `server/` use it too).
+pub(crate) fn spinning_client<'a>(memory: &'a MailboxMemory, locks: &'a LockTable) -> Client<'a> {
+    Client::new(memory.view(), locks.words())
+        .unwrap()
+        .with_wait(&Spin)
+}
+
+impl Fixture {
+    fn client(&self) -> Client<'_> {
+        spinning_client(&self.memory, &self.client_locks)
+    }
+
+    /// The server's end; every server thread of a model shares `server_locks`.
+    fn server(&self) -> ServerEnd<'_> {
+        ServerEnd::new(self.memory.view(), self.server_locks.words()).unwrap()
+    }
+}
+
+/// A model thread running `serve` over the fixture's server end.
+fn spawn_server(
+    f: &Arc<Fixture>,
+    serve: impl FnOnce(&ServerEnd<'_>) + Send + 'static,
+) -> thread::JoinHandle<()> {
+    let f = f.clone();
+    thread::spawn(move || serve(&f.server()))
+}
+
+/// A model of two threads over a mailbox of `ports` ports: a server thread running `serve`,
+/// and this thread running `client` (`Spin`ning when it waits); the server thread is joined
+/// last.
+fn model_client_and_server(ports: u32, serve: fn(&ServerEnd<'_>), client: fn(&Client<'_>)) {
+    loom::model(move || {
+        let f = fixture(ports);
+        let server = spawn_server(&f, serve);
+        client(&f.client());
+        server.join().unwrap();
+    });
+}
+
+/// Two server threads each running `serve` (which counts each request it answers in `served`)
+/// on one port's fixture, while the client sends one TEST_INCREMENT of 1: the request is
+/// answered at most once, and if answered the answer is 2. Returns the fixture for more checks.
+fn two_servers_answer_one_request(serve: fn(&Fixture, &AtomicU32)) -> Arc<Fixture> {
+    let f = fixture(1);
+    let served = Arc::new(AtomicU32::new(0));
+    let servers: Vec<_> = (0..2)
+        .map(|_| {
+            let (f, served) = (f.clone(), served.clone());
+            thread::spawn(move || serve(&f, &served))
+        })
+        .collect();
+    let client = f.client();
+    let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
+    port.send(|_, p| p.set_word(0, 1)).unwrap();
+    servers.into_iter().for_each(|s| s.join().unwrap());
+    let answered = served.load(Ordering::Relaxed);
+    assert!(answered <= 1, "served twice");
+    if answered == 1 {
+        assert_eq!(recv_word(&mut port), 2);
+    }
+    drop(port);
+    f
+}
+
 /// Serves one TEST_INCREMENT request with `wait`; returns false if no port was pending.
 fn serve_one(f: &Fixture, wait: &dyn Wait) -> bool {
-    let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
+    let server = f.server();
     let Some(mut port) = server.open_next(0, wait) else {
         return false;
     };
-    port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
-        .unwrap();
+    answer_increment(&mut port);
     true
 }
 
+/// The server's side of TEST_INCREMENT: word 0 of the request, plus one.
+fn answer_increment(port: &mut ServerPort<'_>) {
+    port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
+        .unwrap();
+}
+
 /// The server port pending first, waiting (yielding) until a client's request arrives.
-fn open_when_pending<'a>(
-    server: &'a ServerEnd<'a>,
-    wait: &'a dyn Wait,
-) -> crate::protocol::ServerPort<'a> {
+fn open_when_pending<'a>(server: &'a ServerEnd<'a>, wait: &'a dyn Wait) -> ServerPort<'a> {
     loop {
         if let Some(port) = server.open_next(0, wait) {
             break port;
@@ -57,11 +125,33 @@ fn open_when_pending<'a>(
 
 /// One TEST_INCREMENT request of `x` on port 0; returns the answer (the client reads the reply
 /// packet after the server's flip, in the shadow cells of `sync::DataWord`).
-fn increment(client: &Client<'_>, x: u64) -> u64 {
+pub(crate) fn increment(client: &Client<'_>, x: u64) -> u64 {
     let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
+    round_trip(&mut port, x)
+}
+
+/// Sends `x` in word 0 on `port` and returns word 0 of the reply (the models of `server/` use
+/// it too).
+pub(crate) fn round_trip(port: &mut ClientPort<'_>, x: u64) -> u64 {
     let mut got = 0;
     port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
         .unwrap();
+    got
+}
+
+/// A request of `x` in word 0 that needs no answer (NOOP).
+fn send_noop(client: &Client<'_>, x: u64) {
+    client
+        .open(Opcode::NOOP, 1)
+        .unwrap()
+        .send(|_, p| p.set_word(0, x))
+        .unwrap();
+}
+
+/// Receives one packet on `port` (either side's) and returns its word 0.
+fn recv_word<const SERVER: bool>(port: &mut Port<'_, SERVER>) -> u64 {
+    let mut got = 0;
+    port.recv(|_, p| got = p.word(0)).unwrap();
     got
 }
 
@@ -116,26 +206,17 @@ impl Drop for Batching {
 /// `Batch::publish` (the client's read of the reply races with the server's write of it).
 #[test]
 fn a_batch_published_at_the_end_of_a_pass_orders_the_reply_before_its_flip() {
-    loom::model(|| {
-        let f = fixture(1);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let batch = Batching::new();
-                let mut port = open_when_pending(&server, &batch);
-                port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
-                    .unwrap();
-                drop(port);
-                drop(batch);
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        assert_eq!(increment(&client, 41), 42);
-        server.join().unwrap();
-    });
+    model_client_and_server(
+        1,
+        |server| {
+            let batch = Batching::new();
+            let mut port = open_when_pending(server, &batch);
+            answer_increment(&mut port);
+            drop(port);
+            drop(batch);
+        },
+        |client| assert_eq!(increment(client, 41), 42),
+    );
 }
 
 /// A batch published before its thread waits for a client (the wait's pause), and at a
@@ -146,52 +227,38 @@ fn a_batch_published_at_the_end_of_a_pass_orders_the_reply_before_its_flip() {
 /// the model never ending).
 #[test]
 fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_flip() {
-    loom::model(|| {
-        let f = fixture(2);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let batch = Batching::new();
-                let mut port = open_when_pending(&server, &batch);
-                for _ in 0..2 {
-                    // The second `recv` waits for the client, which waits for our first flip.
-                    port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
-                        .unwrap();
-                }
-                drop(port);
-                // The checkpoint: port 1's client waits for port 0's close.
-                batch.publish();
-                let mut port = open_when_pending(&server, &batch);
-                port.recv_and_send(|_, p| p.set_word(0, p.word(0) + 1))
-                    .unwrap();
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        let mut port = client
-            .try_open_at(0, Opcode::TEST_INCREMENT, 1)
-            .unwrap()
-            .unwrap();
-        for x in [10, 20] {
-            let mut got = 0;
-            port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
+    model_client_and_server(
+        2,
+        |server| {
+            let batch = Batching::new();
+            let mut port = open_when_pending(server, &batch);
+            for _ in 0..2 {
+                // The second `recv` waits for the client, which waits for our first flip.
+                answer_increment(&mut port);
+            }
+            drop(port);
+            // The checkpoint: port 1's client waits for port 0's close.
+            batch.publish();
+            let mut port = open_when_pending(server, &batch);
+            answer_increment(&mut port);
+        },
+        |client| {
+            let mut port = client
+                .try_open_at(0, Opcode::TEST_INCREMENT, 1)
+                .unwrap()
                 .unwrap();
-            assert_eq!(got, x + 1);
-        }
-        drop(port);
-        let mut port = client
-            .try_open_at(1, Opcode::TEST_INCREMENT, 1)
-            .unwrap()
-            .unwrap();
-        let mut got = 0;
-        port.send_and_recv(|_, p| p.set_word(0, 30), |_, p| got = p.word(0))
-            .unwrap();
-        assert_eq!(got, 31);
-        drop(port);
-        server.join().unwrap();
-    });
+            for x in [10, 20] {
+                assert_eq!(round_trip(&mut port, x), x + 1);
+            }
+            drop(port);
+            let mut port = client
+                .try_open_at(1, Opcode::TEST_INCREMENT, 1)
+                .unwrap()
+                .unwrap();
+            assert_eq!(round_trip(&mut port, 30), 31);
+            drop(port);
+        },
+    );
 }
 
 /// A batch holding `ServerEnd::close`'s flip (a request without answer, closed by the
@@ -200,36 +267,24 @@ fn a_batch_published_at_a_wait_and_a_checkpoint_orders_each_reply_before_its_fli
 /// races with the server's read of the first request).
 #[test]
 fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_request() {
-    loom::model(|| {
-        let f = fixture(1);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let batch = Batching::new();
-                let mut port = open_when_pending(&server, &batch);
-                let mut got = 0;
-                port.recv(|_, p| got = p.word(0)).unwrap();
-                assert_eq!(got, 1);
-                let index = port.index();
-                let owned = port.quarantine();
-                server.close(index, owned, &batch);
-                drop(batch);
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        for x in 1..=2 {
-            // The second `open` waits (spinning) until the batch is published.
-            client
-                .open(Opcode::NOOP, 1)
-                .unwrap()
-                .send(|_, p| p.set_word(0, x))
-                .unwrap();
-        }
-        server.join().unwrap();
-    });
+    model_client_and_server(
+        1,
+        |server| {
+            let batch = Batching::new();
+            let mut port = open_when_pending(server, &batch);
+            assert_eq!(recv_word(&mut port), 1);
+            let index = port.index();
+            let owned = port.quarantine();
+            server.close(index, owned, &batch);
+            drop(batch);
+        },
+        |client| {
+            for x in 1..=2 {
+                // The second `open` waits (spinning) until the batch is published.
+                send_noop(client, x);
+            }
+        },
+    );
 }
 
 /// Two server threads on one lock table, each serving inside a batch: a batch must store its
@@ -242,36 +297,16 @@ fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_requ
 #[test]
 fn a_batch_publishes_its_flips_before_its_unlocks() {
     loom::model(|| {
-        let f = fixture(1);
-        let served = Arc::new(AtomicU32::new(0));
-        let servers: Vec<_> = (0..2)
-            .map(|_| {
-                let (f, served) = (f.clone(), served.clone());
-                thread::spawn(move || {
-                    let batch = Batching::new();
-                    if serve_one(&f, &batch) {
-                        served.fetch_add(1, Ordering::Relaxed);
-                    }
-                    drop(batch);
-                    if serve_one(&f, &Spin) {
-                        served.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
-        port.send(|_, p| p.set_word(0, 1)).unwrap();
-        servers.into_iter().for_each(|s| s.join().unwrap());
-        let answered = served.load(Ordering::Relaxed);
-        assert!(answered <= 1, "served twice");
-        if answered == 1 {
-            let mut got = 0;
-            port.recv(|_, p| got = p.word(0)).unwrap();
-            assert_eq!(got, 2);
-        }
+        let f = two_servers_answer_one_request(|f, served| {
+            let batch = Batching::new();
+            if serve_one(f, &batch) {
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(batch);
+            if serve_one(f, &Spin) {
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+        });
         let locks = f.server_locks.words();
         assert!(
             locks.iter().all(|w| w.load(Ordering::Relaxed) == 0),
@@ -284,31 +319,17 @@ fn a_batch_publishes_its_flips_before_its_unlocks() {
 fn exchange_with_recv_after_recv() {
     loom::model(|| {
         let f = fixture(1);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let mut port = loop {
-                    if let Some(port) = server.open_next(0, &Spin) {
-                        break port;
-                    }
-                    thread::yield_now();
-                };
-                let (mut a, mut b) = (0, 0);
-                port.recv(|_, p| a = p.word(0)).unwrap();
-                port.recv(|_, p| b = p.word(0)).unwrap(); // recv after recv: acknowledges first
-                port.send(|_, p| p.set_word(0, a + b)).unwrap();
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
+        let server = spawn_server(&f, |server| {
+            let mut port = open_when_pending(server, &Spin);
+            let a = recv_word(&mut port);
+            let b = recv_word(&mut port); // recv after recv: acknowledges first
+            port.send(|_, p| p.set_word(0, a + b)).unwrap();
+        });
+        let client = f.client();
         let mut port = client.open(Opcode::user(1), 1).unwrap();
         port.send(|_, p| p.set_word(0, 20)).unwrap();
         port.send(|_, p| p.set_word(0, 22)).unwrap();
-        let mut sum = 0;
-        port.recv(|_, p| sum = p.word(0)).unwrap();
-        assert_eq!(sum, 42);
+        assert_eq!(recv_word(&mut port), 42);
         drop(port);
         server.join().unwrap();
         // The exchange left the port with the client.
@@ -327,7 +348,7 @@ fn two_clients_race_for_one_port() {
             .map(|t| {
                 let f = f.clone();
                 thread::spawn(move || {
-                    let client = Client::new(f.memory.view(), f.client_locks.words()).unwrap();
+                    let client = f.client();
                     let mut port = client.try_open_at(0, Opcode::TEST_INCREMENT, 1).unwrap()?;
                     port.send(|_, p| p.set_word(0, 10 * t)).unwrap();
                     Some(t)
@@ -340,50 +361,28 @@ fn two_clients_race_for_one_port() {
             .collect();
         assert_eq!(winners.len(), 1, "exactly one client gets the port");
         assert!(serve_one(&f, &Spin));
-        let client = Client::new(f.memory.view(), f.client_locks.words()).unwrap();
+        let client = f.client();
         let mut port = client
             .try_open_at(0, Opcode::NOOP, 1)
             .unwrap()
             .expect("answered");
         // The answer to the winner's request is what the port holds now.
-        let mut got = 0;
-        port.recv(|_, p| got = p.word(0)).unwrap();
-        assert_eq!(got, 10 * winners[0] + 1);
+        assert_eq!(recv_word(&mut port), 10 * winners[0] + 1);
     });
 }
 
 #[test]
 fn two_server_threads_share_a_lock_table() {
     loom::model(|| {
-        let f = fixture(1);
-        let served = Arc::new(AtomicU32::new(0));
-        let servers: Vec<_> = (0..2)
-            .map(|_| {
-                let (f, served) = (f.clone(), served.clone());
-                thread::spawn(move || {
-                    // Each server thread makes two attempts; the request must be served once.
-                    for _ in 0..2 {
-                        if serve_one(&f, &Spin) {
-                            served.fetch_add(1, Ordering::Relaxed);
-                        }
-                        thread::yield_now();
-                    }
-                })
-            })
-            .collect();
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
-        port.send(|_, p| p.set_word(0, 1)).unwrap();
-        servers.into_iter().for_each(|s| s.join().unwrap());
-        let answered = served.load(Ordering::Relaxed);
-        assert!(answered <= 1, "served twice");
-        if answered == 1 {
-            let mut got = 0;
-            port.recv(|_, p| got = p.word(0)).unwrap();
-            assert_eq!(got, 2);
-        }
+        // Each server thread makes two attempts; the request must be served once.
+        two_servers_answer_one_request(|f, served| {
+            for _ in 0..2 {
+                if serve_one(f, &Spin) {
+                    served.fetch_add(1, Ordering::Relaxed);
+                }
+                thread::yield_now();
+            }
+        });
     });
 }
 
@@ -394,38 +393,17 @@ fn two_server_threads_share_a_lock_table() {
 /// Without it those writes race with the reads (in the shadow cells), which loom reports.
 #[test]
 fn a_port_reopened_after_a_request_without_answer_is_ordered_after_the_servers_reads() {
-    loom::model(|| {
-        let f = fixture(1);
-        let server = {
-            let f = f.clone();
-            thread::spawn(move || {
-                let server = ServerEnd::new(f.memory.view(), f.server_locks.words()).unwrap();
-                let mut port = loop {
-                    if let Some(port) = server.open_next(0, &Spin) {
-                        break port;
-                    }
-                    thread::yield_now();
-                };
-                let mut got = 0;
-                port.recv(|_, p| got = p.word(0)).unwrap();
-                assert_eq!(got, 1);
-                // Dropping the port hands the buffer back (a flip after a release fence).
-            })
-        };
-        let client = Client::new(f.memory.view(), f.client_locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        client
-            .open(Opcode::NOOP, 1)
-            .unwrap()
-            .send(|_, p| p.set_word(0, 1))
-            .unwrap();
-        // Waits (spinning) until the server closed the first request's port.
-        client
-            .open(Opcode::NOOP, 1)
-            .unwrap()
-            .send(|_, p| p.set_word(0, 2))
-            .unwrap();
-        server.join().unwrap();
-    });
+    model_client_and_server(
+        1,
+        |server| {
+            let mut port = open_when_pending(server, &Spin);
+            assert_eq!(recv_word(&mut port), 1);
+            // Dropping the port hands the buffer back (a flip after a release fence).
+        },
+        |client| {
+            send_noop(client, 1);
+            // Waits (spinning) until the server closed the first request's port.
+            send_noop(client, 2);
+        },
+    );
 }

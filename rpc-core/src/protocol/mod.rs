@@ -32,7 +32,7 @@ pub(crate) mod server_end;
 pub(crate) mod typed;
 
 #[cfg(all(test, loom))]
-mod loom;
+pub(crate) mod loom;
 
 pub use client::{Client, ClientDoorbell};
 pub use error::ProtocolError;

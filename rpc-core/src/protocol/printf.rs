@@ -323,8 +323,17 @@ fn parse_count(s: &[u8], i: &mut usize) -> Count {
 }
 
 #[cfg(all(test, not(loom)))]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A small linear congruential generator from `seed`, for the tests' random formats (the
+    /// services' tests of printf use it too).
+    pub(crate) fn lcg(mut seed: u64) -> impl FnMut() -> usize {
+        move || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            (seed >> 33) as usize
+        }
+    }
 
     /// The pieces cover the format up to its first NUL, in order, each where the one before
     /// ended (a spec's `at` is its `%`): the positions a compiled format's plan takes its
@@ -332,11 +341,7 @@ mod tests {
     #[test]
     fn the_pieces_cover_the_format_up_to_its_nul() {
         const ALPHABET: &[u8] = b"%%%-+ #0123456789*.hlLjztqdiouxXbBcspnfFeEgGaA$y\0";
-        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move || {
-            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (seed >> 33) as usize
-        };
+        let mut next = lcg(0x9e37_79b9_7f4a_7c15);
         for _ in 0..3000 {
             let len = next() % 24;
             let format: [u8; 24] = core::array::from_fn(|_| ALPHABET[next() % ALPHABET.len()]);

@@ -28,7 +28,7 @@ use std::time::Instant;
 use crate::server::error::ServerError;
 use crate::server::stats::bump;
 use crate::server::{panic_message, Inner, ServerContext};
-use crate::sync::{lock, Arc, Condvar, Mutex};
+use crate::sync::{lock, wait_until, Arc, Condvar, Mutex};
 
 type Call = Box<dyn FnOnce() + Send>;
 
@@ -136,18 +136,9 @@ impl IoPool {
     /// Waits until `deadline` for the threads of the generation `begin_stop` ended to leave,
     /// and returns how many are still inside a call (abandoned).
     pub(crate) fn wait_stopped(&self, Stopping(before): Stopping, deadline: Instant) -> usize {
-        let mut state = lock(&self.state);
-        while state.lingering > before {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state = self
-                .left
-                .wait_timeout(state, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        let state = wait_until(&self.left, lock(&self.state), deadline, |s| {
+            s.lingering > before
+        });
         state.lingering.saturating_sub(before)
     }
 

@@ -13,8 +13,8 @@
 
 use std::boxed::Box;
 
-use crate::protocol::port::Spin;
-use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use crate::protocol::loom::{round_trip, spinning_client};
+use crate::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
 use crate::server::dispatch::{open_when_free, register_two_packet_sum, PassCache};
 use crate::server::exec::Fate;
 use crate::server::AttachOptions;
@@ -48,23 +48,36 @@ fn fixture(ports: u32) -> Arc<Fixture> {
 
 impl Fixture {
     fn client<'a>(&'a self, locks: &'a LockTable) -> Client<'a> {
-        Client::new(self.memory.view(), locks.words())
-            .unwrap()
-            .with_wait(&Spin)
+        spinning_client(&self.memory, locks)
     }
 }
 
-/// A model thread serving passes until `done`; the exchanges still in flight then end.
-fn passes(f: &Arc<Fixture>, done: &Arc<AtomicBool>) -> thread::JoinHandle<()> {
-    let (inner, done) = (f.server.inner.clone(), done.clone());
-    thread::spawn(move || {
-        let mut cache = PassCache::new();
-        while !done.load(Ordering::Acquire) {
-            Inner::serve_pass(&inner, &mut cache);
-            thread::yield_now();
-        }
-        cache.clear(&inner.context, Fate::Drain, "model over");
-    })
+/// A model thread serving passes until it is stopped; the exchanges still in flight then end.
+struct Passes {
+    done: Arc<AtomicBool>,
+    thread: thread::JoinHandle<()>,
+}
+
+impl Passes {
+    fn start(f: &Fixture) -> Passes {
+        let done = Arc::new(AtomicBool::new(false));
+        let (inner, stop) = (f.server.inner.clone(), done.clone());
+        let thread = thread::spawn(move || {
+            let mut cache = PassCache::new();
+            while !stop.load(Ordering::Acquire) {
+                Inner::serve_pass(&inner, &mut cache);
+                thread::yield_now();
+            }
+            cache.clear(&inner.context, Fate::Drain, "model over");
+        });
+        Passes { done, thread }
+    }
+
+    /// Tells the thread to stop after its pass and waits for it.
+    fn stop(self) {
+        self.done.store(true, Ordering::Release);
+        self.thread.join().unwrap();
+    }
 }
 
 /// `loom::model` with room for the passes that poll an exchange while it waits (a pass is a
@@ -78,10 +91,15 @@ fn model(body: impl Fn() + Sync + Send + 'static) {
 /// TEST_INCREMENT on `index`, waiting (yielding) until the port is free.
 fn increment(client: &Client<'_>, index: u32, x: u64) -> u64 {
     let mut port = open_when_free(client, index, Opcode::TEST_INCREMENT);
-    let mut got = 0;
-    port.send_and_recv(|_, p| p.set_word(0, x), |_, p| got = p.word(0))
-        .unwrap();
-    got
+    round_trip(&mut port, x)
+}
+
+/// Opens `opcode` on port 0, which must be free, and sends the first packet of a two-packet
+/// sum, `a`.
+fn first_of_two<'a>(client: &'a Client<'a>, opcode: Opcode, a: u64) -> ClientPort<'a> {
+    let mut port = client.try_open_at(0, opcode, 1).unwrap().unwrap();
+    port.send(|_, p| p.set_word(0, a)).unwrap();
+    port
 }
 
 #[test]
@@ -89,20 +107,15 @@ fn a_suspended_exchange_does_not_hold_up_another_port() {
     model(|| {
         let f = fixture(2);
         let _user = f.server.user();
-        let done = Arc::new(AtomicBool::new(false));
-        let server = passes(&f, &done);
+        let passes = Passes::start(&f);
         let client = f.client(&f.locks);
-        let mut slow = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
-        slow.send(|_, p| p.set_word(0, 40)).unwrap();
+        let mut slow = first_of_two(&client, Opcode::user(1), 40);
         // Port 0's exchange now waits for its second packet, which comes only after port 1
         // was served: a server that waited for it would never serve port 1 (loom reports it).
         assert_eq!(increment(&client, 1, 6), 7);
-        let mut sum = 0;
-        slow.send_and_recv(|_, p| p.set_word(0, 2), |_, p| sum = p.word(0))
-            .unwrap();
+        let sum = round_trip(&mut slow, 2);
         assert_eq!(sum, 42);
-        done.store(true, Ordering::Release);
-        server.join().unwrap();
+        passes.stop();
     });
 }
 
@@ -115,27 +128,22 @@ fn a_suspended_exchange_does_not_hold_up_another_port() {
 fn a_kernel_arriving_during_a_pass_keeps_its_exchange() {
     model(|| {
         let f = fixture(1);
-        let done = Arc::new(AtomicBool::new(false));
-        let server = passes(&f, &done);
+        let passes = Passes::start(&f);
         let kernel = f.server.user();
         let client = f.client(&f.locks);
-        let mut port = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
-        port.send(|_, p| p.set_word(0, 40)).unwrap();
+        let mut port = first_of_two(&client, Opcode::user(1), 40);
         // The second packet only after a whole pass began since: the exchange has then
         // suspended, and a pass has weighed whether its kernel is gone.
         let since = f.server.stats().passes;
         while f.server.stats().passes < since + 2 {
             thread::yield_now();
         }
-        let mut sum = 0;
-        port.send_and_recv(|_, p| p.set_word(0, 2), |_, p| sum = p.word(0))
-            .unwrap();
+        let sum = round_trip(&mut port, 2);
         assert_eq!(sum, 42, "the live kernel's exchange was given up");
         assert_eq!(f.server.stats().abandoned, 0);
         drop(port);
         drop(kernel);
-        done.store(true, Ordering::Release);
-        server.join().unwrap();
+        passes.stop();
     });
 }
 
@@ -143,13 +151,11 @@ fn a_kernel_arriving_during_a_pass_keeps_its_exchange() {
 fn an_exchange_whose_kernel_is_gone_is_abandoned_and_its_port_serves_again() {
     model(|| {
         let f = fixture(1);
-        let done = Arc::new(AtomicBool::new(false));
-        let server = passes(&f, &done);
+        let passes = Passes::start(&f);
         {
             let _kernel = f.server.user();
             let client = f.client(&f.locks);
-            let mut port = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
-            port.send(|_, p| p.set_word(0, 40)).unwrap();
+            let port = first_of_two(&client, Opcode::user(1), 40);
             // The kernel dies mid-exchange: its port is never closed (its lock bit stays set).
             core::mem::forget(port);
         }
@@ -170,15 +176,12 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned_and_its_port_serves_again() {
         {
             thread::yield_now();
         }
-        done.store(true, Ordering::Release);
-        server.join().unwrap();
-        let done = Arc::new(AtomicBool::new(false));
-        let server = passes(&f, &done);
+        passes.stop();
+        let passes = Passes::start(&f);
         let _kernel = f.server.user();
         let fresh = LockTable::new(1);
         assert_eq!(increment(&f.client(&fresh), 0, 41), 42);
-        done.store(true, Ordering::Release);
-        server.join().unwrap();
+        passes.stop();
         assert_eq!(f.server.stats().abandoned, 1);
     });
 }
@@ -220,22 +223,17 @@ fn a_late_packet_of_a_drained_exchange_is_answered_never_run() {
         let f = fixture(1);
         let runs = Arc::new(AtomicUsize::new(0));
         register_counted_sum(&f, Opcode::user(2), u64::MAX, &runs);
-        let done = Arc::new(AtomicBool::new(false));
-        let server = passes(&f, &done);
+        let passes = Passes::start(&f);
         let kernel = f.server.user();
         let client = f.client(&f.locks);
-        let mut port = client.try_open_at(0, Opcode::user(2), 1).unwrap().unwrap();
-        port.send(|_, p| p.set_word(0, 40)).unwrap();
+        let mut port = first_of_two(&client, Opcode::user(2), 40);
         drop(kernel);
-        let mut sum = u64::MAX;
-        port.send_and_recv(|_, p| p.set_word(0, 2), |_, p| sum = p.word(0))
-            .unwrap();
+        let sum = round_trip(&mut port, 2);
         drop(port);
         assert!(sum == 42 || sum == 0, "read {sum}");
         let _kernel = f.server.user();
         assert_eq!(increment(&client, 0, 41), 42);
-        done.store(true, Ordering::Release);
-        server.join().unwrap();
+        passes.stop();
         assert_eq!(runs.load(Ordering::Relaxed), 1);
     });
 }
@@ -252,19 +250,14 @@ fn a_port_drained_midway_answers_the_rest_of_its_script_and_serves_again() {
         let runs = Arc::new(AtomicUsize::new(0));
         register_counted_sum(&f, Opcode::user(3), 1, &runs);
         let _kernel = f.server.user();
-        let done = Arc::new(AtomicBool::new(false));
-        let server = passes(&f, &done);
+        let passes = Passes::start(&f);
         let client = f.client(&f.locks);
-        let mut port = client.try_open_at(0, Opcode::user(3), 1).unwrap().unwrap();
-        port.send(|_, p| p.set_word(0, 5)).unwrap();
-        let mut reply = u64::MAX;
-        port.send_and_recv(|_, p| p.set_word(0, 7), |_, p| reply = p.word(0))
-            .unwrap();
+        let mut port = first_of_two(&client, Opcode::user(3), 5);
+        let reply = round_trip(&mut port, 7);
         drop(port);
         assert_eq!(reply, 0);
         assert_eq!(increment(&client, 0, 41), 42);
-        done.store(true, Ordering::Release);
-        server.join().unwrap();
+        passes.stop();
         assert_eq!(runs.load(Ordering::Relaxed), 1);
         assert_eq!(f.server.stats().errors, 1);
     });
@@ -279,19 +272,16 @@ fn detach_returns_once_no_pass_holds_the_mailbox() {
     model(|| {
         let f = fixture(1);
         let _user = f.server.user();
-        let done = Arc::new(AtomicBool::new(false));
-        let server = passes(&f, &done);
+        let passes = Passes::start(&f);
         let client = f.client(&f.locks);
-        let mut port = client.try_open_at(0, Opcode::user(1), 1).unwrap().unwrap();
-        port.send(|_, p| p.set_word(0, 40)).unwrap();
+        let port = first_of_two(&client, Opcode::user(1), 40);
         f.server.detach(f.id).unwrap();
         assert_eq!(
             Arc::strong_count(&f.memory),
             1,
             "detach returned while a pass still held the mailbox"
         );
-        done.store(true, Ordering::Release);
-        server.join().unwrap();
+        passes.stop();
         drop(port);
     });
 }

@@ -21,11 +21,18 @@ use crate::{RpcServer, ServerConfig};
 /// Long enough that `stop` waits for every thread (loom's timed waits never time out).
 const GRACE: Duration = Duration::from_secs(3600);
 
-fn server(io_threads: usize) -> RpcServer {
-    RpcServer::new(ServerConfig {
-        io_threads,
-        ..ServerConfig::default()
-    })
+/// `loom::model` of `body` over a server with one I/O thread: `body` gets the server's state
+/// and a tally for the runs of its `call`s.
+fn model_one_io_thread(body: impl Fn(&Arc<Inner>, &Arc<AtomicUsize>) + Sync + Send + 'static) {
+    loom::model(move || {
+        let server = RpcServer::new(ServerConfig {
+            io_threads: 1,
+            ..ServerConfig::default()
+        });
+        let inner = server.inner.clone();
+        let runs = Arc::new(AtomicUsize::new(0));
+        body(&inner, &runs);
+    });
 }
 
 /// Polls `call` as a pass polls a suspended exchange (no-op waker) until it is ready.
@@ -55,11 +62,8 @@ fn call<'a>(
 
 #[test]
 fn a_call_runs_on_an_io_thread_and_its_result_comes_back() {
-    loom::model(|| {
-        let server = server(1);
-        let inner = server.inner.clone();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let mut exchange = Box::pin(call(&inner, &runs, 42));
+    model_one_io_thread(|inner, runs| {
+        let mut exchange = Box::pin(call(inner, runs, 42));
         assert_eq!(poll_until_ready(&mut exchange), 42);
         assert_eq!(runs.load(Ordering::Relaxed), 1);
         assert_eq!(inner.io.stop(GRACE), 0, "no thread is left inside a call");
@@ -68,11 +72,8 @@ fn a_call_runs_on_an_io_thread_and_its_result_comes_back() {
 
 #[test]
 fn a_stop_lets_a_call_finish_or_drops_it_unrun_and_a_new_start_serves() {
-    loom::model(|| {
-        let server = server(1);
-        let inner = server.inner.clone();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let mut exchange = Box::pin(call(&inner, &runs, 1));
+    model_one_io_thread(|inner, runs| {
+        let mut exchange = Box::pin(call(inner, runs, 1));
         let mut cx = Context::from_waker(Waker::noop());
         // The first poll queues the call (and starts a thread); the stop races that thread.
         let first = exchange.as_mut().poll(&mut cx);
@@ -97,7 +98,7 @@ fn a_stop_lets_a_call_finish_or_drops_it_unrun_and_a_new_start_serves() {
             Poll::Pending => assert_eq!(ran, 0),
         }
         // The next generation serves a new call.
-        let mut next = Box::pin(call(&inner, &runs, 2));
+        let mut next = Box::pin(call(inner, runs, 2));
         assert_eq!(poll_until_ready(&mut next), 2);
         assert_eq!(runs.load(Ordering::Relaxed), ran + 1);
         assert_eq!(inner.io.stop(GRACE), 0);
@@ -106,12 +107,9 @@ fn a_stop_lets_a_call_finish_or_drops_it_unrun_and_a_new_start_serves() {
 
 #[test]
 fn two_calls_on_one_thread_both_run() {
-    loom::model(|| {
-        let server = server(1);
-        let inner = server.inner.clone();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let mut first = Box::pin(call(&inner, &runs, 3));
-        let mut second = Box::pin(call(&inner, &runs, 4));
+    model_one_io_thread(|inner, runs| {
+        let mut first = Box::pin(call(inner, runs, 3));
+        let mut second = Box::pin(call(inner, runs, 4));
         let mut cx = Context::from_waker(Waker::noop());
         // Both queued before either is waited for: the second may find the thread busy, idle
         // or not yet started.
@@ -129,20 +127,17 @@ fn two_calls_on_one_thread_both_run() {
 
 #[test]
 fn a_queued_call_whose_exchange_was_dropped_does_not_run() {
-    loom::model(|| {
-        let server = server(1);
-        let inner = server.inner.clone();
-        let runs = Arc::new(AtomicUsize::new(0));
+    model_one_io_thread(|inner, runs| {
         // The one thread is held in a first call until `open` is set.
         let open = Arc::new(AtomicUsize::new(0));
         let gate = open.clone();
-        let mut first = Box::pin(crate::server::io_pool::run(&inner, move |_| {
+        let mut first = Box::pin(crate::server::io_pool::run(inner, move |_| {
             // Acquire: pairs with the Release below (a plain flag, nothing rides on it).
             while gate.load(Ordering::Acquire) == 0 {
                 thread::yield_now();
             }
         }));
-        let mut second = Box::pin(call(&inner, &runs, 5));
+        let mut second = Box::pin(call(inner, runs, 5));
         let mut cx = Context::from_waker(Waker::noop());
         let _ = first.as_mut().poll(&mut cx);
         // Queued behind the first call: the only thread is (or will be) inside that one.

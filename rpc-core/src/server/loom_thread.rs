@@ -3,14 +3,25 @@
 use std::boxed::Box;
 use std::vec::Vec;
 
-use crate::protocol::port::Spin;
-use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory};
+use crate::protocol::loom::{increment, spinning_client};
+use crate::protocol::{Generation, Layout, LockTable, MailboxMemory};
 use crate::server::AttachOptions;
 use crate::sync::{thread, Arc};
 use crate::{Opcode, RpcServer, ServerConfig, ServerError, ShutdownPolicy, Started, Stopped};
 
 fn server() -> Arc<RpcServer> {
     Arc::new(RpcServer::new(ServerConfig::default()))
+}
+
+/// A server with a mailbox of one port and one lane, started.
+fn started_with_one_port() -> (Arc<RpcServer>, Arc<MailboxMemory>) {
+    let server = server();
+    let memory = Arc::new(MailboxMemory::new(
+        Layout::new(Generation::V1, 1, 1).unwrap(),
+    ));
+    server.attach(Box::new(memory.clone()), AttachOptions::default());
+    assert_eq!(server.start().unwrap(), Started::Started);
+    (server, memory)
 }
 
 #[test]
@@ -44,25 +55,15 @@ fn concurrent_start_shutdown_start() {
 #[test]
 fn a_user_arriving_as_the_worker_goes_to_sleep_is_served() {
     loom::model(|| {
-        let server = server();
-        let layout = Layout::new(Generation::V1, 1, 1).unwrap();
-        let memory = Arc::new(MailboxMemory::new(layout));
-        server.attach(Box::new(memory.clone()), AttachOptions::default());
-        assert_eq!(server.start().unwrap(), Started::Started);
+        let (server, memory) = started_with_one_port();
         let client = {
             let (server, memory) = (server.clone(), memory.clone());
             thread::spawn(move || {
                 let locks = LockTable::new(1);
                 let _user = server.user();
-                let client = Client::new(memory.view(), locks.words())
-                    .unwrap()
-                    .with_wait(&Spin);
-                let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
-                let mut got = 0;
+                let client = spinning_client(&memory, &locks);
                 // A lost wake-up leaves this wait spinning forever, which loom reports.
-                port.send_and_recv(|_, p| p.set_word(0, 41), |_, p| got = p.word(0))
-                    .unwrap();
-                assert_eq!(got, 42);
+                assert_eq!(increment(&client, 41), 42);
             })
         };
         client.join().unwrap();
@@ -96,19 +97,12 @@ fn shutdown_while_a_guard_is_live() {
 #[test]
 fn a_request_of_a_user_that_came_and_went_is_still_served() {
     loom::model(|| {
-        let server = server();
-        let memory = Arc::new(MailboxMemory::new(
-            Layout::new(Generation::V1, 1, 1).unwrap(),
-        ));
-        server.attach(Box::new(memory.clone()), AttachOptions::default());
-        let _ = server.start().unwrap();
+        let (server, memory) = started_with_one_port();
         {
             // A kernel that sends a request needing no answer and ends before the worker looks.
             let _user = server.user();
             let locks = LockTable::new(1);
-            let client = Client::new(memory.view(), locks.words())
-                .unwrap()
-                .with_wait(&Spin);
+            let client = spinning_client(&memory, &locks);
             client
                 .open(Opcode::NOOP, 1)
                 .unwrap()
@@ -166,23 +160,12 @@ fn concurrent_shutdowns_both_return_after_the_worker_exited() {
 #[test]
 fn of_two_users_the_one_that_outlives_the_other_is_served() {
     loom::model(|| {
-        let server = server();
-        let memory = Arc::new(MailboxMemory::new(
-            Layout::new(Generation::V1, 1, 1).unwrap(),
-        ));
-        server.attach(Box::new(memory.clone()), AttachOptions::default());
-        let _ = server.start().unwrap();
+        let (server, memory) = started_with_one_port();
         let (first, second) = (server.user(), server.user());
         let leaver = thread::spawn(move || drop(first));
         let locks = LockTable::new(1);
-        let client = Client::new(memory.view(), locks.words())
-            .unwrap()
-            .with_wait(&Spin);
-        let mut port = client.open(Opcode::TEST_INCREMENT, 1).unwrap();
-        let mut got = 0;
-        port.send_and_recv(|_, p| p.set_word(0, 1), |_, p| got = p.word(0))
-            .unwrap();
-        assert_eq!(got, 2);
+        let client = spinning_client(&memory, &locks);
+        assert_eq!(increment(&client, 1), 2);
         leaver.join().unwrap();
         assert_eq!(server.users(), 1, "the second user still lives");
         drop(second);

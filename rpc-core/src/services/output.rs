@@ -52,7 +52,7 @@ use std::vec::Vec;
 
 use crate::server::limits::Limits;
 use crate::server::stats::Reporting;
-use crate::sync::{lock, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{lock, wait_until, Condvar, Mutex, MutexGuard, Ordering};
 
 /// Staged bytes above this are committed at once: a pass's short lines fit, and the buffer
 /// stays small.
@@ -304,17 +304,9 @@ impl StdStream {
         let start = Instant::now();
         let mut state = lock(&self.state);
         let ticket = state.commit(&[]);
-        while state.done(ticket).is_none() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                state.give_up(start.elapsed());
-                break;
-            }
-            state = self
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+        state = wait_until(&self.changed, state, deadline, |s| s.done(ticket).is_none());
+        if state.done(ticket).is_none() {
+            state.give_up(start.elapsed());
         }
         self.changed.notify_all();
         match state.done(ticket) {

@@ -12,12 +12,12 @@ use super::output::StdStream;
 use super::streams::{OpenError, Target};
 use super::MailboxState;
 use super::{
-    active, c_result, io, per_lane, read_charge, recv_words, send_word0, until_nul, Refusals,
-    Services, Touches, EOF_WORD, OVER_BUDGET,
+    active, c_result, io, per_lane, read_charge, recv_words, send_word0, until_nul, LaneWords,
+    Refusals, Services, Touches, EOF_WORD, OVER_BUDGET,
 };
 use crate::server::error::{Outcome, ServerError};
 use crate::server::exec::Streams;
-use crate::server::limits::quoted;
+use crate::server::limits::{quoted, Charge};
 use crate::server::request::Request;
 use crate::sync::lock;
 
@@ -148,33 +148,48 @@ fn take_budget(budget: &mut u64, want: u64) -> usize {
     take as usize // At most `read_bytes`, which is far below usize::MAX on a 64-bit host.
 }
 
-/// READ_FROM_STREAM: C send {buf\[0\] = max, buf\[1\] = tagged}; S send_n(data);
-/// S send buf\[0\] = bytes read. The lanes together read at most `Limits::read_bytes` (a short
-/// count beyond, as a read of a pipe may return).
-pub(crate) async fn read_from_stream(mut req: Request) -> Result<Outcome, ServerError> {
-    let words = recv_words(&mut req).await?;
-    let context = super::context(&req);
-    let mailbox = super::mailbox_state(&req);
-    let charge = read_charge(&req, |lane| words[lane as usize][0]);
+/// The first half of READ_FROM_STREAM and READ_FGETS: C send {buf\[0\] = want, buf\[1\] =
+/// tagged}. A lane with a live stream reads at most `clamp(want)` bytes of it, within what is
+/// left of the request's read budget (`Limits::read_bytes`), by `read` on an I/O thread; a
+/// lane without one is refused. Returns each lane's bytes (none for a refused lane) and the
+/// budget's charge, to be held until the reply is sent.
+async fn read_lanes(
+    req: &mut Request,
+    clamp: fn(u64) -> u64,
+    read: fn(&Services, &Target, usize) -> Vec<u8>,
+    refusals: &mut Refusals,
+) -> Result<(Vec<Vec<u8>>, Charge), ServerError> {
+    let words = recv_words(req).await?;
+    let context = super::context(req);
+    let mailbox = super::mailbox_state(req);
+    let charge = read_charge(req, |lane| clamp(words[lane as usize][0]));
     let mut budget = charge.bytes();
-    let mut refusals = Refusals::default();
     let mut reads = Vec::new();
-    for lane in active(&req) {
-        let [max, handle, ..] = words[lane as usize];
+    for lane in active(req) {
+        let [want, handle, ..] = words[lane as usize];
         match context.services().tagged(&mailbox, handle) {
-            Some(target) => reads.push((lane, target, take_budget(&mut budget, max))),
+            Some(target) => reads.push((lane, target, take_budget(&mut budget, clamp(want)))),
             None => refusals.lane(lane, "not a live stream handle"),
         }
     }
     let touches = Touches::streams(reads.iter().map(|(_, t, _)| t));
-    let data = io(&req, touches, move |context| {
+    let data = io(req, touches, move |context| {
         let mut data: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
         for (lane, target, max) in reads {
-            data[lane as usize] = context.services().read(&target, max);
+            data[lane as usize] = read(context.services(), &target, max);
         }
         data
     })
     .await?;
+    Ok((data, charge))
+}
+
+/// READ_FROM_STREAM: C send {buf\[0\] = max, buf\[1\] = tagged}; S send_n(data);
+/// S send buf\[0\] = bytes read. The lanes together read at most `Limits::read_bytes` (a short
+/// count beyond, as a read of a pipe may return).
+pub(crate) async fn read_from_stream(mut req: Request) -> Result<Outcome, ServerError> {
+    let mut refusals = Refusals::default();
+    let (data, _charge) = read_lanes(&mut req, |max| max, Services::read, &mut refusals).await?;
     let slices: Vec<&[u8]> = data.iter().map(Vec::as_slice).collect();
     req.send_n(&slices).await?;
     let mut replies = per_lane(&req, 0u64);
@@ -189,31 +204,13 @@ pub(crate) async fn read_from_stream(mut req: Request) -> Result<Outcome, Server
 /// bytes at the end or on an error). The lanes' counts together are bounded by
 /// `Limits::read_bytes` (a longer line comes in parts, as with a smaller count).
 pub(crate) async fn read_fgets(mut req: Request) -> Result<Outcome, ServerError> {
-    let words = recv_words(&mut req).await?;
-    let context = super::context(&req);
-    let mailbox = super::mailbox_state(&req);
-    let charge = read_charge(&req, |lane| words[lane as usize][0].min(c_int::MAX as u64));
-    let mut budget = charge.bytes();
     let mut refusals = Refusals::default();
-    let mut reads = Vec::new();
-    for lane in active(&req) {
-        let [count, handle, ..] = words[lane as usize];
-        match context.services().tagged(&mailbox, handle) {
-            Some(target) => {
-                let count = count.min(c_int::MAX as u64);
-                reads.push((lane, target, take_budget(&mut budget, count)));
-            }
-            None => refusals.lane(lane, "not a live stream handle"),
-        }
-    }
-    let touches = Touches::streams(reads.iter().map(|(_, t, _)| t));
-    let lines = io(&req, touches, move |context| {
-        let mut lines: Vec<Vec<u8>> = (0..64).map(|_| Vec::new()).collect();
-        for (lane, target, count) in reads {
-            lines[lane as usize] = context.services().gets(&target, count).unwrap_or_default();
-        }
-        lines
-    })
+    let (lines, _charge) = read_lanes(
+        &mut req,
+        |count| count.min(c_int::MAX as u64),
+        |services, target, count| services.gets(target, count).unwrap_or_default(),
+        &mut refusals,
+    )
     .await?;
     let slices: Vec<&[u8]> = lines.iter().map(Vec::as_slice).collect();
     req.send_n(&slices).await?;
@@ -296,6 +293,28 @@ pub(crate) async fn open_file(mut req: Request) -> Result<Outcome, ServerError> 
 /// the stream, the lane's words; the reply word.
 type StreamOp = fn(&Services, &MailboxState, &Target, &[u64; 8]) -> u64;
 
+/// Each active lane's stream: the handle in its word `at`, found by `handle` (tagged or raw)
+/// among `mailbox`'s streams; a lane whose handle is not a live one is refused.
+fn lane_streams(
+    req: &Request,
+    mailbox: &MailboxState,
+    words: &LaneWords,
+    at: usize,
+    handle: fn(&Services, &MailboxState, u64) -> Option<Target>,
+    refusals: &mut Refusals,
+) -> Vec<(u32, Target)> {
+    let context = super::context(req);
+    let mut targets = Vec::new();
+    for lane in active(req) {
+        let word = words[lane as usize][at];
+        match handle(context.services(), mailbox, word) {
+            Some(target) => targets.push((lane, target)),
+            None => refusals.lane(lane, std::format!("{word:#x} is not a live stream handle")),
+        }
+    }
+    targets
+}
+
 /// The pattern of every stream opcode but the reads and writes: C send {words}; S send
 /// buf\[0\] = `op(..)` per lane, or `bad` where buf\[`at`\] is not a live stream handle of the
 /// request's mailbox (`handle` finds it: tagged or raw). `op` runs on an I/O thread if any
@@ -308,20 +327,9 @@ async fn on_stream(
     op: StreamOp,
 ) -> Result<Outcome, ServerError> {
     let words = recv_words(&mut req).await?;
-    let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
     let mut refusals = Refusals::default();
-    let mut targets = Vec::new();
-    for lane in active(&req) {
-        let words = &words[lane as usize];
-        match handle(context.services(), &mailbox, words[at]) {
-            Some(target) => targets.push((lane, target)),
-            None => refusals.lane(
-                lane,
-                std::format!("{:#x} is not a live stream handle", words[at]),
-            ),
-        }
-    }
+    let targets = lane_streams(&req, &mailbox, &words, at, handle, &mut refusals);
     let touches = Touches::streams(targets.iter().map(|(_, t)| t));
     let results = io(&req, touches, move |context| {
         targets
@@ -386,22 +394,12 @@ pub(crate) async fn ungetc(req: Request) -> Result<Outcome, ServerError> {
 /// blocks: so it runs on an I/O thread, as every other stdin and file opcode does.
 pub(crate) async fn clearerr(mut req: Request) -> Result<Outcome, ServerError> {
     let words = recv_words(&mut req).await?;
-    let context = super::context(&req);
     let mailbox = super::mailbox_state(&req);
     let mut refusals = Refusals::default();
-    let mut targets = Vec::new();
-    for lane in active(&req) {
-        let handle = words[lane as usize][0];
-        match context.services().tagged(&mailbox, handle) {
-            Some(target) => targets.push(target),
-            None => refusals.lane(
-                lane,
-                std::format!("{handle:#x} is not a live stream handle"),
-            ),
-        }
-    }
-    io(&req, Touches::streams(&targets), move |context| {
-        for target in &targets {
+    let targets = lane_streams(&req, &mailbox, &words, 0, Services::tagged, &mut refusals);
+    let touches = Touches::streams(targets.iter().map(|(_, t)| t));
+    io(&req, touches, move |context| {
+        for (_, target) in &targets {
             context.services().clear_error(target);
         }
     })

@@ -190,15 +190,24 @@ fn slice_of_mut<T: AnyBitPattern + NoUninit>(bytes: &mut [u8]) -> Option<&mut [T
     bytemuck::try_cast_slice_mut(bytes).ok()
 }
 
+/// A pointer that may be NULL: `Some(None)` for NULL, else its pointee as `decode` reads it
+/// (`None` refuses the lane).
+fn nullable<'a, V>(
+    pointee: Option<&'a mut [u8]>,
+    decode: impl FnOnce(&'a mut [u8]) -> Option<V>,
+) -> Option<Option<V>> {
+    match pointee {
+        None => Some(None),
+        Some(bytes) => decode(bytes).map(Some),
+    }
+}
+
 impl Argument for Option<&CStr> {
     type Value<'a> = Option<&'a CStr>;
     const WIRE: usize = POINTER_BYTES;
     const POINTEE: Option<Pointee> = Some(Pointee::CString);
     fn decode<'a>(_: &[u8], pointee: Option<&'a mut [u8]>) -> Option<Self::Value<'a>> {
-        match pointee {
-            None => Some(None),
-            Some(bytes) => c_str(bytes).map(Some),
-        }
+        nullable(pointee, |bytes| c_str(bytes))
     }
 }
 
@@ -216,10 +225,7 @@ impl<T: Plain> Argument for Option<&[T]> {
     const WIRE: usize = POINTER_BYTES;
     const POINTEE: Option<Pointee> = Some(Pointee::Span(size_of::<T>()));
     fn decode<'a>(_: &[u8], pointee: Option<&'a mut [u8]>) -> Option<Self::Value<'a>> {
-        match pointee {
-            None => Some(None),
-            Some(bytes) => slice_of(bytes).map(Some),
-        }
+        nullable(pointee, |bytes| slice_of(bytes))
     }
 }
 
@@ -237,10 +243,7 @@ impl<T: Plain + NoUninit> Argument for Option<&mut [T]> {
     const WIRE: usize = POINTER_BYTES;
     const POINTEE: Option<Pointee> = Some(Pointee::Span(size_of::<T>()));
     fn decode<'a>(_: &[u8], pointee: Option<&'a mut [u8]>) -> Option<Self::Value<'a>> {
-        match pointee {
-            None => Some(None),
-            Some(bytes) => slice_of_mut(bytes).map(Some),
-        }
+        nullable(pointee, |bytes| slice_of_mut(bytes))
     }
 }
 
@@ -258,10 +261,7 @@ impl<T: Plain> Argument for Option<&T> {
     const WIRE: usize = POINTER_BYTES;
     const POINTEE: Option<Pointee> = Some(Pointee::Object(size_of::<T>()));
     fn decode<'a>(_: &[u8], pointee: Option<&'a mut [u8]>) -> Option<Self::Value<'a>> {
-        match pointee {
-            None => Some(None),
-            Some(bytes) => slice_of(bytes)?.first().map(Some),
-        }
+        nullable(pointee, |bytes| slice_of(bytes)?.first())
     }
 }
 
@@ -270,10 +270,7 @@ impl<T: Plain + NoUninit> Argument for Option<&mut T> {
     const WIRE: usize = POINTER_BYTES;
     const POINTEE: Option<Pointee> = Some(Pointee::Object(size_of::<T>()));
     fn decode<'a>(_: &[u8], pointee: Option<&'a mut [u8]>) -> Option<Self::Value<'a>> {
-        match pointee {
-            None => Some(None),
-            Some(bytes) => slice_of_mut(bytes)?.first_mut().map(Some),
-        }
+        nullable(pointee, |bytes| slice_of_mut(bytes)?.first_mut())
     }
 }
 

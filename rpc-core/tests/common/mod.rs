@@ -8,6 +8,7 @@
 
 pub mod capture;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,23 @@ impl Mailbox {
     pub fn open<'a>(&'a self, wait: &'a dyn Wait, opcode: Opcode, mask: u64) -> ClientPort<'a> {
         self.client().with_wait(wait).open(opcode, mask).unwrap()
     }
+}
+
+/// Registers `opcode` on `server`: one packet in, then the flag returned is set, then the
+/// exchange holds its port's buffer until a shutdown cuts it.
+pub fn register_holding(server: &RpcServer, opcode: Opcode) -> Arc<AtomicBool> {
+    let started = Arc::new(AtomicBool::new(false));
+    let flag = started.clone();
+    server.register(opcode, move |mut req| {
+        let flag = flag.clone();
+        async move {
+            req.recv(|_, _| {}).await?;
+            flag.store(true, Ordering::Release);
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    started
 }
 
 /// Waits until `condition` holds, looking every millisecond; fails naming `what` after 60 s
@@ -198,13 +216,20 @@ pub trait Device {
         out
     }
 
-    fn fread(&self, max: u64, handles: &[u64; 64]) -> (Vec<Vec<u8>>, [u64; 64]) {
-        let mut port = self.open(Opcode::READ_FROM_STREAM);
+    /// Opens a read (READ_FROM_STREAM, READ_FGETS) and sends its request: C send {buf[0] =
+    /// `want`, buf[1] = handle}.
+    fn open_read(&self, opcode: Opcode, want: u64, handles: &[u64; 64]) -> ClientPort<'_> {
+        let mut port = self.open(opcode);
         port.send(|l, p| {
-            p.set_word(0, max);
+            p.set_word(0, want);
             p.set_word(1, handles[l as usize]);
         })
         .unwrap();
+        port
+    }
+
+    fn fread(&self, max: u64, handles: &[u64; 64]) -> (Vec<Vec<u8>>, [u64; 64]) {
+        let mut port = self.open_read(Opcode::READ_FROM_STREAM, max, handles);
         let data = port.recv_n(u64::MAX).unwrap();
         let mut out = [0u64; 64];
         port.recv(|l, p| out[l as usize] = p.word(0)).unwrap();
@@ -212,12 +237,7 @@ pub trait Device {
     }
 
     fn fgets(&self, count: u64, handles: &[u64; 64]) -> Vec<Vec<u8>> {
-        let mut port = self.open(Opcode::READ_FGETS);
-        port.send(|l, p| {
-            p.set_word(0, count);
-            p.set_word(1, handles[l as usize]);
-        })
-        .unwrap();
+        let mut port = self.open_read(Opcode::READ_FGETS, count, handles);
         let lines = port.recv_n(u64::MAX).unwrap();
         for (lane, line) in lines.iter().enumerate() {
             assert!(line.len() as u64 <= count, "lane {lane}: more than count");

@@ -691,6 +691,7 @@ mod kept_tests {
 mod tests {
     use super::*;
     use crate::protocol::printf::parse;
+    use crate::protocol::printf::tests::lcg;
     use std::boxed::Box;
     use std::cell::Cell;
     use std::collections::HashMap;
@@ -1300,11 +1301,7 @@ mod tests {
     #[test]
     fn random_formats_never_panic() {
         const ALPHABET: &[u8] = b"%%%%-+ #0123456789*.hlLjztqdiouxXbBcspnfFeEgGaA$y\0";
-        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move || {
-            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-            (seed >> 33) as usize
-        };
+        let mut next = lcg(0x2545_f491_4f6c_dd1d);
         for _ in 0..3000 {
             let fmt: Vec<u8> = (0..next() % 24)
                 .map(|_| ALPHABET[next() % ALPHABET.len()])
