@@ -17,6 +17,7 @@ use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
 use crate::protocol::server_end::{HotPorts, Step};
+use crate::protocol::Resumable;
 use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
@@ -227,7 +228,8 @@ impl Inner {
         // of this function.
         // SAFETY: the mailboxes whose ports the pass flips and unlocks are held by `mailboxes`
         // (and by the exchanges in flight) until after it returns.
-        let _batch = (in_flight.len() >= 2).then(|| unsafe { Batching::enter() });
+        let batch = (in_flight.len() >= 2).then(|| unsafe { Batching::enter() });
+        let batching = batch.is_some();
         // Ports scanned since the last progress of this pass (see `quiet_ports`).
         let mut quiet = 0;
         let stopping = inner.thread.stopping();
@@ -315,7 +317,7 @@ impl Inner {
                     port.opcode = mailbox.numbering.translate(port.opcode.0);
                     sweep.served(index);
                     found += 1;
-                    Inner::start(inner, &server, port, mailbox, registry, in_flight);
+                    Inner::start(inner, &server, port, mailbox, registry, batching, in_flight);
                 }
                 found
             }));
@@ -337,10 +339,11 @@ impl Inner {
         progress
     }
 
-    /// Starts serving a port just opened on `server`, `mailbox`'s view; puts its exchange in
-    /// flight if it suspended. Not inlined, so the sweep's loop in `serve_pass` stays small
-    /// (the pipelined rows gained, docs/performance.md); an exchange in flight is written
-    /// once, where it stays, not returned and copied.
+    /// Starts serving a port just opened on `server`, `mailbox`'s view, in a pass with the
+    /// copy `registry` that defers its flips or not (`batching`); puts its exchange in flight
+    /// if it suspended. Not inlined, so the sweep's loop in `serve_pass` stays small (the
+    /// pipelined rows gained, docs/performance.md); an exchange in flight is written once,
+    /// where it stays, not returned and copied.
     #[inline(never)]
     fn start(
         inner: &Arc<Inner>,
@@ -348,6 +351,7 @@ impl Inner {
         mut port: crate::protocol::ServerPort<'_>,
         mailbox: &Arc<Attached>,
         registry: &Registry,
+        batching: bool,
         in_flight: &mut Flights,
     ) {
         let context = &inner.context;
@@ -423,7 +427,13 @@ impl Inner {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
                 // reply only needs the buffer we hold: this never suspends, so it needs no
-                // exchange, only the one catch of a panic.
+                // exchange, only the one catch of a panic. Nor does its port need the
+                // executor's wait, unless the pass defers its flips: then the flip and the
+                // unlock are stored at once (the plain resumable wait's), without asking this
+                // thread's context twice whether they wait in a batch.
+                if !batching {
+                    port.wait = &Resumable;
+                }
                 let result = catch(|| reply(&mut port));
                 let fate = finish(context, mailbox, index, opcode, result);
                 if fate != Fate::Close {
