@@ -322,14 +322,13 @@ impl Inner {
                         }
                         continue;
                     }
-                    let Some(mut port) = server.try_open(index, &ExchangeWait) else {
-                        continue;
-                    };
-                    // Everything after this sees the opcode in today's numbering.
-                    port.opcode = mailbox.numbering.translate(port.opcode.0);
-                    sweep.served(index);
-                    found += 1;
-                    Inner::start(inner, &server, port, mailbox, registry, batching, in_flight);
+                    let opened = Inner::start(
+                        inner, &server, index, mailbox, registry, batching, in_flight,
+                    );
+                    if opened {
+                        sweep.served(index);
+                        found += 1;
+                    }
                 }
                 found
             }));
@@ -351,24 +350,31 @@ impl Inner {
         progress
     }
 
-    /// Starts serving a port just opened on `server`, `mailbox`'s view, in a pass with the
-    /// copy `registry` that defers its flips or not (`batching`); puts its exchange in flight
-    /// if it suspended. Not inlined, so the sweep's loop in `serve_pass` stays small (the
-    /// pipelined rows gained, docs/performance.md); an exchange in flight is written once,
-    /// where it stays, not returned and copied.
+    /// Opens port `index` on `server`, `mailbox`'s view, and starts serving it, in a pass with
+    /// the copy `registry` that defers its flips or not (`batching`); puts its exchange in
+    /// flight if it suspended. False if the port did not open (not pending any more, or held
+    /// by another server thread). Not inlined, so the sweep's loop in `serve_pass` stays small
+    /// (the pipelined rows gained, docs/performance.md); the port is opened here, where it
+    /// stays, not returned by the sweep and copied in; an exchange in flight likewise is
+    /// written once, where it stays.
     #[inline(never)]
     fn start(
         inner: &Arc<Inner>,
         server: &crate::protocol::ServerEnd<'_>,
-        mut port: crate::protocol::ServerPort<'_>,
+        index: u32,
         mailbox: &Arc<Attached>,
         registry: &Registry,
         batching: bool,
         in_flight: &mut Flights,
-    ) {
+    ) -> bool {
+        let Some(mut port) = server.try_open(index, &ExchangeWait) else {
+            return false;
+        };
+        // Everything after this sees the opcode in today's numbering.
+        port.opcode = mailbox.numbering.translate(port.opcode.0);
         let context = &inner.context;
         let name = &context.config.name;
-        let (opcode, index) = (port.opcode(), port.index());
+        let opcode = port.opcode();
         if port.header_mask() == 0 {
             // The no-request mark: a late packet of an exchange the server drained (or a flip
             // that opened nothing). Answered as the drain answered, never run (PROTOCOL
@@ -381,7 +387,7 @@ impl Inner {
                 "{name}: mailbox {} port {index}: a late packet of {opcode} answered, not run",
                 mailbox.id.0
             );
-            return;
+            return true;
         }
         if let Err(error) = port.check_mask() {
             device_log!(
@@ -391,7 +397,7 @@ impl Inner {
                 mailbox.id.0
             );
             bump(&context.stats.bad_headers);
-            return; // Dropping the port closes it: the client reads its own request back.
+            return true; // Dropping the port closes it: the client reads its own request back.
         }
         // The pass's copy of the registry may predate a handler registered just before this
         // request was sent (the pass began first): an opcode it does not know is looked up
@@ -414,7 +420,7 @@ impl Inner {
                     mailbox.id.0
                 );
                 bump(&context.stats.panics);
-                return;
+                return true;
             }
         };
         let Some(entry) = entry else {
@@ -425,7 +431,7 @@ impl Inner {
                 mailbox.id.0
             );
             bump(&context.stats.unknown);
-            return;
+            return true;
         };
         log::debug!(
             "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
@@ -454,7 +460,7 @@ impl Inner {
                     let marks = Marks::now(mailbox, context);
                     carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
                 }
-                return;
+                return true;
             }
             Handler::Script(script) => {
                 // Read once the port is open, after `try_open`'s acquire fence: the kernel that
@@ -471,12 +477,13 @@ impl Inner {
                         // The request went in the unwinding, leaving the port locked.
                         let fate = finish(context, mailbox, index, opcode, Err(error));
                         carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
-                        return;
+                        return true;
                     }
                 }
             }
         };
         in_flight.run(context, mailbox, server, index, opcode, marks, exchange);
+        true
     }
 
     /// Ends the exchanges of detached mailboxes (no pass touches their memory again). Asked of
