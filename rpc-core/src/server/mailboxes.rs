@@ -251,14 +251,14 @@ impl Attached {
         self.unsettled.store(n.saturating_sub(1), Ordering::Release);
     }
 
+    /// The server's end of this mailbox, as its source's view is now (once a pass).
     pub(crate) fn server(&self) -> ServerEnd<'_> {
-        let server = ServerEnd::new(self.source.view(), self.locks.words())
-            .expect("lock table sized for the layout");
         #[cfg(not(loom))]
-        if let Some(bell) = &self.doorbell {
-            return server.with_doorbell(bell.counter());
-        }
-        server
+        let doorbell = self.doorbell.as_ref().map(|bell| bell.counter());
+        #[cfg(loom)]
+        let doorbell = None;
+        // The lock table was sized for the layout at attach.
+        ServerEnd::sized(self.source.view(), self.locks.words(), doorbell)
     }
 }
 
