@@ -182,7 +182,10 @@ impl<'a> ServerEnd<'a> {
         Sweep::new(self.mailbox.primary, self.mailbox.secondary, hot)
     }
 
-    /// Opens port `index` if it is pending and no other server thread holds it.
+    /// Opens port `index` if it is pending and no other server thread holds it. Inlined: the
+    /// port (17 fields) is then built where its opener keeps it, not returned and copied
+    /// there (the worker's `Inner::start`, once a request).
+    #[inline]
     pub fn try_open<'w>(&'w self, index: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
         let i = index as usize;
         if index >= self.mailbox.layout().ports() {
