@@ -67,6 +67,27 @@ impl<'a> ServerEnd<'a> {
         })
     }
 
+    /// A server over `mailbox` using `locks`, which its caller sized for the mailbox's layout
+    /// (an attached mailbox's table), decrementing `doorbell` (see `with_doorbell`). Panics
+    /// if `locks` is too small after all (a memory source whose view changed its layout).
+    /// Built in place, with no `Result` to move through: the worker makes one on every pass.
+    #[inline]
+    pub(crate) fn sized(
+        mailbox: Mailbox<'a>,
+        locks: &'a [AtomicU32],
+        doorbell: Option<&'a AtomicU64>,
+    ) -> Self {
+        assert!(
+            locks.len() >= lock_words(mailbox.layout().ports()),
+            "lock table sized for the layout"
+        );
+        ServerEnd {
+            mailbox,
+            locks,
+            doorbell,
+        }
+    }
+
     /// Decrements `counter` (the host view of the v2 doorbell's `value`) once per served port.
     pub fn with_doorbell(mut self, counter: &'a AtomicU64) -> Self {
         self.doorbell = Some(counter);
@@ -161,7 +182,10 @@ impl<'a> ServerEnd<'a> {
         Sweep::new(self.mailbox.primary, self.mailbox.secondary, hot)
     }
 
-    /// Opens port `index` if it is pending and no other server thread holds it.
+    /// Opens port `index` if it is pending and no other server thread holds it. Inlined: the
+    /// port (17 fields) is then built where its opener keeps it, not returned and copied
+    /// there (the worker's `Inner::start`, once a request).
+    #[inline]
     pub fn try_open<'w>(&'w self, index: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
         let i = index as usize;
         if index >= self.mailbox.layout().ports() {

@@ -17,6 +17,7 @@ use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
 use crate::protocol::server_end::{HotPorts, Step};
+use crate::protocol::Resumable;
 use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
@@ -49,13 +50,20 @@ const IDLE_HOUSEKEEPING_PASSES: u32 = 8;
 const IDLE_HOUSEKEEPING_PASSES: u32 = 0;
 
 impl Attached {
-    /// Releases the quarantined ports whose kernels are all gone.
+    /// Releases the quarantined ports whose kernels are all gone. Inlined, so that a pass over
+    /// a mailbox with none (nearly every pass) costs a load, not a call.
+    #[inline]
     fn release_quarantined(&self, context: &ServerContext) {
         // Relaxed: a hint that saves the lock on every pass; a port quarantined meanwhile is
         // looked at in the next pass.
-        if self.quarantined.load(Ordering::Relaxed) == 0 {
-            return;
+        if self.quarantined.load(Ordering::Relaxed) != 0 {
+            self.drain_quarantined(context);
         }
+    }
+
+    /// [`Attached::release_quarantined`] once some port is quarantined.
+    #[inline(never)]
+    fn drain_quarantined(&self, context: &ServerContext) {
         let mut quarantine = lock(&self.quarantine);
         if quarantine.is_empty() {
             return;
@@ -227,7 +235,8 @@ impl Inner {
         // of this function.
         // SAFETY: the mailboxes whose ports the pass flips and unlocks are held by `mailboxes`
         // (and by the exchanges in flight) until after it returns.
-        let _batch = (in_flight.len() >= 2).then(|| unsafe { Batching::enter() });
+        let batch = (in_flight.len() >= 2).then(|| unsafe { Batching::enter() });
+        let batching = batch.is_some();
         // Ports scanned since the last progress of this pass (see `quiet_ports`).
         let mut quiet = 0;
         let stopping = inner.thread.stopping();
@@ -252,7 +261,12 @@ impl Inner {
             let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 // One view of the mailbox for its whole part of the pass.
                 let server = mailbox.server();
-                let mut found = in_flight.poll_of(context, mailbox, &server, look);
+                // No call at all in the common pass with nothing in flight.
+                let mut found = if in_flight.len() == 0 {
+                    0
+                } else {
+                    in_flight.poll_of(context, mailbox, &server, look)
+                };
                 if stopping {
                     return found;
                 }
@@ -308,14 +322,13 @@ impl Inner {
                         }
                         continue;
                     }
-                    let Some(mut port) = server.try_open(index, &ExchangeWait) else {
-                        continue;
-                    };
-                    // Everything after this sees the opcode in today's numbering.
-                    port.opcode = mailbox.numbering.translate(port.opcode.0);
-                    sweep.served(index);
-                    found += 1;
-                    Inner::start(inner, &server, port, mailbox, registry, in_flight);
+                    let opened = Inner::start(
+                        inner, &server, index, mailbox, registry, batching, in_flight,
+                    );
+                    if opened {
+                        sweep.served(index);
+                        found += 1;
+                    }
                 }
                 found
             }));
@@ -337,22 +350,31 @@ impl Inner {
         progress
     }
 
-    /// Starts serving a port just opened on `server`, `mailbox`'s view; puts its exchange in
-    /// flight if it suspended. Not inlined, so the sweep's loop in `serve_pass` stays small
-    /// (the pipelined rows gained, docs/performance.md); an exchange in flight is written
-    /// once, where it stays, not returned and copied.
+    /// Opens port `index` on `server`, `mailbox`'s view, and starts serving it, in a pass with
+    /// the copy `registry` that defers its flips or not (`batching`); puts its exchange in
+    /// flight if it suspended. False if the port did not open (not pending any more, or held
+    /// by another server thread). Not inlined, so the sweep's loop in `serve_pass` stays small
+    /// (the pipelined rows gained, docs/performance.md); the port is opened here, where it
+    /// stays, not returned by the sweep and copied in; an exchange in flight likewise is
+    /// written once, where it stays.
     #[inline(never)]
     fn start(
         inner: &Arc<Inner>,
         server: &crate::protocol::ServerEnd<'_>,
-        mut port: crate::protocol::ServerPort<'_>,
+        index: u32,
         mailbox: &Arc<Attached>,
         registry: &Registry,
+        batching: bool,
         in_flight: &mut Flights,
-    ) {
+    ) -> bool {
+        let Some(mut port) = server.try_open(index, &ExchangeWait) else {
+            return false;
+        };
+        // Everything after this sees the opcode in today's numbering.
+        port.opcode = mailbox.numbering.translate(port.opcode.0);
         let context = &inner.context;
         let name = &context.config.name;
-        let (opcode, index) = (port.opcode(), port.index());
+        let opcode = port.opcode();
         if port.header_mask() == 0 {
             // The no-request mark: a late packet of an exchange the server drained (or a flip
             // that opened nothing). Answered as the drain answered, never run (PROTOCOL
@@ -365,7 +387,7 @@ impl Inner {
                 "{name}: mailbox {} port {index}: a late packet of {opcode} answered, not run",
                 mailbox.id.0
             );
-            return;
+            return true;
         }
         if let Err(error) = port.check_mask() {
             device_log!(
@@ -375,7 +397,7 @@ impl Inner {
                 mailbox.id.0
             );
             bump(&context.stats.bad_headers);
-            return; // Dropping the port closes it: the client reads its own request back.
+            return true; // Dropping the port closes it: the client reads its own request back.
         }
         // The pass's copy of the registry may predate a handler registered just before this
         // request was sent (the pass began first): an opcode it does not know is looked up
@@ -398,7 +420,7 @@ impl Inner {
                     mailbox.id.0
                 );
                 bump(&context.stats.panics);
-                return;
+                return true;
             }
         };
         let Some(entry) = entry else {
@@ -409,7 +431,7 @@ impl Inner {
                 mailbox.id.0
             );
             bump(&context.stats.unknown);
-            return;
+            return true;
         };
         log::debug!(
             "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
@@ -423,7 +445,13 @@ impl Inner {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
                 // reply only needs the buffer we hold: this never suspends, so it needs no
-                // exchange, only the one catch of a panic.
+                // exchange, only the one catch of a panic. Nor does its port need the
+                // executor's wait, unless the pass defers its flips: then the flip and the
+                // unlock are stored at once (the plain resumable wait's), without asking this
+                // thread's context twice whether they wait in a batch.
+                if !batching {
+                    port.wait = &Resumable;
+                }
                 let result = catch(|| reply(&mut port));
                 let fate = finish(context, mailbox, index, opcode, result);
                 if fate != Fate::Close {
@@ -432,7 +460,7 @@ impl Inner {
                     let marks = Marks::now(mailbox, context);
                     carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
                 }
-                return;
+                return true;
             }
             Handler::Script(script) => {
                 // Read once the port is open, after `try_open`'s acquire fence: the kernel that
@@ -449,12 +477,13 @@ impl Inner {
                         // The request went in the unwinding, leaving the port locked.
                         let fate = finish(context, mailbox, index, opcode, Err(error));
                         carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
-                        return;
+                        return true;
                     }
                 }
             }
         };
         in_flight.run(context, mailbox, server, index, opcode, marks, exchange);
+        true
     }
 
     /// Ends the exchanges of detached mailboxes (no pass touches their memory again). Asked of

@@ -88,32 +88,43 @@ impl AtomicMailbox for Arc<MailboxMemory> {
 
 /// A plugin's shared region holding a mailbox of a layout, as [`RpcServer::attach`](crate::RpcServer::attach) takes it:
 /// the server's same-size atomic views of the region, trusted by its [`SharedRegion`] contract.
+///
+/// The view is built (and the region checked) once, in `new`, and kept: the worker asks for it
+/// on every pass, where building it (two calls into the plugin, the layout's offsets, the
+/// checks) cost some 100 instructions a pass, more than a tenth of a pass that finds nothing
+/// (`docs/performance.md`). The region's pointer and length never change (its contract).
 #[cfg(not(loom))]
 pub struct RegionMailbox {
-    region: Box<dyn SharedRegion>,
-    layout: Layout,
+    /// The view of `_region`. Its `'static` is never handed out: [`AtomicMailbox::view`] returns
+    /// it borrowed from `self`, so no copy outlives the region (see the `SAFETY` in `new`).
+    view: Mailbox<'static>,
+    /// The memory `view` points into, held (never read again) until `self` drops.
+    _region: Box<dyn SharedRegion>,
 }
 
 #[cfg(not(loom))]
 impl RegionMailbox {
     /// The mailbox of `layout` in `region`; fails if the region is misaligned or too small.
     pub fn new(region: Box<dyn SharedRegion>, layout: Layout) -> Result<Self, ServerError> {
-        // Checks alignment and size once; `view` relies on it.
-        // SAFETY: a view is only built here to validate; the region outlives this statement.
-        unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
-        Ok(RegionMailbox { region, layout })
+        // SAFETY: the region is valid for reads and writes of `len()` bytes at `host_ptr()`,
+        // and stays so at that address until it is dropped (the `SharedRegion` contract); it
+        // is dropped with `self`, and the view never leaves `self` for longer than a borrow of
+        // it (`view`), so no reference of the view is used after the region is gone, despite
+        // the `'static` it is stored with. This process only accesses the region through
+        // same-size atomic views (the contract again).
+        let view = unsafe { Mailbox::from_raw(region.host_ptr(), region.len(), layout) }?;
+        Ok(RegionMailbox {
+            view,
+            _region: region,
+        })
     }
 }
 
 #[cfg(not(loom))]
 impl AtomicMailbox for RegionMailbox {
     fn view(&self) -> Mailbox<'_> {
-        // SAFETY: the region is owned by `self` (so it lives as long as the view), and this
-        // process only accesses mailbox memory through same-size atomic views (the region's
-        // `SharedRegion` contract); `new` checked alignment and size once, and the
-        // region never changes.
-        unsafe { Mailbox::from_raw(self.region.host_ptr(), self.region.len(), self.layout) }
-            .expect("checked when attached")
+        // The kept view, its lifetime shortened to the borrow of `self`.
+        self.view
     }
 }
 
@@ -240,14 +251,14 @@ impl Attached {
         self.unsettled.store(n.saturating_sub(1), Ordering::Release);
     }
 
+    /// The server's end of this mailbox, as its source's view is now (once a pass).
     pub(crate) fn server(&self) -> ServerEnd<'_> {
-        let server = ServerEnd::new(self.source.view(), self.locks.words())
-            .expect("lock table sized for the layout");
         #[cfg(not(loom))]
-        if let Some(bell) = &self.doorbell {
-            return server.with_doorbell(bell.counter());
-        }
-        server
+        let doorbell = self.doorbell.as_ref().map(|bell| bell.counter());
+        #[cfg(loom)]
+        let doorbell = None;
+        // The lock table was sized for the layout at attach.
+        ServerEnd::sized(self.source.view(), self.locks.words(), doorbell)
     }
 }
 

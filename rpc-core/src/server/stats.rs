@@ -154,15 +154,23 @@ impl Stats {
     /// thread's lock saw the last one stop), so each is a plain load and store, as `passes`:
     /// no read-modify-write, whose locked instruction would also wait for the request's flip
     /// to leave the store buffer (`protocol::deferred`). The line is written by the worker
-    /// only; a reader's load is the only other access.
+    /// only; a reader's load is the only other access. Inlined (every request passes here),
+    /// the map of opcodes outside the table left out of line.
+    #[inline]
     pub(crate) fn served(&self, opcode: Opcode) {
         match opcode.table_index() {
             Some(i) => {
                 let counter = &self.known[i];
                 counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             }
-            None => *lock(&self.other).entry(opcode).or_insert(0) += 1,
+            None => self.served_other(opcode),
         }
+    }
+
+    /// [`Stats::served`] for an opcode outside the table.
+    #[inline(never)]
+    fn served_other(&self, opcode: Opcode) {
+        *lock(&self.other).entry(opcode).or_insert(0) += 1;
     }
 
     /// A consistent-enough copy of every counter.
