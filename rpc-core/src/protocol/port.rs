@@ -189,9 +189,10 @@ impl Backoff {
 /// hands the CPU to one of them for the rest of its time slice (milliseconds), while a nap's
 /// wake-up runs us again within some 70 µs (the nap and the timer's slack). So a yield that
 /// took longer than [`CROWDED_YIELD`] marks the process's next [`CROWDED_WAITS`] waits
-/// crowded: in those, a client's [`Backoff`] naps at once instead of its 512 yields, and the
+/// crowded: in those, a client's [`Backoff`] naps at once instead of its 512 yields, the
 /// server thread suspends an exchange instead of yielding between its spins for the answer
-/// (`server::exec`'s context). The next yield after them probes again. Process-wide, not per
+/// (`server::exec`'s context), and its back-off parks without its yield passes
+/// (`server::worker`). The next yield after them probes again. Process-wide, not per
 /// thread: the crowd is the machine's, and one thread's yield tells every thread of ours.
 ///
 /// The threshold is what keeps this free where the CPUs are not crowded: a yield that runs
@@ -235,8 +236,9 @@ impl Crowding {
     pub(crate) fn skips_yields(&self, _new_wait: bool) -> bool {
         false
     }
-    pub(crate) fn yield_now(&self) {
+    pub(crate) fn yield_now(&self) -> core::time::Duration {
         crate::sync::thread::yield_now();
+        core::time::Duration::ZERO
     }
 }
 
@@ -258,11 +260,13 @@ impl Crowding {
         left > 0
     }
 
-    /// Yields the CPU, and notes how long that took.
-    pub(crate) fn yield_now(&self) {
+    /// Yields the CPU, notes how long that took, and says it.
+    pub(crate) fn yield_now(&self) -> std::time::Duration {
         let start = std::time::Instant::now();
         std::thread::yield_now();
-        self.note_yield(start.elapsed());
+        let took = start.elapsed();
+        self.note_yield(took);
+        took
     }
 
     /// Notes a yield that took `took`.

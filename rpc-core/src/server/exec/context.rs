@@ -136,7 +136,7 @@ impl Context {
                 if CROWDING.skips_yields(round == 1) {
                     break;
                 }
-                CROWDING.yield_now();
+                let _ = CROWDING.yield_now();
             }
             for _ in 0..SPINS_PER_WAIT {
                 spin_hint();
