@@ -48,7 +48,7 @@ pub struct Cli {
 enum Command {
     /// The whole test suite as CI runs it: tidy, fmt, clippy, doc, the tests, loom, miri
     /// (where nightly has it), the no_std build, a 30 s soak
-    Test,
+    Test(test::Args),
     /// The layering and file rules ARCHITECTURE.md states, and that include/rpc_plugin.h is
     /// current
     Tidy,
@@ -147,7 +147,7 @@ pub fn target_dir(root: &Path) -> PathBuf {
 
 fn run(command: Command) -> Result {
     match command {
-        Command::Test => test::run(),
+        Command::Test(args) => test::run(&args),
         Command::Tidy => tidy::run(),
         Command::Layout(args) => layout::run(&args),
         Command::Stress(args) => stress::run(&args),

@@ -3,23 +3,30 @@
 //! Each step is one cargo command in [`STEPS`]; adding a step is adding one line there. A step
 //! that needs a nightly component (miri) runs where that component is installed or can be
 //! added, and is skipped with the reason elsewhere (as CI handles the sanitizers' `rust-src`).
+//!
+//! `--beside-busy N` runs only rpc-core's and the workloads' tests, beside N busy threads of
+//! its own (a node whose other processes busy-poll, as MPI ranks do): every verdict must hold
+//! however slow the CPUs are, since a test's deadlines are hang guards, never what it checks
+//! (docs/reliability.md, "Verdicts independent of time").
 
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::{cargo, project_root, Failure, Result};
 
 /// One cargo invocation: a short name, its arguments, and extra environment.
-struct Step {
+struct Step<'a> {
     name: &'static str,
-    args: &'static [&'static str],
+    args: &'a [&'a str],
     env: &'static [(&'static str, &'static str)],
     /// The nightly component the step needs, if any: it then runs `cargo +nightly`, and is
     /// skipped (saying why) where the component is neither installed nor can be added.
     nightly: Option<&'static str>,
 }
 
-const fn step(name: &'static str, args: &'static [&'static str]) -> Step {
+const fn step<'a>(name: &'static str, args: &'a [&'a str]) -> Step<'a> {
     Step {
         name,
         args,
@@ -62,7 +69,7 @@ const MIRI_ARGS: &[&str] = &[
 /// real clock: a virtual one), with the seed of its scheduler fixed so a failure replays.
 const MIRI_ENV: &[(&str, &str)] = &[("MIRIFLAGS", "-Zmiri-seed=1")];
 
-const STEPS: &[Step] = &[
+const STEPS: &[Step<'static>] = &[
     // First: the layering and file rules (`tidy.rs`), which take a second and explain
     // themselves where a later step's failure would not.
     step("tidy", &["run", "--quiet", "-p", "xtask", "--", "tidy"]),
@@ -134,8 +141,51 @@ const STEPS: &[Step] = &[
     ),
 ];
 
-pub fn run() -> Result {
-    run_steps(STEPS)
+/// `cargo xtask test`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Only rpc-core's and the workloads' tests, run beside N busy threads (built first,
+    /// without them)
+    #[arg(long, value_name = "N", value_parser = crate::flags::number(1u32, 64))]
+    beside_busy: Option<u32>,
+}
+
+/// The suites run beside busy threads, first built without them.
+const BESIDE_BUSY: &[&str] = &["test", "-p", "rpc-core", "-p", "workloads"];
+
+pub fn run(args: &Args) -> Result {
+    match args.beside_busy {
+        Some(threads) => run_beside_busy(threads),
+        None => run_steps(STEPS),
+    }
+}
+
+/// Builds the suites of [`BESIDE_BUSY`], then runs them beside `threads` busy threads, which
+/// stop when they end.
+fn run_beside_busy(threads: u32) -> Result {
+    let build = [BESIDE_BUSY, &["--no-run"]].concat();
+    run_steps(&[Step {
+        name: "build the tests",
+        args: &build,
+        env: &[],
+        nightly: None,
+    }])?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy: Vec<_> = (0..threads)
+        .map(|_| {
+            let stop = stop.clone();
+            // A loop that never waits, as a busy-polling process's; Relaxed: only the flag
+            // itself is shared.
+            std::thread::spawn(move || while !stop.load(Ordering::Relaxed) {})
+        })
+        .collect();
+    println!("xtask test: {threads} busy threads running");
+    let result = run_steps(&[step("tests beside busy threads", BESIDE_BUSY)]);
+    stop.store(true, Ordering::Relaxed);
+    for thread in busy {
+        let _ = thread.join();
+    }
+    result
 }
 
 /// Runs `steps` in order, stopping at the first failure; a step whose nightly component cannot

@@ -149,6 +149,7 @@ impl Wait for Spin {
 
 /// Spins briefly, then yields, then sleeps in short naps; never gives up. On a 2-core machine a
 /// waiter that only spins can starve the very thread it waits for, hence the yield and naps.
+/// Where the CPUs are crowded it naps without yielding (see `Crowding`, crate-private).
 #[cfg(feature = "std")]
 pub struct Backoff;
 
@@ -159,6 +160,9 @@ pub(crate) const SPIN_POLLS: u32 = 64;
 /// loom, where a step is only a spin hint).
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) const YIELD_POLLS: u32 = SPIN_POLLS + 512;
+/// [`Backoff`]'s nap (it lasts up to the thread's timer slack longer, 50 µs by default).
+#[cfg(all(feature = "std", not(loom)))]
+const NAP: std::time::Duration = std::time::Duration::from_micros(20);
 
 #[cfg(feature = "std")]
 impl Backoff {
@@ -172,10 +176,103 @@ impl Backoff {
         #[cfg(not(loom))]
         if attempt < SPIN_POLLS {
             crate::sync::spin_hint();
-        } else if attempt < YIELD_POLLS {
-            std::thread::yield_now();
+        } else if attempt < YIELD_POLLS && !CROWDING.skips_yields(attempt == SPIN_POLLS) {
+            CROWDING.yield_now();
         } else {
-            std::thread::sleep(std::time::Duration::from_micros(20));
+            std::thread::sleep(NAP);
+        }
+    }
+}
+
+/// Whether the CPUs are crowded: more threads want to run than there are CPUs, and some of
+/// them never wait (busy loops beside us, as MPI ranks that busy-poll on a node). A yield then
+/// hands the CPU to one of them for the rest of its time slice (milliseconds), while a nap's
+/// wake-up runs us again within some 70 µs (the nap and the timer's slack). So a yield that
+/// took longer than [`CROWDED_YIELD`] marks the process's next [`CROWDED_WAITS`] waits
+/// crowded: in those, a client's [`Backoff`] naps at once instead of its 512 yields, the
+/// server thread suspends an exchange instead of yielding between its spins for the answer
+/// (`server::exec`'s context), and its back-off parks without its yield passes
+/// (`server::worker`). The next yield after them probes again. Process-wide, not per
+/// thread: the crowd is the machine's, and one thread's yield tells every thread of ours.
+///
+/// The threshold is what keeps this free where the CPUs are not crowded: a yield that runs
+/// another thread of ours (the worker, a sibling client, both waiting in turn) returns when
+/// that thread waits again, in microseconds to some tens of them, and then yielding is
+/// cheaper than napping; an older try marked a thread crowded after a yield of 20 µs (less
+/// than a nap really takes) and made a test whose own five threads share 2 CPUs 3-4x slower.
+///
+/// # Memory ordering
+/// `waits_left` is a hint that orders nothing: `Relaxed`, and its count down a load and a
+/// store (a decrement lost to a race only makes the crowded stretch a wait longer). A stale
+/// value costs some naps or yields, never a request.
+#[cfg(all(feature = "std", not(loom)))]
+pub(crate) struct Crowding {
+    /// Waits left that skip their yields.
+    waits_left: AtomicU32,
+}
+
+/// A yield longer than this ran a thread that does not wait (see [`Crowding`]): over three
+/// times a nap's real length, and below a scheduler's time slice (0.75-3 ms).
+#[cfg(all(feature = "std", not(loom)))]
+const CROWDED_YIELD: std::time::Duration = std::time::Duration::from_micros(250);
+
+/// How many waits skip their yields after a yield longer than [`CROWDED_YIELD`].
+#[cfg(all(feature = "std", not(loom)))]
+const CROWDED_WAITS: u32 = 64;
+
+/// This process's [`Crowding`].
+#[cfg(feature = "std")]
+pub(crate) static CROWDING: Crowding = Crowding::new();
+
+/// Under loom no wait counts as crowded: a model's executions must not depend on time.
+#[cfg(all(feature = "std", loom))]
+pub(crate) struct Crowding;
+
+#[cfg(all(feature = "std", loom))]
+impl Crowding {
+    const fn new() -> Crowding {
+        Crowding
+    }
+    pub(crate) fn skips_yields(&self, _new_wait: bool) -> bool {
+        false
+    }
+    pub(crate) fn yield_now(&self) -> core::time::Duration {
+        crate::sync::thread::yield_now();
+        core::time::Duration::ZERO
+    }
+}
+
+#[cfg(all(feature = "std", not(loom)))]
+impl Crowding {
+    const fn new() -> Crowding {
+        Crowding {
+            waits_left: AtomicU32::new(0),
+        }
+    }
+
+    /// Whether a wait skips its yields now (napping or suspending instead); `new_wait` (its
+    /// first look) counts it among the crowded waits.
+    pub(crate) fn skips_yields(&self, new_wait: bool) -> bool {
+        let left = self.waits_left.load(Ordering::Relaxed);
+        if left > 0 && new_wait {
+            self.waits_left.store(left - 1, Ordering::Relaxed);
+        }
+        left > 0
+    }
+
+    /// Yields the CPU, notes how long that took, and says it.
+    pub(crate) fn yield_now(&self) -> std::time::Duration {
+        let start = std::time::Instant::now();
+        std::thread::yield_now();
+        let took = start.elapsed();
+        self.note_yield(took);
+        took
+    }
+
+    /// Notes a yield that took `took`.
+    fn note_yield(&self, took: std::time::Duration) {
+        if took > CROWDED_YIELD {
+            self.waits_left.store(CROWDED_WAITS, Ordering::Relaxed);
         }
     }
 }
@@ -1036,6 +1133,35 @@ impl Batch {
 pub(crate) fn store_own_word(word: &AtomicU32, value: u32) {
     fence(Ordering::Release);
     word.store(value, Ordering::Relaxed);
+}
+
+#[cfg(all(test, feature = "std", not(loom)))]
+mod crowding_tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A yield of a slice's length marks the next [`CROWDED_WAITS`] waits crowded, each counted
+    /// at its first look only; a yield of microseconds (another thread of ours that waits
+    /// again) marks nothing.
+    #[test]
+    fn a_long_yield_makes_the_next_waits_skip_their_yields() {
+        let crowding = Crowding::new();
+        crowding.note_yield(Duration::from_micros(40));
+        assert!(!crowding.skips_yields(true), "a short yield: not crowded");
+        crowding.note_yield(Duration::from_millis(3));
+        for wait in 0..CROWDED_WAITS {
+            assert!(
+                crowding.skips_yields(false),
+                "before wait {wait}: a look counts none"
+            );
+            assert!(crowding.skips_yields(true), "wait {wait}");
+        }
+        assert!(
+            !crowding.skips_yields(false),
+            "then every look yields again"
+        );
+        assert!(!crowding.skips_yields(true));
+    }
 }
 
 #[cfg(all(test, feature = "std", not(loom)))]

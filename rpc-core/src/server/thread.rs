@@ -48,7 +48,8 @@
 //!
 //! While users exist the worker serves passes. After passes that find nothing it backs off:
 //! passes back to back (first without, then with a spin hint), then passes separated by
-//! `yield_now`, then timed parks on `cv` (`keep_serving`) that grow with the silence (an eighth of it, from a
+//! `yield_now` (left out where the CPUs are crowded, `protocol::port::Crowding`), then timed
+//! parks on `cv` (`keep_serving`) that grow with the silence (an eighth of it, from a
 //! few µs) up to `ServerConfig::park`, or past it up to `absent_park` after a second of silence
 //! where that is set (the poll goes on, so a request never waits longer than one park plus
 //! one pass; device clients cannot notify us). Before each park it re-checks, under `control`,

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::protocol::port::CROWDING;
 use crate::server::dispatch::PassCache;
 use crate::server::exec;
 use crate::server::exec::{yield_to_others, Fate};
@@ -202,10 +203,14 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             // average detection delay of every round trip).
             continue;
         }
+        // A silence is one wait of the crowded-CPU note (`protocol::port::Crowding`): where
+        // the CPUs are crowded each yield would hand a busy process a time slice, while a
+        // park's wake-up runs the worker again within microseconds.
+        let crowded = CROWDING.skips_yields(quiet_since.is_none());
         let silent_from = *quiet_since.get_or_insert_with(Instant::now);
         if idle < spin && cache.yield_every.is_none() {
             crate::sync::spin_hint();
-        } else if idle < yield_ {
+        } else if idle < yield_ && !crowded {
             // While yields run other threads, one may be a client waiting for this CPU (the
             // loaded regime, `docs/performance.md`): the spin phase (some 1.3 µs over 64 ports)
             // is left out, and a pass over many ports yields once it has scanned as many as

@@ -105,7 +105,7 @@ use crate::server::limits::Charge;
 use crate::server::mailboxes::{Marks, Quarantined};
 use crate::server::stats::bump;
 use crate::server::{panic_message, Attached, ServerContext};
-use crate::sync::{lock, thread, Arc, Ordering};
+use crate::sync::{lock, Arc, Ordering};
 use std::alloc::Layout;
 use std::cell::RefCell;
 use std::future::Future;
@@ -645,9 +645,7 @@ pub(crate) fn catch<T>(f: impl FnOnce() -> Result<T, ServerError>) -> Result<T, 
 /// answer (its back-off, `PassCache::yield_every`): a wrong one costs some yields or spins,
 /// never a request.
 pub(crate) fn yield_to_others() -> bool {
-    let start = Instant::now();
-    thread::yield_now();
-    start.elapsed() > YIELD_ALONE
+    crate::protocol::port::CROWDING.yield_now() > YIELD_ALONE
 }
 
 /// The longest yield counted as one that ran nobody else (see [`yield_to_others`]).
