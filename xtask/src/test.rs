@@ -151,7 +151,7 @@ pub struct Args {
 }
 
 /// The suites run beside busy threads, first built without them.
-const BESIDE_BUSY: &[&str] = &["test", "-p", "rpc-core", "-p", "workloads"];
+const BESIDE_BUSY: &[&str] = &["test", "-p", "gpu-rpc-core", "-p", "workloads"];
 
 pub fn run(args: &Args) -> Result {
     match args.beside_busy {
