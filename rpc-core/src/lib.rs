@@ -1,4 +1,5 @@
-//! `rpc-core` (the package `gpu-rpc-core`, the library `rpc_core`): the host side of LLVM libc's GPU RPC protocol.
+//! `rpc-core` (the package `gpu-rpc-core`, the library `rpc_core`): the host side of LLVM
+//! libc's GPU RPC protocol.
 //!
 //! The crate is built in layers, each depending only on the ones below it:
 //!

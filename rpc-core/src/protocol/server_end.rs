@@ -60,11 +60,7 @@ impl<'a> ServerEnd<'a> {
                 need: need * 4,
             });
         }
-        Ok(ServerEnd {
-            mailbox,
-            locks,
-            doorbell: None,
-        })
+        Ok(ServerEnd::sized(mailbox, locks, None))
     }
 
     /// A server over `mailbox` using `locks`, which its caller sized for the mailbox's layout

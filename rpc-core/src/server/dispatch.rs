@@ -230,9 +230,9 @@ impl Inner {
         };
         let mut progress = inner.drop_detached(in_flight);
         // A pass that begins with two or more exchanges in flight (a client that pipelines, or
-        // many warps) publishes its flips and unlocks in batches: see `protocol::port`'s batches, which is why
-        // that pays and what it costs. Published at the latest when `batch` drops, at the end
-        // of this function.
+        // many warps) publishes its flips and unlocks in batches: see `protocol::port`'s
+        // batches, which say why that pays and what it costs. Published at the latest when
+        // `batch` drops, at the end of this function.
         // SAFETY: the mailboxes whose ports the pass flips and unlocks are held by `mailboxes`
         // (and by the exchanges in flight) until after it returns.
         let batch = (in_flight.len() >= 2).then(|| unsafe { Batching::enter() });
