@@ -95,7 +95,7 @@ impl Opcode {
     }
     /// The opcode's position in [`Opcode::ALL`], in constant time (the server's hot path counts
     /// and dispatches by it).
-    pub const fn table_index(self) -> Option<usize> {
+    pub(crate) const fn table_index(self) -> Option<usize> {
         match self.0 {
             0x6300_0000..=0x6300_001D => Some((self.0 & 0xFF) as usize),
             0x6300_8000..=0x6300_8002 => Some(30 + (self.0 - 0x6300_8000) as usize),

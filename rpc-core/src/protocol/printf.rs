@@ -44,22 +44,22 @@ pub enum Piece<'f> {
 
 /// The flags of a specification: `-` (left), `+` (plus), ` ` (space), `#` (alt), `0` (zero).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Flags {
+pub(crate) struct Flags {
     /// `-`: left-justify.
-    pub left: bool,
+    pub(crate) left: bool,
     /// `+`: always a sign.
-    pub plus: bool,
+    pub(crate) plus: bool,
     /// ` `: a space for a missing sign.
-    pub space: bool,
+    pub(crate) space: bool,
     /// `#`: the alternate form.
-    pub alt: bool,
+    pub(crate) alt: bool,
     /// `0`: pad with zeros.
-    pub zero: bool,
+    pub(crate) zero: bool,
 }
 
 /// A width or a precision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Count {
+pub(crate) enum Count {
     /// Not given.
     None,
     /// Written in the format (already clamped to [`MAX_FIELD`]).
@@ -70,7 +70,7 @@ pub enum Count {
 
 /// A length modifier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Length {
+pub(crate) enum Length {
     /// None: `int`, `double`.
     None,
     /// `hh`: `char`.
@@ -95,7 +95,7 @@ pub enum Length {
 
 impl Length {
     /// Whether an integer conversion with this length takes 8 bytes.
-    pub fn wide(self) -> bool {
+    pub(crate) fn wide(self) -> bool {
         !matches!(self, Length::None | Length::Hh | Length::H)
     }
 }
@@ -104,23 +104,23 @@ impl Length {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
     /// The flags.
-    pub flags: Flags,
+    pub(crate) flags: Flags,
     /// The width.
-    pub width: Count,
+    pub(crate) width: Count,
     /// The precision.
-    pub precision: Count,
+    pub(crate) precision: Count,
     /// The length modifier.
-    pub length: Length,
+    pub(crate) length: Length,
     /// The conversion byte, one of `d i o u x X b B c s p n f F e E g G a A`, or `%` for a
     /// spec with something between its two `%`s (`%5%`, `%*%`: plain `%%` is a
     /// [`Piece::Percent`]). That one prints `%` and takes no value, only its `*` arguments, as
     /// glibc and both of LLVM's servers have it (LLVM 20-22's printf core documents the rule;
     /// LLVM 23+ hands the spec and its `*` values to the host's `fprintf`).
-    pub conversion: u8,
+    pub(crate) conversion: u8,
     /// Offset of the `%` in the format.
-    pub at: usize,
+    pub(crate) at: usize,
     /// The length of the spec as written, from `%` to the conversion inclusive.
-    pub len: usize,
+    pub(crate) len: usize,
 }
 
 impl Spec {

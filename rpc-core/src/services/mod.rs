@@ -67,7 +67,7 @@
 //! Results that are C `int`s or `i64`s are sent sign-extended into the u64 word (EOF and -1 read
 //! as `u64::MAX`).
 //!
-//! Stream handles: see [`streams`] for the table and the handle encoding.
+//! Stream handles: PROTOCOL section 6 has their encoding; `streams.rs` keeps the table.
 
 use std::boxed::Box;
 use std::collections::HashMap;
@@ -98,7 +98,7 @@ pub(crate) mod output;
 pub mod printf;
 pub(crate) mod process;
 mod stdio;
-pub mod streams;
+pub(crate) mod streams;
 mod test_ops;
 pub mod typed;
 

@@ -308,14 +308,14 @@ impl Reply for bool {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Signature {
     /// Each argument's bytes in the packed list and, for a pointer, what its pointee must be.
-    pub arguments: Vec<(usize, Option<Pointee>)>,
+    pub(crate) arguments: Vec<(usize, Option<Pointee>)>,
     /// The return value's bytes (1 for `()`).
-    pub reply: usize,
+    pub(crate) reply: usize,
 }
 
 impl Signature {
     /// The packed argument list's size: at least one byte, as LLVM sends it.
-    pub fn wire(&self) -> usize {
+    pub(crate) fn wire(&self) -> usize {
         self.arguments.iter().map(|a| a.0).sum::<usize>().max(1)
     }
     /// The pointer arguments' pointees, in order.
