@@ -90,7 +90,7 @@ static FIXTURE: LazyLock<Fixture> = LazyLock::new(|| {
     let server = RpcServer::new(ServerConfig {
         name: "fuzz".into(),
         limits: rpc_core::Limits {
-            stream_bytes: 4096,
+            string_bytes: 4096,
             request_bytes: 16 << 10,
             printf_string_bytes: 4096,
             read_bytes: 4096,

@@ -134,7 +134,7 @@ pub use protocol::Opcode;
 #[cfg(feature = "std")]
 pub use server::error::{Outcome, ServerError, VendorError};
 #[cfg(feature = "std")]
-pub use server::exec::Streams;
+pub use server::exec::Received;
 #[cfg(feature = "std")]
 pub use server::limits::{ExitPolicy, FilePolicy, Limits, ServicesConfig};
 #[cfg(feature = "std")]

@@ -1,5 +1,5 @@
-//! Ports whose exchange the server abandoned (PROTOCOL section 11): a stream claim above the
-//! bound on every opcode that streams, eight of them at once, a client slower than the client
+//! Ports whose exchange the server abandoned (PROTOCOL section 11): a byte string claimed above
+//! the bound on every opcode that receives one, eight of them at once, a client slower than the client
 //! timeout, and a worker with no users beside such ports. Each port is drained: the client's
 //! script is answered to its end with the opcode's failure word, no late packet runs as a
 //! request, and the port serves its client's next request.
@@ -19,7 +19,7 @@ use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started,
 use workloads::claims::{claim, finish_claim, finish_stream, increment_at, open, start_stream};
 use workloads::claims::{streaming, write_stdout_at};
 
-/// Bytes a lane may stream (the claims below are far above it).
+/// Bytes a lane may send (the claims below are far above it).
 const BOUND: u64 = 4096;
 /// How long anything may take before the test fails instead of hanging.
 const HANG_GUARD: Duration = Duration::from_secs(60);
@@ -38,7 +38,7 @@ impl Fx {
         let server = RpcServer::new(ServerConfig {
             name: name.into(),
             limits: Limits {
-                stream_bytes: BOUND,
+                string_bytes: BOUND,
                 ..Limits::default()
             },
             client_timeout,
@@ -84,12 +84,12 @@ impl Fx {
     }
 }
 
-/// A claim above the bound on each opcode that streams, on port 0 while the server keeps a user
+/// A claim above the bound on each opcode that receives a byte string, on port 0 while the server keeps a user
 /// (as rpc-serve does all its life): each is answered to its end with the opcode's failure
 /// word, nothing is printed, and port 0 then serves a TEST_INCREMENT. (Before, the port stayed
 /// locked until the user was gone: the client's next wait never ended.)
 #[test]
-fn an_over_long_claim_on_each_streaming_opcode_leaves_its_port_serving() {
+fn an_over_long_claim_on_each_send_n_opcode_leaves_its_port_serving() {
     let fx = Fx::new("claims", 2, None);
     let _user = fx.server.user();
     let client = fx.client();
@@ -133,7 +133,7 @@ fn eight_over_long_claims_on_eight_ports_then_all_eight_serve() {
     assert!(fx.output.bytes().is_empty());
 }
 
-/// A slow but honest client: it sends the first packet of a 200-byte stream, and the rest only
+/// A slow but honest client: it sends the first packet of a 200-byte string, and the rest only
 /// once the server has given the exchange up (its client timeout, set short here). Its late
 /// packets are answered, never read as a request: nothing is printed (a WRITE), nothing is
 /// echoed (a TEST_STREAM: the reply says 0 bytes), and the port serves the client's next

@@ -179,7 +179,7 @@ fn proc_self_mem_cannot_rewrite_the_servers_policy() {
 
         let marker = fx.path("ran");
         let command = every(format!("touch '{}'", marker.display()));
-        let system = fx.stream_then_word(Opcode::SYSTEM, &command);
+        let system = fx.send_n_then_word(Opcode::SYSTEM, &command);
         fx.all(&system, MINUS_ONE, "SYSTEM");
         assert!(!marker.exists(), "the command ran");
         assert_eq!(fx.services().config(), before, "the policy changed");
@@ -271,7 +271,7 @@ fn the_sandbox_holds_through_the_protocol() {
             "sub/../../outside.txt".to_string(),
             format!("{}/../outside.txt", jail.display()),
         ] {
-            let out = fx.stream_then_word(Opcode::REMOVE, &every(&way));
+            let out = fx.send_n_then_word(Opcode::REMOVE, &every(&way));
             fx.all(&out, MINUS_ONE, &way);
             refused += 1;
         }
@@ -291,7 +291,7 @@ fn the_sandbox_holds_through_the_protocol() {
             let want = if l % 2 == 0 { 0 } else { MINUS_ONE };
             assert_eq!(renamed[l as usize], want, "lane {l} renames");
         }
-        let removed = fx.stream_then_word(Opcode::REMOVE, &new);
+        let removed = fx.send_n_then_word(Opcode::REMOVE, &new);
         for l in fx.lanes() {
             let want = if l % 2 == 0 { 0 } else { MINUS_ONE };
             assert_eq!(removed[l as usize], want, "lane {l} removes");
@@ -346,7 +346,7 @@ fn fifos_directories_devices_and_protected_files_are_refused() {
                 fx.all(&fx.fopen(&every(&path), mode), 0, name);
                 refused += 1;
             }
-            let out = fx.stream_then_word(Opcode::REMOVE, &every(&path));
+            let out = fx.send_n_then_word(Opcode::REMOVE, &every(&path));
             fx.all(&out, MINUS_ONE, "remove");
             let out = fx.rename(&every(&path), &every(fx.path("moved")));
             fx.all(&out, MINUS_ONE, "rename away");
@@ -407,7 +407,7 @@ fn a_renamed_sandbox_replaced_by_a_link_keeps_requests_inside_the_renamed_direct
         }
         assert_eq!(std::fs::read(moved.join("secret.txt")).unwrap(), b"mine");
         // REMOVE and RENAME: nothing there to remove; the renames are the renamed directory's.
-        let out = fx.stream_then_word(Opcode::REMOVE, &every("victim.txt"));
+        let out = fx.send_n_then_word(Opcode::REMOVE, &every("victim.txt"));
         fx.all(&out, MINUS_ONE, "victim.txt is not in the sandbox");
         let old = per_lane(|l| jail.join(new(l)).display().to_string());
         let out = fx.rename(&old, &per_lane(|l| format!("renamed{l}.txt")));

@@ -1,5 +1,5 @@
 //! Log lines a device causes are bounded, in number and in bytes (`Limits::device_log_lines`):
-//! 300 unknown opcodes or 500 stream claims above the bound are all counted, but only the
+//! 300 unknown opcodes or 500 byte strings claimed above the bound are all counted, but only the
 //! budget's lines per second reach the log, and what was dropped is told as a count; a refused
 //! path of 4 MiB is quoted by a prefix and its length. Its own test binary: it installs a
 //! logger that keeps every line, and each test reads those of its own server (by name).
@@ -114,7 +114,7 @@ fn device_caused_log_lines_are_rate_limited() {
     }
 }
 
-/// 500 stream claims above the bound (WRITE_TO_STDOUT of 2^64-1 bytes, each on a port of its
+/// 500 byte strings claimed above the bound (WRITE_TO_STDOUT of 2^64-1 bytes, each on a port of its
 /// own: a port whose exchange failed stays quarantined while its kernel runs) are all counted
 /// in `errors`. They used to log 500 ERROR lines outside the budget; now the log gets at most
 /// the budget's lines in each one-second window the burst touched, and every line that was
@@ -124,7 +124,7 @@ fn a_burst_of_over_long_claims_logs_the_budget_and_a_count_of_the_rest() {
     const CLAIMS: u64 = 500;
     let limits = Limits {
         device_log_lines: PER_SECOND,
-        stream_bytes: 1024,
+        string_bytes: 1024,
         ..Limits::default()
     };
     let (server, mailbox) = serve("claims", CLAIMS as u32 + 4, limits, FilePolicy::Deny);
@@ -185,7 +185,7 @@ fn a_refused_four_mib_path_makes_a_short_log_line() {
     c_path.push(0);
     let paths = vec![c_path];
     assert_eq!(fx.fopen(&paths, "r")[0], 0);
-    assert_eq!(fx.stream_then_word(Opcode::REMOVE, &paths)[0], u64::MAX);
+    assert_eq!(fx.send_n_then_word(Opcode::REMOVE, &paths)[0], u64::MAX);
     assert_eq!(fx.rename(&paths, &paths)[0], u64::MAX);
     eventually("the three refused", || server.stats().refused >= 3);
     std::fs::remove_dir_all(&sandbox).unwrap();

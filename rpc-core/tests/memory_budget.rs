@@ -1,4 +1,4 @@
-//! The server-wide memory budget (`Limits::held_bytes`): streams of many ports, each within the
+//! The server-wide memory budget (`Limits::held_bytes`): byte strings of many ports, each within the
 //! per-request bounds, together never make the server hold more than the budget. A test binary
 //! of its own, so that the process's resident memory is this test's alone.
 #![cfg(not(loom))]
@@ -15,10 +15,10 @@ use rpc_core::{Limits, Opcode, RpcServer, ServerConfig};
 
 const LANES: u32 = 32;
 const PORTS: u32 = 8;
-/// Each lane's stream: 8 MiB a port.
+/// Each lane's byte string: 8 MiB a port.
 const LANE_BYTES: usize = 256 << 10;
 const PORT_BYTES: u64 = (LANE_BYTES as u64) * LANES as u64;
-/// Room for two ports' streams, not three.
+/// Room for two ports' byte strings, not three.
 const BUDGET: u64 = 20 << 20;
 
 /// The device's stdout: counts the bytes, keeps none.
@@ -43,7 +43,7 @@ fn rss() -> u64 {
     kib << 10
 }
 
-/// A WRITE_TO_STDOUT whose stream has gone out but for its last packet.
+/// A WRITE_TO_STDOUT whose byte string has gone out but for its last packet.
 fn unfinished_write<'a>(client: &Client<'a>, fill: u8) -> ClientPort<'a> {
     let mut port = client
         .open(Opcode::WRITE_TO_STDOUT, u64::from(u32::MAX))
@@ -61,7 +61,7 @@ fn unfinished_write<'a>(client: &Client<'a>, fill: u8) -> ClientPort<'a> {
     port
 }
 
-/// Sends the last packet of `unfinished_write`'s stream; the bytes written, per lane.
+/// Sends the last packet of `unfinished_write`'s byte string; the bytes written, per lane.
 fn finish(mut port: ClientPort<'_>) -> Vec<u64> {
     let last = (LANE_BYTES - FIRST_PACKET_BYTES - 1) % 64 + 1;
     port.send(|_, p| p.write_bytes(0, &[0; 64][..last]))
@@ -71,14 +71,14 @@ fn finish(mut port: ClientPort<'_>) -> Vec<u64> {
     written
 }
 
-/// Eight ports each stream 8 MiB of a write and stop before the last packet (within every
+/// Eight ports each send 8 MiB of a write and stop before the last packet (within every
 /// per-request bound). Before the budget, the server held all 64 MiB at once. With a budget
 /// of 20 MiB the first two are held (16 MiB, the counter says so and the process grew by
 /// about that); the other six claims are received and dropped, and their writes answered 0
 /// (refused) once they end. A write after one of the held ones ended is served whole, and
 /// detaching the mailbox with one still unfinished gives the budget back entirely.
 #[test]
-fn unfinished_streams_of_many_ports_hold_at_most_the_budget() {
+fn unfinished_byte_strings_of_many_ports_hold_at_most_the_budget() {
     let _ = env_logger::builder().is_test(true).try_init();
     let server = RpcServer::new(ServerConfig {
         name: "budget".into(),
@@ -104,7 +104,7 @@ fn unfinished_streams_of_many_ports_hold_at_most_the_budget() {
     let held = server.context().held_bytes();
     let grown = rss().saturating_sub(before);
     eprintln!("held {held} bytes; the process grew by {} KiB", grown >> 10);
-    assert_eq!(held, 2 * PORT_BYTES, "two ports' streams");
+    assert_eq!(held, 2 * PORT_BYTES, "two ports' byte strings");
     assert!(held <= BUDGET);
     // A sanity bound (the budget and as much again), far below the 64 MiB of before. Not under
     // a sanitizer (`cargo xtask sanitize` says so): AddressSanitizer's shadow memory, redzones
@@ -127,7 +127,7 @@ fn unfinished_streams_of_many_ports_hold_at_most_the_budget() {
     let again = unfinished_write(&client, b'z');
     assert_eq!(server.context().held_bytes(), 2 * PORT_BYTES);
     assert_eq!(finish(again), vec![LANE_BYTES as u64; LANES as usize]);
-    // The other refused ones end as the first did; one held stream is left unfinished.
+    // The other refused ones end as the first did; one held byte string is left unfinished.
     let unfinished = ports.remove(0);
     for port in ports {
         assert_eq!(finish(port), vec![0; LANES as usize]);

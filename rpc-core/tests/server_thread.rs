@@ -240,8 +240,8 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned() {
     let client = mailbox.client();
     {
         let _kernel = server.user_for(mailbox.id);
-        // First packet of a 1000-byte stream, then the "kernel" dies.
-        let port = stream_begun(&client);
+        // First packet of a 1000-byte string, then the "kernel" dies.
+        let port = send_n_begun(&client);
         std::mem::forget(port); // A dead kernel never closes its port.
     }
     eventually("the exchange is abandoned", || {
@@ -262,7 +262,7 @@ fn a_client_timeout_drains_the_port_of_a_client_that_stopped_answering() {
     let _ = server.start().unwrap();
     let _kernel = server.user_for(mailbox.id); // Still "running", but silent.
     let client = mailbox.client();
-    let port = stream_begun(&client);
+    let port = send_n_begun(&client);
     eventually("the client times out", || server.stats().abandoned == 1);
     std::mem::forget(port);
     assert_eq!(increment(&client, Opcode::TEST_INCREMENT, 7), 8);
@@ -490,9 +490,9 @@ fn a_new_kernel_does_not_keep_a_dead_kernels_exchange_alive() {
     let (server, mailbox) = serving("relaunch", 2, 1);
     let client = mailbox.client();
     let first = server.user_for(mailbox.id);
-    let mut port = stream_begun(&client);
+    let mut port = send_n_begun(&client);
     // The second packet goes once the worker has opened the port (taking its marks) and
-    // read the first: the stream's exchange is then in flight, waiting for the third.
+    // read the first: the TEST_STREAM exchange is then in flight, waiting for the third.
     port.send(|_, _| {}).unwrap();
     std::mem::forget(port);
     // The next launch starts before the first one's end is noticed.
@@ -760,8 +760,8 @@ fn detach_within_bound(what: &str, server: &Arc<RpcServer>, mailbox: &Mailbox) {
 }
 
 /// Opens TEST_STREAM (waiting for a free port) and sends the first packet of a 1000-byte
-/// stream: the server then waits for the rest.
-fn stream_begun<'a>(client: &Client<'a>) -> ClientPort<'a> {
+/// string: the server then waits for the rest.
+fn send_n_begun<'a>(client: &Client<'a>) -> ClientPort<'a> {
     let mut port = client.open(Opcode::TEST_STREAM, 1).unwrap();
     port.send(|_, p| p.set_word(0, 1000)).unwrap();
     port
@@ -1133,8 +1133,8 @@ fn each_request_receives_only_its_own_bytes_though_buffers_are_reused() {
     server.register(Opcode::user(9), move |mut req| {
         let record = record.clone();
         async move {
-            let streams = req.recv_n().await?;
-            record.lock().unwrap().push(streams.to_vec());
+            let received = req.recv_n().await?;
+            record.lock().unwrap().push(received.to_vec());
             req.send(|lane, p| p.set_word(0, u64::from(lane))).await
         }
     });

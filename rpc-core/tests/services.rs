@@ -21,7 +21,7 @@ use rpc_core::KernelExit;
 use rpc_core::{ExitPolicy, FilePolicy, ServicesConfig};
 use rpc_core::{Opcode, RpcServer, ServerConfig, UserGuard};
 
-/// The stream bound the fixtures configure.
+/// The byte string bound the fixtures configure.
 const BOUND: u64 = 4096;
 /// (L, mask) pairs every test runs with.
 const CONFIGS: [(u32, u64); 2] = [(1, 1), (32, 0x8000_1235)];
@@ -60,7 +60,7 @@ impl Fx {
         let mut config = ServerConfig {
             name: format!("{name}-L{lanes}"),
             limits: rpc_core::Limits {
-                stream_bytes: BOUND,
+                string_bytes: BOUND,
                 ..rpc_core::Limits::default()
             },
             services: ServicesConfig {
@@ -296,20 +296,20 @@ fn writes_reach_the_captured_streams_whole() {
         let data = per_lane(lane_text);
         let expect: Vec<u8> = fx.lanes().iter().flat_map(|&l| lane_text(l)).collect();
 
-        let out = fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &data);
+        let out = fx.send_n_then_word(Opcode::WRITE_TO_STDOUT, &data);
         for l in fx.lanes() {
             assert_eq!(out[l as usize], data[l as usize].len() as u64);
         }
         assert_eq!(fx.out.take(), expect);
 
-        let out = fx.stream_then_word(Opcode::WRITE_TO_STDERR, &data);
+        let out = fx.send_n_then_word(Opcode::WRITE_TO_STDERR, &data);
         for l in fx.lanes() {
             assert_eq!(out[l as usize], data[l as usize].len() as u64);
         }
         assert_eq!(fx.err.take(), expect);
 
         let words = per_lane(|l| format!("puts {l}").into_bytes());
-        let out = fx.stream_then_word(Opcode::WRITE_TO_STDOUT_NEWLINE, &words);
+        let out = fx.send_n_then_word(Opcode::WRITE_TO_STDOUT_NEWLINE, &words);
         let mut expect = Vec::new();
         for l in fx.lanes() {
             assert_eq!(out[l as usize], words[l as usize].len() as u64 + 1);
@@ -532,13 +532,13 @@ fn remove_and_rename() {
                 format!("{l}")
             );
         }
-        let out = fx.stream_then_word(Opcode::REMOVE, &new);
+        let out = fx.send_n_then_word(Opcode::REMOVE, &new);
         for l in fx.lanes() {
             assert_eq!(out[l as usize], 0);
             assert!(!fx.path(&format!("b{l}")).exists());
         }
         // As C: removing a missing file is -1, not a refusal.
-        let out = fx.stream_then_word(Opcode::REMOVE, &new);
+        let out = fx.send_n_then_word(Opcode::REMOVE, &new);
         for l in fx.lanes() {
             assert_eq!(out[l as usize], MINUS_ONE);
         }
@@ -561,7 +561,7 @@ fn file_policy_confines_paths_to_a_directory() {
         let out = fx.fopen(&outside, "r");
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == 0));
         fx.expect_counts(1, 0);
-        let out = fx.stream_then_word(Opcode::REMOVE, &outside);
+        let out = fx.send_n_then_word(Opcode::REMOVE, &outside);
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == MINUS_ONE));
         fx.expect_counts(2, 0);
         let out = fx.rename(&inside, &outside);
@@ -702,12 +702,12 @@ fn system_only_when_allowed() {
     for fx in Fx::each("system") {
         let marker = fx.path("ran");
         let commands = per_lane(|_| cstr(&format!("touch '{}'; exit 3", marker.display())));
-        let out = fx.stream_then_word(Opcode::SYSTEM, &commands);
+        let out = fx.send_n_then_word(Opcode::SYSTEM, &commands);
         assert!(fx.lanes().iter().all(|&l| out[l as usize] == MINUS_ONE));
         assert!(!marker.exists(), "a denied command does not run");
         fx.expect_counts(1, 0);
         fx.services().set_system_allowed(true);
-        let out = fx.stream_then_word(Opcode::SYSTEM, &commands);
+        let out = fx.send_n_then_word(Opcode::SYSTEM, &commands);
         for l in fx.lanes() {
             assert_eq!(out[l as usize], 3 << 8, "the wait status of exit 3");
         }
@@ -976,19 +976,19 @@ fn small_mallocs_share_slabs_and_the_quota_counts_what_the_allocator_holds() {
     assert_eq!(fx.services().live_allocations().len(), 64);
 }
 
-/// Beyond the server's memory budget (`Limits::held_bytes`) a stream is received and dropped
+/// Beyond the server's memory budget (`Limits::held_bytes`) a byte string is received and dropped
 /// and its request answered with the C function's error value (a refusal), a read is served in
 /// part; within it all is served, and nothing stays charged.
 #[test]
-fn the_memory_budget_refuses_streams_and_shortens_reads_beyond_it() {
+fn the_memory_budget_refuses_byte_strings_and_shortens_reads_beyond_it() {
     let fx = Fx::with("held", 1, 1, |c| c.limits.held_bytes = 1000);
     let long = per_lane(|_| vec![b'x'; 2000]);
-    assert_eq!(fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &long)[0], 0);
+    assert_eq!(fx.send_n_then_word(Opcode::WRITE_TO_STDOUT, &long)[0], 0);
     assert!(fx.out.take().is_empty());
     fx.expect_counts(1, 0);
     let path = per_lane(|_| [cpath(&fx.path("a")), vec![b'/'; 1500]].concat());
     assert_eq!(fx.fopen(&path, "w")[0], 0);
-    assert_eq!(fx.stream_then_word(Opcode::REMOVE, &path)[0], MINUS_ONE);
+    assert_eq!(fx.send_n_then_word(Opcode::REMOVE, &path)[0], MINUS_ONE);
     fx.expect_counts(3, 0);
     // printf: a format, and a `%s` string, beyond the budget.
     let none = HashMap::new();
@@ -1004,7 +1004,7 @@ fn the_memory_budget_refuses_streams_and_shortens_reads_beyond_it() {
     assert!(fx.out.take().is_empty());
     fx.expect_counts(5, 0);
     let fits = per_lane(|_| vec![b'y'; 900]);
-    assert_eq!(fx.stream_then_word(Opcode::WRITE_TO_STDOUT, &fits)[0], 900);
+    assert_eq!(fx.send_n_then_word(Opcode::WRITE_TO_STDOUT, &fits)[0], 900);
     assert_eq!(fx.out.take(), vec![b'y'; 900]);
     fx.services()
         .set_stdin(Box::new(std::io::Cursor::new(vec![b'z'; 5000])));
@@ -1019,13 +1019,13 @@ fn the_memory_budget_refuses_streams_and_shortens_reads_beyond_it() {
     }
 }
 
-/// A lane claiming a stream above the bound ends the exchange at once, whatever the opcode: the
+/// A lane claiming a byte string above the bound ends the exchange at once, whatever the opcode: the
 /// server keeps no byte of it, counts an error and drains the port (PROTOCOL section 11). The
 /// rest of the client's script is answered without being read, its reply is the opcode's
 /// failure word, nothing is printed, and the same port serves the kernel's next request at once
 /// (before, it stayed locked until the kernel was gone, and the client hung).
 #[test]
-fn a_stream_above_the_bound_ends_the_exchange_at_once() {
+fn a_byte_string_above_the_bound_ends_the_exchange_at_once() {
     for (lanes, mask) in CONFIGS {
         for opcode in [
             Opcode::WRITE_TO_STDOUT,
@@ -1459,7 +1459,7 @@ fn printf_of_malformed_formats_prints_them_and_of_short_arguments_answers_minus_
         check("%s\n", vec![1, 2, 3], Some(8));
         check("%*d\n", Vec::new(), Some(8));
         // (A format or a %s string above the stream bound ends the exchange: see
-        // `a_stream_above_the_bound_ends_the_exchange_at_once`.)
+        // `a_byte_string_above_the_bound_ends_the_exchange_at_once`.)
 
         // Served normally afterwards.
         let formats = per_lane(|_| cstr("%s %d\n"));
@@ -1503,7 +1503,7 @@ impl Write for WriteSizes {
 #[test]
 fn a_long_printf_goes_out_in_pieces() {
     const SPECS: usize = 1000;
-    let fx = Fx::with("printf-long", 1, 1, |c| c.limits.stream_bytes = 1 << 20);
+    let fx = Fx::with("printf-long", 1, 1, |c| c.limits.string_bytes = 1 << 20);
     let writes = WriteSizes::default();
     fx.services().set_stdout(Box::new(writes.clone()));
     let formats = per_lane(|_| cstr(&"%4096d".repeat(SPECS)));
@@ -1601,7 +1601,7 @@ fn printfs_formatted_in_one_pass_go_out_in_one_write_before_their_replies() {
 #[test]
 fn printf_strings_are_fetched_once_and_within_the_limit() {
     let fx = Fx::with("printf-strings", 32, 0x8000_1235, |c| {
-        c.limits.stream_bytes = 1 << 20;
+        c.limits.string_bytes = 1 << 20;
         c.limits.printf_string_bytes = 40_000;
     });
     let first = fx.lanes()[0];

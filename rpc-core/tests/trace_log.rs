@@ -34,8 +34,8 @@ fn trace_lines_show_every_packet_of_an_exchange() {
     let lines = common::logged();
     let prefix = format!("traced: mailbox {} port {index}: TEST_STREAM", mailbox.id.0);
     for what in [
-        "received a stream (longest lane 100 bytes)",
-        "sent a stream (longest lane 100 bytes)",
+        "received byte strings (longest lane 100 bytes)",
+        "sent byte strings (longest lane 100 bytes)",
     ] {
         let want = format!("{prefix} ({:#x}): {what}", Opcode::TEST_STREAM.0);
         assert!(

@@ -33,7 +33,7 @@ impl Fx {
             lanes,
             mask,
             Limits {
-                stream_bytes: BOUND,
+                string_bytes: BOUND,
                 ..Limits::default()
             },
         )

@@ -374,7 +374,7 @@ fn runtime(
     let config = ServerConfig {
         name: name.into(),
         limits: rpc_core::Limits {
-            stream_bytes: 1 << 20,
+            string_bytes: 1 << 20,
             open_files: 1024,
             ..rpc_core::Limits::default()
         },

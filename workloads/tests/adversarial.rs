@@ -67,7 +67,7 @@ const EOF: u64 = u64::MAX;
 /// The server's limits: small, so the adversaries hit each of them often.
 fn limits() -> Limits {
     Limits {
-        stream_bytes: BOUND,
+        string_bytes: BOUND,
         request_bytes: 32 << 10,
         printf_string_bytes: 4 << 10,
         read_bytes: 4 << 10,

@@ -62,7 +62,7 @@ fn server(name: &str) -> RpcServer {
     let server = RpcServer::new(ServerConfig {
         name: name.into(),
         limits: rpc_core::Limits {
-            stream_bytes: 1 << 20,
+            string_bytes: 1 << 20,
             ..rpc_core::Limits::default()
         },
         services: ServicesConfig {
@@ -557,7 +557,7 @@ fn forced_shutdown_with_requests_in_flight_then_start_again() {
     let server = RpcServer::new(ServerConfig {
         name: "force".into(),
         limits: rpc_core::Limits {
-            stream_bytes: 1 << 20,
+            string_bytes: 1 << 20,
             ..rpc_core::Limits::default()
         },
         ..ServerConfig::default()

@@ -198,7 +198,7 @@ fn slow_clients_on_many_ports_lose_no_port_and_run_no_late_packet() {
     let server = RpcServer::new(ServerConfig {
         name: "slow".into(),
         limits: Limits {
-            stream_bytes: LANE_BYTES as u64,
+            string_bytes: LANE_BYTES as u64,
             held_bytes: BUDGET,
             ..Limits::default()
         },

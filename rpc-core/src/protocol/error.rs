@@ -62,7 +62,7 @@ pub enum ProtocolError {
         /// The lane size.
         lanes: u32,
     },
-    /// A lane claimed a stream longer than the bound.
+    /// A lane claimed a byte string (`send_n`) longer than the bound.
     #[error("lane {lane} sent a length of {len} bytes, above the bound of {bound}")]
     TooLong {
         /// The lane.
@@ -72,8 +72,8 @@ pub enum ProtocolError {
         /// The bound.
         bound: u64,
     },
-    /// A request's streams claimed more bytes, all lanes together, than it has left.
-    #[error("the request's streams claim {len} bytes, above its remaining {bound}")]
+    /// A request's byte strings claimed more bytes, all lanes together, than it has left.
+    #[error("the request's byte strings claim {len} bytes, above its remaining {bound}")]
     RequestTooLong {
         /// The bytes claimed.
         len: u64,

@@ -60,7 +60,7 @@ pub struct Header {
 
 /// Bytes in one [`Buffer`].
 pub const BUFFER_SIZE: usize = 64;
-/// Bytes of a stream carried by the first packet of `send_n` (after the length word).
+/// Bytes of a byte string carried by the first packet of `send_n` (after the length word).
 pub const FIRST_PACKET_BYTES: usize = BUFFER_SIZE - 8;
 
 const_assert_eq!(size_of::<Buffer>(), BUFFER_SIZE);

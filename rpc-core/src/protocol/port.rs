@@ -390,7 +390,7 @@ impl<'a> Packet<'a> {
         }
     }
 
-    /// The bytes after word 0 (a stream's first packet's payload).
+    /// The bytes after word 0 (a byte string's first packet's payload).
     pub fn payload(&self) -> [u8; FIRST_PACKET_BYTES] {
         let mut bytes = [0u8; FIRST_PACKET_BYTES];
         for (i, chunk) in bytes.chunks_exact_mut(8).enumerate() {
@@ -407,7 +407,7 @@ impl<'a> Packet<'a> {
             "byte range outside the packet"
         );
         if offset % 8 == 0 {
-            // Word-aligned (every stream packet): whole words, each a copy of constant size,
+            // Word-aligned (every `send_n` packet): whole words, each a copy of constant size,
             // then the head of the last word.
             let first = offset / 8;
             let whole = out.len() / 8;
@@ -440,7 +440,7 @@ impl<'a> Packet<'a> {
             "byte range outside the packet"
         );
         if offset % 8 == 0 {
-            // Word-aligned (every stream packet): whole words, each a load of constant size,
+            // Word-aligned (every `send_n` packet): whole words, each a load of constant size,
             // then the head of the last word (its other bytes kept).
             let first = offset / 8;
             let mut chunks = data.chunks_exact(8);
@@ -806,10 +806,10 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// The packets of a `recv_n` after its first, once they are ours: reads each active lane's
     /// bytes from `offset` (of its length in `lengths`) into a scratch of `L` lanes, hands the
     /// buffer back unless these are the `last` bytes, then appends them to `out`. The appends
-    /// are stores into vectors far from the cache (a 1 MiB stream's), and the flip that hands
+    /// are stores into vectors far from the cache (a 1 MiB byte string's), and the flip that hands
     /// the buffer back, a store too, would become visible only after them (x86 keeps stores in
     /// order); handed back first, the other side writes its next packet while this side
-    /// appends: a 32-lane stream some 3-10% faster in A/B runs (docs/performance.md).
+    /// appends: a 32-lane TEST_STREAM some 3-10% faster in A/B runs (docs/performance.md).
     fn append_packets<const L: usize>(
         &mut self,
         offset: usize,

@@ -19,7 +19,7 @@ pub type VendorError = std::boxed::Box<dyn std::error::Error + Send + Sync + 'st
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServerError {
-    /// The protocol failed under the server (a bad region, a bad lane mask, a stream above
+    /// The protocol failed under the server (a bad region, a bad lane mask, a byte string above
     /// its bound, a wait given up).
     #[error(transparent)]
     Protocol(#[from] ProtocolError),

@@ -4,7 +4,7 @@
 //! SYSTEM may do: [`ServicesConfig`]), and the rate limit on log lines a device causes
 //! ([`LogLimit`]).
 //!
-//! Over a limit the device gets the error value of the C function (or, for a stream claim,
+//! Over a limit the device gets the error value of the C function (or, for a byte string's claim,
 //! the exchange ends at once: see [`crate::services`]), the server logs one line (rate-limited)
 //! and counts it, and nothing is held beyond the bound. `docs/reliability.md` lists the
 //! limits with the attacks they answer.
@@ -91,9 +91,10 @@ impl Default for ServicesConfig {
 /// what every device together may make it hold at once (`held_bytes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    /// Bytes one lane may send in one stream (`send_n`, PROTOCOL section 5). Default 64 MiB.
-    pub stream_bytes: u64,
-    /// Bytes one request's streams may carry, every lane and stream together. Default 64 MiB.
+    /// Bytes of one lane's byte string (one `send_n`, PROTOCOL section 5). Default 64 MiB.
+    pub string_bytes: u64,
+    /// Bytes one request's byte strings may carry, every lane and `send_n` together. Default
+    /// 64 MiB.
     pub request_bytes: u64,
     /// Bytes of `%s` strings one printf request may make the server fetch, every lane together
     /// (a pointer printed twice is fetched once). A lane whose strings go over it prints
@@ -109,13 +110,13 @@ pub struct Limits {
     /// beyond). Default 16 GiB.
     pub malloc_bytes: u64,
     /// Bytes of device data the server holds at once, every port of every mailbox together:
-    /// streams being received (`send_n` beyond its first packet: paths, writes, printf's formats,
-    /// arguments and `%s` strings, host-call arguments) and read buffers. A stream whose
-    /// claim would pass it is received and dropped, and its request refused (the C function's
+    /// byte strings being received (`send_n` beyond its first packet: paths, writes, printf's
+    /// formats, arguments and `%s` strings, host-call arguments) and read buffers. A byte string
+    /// whose claim would pass it is received and dropped, and its request refused (the C function's
     /// error value); a read is served in part (possibly 0 bytes). Default 1 GiB.
     pub held_bytes: u64,
-    /// Log lines per second a device may cause: refusals, unknown opcodes, bad headers,
-    /// stream claims above the bounds and other failed exchanges, abandoned exchanges (client
+    /// Log lines per second a device may cause: refusals, unknown opcodes, bad headers, byte
+    /// strings claimed above the bounds and other failed exchanges, abandoned exchanges (client
     /// timeouts among them), EXIT and ABORT under `ExitPolicy::Record`, lost device output, failed
     /// reads of stdin. Beyond it lines are dropped and counted; the next line logged says how
     /// many were, and so does a line of its own when the worker ends a stretch of serving (its
@@ -134,7 +135,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            stream_bytes: 64 << 20,
+            string_bytes: 64 << 20,
             request_bytes: 64 << 20,
             printf_string_bytes: 4 << 20,
             read_bytes: 1 << 20,
@@ -263,7 +264,7 @@ impl Drop for Charge {
 }
 
 /// A per-second budget of the log lines devices cause, one per server. Every such line goes
-/// through it ([`device_log!`]): refusals, unknown opcodes, bad headers, stream claims above
+/// through it ([`device_log!`]): refusals, unknown opcodes, bad headers, byte strings claimed above
 /// the bounds, abandoned exchanges (client timeouts among them), EXIT and ABORT, lost device
 /// output. Dropped lines are counted; the next line logged says how many, and so does
 /// [`LogLimit::report_dropped`] when the worker ends a stretch of serving.

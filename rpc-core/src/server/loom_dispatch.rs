@@ -187,7 +187,8 @@ fn an_exchange_whose_kernel_is_gone_is_abandoned_and_its_port_serves_again() {
 }
 
 /// Registers `opcode`: two packets in, their sum back, counting its runs in `runs`; a first
-/// packet above `bound` ends it there with an error (as a stream claim above its bound does).
+/// packet above `bound` ends it there with an error (as a byte string claimed above its bound
+/// does).
 fn register_counted_sum(f: &Fixture, opcode: Opcode, bound: u64, runs: &Arc<AtomicUsize>) {
     let runs = runs.clone();
     f.server.register(opcode, move |mut req| {

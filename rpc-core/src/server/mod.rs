@@ -75,7 +75,7 @@ pub use users::UserGuard;
 pub struct ServerConfig {
     /// Name used for the worker thread and in logs (`host`, `cuda`, ...).
     pub name: String,
-    /// What one request and one mailbox may make the host hold (streams, reads, files,
+    /// What one request and one mailbox may make the host hold (byte strings, reads, files,
     /// MALLOC), and how many log lines devices may cause.
     pub limits: crate::server::limits::Limits,
     /// Treat a client as gone once its exchange has waited this long for it (time the exchange
@@ -171,7 +171,7 @@ impl ServerContext {
     pub fn config(&self) -> &ServerConfig {
         &self.config
     }
-    /// Bytes of device data the server holds now, against `Limits::held_bytes`: streams
+    /// Bytes of device data the server holds now, against `Limits::held_bytes`: byte strings
     /// being received and read buffers of every exchange in flight.
     pub fn held_bytes(&self) -> u64 {
         self.memory.held()

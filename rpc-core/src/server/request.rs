@@ -16,7 +16,7 @@ use crate::protocol::port::Packet;
 use crate::protocol::ServerPort;
 use crate::server::error::ServerError;
 use crate::server::exec;
-use crate::server::exec::Streams;
+use crate::server::exec::Received;
 use crate::server::{Attached, Inner, MailboxId, ServerContext};
 use crate::sync::Arc;
 
@@ -49,7 +49,7 @@ pub struct Request {
     port: ManuallyDrop<ServerPort<'static>>,
     mailbox: Arc<Attached>,
     inner: Arc<Inner>,
-    /// Bytes its streams have carried so far (bounded by `Limits::request_bytes`).
+    /// Bytes its byte strings have carried so far (bounded by `Limits::request_bytes`).
     received: u64,
 }
 
@@ -185,36 +185,38 @@ impl Request {
     pub async fn send_n(&mut self, data: &[&[u8]]) -> Result<(), ServerError> {
         self.port.send_n_async(data).await?;
         let longest = data.iter().map(|d| d.len()).max().unwrap_or(0);
-        self.trace(format_args!("sent a stream (longest lane {longest} bytes)"));
+        self.trace(format_args!(
+            "sent byte strings (longest lane {longest} bytes)"
+        ));
         Ok(())
     }
-    /// Receives a byte string per lane ([`Streams`]: index = lane, inactive lanes empty; its
+    /// Receives a byte string per lane ([`Received`]: index = lane, inactive lanes empty; its
     /// buffers are reused by later requests once it is dropped), bounded by the server's
     /// [`crate::Limits`]: a lane
-    /// above `stream_bytes`, or the request's streams together above `request_bytes`, end the
+    /// above `string_bytes`, or the request's byte strings together above `request_bytes`, end the
     /// exchange at once ([`ProtocolError::TooLong`](crate::ProtocolError::TooLong),
     /// [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong)). Strings
     /// longer than their first packet are charged to the server's memory budget
-    /// (`Limits::held_bytes`) before they grow, until the [`Streams`] are dropped; without room
-    /// there they are received and dropped ([`Streams::refused`]).
-    pub async fn recv_n(&mut self) -> Result<Streams, ServerError> {
+    /// (`Limits::held_bytes`) before they grow, until the [`Received`] are dropped; without room
+    /// there they are received and dropped ([`Received::refused`]).
+    pub async fn recv_n(&mut self) -> Result<Received, ServerError> {
         let context = &self.inner.context;
         let limits = &context.config.limits;
         let left = limits.request_bytes.saturating_sub(self.received);
-        let mut data = Streams::buffers();
+        let mut data = Received::buffers();
         let mut charge = None;
         let admitted = self
             .port
-            .recv_n_within_async(limits.stream_bytes, left, &mut data, |claimed| {
+            .recv_n_within_async(limits.string_bytes, left, &mut data, |claimed| {
                 charge = context.memory.charge(claimed);
                 charge.is_some()
             })
             .await?;
-        let data = Streams::new(data, charge, !admitted);
+        let data = Received::new(data, charge, !admitted);
         self.received += data.iter().map(|d| d.len() as u64).sum::<u64>();
         let longest = data.iter().map(Vec::len).max().unwrap_or(0);
         self.trace(format_args!(
-            "received a stream (longest lane {longest} bytes)"
+            "received byte strings (longest lane {longest} bytes)"
         ));
         Ok(data)
     }

@@ -34,7 +34,7 @@ macro_rules! stats_counters {
     ($then:ident) => {
         $then! {
             /// Handlers that returned an error other than a refusal (bad input, abandoned
-            /// streams, ...).
+            /// byte strings claimed above their bounds, ...).
             errors,
             /// Requests refused by policy or validation (answered with an error value).
             refused,

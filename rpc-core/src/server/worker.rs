@@ -78,9 +78,9 @@ pub(crate) fn run(inner: Arc<Inner>) {
         absent: inner.context.config.absent_park,
     };
     let mut seen_epoch = 0;
-    exec::keep_large_streams();
+    exec::keep_large_received();
     loop {
-        // Nothing to serve until a user comes: a kept stream's buffers would wait unused.
+        // Nothing to serve until a user comes: a kept `recv_n`'s buffers would wait unused.
         exec::release_large();
         // Asleep while nobody could send a request (see `thread`'s module docs).
         let running = this.wait_for_users(&inner.context.stats, &mut seen_epoch);

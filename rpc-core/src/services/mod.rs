@@ -6,8 +6,8 @@
 //! is refused gets the error value the C function would return, and the request ends in
 //! [`ServerError::Refused`] (logged at `warn`, counted in `stats().refused`).
 //!
-//! What a request may make the host hold is bounded by the server's [`crate::Limits`]. Streams
-//! of bytes from the device (`send_n`) are bounded per lane (`stream_bytes`) and per request
+//! What a request may make the host hold is bounded by the server's [`crate::Limits`]. Byte
+//! strings from the device (`send_n`) are bounded per lane (`string_bytes`) and per request
 //! (`request_bytes`): a claim above them ends the exchange at once
 //! ([`ProtocolError::TooLong`](crate::ProtocolError::TooLong),
 //! [`ProtocolError::RequestTooLong`](crate::ProtocolError::RequestTooLong), logged and counted
@@ -15,8 +15,8 @@
 //! packet the client still sends is answered unread, and its reply is the opcode's failure
 //! word (`Opcode::failure_word`). printf's output goes to its stream
 //! in pieces, never whole in memory; reads are served in parts of at most `read_bytes`. Every
-//! device together shares one budget (`held_bytes`): a stream longer than its first packet is
-//! charged before it grows (refused beyond it: received and dropped, the lane answered with its
+//! device together shares one budget (`held_bytes`): a byte string longer than its first packet
+//! is charged before it grows (refused beyond it: received and dropped, the lane answered with its
 //! error value), a read before its buffers are made (served in part beyond it).
 //!
 //! Each mailbox's kernels have their own open files and allocations: a handle or an address
@@ -61,8 +61,8 @@
 //! | SYSTEM | C send_n(command); S send buf\[0\] = status | not allowed (-1) |
 //! | TEST_INCREMENT, TEST_INTERFACE, TEST_STREAM | PROTOCOL section 6 | — |
 //!
-//! Any `send_n` above the stream bound ends the exchange at once (see above): not a refusal
-//! counted in `refused`, but its client still gets a failure reply.
+//! Any `send_n` above its bounds ends the exchange at once (see above): not a refusal counted in
+//! `refused`, but its client still gets a failure reply.
 //!
 //! Results that are C `int`s or `i64`s are sent sign-extended into the u64 word (EOF and -1 read
 //! as `u64::MAX`).
@@ -698,10 +698,10 @@ impl Refusals {
     }
 }
 
-/// Why a lane whose strings the memory budget refused ([`Streams::refused`]) gets its error
+/// Why a lane whose strings the memory budget refused ([`Received::refused`]) gets its error
 /// value.
 ///
-/// [`Streams::refused`]: crate::server::exec::Streams::refused
+/// [`Received::refused`]: crate::server::exec::Received::refused
 pub(crate) const OVER_BUDGET: &str =
     "its strings would take the server above its memory budget (Limits::held_bytes)";
 

@@ -16,7 +16,7 @@ use super::{
     Refusals, Services, Touches, EOF_WORD, OVER_BUDGET,
 };
 use crate::server::error::{Outcome, ServerError};
-use crate::server::exec::Streams;
+use crate::server::exec::Received;
 use crate::server::limits::{quoted, Charge};
 use crate::server::request::Request;
 use crate::sync::lock;
@@ -27,7 +27,7 @@ use crate::sync::lock;
 /// thread); lanes to files are written on an I/O thread.
 async fn write_lanes(
     req: &mut Request,
-    data: Streams,
+    data: Received,
     target: impl Fn(u32) -> Option<Target>,
     newline: bool,
     refusals: &mut Refusals,
@@ -459,11 +459,11 @@ pub(crate) async fn rename(mut req: Request) -> Result<Outcome, ServerError> {
 }
 
 /// The pattern of REMOVE and RENAME: on an I/O thread, `call` gets each active lane's paths
-/// (one per stream of `streams`, each up to its first NUL) and the file rules; each lane's
+/// (one per `recv_n` of `received`, each up to its first NUL) and the file rules; each lane's
 /// reply is 0 on success, -1 on a failure (an ordinary C result) or a refusal.
 async fn on_paths(
     req: Request,
-    streams: Vec<Streams>,
+    received: Vec<Received>,
     call: fn(&Rules, &[&[u8]]) -> core::result::Result<(), Denial>,
 ) -> Result<Outcome, ServerError> {
     let lanes: Vec<u32> = active(&req).collect();
@@ -473,12 +473,12 @@ async fn on_paths(
         lanes
             .into_iter()
             .map(|lane| {
-                if streams.iter().any(|stream| stream.refused()) {
+                if received.iter().any(|strings| strings.refused()) {
                     return Err((lane, OVER_BUDGET.into()));
                 }
-                let paths: Vec<&[u8]> = streams
+                let paths: Vec<&[u8]> = received
                     .iter()
-                    .map(|stream| until_nul(&stream[lane as usize]))
+                    .map(|strings| until_nul(&strings[lane as usize]))
                     .collect();
                 match call(&rules, &paths) {
                     Ok(()) => Ok((lane, 0)),

@@ -16,7 +16,7 @@
 //!
 //! **Refused, never trusted.** A lane whose pointee does not fit its argument's type (not a
 //! multiple of the element's size, not exactly one object, a C string without its NUL), is
-//! NULL where the function needs data, is above [`Limits::stream_bytes`](crate::Limits), would
+//! NULL where the function needs data, is above [`Limits::string_bytes`](crate::Limits), would
 //! take the request's pointees above [`Limits::request_bytes`](crate::Limits), or whose packed
 //! pointer is not the one the host sent, is refused: its pointees are drained as they come
 //! (never held), the function is not called for it, nothing is copied back to it and its result
@@ -48,7 +48,7 @@ use crate::protocol::port::lanes;
 use crate::protocol::Opcode;
 use crate::protocol::POINTER_BYTES;
 use crate::server::error::{Outcome, ServerError};
-use crate::server::exec::{PooledVec, Streams};
+use crate::server::exec::{PooledVec, Received};
 use crate::server::registry::Handler;
 use crate::server::request::Request;
 use crate::server::{panic_message, RpcServer};
@@ -514,7 +514,7 @@ impl Refusals {
 /// copy's aligned offset) and which lanes sent any bytes.
 #[derive(Default)]
 struct Pointees {
-    copies: Streams,
+    copies: Received,
     nonnull: u64,
 }
 
@@ -558,7 +558,7 @@ async fn serve(mut req: Request, call: Arc<Registered>) -> Result<Outcome, Serve
         recv_pointee(
             &mut req,
             shape,
-            limits.stream_bytes,
+            limits.string_bytes,
             &mut budget,
             &mut refused,
             &mut pointees[k],
@@ -659,7 +659,7 @@ async fn serve(mut req: Request, call: Arc<Registered>) -> Result<Outcome, Serve
 }
 
 /// Receives one pointer argument's pointees (a `send_n` per lane, PROTOCOL section 5) into
-/// `into`: a lane's bytes are kept if they fit `shape`, the lane's stream bound and what is
+/// `into`: a lane's bytes are kept if they fit `shape`, the lane's byte string bound and what is
 /// left of the request's `budget`, and the lane was not refused before; otherwise the lane is
 /// refused and its bytes are drained as they come, every packet still taken and acknowledged.
 async fn recv_pointee(
@@ -671,7 +671,7 @@ async fn recv_pointee(
     into: &mut Pointees,
 ) -> Result<(), ServerError> {
     let lanes_n = req.lane_size() as usize;
-    let mut copies = Streams::buffers();
+    let mut copies = Received::buffers();
     copies.iter_mut().for_each(Vec::clear);
     copies.resize_with(lanes_n, Vec::new);
     let mut lengths = PooledVec::<u64>::with_capacity(lanes_n);
@@ -689,7 +689,7 @@ async fn recv_pointee(
         } else if let Some(why) = shape.refuse(len) {
             why
         } else if len > bound {
-            format!("a pointee of {len} bytes, above the stream bound {bound}").into()
+            format!("a pointee of {len} bytes, above the byte string bound {bound}").into()
         } else if len > *budget {
             format!(
                 "a pointee of {len} bytes, above what is left of the request's {} bytes",
@@ -759,7 +759,7 @@ async fn recv_pointee(
             }
         }
     }
-    into.copies = Streams::new(copies, charge, false);
+    into.copies = Received::new(copies, charge, false);
     into.nonnull = nonnull;
     Ok(())
 }

@@ -130,7 +130,7 @@ pub fn logged() -> Vec<String> {
 
 /// A client's wait that gives up once one wait for the server (one hand-over) has lasted
 /// `patience`: a hang guard per hand-over, however many a test makes, so it never measures
-/// their speed (beside busy processes a 4 MiB stream's whole run outlasted a 120 s deadline).
+/// their speed (beside busy processes a 4 MiB byte string's whole run outlasted a 120 s deadline).
 /// Backs off as [`Deadline`] does.
 pub struct EachWait {
     patience: Duration,
@@ -184,7 +184,7 @@ pub trait Device {
     }
 
     /// C send_n(data); C recv buf[0] (WRITE_TO_STDOUT, REMOVE, SYSTEM, ...).
-    fn stream_then_word(&self, opcode: Opcode, data: &[Vec<u8>]) -> [u64; 64] {
+    fn send_n_then_word(&self, opcode: Opcode, data: &[Vec<u8>]) -> [u64; 64] {
         let mut port = self.open(opcode);
         port.send_n(&slices(data)).unwrap();
         let mut out = [0u64; 64];

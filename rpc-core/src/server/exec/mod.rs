@@ -77,7 +77,7 @@
 //! # Recycled memory
 //! Memory a finished exchange leaves behind, kept for the next exchanges of the same thread:
 //! the block that held its future (`exec`'s `Exchange`, through [`take_block`] and
-//! [`give_block`]), the buffers of its `recv_n` results ([`Streams`]) and of the vectors a
+//! [`give_block`]), the buffers of its `recv_n` results ([`Received`]) and of the vectors a
 //! service made for it ([`PooledVec`]).
 //!
 //! Why: a server thread with many exchanges in flight (the pipelined rows of
@@ -88,14 +88,14 @@
 //! on another thread, an I/O thread's, joins that thread's pool) and bounded in bytes
 //! ([`KEEP_BYTES`]); what does not fit goes back to the allocator.
 //!
-//! Besides, the server thread keeps the buffers of the last stream too large for that budget
-//! (a 1 MiB stream: [`keep_large_streams`]), until it has served nothing for
+//! Besides, the server thread keeps the buffers of the last `recv_n` too large for that budget
+//! (1 MiB byte strings: [`keep_large_received`]), until it has served nothing for
 //! [`KEEP_LARGE_FOR`] ([`release_large`]). A `recv_n` grows its vectors as the bytes come
-//! (never by the length a client claims, `docs/reliability.md`), so each 1 MiB stream into new
-//! vectors reallocated and copied them some 5 times: about a tenth of a 32-lane stream's time
-//! (`docs/performance.md`). What is kept grew to hold bytes a client really sent, so it is at
-//! most about twice what a request may carry (`Limits::request_bytes`), and kept only while
-//! streams keep coming.
+//! (never by the length a client claims, `docs/reliability.md`), so each 1 MiB byte string into
+//! new vectors reallocated and copied them some 5 times: about a tenth of a 32-lane
+//! TEST_STREAM's time (`docs/performance.md`). What is kept grew to hold bytes a client really
+//! sent, so it is at most about twice what a request may carry (`Limits::request_bytes`), and
+//! kept only while large byte strings keep coming.
 
 use crate::protocol::opcode::Opcode;
 use crate::protocol::ServerEnd;
@@ -760,7 +760,7 @@ mod exchange_tests {
 /// exchanges' worth of printf state.
 pub(crate) const KEEP_BYTES: usize = 256 << 10;
 
-/// How long a silent server thread keeps the buffers of a stream larger than its budget.
+/// How long a silent server thread keeps the buffers of a `recv_n` larger than its budget.
 pub(crate) const KEEP_LARGE_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A vector whose buffer comes from this thread's pool of blocks, and goes back to it when
@@ -836,26 +836,26 @@ impl<T> Drop for PooledVec<T> {
 
 /// The byte strings one `recv_n` received, one per lane (index = lane; inactive lanes'
 /// strings are empty). Read it as a slice of vectors; its buffers go back to this thread's
-/// pool when it is dropped ([`Streams::into_vec`] keeps them instead), and with them the
+/// pool when it is dropped ([`Received::into_vec`] keeps them instead), and with them the
 /// charge they hold on the server's memory budget (`Limits::held_bytes`).
 #[derive(Debug, Default)]
-pub struct Streams {
+pub struct Received {
     strings: Vec<Vec<u8>>,
     /// What the strings hold of the memory budget (none if they fit their first packet).
     _charge: Option<Charge>,
     refused: bool,
 }
 
-impl Streams {
+impl Received {
     /// Buffers from this thread's pool where it has some, for a `recv_n` to empty and fill.
     /// The large set kept (see the module docs) comes first: a `recv_n` cannot know how much
     /// it will receive, and one that gets a small set grows it again (a printf between two
-    /// streams would leave only small sets on top); a small request that takes the large set
+    /// large ones would leave only small sets on top); a small request that takes the large set
     /// gives it back when it ends.
     pub(crate) fn buffers() -> Vec<Vec<u8>> {
         with_pool(|pool| {
             pool.large.take().or_else(|| {
-                let buffers = pool.streams.pop()?;
+                let buffers = pool.received.pop()?;
                 pool.bytes -= kept_bytes(&buffers);
                 Some(buffers)
             })
@@ -867,7 +867,7 @@ impl Streams {
     /// Strings received under `charge`; `refused`: the memory budget had no room for them,
     /// so they were dropped as they came (every lane empty).
     pub(crate) fn new(strings: Vec<Vec<u8>>, charge: Option<Charge>, refused: bool) -> Self {
-        Streams {
+        Received {
             strings,
             _charge: charge,
             refused,
@@ -888,20 +888,20 @@ impl Streams {
     }
 }
 
-impl Deref for Streams {
+impl Deref for Received {
     type Target = [Vec<u8>];
     fn deref(&self) -> &[Vec<u8>] {
         &self.strings
     }
 }
 
-impl DerefMut for Streams {
+impl DerefMut for Received {
     fn deref_mut(&mut self) -> &mut [Vec<u8>] {
         &mut self.strings
     }
 }
 
-impl Drop for Streams {
+impl Drop for Received {
     fn drop(&mut self) {
         let buffers = std::mem::take(&mut self.strings);
         if buffers.capacity() == 0 {
@@ -911,7 +911,7 @@ impl Drop for Streams {
         with_pool(|pool| {
             if pool.bytes + bytes <= KEEP_BYTES {
                 pool.bytes += bytes;
-                pool.streams.push(buffers);
+                pool.received.push(buffers);
             } else if pool.keeps_large && bytes > KEEP_BYTES {
                 // The last one kept: a set kept before is freed.
                 pool.large = Some(buffers);
@@ -920,7 +920,7 @@ impl Drop for Streams {
     }
 }
 
-/// The bytes a set of stream buffers holds, as the pool counts them. Found again when the set
+/// The bytes a set of `recv_n` buffers holds, as the pool counts them. Found again when the set
 /// is taken rather than kept beside it: a pushed `(buffers, bytes)` pair was written field by
 /// field and copied in wider moves, a load the store buffer cannot forward, which waited for
 /// the exchange's stores to shared memory (see `protocol::deferred`): 3% of the server's time
@@ -930,14 +930,14 @@ fn kept_bytes(buffers: &Vec<Vec<u8>>) -> usize {
         + buffers.iter().map(Vec::capacity).sum::<usize>()
 }
 
-/// This thread keeps the buffers of the last stream too large for [`KEEP_BYTES`], until
+/// This thread keeps the buffers of the last `recv_n` too large for [`KEEP_BYTES`], until
 /// [`release_large`]: only for a thread that calls that when it goes quiet (the server
 /// thread; an I/O thread would keep them for ever).
-pub(crate) fn keep_large_streams() {
+pub(crate) fn keep_large_received() {
     with_pool(|pool| pool.keeps_large = true);
 }
 
-/// Frees the stream buffers kept beyond [`KEEP_BYTES`], if any.
+/// Frees the `recv_n` buffers kept beyond [`KEEP_BYTES`], if any.
 pub(crate) fn release_large() {
     let large = with_pool(|pool| pool.large.take()).flatten();
     // Freed outside the pool's borrow.
@@ -963,12 +963,12 @@ struct Pool {
     /// size of [`PooledVec`]).
     blocks: Vec<(Layout, Vec<NonNull<u8>>)>,
     /// Dropped `recv_n` results (their bytes not yet cleared).
-    streams: Vec<Vec<Vec<u8>>>,
+    received: Vec<Vec<Vec<u8>>>,
     /// Bytes kept, blocks and buffers together (at most [`KEEP_BYTES`]).
     bytes: usize,
     /// The last dropped `recv_n` result too large for `bytes`, where `keeps_large`.
     large: Option<Vec<Vec<u8>>>,
-    /// Set by [`keep_large_streams`].
+    /// Set by [`keep_large_received`].
     keeps_large: bool,
 }
 
@@ -1062,57 +1062,57 @@ mod recycle_tests {
         let kept = with_pool(|pool| pool.bytes).unwrap();
         assert!(kept <= KEEP_BYTES, "{kept} bytes kept");
         assert!(kept > KEEP_BYTES / 2, "{kept} bytes kept");
-        let streams: Vec<Streams> = (0..64)
-            .map(|_| Streams::new(std::vec![std::vec![0u8; 8 << 10]], None, false))
+        let received: Vec<Received> = (0..64)
+            .map(|_| Received::new(std::vec![std::vec![0u8; 8 << 10]], None, false))
             .collect();
-        drop(streams);
+        drop(received);
         let kept = with_pool(|pool| pool.bytes).unwrap();
         assert!(kept <= KEEP_BYTES, "{kept} bytes kept");
     }
 
     #[test]
-    fn a_large_stream_is_kept_only_where_asked_and_until_released() {
-        let large = || Streams::new(std::vec![std::vec![9u8; 2 * KEEP_BYTES]], None, false);
+    fn a_large_recv_n_is_kept_only_where_asked_and_until_released() {
+        let large = || Received::new(std::vec![std::vec![9u8; 2 * KEEP_BYTES]], None, false);
         let capacity_of = |buffers: &[Vec<u8>]| buffers.first().map_or(0, Vec::capacity);
         // Run on threads of their own: the pool is per thread.
         std::thread::spawn(move || {
             drop(large());
-            assert_eq!(capacity_of(&Streams::buffers()), 0, "not kept unasked");
+            assert_eq!(capacity_of(&Received::buffers()), 0, "not kept unasked");
         })
         .join()
         .unwrap();
         std::thread::spawn(move || {
-            keep_large_streams();
+            keep_large_received();
             drop(large());
-            let kept = Streams::buffers();
+            let kept = Received::buffers();
             assert!(capacity_of(&kept) >= 2 * KEEP_BYTES, "kept when asked");
-            drop(Streams::new(kept, None, false));
+            drop(Received::new(kept, None, false));
             // The large set comes first, then the small ones.
-            drop(Streams::new(std::vec![std::vec![1u8; 10]], None, false));
-            assert!(capacity_of(&Streams::buffers()) >= 2 * KEEP_BYTES);
-            assert!(capacity_of(&Streams::buffers()) < KEEP_BYTES);
+            drop(Received::new(std::vec![std::vec![1u8; 10]], None, false));
+            assert!(capacity_of(&Received::buffers()) >= 2 * KEEP_BYTES);
+            assert!(capacity_of(&Received::buffers()) < KEEP_BYTES);
             drop(large());
             release_large();
-            assert_eq!(capacity_of(&Streams::buffers()), 0, "released");
+            assert_eq!(capacity_of(&Received::buffers()), 0, "released");
         })
         .join()
         .unwrap();
     }
 
     #[test]
-    fn dropped_streams_come_back_with_their_capacity() {
-        let streams = Streams::new(
+    fn dropped_received_strings_come_back_with_their_capacity() {
+        let received = Received::new(
             std::vec![std::vec![5u8; 40], std::vec![6u8; 3]],
             None,
             false,
         );
-        let capacity = streams[0].capacity();
-        drop(streams);
-        let buffers = Streams::buffers();
+        let capacity = received[0].capacity();
+        drop(received);
+        let buffers = Received::buffers();
         assert_eq!(buffers.len(), 2);
         assert_eq!(buffers[0].capacity(), capacity);
         // Taken out with `into_vec`, they stay with the caller.
-        let out = Streams::new(std::vec![std::vec![1, 2, 3]], None, false).into_vec();
+        let out = Received::new(std::vec![std::vec![1, 2, 3]], None, false).into_vec();
         assert_eq!(out, std::vec![std::vec![1, 2, 3]]);
     }
 }

@@ -14,7 +14,7 @@
 //! A lane gets -1 and no output for a bad handle, an argument buffer shorter than the format
 //! needs, or `%s` strings above `Limits::printf_string_bytes` (the request's lanes together);
 //! the script completes in those cases. A format, an argument buffer or a string above the
-//! stream limits ends the exchange at once (see `services`).
+//! byte string limits ends the exchange at once (see `services`).
 //!
 //! Output that may be long (above [`CHUNK`], by [`Format::output_bound`]) or goes to a file is
 //! formatted and written on an I/O thread, so that the server thread never spends long on one
@@ -33,7 +33,7 @@ use std::format;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::Dialect;
 use crate::server::error::{Outcome, ServerError};
-use crate::server::exec::{PooledVec, Streams};
+use crate::server::exec::{PooledVec, Received};
 use crate::server::limits::quoted;
 use crate::server::registry::Request;
 use crate::services::output::{Output, Ticket};
@@ -170,7 +170,7 @@ pub(crate) async fn printf(mut req: Request) -> Result<Outcome, ServerError> {
     // requests once dropped); `fetched` finds a lane's string by its pointer: the round that
     // brought it. (It was a B-tree map: at L=32 its 32 inserts and their nodes showed in the
     // profile; one sorted vector is built at once.)
-    let mut rounds: PooledVec<Streams> = PooledVec::with_capacity(ROUNDS);
+    let mut rounds: PooledVec<Received> = PooledVec::with_capacity(ROUNDS);
     let mut fetched = Fetched::with_capacity(pointers.len());
     for state in &mut lanes {
         state.strings = fetched.add(pointers[state.pending.clone()].iter().copied());
@@ -374,9 +374,9 @@ impl Fetched {
 /// rounds of `%s` strings (each round's strings in the buffers it was received in), with
 /// which round brought each lane's string at each of its pointers.
 pub(super) struct Sent {
-    pub(super) args: Streams,
+    pub(super) args: Received,
     pub(super) fetched: Fetched,
-    pub(super) rounds: PooledVec<Streams>,
+    pub(super) rounds: PooledVec<Received>,
 }
 
 impl Sent {
@@ -491,7 +491,7 @@ pub(super) async fn write_on_io(
     req: &Request,
     touches: Touches,
     lanes: &mut [Lane],
-    texts: Streams,
+    texts: Received,
     sent: Sent,
     (dialect, packed): (Dialect, bool),
     refusals: &mut Refusals,
