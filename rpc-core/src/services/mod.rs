@@ -3,8 +3,8 @@
 //!
 //! The host trusts nothing the device sends (DESIGN, "Safety and policy"). Every handler runs
 //! its opcode's whole script, whatever the input, so the client never hangs; a lane whose input
-//! is refused gets the error value the C function would return, and the request ends in
-//! [`ServerError::Refused`] (logged at `warn`, counted in `stats().refused`).
+//! is refused gets the error value the C function would return, and the request ends as
+//! [`Outcome::Refused`] (no error: logged at `warn`, counted in `stats().refused`).
 //!
 //! What a request may make the host hold is bounded by the server's [`crate::Limits`]. Byte
 //! strings from the device (`send_n`) are bounded per lane (`string_bytes`) and per request
