@@ -18,7 +18,7 @@ use rpc_core::{ProtocolError, Result, ServerError};
 /// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6).
 pub use rpc_core::protocol::{STDERR, STDIN, STDOUT};
 
-/// The most bytes a kernel accepts back from the server in one stream.
+/// The most bytes a kernel accepts back from the server in one byte string (`recv_n`).
 const RECV_BOUND: u64 = 64 << 20;
 
 /// Where printf and write go.

@@ -48,7 +48,7 @@ const POINTERS: usize = (GENERATION.client_object_locks() - 8) / 8;
 const LOCK_WORDS: usize = GENERATION.max_port_count() as usize / 32;
 /// A packet's words.
 pub(crate) const WORDS: usize = BUFFER_SIZE / 8;
-/// Bytes of a stream's first packet (after its length word).
+/// Bytes of a byte string's first packet (after its length word).
 const FIRST_BYTES: usize = BUFFER_SIZE - 8;
 
 /// LLVM libc's client object (PROTOCOL section 8), which the runtime writes when it loads the
@@ -331,7 +331,7 @@ impl Port {
         self.receive = true;
     }
 
-    /// Sends `bytes` as a stream (PROTOCOL section 5): the length and the first 56 bytes,
+    /// Sends `bytes` as a byte string (PROTOCOL section 5): the length and the first 56 bytes,
     /// then 64 bytes a packet while any lane of the port has more.
     pub fn send_n(&mut self, bytes: &[u8]) {
         let (first, mut rest) = bytes.split_at(bytes.len().min(FIRST_BYTES));
@@ -346,8 +346,8 @@ impl Port {
         }
     }
 
-    /// Receives a stream (PROTOCOL section 5) into `into`; its length, of which the bytes past
-    /// `into`'s end were dropped.
+    /// Receives a byte string (PROTOCOL section 5) into `into`; its length, of which the bytes
+    /// past `into`'s end were dropped.
     pub fn recv_n(&mut self, into: &mut [u8]) -> usize {
         let mut len = 0;
         let mut at = 0;

@@ -23,7 +23,7 @@
 //!
 //! - `client`: the client object at `__llvm_rpc_client` ([`ClientObject`], v2 by default, v1
 //!   with the `v1` feature; sizes from `rpc_core::protocol`), and [`Port`], a port opened by a
-//!   warp, with send / recv and the streams (`send_n` / `recv_n`);
+//!   warp, with send / recv and the byte strings (`send_n` / `recv_n`);
 //! - `arch`: what differs per target, one small module each (NVPTX, AMDGPU, the host);
 //! - [`io`]: `print!`, `println!`, `eprint!`, `eprintln!`; [`file`](mod@file): [`File`], a file on the
 //!   host;
