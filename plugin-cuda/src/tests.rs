@@ -114,20 +114,16 @@ fn devices_are_enumerated_with_name_lane_width_and_ports() {
     );
 }
 
+/// The plugin's figure (the glue caps it: `Generation::ports_for`).
 #[test]
-fn port_count_is_resident_warps_capped_by_the_generation() {
-    let port_count_for = |sms, threads, generation: Generation| {
-        generation.ports_for(crate::device::resident_warps(sms, threads))
-    };
-    // H200: 132 SMs x 64 warps = 8448.
-    assert_eq!(port_count_for(132, 2048, Generation::V1), 4096);
-    assert_eq!(port_count_for(132, 2048, Generation::V2), 8448);
-    // A big part past both caps.
-    assert_eq!(port_count_for(1000, 2048, Generation::V2), 16384);
-    assert_eq!(port_count_for(2, 1024, Generation::V1), 64);
-    // Nonsense attributes still give a usable mailbox, and never overflow.
-    assert_eq!(port_count_for(0, 2048, Generation::V1), 1);
-    assert_eq!(port_count_for(u32::MAX, u32::MAX, Generation::V1), 4096);
+fn resident_warps_are_sms_times_warps_per_sm_and_never_overflow() {
+    use crate::device::resident_warps;
+    // H200: 132 SMs x 64 warps.
+    assert_eq!(resident_warps(132, 2048), 8448);
+    assert_eq!(resident_warps(2, 1024), 64);
+    // Nonsense attributes.
+    assert_eq!(resident_warps(0, 2048), 0);
+    assert_eq!(resident_warps(u32::MAX, u32::MAX), u32::MAX);
 }
 
 #[test]
