@@ -574,19 +574,14 @@ impl Drop for AmdGpuDevice {
 mod tests {
     use super::*;
 
+    /// The plugin's figure (the glue caps it: `Generation::ports_for`).
     #[test]
-    fn port_count_is_waves_capped_by_the_generation() {
-        let port_count =
-            |cus, waves, generation: Generation| generation.ports_for(resident_waves(cus, waves));
-        // MI300X: 304 CUs x 32 waves = 9728.
-        assert_eq!(port_count(304, 32, Generation::V1), 4096);
-        assert_eq!(port_count(304, 32, Generation::V2), 9728);
-        // MI250X GCD: 110 x 32 = 3520 fits both.
-        assert_eq!(port_count(110, 32, Generation::V1), 3520);
-        // A large part saturates v2 too.
-        assert_eq!(port_count(1024, 64, Generation::V2), 16384);
-        // Nonsense from a driver still gives a usable mailbox.
-        assert_eq!(port_count(0, 0, Generation::V2), 1);
-        assert_eq!(port_count(u32::MAX, u32::MAX, Generation::V1), 4096);
+    fn resident_waves_are_cus_times_waves_per_cu_and_never_overflow() {
+        // MI300X: 304 CUs x 32 waves; an MI250X GCD: 110 x 32.
+        assert_eq!(resident_waves(304, 32), 9728);
+        assert_eq!(resident_waves(110, 32), 3520);
+        // Nonsense from a driver.
+        assert_eq!(resident_waves(0, 0), 0);
+        assert_eq!(resident_waves(u32::MAX, u32::MAX), u32::MAX);
     }
 }

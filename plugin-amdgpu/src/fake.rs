@@ -1159,3 +1159,28 @@ impl HsaApi for FakeHsa {
             .read_index
     }
 }
+
+/// What the contract's suite asks of the fake: one MI300X (its pools' memory garbage until
+/// the plugin zeroes it), and the fake's counts.
+impl plugin_contract::Fake for FakeHsa {
+    type Plugin = crate::AmdGpuPlugin;
+    const IMAGE: &'static [u8] = b".kernel main 16\n.kernel other 16\n.kernel spin 16\n\
+                                   .global __llvm_rpc_client 552\n.global data 16\n";
+    fn one_gpu() -> (Arc<Self>, crate::AmdGpuPlugin) {
+        let fake = FakeHsa::new(vec![FakeAgent::mi300x()]);
+        plugin_contract::suite::initialised(fake, |fake| crate::AmdGpuPlugin::with_api(fake))
+    }
+    fn loaded_images(&self) -> usize {
+        self.live_executables()
+    }
+    fn launched(&self) -> Vec<(String, Grid)> {
+        let dispatches = self.dispatches().into_iter();
+        dispatches.map(|d| (d.kernel, d.grid)).collect()
+    }
+    fn host_allocations(&self) -> usize {
+        self.live_host_allocations()
+    }
+    fn device_allocations(&self) -> usize {
+        self.live_device_allocations()
+    }
+}

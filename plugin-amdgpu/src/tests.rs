@@ -1,11 +1,10 @@
 //! The plugin through a fake HSA runtime (no GPU, no ROCm): devices, images, memory, AQL
 //! launches and their completions, and kernels that speak RPC, served through `PluginRuntime`.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use plugin_contract::{counted, Capture};
+use plugin_contract::{calls, counted, Capture, Fake};
 use plugin_host::{Arg, Warp};
 use rpc_core::plugin::{Device, Grid, Plugin};
 use rpc_core::services::malloc_alignment;
@@ -17,19 +16,13 @@ use crate::fake::{FakeAgent, FakeHsa, MEMORY_FAULT, OUT_OF_RESOURCES};
 use crate::loader::Status;
 use crate::{AmdGpuError, AmdGpuPlugin};
 
+plugin_contract::suite!(crate::fake::FakeHsa);
+
 /// A v1 image with three kernels (16 bytes of explicit arguments each) and a variable.
-const IMAGE: &str = ".kernel main 16\n.kernel other 16\n.kernel spin 16\n\
-                     .global __llvm_rpc_client 552\n.global data 16\n";
+const IMAGE: &[u8] = FakeHsa::IMAGE;
 
 fn plugin_with(gpus: Vec<FakeAgent>) -> (Arc<FakeHsa>, AmdGpuPlugin) {
-    let hsa = Arc::new(FakeHsa::new(gpus));
-    let mut plugin = AmdGpuPlugin::with_api(hsa.clone());
-    plugin.init().unwrap();
-    (hsa, plugin)
-}
-
-fn one_gpu() -> (Arc<FakeHsa>, AmdGpuPlugin) {
-    plugin_with(vec![FakeAgent::mi300x()])
+    plugin_contract::suite::initialised(FakeHsa::new(gpus), |hsa| AmdGpuPlugin::with_api(hsa))
 }
 
 fn hsa_error(error: &rpc_core::plugin::VendorError) -> &AmdGpuError {
@@ -107,7 +100,7 @@ fn devices_are_enumerated_with_name_wavefront_and_ports() {
 fn deinit_shuts_the_runtime_down_and_leaves_no_queue_signal_or_block() {
     let (hsa, mut plugin) = plugin_with(vec![FakeAgent::mi300x(), FakeAgent::w7900()]);
     for device in plugin.devices() {
-        let image = device.load_image(IMAGE.as_bytes()).unwrap();
+        let image = device.load_image(IMAGE).unwrap();
         let region = device.alloc_shared(4096).unwrap();
         device
             .launch(&image, "main", &[], Grid::linear(1, 64), Box::new(|| ()))
@@ -135,7 +128,7 @@ fn deinit_shuts_the_runtime_down_and_leaves_no_queue_signal_or_block() {
 
 #[test]
 fn runtime_errors_name_the_call_the_status_and_the_runtimes_text() {
-    let (hsa, plugin) = one_gpu();
+    let (hsa, plugin) = FakeHsa::one_gpu();
     let device = &plugin.devices()[0];
     hsa.fail("hsa_amd_memory_pool_allocate", OUT_OF_RESOURCES);
     let error = device.alloc_shared(64).err().unwrap();
@@ -145,7 +138,7 @@ fn runtime_errors_name_the_call_the_status_and_the_runtimes_text() {
          The runtime failed to allocate the necessary resources."
     );
     hsa.fail("hsa_executable_create_alt", 0x1000);
-    let error = device.load_image(IMAGE.as_bytes()).err().unwrap();
+    let error = device.load_image(IMAGE).err().unwrap();
     assert_eq!(
         error.to_string(),
         "hsa_executable_create_alt failed: HSA_STATUS_ERROR (0x1000)"
@@ -155,25 +148,19 @@ fn runtime_errors_name_the_call_the_status_and_the_runtimes_text() {
 // --- Images -----------------------------------------------------------------------------------
 
 #[test]
-fn images_load_find_variables_copy_and_unload() {
-    let (hsa, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    plugin_contract::images_load_find_variables_copy_and_unload(
-        device,
-        IMAGE.as_bytes(),
-        || hsa.live_executables(),
-        |image, data| {
-            // A kernel is not a variable.
-            assert_eq!(device.find_symbol(image, "main.kd"), None);
-            // A copy past the variable is refused by the runtime, not done.
-            assert!(device.copy_to_device(data.addr + 4090, &[1; 16]).is_err());
-        },
-    );
+fn a_kernel_is_no_variable_and_a_copy_past_one_is_refused() {
+    let (_hsa, plugin) = FakeHsa::one_gpu();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
+    // A kernel's descriptor symbol is not a variable.
+    assert_eq!(device.find_symbol(&image, "main.kd"), None);
+    // A copy past the variable is refused by the runtime, not done.
+    let data = device.find_symbol(&image, "data").unwrap();
+    assert!(device.copy_to_device(data.addr + 4090, &[1; 16]).is_err());
 }
 
 #[test]
 fn a_bad_code_object_is_an_error_naming_the_call() {
-    let (hsa, plugin) = one_gpu();
+    let (hsa, plugin) = FakeHsa::one_gpu();
     let device = &plugin.devices()[0];
     let error = device.load_image(&[0xFF, 0xFE, 0x00]).err().unwrap();
     assert!(
@@ -201,18 +188,17 @@ fn a_bad_code_object_is_an_error_naming_the_call() {
 
 #[test]
 fn launch_writes_an_aql_packet_with_the_grid_and_the_kernarg_segment() {
-    let (hsa, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
+    let (hsa, plugin) = FakeHsa::one_gpu();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
     let args: Vec<u8> = (1..=12).collect();
-    let grid = plugin_contract::launch_reaches_the_driver_with_the_kernel_and_the_grid(
-        device,
-        &image,
-        &args,
-        || {
-            let dispatches = hsa.dispatches();
-            dispatches.into_iter().map(|d| (d.kernel, d.grid)).collect()
-        },
-    );
+    let grid = Grid {
+        blocks: [4, 2, 1],
+        threads: [64, 1, 1],
+    };
+    device
+        .launch(&image, "other", &args, grid, Box::new(|| ()))
+        .unwrap();
+    device.synchronize().unwrap();
     let dispatch = &hsa.dispatches()[0];
     assert_eq!(dispatch.header, crate::aql::DISPATCH_HEADER);
     // 16 bytes of explicit arguments (12 given, zero-padded), then the implicit block.
@@ -240,10 +226,15 @@ fn launch_writes_an_aql_packet_with_the_grid_and_the_kernarg_segment() {
 }
 
 #[test]
-fn done_runs_once_after_the_kernel_completes() {
-    let (hsa, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    plugin_contract::done_runs_once_by_synchronize(device, &image, 64);
+fn completed_launches_destroy_their_completion_signals() {
+    let (hsa, plugin) = FakeHsa::one_gpu();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
+    for _ in 0..3 {
+        device
+            .launch(&image, "main", &[], Grid::linear(1, 64), Box::new(|| ()))
+            .unwrap();
+    }
+    device.synchronize().unwrap();
     assert_eq!(hsa.completed(), 3);
     assert_eq!(
         hsa.live_signals(),
@@ -254,42 +245,41 @@ fn done_runs_once_after_the_kernel_completes() {
 
 #[test]
 fn a_launch_that_fails_queues_nothing_and_never_calls_done() {
-    let (hsa, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
+    let (no_queue, done) = counted();
     let [(unknown_error, unknown), (empty_error, empty)] =
-        plugin_contract::unknown_kernels_and_empty_grids_launch_nothing(device, &image, 64, || {
-            hsa.dispatches().len()
-        });
+        plugin_contract::suite::unknown_kernels_and_empty_grids_launch_nothing(
+            |hsa: &FakeHsa, device, image| {
+                hsa.fail("hsa_queue_create", OUT_OF_RESOURCES);
+                let error = device
+                    .launch(image, "main", &[], Grid::linear(1, 64), done)
+                    .unwrap_err();
+                assert_eq!(
+                    error.to_string(),
+                    "hsa_queue_create failed: HSA_STATUS_ERROR_OUT_OF_RESOURCES (0x1008): \
+                     The runtime failed to allocate the necessary resources."
+                );
+                device.synchronize().unwrap();
+                assert!(hsa.dispatches().is_empty());
+                assert_eq!(hsa.live_host_allocations(), 0, "kernarg blocks freed");
+                assert_eq!(hsa.live_signals(), 0, "completion signals destroyed");
+            },
+        );
     assert!(matches!(
         hsa_error(&unknown_error),
         AmdGpuError::NoSymbol { .. }
     ));
     assert!(matches!(hsa_error(&empty_error), AmdGpuError::BadGrid(_)));
-    hsa.fail("hsa_queue_create", OUT_OF_RESOURCES);
-    let (no_queue, done) = counted();
-    let error = device
-        .launch(&image, "main", &[], Grid::linear(1, 64), done)
-        .unwrap_err();
-    assert_eq!(
-        error.to_string(),
-        "hsa_queue_create failed: HSA_STATUS_ERROR_OUT_OF_RESOURCES (0x1008): \
-         The runtime failed to allocate the necessary resources."
-    );
-    device.synchronize().unwrap();
     // `done` was dropped with the failed launch (the Device contract): never called.
-    for calls in [unknown, empty, no_queue] {
-        assert_eq!(calls.load(Ordering::SeqCst), 0);
+    for counter in [unknown, empty, no_queue] {
+        assert_eq!(calls(&counter), 0);
     }
-    assert!(hsa.dispatches().is_empty());
-    assert_eq!(hsa.live_host_allocations(), 0, "kernarg blocks freed");
-    assert_eq!(hsa.live_signals(), 0, "completion signals destroyed");
 }
 
 #[test]
 fn a_faulting_queue_fails_its_launches_once_each() {
-    let (hsa, plugin) = one_gpu();
+    let (hsa, plugin) = FakeHsa::one_gpu();
     hsa.kernel("main", |_| Err(MEMORY_FAULT));
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
     let (first, done) = counted();
     device
         .launch(&image, "main", &[], Grid::linear(1, 64), done)
@@ -304,8 +294,8 @@ fn a_faulting_queue_fails_its_launches_once_each() {
         "kernel failed on Fake MI300X (gfx942): \
          queue error HSA_STATUS_ERROR_MEMORY_FAULT (0x2b)"
     );
-    assert_eq!(first.load(Ordering::SeqCst), 1);
-    assert_eq!(second.load(Ordering::SeqCst), 1);
+    assert_eq!(calls(&first), 1);
+    assert_eq!(calls(&second), 1);
     assert_eq!(hsa.completed(), 0, "the faulted queue completed nothing");
     assert_eq!(
         hsa.dispatches().len(),
@@ -316,18 +306,11 @@ fn a_faulting_queue_fails_its_launches_once_each() {
 }
 
 #[test]
-fn a_panicking_completion_is_contained() {
-    let (_hsa, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    plugin_contract::a_panicking_completion_is_contained(device, &image, 64);
-}
-
-#[test]
 fn more_launches_than_queue_slots_wrap_the_ring() {
     // The W7900's queue holds 64 packets: 200 launches go round it three times, each
     // waiting for its slot to be consumed.
     let (hsa, plugin) = plugin_with(vec![FakeAgent::w7900()]);
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
     let counters: Vec<_> = (0..200u32)
         .map(|i| {
             let (calls, done) = counted();
@@ -338,7 +321,7 @@ fn more_launches_than_queue_slots_wrap_the_ring() {
         })
         .collect();
     device.synchronize().unwrap();
-    assert!(counters.iter().all(|c| c.load(Ordering::SeqCst) == 1));
+    assert!(counters.iter().all(|c| calls(c) == 1));
     let order: Vec<u32> = hsa
         .dispatches()
         .iter()
@@ -349,9 +332,9 @@ fn more_launches_than_queue_slots_wrap_the_ring() {
 
 #[test]
 fn a_panicking_kernel_body_faults_its_queue() {
-    let (hsa, plugin) = one_gpu();
+    let (hsa, plugin) = FakeHsa::one_gpu();
     hsa.kernel("main", |_| panic!("a broken kernel"));
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
     device
         .launch(&image, "main", &[], Grid::linear(1, 64), Box::new(|| ()))
         .unwrap();
@@ -367,22 +350,9 @@ fn a_panicking_kernel_body_faults_its_queue() {
 // --- Memory -----------------------------------------------------------------------------------
 
 #[test]
-fn shared_regions_are_zeroed_aligned_and_freed_on_drop() {
-    let (hsa, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    // The fake pool's memory is garbage until the plugin zeroes it.
-    plugin_contract::shared_regions_are_zeroed_aligned_and_freed_on_drop(device, || {
-        hsa.live_host_allocations()
-    });
-}
-
-#[test]
-fn malloc_blocks_are_disjoint_freed_by_address_and_refused_once_released() {
-    let (hsa, plugin) = one_gpu();
+fn once_the_plugin_is_dropped_its_allocator_refuses() {
+    let (_hsa, plugin) = FakeHsa::one_gpu();
     let allocator = plugin.devices()[0].allocator();
-    plugin_contract::device_blocks_are_disjoint_and_freed_by_address(&*allocator, || {
-        hsa.live_device_allocations()
-    });
     drop(plugin);
     let error = allocator.allocate(8).unwrap_err();
     assert!(matches!(hsa_error(&error), AmdGpuError::Released));
@@ -394,15 +364,14 @@ fn malloc_blocks_are_disjoint_freed_by_address_and_refused_once_released() {
 fn a_kernels_printf_is_served_and_done_runs_once() {
     // Two blocks of 96 threads: two waves each, the second half full (32 lanes).
     let grid = Grid::linear(2, 96);
-    let (hsa, mut runtime, out, image) =
-        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), grid, |warp| {
-            let wave = warp.global_warp();
-            warp.printf("wave %d lane %2d\n", |lane| {
-                vec![Arg::Int(wave.into()), Arg::Int(lane.into())]
-            })
-            .expect("printf");
-            Ok(())
-        });
+    let (hsa, mut runtime, out, image) = launch_main(FakeAgent::mi300x(), IMAGE, grid, |warp| {
+        let wave = warp.global_warp();
+        warp.printf("wave %d lane %2d\n", |lane| {
+            vec![Arg::Int(wave.into()), Arg::Int(lane.into())]
+        })
+        .expect("printf");
+        Ok(())
+    });
     assert!(
         runtime.mailbox(image).is_some(),
         "the client symbol got a mailbox"
@@ -437,11 +406,10 @@ fn a_v2_image_is_served_by_polling_when_the_runtime_gives_no_interrupts() {
 #[test]
 fn a_kernels_exit_is_reported_by_synchronize() {
     let one = Grid::linear(1, 1);
-    let (_hsa, mut runtime, out, _) =
-        launch_main(FakeAgent::w7900(), IMAGE.as_bytes(), one, |warp| {
-            warp.puts(|_| "bye".into()).expect("puts");
-            warp.exit(3)
-        });
+    let (_hsa, mut runtime, out, _) = launch_main(FakeAgent::w7900(), IMAGE, one, |warp| {
+        warp.puts(|_| "bye".into()).expect("puts");
+        warp.exit(3)
+    });
     // An exit is the kernel's status, a value, not an error.
     assert_eq!(runtime.synchronize(0), Ok(Some(KernelExit::Exit(3))));
     assert_eq!(out.text(), "bye\n");
@@ -451,11 +419,10 @@ fn a_kernels_exit_is_reported_by_synchronize() {
 #[test]
 fn deinit_waits_for_launches_still_running() {
     let one = Grid::linear(1, 1);
-    let (hsa, mut runtime, out, _) =
-        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), one, |warp| {
-            warp.puts(|_| "done".into()).expect("puts");
-            Ok(())
-        });
+    let (hsa, mut runtime, out, _) = launch_main(FakeAgent::mi300x(), IMAGE, one, |warp| {
+        warp.puts(|_| "done".into()).expect("puts");
+        Ok(())
+    });
     // No synchronize: deinit itself waits for the kernel, which is served to its end.
     runtime.deinit().unwrap();
     assert_eq!(out.text(), "done\n");
@@ -468,12 +435,11 @@ fn mallocs_the_kernel_forgot_are_freed_at_deinit() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
     let two = Grid::linear(2, 1);
-    let (hsa, mut runtime, _out, _) =
-        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), two, move |warp| {
-            let addrs = warp.malloc(|_| 4096).expect("malloc");
-            record.lock().unwrap().extend(addrs.into_iter().take(1));
-            Ok(())
-        });
+    let (hsa, mut runtime, _out, _) = launch_main(FakeAgent::mi300x(), IMAGE, two, move |warp| {
+        let addrs = warp.malloc(|_| 4096).expect("malloc");
+        record.lock().unwrap().extend(addrs.into_iter().take(1));
+        Ok(())
+    });
     runtime.synchronize(0).unwrap();
     let addrs = seen.lock().unwrap().clone();
     assert_eq!(addrs.len(), 2);
@@ -492,11 +458,10 @@ fn mallocs_the_kernel_forgot_are_freed_at_deinit() {
 #[test]
 fn a_faulting_queue_is_reported_through_the_runtime() {
     let one = Grid::linear(1, 1);
-    let (hsa, mut runtime, out, _) =
-        launch_main(FakeAgent::mi300x(), IMAGE.as_bytes(), one, |warp| {
-            warp.puts(|_| "before the fault".into()).expect("puts");
-            Err(MEMORY_FAULT)
-        });
+    let (hsa, mut runtime, out, _) = launch_main(FakeAgent::mi300x(), IMAGE, one, |warp| {
+        warp.puts(|_| "before the fault".into()).expect("puts");
+        Err(MEMORY_FAULT)
+    });
     let message = vendor_message(runtime.synchronize(0).unwrap_err());
     assert!(
         message.ends_with("queue error HSA_STATUS_ERROR_MEMORY_FAULT (0x2b)"),
@@ -514,7 +479,7 @@ fn kernels_that_outlive_the_deinit_wait_are_aborted_and_named() {
     hsa.hang("spin");
     let (mut runtime, _out) = runtime(&hsa);
     runtime.set_deinit_wait(Duration::from_millis(20));
-    let image = runtime.load_image(0, IMAGE.as_bytes()).unwrap();
+    let image = runtime.load_image(0, IMAGE).unwrap();
     runtime
         .launch(image, "spin", &[], Grid::linear(1, 64))
         .unwrap();

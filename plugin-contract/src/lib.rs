@@ -6,6 +6,9 @@
 //! fake recorded) in their own tests. The fake's counters come in as closures, so this crate
 //! knows no vendor: it depends on rpc-core alone, and only as a dev-dependency of the plugins.
 //!
+//! [`suite!`] makes the behaviours that need nothing of the vendor `#[test]`s of a plugin
+//! over its fake ([`suite::Fake`]), so a plugin states them by one line.
+//!
 //! Also the test furniture the plugins' suites share: [`counted`] completions and a runtime
 //! whose stdout a test reads back ([`runtime_capturing_stdout`], [`Capture`]).
 
@@ -17,6 +20,9 @@ use std::sync::Arc;
 use rpc_core::plugin::{describe, Completion, Device, DeviceAllocator, Grid, Plugin, Symbol};
 use rpc_core::protocol::Generation;
 use rpc_core::{ExitPolicy, PluginRuntime, Runtime, ServerConfig, ServerError, ServicesConfig};
+
+pub mod suite;
+pub use suite::Fake;
 
 /// How many times a [`counted`] completion ran.
 pub type Calls = Arc<AtomicUsize>;

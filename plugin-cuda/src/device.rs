@@ -32,7 +32,9 @@ use std::sync::Mutex;
 use crate::context::{driver_error, Core};
 use crate::error::{CudaError, Result};
 use crate::image::CudaImage;
-use crate::loader::{Attribute, DriverApi, Stream, STREAM_DEFAULT, STREAM_NON_BLOCKING};
+use crate::loader::{
+    Attribute, DriverApi, DriverResult, Stream, STREAM_DEFAULT, STREAM_NON_BLOCKING,
+};
 use crate::memory::{CudaAllocator, PinnedRegion};
 
 /// NVPTX warps have 32 lanes.
@@ -240,51 +242,19 @@ impl CudaDevice {
         &self.allocator
     }
 
-    fn launch_impl(
+    /// A copy of `len` bytes between host and device memory by `copy` in the device's
+    /// context (none for no bytes); `call` names the driver function in an error.
+    fn copy(
         &self,
-        image: &CudaImage,
-        kernel: &str,
-        args: &[u8],
-        grid: Grid,
-        done: Completion,
+        len: usize,
+        call: &'static str,
+        copy: impl FnOnce(&dyn DriverApi) -> DriverResult<()>,
     ) -> Result<()> {
-        let function = match self.prepare_launch(image, kernel, grid) {
-            Ok(function) => function,
-            Err(error) => {
-                run(done);
-                return Err(error);
-            }
-        };
-        let driver = self.core.driver();
-        let adjacent = self.launch_lock.lock().unwrap();
-        // SAFETY: the caller of `launch` chose the kernel and packed its arguments; the glue
-        // passes the block as the image's kernel expects it. What the kernel does with them is
-        // the same trust a kernel launch always needs.
-        if let Err(code) = unsafe { driver.launch_kernel(function, grid, self.stream, args) } {
-            drop(adjacent);
-            run(done);
-            return Err(self.core.fail("cuLaunchKernel", code));
+        if len == 0 {
+            return Ok(());
         }
-        let ticket = pending().park(self.key, done);
-        // SAFETY: `kernel_completed` only looks its ticket up in the process-wide table (a
-        // missing ticket is ignored), so calling it once, from any thread, at any time is sound.
-        let queued = unsafe {
-            driver.launch_host_func(
-                self.stream,
-                kernel_completed,
-                ticket as usize as *mut c_void,
-            )
-        };
-        drop(adjacent);
-        if let Err(code) = queued {
-            // The kernel is queued but nobody will report its end: wait for it, then report.
-            if let Err(sync) = driver.stream_synchronize(self.stream) {
-                log::warn!("cuda: {}", self.core.fail("cuStreamSynchronize", sync));
-            }
-            pending().finish(ticket);
-            return Err(self.core.fail("cuLaunchHostFunc", code));
-        }
-        Ok(())
+        self.core.bind()?;
+        copy(self.core.driver()).map_err(|code| self.core.fail(call, code))
     }
 
     fn prepare_launch(
@@ -410,28 +380,22 @@ impl Device for CudaDevice {
     }
 
     fn copy_to_device(&self, dst: u64, bytes: &[u8]) -> Result<(), VendorError> {
-        if bytes.is_empty() {
-            return Ok(());
-        }
-        self.core.bind()?;
-        // SAFETY: the glue copies only into symbols of loaded images and device allocations;
-        // no Rust reference covers device memory. (A device address of a mapped region aliases
-        // host memory, as a kernel's stores to it would.)
-        unsafe { self.core.driver().memcpy_htod(dst, bytes) }
-            .map_err(|code| self.core.fail("cuMemcpyHtoD_v2", code))?;
-        Ok(())
+        let copied = self.copy(bytes.len(), "cuMemcpyHtoD_v2", |driver| {
+            // SAFETY: the glue copies only into symbols of loaded images and device
+            // allocations; no Rust reference covers device memory. (A device address of a
+            // mapped region aliases host memory, as a kernel's stores to it would.)
+            unsafe { driver.memcpy_htod(dst, bytes) }
+        });
+        Ok(copied?)
     }
 
     fn copy_from_device(&self, src: u64, out: &mut [u8]) -> Result<(), VendorError> {
-        if out.is_empty() {
-            return Ok(());
-        }
-        self.core.bind()?;
-        // SAFETY: `out` is borrowed mutably for the call; the driver rejects source ranges
-        // that are not device-visible memory.
-        unsafe { self.core.driver().memcpy_dtoh(out, src) }
-            .map_err(|code| self.core.fail("cuMemcpyDtoH_v2", code))?;
-        Ok(())
+        let copied = self.copy(out.len(), "cuMemcpyDtoH_v2", |driver| {
+            // SAFETY: `out` is borrowed mutably for the call; the driver rejects source ranges
+            // that are not device-visible memory.
+            unsafe { driver.memcpy_dtoh(out, src) }
+        });
+        Ok(copied?)
     }
 
     fn launch(
@@ -442,7 +406,43 @@ impl Device for CudaDevice {
         grid: Grid,
         done: Completion,
     ) -> Result<(), VendorError> {
-        Ok(self.launch_impl(image, kernel, args, grid, done)?)
+        let function = match self.prepare_launch(image, kernel, grid) {
+            Ok(function) => function,
+            Err(error) => {
+                run(done);
+                return Err(error.into());
+            }
+        };
+        let driver = self.core.driver();
+        let adjacent = self.launch_lock.lock().unwrap();
+        // SAFETY: the caller of `launch` chose the kernel and packed its arguments; the glue
+        // passes the block as the image's kernel expects it. What the kernel does with them is
+        // the same trust a kernel launch always needs.
+        if let Err(code) = unsafe { driver.launch_kernel(function, grid, self.stream, args) } {
+            drop(adjacent);
+            run(done);
+            return Err(self.core.fail("cuLaunchKernel", code).into());
+        }
+        let ticket = pending().park(self.key, done);
+        // SAFETY: `kernel_completed` only looks its ticket up in the process-wide table (a
+        // missing ticket is ignored), so calling it once, from any thread, at any time is sound.
+        let queued = unsafe {
+            driver.launch_host_func(
+                self.stream,
+                kernel_completed,
+                ticket as usize as *mut c_void,
+            )
+        };
+        drop(adjacent);
+        if let Err(code) = queued {
+            // The kernel is queued but nobody will report its end: wait for it, then report.
+            if let Err(sync) = driver.stream_synchronize(self.stream) {
+                log::warn!("cuda: {}", self.core.fail("cuStreamSynchronize", sync));
+            }
+            pending().finish(ticket);
+            return Err(self.core.fail("cuLaunchHostFunc", code).into());
+        }
+        Ok(())
     }
 
     fn synchronize(&self) -> Result<(), VendorError> {

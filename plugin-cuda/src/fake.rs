@@ -528,3 +528,28 @@ impl DriverApi for FakeDriver {
         (code == 700).then(|| "CUDA_ERROR_ILLEGAL_ADDRESS".to_owned())
     }
 }
+
+/// What the contract's suite asks of the fake: one H200, and the fake's counts.
+#[cfg(test)]
+impl plugin_contract::Fake for FakeDriver {
+    type Plugin = crate::CudaPlugin;
+    const IMAGE: &'static [u8] =
+        b".entry main\n.entry other\n.global __llvm_rpc_client 552\n.global data 16\n";
+    fn one_gpu() -> (std::sync::Arc<Self>, crate::CudaPlugin) {
+        let fake = FakeDriver::new(vec![FakeGpu::h200()]);
+        plugin_contract::suite::initialised(fake, |fake| crate::CudaPlugin::with_driver(fake))
+    }
+    fn loaded_images(&self) -> usize {
+        self.live_modules()
+    }
+    fn launched(&self) -> Vec<(String, Grid)> {
+        let launches = self.launches().into_iter();
+        launches.map(|l| (l.kernel, l.grid)).collect()
+    }
+    fn host_allocations(&self) -> usize {
+        self.live_host_allocations()
+    }
+    fn device_allocations(&self) -> usize {
+        self.live_device_allocations()
+    }
+}

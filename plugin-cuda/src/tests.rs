@@ -1,26 +1,22 @@
 //! The plugin through a fake driver table (no GPU, no libcuda), and without any driver.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use plugin_contract::counted;
+use plugin_contract::{calls, counted, Calls, Fake};
 use rpc_core::plugin::{Completion, Device, Grid, Plugin, VendorError};
 use rpc_core::protocol::Generation;
 
 use crate::fake::{FakeDriver, FakeGpu};
 use crate::{CudaDevice, CudaError, CudaImage, CudaPlugin};
 
-const IMAGE: &str = ".entry main\n.entry other\n.global __llvm_rpc_client 552\n.global data 16\n";
+plugin_contract::suite!(crate::fake::FakeDriver);
+
+const IMAGE: &[u8] = FakeDriver::IMAGE;
 
 fn plugin_with(gpus: Vec<FakeGpu>) -> (Arc<FakeDriver>, CudaPlugin) {
-    let driver = Arc::new(FakeDriver::new(gpus));
-    let mut plugin = CudaPlugin::with_driver(driver.clone());
-    plugin.init().unwrap();
-    (driver, plugin)
-}
-
-fn one_gpu() -> (Arc<FakeDriver>, CudaPlugin) {
-    plugin_with(vec![FakeGpu::h200()])
+    plugin_contract::suite::initialised(FakeDriver::new(gpus), |driver| {
+        CudaPlugin::with_driver(driver)
+    })
 }
 
 /// Launches kernel `main` of `image` on one warp.
@@ -30,6 +26,32 @@ fn launch_main(
     done: Completion,
 ) -> Result<(), VendorError> {
     device.launch(image, "main", &[], Grid::linear(1, 32), done)
+}
+
+/// One GPU with `IMAGE` loaded and kernel `main` launched on one warp with a counted `done`
+/// (after `before` readied the driver: a failure to inject), where the tests of completions
+/// start.
+struct Launched {
+    driver: Arc<FakeDriver>,
+    plugin: CudaPlugin,
+    image: CudaImage,
+    calls: Calls,
+    launch: Result<(), VendorError>,
+}
+
+fn launched(before: impl FnOnce(&FakeDriver)) -> Launched {
+    let (driver, plugin) = FakeDriver::one_gpu();
+    let image = plugin.devices()[0].load_image(IMAGE).unwrap();
+    before(&driver);
+    let (calls, done) = counted();
+    let launch = launch_main(&plugin.devices()[0], &image, done);
+    Launched {
+        driver,
+        plugin,
+        image,
+        calls,
+        launch,
+    }
 }
 
 fn cuda_error(error: &VendorError) -> &CudaError {
@@ -92,20 +114,16 @@ fn devices_are_enumerated_with_name_lane_width_and_ports() {
     );
 }
 
+/// The plugin's figure (the glue caps it: `Generation::ports_for`).
 #[test]
-fn port_count_is_resident_warps_capped_by_the_generation() {
-    let port_count_for = |sms, threads, generation: Generation| {
-        generation.ports_for(crate::device::resident_warps(sms, threads))
-    };
-    // H200: 132 SMs x 64 warps = 8448.
-    assert_eq!(port_count_for(132, 2048, Generation::V1), 4096);
-    assert_eq!(port_count_for(132, 2048, Generation::V2), 8448);
-    // A big part past both caps.
-    assert_eq!(port_count_for(1000, 2048, Generation::V2), 16384);
-    assert_eq!(port_count_for(2, 1024, Generation::V1), 64);
-    // Nonsense attributes still give a usable mailbox, and never overflow.
-    assert_eq!(port_count_for(0, 2048, Generation::V1), 1);
-    assert_eq!(port_count_for(u32::MAX, u32::MAX, Generation::V1), 4096);
+fn resident_warps_are_sms_times_warps_per_sm_and_never_overflow() {
+    use crate::device::resident_warps;
+    // H200: 132 SMs x 64 warps.
+    assert_eq!(resident_warps(132, 2048), 8448);
+    assert_eq!(resident_warps(2, 1024), 64);
+    // Nonsense attributes.
+    assert_eq!(resident_warps(0, 2048), 0);
+    assert_eq!(resident_warps(u32::MAX, u32::MAX), u32::MAX);
 }
 
 #[test]
@@ -135,8 +153,8 @@ fn a_device_that_fails_to_open_fails_init_and_leaks_nothing() {
 
 #[test]
 fn driver_errors_carry_the_call_the_code_and_its_name() {
-    let (driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
+    let (driver, plugin) = FakeDriver::one_gpu();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
 
     // A code the driver cannot name: the built-in table names it.
     driver.fail("cuMemHostAlloc", 2);
@@ -159,7 +177,7 @@ fn driver_errors_carry_the_call_the_code_and_its_name() {
     );
     // Neither knows it.
     driver.fail("cuModuleLoadDataEx", 4242);
-    let error = device.load_image(IMAGE.as_bytes()).unwrap_err();
+    let error = device.load_image(IMAGE).unwrap_err();
     assert_eq!(
         error.to_string(),
         "cuModuleLoadDataEx failed: CUDA_ERROR_4242 (4242)"
@@ -168,7 +186,7 @@ fn driver_errors_carry_the_call_the_code_and_its_name() {
 
 #[test]
 fn a_failed_load_reports_the_jit_error_log() {
-    let (_driver, plugin) = one_gpu();
+    let (_driver, plugin) = FakeDriver::one_gpu();
     let device = &plugin.devices()[0];
     let bad = ".entry main\n.global __llvm_rpc_client many\n";
     let error = device.load_image(bad.as_bytes()).unwrap_err();
@@ -190,14 +208,14 @@ fn a_failed_load_reports_the_jit_error_log() {
         "{text}"
     );
     // The device still loads a good image afterwards.
-    assert!(device.load_image(IMAGE.as_bytes()).is_ok());
+    assert!(device.load_image(IMAGE).is_ok());
 }
 
 // --- Images -----------------------------------------------------------------------------------
 
 #[test]
 fn the_client_symbol_size_names_the_generation() {
-    let (_driver, plugin) = one_gpu();
+    let (_driver, plugin) = FakeDriver::one_gpu();
     let device = &plugin.devices()[0];
     let cases = [
         (552, Some(Generation::V1)),
@@ -224,7 +242,7 @@ fn the_client_symbol_size_names_the_generation() {
 /// 552: LLVM 19), and nothing for another address.
 #[test]
 fn the_size_of_llvm_libcs_client_object_is_found_at_its_address() {
-    let (_driver, plugin) = one_gpu();
+    let (_driver, plugin) = FakeDriver::one_gpu();
     let device = &plugin.devices()[0];
     for (namespace, size) in [("__llvm_libc_18_1_8_", 96), ("__llvm_libc_19_1_7_", 552)] {
         let object = format!("_ZN{}{namespace}3rpc6clientE", namespace.len());
@@ -257,7 +275,7 @@ fn the_runtime_writes_llvm_18s_or_19s_client_object_and_nothing_it_cannot_tell()
         ("__llvm_libc_18_1_8_", 96, Generation::V0),
         ("__llvm_libc_19_1_7_", 552, Generation::V1),
     ] {
-        let (driver, plugin) = one_gpu();
+        let (driver, plugin) = FakeDriver::one_gpu();
         let mut runtime = rpc_core::PluginRuntime::new(plugin, Default::default()).unwrap();
         let object = format!("_ZN{}{namespace}3rpc6clientE", namespace.len());
         let text = format!(
@@ -273,7 +291,7 @@ fn the_runtime_writes_llvm_18s_or_19s_client_object_and_nothing_it_cannot_tell()
         assert_eq!(written, layout.client_object(base), "{object}");
         runtime.deinit().unwrap();
     }
-    let (driver, plugin) = one_gpu();
+    let (driver, plugin) = FakeDriver::one_gpu();
     let runtime = rpc_core::PluginRuntime::new(plugin, Default::default()).unwrap();
     let object = "_ZN13__llvm_libc_x3rpc6clientE";
     let text = format!(".global {object} 100\n.global __llvm_libc_rpc_client 8 = {object}\n");
@@ -289,161 +307,113 @@ fn the_runtime_writes_llvm_18s_or_19s_client_object_and_nothing_it_cannot_tell()
     );
 }
 
+/// The fake, like the driver, reads PTX up to a NUL (the plugin adds it: the contract's
+/// images load), and a copy to a variable lands in the driver's memory.
 #[test]
-fn images_load_as_nul_terminated_ptx_copy_and_unload() {
-    let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    // The fake, like the driver, reads PTX up to a NUL: the plugin must add it.
-    plugin_contract::images_load_find_variables_copy_and_unload(
-        device,
-        IMAGE.as_bytes(),
-        || driver.live_modules(),
-        |_, data| assert_eq!(driver.memory_at(data.addr), Some(vec![7; 16])),
-    );
+fn a_copy_to_a_variable_reaches_the_drivers_memory() {
+    let (driver, plugin) = FakeDriver::one_gpu();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
+    let data = device.find_symbol(&image, "data").unwrap();
+    device.copy_to_device(data.addr, &[7; 16]).unwrap();
+    assert_eq!(driver.memory_at(data.addr), Some(vec![7; 16]));
 }
 
 // --- Launches and completions -----------------------------------------------------------------
 
 #[test]
-fn launch_passes_the_packed_argument_block_and_the_grid() {
-    let (driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
+fn launch_passes_the_packed_argument_block() {
+    let (driver, plugin) = FakeDriver::one_gpu();
+    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE);
     let args: Vec<u8> = (0..24).collect();
-    plugin_contract::launch_reaches_the_driver_with_the_kernel_and_the_grid(
-        device,
-        &image,
-        &args,
-        || {
-            let launches = driver.launches();
-            launches.into_iter().map(|l| (l.kernel, l.grid)).collect()
-        },
-    );
+    device
+        .launch(&image, "other", &args, Grid::linear(1, 32), Box::new(|| ()))
+        .unwrap();
     assert_eq!(driver.launches()[0].args, args);
 }
 
 #[test]
 fn done_runs_once_after_the_kernel_completes() {
-    let (driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    let (calls, done) = counted();
-    launch_main(device, &image, done).unwrap();
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        0,
-        "done before the kernel completed"
-    );
-    driver.complete_kernels();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    device.synchronize().unwrap();
-    driver.complete_kernels();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-}
-
-#[test]
-fn done_runs_once_at_synchronize() {
-    let (_driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    plugin_contract::done_runs_once_by_synchronize(device, &image, 32);
+    let run = launched(|_| ());
+    run.launch.unwrap();
+    assert_eq!(calls(&run.calls), 0, "done before the kernel completed");
+    run.driver.complete_kernels();
+    assert_eq!(calls(&run.calls), 1);
+    run.plugin.devices()[0].synchronize().unwrap();
+    run.driver.complete_kernels();
+    assert_eq!(calls(&run.calls), 1);
 }
 
 #[test]
 fn done_runs_once_when_the_launch_fails() {
-    let (driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    driver.fail("cuLaunchKernel", 701);
-    let (calls, done) = counted();
-    let error = launch_main(device, &image, done).unwrap_err();
-    assert_eq!(cuda_error(&error).code(), Some(701));
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    device.synchronize().unwrap();
-    driver.complete_kernels();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(driver.host_funcs_run(), 0);
+    let run = launched(|driver| driver.fail("cuLaunchKernel", 701));
+    assert_eq!(cuda_error(&run.launch.unwrap_err()).code(), Some(701));
+    assert_eq!(calls(&run.calls), 1);
+    run.plugin.devices()[0].synchronize().unwrap();
+    run.driver.complete_kernels();
+    assert_eq!(calls(&run.calls), 1);
+    assert_eq!(run.driver.host_funcs_run(), 0);
 }
 
 #[test]
 fn done_runs_once_when_the_kernel_is_unknown_or_the_grid_empty() {
-    let (driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    let [(error, calls), (_, empty)] =
-        plugin_contract::unknown_kernels_and_empty_grids_launch_nothing(device, &image, 32, || {
-            driver.launches().len()
-        });
+    let [(error, unknown), (_, empty)] =
+        plugin_contract::suite::unknown_kernels_and_empty_grids_launch_nothing::<FakeDriver>(
+            |_, _, _| (),
+        );
     assert_eq!(cuda_error(&error).code(), Some(500));
-    assert_eq!(
-        (calls.load(Ordering::SeqCst), empty.load(Ordering::SeqCst)),
-        (1, 1)
-    );
+    assert_eq!((calls(&unknown), calls(&empty)), (1, 1));
 }
 
 #[test]
 fn done_runs_once_after_the_kernel_when_queueing_the_callback_fails() {
-    let (driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    driver.fail("cuLaunchHostFunc", 999);
-    let (calls, done) = counted();
-    let error = launch_main(device, &image, done).unwrap_err();
+    let run = launched(|driver| driver.fail("cuLaunchHostFunc", 999));
     assert_eq!(
-        error.to_string(),
+        run.launch.unwrap_err().to_string(),
         "cuLaunchHostFunc failed: CUDA_ERROR_UNKNOWN (999)"
     );
     // The kernel was launched, waited for, and then reported.
-    assert_eq!(driver.launches().len(), 1);
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    device.synchronize().unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(run.driver.launches().len(), 1);
+    assert_eq!(calls(&run.calls), 1);
+    run.plugin.devices()[0].synchronize().unwrap();
+    assert_eq!(calls(&run.calls), 1);
 }
 
 #[test]
 fn done_runs_once_when_a_kernel_faults_the_context() {
-    let (driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    let (calls, done) = counted();
-    launch_main(device, &image, done).unwrap();
-    driver.fault(700);
+    let run = launched(|_| ());
+    run.launch.unwrap();
+    run.driver.fault(700);
     // The driver drops the host function of a failed context; synchronize reports it instead.
+    let device = &run.plugin.devices()[0];
     let error = device.synchronize().unwrap_err();
     assert_eq!(cuda_error(&error).code(), Some(700));
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(calls(&run.calls), 1);
     assert!(device.synchronize().is_err());
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(driver.host_funcs_run(), 0);
+    assert_eq!(calls(&run.calls), 1);
+    assert_eq!(run.driver.host_funcs_run(), 0);
 }
 
 #[test]
 fn deinit_waits_for_launches_and_reports_their_completion() {
-    let (driver, mut plugin) = one_gpu();
-    let image = plugin.devices()[0].load_image(IMAGE.as_bytes()).unwrap();
-    let (calls, done) = counted();
-    launch_main(&plugin.devices()[0], &image, done).unwrap();
-    plugin.deinit().unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    assert_eq!(driver.host_funcs_run(), 1);
-    drop(image); // after release: the context took the module with it
-}
-
-#[test]
-fn a_panicking_completion_is_contained() {
-    let (_driver, plugin) = one_gpu();
-    let (device, image) = plugin_contract::first_device_with_image(&plugin, IMAGE.as_bytes());
-    plugin_contract::a_panicking_completion_is_contained(device, &image, 32);
+    let mut run = launched(|_| ());
+    run.launch.unwrap();
+    run.plugin.deinit().unwrap();
+    assert_eq!(calls(&run.calls), 1);
+    assert_eq!(run.driver.host_funcs_run(), 1);
+    drop(run.image); // after release: the context took the module with it
 }
 
 // --- Memory -----------------------------------------------------------------------------------
 
 #[test]
-fn shared_regions_are_zeroed_aligned_mapped_and_freed_on_drop() {
-    let (driver, plugin) = one_gpu();
-    let device = &plugin.devices()[0];
-    plugin_contract::shared_regions_are_zeroed_aligned_and_freed_on_drop(device, || {
-        driver.live_host_allocations()
-    });
-    assert!(device.alloc_shared(0).is_err());
+fn a_shared_region_of_no_bytes_is_refused() {
+    let (_driver, plugin) = FakeDriver::one_gpu();
+    assert!(plugin.devices()[0].alloc_shared(0).is_err());
 }
 
 #[test]
 fn a_misaligned_shared_region_is_refused_and_freed() {
-    let (driver, plugin) = one_gpu();
+    let (driver, plugin) = FakeDriver::one_gpu();
     driver.misalign_host_memory();
     let error = plugin.devices()[0].alloc_shared(4096).err().unwrap();
     assert!(matches!(
@@ -454,18 +424,8 @@ fn a_misaligned_shared_region_is_refused_and_freed() {
 }
 
 #[test]
-fn device_blocks_are_disjoint_and_freed_by_address() {
-    let (driver, plugin) = one_gpu();
-    let allocator = plugin.devices()[0].allocator();
-    plugin_contract::device_blocks_are_disjoint_and_freed_by_address(&*allocator, || {
-        driver.live_device_allocations()
-    });
-    assert!(driver.async_allocations() > 0, "an H200 has memory pools");
-}
-
-#[test]
 fn once_the_device_is_released_its_allocator_refuses() {
-    let (_driver, mut plugin) = one_gpu();
+    let (_driver, mut plugin) = FakeDriver::one_gpu();
     let allocator = plugin.devices()[0].allocator();
     let addr = allocator.allocate(1000).unwrap();
     plugin.deinit().unwrap();
@@ -477,42 +437,42 @@ fn once_the_device_is_released_its_allocator_refuses() {
     assert!(matches!(cuda_error(&error), CudaError::Released));
 }
 
+/// An H200 has memory pools: the allocator allocates from them on its stream; a GPU without
+/// allocates with plain `cuMemAlloc`, whose failures it reports.
 #[test]
-fn without_memory_pools_the_allocator_uses_plain_cumemalloc() {
-    let gpu = FakeGpu {
-        memory_pools: false,
-        ..FakeGpu::h200()
-    };
-    let (driver, plugin) = plugin_with(vec![gpu]);
-    let device = &plugin.devices()[0];
-    let addr = device.allocator().allocate(64).unwrap();
-    assert_ne!(addr, 0);
-    assert_eq!(driver.async_allocations(), 0);
-    assert_eq!(driver.live_device_allocations(), 1);
-    driver.fail("cuMemAlloc_v2", 2);
-    let error = device.allocator().allocate(64).unwrap_err();
-    assert_eq!(cuda_error(&error).code(), Some(2));
+fn the_allocator_uses_memory_pools_where_the_gpu_has_them_else_plain_cumemalloc() {
+    for memory_pools in [true, false] {
+        let gpu = FakeGpu {
+            memory_pools,
+            ..FakeGpu::h200()
+        };
+        let (driver, plugin) = plugin_with(vec![gpu]);
+        let allocator = plugin.devices()[0].allocator();
+        assert_ne!(allocator.allocate(64).unwrap(), 0);
+        assert_eq!(driver.async_allocations(), usize::from(memory_pools));
+        assert_eq!(driver.live_device_allocations(), 1);
+        if !memory_pools {
+            driver.fail("cuMemAlloc_v2", 2);
+            let error = allocator.allocate(64).unwrap_err();
+            assert_eq!(cuda_error(&error).code(), Some(2));
+        }
+    }
 }
 
 #[test]
 fn abort_launches_resets_the_context_reports_the_launches_and_deinit_waits_no_more() {
-    let (driver, mut plugin) = one_gpu();
-    let image = plugin.devices()[0].load_image(IMAGE.as_bytes()).unwrap();
-    let (calls, done) = counted();
-    launch_main(&plugin.devices()[0], &image, done).unwrap();
+    let mut run = launched(|_| ());
+    run.launch.unwrap();
     // The kernel never completes by itself (the fake runs it only at a synchronize).
-    plugin.devices()[0].abort_launches();
-    assert_eq!(driver.resets(), 1);
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "the completion reported");
-    let error = plugin.devices()[0].synchronize().unwrap_err();
+    run.plugin.devices()[0].abort_launches();
+    assert_eq!(run.driver.resets(), 1);
+    assert_eq!(calls(&run.calls), 1, "the completion reported");
+    let error = run.plugin.devices()[0].synchronize().unwrap_err();
     assert!(matches!(cuda_error(&error), CudaError::Aborted), "{error}");
-    plugin.deinit().unwrap();
-    assert_eq!(
-        driver.host_funcs_run(),
-        0,
-        "the kernel's host function never ran"
-    );
-    assert_eq!(calls.load(Ordering::SeqCst), 1, "once");
-    assert_eq!(driver.retained_contexts(), 0);
-    drop(image);
+    run.plugin.deinit().unwrap();
+    let host_funcs_run = run.driver.host_funcs_run();
+    assert_eq!(host_funcs_run, 0, "the kernel's host function never ran");
+    assert_eq!(calls(&run.calls), 1, "once");
+    assert_eq!(run.driver.retained_contexts(), 0);
+    drop(run.image);
 }

@@ -240,14 +240,27 @@ impl<'a> Warp<'a> {
         self.call(Opcode::CLOSE_FILE, handle)
     }
 
-    /// `fread` of up to `max` bytes from a (tagged) stream; each lane's bytes.
-    pub fn fread(&self, stream: impl Fn(u32) -> u64, max: u64) -> Result<Vec<Vec<u8>>> {
-        let mut port = self.open(Opcode::READ_FROM_STREAM)?;
+    /// The request both reads of a stream make (`fread`, `fgets`): `opcode` with `buf[0] = n`
+    /// bytes at the most and `buf[1]` the lane's (tagged) stream; the port (the reply may go
+    /// on) and each lane's bytes.
+    fn read(
+        &self,
+        opcode: Opcode,
+        stream: impl Fn(u32) -> u64,
+        n: u64,
+    ) -> Result<(ClientPort<'a>, Vec<Vec<u8>>)> {
+        let mut port = self.open(opcode)?;
         port.send(|l, p| {
-            p.set_word(0, max);
+            p.set_word(0, n);
             p.set_word(1, stream(l));
         })?;
-        let data = port.recv_n(RECV_BOUND)?;
+        let bytes = port.recv_n(RECV_BOUND)?;
+        Ok((port, bytes))
+    }
+
+    /// `fread` of up to `max` bytes from a (tagged) stream; each lane's bytes.
+    pub fn fread(&self, stream: impl Fn(u32) -> u64, max: u64) -> Result<Vec<Vec<u8>>> {
+        let (mut port, data) = self.read(Opcode::READ_FROM_STREAM, stream, max)?;
         let counts = recv_word0(&mut port)?;
         Ok(data
             .into_iter()
@@ -261,12 +274,7 @@ impl<'a> Warp<'a> {
 
     /// `fgets` of at most `count - 1` bytes; each lane's line (without the NUL), None at EOF.
     pub fn fgets(&self, stream: impl Fn(u32) -> u64, count: u64) -> Result<Vec<Option<Vec<u8>>>> {
-        let mut port = self.open(Opcode::READ_FGETS)?;
-        port.send(|l, p| {
-            p.set_word(0, count);
-            p.set_word(1, stream(l));
-        })?;
-        let lines = port.recv_n(RECV_BOUND)?;
+        let (_, lines) = self.read(Opcode::READ_FGETS, stream, count)?;
         Ok(lines
             .into_iter()
             .map(|mut line| {

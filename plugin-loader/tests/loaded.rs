@@ -288,13 +288,17 @@ fn a_c_program_drives_the_host_plugins_library() {
     assert_eq!(stderr, "ok\n");
 }
 
+/// Builds `library` from `source` and opens it, which must fail: how.
+fn refused(library: &Path, source: &str) -> LoadError {
+    cc(source, library, true);
+    LoadedPlugin::open(library, 0).err().unwrap()
+}
+
 /// A library of another ABI version and one with no entry symbol are refused, saying why.
 #[test]
 fn a_wrong_version_or_a_missing_entry_is_a_clear_error() {
     let dir = scratch("bad");
-    let bad_version = dir.join("libplugin_bad.so");
-    cc("bad_version.c", &bad_version, true);
-    let error = LoadedPlugin::open(&bad_version, 0).err().unwrap();
+    let error = refused(&dir.join("libplugin_bad.so"), "bad_version.c");
     assert!(matches!(
         error,
         LoadError::Version {
@@ -309,9 +313,7 @@ fn a_wrong_version_or_a_missing_entry_is_a_clear_error() {
             .ends_with("plugin ABI version 999, but this loader speaks version 2"),
         "{error}"
     );
-    let no_entry = dir.join("libplugin_none.so");
-    cc("no_entry.c", &no_entry, true);
-    let error = LoadedPlugin::open(&no_entry, 0).err().unwrap();
+    let error = refused(&dir.join("libplugin_none.so"), "no_entry.c");
     assert!(matches!(error, LoadError::NoEntry(..)));
     assert!(
         error

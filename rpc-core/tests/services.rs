@@ -3,16 +3,17 @@
 //! the reply words, the host-side effects (captured output, files, tables), and the refusals.
 #![cfg(not(loom))]
 
+#[macro_use]
 mod common;
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_long, c_ulong, c_void, CStr, CString};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::capture::Capture;
+use common::printf_args::*;
 use common::{slices, Device, HeapAllocator, Mailbox};
 use rpc_core::protocol::Deadline;
 use rpc_core::protocol::{Client, ClientPort};
@@ -1083,139 +1084,6 @@ fn a_byte_string_above_the_bound_ends_the_exchange_at_once() {
 
 // ---- printf
 
-/// How a test argument goes into the device's argument buffer.
-enum Enc {
-    Four(u32),
-    Eight(u64),
-    /// A `%s` pointer: the string, or null.
-    Str(Option<Vec<u8>>),
-}
-
-/// A printf test argument: its C value for the reference `snprintf`, and its encoding.
-trait TestArg {
-    type C;
-    fn c(&self) -> Self::C;
-    fn enc(&self) -> Enc;
-}
-
-struct I(i32);
-struct U(u32);
-struct L(i64);
-struct UL(u64);
-struct D(f64);
-struct Ch(u8);
-struct P(u64);
-struct S(Option<CString>);
-
-fn s(text: &str) -> S {
-    S(Some(CString::new(text).unwrap()))
-}
-
-const NULL: S = S(None);
-
-impl TestArg for I {
-    type C = c_int;
-    fn c(&self) -> c_int {
-        self.0
-    }
-    fn enc(&self) -> Enc {
-        Enc::Four(self.0 as u32)
-    }
-}
-impl TestArg for U {
-    type C = u32;
-    fn c(&self) -> u32 {
-        self.0
-    }
-    fn enc(&self) -> Enc {
-        Enc::Four(self.0)
-    }
-}
-impl TestArg for L {
-    type C = c_long;
-    fn c(&self) -> c_long {
-        self.0 as c_long
-    }
-    fn enc(&self) -> Enc {
-        Enc::Eight(self.0 as u64)
-    }
-}
-impl TestArg for UL {
-    type C = c_ulong;
-    fn c(&self) -> c_ulong {
-        self.0 as c_ulong
-    }
-    fn enc(&self) -> Enc {
-        Enc::Eight(self.0)
-    }
-}
-impl TestArg for D {
-    type C = f64;
-    fn c(&self) -> f64 {
-        self.0
-    }
-    fn enc(&self) -> Enc {
-        Enc::Eight(self.0.to_bits())
-    }
-}
-impl TestArg for Ch {
-    type C = c_int;
-    fn c(&self) -> c_int {
-        c_int::from(self.0)
-    }
-    fn enc(&self) -> Enc {
-        Enc::Four(u32::from(self.0))
-    }
-}
-impl TestArg for P {
-    type C = *const c_void;
-    fn c(&self) -> *const c_void {
-        self.0 as *const c_void
-    }
-    fn enc(&self) -> Enc {
-        Enc::Eight(self.0)
-    }
-}
-impl TestArg for S {
-    type C = *const c_char;
-    fn c(&self) -> *const c_char {
-        self.0.as_ref().map_or(std::ptr::null(), |s| s.as_ptr())
-    }
-    fn enc(&self) -> Enc {
-        Enc::Str(self.0.as_ref().map(|s| s.as_bytes().to_vec()))
-    }
-}
-
-/// One row: a format, its arguments, and the host's `snprintf` of them.
-struct Row {
-    format: &'static CStr,
-    args: Vec<Enc>,
-    reference: Vec<u8>,
-}
-
-/// `snprintf` into a buffer of the right size.
-fn snprintf_with(call: impl Fn(*mut c_char, usize) -> c_int) -> Vec<u8> {
-    let n = call(std::ptr::null_mut(), 0);
-    let mut buf = vec![0u8; usize::try_from(n).unwrap() + 1];
-    assert_eq!(call(buf.as_mut_ptr().cast(), buf.len()), n);
-    buf.truncate(n as usize);
-    buf
-}
-
-/// A row: the format, then the arguments; the reference is the host's `snprintf` with each
-/// argument passed with its C type.
-macro_rules! row {
-    ($format:expr; $($arg:expr),* $(,)?) => {{
-        let format: &'static CStr = $format;
-        let reference = snprintf_with(|buf, len| {
-            // SAFETY: the format is NUL-terminated; each argument has the C type its
-            // conversion expects (the rows are written so); strings are live or null.
-            unsafe { libc::snprintf(buf, len, format.as_ptr() $(, TestArg::c(&$arg))*) }
-        });
-        Row { format, args: vec![$(TestArg::enc(&$arg)),*], reference }
-    }};
-}
-
 /// The table, with strings that differ per lane.
 fn rows(lane: u32) -> Vec<Row> {
     let ls = |text: &str| s(&format!("{text}{lane}"));
@@ -1247,31 +1115,6 @@ fn rows(lane: u32) -> Vec<Row> {
         row!(c"long: %s\n"; s(&long)),
         row!(c"%s %d %s %ld %s %f %s\n"; ls("s1"), I(1), ls("s2"), L(2), ls("s3"), D(3.0), ls("s4")),
     ]
-}
-
-/// A lane's argument buffer (`packed`: no alignment padding), its strings by pointer, and the
-/// pointers in format order. Pointers are distinct per lane.
-fn encode(lane: u32, args: &[Enc], packed: bool) -> (Vec<u8>, HashMap<u64, Vec<u8>>, Vec<u64>) {
-    let (mut buf, mut strings, mut pointers) = (Vec::new(), HashMap::new(), Vec::new());
-    for arg in args {
-        let bytes = match arg {
-            Enc::Four(v) => v.to_le_bytes().to_vec(),
-            Enc::Eight(v) => v.to_le_bytes().to_vec(),
-            Enc::Str(None) => 0u64.to_le_bytes().to_vec(),
-            Enc::Str(Some(text)) => {
-                let pointer =
-                    0x7e00_0000_0000 + (u64::from(lane) << 20) + 0x100 * (strings.len() as u64 + 1);
-                strings.insert(pointer, text.clone());
-                pointers.push(pointer);
-                pointer.to_le_bytes().to_vec()
-            }
-        };
-        while !packed && buf.len() % bytes.len() != 0 {
-            buf.push(0xee);
-        }
-        buf.extend(bytes);
-    }
-    (buf, strings, pointers)
 }
 
 #[test]

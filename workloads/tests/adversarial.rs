@@ -1404,19 +1404,17 @@ fn run_property(name: &str, generation: Generation, lanes: u32, concurrent: bool
     }
 }
 
+/// The scripts one after the other on each mailbox shape: v1 with one lane, v2 with 32, v1
+/// with 64 (a failure names its shape).
 #[test]
-fn adversarial_scripts_on_a_v1_mailbox_with_one_lane() {
-    run_property("adv-v1-L1", Generation::V1, 1, false);
-}
-
-#[test]
-fn adversarial_scripts_on_a_v2_mailbox_with_32_lanes() {
-    run_property("adv-v2-L32", Generation::V2, 32, false);
-}
-
-#[test]
-fn adversarial_scripts_on_a_v1_mailbox_with_64_lanes() {
-    run_property("adv-v1-L64", Generation::V1, 64, false);
+fn adversarial_scripts_on_v1_and_v2_mailboxes_of_1_32_and_64_lanes() {
+    for (name, generation, lanes) in [
+        ("adv-v1-L1", Generation::V1, 1),
+        ("adv-v2-L32", Generation::V2, 32),
+        ("adv-v1-L64", Generation::V1, 64),
+    ] {
+        run_property(name, generation, lanes, false);
+    }
 }
 
 #[test]

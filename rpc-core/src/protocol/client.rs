@@ -2,7 +2,7 @@
 //! warp each (plugin-host's kernels, tests, other processes over a shared file). `no_std`.
 
 use crate::protocol::error::ProtocolError;
-use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
+use crate::protocol::mailbox::{check_locks, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, ClientPort, Port, Wait, DEFAULT_WAIT};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
@@ -34,14 +34,7 @@ pub struct ClientDoorbell<'a> {
 impl<'a> Client<'a> {
     /// A client over `mailbox` using `locks` (at least `ceil(N / 32)` words) as its lock bits.
     pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self, ProtocolError> {
-        let need = lock_words(mailbox.layout().ports());
-        if locks.len() < need {
-            return Err(ProtocolError::BadRegion {
-                addr: 0,
-                len: locks.len() * 4,
-                need: need * 4,
-            });
-        }
+        check_locks(&mailbox, locks)?;
         Ok(Client {
             mailbox,
             locks,
@@ -141,24 +134,15 @@ impl<'a> Client<'a> {
                 (bell.raise)();
             }
         }
-        let layout = self.mailbox.layout();
-        Some(Port {
+        Some(Port::opened(
+            &self.mailbox,
+            self.locks,
             index,
-            inbox: &self.mailbox.primary[i],
-            outbox: &self.mailbox.secondary[i],
-            packets: self.mailbox.packets(index),
-            locks: self.locks,
             mask,
-            header_mask: mask,
-            lanes: layout.lanes(),
             opcode,
             out,
-            owns: true,
-            receive: false,
-            wait: self.wait,
-            resumable: self.wait.resumable(),
-            doorbell: None,
-            gave_up: false,
-        })
+            self.wait,
+            None,
+        ))
     }
 }

@@ -403,6 +403,19 @@ mod tests {
         }
     }
 
+    /// What every plugin's mailbox gets from its hardware figure (`Device::parallelism`).
+    #[test]
+    fn ports_for_is_the_parallelism_capped_by_the_generation_and_at_least_one() {
+        // An H200 runs 8448 warps at once; an MI300X 9728 waves.
+        assert_eq!(Generation::V1.ports_for(8448), 4096);
+        assert_eq!(Generation::V2.ports_for(8448), 8448);
+        assert_eq!(Generation::V2.ports_for(9728), 9728);
+        assert_eq!(Generation::V0.ports_for(3520), 512);
+        // A big part past every cap; nonsense figures still give a usable mailbox.
+        assert_eq!(Generation::V2.ports_for(u32::MAX), 16384);
+        assert_eq!(Generation::V1.ports_for(0), 1);
+    }
+
     #[test]
     fn client_object_sizes_give_the_generation() {
         assert_eq!(Generation::V0.client_object_size(), 96);

@@ -144,6 +144,20 @@ pub(crate) const fn lock_words(ports: u32) -> usize {
     ports.div_ceil(32) as usize
 }
 
+/// Checks that `locks` holds a lock bit for each of `mailbox`'s ports: what both ends of a
+/// mailbox ask of the lock table they are given.
+pub(crate) fn check_locks(mailbox: &Mailbox, locks: &[AtomicU32]) -> Result<(), ProtocolError> {
+    let need = lock_words(mailbox.layout().ports());
+    if locks.len() < need {
+        return Err(ProtocolError::BadRegion {
+            addr: 0,
+            len: locks.len() * 4,
+            need: need * 4,
+        });
+    }
+    Ok(())
+}
+
 /// Port `index`'s lock bit: the word of `locks` that holds it, and the bit.
 pub(crate) fn lock_bit(locks: &[AtomicU32], index: u32) -> (&AtomicU32, u32) {
     (&locks[index as usize / 32], 1 << (index % 32))

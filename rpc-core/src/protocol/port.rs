@@ -70,7 +70,7 @@
 
 use crate::protocol::error::ProtocolError;
 use crate::protocol::layout::{Buffer, BUFFER_SIZE, FIRST_PACKET_BYTES};
-use crate::protocol::mailbox::unlock;
+use crate::protocol::mailbox::{unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::sync::{fence, AtomicU32, AtomicU64, DataWord, Ordering};
 use core::future::Future;
@@ -505,6 +505,50 @@ pub type ClientPort<'a> = Port<'a, false>;
 pub type ServerPort<'a> = Port<'a, true>;
 
 impl<'a, const SERVER: bool> Port<'a, SERVER> {
+    /// Port `index` of `mailbox`, just opened by this side (its lock bit in `locks` taken,
+    /// the buffer ours): the words are the other side's and this side's (the server writes
+    /// `primary`, the client `secondary`), `out` the value of ours, `header_mask` the mask
+    /// in the header (the active lanes are those below `L`). Inlined: the opener builds the
+    /// port where it keeps it.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn opened(
+        mailbox: &Mailbox<'a>,
+        locks: &'a [AtomicU32],
+        index: u32,
+        header_mask: u64,
+        opcode: Opcode,
+        out: u32,
+        wait: &'a dyn Wait,
+        doorbell: Option<&'a AtomicU64>,
+    ) -> Self {
+        let i = index as usize;
+        let (theirs, ours) = if SERVER {
+            (&mailbox.secondary[i], &mailbox.primary[i])
+        } else {
+            (&mailbox.primary[i], &mailbox.secondary[i])
+        };
+        let layout = mailbox.layout();
+        Port {
+            index,
+            inbox: theirs,
+            outbox: ours,
+            packets: mailbox.packets(index),
+            locks,
+            mask: header_mask & layout.lane_mask(),
+            header_mask,
+            lanes: layout.lanes(),
+            opcode,
+            out,
+            owns: true,
+            receive: false,
+            wait,
+            resumable: wait.resumable(),
+            doorbell,
+            gave_up: false,
+        }
+    }
+
     pub fn index(&self) -> u32 {
         self.index
     }

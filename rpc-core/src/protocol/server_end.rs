@@ -35,7 +35,7 @@
 //! acquire fence pairs with the client's release fence); nothing read here orders anything.
 
 use crate::protocol::error::ProtocolError;
-use crate::protocol::mailbox::{lock_words, try_lock, unlock, Mailbox};
+use crate::protocol::mailbox::{check_locks, lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{normalize, prefetch, Port, ServerPort, Wait};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
@@ -52,14 +52,7 @@ pub struct ServerEnd<'a> {
 impl<'a> ServerEnd<'a> {
     /// A server over `mailbox` using `locks` (at least `ceil(N / 32)` words).
     pub fn new(mailbox: Mailbox<'a>, locks: &'a [AtomicU32]) -> Result<Self, ProtocolError> {
-        let need = lock_words(mailbox.layout().ports());
-        if locks.len() < need {
-            return Err(ProtocolError::BadRegion {
-                addr: 0,
-                len: locks.len() * 4,
-                need: need * 4,
-            });
-        }
+        check_locks(&mailbox, locks)?;
         Ok(ServerEnd::sized(mailbox, locks, None))
     }
 
@@ -208,25 +201,16 @@ impl<'a> ServerEnd<'a> {
         let header = self.mailbox.header(index);
         let header_mask = u64::from_le(header[0].load(Ordering::Relaxed));
         let opcode = Opcode(u64::from_le(header[1].load(Ordering::Relaxed)) as u32);
-        let layout = self.mailbox.layout();
-        Some(Port {
+        Some(Port::opened(
+            &self.mailbox,
+            self.locks,
             index,
-            inbox: &self.mailbox.secondary[i],
-            outbox: &self.mailbox.primary[i],
-            packets: self.mailbox.packets(index),
-            locks: self.locks,
-            mask: header_mask & layout.lane_mask(),
             header_mask,
-            lanes: layout.lanes(),
             opcode,
             out,
-            owns: true,
-            receive: false,
             wait,
-            resumable: wait.resumable(),
-            doorbell: self.doorbell,
-            gave_up: false,
-        })
+            self.doorbell,
+        ))
     }
 
     /// Opens the first pending port at or after `from` that no other server thread holds.

@@ -413,32 +413,13 @@ typed_fn!(A0, A1, A2, A3, A4, A5);
 typed_fn!(A0, A1, A2, A3, A4, A5, A6);
 typed_fn!(A0, A1, A2, A3, A4, A5, A6, A7);
 
-/// A registered typed function, its type erased.
-trait Erased: Send + Sync {
-    fn call_lane(
-        &self,
-        wire: &[u8],
-        pointees: &mut dyn Iterator<Item = Option<&mut [u8]>>,
-        reply: &mut [u8],
-    ) -> bool;
-}
-
-struct Typed<F, Args>(F, core::marker::PhantomData<fn(Args)>);
-
-impl<F: TypedFn<Args>, Args: 'static> Erased for Typed<F, Args> {
-    fn call_lane(
-        &self,
-        wire: &[u8],
-        pointees: &mut dyn Iterator<Item = Option<&mut [u8]>>,
-        reply: &mut [u8],
-    ) -> bool {
-        self.0.call_lane(wire, pointees, reply)
-    }
-}
+/// A registered typed function's [`TypedFn::call_lane`], its argument types erased.
+type CallLane =
+    dyn Fn(&[u8], &mut dyn Iterator<Item = Option<&mut [u8]>>, &mut [u8]) -> bool + Send + Sync;
 
 /// What a registered typed handler keeps: the function and its calls' shape.
 struct Registered {
-    function: Box<dyn Erased>,
+    function: Box<CallLane>,
     signature: Signature,
     /// The pointer arguments' pointees, in order (at most [`MAX_ARGUMENTS`]).
     pointees: Vec<Pointee>,
@@ -478,11 +459,18 @@ impl RpcServer {
     ) -> Result<(), ServerError> {
         let signature = F::signature();
         assert!(signature.arguments.len() <= MAX_ARGUMENTS);
+        let call_lane: Box<CallLane> = Box::new(
+            move |wire: &[u8],
+                  pointees: &mut dyn Iterator<Item = Option<&mut [u8]>>,
+                  reply: &mut [u8]| {
+                <F as TypedFn<Args>>::call_lane(&function, wire, pointees, reply)
+            },
+        );
         let registered = Arc::new(Registered {
             pointees: signature.pointees().collect(),
             offsets: signature.pointer_offsets().collect(),
             signature,
-            function: Box::new(Typed(function, core::marker::PhantomData)),
+            function: call_lane,
         });
         self.register_owner(
             opcode,
@@ -615,7 +603,7 @@ async fn serve(mut req: Request, call: Arc<Registered>) -> Result<Outcome, Serve
         });
         let out = &mut replies[lane as usize * reply..][..reply];
         let called = std::panic::catch_unwind(core::panic::AssertUnwindSafe(|| {
-            call.function.call_lane(args, &mut copies, out)
+            (call.function)(args, &mut copies, out)
         }));
         match called {
             Ok(true) => {}

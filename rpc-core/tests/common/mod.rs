@@ -7,6 +7,8 @@
 #![allow(dead_code)]
 
 pub mod capture;
+#[macro_use]
+pub mod printf_args;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

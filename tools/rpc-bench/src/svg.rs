@@ -11,6 +11,7 @@
 //! hollow points. Both axes of the first two panels are logarithmic and fitted to the data, as
 //! is the throughput axis.
 
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -223,27 +224,19 @@ fn log_panel(
     let mut keys: Vec<f64> = points().map(|(_, p)| p.x).collect();
     keys.sort_by(f64::total_cmp);
     keys.dedup();
-    let mut chart = ChartBuilder::on(&plot)
-        .caption(title, ("sans-serif", 17))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(64)
+    let mut chart = builder(&plot, title, 64)
         .build_cartesian_2d(
             (x0..x1).log_scale().with_key_points(keys),
             (y0..y1).log_scale().with_key_points(log_keys(y0, y1)),
         )
         .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc(x_label)
-        .y_desc(y_label)
-        .x_label_formatter(&|v| format!("{v}"))
-        .y_label_formatter(&|v| short(*v))
-        .label_style(("sans-serif", 12))
-        .light_line_style(RGBColor(0xee, 0xee, 0xee))
-        .draw()
-        .map_err(|e| e.to_string())?;
-    frame(&chart)?;
+    draw_mesh(
+        &mut chart,
+        x_label,
+        Some(y_label),
+        &|v| format!("{v}"),
+        &|v| short(*v),
+    )?;
     let y = at_least(y0);
     for s in series {
         let line: Vec<(f64, f64)> = s
@@ -310,6 +303,49 @@ where
         )
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// A panel's chart in the house style: `title` above, the margins, the x axis's labels and
+/// `y_labels` pixels for the y axis's.
+fn builder<'a, 'b>(
+    plot: &'a Area<'b>,
+    title: &str,
+    y_labels: u32,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(plot);
+    builder
+        .caption(title, ("sans-serif", 17))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(y_labels);
+    builder
+}
+
+/// The chart's mesh in the house style, its axes described by `x_desc` and `y_desc` and
+/// labelled by the formatters, then its frame.
+fn draw_mesh<X, Y>(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, Cartesian2d<X, Y>>,
+    x_desc: &str,
+    y_desc: Option<&str>,
+    x_labels: &dyn Fn(&X::ValueType) -> String,
+    y_labels: &dyn Fn(&Y::ValueType) -> String,
+) -> Result<(), String>
+where
+    X: Ranged + ValueFormatter<X::ValueType>,
+    Y: Ranged + ValueFormatter<Y::ValueType>,
+{
+    let mut mesh = chart.configure_mesh();
+    if let Some(desc) = y_desc {
+        mesh.y_desc(desc);
+    }
+    mesh.x_desc(x_desc)
+        .x_label_formatter(x_labels)
+        .y_label_formatter(y_labels)
+        .label_style(("sans-serif", 12))
+        .light_line_style(RGBColor(0xee, 0xee, 0xee))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    frame(chart)
 }
 
 /// A frame around the plotting area (the mesh draws only the left and bottom axes).
@@ -437,26 +473,13 @@ fn rates_panel(area: &Area<'_>, rates: &Rates) -> Result<(), String> {
             .cloned()
             .unwrap_or_default()
     };
-    let mut chart = ChartBuilder::on(&plot)
-        .caption(title, ("sans-serif", 17))
-        .margin(12)
-        .x_label_area_size(42)
-        .y_label_area_size(250)
+    let mut chart = builder(&plot, title, 250)
         .build_cartesian_2d(
             (x0..x1).log_scale().with_key_points(log_keys(x0, x1)),
             (0..BAND * rows as i32).with_key_points(keys),
         )
         .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc("per second")
-        .x_label_formatter(&|v| short(*v))
-        .y_label_formatter(&label)
-        .label_style(("sans-serif", 12))
-        .light_line_style(RGBColor(0xee, 0xee, 0xee))
-        .draw()
-        .map_err(|e| e.to_string())?;
-    frame(&chart)?;
+    draw_mesh(&mut chart, "per second", None, &|v| short(*v), &label)?;
     let x = at_least(x0);
     for (k, s) in rates.series.iter().enumerate() {
         for p in &s.points {

@@ -5,26 +5,16 @@
 
 mod common;
 
-use common::{layout, scratch, serve, BOUND, PORTS};
+use common::{layout, scratch, BOUND, PORTS};
 use rpc_core::protocol::{Client, Deadline, LockTable};
 use rpc_core::Opcode;
 
 #[test]
 fn a_stdout_fifo_nobody_reads_holds_no_other_port_and_sigterm_ends_rpc_serve() {
     let dir = scratch("stuck-stdout");
-    let fifo = dir.join("out");
-    // The reader: alive (rpc-serve's open of the FIFO finds it), never reading.
-    let _reader = common::fifo_nobody_reads(&fifo);
     std::fs::write(dir.join("x.txt"), b"x").unwrap();
-    let serve = serve(
-        &[
-            "--stdout",
-            fifo.to_str().unwrap(),
-            "--files",
-            dir.to_str().unwrap(),
-        ],
-        None,
-    );
+    let files = ["--files", dir.to_str().unwrap()];
+    let (_reader, serve) = common::serve_to_a_fifo_nobody_reads(&dir, &files);
     let map = common::map(&serve.path);
     let locks = LockTable::new(PORTS);
     let wait = Deadline::after(BOUND);

@@ -110,18 +110,9 @@ fn write_past_a_pipe(file: &Path, byte: u8) {
 #[test]
 fn a_worker_stuck_writing_to_a_fifo_nobody_reads_does_not_hold_the_shutdown() {
     let dir = scratch("stuck");
-    let fifo = dir.join("out.fifo");
-    let reader = common::fifo_nobody_reads(&fifo);
     let file = dir.join("mailbox");
-    let serving = serve(
-        &[
-            "--file",
-            file.to_str().unwrap(),
-            "--stdout",
-            fifo.to_str().unwrap(),
-        ],
-        None,
-    );
+    let mailbox = ["--file", file.to_str().unwrap()];
+    let (reader, serving) = common::serve_to_a_fifo_nobody_reads(&dir, &mailbox);
     write_past_a_pipe(&file, b'x');
     // Until the pipe is full, the worker being stuck in its write.
     wait_until_full(&reader, "the FIFO");

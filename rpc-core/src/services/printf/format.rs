@@ -687,98 +687,26 @@ mod kept_tests {
     }
 }
 
+/// The test arguments these tests share with the services' integration tests.
+#[cfg(all(test, not(loom)))]
+#[path = "../../../tests/common/printf_args.rs"]
+#[macro_use]
+mod printf_args;
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::protocol::printf::parse;
     use crate::protocol::printf::tests::lcg;
-    use std::boxed::Box;
-    use std::cell::Cell;
-    use std::collections::HashMap;
-    use std::ffi::{c_char, c_double, c_int, c_longlong, c_uint, c_ulonglong, c_void, CStr};
+    use std::ffi::{c_int, CStr};
     use std::string::String;
     use std::vec;
 
-    /// How a test argument goes into the device's buffer.
-    enum Enc {
-        Four(u32),
-        Eight(u64),
-        Str(&'static CStr),
-    }
+    use printf_args::*;
 
-    /// A test argument: its encoding, and the C value the reference `snprintf` call receives.
-    trait TestArg {
-        type C;
-        fn c(&self) -> Self::C;
-        fn enc(&self) -> Enc;
-    }
-
-    macro_rules! test_args {
-        ($($name:ident($rust:ty) => $c:ty, |$v:ident| $conv:expr, $enc:expr;)*) => {$(
-            struct $name($rust);
-            impl TestArg for $name {
-                type C = $c;
-                fn c(&self) -> $c {
-                    let $v = self.0;
-                    $conv
-                }
-                fn enc(&self) -> Enc {
-                    let $v = self.0;
-                    $enc
-                }
-            }
-        )*};
-    }
-
-    test_args! {
-        I(i32) => c_int, |v| v, Enc::Four(v as u32);
-        U(u32) => c_uint, |v| v, Enc::Four(v);
-        L(i64) => c_longlong, |v| v, Enc::Eight(v as u64);
-        Ul(u64) => c_ulonglong, |v| v, Enc::Eight(v);
-        D(f64) => c_double, |v| v, Enc::Eight(v.to_bits());
-        P(u64) => *const c_void, |v| std::ptr::without_provenance(v as usize), Enc::Eight(v);
-        S(&'static CStr) => *const c_char, |v| v.as_ptr(), Enc::Str(v);
-        NullS(()) => *const c_char, |_v| std::ptr::null(), Enc::Eight(0);
-        N(()) => *mut c_int, |_v| SINK.with(|sink| sink.as_ptr().cast()), Enc::Eight(0xdead_beef);
-    }
-
-    std::thread_local! {
-        /// Where the reference `snprintf` writes its `%n` counts: 8 bytes, 8-aligned, since a
-        /// `%lln` writes a `long long` (a `c_int` here let it write past into the next
-        /// thread-local, which crashed the test harness once the thread-locals moved).
-        static SINK: Cell<i64> = const { Cell::new(0) };
-    }
-
-    type Reference = Box<dyn Fn(*mut c_char, usize) -> c_int>;
-
-    struct Row {
-        format: &'static CStr,
-        args: Vec<Enc>,
-        reference: Reference,
-    }
-
-    /// `row!(format [=> reference format]; args...)`: the reference is `snprintf` called directly.
-    macro_rules! row {
-        ($fmt:expr $(=> $reference:expr)?; $($arg:expr),* $(,)?) => {{
-            let reference: &'static CStr = row!(@pick $fmt $(, $reference)?);
-            Row {
-                format: $fmt,
-                args: vec![$(TestArg::enc(&$arg)),*],
-                reference: Box::new(move |buf: *mut c_char, len: usize| {
-                    // SAFETY: each row's C values have the types its reference format names, a
-                    // `%n` pointer is the live thread-local SINK, strings are 'static C strings
-                    // (or null, which glibc prints as "(null)"), and `buf` holds `len` bytes.
-                    unsafe { libc::snprintf(buf, len, reference.as_ptr() $(, TestArg::c(&$arg))*) }
-                }),
-            }
-        }};
-        (@pick $fmt:expr) => { $fmt };
-        (@pick $fmt:expr, $reference:expr) => { $reference };
-    }
-
-    const LONG: &CStr =
-        c"The quick brown fox jumps over the lazy dog; pack my box with five dozen jugs!";
-    const AB: &CStr = c"abcdef";
+    const LONG: &str =
+        "The quick brown fox jumps over the lazy dog; pack my box with five dozen jugs!";
+    const AB: &str = "abcdef";
 
     fn rows() -> Vec<Row> {
         let (inf, nan) = (f64::INFINITY, f64::NAN);
@@ -799,29 +727,29 @@ mod tests {
             row!(c"%hd|%hhd|%hu|%hhu"; I(70000), I(300), I(-1), I(-1)),
             row!(c"%hx|%hhX|%hho|%#hhx|%05hd"; I(0x12345), I(0x1ff), I(0x1ff), I(0x180), I(-3)),
             row!(c"%ld|%lld|%li"; L(i64::MIN), L(i64::MAX), L(-1)),
-            row!(c"%lu|%llx|%#llo|%lX"; Ul(u64::MAX), Ul(0xdead_beef_cafe), Ul(511), Ul(1 << 63)),
-            row!(c"%jd|%zd|%td|%zu|%ju|%zx"; L(-5), L(6), L(-7), Ul(8), Ul(9), Ul(255)),
-            row!(c"%qd|%Ld|%qu|%Lx"; L(-1 << 40), L(1 << 50), Ul(3), Ul(0xabc)),
+            row!(c"%lu|%llx|%#llo|%lX"; UL(u64::MAX), UL(0xdead_beef_cafe), UL(511), UL(1 << 63)),
+            row!(c"%jd|%zd|%td|%zu|%ju|%zx"; L(-5), L(6), L(-7), UL(8), UL(9), UL(255)),
+            row!(c"%qd|%Ld|%qu|%Lx"; L(-1 << 40), L(1 << 50), UL(3), UL(0xabc)),
             row!(c"%c%c%c"; I(b'a'.into()), I(b'b'.into()), I(b'c'.into())),
             row!(c"[%5c][%-5c][%c]"; I(b'x'.into()), I(b'y'.into()), I(0x141)),
             row!(c"a%cb"; I(0)),
             row!(c"%c%ld"; I(b'z'.into()), L(1_234_567_890_123)),
             row!(c"%d%lld%d%lld%hhd%f"; I(1), L(2), I(3), L(4), I(5), D(6.5)),
-            row!(c"%s"; S(c"hi")),
-            row!(c"%s|%s|%s"; S(c"a"), S(c"bb"), S(c"ccc")),
-            row!(c"%10s|%-10s|%.2s|%10.3s|%.0s|"; S(AB), S(AB), S(AB), S(AB), S(AB)),
-            row!(c"%s"; NullS(())),
-            row!(c"[%10s][%-10s][%.5s][%.6s][%3.2s][%.0s][%.7s]"; NullS(()), NullS(()), NullS(()),
-                 NullS(()), NullS(()), NullS(()), NullS(())),
-            row!(c"%s and %s, %s"; NullS(()), S(c"x"), S(c"")),
-            row!(c"%s"; S(LONG)),
-            row!(c"%.70s|%100s|%-90s|%s"; S(LONG), S(LONG), S(LONG), S(AB)),
+            row!(c"%s"; s("hi")),
+            row!(c"%s|%s|%s"; s("a"), s("bb"), s("ccc")),
+            row!(c"%10s|%-10s|%.2s|%10.3s|%.0s|"; s(AB), s(AB), s(AB), s(AB), s(AB)),
+            row!(c"%s"; NULL),
+            row!(c"[%10s][%-10s][%.5s][%.6s][%3.2s][%.0s][%.7s]"; NULL, NULL, NULL,
+                 NULL, NULL, NULL, NULL),
+            row!(c"%s and %s, %s"; NULL, s("x"), s("")),
+            row!(c"%s"; s(LONG)),
+            row!(c"%.70s|%100s|%-90s|%s"; s(LONG), s(LONG), s(LONG), s(AB)),
             row!(c"100%%";),
             row!(c"%%d %d %%%%"; I(5)),
             row!(c"[%5%|%-05%|%.3%|%l%|%+ #%|%d]"; I(9)),
             row!(c"[%*%|%.*%|%-*.*%|%d]"; I(5), I(6), I(7), I(8), I(9)),
             row!(c"ab%ncd"; N(())),
-            row!(c"%d%n%s%hn|%lln"; I(1), N(()), S(c"z"), N(()), N(())),
+            row!(c"%d%n%s%hn|%lln"; I(1), N(()), s("z"), N(()), N(())),
             row!(c"%p"; P(0x1234_5678)),
             row!(c"%p|%20p|%-20p|%+p"; P(0), P(0xdead), P(0xbeef), P(0x10)),
             row!(c"%f|%F"; D(1.23456), D(-2.0)),
@@ -843,51 +771,21 @@ mod tests {
             row!(c"%-*d|"; I(8), I(42)),
             row!(c"%*d|%*d|"; I(-8), I(42), I(0), I(1)),
             row!(c"%.*f|%.*f"; I(3), D(1.23456), I(-1), D(1.23456)),
-            row!(c"%*.*s|%.*s|"; I(12), I(3), S(AB), I(-2), S(AB)),
+            row!(c"%*.*s|%.*s|"; I(12), I(3), s(AB), I(-2), s(AB)),
             row!(c"%*.*ld|"; I(-15), I(10), L(-42)),
             row!(c"%c%*ld|%c%.*f"; I(b'q'.into()), I(5), L(7), I(b'r'.into()), I(2), D(0.125)),
             row!(c"%0*d|%-0*x|"; I(6), I(-5), I(6), U(0xf)),
             row!(c"%b|%B|%#b|%#B"; U(5), U(5), U(5), U(5)),
             row!(c"%#010b|%-#10b|%.8b|%08.3b|%#12.8B|"; U(5), U(5), U(5), U(5), U(5)),
             row!(c"%#.0b|%#b|%.0b|%5b|%#5.0b|"; U(0), U(0), U(0), U(0), U(0)),
-            row!(c"%hhb|%hb|%lb|%llB|%#jb"; I(0x1ff), I(0x1ffff), Ul(u64::MAX), Ul(1 << 63), Ul(6)),
+            row!(c"%hhb|%hb|%lb|%llB|%#jb"; I(0x1ff), I(0x1ffff), UL(u64::MAX), UL(1 << 63), UL(6)),
             row!(c"%+b|% b|%#B|%b"; U(3), U(3), U(0), U(u32::MAX)),
             row!(c"%*b|%-*b|%.*b"; I(10), U(9), I(-10), U(9), I(6), U(9)),
             row!(c"%1000d"; I(1)),
-            row!(c"%-1000s|%.1000d"; S(c"w"), I(-3)),
-            row!(c"%d %s %c %p %f %x %ld %s %% %u"; I(-1), S(c"str"), I(b'C'.into()), P(0xff),
-                 D(0.5), U(0xabc), L(1 << 40), NullS(()), U(7)),
+            row!(c"%-1000s|%.1000d"; s("w"), I(-3)),
+            row!(c"%d %s %c %p %f %x %ld %s %% %u"; I(-1), s("str"), I(b'C'.into()), P(0xff),
+                 D(0.5), U(0xabc), L(1 << 40), NULL, U(7)),
         ]
-    }
-
-    /// Encodes `args` as the device would: the buffer, the strings by pointer, the pointers.
-    fn encode(args: &[Enc], packed: bool) -> (Vec<u8>, HashMap<u64, Vec<u8>>, Vec<u64>) {
-        let (mut buf, mut strings, mut pointers) = (Vec::new(), HashMap::new(), Vec::new());
-        for arg in args {
-            let bytes = match *arg {
-                Enc::Four(v) => v.to_le_bytes().to_vec(),
-                Enc::Eight(v) => v.to_le_bytes().to_vec(),
-                Enc::Str(s) => {
-                    let pointer = 0x7f00_0000_0000 + 0x1000 * (strings.len() as u64 + 1);
-                    strings.insert(pointer, s.to_bytes().to_vec());
-                    pointers.push(pointer);
-                    pointer.to_le_bytes().to_vec()
-                }
-            };
-            while !packed && buf.len() % bytes.len() != 0 {
-                buf.push(0xee);
-            }
-            buf.extend(bytes);
-        }
-        (buf, strings, pointers)
-    }
-
-    fn reference(row: &Row) -> Vec<u8> {
-        let n = (row.reference)(std::ptr::null_mut(), 0);
-        let mut buf = vec![0u8; usize::try_from(n).expect("reference snprintf failed") + 1];
-        assert_eq!((row.reference)(buf.as_mut_ptr().cast(), buf.len()), n);
-        buf.truncate(buf.len() - 1);
-        buf
     }
 
     fn missing(needed: usize, available: usize) -> Result<Vec<u8>, FormatError> {
@@ -937,18 +835,18 @@ mod tests {
         let rows = rows();
         assert!(rows.len() >= 60, "{} rows", rows.len());
         for row in &rows {
-            let expected = reference(row);
+            let expected = &row.reference;
             for packed in [false, true] {
                 let pieces = Format::new(Dialect::HostC, row.format.to_bytes(), packed);
-                let (args, strings, pointers) = encode(&row.args, packed);
+                let (args, strings, pointers) = encode(0, &row.args, packed);
                 let what = std::format!("{:?} packed={packed}", row.format);
                 assert_eq!(pieces.args_size(), args.len(), "{what}");
                 let got = string_pointers(&pieces, &args);
                 assert_eq!(got, Ok(pointers), "{what}");
                 let got = format(&pieces, &args, &|p| strings.get(&p).map(Vec::as_slice)).unwrap();
                 let lossy = String::from_utf8_lossy;
-                assert_eq!(lossy(&got), lossy(&expected), "{what}");
-                assert_eq!(got, expected, "{what}");
+                assert_eq!(lossy(&got), lossy(expected), "{what}");
+                assert_eq!(&got, expected, "{what}");
                 // One byte short is an error, not a panic or a read past the end.
                 if let Some(short) = args.len().checked_sub(1).and_then(|n| args.get(..n)) {
                     let err = missing(args.len(), short.len());
@@ -978,7 +876,7 @@ mod tests {
                 (Dialect::LlvmLibc, false),
                 (Dialect::LlvmLibc, true),
             ] {
-                let (args, strings, _) = encode(&row.args, packed);
+                let (args, strings, _) = encode(0, &row.args, packed);
                 let fetched = |p| strings.get(&p).map(Vec::as_slice);
                 let none = |_| None::<&[u8]>;
                 let short = &args[..args.len().saturating_sub(1)];

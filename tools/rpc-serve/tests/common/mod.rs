@@ -146,6 +146,16 @@ pub fn fifo_nobody_reads(path: &Path) -> std::fs::File {
         .unwrap()
 }
 
+/// rpc-serve (`args` besides) whose `--stdout` is a FIFO in `dir` with a reader that is alive
+/// (rpc-serve's open of the FIFO finds it) but never reads: the reader, and rpc-serve.
+pub fn serve_to_a_fifo_nobody_reads(dir: &Path, args: &[&str]) -> (std::fs::File, Serve) {
+    let fifo = dir.join("out.fifo");
+    let reader = fifo_nobody_reads(&fifo);
+    let mut all = vec!["--stdout", fifo.to_str().unwrap()];
+    all.extend(args);
+    (reader, serve(&all, None))
+}
+
 /// A fresh directory for one test's files.
 pub fn scratch(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("rpc-serve-hostile-{}-{tag}", std::process::id()));
