@@ -82,6 +82,10 @@ pub fn eventually(what: &str, condition: impl Fn() -> bool) {
     }
 }
 
+/// The statistics once every request begun on a mailbox is counted (read counts through it
+/// after a reply: a request is counted after its reply lets the client go on).
+pub use workloads::settled_stats;
+
 /// An empty folder of the test's own, `rpc-{name}-{pid}` under the temporary folder (what an
 /// earlier run of the same test left there is removed).
 pub fn empty_dir(name: &str) -> std::path::PathBuf {
