@@ -4,7 +4,7 @@
 //! that keeps its lines.
 
 // Each test file is its own crate and uses only part of this module.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod capture;
 
