@@ -7,12 +7,11 @@
 mod common;
 
 use std::ffi::CStr;
-use std::time::{Duration, Instant};
 
 use common::Mailbox;
 use rpc_core::protocol::{dispatch, CallArg, ClientPort, Deadline, Generation};
 use rpc_core::services::dispatch_tests::{self, opcode, Pair};
-use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ServerError, UserGuard};
+use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ServerError, StatsSnapshot, UserGuard};
 
 /// The stream bound the fixture sets: a larger pointee is drained and refused.
 const BOUND: u64 = 4096;
@@ -89,19 +88,14 @@ impl Fx {
         (0..64).filter(|l| self.mask >> l & 1 == 1)
     }
 
-    /// Waits (a hang guard only) until the server has counted `refused` refusals; checks
-    /// it counted no errors.
+    /// The statistics once every request sent so far is counted (`common::settled_stats`).
+    fn settled_stats(&self) -> StatsSnapshot {
+        common::settled_stats(&self.server, self.mailbox.id)
+    }
+
+    /// Checks that the server counted `refused` refusals and no errors.
     fn expect_refused(&self, refused: u64) {
-        let start = Instant::now();
-        while self.server.stats().refused < refused {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "{}",
-                self.server.stats()
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let stats = self.server.stats();
+        let stats = self.settled_stats();
         assert_eq!(
             (stats.refused, stats.errors, stats.panics),
             (refused, 0, 0),
@@ -299,7 +293,8 @@ fn every_test_function_answers_each_lane_in_both_generations() {
                 assert_eq!(outs[l], want, "{what} fill lane {l}");
             }
 
-            let stats = fx.server.stats();
+            // fill is counted after its reply came back.
+            let stats = fx.settled_stats();
             assert_eq!(
                 (stats.refused, stats.errors, stats.panics),
                 (0, 0, 0),
@@ -643,6 +638,6 @@ fn a_client_whose_argument_kinds_differ_desynchronises_without_a_hang_or_a_crash
         );
         assert_eq!(u64_of(&r[5]), 42);
     }
-    let stats = fx.server.stats();
+    let stats = fx.settled_stats();
     assert_eq!((stats.errors, stats.panics), (0, 0), "{stats}");
 }

@@ -253,7 +253,10 @@ impl RpcServer {
     pub fn context(&self) -> &ServerContext {
         &self.inner.context
     }
-    /// A snapshot of the statistics.
+    /// A snapshot of the statistics. A request is counted after its last hand-over (the reply)
+    /// lets its client go on, so a snapshot taken right after a reply came back may miss it:
+    /// read the counts of a mailbox's requests once [`RpcServer::wait_drained`] returned true
+    /// for it (what `PluginRuntime::synchronize` waits on), or after `shutdown`.
     pub fn stats(&self) -> StatsSnapshot {
         self.inner.context.stats.snapshot()
     }

@@ -4,7 +4,7 @@
 //! that keeps its lines.
 
 // Each test file is its own crate and uses only part of this module.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod capture;
 #[macro_use]
@@ -83,6 +83,10 @@ pub fn eventually(what: &str, condition: impl Fn() -> bool) {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// The statistics once every request begun on a mailbox is counted (read counts through it
+/// after a reply: a request is counted after its reply lets the client go on).
+pub use workloads::settled_stats;
 
 /// An empty folder of the test's own, `rpc-{name}-{pid}` under the temporary folder (what an
 /// earlier run of the same test left there is removed).

@@ -146,11 +146,18 @@ impl Setup {
         matches!(&self.host, Host::InProcess { bell: Some(_), .. })
     }
 
-    /// The in-process server's statistics.
+    /// The in-process server's statistics, once every request begun on its mailbox is
+    /// counted (a request is counted after its reply lets the client go on).
     #[cfg(test)]
     pub fn stats(&self) -> Option<rpc_core::StatsSnapshot> {
         match &self.host {
-            Host::InProcess { server, .. } => Some(server.stats()),
+            Host::InProcess { server, .. } => {
+                let mailboxes = server.mailboxes();
+                let [mailbox] = mailboxes[..] else {
+                    panic!("one mailbox: {mailboxes:?}")
+                };
+                Some(workloads::settled_stats(server, mailbox))
+            }
             Host::Process(_) => None,
         }
     }
