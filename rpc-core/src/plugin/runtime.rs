@@ -400,7 +400,9 @@ impl<P: Plugin> PluginRuntime<P> {
 
     /// Waits for every launch on `device`; reports a failed kernel as an error, and a kernel
     /// that called EXIT or ABORT (under [`crate::ExitPolicy::Record`]) as a value: `exit(0)` is
-    /// `Ok(Some(KernelExit::Exit(0)))`, a kernel that just returned `Ok(None)`.
+    /// `Ok(Some(KernelExit::Exit(0)))`, a kernel that just returned `Ok(None)`. Once it
+    /// returns `Ok`, the statistics count every request of the device's mailboxes (a failed
+    /// device returns its error at once, without waiting for them).
     pub fn synchronize(&self, device: usize) -> Result<Option<KernelExit>> {
         let dev = self.device(device)?;
         dev.synchronize()
@@ -411,7 +413,9 @@ impl<P: Plugin> PluginRuntime<P> {
             .filter(|l| l.device == device)
             .filter_map(|l| l.mailbox)
             .collect();
-        for id in mailboxes {
+        // Every mailbox of the device drains before any exit is reported, so the counts read
+        // after `synchronize` cover every image's requests, not only those up to the exit's.
+        for &id in &mailboxes {
             if !self.server.wait_drained(id, DRAIN_TIMEOUT) {
                 log::warn!(
                     "{}: mailbox {} still has requests pending after synchronize",
@@ -419,11 +423,9 @@ impl<P: Plugin> PluginRuntime<P> {
                     id.0
                 );
             }
-            if let Some(exit) = self.server.context().services().take_exit(id) {
-                return Ok(Some(exit));
-            }
         }
-        Ok(None)
+        let services = self.server.context().services();
+        Ok(mailboxes.into_iter().find_map(|id| services.take_exit(id)))
     }
 
     /// Waits up to the deinit wait for running kernels and aborts those left, detaches every
