@@ -673,28 +673,31 @@ pub(crate) fn until_nul(bytes: &[u8]) -> &[u8] {
 /// The refusals of one request, per lane; the request ends as [`Outcome::Refused`] if any.
 #[derive(Default)]
 pub(crate) struct Refusals {
+    /// The lanes refused.
+    mask: u64,
+    /// The first refusal's lane and reason, for the log line.
     first: Option<String>,
-    more: usize,
 }
 
 impl Refusals {
     pub(crate) fn lane(&mut self, lane: u32, why: impl fmt::Display) {
+        self.mask |= 1 << lane;
         if self.first.is_none() {
             self.first = Some(std::format!("lane {lane}: {why}"));
-        } else {
-            self.more += 1;
         }
+    }
+    /// Whether `lane` was refused.
+    pub(crate) fn has(&self, lane: u32) -> bool {
+        self.mask >> lane & 1 == 1
     }
     /// `Ok` if nothing was refused, else the refusal (the script must be complete by now).
     pub(crate) fn finish(self) -> Result<Outcome, ServerError> {
-        match self.first {
-            None => Ok(Outcome::Served),
-            Some(first) if self.more == 0 => Ok(Outcome::Refused(first)),
-            Some(first) => Ok(Outcome::Refused(std::format!(
-                "{first} (and {} more lane(s))",
-                self.more
-            ))),
-        }
+        let more = self.mask.count_ones().saturating_sub(1);
+        Ok(match self.first {
+            None => Outcome::Served,
+            Some(first) if more == 0 => Outcome::Refused(first),
+            Some(first) => Outcome::Refused(std::format!("{first} (and {more} more lane(s))")),
+        })
     }
 }
 

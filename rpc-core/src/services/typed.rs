@@ -52,6 +52,7 @@ use crate::server::exec::{PooledVec, Received};
 use crate::server::registry::Handler;
 use crate::server::request::Request;
 use crate::server::{panic_message, RpcServer};
+use crate::services::Refusals;
 use crate::sync::Arc;
 
 /// The most arguments a typed function takes.
@@ -479,25 +480,6 @@ impl RpcServer {
     }
 }
 
-/// The lanes refused so far, and why the first was.
-#[derive(Default)]
-struct Refusals {
-    mask: u64,
-    first: Option<(u32, Cow<'static, str>)>,
-}
-
-impl Refusals {
-    fn add(&mut self, lane: u32, why: impl Into<Cow<'static, str>>) {
-        self.mask |= 1 << lane;
-        if self.first.is_none() {
-            self.first = Some((lane, why.into()));
-        }
-    }
-    fn has(&self, lane: u32) -> bool {
-        self.mask >> lane & 1 == 1
-    }
-}
-
 /// One pointer argument's pointees as they came: each lane's copy (kept lanes only, at the
 /// copy's aligned offset) and which lanes sent any bytes.
 #[derive(Default)]
@@ -592,7 +574,7 @@ async fn serve(mut req: Request, call: Arc<Registered>) -> Result<Outcome, Serve
             args[at..at + POINTER_BYTES] != expected.to_le_bytes()
         });
         if let Some((k, _)) = forged {
-            refused.add(
+            refused.lane(
                 lane,
                 format!("pointer argument {k} is not the host pointer it was sent"),
             );
@@ -607,10 +589,10 @@ async fn serve(mut req: Request, call: Arc<Registered>) -> Result<Outcome, Serve
         }));
         match called {
             Ok(true) => {}
-            Ok(false) => refused.add(lane, "an argument does not decode as its type"),
+            Ok(false) => refused.lane(lane, "an argument does not decode as its type"),
             Err(payload) => {
                 out.fill(0);
-                refused.add(
+                refused.lane(
                     lane,
                     format!("the function panicked: {}", panic_message(&*payload)),
                 );
@@ -637,13 +619,8 @@ async fn serve(mut req: Request, call: Arc<Registered>) -> Result<Outcome, Serve
             .await?;
     }
 
-    match refused.first {
-        None => Ok(Outcome::Served),
-        Some((lane, why)) => Ok(Outcome::Refused(format!(
-            "typed call: {} lane(s) refused (result 0, nothing copied back); lane {lane}: {why}",
-            refused.mask.count_ones()
-        ))),
-    }
+    // A refused lane's result is 0 and nothing was copied back to it.
+    refused.finish()
 }
 
 /// Receives one pointer argument's pointees (a `send_n` per lane, PROTOCOL section 5) into
@@ -695,7 +672,7 @@ async fn recv_pointee(
             }
             return;
         };
-        refused.add(lane, why);
+        refused.lane(lane, why);
     })
     .await?;
     // What grows beyond the first packet is charged to the server's memory budget first, lane
@@ -714,7 +691,7 @@ async fn recv_pointee(
         if !charged {
             kept &= !(1 << lane);
             copies[lane as usize].clear();
-            refused.add(
+            refused.lane(
                 lane,
                 "above the server's memory budget (Limits::held_bytes)",
             );
@@ -743,7 +720,7 @@ async fn recv_pointee(
     if shape.is_string() {
         for lane in lanes(kept) {
             if copies[lane as usize].last() != Some(&0) {
-                refused.add(lane, "a C string without its NUL");
+                refused.lane(lane, "a C string without its NUL");
             }
         }
     }
