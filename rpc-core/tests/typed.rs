@@ -299,6 +299,11 @@ fn every_test_function_answers_each_lane_in_both_generations() {
                 assert_eq!(outs[l], want, "{what} fill lane {l}");
             }
 
+            // A typed call is a script: counted once it ends, which may be after the client
+            // has its reply (docs/reliability.md, bug 11).
+            assert!(fx
+                .server
+                .wait_drained(fx.mailbox.id, Duration::from_secs(60)));
             let stats = fx.server.stats();
             assert_eq!(
                 (stats.refused, stats.errors, stats.panics),

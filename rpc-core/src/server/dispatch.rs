@@ -20,7 +20,7 @@ use crate::protocol::server_end::{HotPorts, Step};
 use crate::protocol::Resumable;
 use crate::server::error::ServerError;
 use crate::server::exec::{
-    self, carry_out, catch, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
+    self, carry_out, catch, count, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
     InFlight, Look,
 };
 use crate::server::limits::device_log;
@@ -438,13 +438,10 @@ impl Inner {
             mailbox.id.0,
             port.mask()
         );
-        // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
-        // looking drained: its last hand-over lets the kernel go on first.
-        mailbox.begin_request();
         let (exchange, marks) = match &entry.handler {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
-                // reply only needs the buffer we hold: this never suspends, so it needs no
+                // reply is that packet rewritten in place: this never suspends, so it needs no
                 // exchange, only the one catch of a panic. Nor does its port need the
                 // executor's wait, unless the pass defers its flips: then the flip and the
                 // unlock are stored at once (the plain resumable wait's), without asking this
@@ -452,17 +449,30 @@ impl Inner {
                 if !batching {
                     port.wait = &Resumable;
                 }
-                let result = catch(|| reply(&mut port));
-                let fate = finish(context, mailbox, index, opcode, result);
-                if fate != Fate::Close {
-                    // Its drop would close it: let go of it as `Request`'s drop does.
+                let rewritten = catch(|| {
+                    reply(&port);
+                    Ok(())
+                });
+                if let Err(error) = rewritten {
+                    // Counted, then drained (its drop would close it: let go of it as
+                    // `Request`'s drop does).
+                    let fate = count(context, mailbox, index, opcode, Err(error));
                     port.quarantine();
                     let marks = Marks::now(mailbox, context);
                     carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
+                    return true;
                 }
+                // Counted before its one hand-over, the reply: whoever has the reply (the
+                // client, `wait_drained` seeing the port no longer pending) finds it counted,
+                // so it needs none of a script's settling (`Attached`'s ordering note).
+                context.stats.served(opcode);
+                // Dropping the port hands the rewritten packets back and unlocks it.
                 return true;
             }
             Handler::Script(script) => {
+                // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
+                // looking drained: its last hand-over lets the kernel go on first.
+                mailbox.begin_request();
                 // Read once the port is open, after `try_open`'s acquire fence: the kernel that
                 // sent the request took its ticket before its flip (release), so the marks
                 // include it; read before, a stale mark could make a live kernel look gone.

@@ -8,7 +8,9 @@
 //! Memory ordering: every counter is `Relaxed`; they are independent tallies that order no
 //! other data, and a reader only needs each value to be one the counter really had. (One
 //! who needs a count complete, e.g. `live_workers` after a `shutdown`, gets it from what
-//! ordered the events before the read: the shutdown joined the worker.)
+//! ordered the events before the read: the shutdown joined the worker; a packet handler's
+//! request is counted before its reply's Release, so a client that has taken the reply sees it
+//! in `served`; a script's, through `RpcServer::wait_drained`.)
 
 use std::collections::BTreeMap;
 use std::fmt;
