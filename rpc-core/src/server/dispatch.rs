@@ -129,18 +129,27 @@ impl PassCache {
     }
 
     /// Takes new copies if the list or the registry changed; true if the mailbox list did
-    /// (the old copy, and with it any detached mailbox, is let go).
+    /// (the old copy, and with it any detached mailbox, is let go). Inlined, so that a pass
+    /// with nothing new (nearly every pass) costs two loads and compares, not a call.
+    #[inline]
     fn refresh(&mut self, context: &ServerContext) -> bool {
         let versions = (context.mailboxes.version(), context.registry.version());
-        let changed = versions.0 != self.versions.0;
         if self.mailboxes.is_none() || versions != self.versions {
-            let mailboxes = context.mailboxes.get();
-            self.hot = std::vec![Default::default(); mailboxes.len()];
-            self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
-            self.mailboxes = Some(mailboxes);
-            self.registry = Some(context.registry.get());
-            self.versions = versions;
+            return self.take_copies(context, versions);
         }
+        false
+    }
+
+    /// [`PassCache::refresh`] once something changed: new copies, as of `versions`.
+    #[inline(never)]
+    fn take_copies(&mut self, context: &ServerContext, versions: (u64, u64)) -> bool {
+        let changed = versions.0 != self.versions.0;
+        let mailboxes = context.mailboxes.get();
+        self.hot = std::vec![Default::default(); mailboxes.len()];
+        self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
+        self.mailboxes = Some(mailboxes);
+        self.registry = Some(context.registry.get());
+        self.versions = versions;
         changed
     }
 
@@ -399,38 +408,18 @@ impl Inner {
             bump(&context.stats.bad_headers);
             return true; // Dropping the port closes it: the client reads its own request back.
         }
-        // The pass's copy of the registry may predate a handler registered just before this
-        // request was sent (the pass began first): an opcode it does not know is looked up
-        // again in the current registry. `register` published it before the client's flip,
-        // which `try_open`'s acquire fence ordered before this lock of the snapshot.
-        let current: Arc<Registry>;
-        let found = match find(registry, opcode) {
-            Ok(None) => {
-                current = context.registry.get();
-                find(&current, opcode)
-            }
-            found => found,
+        // One look at the pass's copy of the registry where no matcher may panic (every
+        // standard opcode, user handlers of one opcode each): no catch, nothing returned
+        // through a `Result`. The rest, out of line.
+        let mut current = None;
+        let found = if registry.asks_predicates() {
+            None
+        } else {
+            registry.find(opcode)
         };
-        let entry = match found {
-            Ok(entry) => entry,
-            Err(error) => {
-                log::error!(
-                    "{name}: mailbox {} port {index}: finding the handler for {opcode}: {error}; \
-                     closed unanswered",
-                    mailbox.id.0
-                );
-                bump(&context.stats.panics);
-                return true;
-            }
-        };
-        let Some(entry) = entry else {
-            device_log!(
-                context.log_limit,
-                Warn,
-                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
-                mailbox.id.0
-            );
-            bump(&context.stats.unknown);
+        let at = (&**mailbox, index);
+        let found = found.or_else(|| find_slowly(context, registry, &mut current, at, opcode));
+        let Some(entry) = found else {
             return true;
         };
         log::debug!(
@@ -512,6 +501,50 @@ impl Inner {
             self.thread.notify();
         }
         ended
+    }
+}
+
+/// The handler of `opcode` for port `index` of `mailbox` where one look at the pass's copy
+/// `registry` did not find it (`Inner::start`): a user's matcher is asked under a catch, and the
+/// copy may predate a handler registered just before this request was sent (the pass began
+/// first), so an opcode it does not know is looked up again in the current registry, kept in
+/// `current`. `register` published it before the client's flip, which `try_open`'s acquire
+/// fence ordered before this lock of the snapshot. None: no handler (an unknown opcode, or a
+/// matcher panicked), logged and counted; the request is closed unanswered.
+#[inline(never)]
+fn find_slowly<'r>(
+    context: &ServerContext,
+    registry: &'r Registry,
+    current: &'r mut Option<Arc<Registry>>,
+    (mailbox, index): (&Attached, u32),
+    opcode: Opcode,
+) -> Option<&'r Entry> {
+    let name = &context.config.name;
+    let found = match find(registry, opcode) {
+        Ok(None) => find(current.insert(context.registry.get()), opcode),
+        found => found,
+    };
+    match found {
+        Ok(Some(entry)) => Some(entry),
+        Ok(None) => {
+            device_log!(
+                context.log_limit,
+                Warn,
+                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.unknown);
+            None
+        }
+        Err(error) => {
+            log::error!(
+                "{name}: mailbox {} port {index}: finding the handler for {opcode}: {error}; \
+                 closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.panics);
+            None
+        }
     }
 }
 
