@@ -408,26 +408,24 @@ impl Inner {
             bump(&context.stats.bad_headers);
             return true; // Dropping the port closes it: the client reads its own request back.
         }
-        // One look at the pass's copy of the registry where no matcher may panic (every
+        // One index into the pass's copy of the registry where no matcher may panic (every
         // standard opcode, user handlers of one opcode each): no catch, nothing returned
         // through a `Result`. The rest, out of line.
+        let slot = opcode.table_index();
         let mut current = None;
-        let found = if registry.asks_predicates() {
-            None
-        } else {
-            registry.find(opcode)
-        };
-        let at = (&**mailbox, index);
-        let found = found.or_else(|| find_slowly(context, registry, &mut current, at, opcode));
-        let Some(entry) = found else {
-            return true;
+        let handler = match registry.indexed(slot) {
+            Some(handler) => handler,
+            None => match find_slowly(context, registry, &mut current, (mailbox, index), opcode) {
+                Some(entry) => &entry.handler,
+                None => return true,
+            },
         };
         log::debug!(
             "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
             mailbox.id.0,
             port.mask()
         );
-        let (exchange, marks) = match &entry.handler {
+        let (exchange, marks) = match handler {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
                 // reply is that packet rewritten in place: this never suspends, so it needs no
@@ -454,7 +452,7 @@ impl Inner {
                 // Counted before its one hand-over, the reply: whoever has the reply (the
                 // client, `wait_drained` seeing the port no longer pending) finds it counted,
                 // so it needs none of a script's settling (`Attached`'s ordering note).
-                context.stats.served(opcode);
+                context.stats.served_at(slot, opcode);
                 // Dropping the port hands the rewritten packets back and unlocks it.
                 return true;
             }

@@ -160,7 +160,14 @@ impl Stats {
     /// the map of opcodes outside the table left out of line.
     #[inline]
     pub(crate) fn served(&self, opcode: Opcode) {
-        match opcode.table_index() {
+        self.served_at(opcode.table_index(), opcode);
+    }
+
+    /// [`Stats::served`] with the opcode's [`Opcode::table_index`] as its caller found it
+    /// (`slot`): the request's path finds it once, for the registry and for this.
+    #[inline]
+    pub(crate) fn served_at(&self, slot: Option<usize>, opcode: Opcode) {
+        match slot {
             Some(i) => {
                 let counter = &self.known[i];
                 counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
