@@ -546,10 +546,10 @@ fn find_slowly<'r>(
     }
 }
 
-/// The handler of `opcode` in `registry`. A user's matcher may panic: then that request alone
-/// goes unanswered, as an unknown one (the error). A registry with no matcher (every standard
-/// opcode, and user handlers of one opcode each) compares opcodes only, which cannot panic:
-/// no catch, so a packet handler's request passes one (around its handler).
+/// The handler of `opcode` in `registry`, for [`find_slowly`]. A user's matcher may panic: then
+/// that request alone goes unanswered, as an unknown one (the error). A registry with no
+/// matcher (every standard opcode, and user handlers of one opcode each) compares opcodes
+/// only, which cannot panic: no catch.
 fn find(registry: &Registry, opcode: Opcode) -> Result<Option<&Entry>, ServerError> {
     if registry.asks_predicates() {
         catch(|| Ok(registry.find(opcode)))
