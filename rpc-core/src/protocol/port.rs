@@ -951,21 +951,31 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
     pub fn recv_and_send(
         &mut self,
-        mut work: impl FnMut(u32, Packet<'_>),
+        work: impl FnMut(u32, Packet<'_>),
     ) -> Result<(), ProtocolError> {
         if self.owns && !self.receive {
-            // The other side's packet is here already (a server port just opened, every
-            // packet handler's): nothing to wait for, so no operation to build and poll. The
-            // same steps as `recv_and_send_async`'s when neither of its waits waits.
-            self.prefetch_packets();
-            for lane in lanes(self.mask) {
-                work(lane, self.packet(lane));
-            }
+            // The other side's packet is here already (a server port just opened): nothing to
+            // wait for, so no operation to build and poll. The same steps as
+            // `recv_and_send_async`'s when neither of its waits waits.
+            self.rewrite(work);
             self.hand_over();
-            self.receive = false;
             return Ok(());
         }
         complete(self.index, self.recv_and_send_async(work))
+    }
+
+    /// Lets `work` rewrite each active lane's packet in place, the other side's packet being
+    /// here already and ours (`owns`, and nothing received yet: a server port just opened).
+    /// The buffer stays ours: a hand-over, or a server port's close, sends the rewritten
+    /// packets back. The server's packet handlers count their request between the two
+    /// (`dispatch`'s `Inner::start`).
+    #[inline]
+    pub(crate) fn rewrite(&self, mut work: impl FnMut(u32, Packet<'_>)) {
+        debug_assert!(self.owns && !self.receive, "a packet not ours to rewrite");
+        self.prefetch_packets();
+        for lane in lanes(self.mask) {
+            work(lane, self.packet(lane));
+        }
     }
 
     /// Sends a byte string per lane (see `send_n_async`, PROTOCOL section 5).

@@ -374,7 +374,20 @@ impl<'a> Sweep<'a> {
 
     /// The next port that looks pending, or a checkpoint (every [`HOT_STRIDE`] ports scanned,
     /// where the caller may look at other work), or None once the whole mailbox was scanned.
+    /// The end of the sweep is seen in line: a pass that served a port at the end of its
+    /// mailbox (the last port of a client in a loop on it) asks once more, and that answer
+    /// costs a compare, not a call.
+    #[inline]
     pub(crate) fn next(&mut self) -> Option<Step> {
+        if self.hot_left == 0 && self.next >= self.primary.len().min(self.secondary.len()) {
+            return None;
+        }
+        self.walk()
+    }
+
+    /// [`Sweep::next`] before the end: the hot ports still to look at, then the scan.
+    #[inline(never)]
+    fn walk(&mut self) -> Option<Step> {
         let len = self.primary.len().min(self.secondary.len());
         loop {
             while self.hot_left > 0 {

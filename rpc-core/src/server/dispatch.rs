@@ -20,7 +20,7 @@ use crate::protocol::server_end::{HotPorts, Step};
 use crate::protocol::Resumable;
 use crate::server::error::ServerError;
 use crate::server::exec::{
-    self, carry_out, catch, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
+    self, carry_out, catch, count, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
     InFlight, Look,
 };
 use crate::server::limits::device_log;
@@ -129,18 +129,27 @@ impl PassCache {
     }
 
     /// Takes new copies if the list or the registry changed; true if the mailbox list did
-    /// (the old copy, and with it any detached mailbox, is let go).
+    /// (the old copy, and with it any detached mailbox, is let go). Inlined, so that a pass
+    /// with nothing new (nearly every pass) costs two loads and compares, not a call.
+    #[inline]
     fn refresh(&mut self, context: &ServerContext) -> bool {
         let versions = (context.mailboxes.version(), context.registry.version());
-        let changed = versions.0 != self.versions.0;
         if self.mailboxes.is_none() || versions != self.versions {
-            let mailboxes = context.mailboxes.get();
-            self.hot = std::vec![Default::default(); mailboxes.len()];
-            self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
-            self.mailboxes = Some(mailboxes);
-            self.registry = Some(context.registry.get());
-            self.versions = versions;
+            return self.take_copies(context, versions);
         }
+        false
+    }
+
+    /// [`PassCache::refresh`] once something changed: new copies, as of `versions`.
+    #[inline(never)]
+    fn take_copies(&mut self, context: &ServerContext, versions: (u64, u64)) -> bool {
+        let changed = versions.0 != self.versions.0;
+        let mailboxes = context.mailboxes.get();
+        self.hot = std::vec![Default::default(); mailboxes.len()];
+        self.ports = mailboxes.iter().map(|m| m.layout.ports() as usize).sum();
+        self.mailboxes = Some(mailboxes);
+        self.registry = Some(context.registry.get());
+        self.versions = versions;
         changed
     }
 
@@ -399,52 +408,27 @@ impl Inner {
             bump(&context.stats.bad_headers);
             return true; // Dropping the port closes it: the client reads its own request back.
         }
-        // The pass's copy of the registry may predate a handler registered just before this
-        // request was sent (the pass began first): an opcode it does not know is looked up
-        // again in the current registry. `register` published it before the client's flip,
-        // which `try_open`'s acquire fence ordered before this lock of the snapshot.
-        let current: Arc<Registry>;
-        let found = match find(registry, opcode) {
-            Ok(None) => {
-                current = context.registry.get();
-                find(&current, opcode)
-            }
-            found => found,
-        };
-        let entry = match found {
-            Ok(entry) => entry,
-            Err(error) => {
-                log::error!(
-                    "{name}: mailbox {} port {index}: finding the handler for {opcode}: {error}; \
-                     closed unanswered",
-                    mailbox.id.0
-                );
-                bump(&context.stats.panics);
-                return true;
-            }
-        };
-        let Some(entry) = entry else {
-            device_log!(
-                context.log_limit,
-                Warn,
-                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
-                mailbox.id.0
-            );
-            bump(&context.stats.unknown);
-            return true;
+        // One index into the pass's copy of the registry where no matcher may panic (every
+        // standard opcode, user handlers of one opcode each): no catch, nothing returned
+        // through a `Result`. The rest, out of line.
+        let slot = opcode.table_index();
+        let mut current = None;
+        let handler = match registry.indexed(slot) {
+            Some(handler) => handler,
+            None => match find_slowly(context, registry, &mut current, (mailbox, index), opcode) {
+                Some(entry) => &entry.handler,
+                None => return true,
+            },
         };
         log::debug!(
             "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
             mailbox.id.0,
             port.mask()
         );
-        // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
-        // looking drained: its last hand-over lets the kernel go on first.
-        mailbox.begin_request();
-        let (exchange, marks) = match &entry.handler {
+        let (exchange, marks) = match handler {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
-                // reply only needs the buffer we hold: this never suspends, so it needs no
+                // reply is that packet rewritten in place: this never suspends, so it needs no
                 // exchange, only the one catch of a panic. Nor does its port need the
                 // executor's wait, unless the pass defers its flips: then the flip and the
                 // unlock are stored at once (the plain resumable wait's), without asking this
@@ -452,17 +436,30 @@ impl Inner {
                 if !batching {
                     port.wait = &Resumable;
                 }
-                let result = catch(|| reply(&mut port));
-                let fate = finish(context, mailbox, index, opcode, result);
-                if fate != Fate::Close {
-                    // Its drop would close it: let go of it as `Request`'s drop does.
+                let rewritten = catch(|| {
+                    reply(&port);
+                    Ok(())
+                });
+                if let Err(error) = rewritten {
+                    // Counted, then drained (its drop would close it: let go of it as
+                    // `Request`'s drop does).
+                    let fate = count(context, mailbox, index, opcode, Err(error));
                     port.quarantine();
                     let marks = Marks::now(mailbox, context);
                     carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
+                    return true;
                 }
+                // Counted before its one hand-over, the reply: whoever has the reply (the
+                // client, `wait_drained` seeing the port no longer pending) finds it counted,
+                // so it needs none of a script's settling (`Attached`'s ordering note).
+                context.stats.served_at(slot, opcode);
+                // Dropping the port hands the rewritten packets back and unlocks it.
                 return true;
             }
             Handler::Script(script) => {
+                // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
+                // looking drained: its last hand-over lets the kernel go on first.
+                mailbox.begin_request();
                 // Read once the port is open, after `try_open`'s acquire fence: the kernel that
                 // sent the request took its ticket before its flip (release), so the marks
                 // include it; read before, a stale mark could make a live kernel look gone.
@@ -505,10 +502,54 @@ impl Inner {
     }
 }
 
-/// The handler of `opcode` in `registry`. A user's matcher may panic: then that request alone
-/// goes unanswered, as an unknown one (the error). A registry with no matcher (every standard
-/// opcode, and user handlers of one opcode each) compares opcodes only, which cannot panic:
-/// no catch, so a packet handler's request passes one (around its handler).
+/// The handler of `opcode` for port `index` of `mailbox` where one look at the pass's copy
+/// `registry` did not find it (`Inner::start`): a user's matcher is asked under a catch, and the
+/// copy may predate a handler registered just before this request was sent (the pass began
+/// first), so an opcode it does not know is looked up again in the current registry, kept in
+/// `current`. `register` published it before the client's flip, which `try_open`'s acquire
+/// fence ordered before this lock of the snapshot. None: no handler (an unknown opcode, or a
+/// matcher panicked), logged and counted; the request is closed unanswered.
+#[inline(never)]
+fn find_slowly<'r>(
+    context: &ServerContext,
+    registry: &'r Registry,
+    current: &'r mut Option<Arc<Registry>>,
+    (mailbox, index): (&Attached, u32),
+    opcode: Opcode,
+) -> Option<&'r Entry> {
+    let name = &context.config.name;
+    let found = match find(registry, opcode) {
+        Ok(None) => find(current.insert(context.registry.get()), opcode),
+        found => found,
+    };
+    match found {
+        Ok(Some(entry)) => Some(entry),
+        Ok(None) => {
+            device_log!(
+                context.log_limit,
+                Warn,
+                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.unknown);
+            None
+        }
+        Err(error) => {
+            log::error!(
+                "{name}: mailbox {} port {index}: finding the handler for {opcode}: {error}; \
+                 closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.panics);
+            None
+        }
+    }
+}
+
+/// The handler of `opcode` in `registry`, for [`find_slowly`]. A user's matcher may panic: then
+/// that request alone goes unanswered, as an unknown one (the error). A registry with no
+/// matcher (every standard opcode, and user handlers of one opcode each) compares opcodes
+/// only, which cannot panic: no catch.
 fn find(registry: &Registry, opcode: Opcode) -> Result<Option<&Entry>, ServerError> {
     if registry.asks_predicates() {
         catch(|| Ok(registry.find(opcode)))

@@ -1,9 +1,9 @@
-//! loom models of the resumable exchanges (see `dispatch.rs`): a port waiting for its client
-//! while another is served, an exchange abandoned once its kernel is gone (its port then
-//! serving a new kernel), a drained port (PROTOCOL section 11: a slow client's late packet
-//! racing the drain, a script refused midway) answering the rest of its client's script and
-//! never running a late packet as a request, and `detach` against a pass (it returns only once
-//! no pass holds the mailbox). The hand-off to the I/O threads is modelled on the pool alone in `loom_io_pool`
+//! loom models of the resumable exchanges (see `dispatch.rs`): a packet handler's request
+//! counted before its reply, a port waiting for its client while another is served, an
+//! exchange abandoned once its kernel is gone (its port then serving a new kernel), a drained
+//! port (PROTOCOL section 11: a slow client's late packet racing the drain, a script refused
+//! midway) answering the rest of its client's script and never running a late packet as a
+//! request, and `detach` against a pass (it returns only once no pass holds the mailbox). The hand-off to the I/O threads is modelled on the pool alone in `loom_io_pool`
 //! (a model with the passes too did not finish in loom within minutes);
 //! `workloads/tests/interleaving.rs` covers the two together with real threads.
 //!
@@ -12,6 +12,7 @@
 //! one of `dispatch`.
 
 use std::boxed::Box;
+use std::time::Duration;
 
 use crate::protocol::loom::{round_trip, spinning_client};
 use crate::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
@@ -100,6 +101,23 @@ fn first_of_two<'a>(client: &'a Client<'a>, opcode: Opcode, a: u64) -> ClientPor
     let mut port = client.try_open_at(0, opcode, 1).unwrap().unwrap();
     port.send(|_, p| p.set_word(0, a)).unwrap();
     port
+}
+
+/// A packet handler's request is counted before its reply goes: the client that has its
+/// answer finds it in the statistics, and the mailbox drained (`wait_drained` with no time
+/// left), at once. Counted after the hand-over (as a script's request still is), the client
+/// may read its answer before the count: loom finds that order.
+#[test]
+fn a_packet_request_is_counted_before_its_reply() {
+    model(|| {
+        let f = fixture(1);
+        let passes = Passes::start(&f);
+        let client = f.client(&f.locks);
+        assert_eq!(increment(&client, 0, 41), 42);
+        assert_eq!(f.server.stats().served_of(Opcode::TEST_INCREMENT), 1);
+        assert!(f.server.wait_drained(f.id, Duration::ZERO));
+        passes.stop();
+    });
 }
 
 #[test]

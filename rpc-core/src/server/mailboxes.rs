@@ -156,12 +156,14 @@ impl Slots {
 /// Memory ordering of `unsettled` (the other atomics say theirs where they are used): only the
 /// worker writes it, with a plain load and store (no read-modify-write: one worker at a time,
 /// and a locked instruction right after a hand-over would wait for that flip's store, see
-/// `protocol::deferred`). It adds one (Relaxed) as a request begins, before anything of it is
-/// handed to the client, and takes it away (Release) once the request is counted in the
-/// statistics.
+/// `protocol::deferred`). It adds one (Relaxed) as a script's request begins, before anything
+/// of it is handed to the client, and takes it away (Release) once the request is counted in
+/// the statistics. A packet handler's request leaves it alone: it is counted before its one
+/// hand-over, the reply, whose Release publishes the count with it.
 /// `RpcServer::wait_drained` reads it (Acquire) after an Acquire fence that follows its look at
-/// the flags: seeing a hand-over (the protocol publishes each with Release) it sees the one
-/// added before it, and seeing the value the Release took it back to, it sees the count.
+/// the flags: seeing a hand-over (the protocol publishes each with Release) it sees what was
+/// written before it, a packet request's count or a script's one added, and seeing the value
+/// the Release took it back to, it sees the script's count.
 pub(crate) struct Attached {
     pub(crate) id: MailboxId,
     pub(crate) layout: Layout,
@@ -188,8 +190,9 @@ pub(crate) struct Attached {
     /// else 0 (written by the worker only), so that a pass finding the port pending polls that
     /// exchange rather than opening the port again.
     pub(crate) in_flight: Box<[AtomicU32]>,
-    /// Requests begun and not yet counted in the statistics (see the ordering note above):
-    /// a request's last hand-over lets its kernel go on, so `wait_drained` waits for this too.
+    /// Script requests begun and not yet counted in the statistics (see the ordering note
+    /// above): a script's last hand-over lets its kernel go on, so `wait_drained` waits for
+    /// this too.
     unsettled: AtomicUsize,
 }
 
@@ -228,7 +231,7 @@ impl Attached {
         self.doorbell.as_deref()
     }
 
-    /// A request of this mailbox begins (before any of its hand-overs). Worker only.
+    /// A script's request of this mailbox begins (before any of its hand-overs). Worker only.
     pub(crate) fn begin_request(&self) {
         // n -> n + 1, the worker the only writer. Relaxed: ordered before the request's
         // hand-overs by their Release.
@@ -236,14 +239,14 @@ impl Attached {
         self.unsettled.store(n + 1, Ordering::Relaxed);
     }
 
-    /// Whether every request of this mailbox begun is counted in the statistics.
+    /// Whether every script's request of this mailbox begun is counted in the statistics.
     pub(crate) fn settled(&self) -> bool {
         // Acquire: pairs with `settle_request`'s Release, so the counts before it are seen.
         self.unsettled.load(Ordering::Acquire) == 0
     }
 
-    /// A request of this mailbox has been counted in the statistics (completed, failed or
-    /// abandoned). Worker only.
+    /// A script's request of this mailbox has been counted in the statistics (completed,
+    /// failed or abandoned). Worker only.
     pub(crate) fn settle_request(&self) {
         // n -> n - 1, the worker the only writer. Release: the statistics' counts before it
         // are seen by whoever reads the new value with Acquire (`wait_drained`).

@@ -253,9 +253,9 @@ impl RpcServer {
     pub fn context(&self) -> &ServerContext {
         &self.inner.context
     }
-    /// A snapshot of the statistics. A request is counted after its last hand-over (the reply)
-    /// lets its client go on, so a snapshot taken right after a reply came back may miss it:
-    /// read the counts of a mailbox's requests once [`RpcServer::wait_drained`] returned true
+    /// A snapshot of the statistics. A packet handler's request is counted before its reply,
+    /// but a script's after its last hand-over (the reply) lets its client go on, so a
+    /// snapshot taken right after a script's reply came back may miss it: read the counts of a mailbox's requests once [`RpcServer::wait_drained`] returned true
     /// for it (what `PluginRuntime::synchronize` waits on), or after `shutdown`.
     pub fn stats(&self) -> StatsSnapshot {
         self.inner.context.stats.snapshot()
@@ -526,9 +526,10 @@ impl RpcServer {
     /// server began on it is counted in the statistics, or `timeout` passes; true if it
     /// drained. A launcher calls it after a kernel completed, so that requests the kernel sent
     /// last without waiting for an answer (FREE, EXIT's status) are served, and the counts
-    /// read next include every request of the kernel: a request's last hand-over lets the
+    /// read next include every request of the kernel: a script's last hand-over lets the
     /// kernel go on before the server has counted it (the count follows the hand-over, in
-    /// the same poll or, for a script that goes on after its reply, a later one).
+    /// the same poll or, for a script that goes on after its reply, a later one). A packet
+    /// handler's request is counted before its reply.
     pub fn wait_drained(&self, id: MailboxId, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut attempt = 0;
@@ -542,8 +543,8 @@ impl RpcServer {
         true
     }
 
-    /// Whether mailbox `id` (if attached) has no pending port and no request begun and not
-    /// yet counted.
+    /// Whether mailbox `id` (if attached) has no pending port and no script's request begun
+    /// and not yet counted.
     fn drained(&self, id: MailboxId) -> bool {
         let mailboxes = self.inner.context.mailboxes.get();
         let Some(attached) = mailboxes.iter().find(|m| m.id == id) else {
@@ -554,7 +555,8 @@ impl RpcServer {
             return false;
         }
         // Acquire: pairs with the Release of the hand-overs whose flags were just read, so
-        // the requests they belong to are seen begun (see `Attached`'s ordering note).
+        // the requests they belong to are seen counted (a packet handler's) or begun (a
+        // script's: see `Attached`'s ordering note).
         crate::sync::fence(Ordering::Acquire);
         attached.settled()
     }

@@ -23,12 +23,12 @@ use crate::server::exec::Exchange;
 // Re-exported: the services name the request by this path too.
 pub(crate) use crate::server::request::Request;
 
-/// A packet handler as the server runs it: the whole one-packet script over the open port (it
-/// never waits: the client's packet is there when the port opens). Built by [`Handler::packet`]
-/// from a per-lane closure, which is called directly (one dynamic call per request, not per
-/// lane).
-pub(crate) type PacketFn =
-    dyn Fn(&mut ServerPort<'_>) -> Result<Outcome, ServerError> + Send + Sync;
+/// A packet handler as the server runs it: rewrites every active lane's packet of the open
+/// port in place (it never waits: the client's packet is there when the port opens), and the
+/// server sends them back once it has counted the request (`dispatch`'s `Inner::start`).
+/// Built by [`Handler::packet`] from a per-lane closure, which is called directly (one dynamic
+/// call per request, not per lane).
+pub(crate) type PacketFn = dyn Fn(&ServerPort<'_>) + Send + Sync;
 
 /// A script handler: starts the exchange of one request.
 pub(crate) type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
@@ -59,9 +59,8 @@ impl Handler {
 
     /// A packet handler from a closure that rewrites each active lane's packet in place.
     pub(crate) fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
-        Handler::Packet(std::sync::Arc::new(move |port: &mut ServerPort<'_>| {
-            port.recv_and_send(&reply)?;
-            Ok(Outcome::Served)
+        Handler::Packet(std::sync::Arc::new(move |port: &ServerPort<'_>| {
+            port.rewrite(&reply)
         }))
     }
 }
@@ -95,10 +94,11 @@ pub(crate) struct Entry {
 pub(crate) struct Registry {
     user: Vec<Entry>,
     standard: Vec<Entry>,
-    /// For each opcode of the table (by [`Opcode::table_index`]), the first user entry
-    /// registered for exactly that opcode, and the first standard one: while no entry matches
-    /// by predicate, the lookup of an opcode of the table is one index.
-    user_by_table: Vec<Option<usize>>,
+    /// For each opcode of the table (by [`Opcode::table_index`]), the handler
+    /// [`Registry::find`] finds for it, made again at each push: while no entry matches by
+    /// predicate, a request's lookup is one index ([`Registry::indexed`]).
+    by_table: Vec<Option<Handler>>,
+    /// For each opcode of the table, the first standard entry registered for exactly it.
     standard_by_table: Vec<Option<usize>>,
     /// Whether any user entry matches by predicate (then the user entries must be searched).
     user_predicates: bool,
@@ -123,8 +123,9 @@ fn index(by_table: &mut Vec<Option<usize>>, matcher: &Matcher, at: usize) -> boo
 
 impl Registry {
     pub(crate) fn push_user(&mut self, entry: Entry) {
-        self.user_predicates |= index(&mut self.user_by_table, &entry.matcher, self.user.len());
+        self.user_predicates |= matches!(entry.matcher, Matcher::Predicate(_));
         self.user.push(entry);
+        self.index_table();
     }
     /// Pushes a user entry that owns its one opcode alone, unless a user entry accepts it
     /// already (or it is one of the standard classes'). Returns the name of who holds it.
@@ -142,29 +143,41 @@ impl Registry {
         let at = self.standard.len();
         self.standard_predicates |= index(&mut self.standard_by_table, &entry.matcher, at);
         self.standard.push(entry);
+        self.index_table();
+    }
+    /// Makes `by_table` again (after a push).
+    fn index_table(&mut self) {
+        let handlers = Opcode::ALL
+            .iter()
+            .map(|&op| Some(self.find(op)?.handler.clone()));
+        self.by_table = handlers.collect();
     }
     /// Whether finding a handler may ask a predicate, which may panic (a user's matcher).
     /// Without one, [`Registry::find`] compares opcodes only.
     pub(crate) fn asks_predicates(&self) -> bool {
         self.user_predicates || self.standard_predicates
     }
-    /// The first handler accepting `opcode`: user handlers in registration order, then the
-    /// standard ones. Inlined into the one place that serves a request (`Inner::start`).
+    /// The handler of the table's opcode at `slot` (its [`Opcode::table_index`]) where one
+    /// index finds it: while no entry matches by predicate (whose answer only asking it
+    /// tells, and which may panic). None: [`Registry::find`] must look. Inlined into the one
+    /// place that serves a request (`Inner::start`).
     #[inline]
+    pub(crate) fn indexed(&self, slot: Option<usize>) -> Option<&Handler> {
+        if self.asks_predicates() {
+            return None;
+        }
+        self.by_table.get(slot?)?.as_ref()
+    }
+    /// The first handler accepting `opcode`: user handlers in registration order, then the
+    /// standard ones.
     pub(crate) fn find(&self, opcode: Opcode) -> Option<&Entry> {
-        let table_index = opcode.table_index();
-        let user = match table_index {
-            // No predicate among the user entries: the first for exactly this opcode.
-            Some(i) if !self.user_predicates => {
-                let at = self.user_by_table.get(i).copied().flatten();
-                at.map(|k| &self.user[k])
-            }
-            _ => self.user.iter().find(|e| e.matcher.accepts(opcode)),
-        };
+        let user = self.user.iter().find(|e| e.matcher.accepts(opcode));
         if user.is_some() {
             return user;
         }
-        let indexed = table_index.and_then(|i| *self.standard_by_table.get(i)?);
+        let indexed = opcode
+            .table_index()
+            .and_then(|i| *self.standard_by_table.get(i)?);
         if !self.standard_predicates {
             return indexed.map(|i| &self.standard[i]);
         }
@@ -226,6 +239,15 @@ mod tests {
             found(&registry, Opcode::TEST_INCREMENT).as_deref(),
             Some("mine")
         );
+        let is_mine = |handler: Option<&Handler>| match (handler, &registry.user[0].handler) {
+            (Some(Handler::Packet(a)), Handler::Packet(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        assert!(is_mine(
+            registry.indexed(Opcode::TEST_INCREMENT.table_index())
+        ));
+        assert!(registry.indexed(Opcode::NOOP.table_index()).is_none());
+        assert!(registry.indexed(Opcode::user(9).table_index()).is_none());
         assert_eq!(found(&registry, Opcode::user(9)).as_deref(), Some("user 9"));
         assert_eq!(found(&registry, Opcode::NOOP), None);
         registry.push_user(named(
@@ -237,6 +259,9 @@ mod tests {
             Some("mine")
         );
         assert!(registry.asks_predicates());
+        assert!(registry
+            .indexed(Opcode::TEST_INCREMENT.table_index())
+            .is_none());
         assert_eq!(found(&registry, Opcode::user(9)).as_deref(), Some("user 9"));
         assert_eq!(
             found(&registry, Opcode::user(10)).as_deref(),

@@ -8,7 +8,9 @@
 //! Memory ordering: every counter is `Relaxed`; they are independent tallies that order no
 //! other data, and a reader only needs each value to be one the counter really had. (One
 //! who needs a count complete, e.g. `live_workers` after a `shutdown`, gets it from what
-//! ordered the events before the read: the shutdown joined the worker.)
+//! ordered the events before the read: the shutdown joined the worker; a packet handler's
+//! request is counted before its reply's Release, so a client that has taken the reply sees it
+//! in `served`; a script's, through `RpcServer::wait_drained`.)
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -158,7 +160,14 @@ impl Stats {
     /// the map of opcodes outside the table left out of line.
     #[inline]
     pub(crate) fn served(&self, opcode: Opcode) {
-        match opcode.table_index() {
+        self.served_at(opcode.table_index(), opcode);
+    }
+
+    /// [`Stats::served`] with the opcode's [`Opcode::table_index`] as its caller found it
+    /// (`slot`): the request's path finds it once, for the registry and for this.
+    #[inline]
+    pub(crate) fn served_at(&self, slot: Option<usize>, opcode: Opcode) {
+        match slot {
             Some(i) => {
                 let counter = &self.known[i];
                 counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);

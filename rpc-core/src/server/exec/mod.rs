@@ -471,8 +471,9 @@ pub(crate) fn finish(
     fate
 }
 
-/// [`finish`]'s logging and counting.
-fn count(
+/// [`finish`]'s logging and counting, without the settling: for a request counted before its
+/// hand-overs (a packet handler's), which never began to settle.
+pub(crate) fn count(
     context: &ServerContext,
     mailbox: &Attached,
     index: u32,
