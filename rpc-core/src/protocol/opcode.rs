@@ -94,7 +94,8 @@ impl Opcode {
         Opcode((class as u32) << 24 | (n & 0x00FF_FFFF))
     }
     /// The opcode's position in [`Opcode::ALL`], in constant time (the server's hot path counts
-    /// and dispatches by it).
+    /// and dispatches by it; a `no_std` build has no server).
+    #[cfg(feature = "std")]
     pub(crate) const fn table_index(self) -> Option<usize> {
         match self.0 {
             0x6300_0000..=0x6300_001D => Some((self.0 & 0xFF) as usize),
