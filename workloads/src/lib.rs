@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use rpc_core::{MailboxId, RpcServer, StatsSnapshot};
 
-/// `server`'s statistics once every request it began on `mailbox` is counted. A request is
-/// counted after its last hand-over (the reply) lets the client go on, so a count read right
-/// after a reply may miss it (docs/reliability.md, bug 11): this waits with
+/// `server`'s statistics once every request it began on `mailbox` is counted. A script's
+/// request is counted after its last hand-over (the reply) lets the client go on, so a count
+/// read right after a reply may miss it (docs/reliability.md, bug 11): this waits with
 /// [`RpcServer::wait_drained`], as `PluginRuntime::synchronize` does, and panics if the mailbox
 /// has not drained within 60 s (a hang guard for a loaded machine, never a measure of speed).
 pub fn settled_stats(server: &RpcServer, mailbox: MailboxId) -> StatsSnapshot {

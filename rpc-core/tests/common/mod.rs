@@ -85,7 +85,7 @@ pub fn eventually(what: &str, condition: impl Fn() -> bool) {
 }
 
 /// The statistics once every request begun on a mailbox is counted (read counts through it
-/// after a reply: a request is counted after its reply lets the client go on).
+/// after a reply: a script's request is counted after its reply lets the client go on).
 pub use workloads::settled_stats;
 
 /// An empty folder of the test's own, `rpc-{name}-{pid}` under the temporary folder (what an
