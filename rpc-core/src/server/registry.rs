@@ -145,8 +145,14 @@ impl Registry {
         self.standard.push(entry);
         self.index_table();
     }
-    /// Makes `by_table` again (after a push).
+    /// Makes `by_table` again (after a push). Once an entry matches by predicate the table is
+    /// never read ([`Registry::indexed`]), and filling it would ask every predicate of every
+    /// opcode here, on the registering thread, outside the catch a matcher's panic needs.
     fn index_table(&mut self) {
+        if self.asks_predicates() {
+            self.by_table = Vec::new();
+            return;
+        }
         let handlers = Opcode::ALL
             .iter()
             .map(|&op| Some(self.find(op)?.handler.clone()));
@@ -273,5 +279,26 @@ mod tests {
         registry.push_standard(named("noop", Matcher::Opcode(Opcode::NOOP)));
         assert_eq!(found(&registry, Opcode::NOOP).as_deref(), Some("any"));
         assert_eq!(registry.names(), ["any", "noop"]);
+    }
+
+    /// Registering asks no matcher: a request's lookup asks it, under the catch of its panic
+    /// (the table of handlers by opcode, made at each push, is not made once one exists).
+    #[test]
+    fn registering_asks_no_matcher() {
+        let asked = Arc::new(crate::sync::AtomicUsize::new(0));
+        let count = Arc::clone(&asked);
+        let mut registry = Registry::default();
+        registry.push_user(named(
+            "counted",
+            Matcher::Predicate(Arc::new(move |_| {
+                count.fetch_add(1, crate::sync::Ordering::Relaxed);
+                false
+            })),
+        ));
+        registry.push_standard(named("noop", Matcher::Opcode(Opcode::NOOP)));
+        registry.push_user(named("mine", Matcher::Opcode(Opcode::TEST_INCREMENT)));
+        assert_eq!(asked.load(crate::sync::Ordering::Relaxed), 0);
+        assert!(registry.find(Opcode::NOOP).is_some());
+        assert_eq!(asked.load(crate::sync::Ordering::Relaxed), 1);
     }
 }
