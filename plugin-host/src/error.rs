@@ -38,6 +38,12 @@ pub enum HostError {
     /// One or more warps of a kernel panicked.
     #[error("kernel failed: {0}")]
     KernelFailed(String),
+    /// A warp's call in an image that does not use RPC (it has no mailbox).
+    #[error("this image does not use RPC")]
+    NoRpc,
+    /// A warp's call after its device was aborted (`deinit` with kernels still running).
+    #[error("the device was aborted")]
+    Aborted,
     /// A thread could not be spawned.
     #[error("could not spawn a warp thread: {0}")]
     Spawn(#[from] std::io::Error),

@@ -9,11 +9,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use rpc_core::plugin::VendorError;
 use rpc_core::protocol::lanes;
 use rpc_core::protocol::printf::{parse, place};
 use rpc_core::protocol::CallArg;
 use rpc_core::protocol::{Client, ClientPort, Dialect, Opcode};
-use rpc_core::{ProtocolError, Result, ServerError};
+use rpc_core::{Error, PluginError, ProtocolError, Result};
+
+use crate::error::HostError;
 
 /// Streams in the positions where the device passes a tagged `FILE*` (PROTOCOL section 6).
 pub use rpc_core::protocol::{STDERR, STDIN, STDOUT};
@@ -97,7 +100,7 @@ impl<'a> Warp<'a> {
     fn client(&self) -> Result<&Client<'a>> {
         self.client
             .as_ref()
-            .ok_or_else(|| ServerError::Refused("this image does not use RPC".into()).into())
+            .ok_or_else(|| warp_error(HostError::NoRpc))
     }
 
     /// The active lanes, bit `l` for lane `l`.
@@ -140,7 +143,7 @@ impl<'a> Warp<'a> {
             .aborted
             .is_some_and(|flag| flag.load(std::sync::atomic::Ordering::Relaxed))
         {
-            return Err(ServerError::Refused("the device was aborted".into()).into());
+            return Err(warp_error(HostError::Aborted));
         }
         Ok(self.client()?.open(opcode, self.mask)?)
     }
@@ -321,6 +324,16 @@ impl<'a> Warp<'a> {
         port.recv(|_, _| {})?;
         Ok(port.send(|_, p| p.set_word(0, status as u32 as u64))?)
     }
+}
+
+/// A warp's call that this plugin refuses, as the embedder's error: the host plugin's own
+/// error, not the server's (no request reached a server).
+fn warp_error(error: HostError) -> Error {
+    Error::Plugin(PluginError::Vendor {
+        plugin: "host",
+        what: "a warp's call",
+        source: (Box::new(error) as VendorError).into(),
+    })
 }
 
 fn nul_terminated(text: &str) -> Vec<u8> {

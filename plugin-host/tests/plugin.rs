@@ -117,12 +117,19 @@ fn runtimes_held_as_dyn_runtime_each_serve_their_own_kernels() {
     }
 }
 
+/// An image without RPC starts no server, and a warp's call there fails with the host
+/// plugin's own error (no server was asked, so it is not the server's).
 #[test]
 fn an_image_without_the_client_symbol_starts_no_server() {
     let (runtime, _) = runtime(HostConfig::default());
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&errors);
     let bytes = HostImage::new("plain")
         .without_rpc()
-        .kernel("k", |_| {})
+        .kernel("k", move |warp| {
+            let error = warp.call(Opcode::TEST_INCREMENT, |_| 1).unwrap_err();
+            seen.lock().unwrap().push(error);
+        })
         .into_bytes();
     let image = runtime.load_image(0, &bytes).unwrap();
     assert_eq!(runtime.mailbox(image), None);
@@ -132,6 +139,21 @@ fn an_image_without_the_client_symbol_starts_no_server() {
     runtime.synchronize(0).unwrap();
     assert_eq!(runtime.server().stats().workers_started, 0);
     assert!(!runtime.server().is_running());
+    let errors = errors.lock().unwrap();
+    assert_eq!(errors.len(), 2, "one call a warp");
+    for error in errors.iter() {
+        let Error::Plugin(PluginError::Vendor { plugin, source, .. }) = error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*plugin, "host");
+        assert!(
+            matches!(
+                source.get().downcast_ref::<plugin_host::HostError>(),
+                Some(plugin_host::HostError::NoRpc)
+            ),
+            "{error:?}"
+        );
+    }
 }
 
 #[test]
