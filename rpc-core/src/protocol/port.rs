@@ -1219,14 +1219,17 @@ mod crowding_tests {
 }
 
 #[cfg(all(test, feature = "std", not(loom)))]
-mod batch_tests {
+pub(crate) mod batch_tests {
     use super::*;
 
-    fn words(n: usize) -> Vec<AtomicU32> {
+    /// `n` zeroed words, standing in for a mailbox's flags or lock table (the executor's
+    /// tests of its batching use them too).
+    pub(crate) fn words(n: usize) -> Vec<AtomicU32> {
         (0..n).map(|_| AtomicU32::new(0)).collect()
     }
 
-    fn read(words: &[AtomicU32]) -> Vec<u32> {
+    /// The values of `words`, in order.
+    pub(crate) fn read(words: &[AtomicU32]) -> Vec<u32> {
         words.iter().map(|w| w.load(Ordering::Relaxed)).collect()
     }
 

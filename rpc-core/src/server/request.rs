@@ -13,7 +13,7 @@ use std::vec::Vec;
 use crate::protocol::layout::Layout;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::Packet;
-use crate::protocol::ServerPort;
+use crate::protocol::{ProtocolError, ServerPort};
 use crate::server::error::ServerError;
 use crate::server::exec;
 use crate::server::exec::Received;
@@ -150,26 +150,35 @@ impl Request {
         );
     }
 
+    /// A packet operation's result as the request's, traced (`what` it did) if it succeeded.
+    #[inline]
+    fn traced(
+        &self,
+        done: Result<(), ProtocolError>,
+        what: core::fmt::Arguments<'_>,
+    ) -> Result<(), ServerError> {
+        done?;
+        self.trace(what);
+        Ok(())
+    }
+
     /// Waits for the buffer, lets `fill` write each active lane's packet, hands it over.
     pub async fn send(&mut self, fill: impl FnMut(u32, Packet<'_>)) -> Result<(), ServerError> {
-        self.port.send_async(fill).await?;
-        self.trace(format_args!("sent a packet"));
-        Ok(())
+        let done = self.port.send_async(fill).await;
+        self.traced(done, format_args!("sent a packet"))
     }
     /// Waits for the client's packet and lets `use_` read each active lane's.
     pub async fn recv(&mut self, use_: impl FnMut(u32, Packet<'_>)) -> Result<(), ServerError> {
-        self.port.recv_async(use_).await?;
-        self.trace(format_args!("received a packet"));
-        Ok(())
+        let done = self.port.recv_async(use_).await;
+        self.traced(done, format_args!("received a packet"))
     }
     /// Receives, lets `work` rewrite each lane's packet in place, and sends it back.
     pub async fn recv_and_send(
         &mut self,
         work: impl FnMut(u32, Packet<'_>),
     ) -> Result<(), ServerError> {
-        self.port.recv_and_send_async(work).await?;
-        self.trace(format_args!("received a packet and sent it back"));
-        Ok(())
+        let done = self.port.recv_and_send_async(work).await;
+        self.traced(done, format_args!("received a packet and sent it back"))
     }
     /// `send(fill)` then `recv(use_)`.
     pub async fn send_and_recv(
@@ -177,9 +186,8 @@ impl Request {
         fill: impl FnMut(u32, Packet<'_>),
         use_: impl FnMut(u32, Packet<'_>),
     ) -> Result<(), ServerError> {
-        self.port.send_and_recv_async(fill, use_).await?;
-        self.trace(format_args!("sent a packet, received the reply"));
-        Ok(())
+        let done = self.port.send_and_recv_async(fill, use_).await;
+        self.traced(done, format_args!("sent a packet, received the reply"))
     }
     /// Sends a byte string per lane (PROTOCOL section 5).
     pub async fn send_n(&mut self, data: &[&[u8]]) -> Result<(), ServerError> {

@@ -332,6 +332,7 @@ impl Wait for ExchangeWait {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::protocol::port::batch_tests::{read, words};
     use crate::sync::Ordering;
 
     /// An exchange's wait spins only as its poll's context allows: not at all without a
@@ -387,14 +388,6 @@ mod tests {
         drop(polling);
         assert!(!alone(), "the guard restores the context");
         assert_eq!(CONTEXT.with(|c| c.spin_waits.get()), 0);
-    }
-
-    fn words(n: usize) -> Vec<AtomicU32> {
-        (0..n).map(|_| AtomicU32::new(0)).collect()
-    }
-
-    fn read(words: &[AtomicU32]) -> Vec<u32> {
-        words.iter().map(|w| w.load(Ordering::Relaxed)).collect()
     }
 
     /// Outside a `Batching` guard an exchange's flips and unlocks are stored at once; inside,
