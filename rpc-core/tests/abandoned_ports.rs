@@ -16,8 +16,8 @@ use common::capture::Capture;
 use common::{register_holding, Mailbox};
 use rpc_core::protocol::{Client, ClientPort, Deadline, LockTable, FIRST_PACKET_BYTES};
 use rpc_core::{Limits, Opcode, RpcServer, ServerConfig, ShutdownPolicy, Started, Stopped};
-use workloads::claims::{claim, finish_claim, finish_stream, increment_at, open, start_stream};
-use workloads::claims::{streaming, write_stdout_at};
+use workloads::claims::{claim, finish_claim, finish_string, increment_at, open, start_string};
+use workloads::claims::{string_first, write_stdout_at};
 
 /// Bytes a lane may send (the claims below are far above it).
 const BOUND: u64 = 4096;
@@ -93,8 +93,8 @@ fn an_over_long_claim_on_each_send_n_opcode_leaves_its_port_serving() {
     let fx = Fx::new("claims", 2, None);
     let _user = fx.server.user();
     let client = fx.client();
-    let streaming = streaming();
-    for (k, &opcode) in streaming.iter().enumerate() {
+    let string_first = string_first();
+    for (k, &opcode) in string_first.iter().enumerate() {
         let port = claim(&client, 0, opcode);
         assert_eq!(finish_claim(port), opcode.failure_word(), "{opcode}");
         fx.eventually("counted the error", |s| s.errors == k as u64 + 1);
@@ -103,10 +103,10 @@ fn an_over_long_claim_on_each_send_n_opcode_leaves_its_port_serving() {
     assert!(fx.output.bytes().is_empty(), "{:?}", fx.output.bytes());
     // The last TEST_INCREMENT is counted after its reply came back.
     let stats = common::settled_stats(&fx.server, fx.mailbox.id);
-    assert_eq!(stats.total_served(), streaming.len() as u64, "{stats}");
+    assert_eq!(stats.total_served(), string_first.len() as u64, "{stats}");
     assert_eq!(
         stats.served_of(Opcode::TEST_INCREMENT),
-        streaming.len() as u64
+        string_first.len() as u64
     );
 }
 
@@ -117,12 +117,12 @@ fn eight_over_long_claims_on_eight_ports_then_all_eight_serve() {
     let fx = Fx::new("eight-claims", 8, None);
     let _user = fx.server.user();
     let client = fx.client();
-    let streaming = streaming();
+    let string_first = string_first();
     let ports: Vec<ClientPort<'_>> = (0..8)
-        .map(|index| claim(&client, index, streaming[index as usize]))
+        .map(|index| claim(&client, index, string_first[index as usize]))
         .collect();
     for (index, port) in ports.into_iter().enumerate() {
-        assert_eq!(finish_claim(port), streaming[index].failure_word());
+        assert_eq!(finish_claim(port), string_first[index].failure_word());
     }
     for index in 0..8 {
         assert_eq!(
@@ -150,10 +150,10 @@ fn a_slow_clients_late_packets_are_answered_never_run_and_its_port_serves_again(
         .into_iter()
         .enumerate()
     {
-        let port = start_stream(&client, 0, opcode, &data);
+        let port = start_string(&client, 0, opcode, &data);
         fx.eventually("gave the silent client up", |s| s.abandoned == k as u64 + 1);
         assert_eq!(
-            finish_stream(port, &data),
+            finish_string(port, &data),
             0,
             "{opcode}: 0 bytes written, or an empty echo"
         );

@@ -1,9 +1,9 @@
 //! An adversarial client: a "device" that writes the mailbox's raw words directly, at the
 //! layout's offsets, with no regard for the protocol. It models a buggy or hostile GPU kernel:
-//! random opcodes, lane masks with bits at or above `L`, garbage headers and packets, stream
+//! random opcodes, lane masks with bits at or above `L`, garbage headers and packets, byte-string
 //! lengths up to 2^64-1, garbage in both mailbox words (its own and the server's), sends where
 //! the script expects a receive, and scripts abandoned at any step. It can also follow the
-//! protocol honestly ([`Step::Open`] to [`Step::Strings`]: multi-packet streams, printf's
+//! protocol honestly ([`Step::Open`] to [`Step::Strings`]: multi-packet byte strings, printf's
 //! string requests) while sending hostile contents, keep what the server hands it (handles,
 //! addresses: [`Loot`]) and use it, forged or on another mailbox, and be slow between packets.
 //!
@@ -39,7 +39,7 @@ use rpc_core::MailboxId;
 pub enum Step {
     /// Writes the port's header: any mask (bits above `L`, 0) and any opcode.
     Header { mask: u64, opcode: u32 },
-    /// Writes word `word % 8` of lane `lane % L`'s packet (e.g. a stream length of 2^64-1).
+    /// Writes word `word % 8` of lane `lane % L`'s packet (e.g. a byte string's length of 2^64-1).
     Word { lane: u32, word: u8, value: u64 },
     /// Writes every word of every lane's packet with values derived from `seed`.
     Fill { seed: u64 },
@@ -67,7 +67,7 @@ pub enum Step {
     },
     /// An honest `send_n` of `bytes` in every lane, claiming `claim` bytes (the true length if
     /// `None`), giving up after `cut` packets if set.
-    PutStream {
+    PutString {
         bytes: Vec<u8>,
         claim: Option<u64>,
         cut: Option<u16>,
@@ -77,7 +77,7 @@ pub enum Step {
     /// handle from OPEN_FILE, an address from MALLOC).
     Get { keep: Option<Kind>, ms: u8 },
     /// An honest `recv_n` (the server's reply to a read), giving up after `packets` packets.
-    GetStream { packets: u16, ms: u8 },
+    GetString { packets: u16, ms: u8 },
     /// printf's string requests, up to `lens.len()` of them: receive; while the reply asks for
     /// a string (`buf[0] = 0`, a pointer in `buf[1]` of an active lane), answer it with a
     /// `send_n` of `lens[k]` bytes (NUL-terminated when `nul`); any other reply ends the step.
@@ -371,7 +371,7 @@ impl<'a> RawMailbox<'a> {
     }
 
     /// The client's `send_n` of `bytes` in every lane, claiming `claim` bytes.
-    fn put_stream(
+    fn put_string(
         &self,
         port: u32,
         talk: &mut Talk,
@@ -402,7 +402,7 @@ impl<'a> RawMailbox<'a> {
 
     /// The client's `recv_n`: the first packet's lengths, then as many packets as the longest
     /// needs, at most `packets` in all.
-    fn get_stream(&self, port: u32, talk: &mut Talk, packets: u16, ms: u8) -> Result<(), GaveUp> {
+    fn get_string(&self, port: u32, talk: &mut Talk, packets: u16, ms: u8) -> Result<(), GaveUp> {
         let first = self.get(port, talk, ms)?;
         let longest = first.iter().map(|[len, _]| *len).max().unwrap_or(0);
         let mut offset = FIRST_PACKET_BYTES as u64;
@@ -437,14 +437,14 @@ impl<'a> RawMailbox<'a> {
                 string.push(0);
             }
             let claim = string.len() as u64;
-            self.put_stream(port, talk, (&string, claim, None, ms))?;
+            self.put_string(port, talk, (&string, claim, None, ms))?;
         }
         Ok(())
     }
 
     /// Runs `steps` on the seat's port and returns how many were taken (a script stops at
     /// `Abandon` and where an honest step's wait runs out). Bounded: each step writes a few
-    /// words or waits at most 255 ms per packet, and a stream has at most 2^16 packets.
+    /// words or waits at most 255 ms per packet, and a byte string has at most 2^16 packets.
     pub fn run(&self, seat: Seat<'_>, steps: &[Step]) -> usize {
         let port = seat.port;
         let lanes = self.layout.lanes();
@@ -544,21 +544,21 @@ impl<'a> RawMailbox<'a> {
                         }
                     })
                 }
-                Step::PutStream {
+                Step::PutString {
                     bytes,
                     claim,
                     cut,
                     ms,
                 } => {
                     let claim = claim.unwrap_or(bytes.len() as u64);
-                    self.put_stream(port, &mut talk, (bytes, claim, *cut, *ms))
+                    self.put_string(port, &mut talk, (bytes, claim, *cut, *ms))
                 }
                 Step::Get { keep, ms } => self.get(port, &mut talk, *ms).map(|reply| {
                     if let (Some(kind), Some([value, _])) = (keep, reply.first()) {
                         seat.loot.keep(seat.mailbox, *kind, *value);
                     }
                 }),
-                Step::GetStream { packets, ms } => self.get_stream(port, &mut talk, *packets, *ms),
+                Step::GetString { packets, ms } => self.get_string(port, &mut talk, *packets, *ms),
                 Step::Strings { lens, nul, ms } => self.strings(port, &mut talk, (lens, *nul, *ms)),
                 Step::Pause { yields, park_us } => {
                     for _ in 0..*yields {

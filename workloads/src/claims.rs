@@ -1,4 +1,4 @@
-//! A client that makes stream claims no server may take at its word, and the one-port
+//! A client that makes byte-string claims no server may take at its word, and the one-port
 //! requests that show a port still serves after: the client side of the abandoned-port tests
 //! (PROTOCOL section 11), in process (`rpc-core/tests/abandoned_ports.rs`) and across
 //! processes (`tools/rpc-serve/tests/cross_process_ports.rs`).
@@ -10,8 +10,8 @@ use rpc_core::Opcode;
 pub const CLAIM: u64 = 1 << 62;
 
 /// Every opcode whose script begins (after a stream handle, for the `_STREAM` ones) with a
-/// stream from the client.
-pub fn streaming() -> Vec<Opcode> {
+/// byte string from the client (`send_n`).
+pub fn string_first() -> Vec<Opcode> {
     let mut all = vec![
         Opcode::WRITE_TO_STDOUT,
         Opcode::WRITE_TO_STDERR,
@@ -65,10 +65,10 @@ pub fn write_stdout_at(client: &Client<'_>, index: u32, text: &[u8]) -> u64 {
     written
 }
 
-/// Opens `opcode` (a stream first, with no handle before it) on port `index` and sends the
-/// first packet of a stream of `data`: its length and first bytes. The server waits for the
+/// Opens `opcode` (a byte string first, with no handle before it) on port `index` and sends
+/// the first packet of the byte string `data`: its length and first bytes. The server waits for the
 /// rest.
-pub fn start_stream<'a>(
+pub fn start_string<'a>(
     client: &Client<'a>,
     index: u32,
     opcode: Opcode,
@@ -83,8 +83,8 @@ pub fn start_stream<'a>(
     port
 }
 
-/// The rest of [`start_stream`]'s stream, after its first packet, then the reply: its word 0.
-pub fn finish_stream(mut port: ClientPort<'_>, data: &[u8]) -> u64 {
+/// The rest of [`start_string`]'s byte string, after its first packet, then the reply: its word 0.
+pub fn finish_string(mut port: ClientPort<'_>, data: &[u8]) -> u64 {
     for chunk in data[FIRST_PACKET_BYTES..].chunks(64) {
         port.send(|_, p| p.write_bytes(0, chunk)).unwrap();
     }
@@ -93,8 +93,8 @@ pub fn finish_stream(mut port: ClientPort<'_>, data: &[u8]) -> u64 {
     reply.unwrap()
 }
 
-/// Opens `opcode` on port `index` and sends what its script sends first, ending with a stream
-/// whose first packet claims [`CLAIM`] bytes: the server refuses the claim there.
+/// Opens `opcode` on port `index` and sends what its script sends first, ending with a byte
+/// string whose first packet claims [`CLAIM`] bytes: the server refuses the claim there.
 pub fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<'a> {
     let mut port = open(client, index, opcode);
     let streams = [
@@ -103,7 +103,7 @@ pub fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<
         Opcode::PRINTF_TO_STREAM_PACKED,
     ];
     if streams.contains(&opcode) {
-        // The stream handle (stdout, tagged), then the stream.
+        // The stream handle (stdout, tagged), then the byte string.
         port.send(|_, p| p.set_word(0, 2)).unwrap();
     }
     port.send(|_, p| {
@@ -115,7 +115,7 @@ pub fn claim<'a>(client: &Client<'a>, index: u32, opcode: Opcode) -> ClientPort<
 }
 
 /// The client goes on with its script as if the claim had been taken: one more packet of its
-/// stream, then it reads the reply. Returns the reply's word 0.
+/// byte string, then it reads the reply. Returns the reply's word 0.
 pub fn finish_claim(mut port: ClientPort<'_>) -> u64 {
     port.send(|_, p| p.write_bytes(0, &[b'y'; 64])).unwrap();
     let mut reply = None;

@@ -768,7 +768,7 @@ fn put(words: Vec<(u8, Value)>, ms: u8) -> Step {
 
 /// A `send_n` of `bytes`, usually honest about its length and complete.
 fn stream(bytes: Vec<u8>, lie: Option<u64>, cut: Option<u16>, ms: u8) -> Step {
-    Step::PutStream {
+    Step::PutString {
         bytes,
         claim: lie,
         cut,
@@ -854,7 +854,7 @@ fn counts() -> impl Strategy<Value = u64> {
 fn read_request(want: u64, h: Value, ms: u8) -> Vec<Step> {
     vec![
         put(vec![(0, Value::Plain(want)), (1, h)], ms),
-        Step::GetStream { packets: 100, ms },
+        Step::GetString { packets: 100, ms },
     ]
 }
 

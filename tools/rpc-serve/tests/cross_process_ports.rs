@@ -18,8 +18,8 @@ use std::process::{Command, Stdio};
 use common::{log_lines, read_ready, scratch, sigterm, wait_exit, wait_for_line, Killing, BOUND};
 use rpc_core::protocol::{Client, ClientPort, Deadline, Generation, Layout, LockTable};
 use rpc_core::Opcode;
-use workloads::claims::{claim, finish_claim, finish_stream, increment_at, start_stream};
-use workloads::claims::{streaming, write_stdout_at};
+use workloads::claims::{claim, finish_claim, finish_string, increment_at, start_string};
+use workloads::claims::{string_first, write_stdout_at};
 
 const PORTS: u32 = 8;
 fn layout() -> Layout {
@@ -77,7 +77,7 @@ impl Serve {
 }
 
 #[test]
-fn over_long_claims_on_every_streaming_opcode_and_on_eight_ports_lose_no_port() {
+fn over_long_claims_on_every_send_n_opcode_and_on_eight_ports_lose_no_port() {
     let dir = scratch("ports-claims");
     let serve = serve(&dir, &[]);
     let locks = LockTable::new(PORTS);
@@ -85,24 +85,24 @@ fn over_long_claims_on_every_streaming_opcode_and_on_eight_ports_lose_no_port() 
     let client = Client::new(common::view(&serve.map, layout()), locks.words())
         .unwrap()
         .with_wait(&wait);
-    let streaming = streaming();
-    for (k, &opcode) in streaming.iter().enumerate() {
+    let string_first = string_first();
+    for (k, &opcode) in string_first.iter().enumerate() {
         let port = claim(&client, 0, opcode);
         assert_eq!(finish_claim(port), opcode.failure_word(), "{opcode}");
         assert_eq!(increment_at(&client, 0, k as u64), k as u64 + 1, "{opcode}");
     }
     let ports: Vec<ClientPort<'_>> = (0..PORTS)
-        .map(|index| claim(&client, index, streaming[index as usize]))
+        .map(|index| claim(&client, index, string_first[index as usize]))
         .collect();
     for (index, port) in ports.into_iter().enumerate() {
-        assert_eq!(finish_claim(port), streaming[index].failure_word());
+        assert_eq!(finish_claim(port), string_first[index].failure_word());
     }
     for index in 0..PORTS {
         assert_eq!(increment_at(&client, index, 100), 101, "port {index}");
     }
     let stats = serve.stop();
-    let claims = streaming.len() + PORTS as usize;
-    let increments = streaming.len() + PORTS as usize;
+    let claims = string_first.len() + PORTS as usize;
+    let increments = string_first.len() + PORTS as usize;
     assert!(stats.contains(&format!("served={increments} ")), "{stats}");
     assert!(stats.contains(&format!("errors={claims} ")), "{stats}");
     assert!(stats.contains("panics=0 "), "{stats}");
@@ -128,12 +128,12 @@ fn a_slow_clients_late_packets_are_never_run_and_its_port_serves_again() {
         .with_wait(&wait);
     let data: Vec<u8> = (0..200u32).map(|i| b'a' + (i % 26) as u8).collect();
     for opcode in [Opcode::WRITE_TO_STDOUT, Opcode::TEST_STREAM] {
-        let port = start_stream(&client, 0, opcode, &data);
+        let port = start_string(&client, 0, opcode, &data);
         // The rest only once rpc-serve has given the exchange up.
         let line = wait_for_line(&serve.log, "the client timed out", BOUND);
         assert!(line.contains("port 0"), "{line}");
         assert_eq!(
-            finish_stream(port, &data),
+            finish_string(port, &data),
             0,
             "{opcode}: 0 bytes written, or an empty echo"
         );
