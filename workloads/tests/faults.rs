@@ -160,7 +160,7 @@ impl Killer {
 }
 
 /// `send_n`, packet by packet, ticking before each packet.
-fn send_stream(port: &mut ClientPort<'_>, data: &[Vec<u8>], k: &Killer) -> rpc_core::Result<()> {
+fn send_strings(port: &mut ClientPort<'_>, data: &[Vec<u8>], k: &Killer) -> rpc_core::Result<()> {
     let lane = |l: u32| data.get(l as usize).map_or(&[][..], Vec::as_slice);
     k.tick();
     port.send(|l, p| {
@@ -184,7 +184,7 @@ fn send_stream(port: &mut ClientPort<'_>, data: &[Vec<u8>], k: &Killer) -> rpc_c
 }
 
 /// `recv_n`, packet by packet, ticking before each packet.
-fn recv_stream(port: &mut ClientPort<'_>, k: &Killer) -> rpc_core::Result<Vec<Vec<u8>>> {
+fn recv_strings(port: &mut ClientPort<'_>, k: &Killer) -> rpc_core::Result<Vec<Vec<u8>>> {
     let mut out: Vec<Vec<u8>> = vec![Vec::new(); 64];
     let mut lengths = [0usize; 64];
     k.tick();
@@ -223,8 +223,8 @@ fn stream_data() -> Vec<Vec<u8>> {
 fn test_stream(client: &Client<'_>, k: &Killer) -> rpc_core::Result<()> {
     let mut port = client.open(Opcode::TEST_STREAM, MASK)?;
     let data = stream_data();
-    send_stream(&mut port, &data, k)?;
-    let back = recv_stream(&mut port, k)?;
+    send_strings(&mut port, &data, k)?;
+    let back = recv_strings(&mut port, k)?;
     for l in lanes(MASK) {
         assert_eq!(back[l as usize], data[l as usize], "lane {l}");
     }
@@ -281,7 +281,7 @@ fn printf(client: &Client<'_>, k: &Killer) -> rpc_core::Result<()> {
         .collect();
     let mut port = client.open(Opcode::PRINTF_TO_STDOUT, MASK)?;
     let formats: Vec<Vec<u8>> = calls.iter().map(|c| c.format.clone()).collect();
-    send_stream(&mut port, &formats, k)?;
+    send_strings(&mut port, &formats, k)?;
     let mut sizes = [0usize; 64];
     k.tick();
     port.recv(|l, p| sizes[l as usize] = p.word(0) as usize)?;
@@ -292,7 +292,7 @@ fn printf(client: &Client<'_>, k: &Killer) -> rpc_core::Result<()> {
             a
         })
         .collect();
-    send_stream(&mut port, &args, k)?;
+    send_strings(&mut port, &args, k)?;
     loop {
         let mut pointers = [0u64; 64];
         let mut results = [0u64; 64];
@@ -317,7 +317,7 @@ fn printf(client: &Client<'_>, k: &Killer) -> rpc_core::Result<()> {
                     .unwrap_or_default()
             })
             .collect();
-        send_stream(&mut port, &strings, k)?;
+        send_strings(&mut port, &strings, k)?;
     }
     k.tick();
     Ok(())
