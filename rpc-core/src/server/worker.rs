@@ -28,7 +28,8 @@ const UNIT_PORTS: usize = 256;
 const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
 #[cfg(loom)]
 const BACKOFF_PASSES: (u32, u32) = (0, 0);
-/// Idle passes right after a served one that poll again at once, without a spin hint.
+/// Idle passes right after a served one that poll again at once, without a spin hint; none
+/// while the worker takes turns with the thread its yields run ([`takes_turns`]).
 #[cfg(not(loom))]
 const HOT_PASSES: u32 = 32;
 #[cfg(loom)]
