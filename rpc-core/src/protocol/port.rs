@@ -187,13 +187,17 @@ impl Backoff {
 /// Whether the CPUs are crowded: more threads want to run than there are CPUs, and some of
 /// them never wait (busy loops beside us, as MPI ranks that busy-poll on a node). A yield then
 /// hands the CPU to one of them for the rest of its time slice (milliseconds), while a nap's
-/// wake-up runs us again within some 70 µs (the nap and the timer's slack). So a yield that
-/// took longer than [`CROWDED_YIELD`] marks the process's next [`CROWDED_WAITS`] waits
-/// crowded: in those, a client's [`Backoff`] naps at once instead of its 512 yields, the
-/// server thread suspends an exchange instead of yielding between its spins for the answer
-/// (`server::exec`'s context), and its back-off parks without its yield passes
-/// (`server::worker`). The next yield after them probes again. Process-wide, not per
-/// thread: the crowd is the machine's, and one thread's yield tells every thread of ours.
+/// wake-up runs us again within some 70 µs (the nap and the timer's slack). So two yields in
+/// a row that each took longer than [`CROWDED_YIELD`] mark the process's next
+/// [`CROWDED_WAITS`] waits crowded: in those, a client's [`Backoff`] naps at once instead of
+/// its 512 yields, the server thread suspends an exchange instead of yielding between its
+/// spins for the answer (`server::exec`'s context), and its back-off parks without its yield
+/// passes (`server::worker`). The next yield after them probes again (one long yield then
+/// marks them again, the last one noted being long). One long yield is not enough: a process
+/// that was stopped (SIGSTOP, a debugger, the bench between its rows) or whose vCPU the host
+/// ran elsewhere took long in its yield with no crowd, and the yields after it are short; a
+/// busy thread beside us makes the next one long too. Process-wide, not per thread: the
+/// crowd is the machine's, and one thread's yield tells every thread of ours.
 ///
 /// The threshold is what keeps this free where the CPUs are not crowded: a yield that runs
 /// another thread of ours (the worker, a sibling client, both waiting in turn) returns when
@@ -202,13 +206,16 @@ impl Backoff {
 /// than a nap really takes) and made a test whose own five threads share 2 CPUs 3-4x slower.
 ///
 /// # Memory ordering
-/// `waits_left` is a hint that orders nothing: `Relaxed`, and its count down a load and a
-/// store (a decrement lost to a race only makes the crowded stretch a wait longer). A stale
-/// value costs some naps or yields, never a request.
+/// `waits_left` and `long_before` are hints that order nothing: `Relaxed`, and `waits_left`'s
+/// count down a load and a store (a decrement lost to a race only makes the crowded stretch a
+/// wait longer; two threads' yields noted at once may mark a stretch a yield early or late).
+/// A stale value costs some naps or yields, never a request.
 #[cfg(all(feature = "std", not(loom)))]
 pub(crate) struct Crowding {
     /// Waits left that skip their yields.
     waits_left: AtomicU32,
+    /// Whether the last yield noted was longer than [`CROWDED_YIELD`].
+    long_before: crate::sync::AtomicBool,
 }
 
 /// A yield longer than this ran a thread that does not wait (see [`Crowding`]): over three
@@ -247,6 +254,7 @@ impl Crowding {
     const fn new() -> Crowding {
         Crowding {
             waits_left: AtomicU32::new(0),
+            long_before: crate::sync::AtomicBool::new(false),
         }
     }
 
@@ -269,10 +277,14 @@ impl Crowding {
         took
     }
 
-    /// Notes a yield that took `took`.
+    /// Notes a yield that took `took`: the second long one in a row marks the next waits
+    /// crowded. `long_before` is written only when it changes (no store a yield).
     fn note_yield(&self, took: std::time::Duration) {
-        if took > CROWDED_YIELD {
+        let long = took > CROWDED_YIELD;
+        if long && self.long_before.load(Ordering::Relaxed) {
             self.waits_left.store(CROWDED_WAITS, Ordering::Relaxed);
+        } else if long != self.long_before.load(Ordering::Relaxed) {
+            self.long_before.store(long, Ordering::Relaxed);
         }
     }
 }
@@ -1194,14 +1206,23 @@ mod crowding_tests {
     use super::*;
     use std::time::Duration;
 
-    /// A yield of a slice's length marks the next [`CROWDED_WAITS`] waits crowded, each counted
-    /// at its first look only; a yield of microseconds (another thread of ours that waits
-    /// again) marks nothing.
+    /// Two yields of a slice's length in a row mark the next [`CROWDED_WAITS`] waits crowded,
+    /// each counted at its first look only; a yield of microseconds (another thread of ours
+    /// that waits again) marks nothing, and neither does one long yield between short ones
+    /// (the process was stopped, not crowded).
     #[test]
-    fn a_long_yield_makes_the_next_waits_skip_their_yields() {
+    fn two_long_yields_in_a_row_make_the_next_waits_skip_their_yields() {
         let crowding = Crowding::new();
         crowding.note_yield(Duration::from_micros(40));
         assert!(!crowding.skips_yields(true), "a short yield: not crowded");
+        crowding.note_yield(Duration::from_millis(30));
+        assert!(!crowding.skips_yields(true), "one long yield: not crowded");
+        crowding.note_yield(Duration::from_micros(40));
+        crowding.note_yield(Duration::from_millis(3));
+        assert!(
+            !crowding.skips_yields(true),
+            "a short yield between: not crowded"
+        );
         crowding.note_yield(Duration::from_millis(3));
         for wait in 0..CROWDED_WAITS {
             assert!(
@@ -1215,6 +1236,9 @@ mod crowding_tests {
             "then every look yields again"
         );
         assert!(!crowding.skips_yields(true));
+        // The probe after them: one long yield marks them again.
+        crowding.note_yield(Duration::from_millis(3));
+        assert!(crowding.skips_yields(true), "still crowded");
     }
 }
 

@@ -28,7 +28,8 @@ const UNIT_PORTS: usize = 256;
 const BACKOFF_PASSES: (u32, u32) = (64, 64 + 256);
 #[cfg(loom)]
 const BACKOFF_PASSES: (u32, u32) = (0, 0);
-/// Idle passes right after a served one that poll again at once, without a spin hint.
+/// Idle passes right after a served one that poll again at once, without a spin hint; none
+/// while the worker takes turns with the thread its yields run ([`takes_turns`]).
 #[cfg(not(loom))]
 const HOT_PASSES: u32 = 32;
 #[cfg(loom)]
@@ -197,10 +198,11 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             idle = idle.saturating_add((cache.ports() / UNIT_PORTS).max(1) as u32);
         }
         #[allow(clippy::absurd_extreme_comparisons)] // HOT_PASSES is 0 under loom.
-        if idle < HOT_PASSES {
+        if idle < HOT_PASSES && !takes_turns(cache.yield_every, || CROWDING.skips_yields(false)) {
             // Right after serving, the next request of a client in a loop is a cross-core
             // transfer away: poll back to back (a PAUSE here would add half its length to the
-            // average detection delay of every round trip).
+            // average detection delay of every round trip). Not while the worker takes turns
+            // with another thread on its CPU: a client there sends nothing until we yield.
             continue;
         }
         // A silence is one wait of the crowded-CPU note (`protocol::port::Crowding`): where
@@ -212,11 +214,16 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
             crate::sync::spin_hint();
         } else if idle < yield_ && !crowded {
             // While yields run other threads, one may be a client waiting for this CPU (the
-            // loaded regime, `docs/performance.md`): the spin phase (some 1.3 µs over 64 ports)
-            // is left out, and a pass over many ports yields once it has scanned as many as
-            // the hot passes would have.
-            cache.yield_every = yield_to_others().then_some(HOT_PASSES as usize * UNIT_PORTS);
+            // loaded regime, `docs/performance.md`): the spin phase (32 more units, a spin hint
+            // each) is left out, and a pass over many ports yields within its scan (`yield_every`).
+            cache.yield_every =
+                yield_to_others().then(|| scan_before_yield(CROWDING.skips_yields(false)));
         } else {
+            if crowded {
+                // A crowd another thread's yield found since ours: yield within a pass as
+                // seldom as while crowded (`scan_before_yield`).
+                cache.yield_every = cache.yield_every.map(|_| scan_before_yield(true));
+            }
             let silence = silent_from.elapsed();
             if silence >= exec::KEEP_LARGE_FOR {
                 exec::release_large();
@@ -249,6 +256,31 @@ fn serve_while_used(inner: &Arc<Inner>, cache: &mut PassCache, park: Parks) {
                 return;
             }
         }
+    }
+}
+
+/// Whether the worker takes turns with another thread on its CPU: its last yield ran one
+/// (`PassCache::yield_every` is set) and the CPUs are not `crowded`
+/// (`protocol::port::Crowding`: no busy thread took time slices from our yields). That thread
+/// is most often a client sharing the CPU (the loaded regime, `docs/performance.md`), which can
+/// send its next request only once the worker yields: the hot passes after an answer would
+/// only delay it, so the worker yields as soon as a pass finds nothing. A client on another CPU
+/// meanwhile waits at most that thread's turn; the first yield that runs nobody ends the turns.
+/// (`crowded` is asked only then: a pass alone on its CPU reads no more than before.)
+fn takes_turns(yield_every: Option<usize>, crowded: impl FnOnce() -> bool) -> bool {
+    yield_every.is_some() && !crowded()
+}
+
+/// The ports a pass scans with no progress before it yields within its scan, while the
+/// worker's yields run other threads (`PassCache::yield_every`): one unit, so that a pass over
+/// many ports yields at the sweep's next checkpoint after its last progress (some 80 ns after
+/// an answer, not a scan of 32 units, some 1.2 µs, later); where the CPUs are `crowded`, the
+/// hot passes' 32 units, so that a pass hands a busy thread a time slice as seldom as before.
+fn scan_before_yield(crowded: bool) -> usize {
+    if crowded {
+        HOT_PASSES as usize * UNIT_PORTS
+    } else {
+        UNIT_PORTS
     }
 }
 
@@ -332,6 +364,22 @@ mod tests {
         // A park below FIRST_PARK is taken as asked, never raised above it.
         let tiny = kernel_parks(us(2));
         assert_eq!(tiny.after(Duration::from_secs(1)), us(2));
+    }
+
+    #[test]
+    fn taking_turns_leaves_out_the_hot_passes_and_yields_at_the_next_checkpoint() {
+        use crate::protocol::server_end::HOT_STRIDE;
+        // Alone on its CPU (its yields run nobody), or crowded: the hot passes stay.
+        assert!(!takes_turns(None, || false));
+        assert!(!takes_turns(None, || true));
+        assert!(!takes_turns(Some(scan_before_yield(true)), || true));
+        // Its yields run a thread that gives the CPU back: turns.
+        assert!(takes_turns(Some(scan_before_yield(false)), || false));
+        // Taking turns, a long pass yields at the first checkpoint after its last progress;
+        // crowded, only after as many ports as the hot passes scan.
+        assert!(scan_before_yield(false) <= HOT_STRIDE);
+        assert_eq!(scan_before_yield(true), HOT_PASSES as usize * UNIT_PORTS);
+        assert!(scan_before_yield(true) > HOT_STRIDE);
     }
 
     #[test]
