@@ -522,11 +522,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         wait: &'a dyn Wait,
         doorbell: Option<&'a AtomicU64>,
     ) -> Self {
-        let i = index as usize;
+        let (primary, secondary) = mailbox.flags(index);
         let (theirs, ours) = if SERVER {
-            (&mailbox.secondary[i], &mailbox.primary[i])
+            (secondary, primary)
         } else {
-            (&mailbox.primary[i], &mailbox.secondary[i])
+            (primary, secondary)
         };
         let layout = mailbox.layout();
         Port {

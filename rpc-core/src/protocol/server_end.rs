@@ -176,7 +176,6 @@ impl<'a> ServerEnd<'a> {
     /// there (the worker's `Inner::start`, once a request).
     #[inline]
     pub fn try_open<'w>(&'w self, index: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
-        let i = index as usize;
         if index >= self.mailbox.layout().ports() {
             return None;
         }
@@ -190,8 +189,9 @@ impl<'a> ServerEnd<'a> {
         }
         // Relaxed: the lock's acquire orders our own word (another server thread may have
         // flipped it before unlocking); the client's word is ordered by the fence below.
-        let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
-        let inbox = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
+        let (ours, theirs) = self.mailbox.flags(index);
+        let out = normalize(ours.load(Ordering::Relaxed));
+        let inbox = normalize(theirs.load(Ordering::Relaxed));
         if inbox == out {
             unlock(self.locks, index);
             return None;
