@@ -268,23 +268,27 @@ pub(crate) fn next_pending_in(
 ) -> Option<usize> {
     let to = to.min(primary.len()).min(secondary.len());
     let (primary, secondary) = (primary.get(from..to)?, secondary.get(from..to)?);
-    let mut blocks = primary
-        .chunks_exact(BLOCK)
-        .zip(secondary.chunks_exact(BLOCK));
+    // Two blocks a turn: one loop branch per two blocks (each block is still tested alone,
+    // its loads before the next block's, so no more words are live at once).
+    let mut pairs = primary
+        .chunks_exact(2 * BLOCK)
+        .zip(secondary.chunks_exact(2 * BLOCK));
     let mut at = from;
-    for (s, c) in &mut blocks {
-        // Relaxed: a hint (see the module docs). Raw words, not normalised: equal words are
-        // equal after normalisation too, so a zero difference proves no port here is pending;
-        // a non-zero one is checked port by port below.
-        let difference = s.iter().zip(c).fold(0, |d, (s, c)| {
-            d | (s.load(Ordering::Relaxed) ^ c.load(Ordering::Relaxed))
-        });
-        if difference != 0 {
-            if let Some(k) = first_pending(s, c) {
-                return Some(at + k);
+    for (s, c) in &mut pairs {
+        for (s, c) in s.chunks_exact(BLOCK).zip(c.chunks_exact(BLOCK)) {
+            // Relaxed: a hint (see the module docs). Raw words, not normalised: equal words
+            // are equal after normalisation too, so a zero difference proves no port here is
+            // pending; a non-zero one is checked port by port below.
+            let difference = s.iter().zip(c).fold(0, |d, (s, c)| {
+                d | (s.load(Ordering::Relaxed) ^ c.load(Ordering::Relaxed))
+            });
+            if difference != 0 {
+                if let Some(k) = first_pending(s, c) {
+                    return Some(at + k);
+                }
             }
+            at += BLOCK;
         }
-        at += BLOCK;
     }
     let done = at - from;
     first_pending(&primary[done..], &secondary[done..]).map(|k| at + k)
