@@ -151,7 +151,7 @@ impl<'a> Mailbox<'a> {
 
     /// This port's two flags: the server's word (`primary`), then the client's (`secondary`).
     /// Panics if there is no port `index`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn flags(&self, index: u32) -> (&'a AtomicU32, &'a AtomicU32) {
         assert!(index < self.layout.ports(), "no port {index}");
         let i = index as usize;

@@ -37,7 +37,9 @@
 use crate::protocol::error::ProtocolError;
 use crate::protocol::mailbox::{check_locks, lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
-use crate::protocol::port::{normalize, prefetch, Port, ServerPort, Wait};
+use crate::protocol::port::{
+    count_closed, normalize, prefetch, Port, PortPackets, ServerPort, Wait,
+};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
@@ -173,9 +175,57 @@ impl<'a> ServerEnd<'a> {
 
     /// Opens port `index` if it is pending and no other server thread holds it. Inlined: the
     /// port (17 fields) is then built where its opener keeps it, not returned and copied
-    /// there (the worker's `Inner::start`, once a request).
+    /// there.
     #[inline]
     pub fn try_open<'w>(&'w self, index: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
+        let taken = self.try_take(index)?;
+        Some(self.port(taken, wait))
+    }
+
+    /// The port `try_take` opened, with `wait`.
+    #[inline]
+    pub(crate) fn port<'w>(&'w self, taken: Taken, wait: &'w dyn Wait) -> ServerPort<'w> {
+        Port::opened(
+            &self.mailbox,
+            self.locks,
+            taken.index,
+            taken.header_mask,
+            taken.opcode,
+            taken.out,
+            wait,
+            self.doorbell,
+        )
+    }
+
+    /// The active lanes of the port `try_take` opened, and its packets.
+    #[inline]
+    pub(crate) fn packets(&self, taken: &Taken) -> PortPackets<'a> {
+        PortPackets {
+            mask: taken.header_mask & self.mailbox.layout().lane_mask(),
+            packets: self.mailbox.packets(taken.index),
+        }
+    }
+
+    /// Closes the port `try_take` opened, as its port's drop does: hands the buffer, its
+    /// packets rewritten, back to the client (flips our word), counts the request closed in
+    /// the doorbell, and unlocks the port; the flip and the unlock through `wait` (which may
+    /// defer them, as it does a port's: `Batch`).
+    #[inline(always)]
+    pub(crate) fn answer<W: Wait + ?Sized>(&self, taken: &Taken, wait: &W) {
+        let (ours, _) = self.mailbox.flags(taken.index);
+        wait.flip(ours, taken.out ^ 1);
+        count_closed(self.doorbell);
+        wait.unlock(self.locks, taken.index);
+    }
+
+    /// Takes port `index` if it is pending and no other server thread holds it: its lock
+    /// taken, the client's header and packets ordered before our reads (the buffer ours),
+    /// and what the header says read; a [`ServerPort`] is made of it by
+    /// [`port`](Self::port), or it is answered by [`answer`](Self::answer) (a packet
+    /// handler's request, which needs no port). Inlined into its opener (`try_open`, the
+    /// worker's `Inner::start`, once a request).
+    #[inline]
+    pub(crate) fn try_take(&self, index: u32) -> Option<Taken> {
         if index >= self.mailbox.layout().ports() {
             return None;
         }
@@ -201,16 +251,12 @@ impl<'a> ServerEnd<'a> {
         let header = self.mailbox.header(index);
         let header_mask = u64::from_le(header[0].load(Ordering::Relaxed));
         let opcode = Opcode(u64::from_le(header[1].load(Ordering::Relaxed)) as u32);
-        Some(Port::opened(
-            &self.mailbox,
-            self.locks,
+        Some(Taken {
             index,
             header_mask,
             opcode,
             out,
-            wait,
-            self.doorbell,
-        ))
+        })
     }
 
     /// Opens the first pending port at or after `from` that no other server thread holds.
@@ -223,6 +269,21 @@ impl<'a> ServerEnd<'a> {
         }
         None
     }
+}
+
+/// A port [`ServerEnd::try_take`] opened: locked by us, the buffer ours, and what its header
+/// and our word said. Made into a [`ServerPort`] or answered ([`ServerEnd::answer`]) by its
+/// taker; until then it holds the port's lock.
+#[derive(Clone, Copy)]
+pub(crate) struct Taken {
+    pub(crate) index: u32,
+    /// The mask as found in the header.
+    pub(crate) header_mask: u64,
+    /// The opcode as found in the header (the mailbox's numbering, until its taker
+    /// translates it).
+    pub(crate) opcode: Opcode,
+    /// The value of our own word.
+    pub(crate) out: u32,
 }
 
 /// Ports compared per step of a scan (8 words: 4 of each array). Measured on the Zen 5 of
