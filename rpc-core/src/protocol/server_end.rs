@@ -394,6 +394,8 @@ pub(crate) struct Sweep<'a> {
     primary: &'a [AtomicU32],
     secondary: &'a [AtomicU32],
     hot: &'a mut HotPorts,
+    /// The ports: as many as both arrays hold (found once, here, not at every step).
+    len: usize,
     /// The next port the in-order scan looks at.
     next: usize,
     /// Where the scan stops next to look at the hot ports.
@@ -413,15 +415,13 @@ impl<'a> Sweep<'a> {
         // keeps the other busy (the loaded regime of `docs/performance.md`); it sends its next
         // request while the server yields between passes, and the next pass then finds it at
         // once, not after a whole scan. A smaller mailbox is scanned within a stride anyway.
-        let hot_left = if primary.len().min(secondary.len()) > HOT_STRIDE {
-            hot.len
-        } else {
-            0
-        };
+        let len = primary.len().min(secondary.len());
+        let hot_left = if len > HOT_STRIDE { hot.len } else { 0 };
         Sweep {
             primary,
             secondary,
             hot,
+            len,
             next: 0,
             checkpoint: HOT_STRIDE,
             hot_left,
@@ -447,7 +447,7 @@ impl<'a> Sweep<'a> {
     /// costs a compare, not a call.
     #[inline]
     pub(crate) fn next(&mut self) -> Option<Step> {
-        if self.hot_left == 0 && self.next >= self.primary.len().min(self.secondary.len()) {
+        if self.hot_left == 0 && self.next >= self.len {
             return None;
         }
         self.walk()
@@ -456,7 +456,7 @@ impl<'a> Sweep<'a> {
     /// [`Sweep::next`] before the end: the hot ports still to look at, then the scan.
     #[inline(never)]
     fn walk(&mut self) -> Option<Step> {
-        let len = self.primary.len().min(self.secondary.len());
+        let len = self.len;
         loop {
             while self.hot_left > 0 {
                 self.hot_left -= 1;
