@@ -296,10 +296,16 @@ pub(crate) const HOT_STRIDE: usize = 512;
 /// How many recently served ports a mailbox's sweep keeps re-checking.
 pub(crate) const HOT_PORTS: usize = 4;
 
-/// Whether one port is pending. Relaxed: a hint (see the module docs).
+/// Whether one port is pending. Relaxed: a hint (see the module docs). Equal words are
+/// equal normalised too: only unequal ones are normalised (in the block a scan found, most
+/// of the ports are idle, their words equal).
 #[inline]
 fn pending(primary: &AtomicU32, secondary: &AtomicU32) -> bool {
-    normalize(primary.load(Ordering::Relaxed)) != normalize(secondary.load(Ordering::Relaxed))
+    let (ours, theirs) = (
+        primary.load(Ordering::Relaxed),
+        secondary.load(Ordering::Relaxed),
+    );
+    ours != theirs && normalize(ours) != normalize(theirs)
 }
 
 /// The first pending port of two equally long runs of words, port by port.
