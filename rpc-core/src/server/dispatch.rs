@@ -536,7 +536,7 @@ impl Inner {
 /// `registry` did not find it (`Inner::start`): a user's matcher is asked under a catch, and the
 /// copy may predate a handler registered just before this request was sent (the pass began
 /// first), so an opcode it does not know is looked up again in the current registry, kept in
-/// `current`. `register` published it before the client's flip, which `try_open`'s acquire
+/// `current`. `register` published it before the client's flip, which `try_take`'s acquire
 /// fence ordered before this lock of the snapshot. None: no handler (an unknown opcode, or a
 /// matcher panicked), logged and counted; the request is closed unanswered.
 #[inline(never)]
