@@ -250,13 +250,16 @@ impl Inner {
         let mut quiet = 0;
         let stopping = inner.thread.stopping();
         // The exchanges waiting on their ports are polled by the sweep, where it finds their
-        // ports pending; a pass with no sweep (a shutdown under way) polls them here.
-        let look = if housekeeping {
-            Look::Housekeeping
-        } else if stopping {
-            Look::Ready
-        } else {
-            Look::OffPort
+        // ports pending; a pass with no sweep (a shutdown under way) polls them here. Worked
+        // out only where exchanges are in flight (not in the common pass with none).
+        let look = || {
+            if housekeeping {
+                Look::Housekeeping
+            } else if stopping {
+                Look::Ready
+            } else {
+                Look::OffPort
+            }
         };
         for (mailbox, hot) in mailboxes.iter().zip(hot.iter_mut()) {
             if mailbox.detached.load(Ordering::Acquire) {
@@ -274,7 +277,7 @@ impl Inner {
                 let mut found = if in_flight.len() == 0 {
                     0
                 } else {
-                    in_flight.poll_of(context, mailbox, &server, look)
+                    in_flight.poll_of(context, mailbox, &server, look())
                 };
                 if stopping {
                     return found;
