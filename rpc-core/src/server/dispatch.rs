@@ -322,7 +322,14 @@ impl Inner {
                     // answers: the exchange is polled here, not opened again. One not waiting
                     // on its port (yielded, or on an I/O call) was polled at the start of the
                     // pass, and is left for the next.
-                    if let Some(k) = mailbox.flight_of(index) {
+                    // With none in flight (a client that waits for each reply), no look at
+                    // the table of positions.
+                    let position = if in_flight.len() == 0 {
+                        None
+                    } else {
+                        mailbox.flight_of(index)
+                    };
+                    if let Some(k) = position {
                         let flight = in_flight.get(k);
                         // `Flights` keeps the table current; checked all the same, as polling
                         // another port's exchange would close that port through this view.
