@@ -292,7 +292,7 @@ fn a_batch_published_after_a_close_orders_the_servers_reads_before_the_next_requ
 /// word still says pending and serve the request again; and a thread that locked the port it
 /// saw pending but found it served by the other (`ServerEnd::try_open`) must unlock it, or the
 /// port is never served again. Catches: the unlocks published before the flips in
-/// `Batch::publish` (served twice); no `unlock` in `try_open`'s not-pending branch (a lock
+/// `Batch::publish` (served twice); no `unlock` in `try_take`'s not-pending branch (a lock
 /// left behind).
 #[test]
 fn a_batch_publishes_its_flips_before_its_unlocks() {

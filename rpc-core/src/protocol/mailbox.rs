@@ -44,7 +44,7 @@ impl<'a> Mailbox<'a> {
         secondary: &'a [AtomicU32],
         words: &'a [DataWord],
     ) -> Self {
-        Mailbox {
+        let mailbox = Mailbox {
             layout,
             primary,
             secondary,
@@ -52,6 +52,29 @@ impl<'a> Mailbox<'a> {
             header_stride: layout.header_stride() / 8,
             packet_start: (layout.packet() - layout.header()) / 8,
             packet_stride: layout.packet_stride() / 8,
+        };
+        mailbox.check_ports_inside();
+        mailbox
+    }
+
+    /// Asserts that every port's flags, header and packets lie inside the view's arrays (both
+    /// constructors size the arrays from the layout that places them, so this holds): what
+    /// lets [`Mailbox::flags`], [`Mailbox::header`] and [`Mailbox::packets`] check a port's
+    /// index alone, once per open instead of once per array. The last port's words end
+    /// furthest, so its are the ones checked.
+    fn check_ports_inside(&self) {
+        let n = self.layout.ports() as usize;
+        assert!(
+            self.primary.len() >= n && self.secondary.len() >= n,
+            "a port's flags outside the mailbox's arrays"
+        );
+        if let Some(last) = n.checked_sub(1) {
+            let header_end = last * self.header_stride + 2;
+            let packets_end = self.packet_start + last * self.packet_stride + self.packet_words();
+            assert!(
+                header_end <= self.words.len() && packets_end <= self.words.len(),
+                "a port's header or packets outside the mailbox's region"
+            );
         }
     }
 
@@ -126,16 +149,46 @@ impl<'a> Mailbox<'a> {
         self.layout
     }
 
-    /// This port's two header words: `mask`, then `opcode` in the low bits (LLVM 18: 16,
-    /// later: 32; padding above).
-    pub(crate) fn header(&self, index: u32) -> &'a [DataWord] {
-        &self.words[index as usize * self.header_stride..][..2]
+    /// This port's two flags: the server's word (`primary`), then the client's (`secondary`).
+    /// Panics if there is no port `index`.
+    #[inline(always)]
+    pub(crate) fn flags(&self, index: u32) -> (&'a AtomicU32, &'a AtomicU32) {
+        assert!(index < self.layout.ports(), "no port {index}");
+        let i = index as usize;
+        // SAFETY: `i` is a port's index, and both arrays hold a word for every port
+        // (`check_ports_inside`, at construction; the fields never change after).
+        unsafe {
+            (
+                self.primary.get_unchecked(i),
+                self.secondary.get_unchecked(i),
+            )
+        }
     }
 
-    /// This port's `8 * L` packet words.
+    /// This port's two header words: `mask`, then `opcode` in the low bits (LLVM 18: 16,
+    /// later: 32; padding above). Panics if there is no port `index`.
+    #[inline]
+    pub(crate) fn header(&self, index: u32) -> &'a [DataWord] {
+        assert!(index < self.layout.ports(), "no port {index}");
+        let at = index as usize * self.header_stride;
+        // SAFETY: `index` is a port's, and every port's header lies inside `words`
+        // (`check_ports_inside`, at construction; the fields never change after).
+        unsafe { self.words.get_unchecked(at..at + 2) }
+    }
+
+    /// This port's `8 * L` packet words. Panics if there is no port `index`.
+    #[inline]
     pub(crate) fn packets(&self, index: u32) -> &'a [DataWord] {
-        let per_port = 8 * self.layout.lanes() as usize;
-        &self.words[self.packet_start + index as usize * self.packet_stride..][..per_port]
+        assert!(index < self.layout.ports(), "no port {index}");
+        let at = self.packet_start + index as usize * self.packet_stride;
+        // SAFETY: `index` is a port's, and every port's packets lie inside `words`
+        // (`check_ports_inside`, at construction; the fields never change after).
+        unsafe { self.words.get_unchecked(at..at + self.packet_words()) }
+    }
+
+    /// The packet words of one port: 8 for each of its `L` lanes.
+    fn packet_words(&self) -> usize {
+        8 * self.layout.lanes() as usize
     }
 }
 

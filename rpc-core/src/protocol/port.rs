@@ -534,11 +534,11 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
         wait: &'a dyn Wait,
         doorbell: Option<&'a AtomicU64>,
     ) -> Self {
-        let i = index as usize;
+        let (primary, secondary) = mailbox.flags(index);
         let (theirs, ours) = if SERVER {
-            (&mailbox.secondary[i], &mailbox.primary[i])
+            (secondary, primary)
         } else {
-            (&mailbox.primary[i], &mailbox.secondary[i])
+            (primary, secondary)
         };
         let layout = mailbox.layout();
         Port {
@@ -591,8 +591,15 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
 
     #[inline]
     fn packet(&self, lane: u32) -> Packet<'a> {
-        Packet {
-            words: &self.packets[8 * lane as usize..][..8],
+        self.active().packet(lane)
+    }
+
+    /// The active lanes and their packets.
+    #[inline]
+    fn active(&self) -> PortPackets<'a> {
+        PortPackets {
+            mask: self.mask,
+            packets: self.packets,
         }
     }
 
@@ -691,10 +698,8 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// lane), before they are read one after the other: see `poll_packets`.
     #[inline]
     fn prefetch_packets(&self) {
-        if SERVER && self.mask.count_ones() > 1 {
-            for lane in lanes(self.mask) {
-                prefetch(&self.packets[8 * lane as usize]);
-            }
+        if SERVER {
+            self.active().prefetch();
         }
     }
 
@@ -979,8 +984,8 @@ impl<'a, const SERVER: bool> Port<'a, SERVER> {
     /// Lets `work` rewrite each active lane's packet in place, the other side's packet being
     /// here already and ours (`owns`, and nothing received yet: a server port just opened).
     /// The buffer stays ours: a hand-over, or a server port's close, sends the rewritten
-    /// packets back. The server's packet handlers count their request between the two
-    /// (`dispatch`'s `Inner::start`).
+    /// packets back. (The server's packet handlers rewrite a port's [`PortPackets`] instead,
+    /// with no port made.)
     #[inline]
     pub(crate) fn rewrite(&self, mut work: impl FnMut(u32, Packet<'_>)) {
         debug_assert!(self.owns && !self.receive, "a packet not ours to rewrite");
@@ -1036,12 +1041,6 @@ fn alloc_vec(size: usize) -> Vec<u8> {
 }
 
 impl<'a> Port<'a, true> {
-    /// The header's lane mask as the client wrote it.
-    #[cfg(feature = "std")]
-    pub(crate) fn header_mask(&self) -> u64 {
-        self.header_mask
-    }
-
     /// Checks the header mask: non-empty, no bits at or above `L`.
     pub fn check_mask(&self) -> Result<(), ProtocolError> {
         if self.header_mask == 0 || self.header_mask != self.mask {
@@ -1078,12 +1077,7 @@ impl<'a> Port<'a, true> {
 impl<const SERVER: bool> Port<'_, SERVER> {
     /// Counts the request closed in the v2 doorbell (server ports only have one).
     fn count_closed(&self) {
-        if let Some(counter) = self.doorbell {
-            // RMW: one open request fewer (PROTOCOL section 9). Saturating, because the device
-            // may have written anything there; Relaxed, as the counter orders no other data.
-            let _ =
-                counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
-        }
+        count_closed(self.doorbell);
     }
 }
 
@@ -1110,6 +1104,59 @@ impl<const SERVER: bool> Drop for Port<'_, SERVER> {
             self.wait.unlock(self.locks, self.index);
         } else {
             unlock(self.locks, self.index);
+        }
+    }
+}
+
+/// Counts a request closed in a server's v2 `doorbell`, if it has one.
+#[inline]
+pub(crate) fn count_closed(doorbell: Option<&AtomicU64>) {
+    if let Some(counter) = doorbell {
+        // RMW: one open request fewer (PROTOCOL section 9). Saturating, because the device
+        // may have written anything there; Relaxed, as the counter orders no other data.
+        let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1));
+    }
+}
+
+/// The active lanes of a server port the client just handed over, and its packets: what a
+/// packet handler rewrites in place (`dispatch`'s `Inner::start`, which makes no [`Port`] for
+/// it), and what a port reads its packets through.
+#[derive(Clone, Copy)]
+pub(crate) struct PortPackets<'a> {
+    /// The active lanes: the header's mask restricted to real lanes.
+    pub(crate) mask: u64,
+    /// The port's `8 * L` packet words.
+    pub(crate) packets: &'a [DataWord],
+}
+
+impl<'a> PortPackets<'a> {
+    /// Lane `lane`'s packet.
+    #[inline]
+    fn packet(&self, lane: u32) -> Packet<'a> {
+        Packet {
+            words: &self.packets[8 * lane as usize..][..8],
+        }
+    }
+
+    /// Asks for every active lane's packet line at once (where there are more than one),
+    /// before they are read one after the other: see `Port::poll_packets`.
+    #[inline]
+    fn prefetch(&self) {
+        if self.mask.count_ones() > 1 {
+            for lane in lanes(self.mask) {
+                prefetch(&self.packets[8 * lane as usize]);
+            }
+        }
+    }
+
+    /// Lets `work` rewrite each active lane's packet in place (the lines asked for first);
+    /// the buffer's hand-over sends them back.
+    #[cfg(feature = "std")]
+    #[inline]
+    pub(crate) fn rewrite(self, mut work: impl FnMut(u32, Packet<'_>)) {
+        self.prefetch();
+        for lane in lanes(self.mask) {
+            work(lane, self.packet(lane));
         }
     }
 }

@@ -37,7 +37,9 @@
 use crate::protocol::error::ProtocolError;
 use crate::protocol::mailbox::{check_locks, lock_words, try_lock, unlock, Mailbox};
 use crate::protocol::opcode::Opcode;
-use crate::protocol::port::{normalize, prefetch, Port, ServerPort, Wait};
+use crate::protocol::port::{
+    count_closed, normalize, prefetch, Port, PortPackets, ServerPort, Wait,
+};
 use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
@@ -173,10 +175,57 @@ impl<'a> ServerEnd<'a> {
 
     /// Opens port `index` if it is pending and no other server thread holds it. Inlined: the
     /// port (17 fields) is then built where its opener keeps it, not returned and copied
-    /// there (the worker's `Inner::start`, once a request).
+    /// there.
     #[inline]
     pub fn try_open<'w>(&'w self, index: u32, wait: &'w dyn Wait) -> Option<ServerPort<'w>> {
-        let i = index as usize;
+        let taken = self.try_take(index)?;
+        Some(self.port(taken, wait))
+    }
+
+    /// The port `try_take` opened, with `wait`.
+    #[inline]
+    pub(crate) fn port<'w>(&'w self, taken: Taken, wait: &'w dyn Wait) -> ServerPort<'w> {
+        Port::opened(
+            &self.mailbox,
+            self.locks,
+            taken.index,
+            taken.header_mask,
+            taken.opcode,
+            taken.out,
+            wait,
+            self.doorbell,
+        )
+    }
+
+    /// The active lanes of the port `try_take` opened, and its packets.
+    #[inline]
+    pub(crate) fn packets(&self, taken: &Taken) -> PortPackets<'a> {
+        PortPackets {
+            mask: taken.header_mask & self.mailbox.layout().lane_mask(),
+            packets: self.mailbox.packets(taken.index),
+        }
+    }
+
+    /// Closes the port `try_take` opened, as its port's drop does: hands the buffer, its
+    /// packets rewritten, back to the client (flips our word), counts the request closed in
+    /// the doorbell, and unlocks the port; the flip and the unlock through `wait` (which may
+    /// defer them, as it does a port's: `Batch`).
+    #[inline(always)]
+    pub(crate) fn answer<W: Wait + ?Sized>(&self, taken: &Taken, wait: &W) {
+        let (ours, _) = self.mailbox.flags(taken.index);
+        wait.flip(ours, taken.out ^ 1);
+        count_closed(self.doorbell);
+        wait.unlock(self.locks, taken.index);
+    }
+
+    /// Takes port `index` if it is pending and no other server thread holds it: its lock
+    /// taken, the client's header and packets ordered before our reads (the buffer ours),
+    /// and what the header says read; a [`ServerPort`] is made of it by
+    /// [`port`](Self::port), or it is answered by [`answer`](Self::answer) (a packet
+    /// handler's request, which needs no port). Inlined into its opener (`try_open`, the
+    /// worker's `Inner::start`, once a request).
+    #[inline]
+    pub(crate) fn try_take(&self, index: u32) -> Option<Taken> {
         if index >= self.mailbox.layout().ports() {
             return None;
         }
@@ -190,8 +239,9 @@ impl<'a> ServerEnd<'a> {
         }
         // Relaxed: the lock's acquire orders our own word (another server thread may have
         // flipped it before unlocking); the client's word is ordered by the fence below.
-        let out = normalize(self.mailbox.primary[i].load(Ordering::Relaxed));
-        let inbox = normalize(self.mailbox.secondary[i].load(Ordering::Relaxed));
+        let (ours, theirs) = self.mailbox.flags(index);
+        let out = normalize(ours.load(Ordering::Relaxed));
+        let inbox = normalize(theirs.load(Ordering::Relaxed));
         if inbox == out {
             unlock(self.locks, index);
             return None;
@@ -201,16 +251,12 @@ impl<'a> ServerEnd<'a> {
         let header = self.mailbox.header(index);
         let header_mask = u64::from_le(header[0].load(Ordering::Relaxed));
         let opcode = Opcode(u64::from_le(header[1].load(Ordering::Relaxed)) as u32);
-        Some(Port::opened(
-            &self.mailbox,
-            self.locks,
+        Some(Taken {
             index,
             header_mask,
             opcode,
             out,
-            wait,
-            self.doorbell,
-        ))
+        })
     }
 
     /// Opens the first pending port at or after `from` that no other server thread holds.
@@ -225,6 +271,21 @@ impl<'a> ServerEnd<'a> {
     }
 }
 
+/// A port [`ServerEnd::try_take`] opened: locked by us, the buffer ours, and what its header
+/// and our word said. Made into a [`ServerPort`] or answered ([`ServerEnd::answer`]) by its
+/// taker; until then it holds the port's lock.
+#[derive(Clone, Copy)]
+pub(crate) struct Taken {
+    pub(crate) index: u32,
+    /// The mask as found in the header.
+    pub(crate) header_mask: u64,
+    /// The opcode as found in the header (the mailbox's numbering, until its taker
+    /// translates it).
+    pub(crate) opcode: Opcode,
+    /// The value of our own word.
+    pub(crate) out: u32,
+}
+
 /// Ports compared per step of a scan (8 words: 4 of each array). Measured on the Zen 5 of
 /// `docs/performance.md`, 16384 idle ports take about 2.5 µs with 4, 4 µs with 8, 6 µs with 16 or
 /// 32 (the compiler keeps atomic loads in program order and spills the larger blocks' values to
@@ -235,10 +296,16 @@ pub(crate) const HOT_STRIDE: usize = 512;
 /// How many recently served ports a mailbox's sweep keeps re-checking.
 pub(crate) const HOT_PORTS: usize = 4;
 
-/// Whether one port is pending. Relaxed: a hint (see the module docs).
+/// Whether one port is pending. Relaxed: a hint (see the module docs). Equal words are
+/// equal normalised too: only unequal ones are normalised (in the block a scan found, most
+/// of the ports are idle, their words equal).
 #[inline]
 fn pending(primary: &AtomicU32, secondary: &AtomicU32) -> bool {
-    normalize(primary.load(Ordering::Relaxed)) != normalize(secondary.load(Ordering::Relaxed))
+    let (ours, theirs) = (
+        primary.load(Ordering::Relaxed),
+        secondary.load(Ordering::Relaxed),
+    );
+    ours != theirs && normalize(ours) != normalize(theirs)
 }
 
 /// The first pending port of two equally long runs of words, port by port.
@@ -259,7 +326,10 @@ pub(crate) fn next_pending(
     next_pending_in(primary, secondary, from as usize, usize::MAX).map(|i| i as u32)
 }
 
-/// The first pending port in `from..to` (`to` is clamped to the arrays' length).
+/// The first pending port in `from..to` (`to` is clamped to the arrays' length). Inlined
+/// into `Sweep::walk`, its caller once a pass (its frame and call cost a pass some 20
+/// instructions).
+#[inline(always)]
 pub(crate) fn next_pending_in(
     primary: &[AtomicU32],
     secondary: &[AtomicU32],
@@ -268,23 +338,27 @@ pub(crate) fn next_pending_in(
 ) -> Option<usize> {
     let to = to.min(primary.len()).min(secondary.len());
     let (primary, secondary) = (primary.get(from..to)?, secondary.get(from..to)?);
-    let mut blocks = primary
-        .chunks_exact(BLOCK)
-        .zip(secondary.chunks_exact(BLOCK));
+    // Two blocks a turn: one loop branch per two blocks (each block is still tested alone,
+    // its loads before the next block's, so no more words are live at once).
+    let mut pairs = primary
+        .chunks_exact(2 * BLOCK)
+        .zip(secondary.chunks_exact(2 * BLOCK));
     let mut at = from;
-    for (s, c) in &mut blocks {
-        // Relaxed: a hint (see the module docs). Raw words, not normalised: equal words are
-        // equal after normalisation too, so a zero difference proves no port here is pending;
-        // a non-zero one is checked port by port below.
-        let difference = s.iter().zip(c).fold(0, |d, (s, c)| {
-            d | (s.load(Ordering::Relaxed) ^ c.load(Ordering::Relaxed))
-        });
-        if difference != 0 {
-            if let Some(k) = first_pending(s, c) {
-                return Some(at + k);
+    for (s, c) in &mut pairs {
+        for (s, c) in s.chunks_exact(BLOCK).zip(c.chunks_exact(BLOCK)) {
+            // Relaxed: a hint (see the module docs). Raw words, not normalised: equal words
+            // are equal after normalisation too, so a zero difference proves no port here is
+            // pending; a non-zero one is checked port by port below.
+            let difference = s.iter().zip(c).fold(0, |d, (s, c)| {
+                d | (s.load(Ordering::Relaxed) ^ c.load(Ordering::Relaxed))
+            });
+            if difference != 0 {
+                if let Some(k) = first_pending(s, c) {
+                    return Some(at + k);
+                }
             }
+            at += BLOCK;
         }
-        at += BLOCK;
     }
     let done = at - from;
     first_pending(&primary[done..], &secondary[done..]).map(|k| at + k)
@@ -326,6 +400,8 @@ pub(crate) struct Sweep<'a> {
     primary: &'a [AtomicU32],
     secondary: &'a [AtomicU32],
     hot: &'a mut HotPorts,
+    /// The ports: as many as both arrays hold (found once, here, not at every step).
+    len: usize,
     /// The next port the in-order scan looks at.
     next: usize,
     /// Where the scan stops next to look at the hot ports.
@@ -345,15 +421,13 @@ impl<'a> Sweep<'a> {
         // keeps the other busy (the loaded regime of `docs/performance.md`); it sends its next
         // request while the server yields between passes, and the next pass then finds it at
         // once, not after a whole scan. A smaller mailbox is scanned within a stride anyway.
-        let hot_left = if primary.len().min(secondary.len()) > HOT_STRIDE {
-            hot.len
-        } else {
-            0
-        };
+        let len = primary.len().min(secondary.len());
+        let hot_left = if len > HOT_STRIDE { hot.len } else { 0 };
         Sweep {
             primary,
             secondary,
             hot,
+            len,
             next: 0,
             checkpoint: HOT_STRIDE,
             hot_left,
@@ -379,7 +453,7 @@ impl<'a> Sweep<'a> {
     /// costs a compare, not a call.
     #[inline]
     pub(crate) fn next(&mut self) -> Option<Step> {
-        if self.hot_left == 0 && self.next >= self.primary.len().min(self.secondary.len()) {
+        if self.hot_left == 0 && self.next >= self.len {
             return None;
         }
         self.walk()
@@ -388,7 +462,7 @@ impl<'a> Sweep<'a> {
     /// [`Sweep::next`] before the end: the hot ports still to look at, then the scan.
     #[inline(never)]
     fn walk(&mut self) -> Option<Step> {
-        let len = self.primary.len().min(self.secondary.len());
+        let len = self.len;
         loop {
             while self.hot_left > 0 {
                 self.hot_left -= 1;

@@ -16,7 +16,7 @@
 use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
-use crate::protocol::server_end::{HotPorts, Step};
+use crate::protocol::server_end::{HotPorts, Step, Taken};
 use crate::protocol::Resumable;
 use crate::server::error::ServerError;
 use crate::server::exec::{
@@ -25,7 +25,7 @@ use crate::server::exec::{
 };
 use crate::server::limits::device_log;
 use crate::server::mailboxes::Marks;
-use crate::server::registry::{Entry, Handler, Registry};
+use crate::server::registry::{Entry, Handler, Registry, ScriptFn};
 use crate::server::request::Request;
 use crate::server::stats::bump;
 use crate::server::{Attached, Inner, ServerContext};
@@ -250,13 +250,16 @@ impl Inner {
         let mut quiet = 0;
         let stopping = inner.thread.stopping();
         // The exchanges waiting on their ports are polled by the sweep, where it finds their
-        // ports pending; a pass with no sweep (a shutdown under way) polls them here.
-        let look = if housekeeping {
-            Look::Housekeeping
-        } else if stopping {
-            Look::Ready
-        } else {
-            Look::OffPort
+        // ports pending; a pass with no sweep (a shutdown under way) polls them here. Worked
+        // out only where exchanges are in flight (not in the common pass with none).
+        let look = || {
+            if housekeeping {
+                Look::Housekeeping
+            } else if stopping {
+                Look::Ready
+            } else {
+                Look::OffPort
+            }
         };
         for (mailbox, hot) in mailboxes.iter().zip(hot.iter_mut()) {
             if mailbox.detached.load(Ordering::Acquire) {
@@ -274,7 +277,7 @@ impl Inner {
                 let mut found = if in_flight.len() == 0 {
                     0
                 } else {
-                    in_flight.poll_of(context, mailbox, &server, look)
+                    in_flight.poll_of(context, mailbox, &server, look())
                 };
                 if stopping {
                     return found;
@@ -319,7 +322,14 @@ impl Inner {
                     // answers: the exchange is polled here, not opened again. One not waiting
                     // on its port (yielded, or on an I/O call) was polled at the start of the
                     // pass, and is left for the next.
-                    if let Some(k) = mailbox.flight_of(index) {
+                    // With none in flight (a client that waits for each reply), no look at
+                    // the table of positions.
+                    let position = if in_flight.len() == 0 {
+                        None
+                    } else {
+                        mailbox.flight_of(index)
+                    };
+                    if let Some(k) = position {
                         let flight = in_flight.get(k);
                         // `Flights` keeps the table current; checked all the same, as polling
                         // another port's exchange would close that port through this view.
@@ -376,21 +386,21 @@ impl Inner {
         batching: bool,
         in_flight: &mut Flights,
     ) -> bool {
-        let Some(mut port) = server.try_open(index, &ExchangeWait) else {
+        // Taken, not opened: a packet handler's request needs no port, only its packets and
+        // the hand-over back (`ServerEnd::answer`); the other paths make the port.
+        let Some(mut taken) = server.try_take(index) else {
             return false;
         };
         // Everything after this sees the opcode in today's numbering.
-        port.opcode = mailbox.numbering.translate(port.opcode.0);
+        taken.opcode = mailbox.numbering.translate(taken.opcode.0);
         let context = &inner.context;
         let name = &context.config.name;
-        let opcode = port.opcode();
-        if port.header_mask() == 0 {
+        let opcode = taken.opcode;
+        if taken.header_mask == 0 {
             // The no-request mark: a late packet of an exchange the server drained (or a flip
             // that opened nothing). Answered as the drain answered, never run (PROTOCOL
-            // section 11). Forgotten, not dropped: its client opened nothing, so the doorbell
-            // must not count a request closed, as the port's drop would (it holds nothing
-            // else; the drain unlocks it).
-            core::mem::forget(port);
+            // section 11). No port is made: its client opened nothing, so the doorbell must
+            // not count a request closed, as the port's drop would; the drain unlocks it.
             server.drain(index, opcode.failure_word(), &ExchangeWait);
             log::debug!(
                 "{name}: mailbox {} port {index}: a late packet of {opcode} answered, not run",
@@ -398,7 +408,14 @@ impl Inner {
             );
             return true;
         }
-        if let Err(error) = port.check_mask() {
+        let packets = server.packets(&taken);
+        if packets.mask != taken.header_mask {
+            // Lanes at or above `L`: closed unanswered, by the port's drop (the client reads
+            // its own request back).
+            let port = server.port(taken, &ExchangeWait);
+            let error = port
+                .check_mask()
+                .expect_err("a mask with lanes at or above L");
             device_log!(
                 context.log_limit,
                 Warn,
@@ -406,7 +423,7 @@ impl Inner {
                 mailbox.id.0
             );
             bump(&context.stats.bad_headers);
-            return true; // Dropping the port closes it: the client reads its own request back.
+            return true;
         }
         // One index into the pass's copy of the registry where no matcher may panic (every
         // standard opcode, user handlers of one opcode each): no catch, nothing returned
@@ -417,34 +434,34 @@ impl Inner {
             Some(handler) => handler,
             None => match find_slowly(context, registry, &mut current, (mailbox, index), opcode) {
                 Some(entry) => &entry.handler,
-                None => return true,
+                None => {
+                    // Closed unanswered: the client reads its own request back.
+                    server.answer(&taken, &ExchangeWait);
+                    return true;
+                }
             },
         };
         log::debug!(
             "{name}: mailbox {} port {index}: {opcode} mask {:#x}",
             mailbox.id.0,
-            port.mask()
+            packets.mask
         );
-        let (exchange, marks) = match handler {
+        match handler {
             Handler::Packet(reply) => {
                 // The client's packet is there (the port opened because it flipped), and the
                 // reply is that packet rewritten in place: this never suspends, so it needs no
-                // exchange, only the one catch of a panic. Nor does its port need the
-                // executor's wait, unless the pass defers its flips: then the flip and the
-                // unlock are stored at once (the plain resumable wait's), without asking this
-                // thread's context twice whether they wait in a batch.
-                if !batching {
-                    port.wait = &Resumable;
-                }
-                let rewritten = catch(|| {
-                    reply(&port);
-                    Ok(())
-                });
-                if let Err(error) = rewritten {
-                    // Counted, then drained (its drop would close it: let go of it as
-                    // `Request`'s drop does).
+                // exchange, nor a port, only the one catch of a panic. Caught here, not
+                // through `catch`: inlined, a catch costs nothing until a panic, where the
+                // call of `catch` cost its frame and a `Result` through memory.
+                let rewritten = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    reply(packets);
+                }));
+                if let Err(panic) = rewritten {
+                    let error = ServerError::Panicked(crate::server::panic_message(panic.as_ref()));
+                    // Counted, then drained: left locked, as `Request`'s drop leaves a port
+                    // (the doorbell counts it closed).
                     let fate = count(context, mailbox, index, opcode, Err(error));
-                    port.quarantine();
+                    server.port(taken, &ExchangeWait).quarantine();
                     let marks = Marks::now(mailbox, context);
                     carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
                     return true;
@@ -453,34 +470,57 @@ impl Inner {
                 // client, `wait_drained` seeing the port no longer pending) finds it counted,
                 // so it needs none of a script's settling (`Attached`'s ordering note).
                 context.stats.served_at(slot, opcode);
-                // Dropping the port hands the rewritten packets back and unlocks it.
-                return true;
+                // The reply: the flip and the unlock through the executor's wait where the
+                // pass defers its flips, else stored at once (the plain resumable wait's),
+                // without asking this thread's context twice whether they wait in a batch.
+                if batching {
+                    server.answer(&taken, &ExchangeWait);
+                } else {
+                    server.answer(&taken, &Resumable);
+                }
+                true
             }
             Handler::Script(script) => {
-                // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
-                // looking drained: its last hand-over lets the kernel go on first.
-                mailbox.begin_request();
-                // Read once the port is open, after `try_open`'s acquire fence: the kernel that
-                // sent the request took its ticket before its flip (release), so the marks
-                // include it; read before, a stale mark could make a live kernel look gone.
-                // (A packet handler's port is never quarantined: its marks are never needed.)
-                let marks = Marks::now(mailbox, context);
-                // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
-                // mailbox's region, lock table and doorbell, all owned by `*mailbox`.
-                let request = unsafe { Request::new(port, mailbox.clone(), inner.clone()) };
-                match catch(|| Ok(script(request))) {
-                    Ok(exchange) => (exchange, marks),
-                    Err(error) => {
-                        // The request went in the unwinding, leaving the port locked.
-                        let fate = finish(context, mailbox, index, opcode, Err(error));
-                        carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
-                        return true;
-                    }
-                }
+                Inner::start_script(inner, server, taken, mailbox, &**script, in_flight);
+                true
             }
-        };
-        in_flight.run(context, mailbox, server, index, opcode, marks, exchange);
-        true
+        }
+    }
+
+    /// [`Inner::start`]'s script: the port `taken` made and handed to `script`, whose exchange
+    /// is put in flight. Out of line: the packet handlers' path, in `start`, keeps fewer
+    /// values alive (a script's request costs hundreds of instructions; this call, some ten).
+    #[inline(never)]
+    fn start_script(
+        inner: &Arc<Inner>,
+        server: &crate::protocol::ServerEnd<'_>,
+        taken: Taken,
+        mailbox: &Arc<Attached>,
+        script: &ScriptFn,
+        in_flight: &mut Flights,
+    ) {
+        let context = &inner.context;
+        let (index, opcode) = (taken.index, taken.opcode);
+        // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
+        // looking drained: its last hand-over lets the kernel go on first.
+        mailbox.begin_request();
+        // Read once the port is open, after `try_take`'s acquire fence: the kernel that sent
+        // the request took its ticket before its flip (release), so the marks include it; read
+        // before, a stale mark could make a live kernel look gone. (A packet handler's port is
+        // never quarantined: its marks are never needed.)
+        let marks = Marks::now(mailbox, context);
+        let port = server.port(taken, &ExchangeWait);
+        // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
+        // mailbox's region, lock table and doorbell, all owned by `*mailbox`.
+        let request = unsafe { Request::new(port, mailbox.clone(), inner.clone()) };
+        match catch(|| Ok(script(request))) {
+            Ok(exchange) => in_flight.run(context, mailbox, server, index, opcode, marks, exchange),
+            Err(error) => {
+                // The request went in the unwinding, leaving the port locked.
+                let fate = finish(context, mailbox, index, opcode, Err(error));
+                carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
+            }
+        }
     }
 
     /// Ends the exchanges of detached mailboxes (no pass touches their memory again). Asked of
@@ -506,7 +546,7 @@ impl Inner {
 /// `registry` did not find it (`Inner::start`): a user's matcher is asked under a catch, and the
 /// copy may predate a handler registered just before this request was sent (the pass began
 /// first), so an opcode it does not know is looked up again in the current registry, kept in
-/// `current`. `register` published it before the client's flip, which `try_open`'s acquire
+/// `current`. `register` published it before the client's flip, which `try_take`'s acquire
 /// fence ordered before this lock of the snapshot. None: no handler (an unknown opcode, or a
 /// matcher panicked), logged and counted; the request is closed unanswered.
 #[inline(never)]

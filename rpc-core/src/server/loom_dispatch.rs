@@ -141,7 +141,7 @@ fn a_suspended_exchange_does_not_hold_up_another_port() {
 /// for its second packet: the exchange is kept, as its kernel lives. The pass reads the users'
 /// marks after the port's acquire fence (`serve_pass`); read before, a mark older than the
 /// kernel's ticket makes the live kernel look gone. Catches: `Marks::now` read before
-/// `try_open` (the exchange is drained midway: the client reads the failure word, not 42).
+/// `try_take` (the exchange is drained midway: the client reads the failure word, not 42).
 #[test]
 fn a_kernel_arriving_during_a_pass_keeps_its_exchange() {
     model(|| {

@@ -16,19 +16,18 @@ use std::string::String;
 use std::vec::Vec;
 
 use crate::protocol::opcode::Opcode;
-use crate::protocol::port::Packet;
-use crate::protocol::ServerPort;
+use crate::protocol::port::{Packet, PortPackets};
 use crate::server::error::{Outcome, ServerError};
 use crate::server::exec::Exchange;
 // Re-exported: the services name the request by this path too.
 pub(crate) use crate::server::request::Request;
 
-/// A packet handler as the server runs it: rewrites every active lane's packet of the open
-/// port in place (it never waits: the client's packet is there when the port opens), and the
+/// A packet handler as the server runs it: rewrites every active lane's packet of the port
+/// just taken in place (it never waits: the client's packet is there when the port opens), and the
 /// server sends them back once it has counted the request (`dispatch`'s `Inner::start`).
 /// Built by [`Handler::packet`] from a per-lane closure, which is called directly (one dynamic
 /// call per request, not per lane).
-pub(crate) type PacketFn = dyn Fn(&ServerPort<'_>) + Send + Sync;
+pub(crate) type PacketFn = dyn Fn(PortPackets<'_>) + Send + Sync;
 
 /// A script handler: starts the exchange of one request.
 pub(crate) type ScriptFn = dyn Fn(Request) -> Exchange + Send + Sync;
@@ -59,8 +58,8 @@ impl Handler {
 
     /// A packet handler from a closure that rewrites each active lane's packet in place.
     pub(crate) fn packet(reply: impl Fn(u32, Packet<'_>) + Send + Sync + 'static) -> Self {
-        Handler::Packet(std::sync::Arc::new(move |port: &ServerPort<'_>| {
-            port.rewrite(&reply)
+        Handler::Packet(std::sync::Arc::new(move |packets: PortPackets<'_>| {
+            packets.rewrite(&reply)
         }))
     }
 }
@@ -166,12 +165,11 @@ impl Registry {
     /// The handler of the table's opcode at `slot` (its [`Opcode::table_index`]) where one
     /// index finds it: while no entry matches by predicate (whose answer only asking it
     /// tells, and which may panic). None: [`Registry::find`] must look. Inlined into the one
-    /// place that serves a request (`Inner::start`).
+    /// place that serves a request (`Inner::start`). The table is empty while an entry
+    /// matches by predicate (`index_table`), so one bounds check says both.
     #[inline]
     pub(crate) fn indexed(&self, slot: Option<usize>) -> Option<&Handler> {
-        if self.asks_predicates() {
-            return None;
-        }
+        debug_assert!(self.by_table.is_empty() || !self.asks_predicates());
         self.by_table.get(slot?)?.as_ref()
     }
     /// The first handler accepting `opcode`: user handlers in registration order, then the

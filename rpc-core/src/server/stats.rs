@@ -84,8 +84,9 @@ macro_rules! counters {
     ($($(#[$doc:meta])* $name:ident,)*) => {
         /// Live counters of one server.
         pub(crate) struct Stats {
-            /// Served requests per opcode of the table, indexed like [`Opcode::ALL`].
-            known: Vec<AtomicU64>,
+            /// Served requests per opcode of the table, indexed like [`Opcode::ALL`] (an
+            /// array: a request's count is one index, with its bounds known).
+            known: [AtomicU64; Opcode::ALL.len()],
             /// Served requests of opcodes outside the table (user opcodes).
             other: Mutex<BTreeMap<Opcode, u64>>,
             $(pub(crate) $name: AtomicU64,)*
@@ -106,7 +107,7 @@ macro_rules! counters {
         impl Default for Stats {
             fn default() -> Self {
                 Stats {
-                    known: Opcode::ALL.iter().map(|_| AtomicU64::new(0)).collect(),
+                    known: core::array::from_fn(|_| AtomicU64::new(0)),
                     other: Mutex::new(BTreeMap::new()),
                     $($name: AtomicU64::new(0),)*
                 }
