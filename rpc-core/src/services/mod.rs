@@ -464,55 +464,45 @@ pub(crate) fn register_standard(registry: &mut Registry) {
             handler,
         ));
     };
-    add(Opcode::NOOP, Handler::script(test_ops::noop));
+    // Each standard opcode's script, by the module that serves it.
+    macro_rules! scripts {
+        ($($op:ident => $script:path,)*) => {
+            $(add(Opcode::$op, Handler::script($script));)*
+        };
+    }
     add(Opcode::TEST_INCREMENT, Handler::packet(test_ops::increment));
-    add(Opcode::TEST_INTERFACE, Handler::script(test_ops::interface));
-    add(Opcode::TEST_STREAM, Handler::script(test_ops::stream));
+    scripts! {
+        NOOP => test_ops::noop,
+        TEST_INTERFACE => test_ops::interface,
+        TEST_STREAM => test_ops::stream,
 
-    add(Opcode::EXIT, Handler::script(process::exit));
-    add(Opcode::ABORT, Handler::script(process::abort));
-    add(Opcode::HOST_CALL, Handler::script(process::host_call));
-    add(
-        Opcode::OFFLOAD_HOST_CALL,
-        Handler::script(process::host_call),
-    );
-    add(Opcode::SYSTEM, Handler::script(process::system));
+        EXIT => process::exit,
+        ABORT => process::abort,
+        HOST_CALL => process::host_call,
+        OFFLOAD_HOST_CALL => process::host_call,
+        SYSTEM => process::system,
 
-    add(Opcode::MALLOC, Handler::script(memory::malloc));
-    add(Opcode::FREE, Handler::script(memory::free));
+        MALLOC => memory::malloc,
+        FREE => memory::free,
 
-    add(
-        Opcode::WRITE_TO_STDOUT,
-        Handler::script(stdio::write_to_stdout),
-    );
-    add(
-        Opcode::WRITE_TO_STDERR,
-        Handler::script(stdio::write_to_stderr),
-    );
-    add(
-        Opcode::WRITE_TO_STREAM,
-        Handler::script(stdio::write_to_stream),
-    );
-    add(
-        Opcode::WRITE_TO_STDOUT_NEWLINE,
-        Handler::script(stdio::write_to_stdout_newline),
-    );
-    add(
-        Opcode::READ_FROM_STREAM,
-        Handler::script(stdio::read_from_stream),
-    );
-    add(Opcode::READ_FGETS, Handler::script(stdio::read_fgets));
-    add(Opcode::OPEN_FILE, Handler::script(stdio::open_file));
-    add(Opcode::CLOSE_FILE, Handler::script(stdio::close_file));
-    add(Opcode::FEOF, Handler::script(stdio::feof));
-    add(Opcode::FERROR, Handler::script(stdio::ferror));
-    add(Opcode::CLEARERR, Handler::script(stdio::clearerr));
-    add(Opcode::FSEEK, Handler::script(stdio::fseek));
-    add(Opcode::FTELL, Handler::script(stdio::ftell));
-    add(Opcode::FFLUSH, Handler::script(stdio::fflush));
-    add(Opcode::UNGETC, Handler::script(stdio::ungetc));
-    add(Opcode::REMOVE, Handler::script(stdio::remove));
-    add(Opcode::RENAME, Handler::script(stdio::rename));
+        WRITE_TO_STDOUT => stdio::write_to_stdout,
+        WRITE_TO_STDERR => stdio::write_to_stderr,
+        WRITE_TO_STREAM => stdio::write_to_stream,
+        WRITE_TO_STDOUT_NEWLINE => stdio::write_to_stdout_newline,
+        READ_FROM_STREAM => stdio::read_from_stream,
+        READ_FGETS => stdio::read_fgets,
+        OPEN_FILE => stdio::open_file,
+        CLOSE_FILE => stdio::close_file,
+        FEOF => stdio::feof,
+        FERROR => stdio::ferror,
+        CLEARERR => stdio::clearerr,
+        FSEEK => stdio::fseek,
+        FTELL => stdio::ftell,
+        FFLUSH => stdio::fflush,
+        UNGETC => stdio::ungetc,
+        REMOVE => stdio::remove,
+        RENAME => stdio::rename,
+    }
 
     for op in Opcode::PRINTF {
         add(op, Handler::script(printf::printf));
