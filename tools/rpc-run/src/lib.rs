@@ -573,25 +573,14 @@ pub fn prepare_cuda(
 mod tests {
     use super::*;
 
-    fn parse(args: &[&str]) -> Result<Options, clap::Error> {
-        Options::parse(std::iter::once("rpc-run").chain(args.iter().copied()))
+    /// `line` as rpc-run's command line, its words split at white space.
+    fn parse(line: &str) -> Result<Options, clap::Error> {
+        Options::parse(std::iter::once("rpc-run").chain(line.split_whitespace()))
     }
 
     #[test]
     fn the_command_line_of_llvms_loader() {
-        let o = parse(&[
-            "--threads",
-            "32,2",
-            "--blocks",
-            "4",
-            "--device",
-            "1",
-            "a.ptx",
-            "--",
-            "x",
-            "-y",
-        ])
-        .unwrap();
+        let o = parse("--threads 32,2 --blocks 4 --device 1 a.ptx -- x -y").unwrap();
         assert_eq!(o.grid.threads, [32, 2, 1]);
         assert_eq!(o.grid.blocks, [4, 1, 1]);
         assert_eq!(o.device, 1);
@@ -599,66 +588,50 @@ mod tests {
         assert_eq!(o.args, ["x", "-y"]);
         assert_eq!(o.plugin, "auto");
         // Arguments right after the image, as LLVM's loader takes them.
-        let o = parse(&["--timeout", "2.5", "a.out", "one", "--two"]).unwrap();
+        let o = parse("--timeout 2.5 a.out one --two").unwrap();
         assert_eq!(o.args, ["one", "--two"]);
-        assert_eq!(
-            parse(&["a.out", "-x", "--", "y"]).unwrap().args,
-            ["-x", "--", "y"]
-        );
+        assert_eq!(parse("a.out -x -- y").unwrap().args, ["-x", "--", "y"]);
         assert_eq!(o.timeout, Some(Duration::from_millis(2500)));
-        assert!(parse(&["--inspect", "a.out"]).unwrap().inspect);
-        let o = parse(&["--devices", "--json", "--plugin", "cuda"]).unwrap();
+        assert!(parse("--inspect a.out").unwrap().inspect);
+        let o = parse("--devices --json --plugin cuda").unwrap();
         assert!(o.devices && o.json);
         assert_eq!((o.plugin.as_str(), o.image.as_str()), ("cuda", ""));
         // LLVM's loader's flags, as its tests pass them, over --threads / --blocks.
-        let o = parse(&[
-            "--blocks-x",
-            "2",
-            "--blocks-z",
-            "3",
-            "--threads",
-            "8,8",
-            "--threads-y",
-            "4",
-            "t",
-        ])
-        .unwrap();
+        let o = parse("--blocks-x 2 --blocks-z 3 --threads 8,8 --threads-y 4 t").unwrap();
         assert_eq!(o.grid.blocks, [2, 1, 3]);
         assert_eq!(o.grid.threads, [8, 4, 1]);
-        assert!(parse(&["--threads-x", "1,2", "t"]).is_err());
+        assert!(parse("--threads-x 1,2 t").is_err());
     }
 
     #[test]
     fn bad_command_lines_are_usage_errors_naming_the_range() {
         let range = format!("from 1 to {}", u32::MAX);
-        let cases: [(&[&str], &str); 17] = [
-            (&["--threads", "0", "a"], &range),
-            (&["--threads", "99999999999", "a"], &range),
-            (&["--threads-z", "4294967296", "a"], &range),
-            (&["--threads", "1,2,3,4", "a"], "X, X,Y or X,Y,Z"),
-            (&["--plugin", "opencl", "a"], "opencl"),
-            (&["--timeout", "-1", "a"], "from 0.001 to 604800"),
-            (&["--timeout", "1e300", "a"], "from 0.001 to 604800"),
-            (&["--timeout", "2^64", "a"], "from 0.001 to 604800"),
-            (
-                &["--timeout", "99999999999999999999", "a"],
-                "from 0.001 to 604800",
-            ),
-            (&["--timeout", "NaN", "a"], "from 0.001 to 604800"),
-            (&["--device", "99999999999999999999", "a"], "from 0 to 1023"),
-            (&["--bogus", "a"], "--bogus"),
-            (&["--inspect", "a", "b"], "cannot be used with"),
-            (&[], "IMAGE"),
-            (&["--devices", "a"], "cannot be used with"),
-            (&["--devices", "--inspect"], "cannot be used with"),
-            (&["--json", "a"], "--devices"),
+        let timeout = "from 0.001 to 604800";
+        let cases = [
+            ("--threads 0 a", range.as_str()),
+            ("--threads 99999999999 a", &range),
+            ("--threads-z 4294967296 a", &range),
+            ("--threads 1,2,3,4 a", "X, X,Y or X,Y,Z"),
+            ("--plugin opencl a", "opencl"),
+            ("--timeout -1 a", timeout),
+            ("--timeout 1e300 a", timeout),
+            ("--timeout 2^64 a", timeout),
+            ("--timeout 99999999999999999999 a", timeout),
+            ("--timeout NaN a", timeout),
+            ("--device 99999999999999999999 a", "from 0 to 1023"),
+            ("--bogus a", "--bogus"),
+            ("--inspect a b", "cannot be used with"),
+            ("", "IMAGE"),
+            ("--devices a", "cannot be used with"),
+            ("--devices --inspect", "cannot be used with"),
+            ("--json a", "--devices"),
         ];
         for (bad, says) in cases {
             let error = parse(bad).unwrap_err();
             assert!(error.use_stderr(), "{bad:?}: {error}");
             assert!(error.to_string().contains(says), "{bad:?}: {error}");
         }
-        let help = parse(&["--help"]).unwrap_err();
+        let help = parse("--help").unwrap_err();
         assert!(!help.use_stderr());
     }
 
