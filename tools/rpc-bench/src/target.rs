@@ -217,8 +217,8 @@ impl Setup {
         let (base, len) = self.region();
         // SAFETY: the region is mapped (or allocated), 64-byte aligned and `len` bytes while
         // `self` lives (the view borrows it); this process touches it only through such
-        // views and `Mapping::u32_at` / `u64_at`, all atomic and same-size. A server process writes it
-        // as it likes: garbage to us at worst.
+        // views and `Mapping::u32_at` / `u64_at`, all atomic and same-size. A server process
+        // writes it as it likes: garbage to us at worst.
         unsafe { Mailbox::from_raw(base, len, self.layout) }.expect("sized for the layout")
     }
 
