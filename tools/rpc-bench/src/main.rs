@@ -16,9 +16,11 @@
 //! - `bare loop`: TEST_INCREMENT against a thread running only `rpc_core::Server`, on the
 //!   N=64 mailbox every server shares (all of them stopped or asleep);
 //! - `roundtrip N=.. port ..`: TEST_INCREMENT, L=1, on port 0 and on port N-1, for N = 64,
-//!   1024, 4096 (v1) and 16384 (v2); and against the floor ([`Server::Floor`]): a thread that
-//!   only flips the measured port's flag with raw atomics, on the same mailbox, the least a
-//!   server can do;
+//!   1024, 4096 (v1) and 16384 (v2); and against the floor, a loop that only flips the
+//!   measured port's flag with raw atomics on the same mailbox, the least a server can do: in
+//!   a process of its own ([`Server::Floor`], this binary's hidden `floor-serve`), the bound
+//!   of rpc-serve's and LLVM's rows, and on a thread of the bench ([`Server::ThreadFloor`]),
+//!   the in-process server's;
 //! - `lanes L=32 full / half`: TEST_INCREMENT with 32 or 16 active lanes;
 //! - `typed add` / `typed sum 4 KiB`, N=16384 (v2): typed calls as LLVM 23's `rpc::dispatch`
 //!   makes them (`--dispatch-tests`' `add`, and `sum` of a 4 KiB span), against LLVM's own
@@ -41,13 +43,14 @@ mod svg;
 mod target;
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use rpc_core::protocol::Generation;
+use rpc_core::protocol::{Generation, Layout};
 
 use measure::Hog;
 use target::{Binaries, Server, Setup};
@@ -118,7 +121,68 @@ struct Cli {
 /// `--park-us`'s range, as `cargo xtask bench` checks it.
 const PARK_US_RANGE: std::ops::RangeInclusive<u64> = 1..=1_000_000;
 
+/// The hidden first argument that makes this binary the floor's process ([`FloorServe`]).
+pub(crate) const FLOOR_SERVE: &str = "floor-serve";
+
+/// `rpc-bench floor-serve ...`: the floor of the cross-process rows, a process of its own that
+/// the bench starts from its own binary ([`Setup::floor`]) as it starts the server processes.
+/// It maps the mailbox file, prints `ready FILE BYTES`, and answers port `--port` with
+/// `measure::floor_loop` until a signal ends it (or the bench does: it dies with it).
+#[derive(clap::Parser, Debug)]
+#[command(name = "rpc-bench floor-serve")]
+struct FloorServe {
+    /// The mailbox file (a server process's).
+    #[arg(long, value_name = "PATH")]
+    file: PathBuf,
+    /// Its layout's generation (v1 or v2).
+    #[arg(long = "gen", value_name = "GEN", value_parser = ["v1", "v2"])]
+    generation: String,
+    /// Its ports.
+    #[arg(long, value_name = "N")]
+    ports: u32,
+    /// Its lanes.
+    #[arg(long, value_name = "L")]
+    lanes: u32,
+    /// The port to answer.
+    #[arg(long, value_name = "P")]
+    port: u32,
+}
+
+impl FloorServe {
+    /// Answers until the process ends; returns only why it cannot.
+    fn run(self) -> String {
+        let generation = self.generation.parse().expect("one of the possible values");
+        let layout = match Layout::new(generation, self.ports, self.lanes) {
+            Ok(layout) if self.port < self.ports => layout,
+            Ok(_) => return format!("port {} of {}", self.port, self.ports),
+            Err(e) => return e.to_string(),
+        };
+        let mailbox = match target::Mapping::new(&self.file, layout.total_size()) {
+            Ok(mailbox) => mailbox,
+            Err(e) => return e,
+        };
+        // SAFETY: prctl(PR_SET_PDEATHSIG) only sets a flag of this process: killed when the
+        // thread that started it (the bench's main thread) ends, even stopped, so that a
+        // killed bench leaves no floor behind.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        let ready = format!("ready {} {}", self.file.display(), layout.total_size());
+        if let Err(e) = writeln!(std::io::stdout(), "{ready}") {
+            return format!("the ready line: {e}");
+        }
+        measure::floor_loop(&mailbox, layout, self.port, &AtomicBool::new(false));
+        unreachable!("the floor's loop has no stop but the signal that ends the process")
+    }
+}
+
 fn main() -> ExitCode {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|first| first == FLOOR_SERVE)
+    {
+        let args = <FloorServe as clap::Parser>::parse_from(std::env::args_os().skip(1));
+        eprintln!("rpc-bench {FLOOR_SERVE}: {}", args.run());
+        return ExitCode::FAILURE;
+    }
     // `--help` prints and exits 0; a refused command line prints why and the usage, exit 2.
     let cli = <Cli as clap::Parser>::parse();
     PIN.store(!cli.float, Ordering::Relaxed);
@@ -522,6 +586,12 @@ impl Report {
         self.median(what, Server::RpcServe, loaded) / self.median(what, other, loaded)
     }
 
+    /// The in-process server's median over the thread floor's, for the same row and regime.
+    fn in_process_over_thread_floor(&self, what: &str, loaded: bool) -> f64 {
+        self.median(what, Server::InProcess, loaded)
+            / self.median(what, Server::ThreadFloor, loaded)
+    }
+
     /// rpc-serve's median over LLVM's, for the same row and regime.
     fn vs_llvm(&self, what: &str, loaded: bool) -> f64 {
         self.ours_over(Server::Llvm, what, loaded)
@@ -537,14 +607,21 @@ impl Report {
             .find(&wake_row(SILENCES[2].1, ""), Server::InProcess, false)
             .map(Row::sorted)
             .unwrap_or_default();
-        // Per shape and regime, rpc-serve on port N-1 over LLVM's server and over the floor.
+        // Per shape and regime, on port N-1: rpc-serve over LLVM's server and over the floor
+        // (the process), the in-process server over the thread floor.
         let versus = SHAPES.iter().flat_map(|&(_, n)| {
             [false, true].into_iter().flat_map(move |loaded| {
                 let regime = if loaded { "loaded" } else { "quiet" };
-                [(Server::Llvm, "llvm"), (Server::Floor, "floor")].map(|(other, name)| {
-                    let ratio = self.ours_over(other, &last(n), loaded);
-                    (format!("vs_{name}_n{n}_{regime}"), ratio, 2)
-                })
+                let what = last(n);
+                [
+                    ("vs_llvm", self.ours_over(Server::Llvm, &what, loaded)),
+                    ("vs_floor", self.ours_over(Server::Floor, &what, loaded)),
+                    (
+                        "ip_vs_thread_floor",
+                        self.in_process_over_thread_floor(&what, loaded),
+                    ),
+                ]
+                .map(|(name, ratio)| (format!("{name}_n{n}_{regime}"), ratio, 2))
             })
         });
         let figures: Vec<(String, f64, usize)> = [
@@ -615,8 +692,8 @@ impl Report {
     }
 
     /// The rows side by side, once per row and regime in the order measured: the median of
-    /// each server of [`COLUMNS`] (NaN where not measured), and rpc-serve over LLVM's server
-    /// and over the floor.
+    /// each server of [`COLUMNS`] (NaN where not measured), rpc-serve over LLVM's server and
+    /// over the floor (the process), and the in-process server over the thread floor.
     fn side_by_side(&self) -> Vec<SideBySide<'_>> {
         let mut out: Vec<SideBySide<'_>> = Vec::new();
         for row in &self.rows {
@@ -631,6 +708,8 @@ impl Report {
                 medians: COLUMNS.map(|server| self.median(&row.what, server, row.loaded)),
                 vs_llvm: self.vs_llvm(&row.what, row.loaded),
                 vs_floor: self.ours_over(Server::Floor, &row.what, row.loaded),
+                in_process_vs_thread_floor: self
+                    .in_process_over_thread_floor(&row.what, row.loaded),
             });
         }
         out
@@ -642,8 +721,10 @@ impl Report {
         for server in COLUMNS {
             let _ = write!(out, " {} |", server.name());
         }
-        out.push_str(" rpc-serve / LLVM | rpc-serve / floor |\n|---|---|---|");
-        out.push_str(&"---:|".repeat(COLUMNS.len() + 2));
+        out.push_str(
+            " rpc-serve / LLVM | rpc-serve / floor | in-process / thread floor |\n|---|---|---|",
+        );
+        out.push_str(&"---:|".repeat(COLUMNS.len() + 3));
         out.push('\n');
         let ratio = |r: f64| {
             if r.is_finite() {
@@ -658,7 +739,13 @@ impl Report {
             for median in line.medians {
                 let _ = write!(out, " {} |", fmt(median));
             }
-            let _ = writeln!(out, " {} | {} |", ratio(line.vs_llvm), ratio(line.vs_floor));
+            let _ = writeln!(
+                out,
+                " {} | {} | {} |",
+                ratio(line.vs_llvm),
+                ratio(line.vs_floor),
+                ratio(line.in_process_vs_thread_floor)
+            );
         }
         out
     }
@@ -698,6 +785,7 @@ impl Report {
                     "medians": medians,
                     "rpc_serve_over_llvm": figure(line.vs_llvm),
                     "rpc_serve_over_floor": figure(line.vs_floor),
+                    "in_process_over_thread_floor": figure(line.in_process_vs_thread_floor),
                 })
             })
             .collect();
@@ -810,11 +898,12 @@ impl Report {
 }
 
 /// The servers of the comparison's columns, in order.
-const COLUMNS: [Server; 4] = [
+const COLUMNS: [Server; 5] = [
     Server::InProcess,
     Server::RpcServe,
     Server::Llvm,
     Server::Floor,
+    Server::ThreadFloor,
 ];
 
 /// One line of the comparison: a row in one regime, every server's median side by side.
@@ -825,8 +914,10 @@ struct SideBySide<'r> {
     medians: [f64; COLUMNS.len()],
     /// rpc-serve over LLVM's server.
     vs_llvm: f64,
-    /// rpc-serve over the floor.
+    /// rpc-serve over the floor (the process).
     vs_floor: f64,
+    /// The in-process server over the thread floor.
+    in_process_vs_thread_floor: f64,
 }
 
 /// The machine the run measured, as the report's header names it.
@@ -947,7 +1038,7 @@ fn setups(
     for server in order.into_iter().filter(|s| servers.contains(s)) {
         let file = match server {
             Server::RpcServe => file.as_deref(),
-            Server::Llvm | Server::InProcess | Server::Floor => created,
+            Server::Llvm | Server::InProcess | Server::Floor | Server::ThreadFloor => created,
         };
         if let Some(setup) = Setup::new(server, binaries, generation, ports, lanes, file)? {
             if server == Server::RpcServe {
@@ -994,12 +1085,24 @@ fn run(
     // Latency rows, interleaved: every row of every server once per round.
     let streaming = matches!(part, Part::Stream(_));
     let latency_rows = matches!(part, Part::All | Part::Latency);
-    let shapes: Vec<(u32, Vec<Setup>)> = if !latency_rows {
+    // Per shape: its servers, and the floor's process for each measured port (where rpc-serve
+    // made the file).
+    let shapes: Vec<(u32, Vec<Setup>, Floors)> = if !latency_rows {
         Vec::new()
     } else {
         SHAPES
             .iter()
-            .map(|&(g, n)| Ok((n, setups(&servers, binaries, g, n, 1)?)))
+            .map(|&(g, n)| {
+                let setups = setups(&servers, binaries, g, n, 1)?;
+                let floors = match file_of(&setups) {
+                    Some(file) => measured_ports(n)
+                        .into_iter()
+                        .map(|port| Ok((port, Setup::floor(file, port, target::floor_command)?)))
+                        .collect::<Result<_, String>>()?,
+                    None => Vec::new(),
+                };
+                Ok((n, setups, floors))
+            })
             .collect::<Result<_, String>>()?
     };
     let lanes = if matches!(part, Part::Stream(1) | Part::Pipelined(_) | Part::Idle) {
@@ -1008,31 +1111,39 @@ fn run(
         setups(&servers, binaries, Generation::V1, 64, 32)?
     };
     for loaded in [false, true].into_iter().filter(|_| latency_rows) {
-        let _loaded =
-            loaded.then(|| Loaded::start(shapes.iter().flat_map(|(_, s)| s).chain(&lanes)));
+        let _loaded = loaded.then(|| {
+            let floors = shapes.iter().flat_map(|(_, _, f)| f.iter().map(|(_, f)| f));
+            Loaded::start(
+                shapes
+                    .iter()
+                    .flat_map(|(_, s, _)| s)
+                    .chain(floors)
+                    .chain(&lanes),
+            )
+        });
         let unit = "ns/round trip";
         let mut plan: Vec<Measured<'_>> = vec![(
             Row::new(PINGPONG, Server::InProcess, loaded, unit),
             Box::new(move || measure::pingpong(w)),
         )];
-        // The bare loop and the floor run on the lines every server of a shape serves: its
-        // mailbox file, through rpc-serve's setup of it (every server is stopped or asleep
-        // between its rows).
+        // The bare loop and the thread floor run on the lines every server of a shape serves:
+        // its mailbox file, through rpc-serve's setup of it (every server is stopped or asleep
+        // between its rows); the floor's processes map that file too.
         if let Some(setup) = shapes
             .iter()
-            .find(|(n, _)| *n == 64)
-            .and_then(|(_, setups)| file_of(setups))
+            .find(|(n, _, _)| *n == 64)
+            .and_then(|(_, setups, _)| file_of(setups))
         {
             plan.push((
                 Row::new(BARE, Server::InProcess, loaded, unit),
                 Box::new(move || measure::bare_roundtrip(setup, w)),
             ));
         }
-        for (n, setups) in &shapes {
-            let ports: &[u32] = if *n == 64 { &[0, 63] } else { &[n - 1] };
-            for &port in ports {
+        for (n, setups, floors) in &shapes {
+            for port in measured_ports(*n) {
                 let what = format!("roundtrip N={n} port {port}");
-                for setup in setups {
+                let floor = floors.iter().filter(|(p, _)| *p == port).map(|(_, f)| f);
+                for setup in setups.iter().chain(floor) {
                     plan.push((
                         Row::new(&what, setup.server, loaded, unit),
                         Box::new(move || measure::roundtrip(setup, port, 1, w)),
@@ -1040,14 +1151,14 @@ fn run(
                 }
                 if let Some(setup) = file_of(setups) {
                     plan.push((
-                        Row::new(&what, Server::Floor, loaded, unit),
-                        Box::new(move || measure::floor_roundtrip(setup, port, w)),
+                        Row::new(&what, Server::ThreadFloor, loaded, unit),
+                        Box::new(move || measure::thread_floor_roundtrip(setup, port, w)),
                     ));
                 }
             }
         }
         // The typed calls, where LLVM's peer has `rpc::invoke` (LLVM 23: the v2 shape).
-        for (_, setups) in shapes.iter().filter(|(n, _)| *n == TYPED_PORTS) {
+        for (_, setups, _) in shapes.iter().filter(|(n, _, _)| *n == TYPED_PORTS) {
             for setup in setups {
                 for (what, call) in [
                     (TYPED_ADD, measure::Typed::Add),
@@ -1213,6 +1324,15 @@ fn run(
     write(report(rows), &out_dir, started)
 }
 
+/// The ports a round-trip row of N ports measures: 0 and 63 of 64, N-1 of the others.
+fn measured_ports(n: u32) -> Vec<u32> {
+    if n == 64 {
+        vec![0, 63]
+    } else {
+        vec![n - 1]
+    }
+}
+
 /// rpc-serve's setup among a shape's, through which the bench's own loops map its mailbox file.
 fn file_of(setups: &[Setup]) -> Option<&Setup> {
     setups.iter().find(|setup| setup.server == Server::RpcServe)
@@ -1248,6 +1368,9 @@ fn requests(servers: &[Server], binaries: &Binaries, ports: u32, count: u32) -> 
     }
     Ok(())
 }
+
+/// A shape's floor processes, each with the port it answers.
+type Floors = Vec<(u32, Setup)>;
 
 /// A row, and the measurement of one repetition of it.
 type Measured<'a> = (Row, Box<dyn FnMut() -> Result<f64, String> + 'a>);
@@ -1342,6 +1465,12 @@ mod tests {
                 ),
                 row("roundtrip N=64 port 63", Server::Llvm, false, &[1000.0]),
                 row("roundtrip N=64 port 63", Server::Floor, false, &[400.0]),
+                row(
+                    "roundtrip N=64 port 63",
+                    Server::ThreadFloor,
+                    false,
+                    &[400.0],
+                ),
                 row("roundtrip N=64 port 63", Server::RpcServe, true, &[3000.0]),
                 row("roundtrip N=64 port 63", Server::Floor, true, &[2000.0]),
             ],
@@ -1352,19 +1481,21 @@ mod tests {
             lines,
             [
                 "| benchmark | regime | unit | in-process | rpc-serve | LLVM | floor \
-                 | rpc-serve / LLVM | rpc-serve / floor |",
-                "|---|---|---|---:|---:|---:|---:|---:|---:|",
+                 | thread floor | rpc-serve / LLVM | rpc-serve / floor \
+                 | in-process / thread floor |",
+                "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
                 "| roundtrip N=64 port 63 | quiet | ns/round trip | 500 | 500 | 1000 | 400 \
-                 | 0.50 | 1.25 |",
+                 | 400 | 0.50 | 1.25 | 1.25 |",
                 "| roundtrip N=64 port 63 | loaded | ns/round trip | — | 3000 | — | 2000 \
-                 | — | 1.50 |",
+                 | — | — | 1.50 | — |",
             ]
         );
         assert_eq!(report.vs_llvm("roundtrip N=64 port 63", false), 0.5);
         let summary = report.summary();
         assert!(
-            summary.contains(
-                "vs_llvm_n64_quiet=0.50 vs_floor_n64_quiet=1.25 vs_floor_n64_loaded=1.50"
+            summary.ends_with(
+                "vs_llvm_n64_quiet=0.50 vs_floor_n64_quiet=1.25 ip_vs_thread_floor_n64_quiet=1.25 \
+                 vs_floor_n64_loaded=1.50"
             ),
             "{summary}"
         );
@@ -1375,6 +1506,9 @@ mod tests {
         assert_eq!(lines[0]["medians"]["floor"], 400.0);
         assert_eq!(lines[0]["rpc_serve_over_llvm"], 0.5);
         assert_eq!(lines[0]["rpc_serve_over_floor"], 1.25);
+        assert_eq!(lines[0]["medians"]["thread floor"], 400.0);
+        assert_eq!(lines[0]["in_process_over_thread_floor"], 1.25);
+        assert!(lines[1]["in_process_over_thread_floor"].is_null());
         assert_eq!(lines[1]["regime"], "loaded");
         assert!(lines[1]["medians"]["LLVM"].is_null());
         assert!(lines[1]["rpc_serve_over_llvm"].is_null());
@@ -1611,14 +1745,32 @@ mod tests {
             .contains("NaN"));
     }
 
-    /// The floor answers the measured port of every shape (port 0 and 63 of 64, port N-1 of
+    /// The floors answer the measured port of every shape (port 0 and 63 of 64, port N-1 of
     /// the others, v2 at 16384) on a server process's mailbox file, the process stopped
     /// meanwhile: every answer is checked by the client. The process is a stand-in for
-    /// rpc-serve that only makes the file, says it is ready and sleeps.
+    /// rpc-serve that only makes the file, says it is ready and sleeps. The floor of the
+    /// cross-process rows answers from a process of its own (this test binary again, running
+    /// [`floor_serve_helper`] as the bench runs `rpc-bench floor-serve`): not this one, using
+    /// CPU time of its own, stopped between rows like the servers, gone once dropped.
     #[test]
     fn the_floor_answers_the_measured_port_of_every_shape_on_a_server_process_file() {
         let dir = std::env::temp_dir().join(format!("rpc-bench-floor-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        // The floor's command: this binary's helper, given `floor-serve`'s arguments.
+        let launch = |args: Vec<std::ffi::OsString>| {
+            let args: Vec<String> = args.into_iter().map(|a| a.into_string().unwrap()).collect();
+            let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+            command
+                .args(["--exact", "tests::floor_serve_helper", "--nocapture"])
+                .args(["--test-threads", "1"])
+                .env(FLOOR_ARGS, args.join("\n"));
+            Ok(command)
+        };
+        // The scheduler's state of process `pid` ('T': stopped), `None` once it is gone.
+        let state = |pid: u32| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            stat.rsplit_once(") ")?.1.chars().next()
+        };
         for &(generation, n) in &SHAPES {
             let bytes = Layout::new(generation, n, 1).unwrap().total_size();
             // rpc-serve's command line starts `--file FILE`.
@@ -1642,13 +1794,44 @@ mod tests {
             let setup = Setup::new(Server::RpcServe, &binaries, generation, n, 1, Some(&file))
                 .unwrap()
                 .expect("a server process");
-            let ports: &[u32] = if n == 64 { &[0, 63] } else { &[n - 1] };
-            for &port in ports {
-                let ns = measure::floor_roundtrip(&setup, port, Duration::from_millis(5));
-                assert!(ns.unwrap() > 0.0, "N={n} port {port}");
+            for port in measured_ports(n) {
+                let ns = measure::thread_floor_roundtrip(&setup, port, Duration::from_millis(5));
+                assert!(ns.unwrap() > 0.0, "thread floor: N={n} port {port}");
+
+                let floor = Setup::floor(&setup, port, launch).unwrap();
+                assert_eq!(floor.server, Server::Floor);
+                let pid = floor.pid().expect("a process");
+                assert_ne!(pid, std::process::id());
+                assert_eq!(state(pid), Some('T'), "stopped until its row");
+                let cpu = floor.cpu().unwrap();
+                let ns = measure::roundtrip(&floor, port, 1, Duration::from_millis(5));
+                assert!(ns.unwrap() > 0.0, "floor: N={n} port {port}");
+                assert!(floor.cpu().unwrap() > cpu, "the floor's process answered");
+                assert_eq!(state(pid), Some('T'), "stopped after its row");
+                drop(floor);
+                assert_eq!(
+                    state(pid),
+                    None,
+                    "N={n} port {port}: the floor's process ended"
+                );
             }
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `floor-serve`'s arguments, one a line, for [`floor_serve_helper`].
+    const FLOOR_ARGS: &str = "RPC_BENCH_TEST_FLOOR_ARGS";
+
+    /// Not a test of its own: where [`FLOOR_ARGS`] is set, the floor's process of the test
+    /// above, `rpc-bench floor-serve` with those arguments (it never returns).
+    #[test]
+    fn floor_serve_helper() {
+        let Ok(args) = std::env::var(FLOOR_ARGS) else {
+            return;
+        };
+        let args = [FLOOR_SERVE].into_iter().chain(args.split('\n'));
+        let floor = <FloorServe as clap::Parser>::try_parse_from(args).unwrap();
+        panic!("floor-serve: {}", floor.run());
     }
 
     #[test]

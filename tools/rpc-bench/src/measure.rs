@@ -6,10 +6,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use plugin_host::kernel::{encode_printf, printf, Arg, PrintfCall, Target};
-use rpc_core::protocol::{Client, LockTable};
+use rpc_core::protocol::{Client, Layout, LockTable};
 use rpc_core::Opcode;
 
-use crate::target::{schedstat, Server, Setup};
+use crate::target::{schedstat, Mapping, Server, Setup};
 use crate::{pin_server, spin_then_yield, SpinThenYield, STREAM_BYTES};
 
 /// One TEST_INCREMENT exchange on port `index` with the lanes of `mask`; checks the answer.
@@ -396,40 +396,49 @@ pub fn bare_roundtrip(setup: &Setup, window: Duration) -> Result<f64, String> {
     })
 }
 
-/// One repetition of TEST_INCREMENT round trips on port `index` against the least a server
-/// can do, the floor of the round-trip rows: a thread that waits for that one port's flags to
-/// differ, reads the header's opcode and the packet, writes the answer and flips its flag,
-/// with atomics at the layout's offsets and nothing else (no scan of other ports, lock,
-/// registry, statistics or back-off but the bare loop's): ns per round trip.
+/// The least a server can do, the floor of the round-trip rows: waits for port `index`'s
+/// flags to differ, reads the header's opcode and the packet, writes the answer and flips its
+/// flag, with atomics at the layout's offsets and nothing else (no scan of other ports, lock,
+/// registry, statistics or back-off but the bare loop's); until `stop` is set.
 ///
-/// The answerer is a thread of the bench, not a process: it maps the very file the server
-/// processes serve (through their setup's mapping), so a hand-over crosses the same cache
-/// lines, between the same two CPUs, as with a server in another process; only the page
-/// tables differ, which a hand-over does not touch.
-pub fn floor_roundtrip(setup: &Setup, index: u32, window: Duration) -> Result<f64, String> {
-    let layout = setup.layout();
-    against_loop(setup, index, window, |stop| {
-        let ours = setup.u32_at(layout.primary() + 4 * index as usize);
-        let theirs = setup.u32_at(layout.secondary() + 4 * index as usize);
-        let opcode = setup.u32_at(layout.header_of(index) + 8);
-        let word = setup.u64_at(layout.packet_of(index, 0));
-        let mut idle = 0;
-        while !stop.load(Ordering::Relaxed) {
-            let flag = ours.load(Ordering::Relaxed);
-            if (theirs.load(Ordering::Relaxed) != 0) == (flag != 0) {
-                spin_then_yield(idle);
-                idle += 1;
-                continue;
-            }
-            idle = 0;
-            // Acquire: the client's header and packet, written before its flip.
-            fence(Ordering::Acquire);
-            if opcode.load(Ordering::Relaxed) == Opcode::TEST_INCREMENT.0 {
-                word.store(word.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-            }
-            // Release: the answer before the flip that hands it back.
-            ours.store(u32::from(flag == 0), Ordering::Release);
+/// It runs in a process of its own for the cross-process rows ([`Server::Floor`], this
+/// binary's `floor-serve`), and on a thread of the bench for the in-process server's
+/// ([`thread_floor_roundtrip`]): either way on the very file the server processes serve, so a
+/// hand-over crosses the same cache lines between the same two CPUs.
+pub fn floor_loop(mailbox: &Mapping, layout: Layout, index: u32, stop: &AtomicBool) {
+    let ours = mailbox.u32_at(layout.primary() + 4 * index as usize);
+    let theirs = mailbox.u32_at(layout.secondary() + 4 * index as usize);
+    let opcode = mailbox.u32_at(layout.header_of(index) + 8);
+    let word = mailbox.u64_at(layout.packet_of(index, 0));
+    let mut idle = 0;
+    // Relaxed: the flag only ends the loop, after the client's last answer came back.
+    while !stop.load(Ordering::Relaxed) {
+        let flag = ours.load(Ordering::Relaxed);
+        if (theirs.load(Ordering::Relaxed) != 0) == (flag != 0) {
+            spin_then_yield(idle);
+            idle += 1;
+            continue;
         }
+        idle = 0;
+        // Acquire: the client's header and packet, written before its flip.
+        fence(Ordering::Acquire);
+        if opcode.load(Ordering::Relaxed) == Opcode::TEST_INCREMENT.0 {
+            word.store(word.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        }
+        // Release: the answer before the flip that hands it back.
+        ours.store(u32::from(flag == 0), Ordering::Release);
+    }
+}
+
+/// One repetition of TEST_INCREMENT round trips on port `index` against [`floor_loop`] on a
+/// thread of the bench ([`Server::ThreadFloor`]), on `setup`'s mailbox file: ns per round
+/// trip. (The cross-process floor is a server process: [`roundtrip`] against its setup.)
+pub fn thread_floor_roundtrip(setup: &Setup, index: u32, window: Duration) -> Result<f64, String> {
+    let mailbox = setup
+        .mapping()
+        .ok_or("the thread floor runs on a server process's mailbox file")?;
+    against_loop(setup, index, window, |stop| {
+        floor_loop(mailbox, setup.layout(), index, stop)
     })
 }
 

@@ -1,6 +1,6 @@
 //! What a row is measured against: an in-process `RpcServer` over `MailboxMemory` (with a v2
-//! doorbell, or without), or a server process (`rpc-serve` or LLVM's server with our glue) whose
-//! memfd mailbox this process maps.
+//! doorbell, or without), or a server process (`rpc-serve`, LLVM's server with our glue, or
+//! the floor's `rpc-bench floor-serve`) whose memfd mailbox this process maps.
 //!
 //! A server process is stopped (SIGSTOP) whenever none of its rows runs, so that the timed
 //! parks of a dozen idle servers do not load the machine the measured one runs on; it is
@@ -9,6 +9,7 @@
 //! process has stopped, and the end of an in-process row only once its worker sleeps: two
 //! servers never serve one mailbox at once.
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, ErrorKind};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -35,10 +36,17 @@ pub enum Server {
     RpcServe,
     /// LLVM's server (`llvm-peer`) in another process.
     Llvm,
-    /// The floor: a thread of the bench that answers the measured port alone with raw atomics
-    /// (`measure::floor_roundtrip`), on rpc-serve's mailbox file while every server of the
-    /// shape is stopped or asleep. Not a server one starts: no setup of its own.
+    /// The floor of the cross-process rows: a process of its own (this binary's
+    /// `floor-serve`, [`Setup::floor`]) that answers the measured port alone with raw atomics
+    /// (`measure::floor_loop`), on rpc-serve's mailbox file, stopped and continued as the
+    /// servers are.
     Floor,
+    /// The floor of the in-process server's rows: the same loop on a thread of the bench
+    /// (`measure::thread_floor_roundtrip`), on the same file. A hand-over between two threads
+    /// of one process costs no address-space switch where the client and the answerer share
+    /// a CPU (the loaded regime), one between two processes does: each floor is the bound of
+    /// the servers that pay what it pays. Not a server one starts: no setup of its own.
+    ThreadFloor,
 }
 
 impl Server {
@@ -48,6 +56,7 @@ impl Server {
             Server::RpcServe => "rpc-serve",
             Server::Llvm => "LLVM",
             Server::Floor => "floor",
+            Server::ThreadFloor => "thread floor",
         }
     }
 }
@@ -62,7 +71,7 @@ pub struct Binaries {
 impl Binaries {
     fn of(&self, server: Server, generation: Generation) -> Option<&Path> {
         match (server, generation) {
-            (Server::InProcess | Server::Floor, _) => None,
+            (Server::InProcess | Server::Floor | Server::ThreadFloor, _) => None,
             (Server::RpcServe, _) => self.rpc_serve.as_deref(),
             (Server::Llvm, Generation::V1) => self.peer_v1.as_deref(),
             (Server::Llvm, Generation::V2) => self.peer_v2.as_deref(),
@@ -119,7 +128,21 @@ impl Setup {
             let Some(binary) = binaries.of(server, generation) else {
                 return Ok(None);
             };
-            Host::Process(Process::start(binary, layout, file)?)
+            let mut command = Command::new(binary);
+            if let Some(file) = file {
+                command.arg("--file").arg(file);
+            }
+            command
+                .args(mailbox_args(layout))
+                .args([
+                    "--stdout",
+                    "/dev/null",
+                    "--files",
+                    "deny",
+                    "--dispatch-tests",
+                ])
+                .env("RUST_LOG", "error");
+            Host::Process(Process::start(command, layout)?)
         };
         Ok(Some(Setup {
             server,
@@ -127,6 +150,30 @@ impl Setup {
             locks: LockTable::new(ports),
             layout,
         }))
+    }
+
+    /// The floor's process, answering port `port` of `of`'s mailbox (a server process's file,
+    /// which it maps), pinned, stopped and continued as the server processes are: `launch`
+    /// makes its command from the arguments of `floor-serve` (`--file`, `--gen`, `--ports`,
+    /// `--lanes`, `--port`): this binary's `floor-serve` ([`floor_command`]), or a test's
+    /// stand-in for it.
+    pub fn floor(
+        of: &Setup,
+        port: u32,
+        launch: impl FnOnce(Vec<OsString>) -> Result<Command, String>,
+    ) -> Result<Self, String> {
+        let Host::Process(server) = &of.host else {
+            return Err("the floor process maps a server process's mailbox file".into());
+        };
+        let mut args = vec!["--file".into(), server.path.clone().into_os_string()];
+        args.extend(mailbox_args(of.layout).map(OsString::from));
+        args.extend(["--port".into(), port.to_string().into()]);
+        Ok(Setup {
+            server: Server::Floor,
+            host: Host::Process(Process::start(launch(args)?, of.layout)?),
+            locks: LockTable::new(of.layout.ports()),
+            layout: of.layout,
+        })
     }
 
     /// An in-process server over a fresh v2 mailbox whose client rings a doorbell (PROTOCOL
@@ -170,28 +217,27 @@ impl Setup {
         let (base, len) = self.region();
         // SAFETY: the region is mapped (or allocated), 64-byte aligned and `len` bytes while
         // `self` lives (the view borrows it); this process touches it only through such
-        // views and `u32_at` / `u64_at`, all atomic and same-size. A server process writes it
-        // as it likes: garbage to us at worst.
+        // views and `Mapping::u32_at` / `u64_at`, all atomic and same-size. A server process
+        // writes it as it likes: garbage to us at worst.
         unsafe { Mailbox::from_raw(base, len, self.layout) }.expect("sized for the layout")
     }
 
-    /// The mailbox's `u32` word at `offset` bytes, as an atomic (for the bench's own loop on
-    /// it, `measure::floor_roundtrip`).
-    pub fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        let (base, len) = self.region();
-        assert!(offset % 4 == 0 && offset + 4 <= len);
-        // SAFETY: in bounds and aligned (asserted; the region is 64-byte aligned), borrowed
-        // from `self`, which keeps the region mapped, and the mailbox is only ever accessed
-        // through atomics, this word always through 4-byte ones (flags, opcodes).
-        unsafe { &*base.add(offset).cast::<AtomicU32>() }
+    /// A server process's mailbox file as this process maps it (for the bench's own loops on
+    /// it); `None` in process.
+    pub fn mapping(&self) -> Option<&Mapping> {
+        match &self.host {
+            Host::Process(process) => Some(&process.mapping),
+            Host::InProcess { .. } => None,
+        }
     }
 
-    /// The mailbox's `u64` word at `offset` bytes, as an atomic.
-    pub fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        let (base, len) = self.region();
-        assert!(offset % 8 == 0 && offset + 8 <= len);
-        // SAFETY: as in `u32_at`; a packet's words are always accessed as 8-byte atomics.
-        unsafe { &*base.add(offset).cast::<AtomicU64>() }
+    /// The server process's id; `None` in process.
+    #[cfg(test)]
+    pub fn pid(&self) -> Option<u32> {
+        match &self.host {
+            Host::Process(process) => Some(process.child.id()),
+            Host::InProcess { .. } => None,
+        }
     }
 
     /// Where the mailbox is in this process, and its length.
@@ -442,20 +488,20 @@ fn thread_named(name: &str) -> Option<i32> {
 }
 
 /// A mailbox file mapped here, shared.
-struct Mapping {
+pub struct Mapping {
     base: *mut u8,
     len: usize,
 }
 
 // SAFETY: the mapping is plain shared memory that lives as long as `Mapping`; every access to
-// it goes through `Mailbox` views and `Setup::u32_at` / `u64_at`, which are atomic.
+// it goes through `Mailbox` views and `Mapping::u32_at` / `u64_at`, which are atomic.
 unsafe impl Send for Mapping {}
 // SAFETY: as above: shared use of the mapping is only through atomics.
 unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Maps the file `path`, which must be `len` bytes.
-    fn new(path: &Path, len: usize) -> Result<Self, String> {
+    pub fn new(path: &Path, len: usize) -> Result<Self, String> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -491,6 +537,25 @@ impl Mapping {
     }
 }
 
+impl Mapping {
+    /// The mailbox's `u32` word at `offset` bytes, as an atomic (for the floor's loop on it,
+    /// `measure::floor_loop`).
+    pub fn u32_at(&self, offset: usize) -> &AtomicU32 {
+        assert!(offset % 4 == 0 && offset + 4 <= self.len);
+        // SAFETY: in bounds and aligned (asserted; the mapping is page-aligned), borrowed from
+        // `self`, which keeps it mapped, and the mailbox is only ever accessed through
+        // atomics, this word always through 4-byte ones (flags, opcodes).
+        unsafe { &*self.base.add(offset).cast::<AtomicU32>() }
+    }
+
+    /// The mailbox's `u64` word at `offset` bytes, as an atomic.
+    pub fn u64_at(&self, offset: usize) -> &AtomicU64 {
+        assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        // SAFETY: as in `u32_at`; a packet's words are always accessed as 8-byte atomics.
+        unsafe { &*self.base.add(offset).cast::<AtomicU64>() }
+    }
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: the mapping made in `new`, unmapped once; nothing borrowed from it outlives
@@ -517,44 +582,63 @@ unsafe impl SharedRegion for SharedMapping {
     }
 }
 
+/// The arguments that give a server process the mailbox's layout.
+fn mailbox_args(layout: Layout) -> [String; 6] {
+    [
+        "--gen".into(),
+        layout.generation().to_string(),
+        "--ports".into(),
+        layout.ports().to_string(),
+        "--lanes".into(),
+        layout.lanes().to_string(),
+    ]
+}
+
+/// The command of the floor's process: this binary's `floor-serve` with `args`.
+pub fn floor_command(args: Vec<OsString>) -> Result<Command, String> {
+    let bench = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
+    let mut command = Command::new(bench);
+    command.arg(crate::FLOOR_SERVE).args(args);
+    Ok(command)
+}
+
 /// A server process and its mailbox, mapped here.
 pub struct Process {
     child: Child,
+    /// The mailbox file, as its ready line names it (a memfd's is `/proc/PID/fd/N`).
+    path: PathBuf,
     /// Live [`Serving`] guards: the first continues the process, the last stops it.
     serving: std::sync::Mutex<usize>,
     mapping: Mapping,
 }
 
 impl Process {
-    fn start(binary: &Path, layout: Layout, file: Option<&Path>) -> Result<Self, String> {
-        let mut command = Command::new(binary);
+    /// Starts `command` (a server's binary and its arguments), pinned, waits for its ready
+    /// line, maps the mailbox it names and stops the process.
+    fn start(mut command: Command, layout: Layout) -> Result<Self, String> {
         pin_server_process(&mut command);
-        if let Some(file) = file {
-            command.arg("--file").arg(file);
-        }
+        let binary = PathBuf::from(command.get_program());
         let mut child = command
-            .args(["--gen", &layout.generation().to_string()])
-            .args(["--ports", &layout.ports().to_string()])
-            .args(["--lanes", &layout.lanes().to_string()])
-            .args([
-                "--stdout",
-                "/dev/null",
-                "--files",
-                "deny",
-                "--dispatch-tests",
-            ])
-            .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("starting {}: {e}", binary.display()))?;
         let stdout = child.stdout.take().expect("piped");
-        let mut line = String::new();
-        // A liveness bound only: both servers print the line at once.
+        // A liveness bound only: every server prints the line at once.
         let (tx, rx) = std::sync::mpsc::channel();
         thread::spawn(move || {
             let mut reader = BufReader::new(stdout);
-            let _ = reader.read_line(&mut line);
+            // The first line that says `ready `, from there (a test's stand-in for the floor
+            // is a test binary, whose harness prints lines and the start of this one first);
+            // an empty one at the end.
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                if let Some(at) = line.find("ready ") {
+                    line.drain(..at);
+                    break;
+                }
+                line.clear();
+            }
             let _ = tx.send(line);
             // Keep reading (and dropping) so that the server never blocks on a full pipe.
             let mut rest = String::new();
@@ -584,6 +668,7 @@ impl Process {
         })?;
         let process = Process {
             child,
+            path: PathBuf::from(path),
             serving: std::sync::Mutex::new(0),
             mapping,
         };
