@@ -24,7 +24,7 @@ use crate::server::exec::{
     InFlight, Look,
 };
 use crate::server::limits::device_log;
-use crate::server::mailboxes::Marks;
+use crate::server::mailboxes::{Marks, Opened};
 use crate::server::registry::{Entry, Handler, Registry, ScriptFn};
 use crate::server::request::Request;
 use crate::server::stats::bump;
@@ -198,7 +198,7 @@ impl PassCache {
     /// as a new request. The worker serves it before it sleeps, since that kernel's arrival
     /// changed the epoch `wait_for_users` compares.
     pub(crate) fn clear_gone(&mut self, context: &ServerContext, reason: &str) {
-        let gone = |flight: &InFlight| flight.marks.gone(&flight.mailbox, context);
+        let gone = |flight: &InFlight| flight.opened.marks.gone(&flight.mailbox, context);
         self.in_flight
             .abandon_where(context, gone, Fate::Drain, reason);
         self.mailboxes = None;
@@ -334,7 +334,7 @@ impl Inner {
                         // `Flights` keeps the table current; checked all the same, as polling
                         // another port's exchange would close that port through this view.
                         let found_it =
-                            flight.index == index && Arc::ptr_eq(&flight.mailbox, mailbox);
+                            flight.opened.index == index && Arc::ptr_eq(&flight.mailbox, mailbox);
                         debug_assert!(found_it, "the table of positions is out of date");
                         if found_it && flight.on_port {
                             found += in_flight.step(context, mailbox, &server, k, false).0;
@@ -463,7 +463,12 @@ impl Inner {
                     let fate = count(context, mailbox, index, opcode, Err(error));
                     server.port(taken, &ExchangeWait).quarantine();
                     let marks = Marks::now(mailbox, context);
-                    carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
+                    let opened = Opened {
+                        index,
+                        opcode,
+                        marks,
+                    };
+                    carry_out(mailbox, Some(server), opened, false, fate);
                     return true;
                 }
                 // Counted before its one hand-over, the reply: whoever has the reply (the
@@ -500,7 +505,6 @@ impl Inner {
         in_flight: &mut Flights,
     ) {
         let context = &inner.context;
-        let (index, opcode) = (taken.index, taken.opcode);
         // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
         // looking drained: its last hand-over lets the kernel go on first.
         mailbox.begin_request();
@@ -508,17 +512,21 @@ impl Inner {
         // the request took its ticket before its flip (release), so the marks include it; read
         // before, a stale mark could make a live kernel look gone. (A packet handler's port is
         // never quarantined: its marks are never needed.)
-        let marks = Marks::now(mailbox, context);
+        let opened = Opened {
+            index: taken.index,
+            opcode: taken.opcode,
+            marks: Marks::now(mailbox, context),
+        };
         let port = server.port(taken, &ExchangeWait);
         // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
         // mailbox's region, lock table and doorbell, all owned by `*mailbox`.
         let request = unsafe { Request::new(port, mailbox.clone(), inner.clone()) };
         match catch(|| Ok(script(request))) {
-            Ok(exchange) => in_flight.run(context, mailbox, server, index, opcode, marks, exchange),
+            Ok(exchange) => in_flight.run(context, mailbox, server, opened, exchange),
             Err(error) => {
                 // The request went in the unwinding, leaving the port locked.
-                let fate = finish(context, mailbox, index, opcode, Err(error));
-                carry_out(mailbox, Some(server), (index, false), opcode, marks, fate);
+                let fate = finish(context, mailbox, opened.index, opened.opcode, Err(error));
+                carry_out(mailbox, Some(server), opened, false, fate);
             }
         }
     }

@@ -183,7 +183,7 @@ pub(crate) struct Attached {
     pub(crate) users: Arc<Coverage>,
     /// Ports a shutdown left locked mid-exchange, each drained once the kernels that could
     /// still be inside its exchange are gone (see [`crate::server::dispatch`]).
-    pub(crate) quarantine: Mutex<Vec<Quarantined>>,
+    pub(crate) quarantine: Mutex<Vec<Opened>>,
     /// How many ports `quarantine` holds, read without its lock.
     pub(crate) quarantined: AtomicUsize,
     /// Per port with an exchange in flight: 1 + its position in the worker's list of them,
@@ -265,9 +265,11 @@ impl Attached {
     }
 }
 
-/// A port left locked mid-exchange, the opcode of that exchange (for its drained reply), and
-/// the users that could still be inside it.
-pub(crate) struct Quarantined {
+/// A request's port as it was opened: which port, the request's opcode (for a drained reply),
+/// and the users that could be inside it (their marks then). An exchange in flight keeps it,
+/// and so does a port left locked mid-exchange (quarantined) once its exchange is gone.
+#[derive(Clone, Copy)]
+pub(crate) struct Opened {
     pub(crate) index: u32,
     pub(crate) opcode: Opcode,
     pub(crate) marks: Marks,

@@ -102,7 +102,7 @@ use crate::protocol::ServerEnd;
 use crate::server::error::{Outcome, ServerError};
 use crate::server::limits::device_log;
 use crate::server::limits::Charge;
-use crate::server::mailboxes::{Marks, Quarantined};
+use crate::server::mailboxes::Opened;
 use crate::server::stats::bump;
 use crate::server::{panic_message, Attached, ServerContext};
 use crate::sync::{lock, Arc, Ordering};
@@ -183,9 +183,8 @@ pub(crate) struct InFlight {
     /// The rest of the script; owns its `Request` and so the port.
     exchange: Exchange,
     pub(crate) mailbox: Arc<Attached>,
-    pub(crate) index: u32,
-    opcode: Opcode,
-    pub(crate) marks: Marks,
+    /// Its port, opcode and users' marks.
+    pub(crate) opened: Opened,
     /// Both flags of the port when last seen changing.
     flags: (u32, u32),
     /// For `client_timeout`: when a poll first found the exchange waiting on its port without
@@ -219,16 +218,18 @@ impl Flights {
     }
 
     fn push(&mut self, flight: InFlight) {
-        flight.mailbox.set_flight(flight.index, Some(self.0.len()));
+        flight
+            .mailbox
+            .set_flight(flight.opened.index, Some(self.0.len()));
         self.0.push(flight);
     }
 
     /// Takes exchange `k` out of the list (the last one takes its place).
     pub(crate) fn swap_remove(&mut self, k: usize) -> InFlight {
         let flight = self.0.swap_remove(k);
-        flight.mailbox.set_flight(flight.index, None);
+        flight.mailbox.set_flight(flight.opened.index, None);
         if let Some(moved) = self.0.get(k) {
-            moved.mailbox.set_flight(moved.index, Some(k));
+            moved.mailbox.set_flight(moved.opened.index, Some(k));
         }
         flight
     }
@@ -262,28 +263,24 @@ impl Flights {
         Flights(Vec::new())
     }
 
-    /// Polls the exchange just started on port `index` of `mailbox` (`server` its view) once:
-    /// ends it if it completed, keeps it in flight if it suspended (written once, where it
-    /// stays, not returned and copied).
-    #[allow(clippy::too_many_arguments)] // The exchange's parts, as its starter found them.
+    /// Polls the exchange just started on the port `opened` of `mailbox` (`server` its view)
+    /// once: ends it if it completed, keeps it in flight if it suspended (written once, where
+    /// it stays, not returned and copied).
     #[inline]
     pub(crate) fn run(
         &mut self,
         context: &ServerContext,
         mailbox: &Arc<Attached>,
         server: &ServerEnd<'_>,
-        index: u32,
-        opcode: Opcode,
-        marks: Marks,
+        opened: Opened,
         mut exchange: Exchange,
     ) {
         let mut owned = false;
-        let on_port = match poll(&mut exchange, false, (mailbox, index), &mut owned) {
+        let on_port = match poll(&mut exchange, false, (mailbox, opened.index), &mut owned) {
             Polled::OnPort => true,
             Polled::Elsewhere | Polled::Yielded => false,
             Polled::Done(result) => {
-                let ended = (exchange, result, owned);
-                end(context, mailbox, server, index, opcode, marks, ended);
+                end(context, mailbox, server, opened, (exchange, result, owned));
                 return;
             }
         };
@@ -292,10 +289,8 @@ impl Flights {
             on_port,
             owned,
             mailbox: mailbox.clone(),
-            index,
-            opcode,
-            marks,
-            flags: server.flags(index),
+            opened,
+            flags: server.flags(opened.index),
             since: None,
         });
     }
@@ -373,7 +368,7 @@ impl Flights {
         // status) may come just before it ends. Not polled while it waits for a client that
         // has not answered (the port not pending): that poll could only suspend again, and
         // its flags cannot have changed, so only housekeeping has anything to look at.
-        let waiting = flight.on_port && !server.is_pending(flight.index);
+        let waiting = flight.on_port && !server.is_pending(flight.opened.index);
         if waiting && !housekeeping {
             return (0, false);
         }
@@ -381,7 +376,7 @@ impl Flights {
         let polled = if waiting {
             Polled::OnPort
         } else {
-            let port = (&**mailbox, flight.index);
+            let port = (&**mailbox, flight.opened.index);
             poll(&mut flight.exchange, alone, port, &mut flight.owned)
         };
         let was_on_port = flight.on_port;
@@ -399,25 +394,16 @@ impl Flights {
         if let Polled::Done(result) = polled {
             let flight = self.swap_remove(k);
             let ended = (flight.exchange, result, flight.owned);
-            let (index, opcode) = (flight.index, flight.opcode);
-            end(
-                context,
-                &flight.mailbox,
-                server,
-                index,
-                opcode,
-                flight.marks,
-                ended,
-            );
+            end(context, &flight.mailbox, server, flight.opened, ended);
             return (progress + 1, true);
         }
-        let flags = server.flags(flight.index);
+        let flags = server.flags(flight.opened.index);
         if flags != flight.flags {
             flight.flags = flags;
             flight.since = None;
             return (progress + 1, false);
         }
-        if flight.marks.gone(mailbox, context) {
+        if flight.opened.marks.gone(mailbox, context) {
             let flight = self.swap_remove(k);
             abandon(context, flight, Fate::Drain, "no running kernel can answer");
             return (progress + 1, true);
@@ -446,15 +432,13 @@ fn end(
     context: &ServerContext,
     mailbox: &Arc<Attached>,
     server: &ServerEnd<'_>,
-    index: u32,
-    opcode: Opcode,
-    marks: Marks,
+    opened: Opened,
     ended: (Exchange, Result<Outcome, ServerError>, bool),
 ) {
     let (exchange, result, owned) = ended;
-    let fate = finish(context, mailbox, index, opcode, result);
+    let fate = finish(context, mailbox, opened.index, opened.opcode, result);
     drop(exchange);
-    carry_out(mailbox, Some(server), (index, owned), opcode, marks, fate);
+    carry_out(mailbox, Some(server), opened, owned, fate);
 }
 
 /// Logs and counts how a request ended (settling it: see `Attached::settle_request`); the
@@ -529,18 +513,17 @@ pub(crate) fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, rea
     let InFlight {
         exchange,
         mailbox,
-        index,
-        opcode,
-        marks,
+        opened,
         ..
     } = flight;
+    let (index, opcode) = (opened.index, opened.opcode);
     let action = match fate {
         Fate::Drain => "port drained",
         Fate::Close => "port freed",
         Fate::Quarantine => "port left locked",
     };
     drop(exchange);
-    carry_out(&mailbox, None, (index, false), opcode, marks, fate);
+    carry_out(&mailbox, None, opened, false, fate);
     // Logged once done, so whoever reads the line finds the port as it says. A device (a
     // client that went silent or timed out) can cause any number of these: within the budget.
     device_log!(
@@ -554,16 +537,15 @@ pub(crate) fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, rea
     mailbox.settle_request();
 }
 
-/// Does to port `index` of an `opcode` exchange what its fate says, once its request is gone
-/// (see the module docs), through `server`, the mailbox's view, if the caller has one; `owned`:
-/// whether the request owned the buffer, which a close hands back. A detached mailbox's ports
-/// are left untouched: the server no longer writes that memory.
+/// Does to the port `opened` what its exchange's fate says, once its request is gone (see the
+/// module docs), through `server`, the mailbox's view, if the caller has one; `owned`: whether
+/// the request owned the buffer, which a close hands back. A detached mailbox's ports are left
+/// untouched: the server no longer writes that memory.
 pub(crate) fn carry_out(
     mailbox: &Attached,
     server: Option<&ServerEnd<'_>>,
-    (index, owned): (u32, bool),
-    opcode: Opcode,
-    marks: Marks,
+    opened: Opened,
+    owned: bool,
     fate: Fate,
 ) {
     if mailbox.detached.load(Ordering::Acquire) {
@@ -571,11 +553,7 @@ pub(crate) fn carry_out(
     }
     if fate == Fate::Quarantine {
         let mut quarantine = lock(&mailbox.quarantine);
-        quarantine.push(Quarantined {
-            index,
-            opcode,
-            marks,
-        });
+        quarantine.push(opened);
         // RMW: one quarantined port more, under the lock (see `release_quarantined`).
         mailbox.quarantined.fetch_add(1, Ordering::Relaxed);
         return;
@@ -589,9 +567,9 @@ pub(crate) fn carry_out(
         }
     };
     if fate == Fate::Close {
-        server.close(index, owned, &ExchangeWait)
+        server.close(opened.index, owned, &ExchangeWait)
     } else {
-        server.drain(index, opcode.failure_word(), &ExchangeWait)
+        server.drain(opened.index, opened.opcode.failure_word(), &ExchangeWait)
     }
 }
 
