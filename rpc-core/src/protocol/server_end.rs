@@ -295,6 +295,12 @@ pub(crate) const BLOCK: usize = 4;
 pub(crate) const HOT_STRIDE: usize = 512;
 /// How many recently served ports a mailbox's sweep keeps re-checking.
 pub(crate) const HOT_PORTS: usize = 4;
+/// Looks at the port just served, a spin-loop hint apart, in one dwell (see [`Sweep::dwell`]):
+/// some 0.3-1.5 µs, as long as a pause instruction lasts on the CPU.
+pub(crate) const DWELL_LOOKS: u32 = 32;
+/// Dwells a sweep makes at most, so its mailbox's other ports wait at most this many dwells
+/// and the requests they catch longer than one pass.
+pub(crate) const DWELLS: u32 = 8;
 
 /// Whether one port is pending. Relaxed: a hint (see the module docs). Equal words are
 /// equal normalised too: only unequal ones are normalised (in the block a scan found, most
@@ -394,6 +400,14 @@ pub(crate) enum Step {
     Checkpoint,
 }
 
+/// The ports a sweep served since it began or last dwelt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Served {
+    None,
+    One(u32),
+    Many,
+}
+
 /// One pass's walk over a mailbox's ports: the hot ports, then every port in order, found a
 /// block at a time, with the hot ports re-checked every [`HOT_STRIDE`] ports.
 pub(crate) struct Sweep<'a> {
@@ -408,6 +422,11 @@ pub(crate) struct Sweep<'a> {
     checkpoint: usize,
     /// Hot ports (`hot.ports[..hot_left]`) still to look at for the current checkpoint.
     hot_left: usize,
+    /// The one port served since the sweep began or last dwelt, or `Served::Many` (a dwell is
+    /// only for a sweep that serves one port: a client in a loop on it).
+    served: Served,
+    /// Dwells still allowed in this sweep.
+    dwells_left: u32,
 }
 
 impl<'a> Sweep<'a> {
@@ -431,6 +450,8 @@ impl<'a> Sweep<'a> {
             next: 0,
             checkpoint: HOT_STRIDE,
             hot_left,
+            served: Served::None,
+            dwells_left: DWELLS,
         }
     }
 
@@ -499,6 +520,38 @@ impl<'a> Sweep<'a> {
     /// Records that port `index` was served, for this and later sweeps of the mailbox.
     pub(crate) fn served(&mut self, index: u32) {
         self.hot.note(index);
+        self.served = match self.served {
+            Served::None => Served::One(index),
+            Served::One(port) if port == index => Served::One(index),
+            _ => Served::Many,
+        };
+    }
+
+    /// Once the scan is done ([`Sweep::next`] gave None): where this sweep served one port
+    /// (once or more) and no other since it began or last dwelt, watches that port for [`DWELL_LOOKS`] looks and
+    /// gives it if it turned pending. A client in a loop on one port sends its next request
+    /// about a cache-line round trip after our answer, while the worker would be ending this
+    /// pass and starting the next; served here, in the same sweep, it waits for neither. At
+    /// most [`DWELLS`] times a sweep, so the other ports are scanned again after at most that
+    /// many dwells and their requests. Relaxed: a hint, as the scan (see the module docs).
+    pub(crate) fn dwell(&mut self) -> Option<u32> {
+        let Served::One(index) = self.served else {
+            return None;
+        };
+        if self.dwells_left == 0 {
+            return None;
+        }
+        self.dwells_left -= 1;
+        self.served = Served::None;
+        let index = index as usize;
+        let (ours, theirs) = (self.primary.get(index)?, self.secondary.get(index)?);
+        for _ in 0..DWELL_LOOKS {
+            if pending(ours, theirs) {
+                return Some(index as u32);
+            }
+            core::hint::spin_loop();
+        }
+        None
     }
 }
 

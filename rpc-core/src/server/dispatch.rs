@@ -301,7 +301,18 @@ impl Inner {
                         break;
                     }
                     let index = match sweep.next() {
-                        None => break,
+                        // A client in a loop on the one port this pass served may be about
+                        // to send its next request: see `Sweep::dwell`. Not while exchanges
+                        // are in flight (they are polled between passes), nor while the
+                        // worker takes turns with another thread on its CPU (`yield_every`:
+                        // a client there sends nothing while we watch).
+                        None => match in_flight.len() == 0 && yield_every.is_none() {
+                            true => match sweep.dwell() {
+                                Some(index) => index,
+                                None => break,
+                            },
+                            false => break,
+                        },
                         Some(Step::Checkpoint) => {
                             found += in_flight.poll_all(context, mailboxes, Look::Ready);
                             let calm = sweep.position() - calm_from;
