@@ -17,6 +17,10 @@
 //!   [`HOT_STRIDE`] ports of its scan, so a client that talks to the server in a loop is
 //!   answered within a stride of scanning instead of a whole pass, however many idle ports
 //!   there are. Every pending port the sweep passes is still served in the same pass.
+//! - **Dwell.** A sweep that served one port and no other watches that port for a few spin
+//!   hints once its scan is done ([`Sweep::dwell`], at most [`DWELLS`] times a sweep), so a
+//!   client in a loop on it is answered in the same sweep instead of after the pass's end
+//!   and the next pass's bookkeeping.
 //!
 //! # Why plain relaxed atomic loads are sound and enough
 //! Every word is read with a `Relaxed` atomic load of its own size (`u32`): the arrays are
@@ -40,7 +44,7 @@ use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{
     count_closed, normalize, prefetch, Port, PortPackets, ServerPort, Wait,
 };
-use crate::sync::{fence, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{fence, spin_hint, AtomicU32, AtomicU64, Ordering};
 
 /// The server's end of one mailbox. Every thread serving the mailbox must use the same `locks`,
 /// or two threads can open one port.
@@ -296,8 +300,9 @@ pub(crate) const HOT_STRIDE: usize = 512;
 /// How many recently served ports a mailbox's sweep keeps re-checking.
 pub(crate) const HOT_PORTS: usize = 4;
 /// Looks at the port just served, a spin-loop hint apart, in one dwell (see [`Sweep::dwell`]):
-/// some 0.3-1.5 µs, as long as a pause instruction lasts on the CPU.
-pub(crate) const DWELL_LOOKS: u32 = 32;
+/// some 0.3-1.5 µs, as long as a pause instruction lasts on the CPU. One under loom, whose
+/// models would otherwise explore every look.
+pub(crate) const DWELL_LOOKS: u32 = if cfg!(loom) { 1 } else { 32 };
 /// Dwells a sweep makes at most, so its mailbox's other ports wait at most this many dwells
 /// and the requests they catch longer than one pass.
 pub(crate) const DWELLS: u32 = 8;
@@ -549,7 +554,7 @@ impl<'a> Sweep<'a> {
             if pending(ours, theirs) {
                 return Some(index as u32);
             }
-            core::hint::spin_loop();
+            spin_hint();
         }
         None
     }
@@ -663,6 +668,33 @@ mod scan_tests {
         assert_eq!(sweep.next_pending(), Some(3));
         p[3].store(1, Ordering::Relaxed); // served
         assert_eq!(sweep.next_pending(), None);
+    }
+
+    #[test]
+    fn sweep_dwells_only_on_the_one_port_it_served_and_a_bounded_number_of_times() {
+        let p = words(&[0; 64]);
+        let s = words(&[0; 64]);
+        let mut hot = HotPorts::default();
+        let mut sweep = Sweep::new(&p, &s, &mut hot);
+        // Nothing served: no dwell.
+        assert_eq!(sweep.next_pending(), None);
+        assert_eq!(sweep.dwell(), None);
+        // One port served, its client already back: the dwell gives it, DWELLS times.
+        sweep.served(63);
+        for _ in 0..DWELLS {
+            s[63].store(s[63].load(Ordering::Relaxed) ^ 1, Ordering::Relaxed);
+            assert_eq!(sweep.dwell(), Some(63));
+            p[63].store(s[63].load(Ordering::Relaxed), Ordering::Relaxed); // served
+            sweep.served(63);
+        }
+        s[63].store(s[63].load(Ordering::Relaxed) ^ 1, Ordering::Relaxed);
+        assert_eq!(sweep.dwell(), None, "no more than DWELLS dwells a sweep");
+        // Two ports served since the last dwell: none (many clients, the scan serves them).
+        let mut hot = HotPorts::default();
+        let mut sweep = Sweep::new(&p, &s, &mut hot);
+        sweep.served(1);
+        sweep.served(2);
+        assert_eq!(sweep.dwell(), None);
     }
 
     #[test]
