@@ -533,12 +533,13 @@ impl<'a> Sweep<'a> {
     }
 
     /// Once the scan is done ([`Sweep::next`] gave None): where this sweep served one port
-    /// (once or more) and no other since it began or last dwelt, watches that port for [`DWELL_LOOKS`] looks and
-    /// gives it if it turned pending. A client in a loop on one port sends its next request
-    /// about a cache-line round trip after our answer, while the worker would be ending this
-    /// pass and starting the next; served here, in the same sweep, it waits for neither. At
-    /// most [`DWELLS`] times a sweep, so the other ports are scanned again after at most that
-    /// many dwells and their requests. Relaxed: a hint, as the scan (see the module docs).
+    /// (once or more) and no other since it began or last dwelt, watches that port for
+    /// [`DWELL_LOOKS`] looks and gives it if it turned pending. A client in a loop on one
+    /// port sends its next request about a cache-line round trip after our answer, while the
+    /// worker would be ending this pass and starting the next; served here, in the same
+    /// sweep, it waits for neither. At most [`DWELLS`] times a sweep, so the other ports are
+    /// scanned again after at most that many dwells and their requests. Relaxed: a hint, as
+    /// the scan (see the module docs).
     pub(crate) fn dwell(&mut self) -> Option<u32> {
         let Served::One(index) = self.served else {
             return None;

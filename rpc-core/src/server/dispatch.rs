@@ -7,11 +7,13 @@
 //! unknown opcode closed unanswered, a packet handler run whole, a script's exchange handed to
 //! the executor, [`crate::server::exec`], which keeps it in flight and ends it). At each
 //! checkpoint of the scan it polls the exchanges that can advance, and yields the CPU while
-//! the worker says so (`PassCache::yield_every`). Every [`HOUSEKEEPING_PASSES`] passes (every
-//! [`IDLE_HOUSEKEEPING_PASSES`] while passes find nothing to do) it also looks whether the
-//! waiting exchanges' kernels are gone or their clients timed out, and it lifts the quarantine
-//! of ports whose kernels are gone. A pass that begins with two or more exchanges in flight
-//! runs under a [`Batching`] guard (`protocol::deferred`).
+//! the worker says so (`PassCache::yield_every`); once the scan is done, a sweep that served
+//! one port watches it a moment for its client's next request (`Sweep::dwell`). Every
+//! [`HOUSEKEEPING_PASSES`] passes (every [`IDLE_HOUSEKEEPING_PASSES`] while passes find
+//! nothing to do) it also looks whether the waiting exchanges' kernels are gone or their
+//! clients timed out, and it lifts the quarantine of ports whose kernels are gone. A pass
+//! that begins with two or more exchanges in flight runs under a [`Batching`] guard
+//! (`protocol::deferred`).
 
 use std::vec::Vec;
 
@@ -306,13 +308,13 @@ impl Inner {
                         // are in flight (they are polled between passes), nor while the
                         // worker takes turns with another thread on its CPU (`yield_every`:
                         // a client there sends nothing while we watch).
-                        None => match in_flight.len() == 0 && yield_every.is_none() {
-                            true => match sweep.dwell() {
+                        None if in_flight.len() == 0 && yield_every.is_none() => {
+                            match sweep.dwell() {
                                 Some(index) => index,
                                 None => break,
-                            },
-                            false => break,
-                        },
+                            }
+                        }
+                        None => break,
                         Some(Step::Checkpoint) => {
                             found += in_flight.poll_all(context, mailboxes, Look::Ready);
                             let calm = sweep.position() - calm_from;
