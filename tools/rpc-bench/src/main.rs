@@ -580,21 +580,15 @@ impl Report {
             .map_or(f64::NAN, Row::median)
     }
 
-    /// rpc-serve's median over `other`'s (LLVM's server, or the floor), for the same row and
-    /// regime.
-    fn ours_over(&self, other: Server, what: &str, loaded: bool) -> f64 {
-        self.median(what, Server::RpcServe, loaded) / self.median(what, other, loaded)
-    }
-
-    /// The in-process server's median over the thread floor's, for the same row and regime.
-    fn in_process_over_thread_floor(&self, what: &str, loaded: bool) -> f64 {
-        self.median(what, Server::InProcess, loaded)
-            / self.median(what, Server::ThreadFloor, loaded)
+    /// `server`'s median over `other`'s (rpc-serve over LLVM's server or the floor, the
+    /// in-process server over the thread floor), for the same row and regime.
+    fn over(&self, server: Server, other: Server, what: &str, loaded: bool) -> f64 {
+        self.median(what, server, loaded) / self.median(what, other, loaded)
     }
 
     /// rpc-serve's median over LLVM's, for the same row and regime.
     fn vs_llvm(&self, what: &str, loaded: bool) -> f64 {
-        self.ours_over(Server::Llvm, what, loaded)
+        self.over(Server::RpcServe, Server::Llvm, what, loaded)
     }
 
     /// The summary line: `name=value` for each figure the run measured; a figure it did not
@@ -614,11 +608,17 @@ impl Report {
                 let regime = if loaded { "loaded" } else { "quiet" };
                 let what = last(n);
                 [
-                    ("vs_llvm", self.ours_over(Server::Llvm, &what, loaded)),
-                    ("vs_floor", self.ours_over(Server::Floor, &what, loaded)),
+                    (
+                        "vs_llvm",
+                        self.over(Server::RpcServe, Server::Llvm, &what, loaded),
+                    ),
+                    (
+                        "vs_floor",
+                        self.over(Server::RpcServe, Server::Floor, &what, loaded),
+                    ),
                     (
                         "ip_vs_thread_floor",
-                        self.in_process_over_thread_floor(&what, loaded),
+                        self.over(Server::InProcess, Server::ThreadFloor, &what, loaded),
                     ),
                 ]
                 .map(|(name, ratio)| (format!("{name}_n{n}_{regime}"), ratio, 2))
@@ -707,9 +707,13 @@ impl Report {
                 row,
                 medians: COLUMNS.map(|server| self.median(&row.what, server, row.loaded)),
                 vs_llvm: self.vs_llvm(&row.what, row.loaded),
-                vs_floor: self.ours_over(Server::Floor, &row.what, row.loaded),
-                in_process_vs_thread_floor: self
-                    .in_process_over_thread_floor(&row.what, row.loaded),
+                vs_floor: self.over(Server::RpcServe, Server::Floor, &row.what, row.loaded),
+                in_process_vs_thread_floor: self.over(
+                    Server::InProcess,
+                    Server::ThreadFloor,
+                    &row.what,
+                    row.loaded,
+                ),
             });
         }
         out
