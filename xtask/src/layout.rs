@@ -63,28 +63,41 @@ mod tests {
     }
 
     #[test]
-    fn prints_the_protocol_test_vectors() {
-        // PROTOCOL section 2, plus each generation's client object size (section 8).
-        let vectors = [
-            ("v1", 1, 1, "primary=0 secondary=4 header=8 packet=24 total=88 client_object=552"),
-            ("v1", 3, 1, "primary=0 secondary=12 header=24 packet=72 total=264 client_object=552"),
-            ("v2", 1, 1, "primary=64 secondary=68 header=72 packet=88 total=152 client_object=2096"),
-            ("v2", 5, 32, "primary=64 secondary=84 header=104 packet=184 total=10424 client_object=2096"),
-            ("v1", 64, 32, "primary=0 secondary=256 header=512 packet=1536 total=132608 client_object=552"),
-            ("v1", 4096, 64, "primary=0 secondary=16384 header=32768 packet=98304 total=16875520 client_object=552"),
-            ("v1", 4096, 32, "primary=0 secondary=16384 header=32768 packet=98304 total=8486912 client_object=552"),
-            ("v2", 64, 32, "primary=64 secondary=320 header=576 packet=1600 total=132672 client_object=2096"),
-            ("v2", 16384, 64, "primary=64 secondary=65600 header=131136 packet=393280 total=67502144 client_object=2096"),
-            // LLVM 18: the header inside each 64 + 64L-byte packet, at align_up(8N, 64).
-            ("v0", 1, 1, "primary=0 secondary=4 header=64 packet=80 total=192 client_object=96 stride=128"),
-            ("v0", 3, 1, "primary=0 secondary=12 header=64 packet=80 total=448 client_object=96 stride=128"),
-            ("v0", 9, 64, "primary=0 secondary=36 header=128 packet=144 total=37568 client_object=96 stride=4160"),
-            ("v0", 512, 64, "primary=0 secondary=2048 header=4096 packet=4112 total=2134016 client_object=96 stride=4160"),
-        ];
-        for (generation, ports, lanes, want) in vectors {
+    fn prints_the_test_vectors_of_the_protocol_document() {
+        // PROTOCOL section 2's tables, read from the document itself so that it and the code
+        // cannot drift apart; each generation's client object size is section 8's.
+        let protocol = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/PROTOCOL.md"));
+        let mut checked = 0;
+        for row in protocol.lines().filter(|l| l.starts_with("| v")) {
+            let cells: Vec<&str> = row
+                .split('|')
+                .map(str::trim)
+                .filter(|c| !c.is_empty())
+                .collect();
+            let ["v0" | "v1" | "v2", ..] = cells[..] else {
+                continue; // section 1's table of generations
+            };
+            let [generation, ports, lanes, primary, secondary, header, packet, total] = cells[..]
+            else {
+                panic!("a test vector of eight cells: {row}");
+            };
+            let (client_object, stride) = match generation {
+                "v0" => (
+                    96,
+                    format!(" stride={}", 64 + 64 * lanes.parse::<u64>().unwrap()),
+                ),
+                "v1" => (552, String::new()),
+                _ => (2096, String::new()),
+            };
             let args = format!("--gen {generation} --ports {ports} --lanes {lanes}");
+            let want = format!(
+                "primary={primary} secondary={secondary} header={header} packet={packet} \
+                 total={total} client_object={client_object}{stride}"
+            );
             assert_eq!(layout_line(&args).unwrap(), want, "{args}");
+            checked += 1;
         }
+        assert_eq!(checked, 14, "PROTOCOL section 2's 9 + 5 test vectors");
     }
 
     #[test]
