@@ -4,28 +4,11 @@
 //! one-lane warp of the protocol (its mask is its own bit, its packet its own slot).
 
 use core::cell::Cell;
-use core::ffi::c_void;
 use core::sync::atomic::{AtomicU64, Ordering};
 
-/// plugin-abi's `RpcHostWarp` (its layout, `#[repr(C)]`): what the plugin passes each call
-/// of a native kernel.
-#[repr(C)]
-pub struct RpcHostWarp {
-    /// `L`: the warp's lanes.
-    pub lane_size: u32,
-    /// The block this warp is in.
-    pub block: u32,
-    /// The warp's index in its block.
-    pub warp: u32,
-    /// Warps per block.
-    pub warps_per_block: u32,
-    /// The active lanes (bit `i`: lane `i`).
-    pub mask: u64,
-    /// The plugin's one-packet exchange (unused here: this crate speaks the protocol itself).
-    pub call: unsafe extern "C" fn(*const RpcHostWarp, u32, *mut [u64; 8]) -> i32,
-    /// The plugin's state.
-    pub state: *mut c_void,
-}
+/// What the plugin passes each call of a native kernel (its `call`, the plugin's one-packet
+/// exchange, is unused here: this crate speaks the protocol itself).
+pub use plugin_abi::RpcHostWarp;
 
 /// The lane the calling thread runs.
 #[derive(Clone, Copy)]
