@@ -17,17 +17,16 @@
 
 use std::vec::Vec;
 
-use crate::protocol::opcode::Opcode;
 use crate::protocol::server_end::{HotPorts, Step, Taken};
 use crate::protocol::Resumable;
 use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, count, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
-    InFlight, Look,
+    InFlight, Look, Site,
 };
 use crate::server::limits::device_log;
 use crate::server::mailboxes::{Marks, Opened};
-use crate::server::registry::{Entry, Handler, Registry, ScriptFn};
+use crate::server::registry::{find_slowly, Handler, Registry, ScriptFn};
 use crate::server::request::Request;
 use crate::server::stats::bump;
 use crate::server::{Attached, Inner, ServerContext};
@@ -270,16 +269,15 @@ impl Inner {
             // Where in this mailbox's scan its last progress came (0: before the scan; None:
             // none, or a shutdown under way).
             let mut last_at = None;
-            // A panic in this mailbox's part of the pass (its memory source, a matcher) costs
-            // this mailbox only: see `Attached::fail`.
-            let swept = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                // One view of the mailbox for its whole part of the pass.
-                let server = mailbox.server();
+            // One view of the mailbox for its whole part of the pass; a panic in that part (its
+            // memory source, a matcher) costs this mailbox only.
+            progress += exec::in_part(inner, mailbox, |site| {
+                let server = site.server;
                 // No call at all in the common pass with nothing in flight.
                 let mut found = if in_flight.len() == 0 {
                     0
                 } else {
-                    in_flight.poll_of(context, mailbox, &server, look())
+                    in_flight.poll_of(site, look())
                 };
                 if stopping {
                     return found;
@@ -316,7 +314,7 @@ impl Inner {
                         }
                         None => break,
                         Some(Step::Checkpoint) => {
-                            found += in_flight.poll_all(context, mailboxes, Look::Ready);
+                            found += in_flight.poll_all(inner, mailboxes, Look::Ready);
                             let calm = sweep.position() - calm_from;
                             if found == placed && yield_every.is_some_and(|every| calm >= every) {
                                 // The flips this pass deferred go out first: the client that
@@ -350,24 +348,18 @@ impl Inner {
                             flight.opened.index == index && Arc::ptr_eq(&flight.mailbox, mailbox);
                         debug_assert!(found_it, "the table of positions is out of date");
                         if found_it && flight.on_port {
-                            found += in_flight.step(context, mailbox, &server, k, false).0;
+                            found += in_flight.step(site, k, false).0;
                         }
                         continue;
                     }
-                    let opened = Inner::start(
-                        inner, &server, index, mailbox, registry, batching, in_flight,
-                    );
+                    let opened = Inner::start(site, index, registry, batching, in_flight);
                     if opened {
                         sweep.served(index);
                         found += 1;
                     }
                 }
                 found
-            }));
-            match swept {
-                Ok(found) => progress += found,
-                Err(panic) => mailbox.fail(context, panic.as_ref()),
-            }
+            });
             let ports = mailbox.layout.ports() as usize;
             quiet = match last_at {
                 Some(at) => ports.saturating_sub(at),
@@ -382,7 +374,7 @@ impl Inner {
         progress
     }
 
-    /// Opens port `index` on `server`, `mailbox`'s view, and starts serving it, in a pass with
+    /// Opens port `index` of `site`'s mailbox and starts serving it, in a pass with
     /// the copy `registry` that defers its flips or not (`batching`); puts its exchange in
     /// flight if it suspended. False if the port did not open (not pending any more, or held
     /// by another server thread). Not inlined, so the sweep's loop in `serve_pass` stays small
@@ -391,14 +383,16 @@ impl Inner {
     /// written once, where it stays.
     #[inline(never)]
     fn start(
-        inner: &Arc<Inner>,
-        server: &crate::protocol::ServerEnd<'_>,
+        site: Site<'_>,
         index: u32,
-        mailbox: &Arc<Attached>,
         registry: &Registry,
         batching: bool,
         in_flight: &mut Flights,
     ) -> bool {
+        let Site {
+            mailbox, server, ..
+        } = site;
+        let context = site.context();
         // Taken, not opened: a packet handler's request needs no port, only its packets and
         // the hand-over back (`ServerEnd::answer`); the other paths make the port.
         let Some(mut taken) = server.try_take(index) else {
@@ -406,7 +400,6 @@ impl Inner {
         };
         // Everything after this sees the opcode in today's numbering.
         taken.opcode = mailbox.numbering.translate(taken.opcode.0);
-        let context = &inner.context;
         let name = &context.config.name;
         let opcode = taken.opcode;
         if taken.header_mask == 0 {
@@ -499,7 +492,7 @@ impl Inner {
                 true
             }
             Handler::Script(script) => {
-                Inner::start_script(inner, server, taken, mailbox, &**script, in_flight);
+                Inner::start_script(site, taken, &**script, in_flight);
                 true
             }
         }
@@ -509,15 +502,11 @@ impl Inner {
     /// is put in flight. Out of line: the packet handlers' path, in `start`, keeps fewer
     /// values alive (a script's request costs hundreds of instructions; this call, some ten).
     #[inline(never)]
-    fn start_script(
-        inner: &Arc<Inner>,
-        server: &crate::protocol::ServerEnd<'_>,
-        taken: Taken,
-        mailbox: &Arc<Attached>,
-        script: &ScriptFn,
-        in_flight: &mut Flights,
-    ) {
-        let context = &inner.context;
+    fn start_script(site: Site<'_>, taken: Taken, script: &ScriptFn, in_flight: &mut Flights) {
+        let Site {
+            mailbox, server, ..
+        } = site;
+        let context = site.context();
         // Until it is counted (`finish`, `abandon`), the request keeps its mailbox from
         // looking drained: its last hand-over lets the kernel go on first.
         mailbox.begin_request();
@@ -533,12 +522,12 @@ impl Inner {
         let port = server.port(taken, &ExchangeWait);
         // SAFETY: `port` was opened on `mailbox.server()`: its references point into the
         // mailbox's region, lock table and doorbell, all owned by `*mailbox`.
-        let request = unsafe { Request::new(port, mailbox.clone(), inner.clone()) };
+        let request = unsafe { Request::new(port, mailbox.clone(), site.inner.clone()) };
         match catch(|| Ok(script(request))) {
-            Ok(exchange) => in_flight.run(context, mailbox, server, opened, exchange),
+            Ok(exchange) => in_flight.run(site, opened, exchange),
             Err(error) => {
                 // The request went in the unwinding, leaving the port locked.
-                let fate = finish(context, mailbox, opened.index, opened.opcode, Err(error));
+                let fate = finish(site, opened, Err(error));
                 carry_out(mailbox, Some(server), opened, false, fate);
             }
         }
@@ -560,151 +549,5 @@ impl Inner {
             self.thread.notify();
         }
         ended
-    }
-}
-
-/// The handler of `opcode` for port `index` of `mailbox` where one look at the pass's copy
-/// `registry` did not find it (`Inner::start`): a user's matcher is asked under a catch, and the
-/// copy may predate a handler registered just before this request was sent (the pass began
-/// first), so an opcode it does not know is looked up again in the current registry, kept in
-/// `current`. `register` published it before the client's flip, which `try_take`'s acquire
-/// fence ordered before this lock of the snapshot. None: no handler (an unknown opcode, or a
-/// matcher panicked), logged and counted; the request is closed unanswered.
-#[inline(never)]
-fn find_slowly<'r>(
-    context: &ServerContext,
-    registry: &'r Registry,
-    current: &'r mut Option<Arc<Registry>>,
-    (mailbox, index): (&Attached, u32),
-    opcode: Opcode,
-) -> Option<&'r Entry> {
-    let name = &context.config.name;
-    let found = match find(registry, opcode) {
-        Ok(None) => find(current.insert(context.registry.get()), opcode),
-        found => found,
-    };
-    match found {
-        Ok(Some(entry)) => Some(entry),
-        Ok(None) => {
-            device_log!(
-                context.log_limit,
-                Warn,
-                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
-                mailbox.id.0
-            );
-            bump(&context.stats.unknown);
-            None
-        }
-        Err(error) => {
-            log::error!(
-                "{name}: mailbox {} port {index}: finding the handler for {opcode}: {error}; \
-                 closed unanswered",
-                mailbox.id.0
-            );
-            bump(&context.stats.panics);
-            None
-        }
-    }
-}
-
-/// The handler of `opcode` in `registry`, for [`find_slowly`]. A user's matcher may panic: then
-/// that request alone goes unanswered, as an unknown one (the error). A registry with no
-/// matcher (every standard opcode, and user handlers of one opcode each) compares opcodes
-/// only, which cannot panic: no catch.
-fn find(registry: &Registry, opcode: Opcode) -> Result<Option<&Entry>, ServerError> {
-    if registry.asks_predicates() {
-        catch(|| Ok(registry.find(opcode)))
-    } else {
-        Ok(registry.find(opcode))
-    }
-}
-
-/// Registers, for the tests and models of the passes, a script for `user(1)`: two packets in,
-/// their sum back (the second recv suspends until the client sends it).
-#[cfg(test)]
-pub(crate) fn register_two_packet_sum(server: &crate::RpcServer) {
-    server.register(crate::Opcode::user(1), |mut req| async move {
-        let (mut a, mut b) = (0, 0);
-        req.recv(|_, p| a = p.word(0)).await?;
-        req.recv(|_, p| b = p.word(0)).await?;
-        req.send(|_, p| p.set_word(0, a + b)).await
-    });
-}
-
-/// Opens `opcode` on port `index` for one lane, yielding until the port is free.
-#[cfg(test)]
-pub(crate) fn open_when_free<'a>(
-    client: &'a crate::protocol::Client<'a>,
-    index: u32,
-    opcode: crate::Opcode,
-) -> crate::protocol::ClientPort<'a> {
-    loop {
-        if let Some(port) = client.try_open_at(index, opcode, 1).unwrap() {
-            return port;
-        }
-        crate::sync::thread::yield_now();
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use crate::protocol::opcode::Opcode;
-    use crate::protocol::server_end::HOT_STRIDE;
-    use crate::protocol::{Client, Generation, Layout, LockTable, MailboxMemory, Spin};
-    use crate::sync::AtomicBool;
-    use crate::RpcServer;
-
-    /// Passes that yield at every quiet checkpoint, as in the loaded regime, serve every port
-    /// of a mailbox of two strides, also while two exchanges wait in flight (so the passes
-    /// defer their flips, which go out before each yield).
-    #[test]
-    fn passes_that_yield_within_the_scan_serve_every_port() {
-        const PORTS: u32 = 2 * HOT_STRIDE as u32;
-        let server = RpcServer::new(Default::default());
-        register_two_packet_sum(&server);
-        let memory = Arc::new(MailboxMemory::new(
-            Layout::new(Generation::V1, PORTS, 1).unwrap(),
-        ));
-        server.attach(std::boxed::Box::new(memory.clone()), Default::default());
-        let _user = server.user();
-        let locks = LockTable::new(PORTS);
-        let done = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let mut cache = PassCache::new();
-                while !done.load(Ordering::Relaxed) {
-                    // A yield that ran nobody clears it; here every pass yields.
-                    cache.yield_every = Some(HOT_STRIDE);
-                    Inner::serve_pass(&server.inner, &mut cache);
-                }
-                cache.clear(&server.inner.context, Fate::Drain, "test over");
-            });
-            let client = Client::new(memory.view(), locks.words())
-                .unwrap()
-                .with_wait(&Spin);
-            let waiting = [300, PORTS - 300].map(|index| {
-                let mut port = open_when_free(&client, index, Opcode::user(1));
-                port.send(|_, p| p.set_word(0, u64::from(index))).unwrap();
-                (index, port)
-            });
-            for index in [0, HOT_STRIDE as u32 - 1, HOT_STRIDE as u32, PORTS - 1] {
-                let mut port = open_when_free(&client, index, Opcode::TEST_INCREMENT);
-                let mut got = 0;
-                port.send_and_recv(
-                    |_, p| p.set_word(0, u64::from(index)),
-                    |_, p| got = p.word(0),
-                )
-                .unwrap();
-                assert_eq!(got, u64::from(index) + 1, "port {index}");
-            }
-            for (index, mut port) in waiting {
-                let mut sum = 0;
-                port.send_and_recv(|_, p| p.set_word(0, 1), |_, p| sum = p.word(0))
-                    .unwrap();
-                assert_eq!(sum, u64::from(index) + 1, "port {index}");
-            }
-            done.store(true, Ordering::Relaxed);
-        });
     }
 }

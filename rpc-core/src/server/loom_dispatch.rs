@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use crate::protocol::loom::{round_trip, spinning_client};
 use crate::protocol::{Client, ClientPort, Generation, Layout, LockTable, MailboxMemory};
-use crate::server::dispatch::{open_when_free, register_two_packet_sum, PassCache};
+use crate::server::dispatch::PassCache;
+use crate::server::pass_tests::{open_when_free, register_two_packet_sum};
 use crate::server::exec::Fate;
 use crate::server::AttachOptions;
 use crate::server::Inner;

@@ -46,6 +46,8 @@ use error::{Outcome, ServerError};
 use std::future::Future;
 
 pub(crate) mod dispatch;
+#[cfg(test)]
+mod pass_tests;
 pub(crate) mod error;
 pub(crate) mod exec;
 pub(crate) mod io_pool;

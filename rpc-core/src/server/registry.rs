@@ -18,7 +18,11 @@ use std::vec::Vec;
 use crate::protocol::opcode::Opcode;
 use crate::protocol::port::{Packet, PortPackets};
 use crate::server::error::{Outcome, ServerError};
-use crate::server::exec::Exchange;
+use crate::server::exec::{catch, Exchange};
+use crate::server::limits::device_log;
+use crate::server::stats::bump;
+use crate::server::{Attached, ServerContext};
+use crate::sync::Arc;
 // Re-exported: the services name the request by this path too.
 pub(crate) use crate::server::request::Request;
 
@@ -208,6 +212,62 @@ pub(crate) fn entry(name: impl Into<String>, matcher: Matcher, handler: Handler)
         name: name.into(),
         matcher,
         handler,
+    }
+}
+
+/// The handler of `opcode` for port `index` of `mailbox` where one look at the pass's copy
+/// `registry` did not find it (`Inner::start`): a user's matcher is asked under a catch, and the
+/// copy may predate a handler registered just before this request was sent (the pass began
+/// first), so an opcode it does not know is looked up again in the current registry, kept in
+/// `current`. `register` published it before the client's flip, which `try_take`'s acquire
+/// fence ordered before this lock of the snapshot. None: no handler (an unknown opcode, or a
+/// matcher panicked), logged and counted; the request is closed unanswered.
+#[inline(never)]
+pub(crate) fn find_slowly<'r>(
+    context: &ServerContext,
+    registry: &'r Registry,
+    current: &'r mut Option<Arc<Registry>>,
+    (mailbox, index): (&Attached, u32),
+    opcode: Opcode,
+) -> Option<&'r Entry> {
+    let name = &context.config.name;
+    let found = match find_caught(registry, opcode) {
+        Ok(None) => find_caught(current.insert(context.registry.get()), opcode),
+        found => found,
+    };
+    match found {
+        Ok(Some(entry)) => Some(entry),
+        Ok(None) => {
+            device_log!(
+                context.log_limit,
+                Warn,
+                "{name}: mailbox {} port {index}: unknown opcode {opcode}; closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.unknown);
+            None
+        }
+        Err(error) => {
+            log::error!(
+                "{name}: mailbox {} port {index}: finding the handler for {opcode}: {error}; \
+                 closed unanswered",
+                mailbox.id.0
+            );
+            bump(&context.stats.panics);
+            None
+        }
+    }
+}
+
+/// The handler of `opcode` in `registry`, for [`find_slowly`]. A user's matcher may panic: then
+/// that request alone goes unanswered, as an unknown one (the error). A registry with no
+/// matcher (every standard opcode, and user handlers of one opcode each) compares opcodes
+/// only, which cannot panic: no catch.
+fn find_caught(registry: &Registry, opcode: Opcode) -> Result<Option<&Entry>, ServerError> {
+    if registry.asks_predicates() {
+        catch(|| Ok(registry.find(opcode)))
+    } else {
+        Ok(registry.find(opcode))
     }
 }
 

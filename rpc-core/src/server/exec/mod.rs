@@ -104,7 +104,7 @@ use crate::server::limits::device_log;
 use crate::server::limits::Charge;
 use crate::server::mailboxes::Opened;
 use crate::server::stats::bump;
-use crate::server::{panic_message, Attached, ServerContext};
+use crate::server::{panic_message, Attached, Inner, ServerContext};
 use crate::sync::{lock, Arc, Ordering};
 use std::alloc::Layout;
 use std::cell::RefCell;
@@ -176,6 +176,43 @@ pub(crate) enum Look {
     /// Those not waiting on their port: a yielded exchange or one waiting on an I/O call. The
     /// sweep that follows polls the others where it finds their ports pending.
     OffPort,
+}
+
+/// Where a pass stands: the server, the attached mailbox it serves and its one view of that
+/// mailbox (`server`), which every port of that mailbox is opened, polled and closed through.
+#[derive(Clone, Copy)]
+pub(crate) struct Site<'a> {
+    pub(crate) inner: &'a Arc<Inner>,
+    pub(crate) mailbox: &'a Arc<Attached>,
+    pub(crate) server: &'a ServerEnd<'a>,
+}
+
+impl<'a> Site<'a> {
+    pub(crate) fn context(&self) -> &'a ServerContext {
+        &self.inner.context
+    }
+}
+
+/// Runs `part` of a pass at `mailbox`, through one view of it made for the part. A panic there
+/// (its memory source, a matcher) costs this mailbox only: see `Attached::fail`; the part then
+/// made no progress. Returns the part's progress.
+pub(crate) fn in_part(
+    inner: &Arc<Inner>,
+    mailbox: &Arc<Attached>,
+    part: impl FnOnce(Site<'_>) -> usize,
+) -> usize {
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let server = mailbox.server();
+        part(Site {
+            inner,
+            mailbox,
+            server: &server,
+        })
+    }));
+    served.unwrap_or_else(|panic| {
+        mailbox.fail(&inner.context, panic.as_ref());
+        0
+    })
 }
 
 /// One exchange in flight.
@@ -263,24 +300,18 @@ impl Flights {
         Flights(Vec::new())
     }
 
-    /// Polls the exchange just started on the port `opened` of `mailbox` (`server` its view)
-    /// once: ends it if it completed, keeps it in flight if it suspended (written once, where
-    /// it stays, not returned and copied).
+    /// Polls the exchange just started on the port `opened` of `site`'s mailbox once: ends it
+    /// if it completed, keeps it in flight if it suspended (written once, where it stays, not
+    /// returned and copied).
     #[inline]
-    pub(crate) fn run(
-        &mut self,
-        context: &ServerContext,
-        mailbox: &Arc<Attached>,
-        server: &ServerEnd<'_>,
-        opened: Opened,
-        mut exchange: Exchange,
-    ) {
+    pub(crate) fn run(&mut self, site: Site<'_>, opened: Opened, mut exchange: Exchange) {
         let mut owned = false;
-        let on_port = match poll(&mut exchange, false, (mailbox, opened.index), &mut owned) {
+        let port = (&**site.mailbox, opened.index);
+        let on_port = match poll(&mut exchange, false, port, &mut owned) {
             Polled::OnPort => true,
             Polled::Elsewhere | Polled::Yielded => false,
             Polled::Done(result) => {
-                end(context, mailbox, server, opened, (exchange, result, owned));
+                end(site, opened, (exchange, result, owned));
                 return;
             }
         };
@@ -288,9 +319,9 @@ impl Flights {
             exchange,
             on_port,
             owned,
-            mailbox: mailbox.clone(),
+            mailbox: site.mailbox.clone(),
             opened,
-            flags: server.flags(opened.index),
+            flags: site.server.flags(opened.index),
             since: None,
         });
     }
@@ -299,7 +330,7 @@ impl Flights {
     /// each mailbox. Returns how many made progress.
     pub(crate) fn poll_all(
         &mut self,
-        context: &ServerContext,
+        inner: &Arc<Inner>,
         mailboxes: &[Arc<Attached>],
         look: Look,
     ) -> usize {
@@ -311,37 +342,24 @@ impl Flights {
             if mailbox.detached.load(Ordering::Acquire) {
                 continue;
             }
-            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                let server = mailbox.server();
-                self.poll_of(context, mailbox, &server, look)
-            }));
-            match polled {
-                Ok(found) => progress += found,
-                Err(panic) => mailbox.fail(context, panic.as_ref()),
-            }
+            progress += in_part(inner, mailbox, |site| self.poll_of(site, look));
         }
         progress
     }
 
-    /// [`Flights::poll_all`] for the exchanges of one attached mailbox, `server` its view.
-    pub(crate) fn poll_of(
-        &mut self,
-        context: &ServerContext,
-        mailbox: &Arc<Attached>,
-        server: &ServerEnd<'_>,
-        look: Look,
-    ) -> usize {
+    /// [`Flights::poll_all`] for the exchanges of `site`'s mailbox.
+    pub(crate) fn poll_of(&mut self, site: Site<'_>, look: Look) -> usize {
         let mut progress = 0;
         let mut k = 0;
         while k < self.len() {
             let flight = self.get(k);
-            let skip =
-                !Arc::ptr_eq(&flight.mailbox, mailbox) || (look == Look::OffPort && flight.on_port);
+            let skip = !Arc::ptr_eq(&flight.mailbox, site.mailbox)
+                || (look == Look::OffPort && flight.on_port);
             if skip {
                 k += 1;
                 continue;
             }
-            let (found, ended) = self.step(context, mailbox, server, k, look == Look::Housekeeping);
+            let (found, ended) = self.step(site, k, look == Look::Housekeeping);
             progress += found;
             if !ended {
                 k += 1;
@@ -350,18 +368,15 @@ impl Flights {
         progress
     }
 
-    /// Polls exchange `k` (of `mailbox`, `server` its view) unless it waits for
-    /// a client that has not answered, and ends it if it completed or, with `housekeeping`,
-    /// can no longer be answered. Returns how much progress it made and whether it ended (then
-    /// the list's last exchange took its place).
-    pub(crate) fn step(
-        &mut self,
-        context: &ServerContext,
-        mailbox: &Arc<Attached>,
-        server: &ServerEnd<'_>,
-        k: usize,
-        housekeeping: bool,
-    ) -> (usize, bool) {
+    /// Polls exchange `k` (of `site`'s mailbox) unless it waits for a client that has not
+    /// answered, and ends it if it completed or, with `housekeeping`, can no longer be
+    /// answered. Returns how much progress it made and whether it ended (then the list's last
+    /// exchange took its place).
+    pub(crate) fn step(&mut self, site: Site<'_>, k: usize, housekeeping: bool) -> (usize, bool) {
+        let Site {
+            mailbox, server, ..
+        } = site;
+        let context = site.context();
         let alone = self.len() == 1;
         let flight = self.get_mut(k);
         // Polled before asking whether its kernel is gone: a kernel's last packet (EXIT's
@@ -393,8 +408,7 @@ impl Flights {
         }
         if let Polled::Done(result) = polled {
             let flight = self.swap_remove(k);
-            let ended = (flight.exchange, result, flight.owned);
-            end(context, &flight.mailbox, server, flight.opened, ended);
+            end(site, flight.opened, (flight.exchange, result, flight.owned));
             return (progress + 1, true);
         }
         let flags = server.flags(flight.opened.index);
@@ -428,30 +442,24 @@ impl Flights {
 /// Ends a completed exchange (`ended`: the exchange, its result, and whether its request owned
 /// the buffer when dropped): logs and counts its result, then drops it and carries out the
 /// fate that result calls for.
-fn end(
-    context: &ServerContext,
-    mailbox: &Arc<Attached>,
-    server: &ServerEnd<'_>,
-    opened: Opened,
-    ended: (Exchange, Result<Outcome, ServerError>, bool),
-) {
+fn end(site: Site<'_>, opened: Opened, ended: (Exchange, Result<Outcome, ServerError>, bool)) {
     let (exchange, result, owned) = ended;
-    let fate = finish(context, mailbox, opened.index, opened.opcode, result);
+    let fate = finish(site, opened, result);
     drop(exchange);
-    carry_out(mailbox, Some(server), opened, owned, fate);
+    carry_out(site.mailbox, Some(site.server), opened, owned, fate);
 }
 
-/// Logs and counts how a request ended (settling it: see `Attached::settle_request`); the
-/// fate of its port.
-pub(crate) fn finish(
-    context: &ServerContext,
-    mailbox: &Attached,
-    index: u32,
-    opcode: Opcode,
-    result: Result<Outcome, ServerError>,
-) -> Fate {
-    let fate = count(context, mailbox, index, opcode, result);
-    mailbox.settle_request();
+/// Logs and counts how the request on the port `opened` of `site`'s mailbox ended (settling
+/// it: see `Attached::settle_request`); the fate of its port.
+pub(crate) fn finish(site: Site<'_>, opened: Opened, result: Result<Outcome, ServerError>) -> Fate {
+    let fate = count(
+        site.context(),
+        site.mailbox,
+        opened.index,
+        opened.opcode,
+        result,
+    );
+    site.mailbox.settle_request();
     fate
 }
 
@@ -481,25 +489,21 @@ pub(crate) fn count(
             context.stats.served(opcode);
             Fate::Close
         }
-        Err(ServerError::Panicked(text)) => {
-            // A device may make a handler panic again and again: within the budget too.
-            device_log!(
-                context.log_limit,
-                Error,
-                "{name}: mailbox {id} port {index}: handler for {opcode} panicked: {text}; \
-                 port drained"
-            );
-            bump(&context.stats.panics);
-            Fate::Drain
-        }
         Err(error) => {
-            // A stream claim above the bounds, a broken exchange: the device's doing.
+            // A stream claim above the bounds, a broken exchange, a handler's panic: the
+            // device's doing (it may make a handler panic again and again: within the log's
+            // budget too).
             device_log!(
                 context.log_limit,
                 Error,
                 "{name}: mailbox {id} port {index}: {opcode} failed: {error}; port drained"
             );
-            bump(&context.stats.errors);
+            let stats = &context.stats;
+            let counter = match error {
+                ServerError::Panicked(_) => &stats.panics,
+                _ => &stats.errors,
+            };
+            bump(counter);
             Fate::Drain
         }
     }
