@@ -18,7 +18,7 @@
 use std::vec::Vec;
 
 use crate::protocol::server_end::{HotPorts, Step, Taken};
-use crate::protocol::Resumable;
+use crate::protocol::{Resumable, ServerEnd};
 use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, count, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
@@ -352,7 +352,8 @@ impl Inner {
                         }
                         continue;
                     }
-                    let opened = Inner::start(site, index, registry, batching, in_flight);
+                    let opened =
+                        Inner::start(inner, server, index, mailbox, registry, batching, in_flight);
                     if opened {
                         sweep.served(index);
                         found += 1;
@@ -374,7 +375,7 @@ impl Inner {
         progress
     }
 
-    /// Opens port `index` of `site`'s mailbox and starts serving it, in a pass with
+    /// Opens port `index` on `server`, `mailbox`'s view, and starts serving it, in a pass with
     /// the copy `registry` that defers its flips or not (`batching`); puts its exchange in
     /// flight if it suspended. False if the port did not open (not pending any more, or held
     /// by another server thread). Not inlined, so the sweep's loop in `serve_pass` stays small
@@ -383,16 +384,15 @@ impl Inner {
     /// written once, where it stays.
     #[inline(never)]
     fn start(
-        site: Site<'_>,
+        inner: &Arc<Inner>,
+        server: &ServerEnd<'_>,
         index: u32,
+        mailbox: &Arc<Attached>,
         registry: &Registry,
         batching: bool,
         in_flight: &mut Flights,
     ) -> bool {
-        let Site {
-            mailbox, server, ..
-        } = site;
-        let context = site.context();
+        let context = &inner.context;
         // Taken, not opened: a packet handler's request needs no port, only its packets and
         // the hand-over back (`ServerEnd::answer`); the other paths make the port.
         let Some(mut taken) = server.try_take(index) else {
@@ -492,6 +492,11 @@ impl Inner {
                 true
             }
             Handler::Script(script) => {
+                let site = Site {
+                    inner,
+                    mailbox,
+                    server,
+                };
                 Inner::start_script(site, taken, &**script, in_flight);
                 true
             }

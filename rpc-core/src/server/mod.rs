@@ -46,13 +46,13 @@ use error::{Outcome, ServerError};
 use std::future::Future;
 
 pub(crate) mod dispatch;
-#[cfg(test)]
-mod pass_tests;
 pub(crate) mod error;
 pub(crate) mod exec;
 pub(crate) mod io_pool;
 pub(crate) mod limits;
 pub(crate) mod mailboxes;
+#[cfg(test)]
+mod pass_tests;
 pub(crate) mod registry;
 pub(crate) mod request;
 pub(crate) mod stats;
