@@ -5,8 +5,12 @@
 //! ([`StatsSnapshot`]), the order and names of `Display` and [`StatsSnapshot::to_json`], and
 //! plugin-abi's conversions of its C struct `RpcStats`.
 //!
-//! Memory ordering: every counter is `Relaxed`; they are independent tallies that order no
-//! other data, and a reader only needs each value to be one the counter really had. (One
+//! Memory ordering: the counters are bumped `Relaxed`; they are independent tallies that order
+//! no other data, and a reader only needs each value to be one the counter really had. One
+//! orders what came before it: `abandoned` is counted with release once its exchange is dropped,
+//! and a snapshot loads every counter with acquire (free where loads are ordered anyway, as on
+//! x86), so a reader who sees an exchange counted abandoned also sees it gone: a call it left
+//! queued for an I/O thread, let go after that, does not run (`io_pool::run`). (One
 //! who needs a count complete, e.g. `live_workers` after a `shutdown`, gets it from what
 //! ordered the events before the read: the shutdown joined the worker; a packet handler's
 //! request is counted before its reply's Release, so a client that has taken the reply sees it
@@ -115,11 +119,13 @@ macro_rules! counters {
         }
 
         impl Stats {
-            /// A snapshot of `served` and every counter, loaded now.
+            /// A snapshot of `served` and every counter, loaded now. Acquire: what came before
+            /// a count made with release (`abandoned`: its exchange dropped, so its queued
+            /// calls never run) happened before whatever the reader does next.
             fn load_counters(&self, served: BTreeMap<Opcode, u64>) -> StatsSnapshot {
                 StatsSnapshot {
                     served,
-                    $($name: self.$name.load(Ordering::Relaxed),)*
+                    $($name: self.$name.load(Ordering::Acquire),)*
                 }
             }
         }

@@ -537,7 +537,11 @@ pub(crate) fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, rea
         context.config.name,
         mailbox.id.0
     );
-    bump(&context.stats.abandoned);
+    // Release, not `bump`: the exchange's drop (its calls still queued for an I/O thread see
+    // it: `io_pool::run`) happens before whatever a reader of the count does next (a test
+    // that sees it counted and then lets the I/O thread go on); pairs with the snapshot's
+    // acquire. An abandon is rare: the fence costs nothing that counts.
+    context.stats.abandoned.fetch_add(1, Ordering::Release);
     mailbox.settle_request();
 }
 
