@@ -455,7 +455,8 @@ typedef struct RpcHostWarp {
   /**
    * Opens a port for `opcode`, sends the active lanes' buffers of `buffers` (`lane_size`
    * of 64 bytes), receives the reply into them and closes the port: one-packet opcodes.
-   * [`RPC_OK`] or an error code (the image uses no RPC, the device was aborted, ...).
+   * `RPC_OK` (0) or an error code of plugin-abi's (the image uses no RPC, the device was
+   * aborted, ...).
    */
   int32_t (*call)(const struct RpcHostWarp *warp, uint32_t opcode, uint64_t (*buffers)[8]);
   /**

@@ -342,34 +342,9 @@ macro_rules! export_plugin {
     };
 }
 
-/// One warp of a running native host kernel (see `docs/plugins.md`). Valid for the kernel's
-/// call only, on the thread that runs it.
-#[repr(C)]
-#[derive(Debug)]
-pub struct RpcHostWarp {
-    /// `L`: the warp's lanes, and so the buffers of a `call`.
-    pub lane_size: u32,
-    /// The block this warp is in.
-    pub block: u32,
-    /// The warp's index in its block.
-    pub warp: u32,
-    /// Warps per block.
-    pub warps_per_block: u32,
-    /// The active lanes (bit `i`: lane `i`).
-    pub mask: u64,
-    /// Opens a port for `opcode`, sends the active lanes' buffers of `buffers` (`lane_size`
-    /// of 64 bytes), receives the reply into them and closes the port: one-packet opcodes.
-    /// [`RPC_OK`] or an error code (the image uses no RPC, the device was aborted, ...).
-    pub call:
-        unsafe extern "C" fn(warp: *const RpcHostWarp, opcode: u32, buffers: *mut [u64; 8]) -> i32,
-    /// The plugin's own state for `call` (opaque).
-    pub state: *mut c_void,
-}
-
-/// A native host image's kernel: an exported C function of this type, called once per warp
-/// with the launch's argument block.
-pub type RpcHostKernelFn =
-    unsafe extern "C" fn(warp: *const RpcHostWarp, args: *const c_void, len: usize);
+/// What a native host image's kernels see: rpc-core's protocol layer defines them, so that
+/// rpc-device (`no_std`) shares their layout; the C header is generated from there too.
+pub use rpc_core::protocol::{RpcHostKernelFn, RpcHostWarp};
 
 /// `RpcStats::of` and `RpcStats::snapshot`, field by field from rpc-core's list of counters:
 /// their struct literals name every field, so a counter `RpcStats` lacks (or one it has that

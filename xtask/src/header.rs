@@ -45,6 +45,8 @@ pub fn generate(root: &Path) -> std::result::Result<String, String> {
     cbindgen::Builder::new()
         .with_config(config)
         .with_src(root.join("plugin-abi/src/lib.rs"))
+        // The native kernels' warp, defined in rpc-core's protocol layer (for rpc-device).
+        .with_src(root.join("rpc-core/src/protocol/host_warp.rs"))
         .generate()
         .map_err(|e| format!("cbindgen: {e}"))?
         .write(&mut out);

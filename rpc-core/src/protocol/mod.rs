@@ -14,13 +14,16 @@
 //! - `client.rs`: opening ports as a GPU warp does ([`Client`]);
 //! - `server_end.rs`: the server's end of one mailbox: finding pending ports and opening them
 //!   ([`ServerEnd`]; pending ports found a word at a time);
-//! - `typed.rs`: a typed call as LLVM's `rpc::dispatch` makes it ([`dispatch`], [`CallArg`]).
+//! - `typed.rs`: a typed call as LLVM's `rpc::dispatch` makes it ([`dispatch`], [`CallArg`]);
+//! - `host_warp.rs`: the C form of a warp of plugin-host's native host images
+//!   ([`RpcHostWarp`], [`RpcHostKernelFn`]), for plugin-abi and rpc-device alike.
 //!
 //! Its failures are [`ProtocolError`]s (`error.rs`). It depends on nothing else in the crate
 //! but the `sync` shim.
 
 pub(crate) mod client;
 pub(crate) mod error;
+pub(crate) mod host_warp;
 pub(crate) mod layout;
 pub(crate) mod mailbox;
 pub(crate) mod opcode;
@@ -36,6 +39,7 @@ pub(crate) mod loom;
 
 pub use client::{Client, ClientDoorbell};
 pub use error::ProtocolError;
+pub use host_warp::{RpcHostKernelFn, RpcHostWarp};
 pub use layout::{Buffer, Generation, Header, Layout, BUFFER_SIZE, FIRST_PACKET_BYTES, LANE_SIZES};
 pub use mailbox::Mailbox;
 #[cfg(feature = "std")]

@@ -8,7 +8,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 /// What the plugin passes each call of a native kernel (its `call`, the plugin's one-packet
 /// exchange, is unused here: this crate speaks the protocol itself).
-pub use plugin_abi::RpcHostWarp;
+pub use rpc_core::protocol::RpcHostWarp;
 
 /// The lane the calling thread runs.
 #[derive(Clone, Copy)]
