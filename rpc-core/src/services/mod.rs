@@ -286,10 +286,8 @@ impl Services {
     pub fn set_allocator(&self, allocator: Arc<dyn DeviceAllocator>) {
         *lock(&self.allocator) = Some(allocator);
     }
-    /// Removes the allocator: MALLOC answers 0 from now on (FREE still frees live allocations).
     /// Sets the allocator MALLOC uses for requests from one mailbox (its device's memory),
-    /// ahead of the server-wide one.
-    /// Nothing if `mailbox` is not attached.
+    /// ahead of the server-wide one. Nothing if `mailbox` is not attached.
     pub fn set_mailbox_allocator(&self, mailbox: MailboxId, allocator: Arc<dyn DeviceAllocator>) {
         if let Some(state) = self.state(mailbox) {
             *lock(&state.allocator) = Some(allocator);
