@@ -530,11 +530,8 @@ impl Inner {
         let request = unsafe { Request::new(port, mailbox.clone(), site.inner.clone()) };
         match catch(|| Ok(script(request))) {
             Ok(exchange) => in_flight.run(site, opened, exchange),
-            Err(error) => {
-                // The request went in the unwinding, leaving the port locked.
-                let fate = finish(site, opened, Err(error));
-                carry_out(mailbox, Some(server), opened, false, fate);
-            }
+            // The request went in the unwinding, leaving the port locked.
+            Err(error) => finish(site, opened, Err(error), false),
         }
     }
 

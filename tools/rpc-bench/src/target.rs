@@ -535,9 +535,7 @@ impl Mapping {
             len,
         })
     }
-}
 
-impl Mapping {
     /// The mailbox's `u32` word at `offset` bytes, as an atomic (for the floor's loop on it,
     /// `measure::floor_loop`).
     pub fn u32_at(&self, offset: usize) -> &AtomicU32 {

@@ -440,27 +440,27 @@ impl Flights {
 }
 
 /// Ends a completed exchange (`ended`: the exchange, its result, and whether its request owned
-/// the buffer when dropped): logs and counts its result, then drops it and carries out the
-/// fate that result calls for.
+/// the buffer when dropped): its block goes back to the thread's pool (its request went when
+/// the script returned), then [`finish`].
 fn end(site: Site<'_>, opened: Opened, ended: (Exchange, Result<Outcome, ServerError>, bool)) {
     let (exchange, result, owned) = ended;
-    let fate = finish(site, opened, result);
     drop(exchange);
-    carry_out(site.mailbox, Some(site.server), opened, owned, fate);
+    finish(site, opened, result, owned);
 }
 
 /// Logs and counts how the request on the port `opened` of `site`'s mailbox ended (settling
-/// it: see `Attached::settle_request`); the fate of its port.
-pub(crate) fn finish(site: Site<'_>, opened: Opened, result: Result<Outcome, ServerError>) -> Fate {
-    let fate = count(
-        site.context(),
-        site.mailbox,
-        opened.index,
-        opened.opcode,
-        result,
-    );
+/// it: see `Attached::settle_request`), then carries out the fate that result calls for;
+/// `owned`: whether the request owned the buffer when it was dropped.
+pub(crate) fn finish(
+    site: Site<'_>,
+    opened: Opened,
+    result: Result<Outcome, ServerError>,
+    owned: bool,
+) {
+    let (index, opcode) = (opened.index, opened.opcode);
+    let fate = count(site.context(), site.mailbox, index, opcode, result);
     site.mailbox.settle_request();
-    fate
+    carry_out(site.mailbox, Some(site.server), opened, owned, fate);
 }
 
 /// [`finish`]'s logging and counting, without the settling: for a request counted before its
@@ -540,7 +540,7 @@ pub(crate) fn abandon(context: &ServerContext, flight: InFlight, fate: Fate, rea
     // Release, not `bump`: the exchange's drop (its calls still queued for an I/O thread see
     // it: `io_pool::run`) happens before whatever a reader of the count does next (a test
     // that sees it counted and then lets the I/O thread go on); pairs with the snapshot's
-    // acquire. An abandon is rare: the fence costs nothing that counts.
+    // acquire. (On x86 the same locked add as `bump`.)
     context.stats.abandoned.fetch_add(1, Ordering::Release);
     mailbox.settle_request();
 }
