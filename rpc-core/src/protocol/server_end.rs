@@ -17,6 +17,9 @@
 //!   [`HOT_STRIDE`] ports of its scan, so a client that talks to the server in a loop is
 //!   answered within a stride of scanning instead of a whole pass, however many idle ports
 //!   there are. Every pending port the sweep passes is still served in the same pass.
+//! - **Watch.** A sweep that served one port and no other looks at that port again every
+//!   [`WATCH_STRIDE`] ports of its scan, so a client in a loop on it, whose next request
+//!   lands while the scan goes on, waits some 64 ports of scanning, not up to a stride.
 //! - **Dwell.** A sweep that served one port and no other watches that port for a few spin
 //!   hints once its scan is done ([`Sweep::dwell`], at most [`DWELLS`] times a sweep), so a
 //!   client in a loop on it is answered in the same sweep instead of after the pass's end
@@ -299,6 +302,11 @@ pub(crate) const BLOCK: usize = 4;
 pub(crate) const HOT_STRIDE: usize = 512;
 /// How many recently served ports a mailbox's sweep keeps re-checking.
 pub(crate) const HOT_PORTS: usize = 4;
+/// Ports scanned between two looks at the one port a sweep served (see [`Sweep::walk`]):
+/// some 10 ns of scanning, where a stride is 80. (Measured in `docs/performance.md`: where
+/// the served port was looked at only at the stride's checkpoints, a client in a loop on
+/// port 16383 waited some 40 ns a request longer than on the floor's.)
+pub(crate) const WATCH_STRIDE: usize = 64;
 /// Looks at the port just served, a spin-loop hint apart, in one dwell (see [`Sweep::dwell`]):
 /// some 0.3-1.5 µs, as long as a pause instruction lasts on the CPU. One under loom, whose
 /// models would otherwise explore every look.
@@ -485,7 +493,11 @@ impl<'a> Sweep<'a> {
         self.walk()
     }
 
-    /// [`Sweep::next`] before the end: the hot ports still to look at, then the scan.
+    /// [`Sweep::next`] before the end: the hot ports still to look at, then the scan. While
+    /// the sweep has served one port and no other (a client in a loop on it), the scan stops
+    /// every [`WATCH_STRIDE`] ports to look at that port, and gives it if its client is back:
+    /// the scan goes on from where it stood after it is served, so it still ends, at least
+    /// [`WATCH_STRIDE`] ports further for each such request.
     #[inline(never)]
     fn walk(&mut self) -> Option<Step> {
         let len = self.len;
@@ -503,7 +515,14 @@ impl<'a> Sweep<'a> {
             if self.next >= len {
                 return None;
             }
-            let end = self.checkpoint.min(len);
+            let watched = match self.served {
+                Served::One(index) => Some(index as usize),
+                _ => None,
+            };
+            let end = match watched {
+                Some(_) => self.checkpoint.min(len).min(self.next + WATCH_STRIDE),
+                None => self.checkpoint.min(len),
+            };
             if let Some(index) = next_pending_in(self.primary, self.secondary, self.next, end) {
                 self.next = index + 1;
                 return Some(Step::Pending(index as u32));
@@ -513,6 +532,11 @@ impl<'a> Sweep<'a> {
                 self.checkpoint += HOT_STRIDE;
                 self.hot_left = self.hot.len;
                 return Some(Step::Checkpoint);
+            }
+            if let Some(index) = watched.filter(|_| end < len) {
+                if pending(&self.primary[index], &self.secondary[index]) {
+                    return Some(Step::Pending(index as u32));
+                }
             }
         }
     }
@@ -669,6 +693,76 @@ mod scan_tests {
         assert_eq!(sweep.next_pending(), Some(3));
         p[3].store(1, Ordering::Relaxed); // served
         assert_eq!(sweep.next_pending(), None);
+    }
+
+    #[test]
+    fn sweep_watches_the_one_port_it_served_every_watch_stride_and_still_ends() {
+        let n = 2 * HOT_STRIDE;
+        let p = words(&std::vec![0; n]);
+        let s = words(&std::vec![0; n]);
+        let last = n - 1;
+        let mut hot = HotPorts::default();
+        hot.note(last as u32);
+        let mut sweep = Sweep::new(&p, &s, &mut hot);
+        // The hot port first; served.
+        s[last].store(1, Ordering::Relaxed);
+        assert_eq!(sweep.next_pending(), Some(last as u32));
+        p[last].store(1, Ordering::Relaxed);
+        sweep.served(last as u32);
+        // Its client is back at once, again and again: given after each WATCH_STRIDE ports
+        // of the scan (not at the stride's checkpoint), the scan going on in between.
+        let mut positions = Vec::new();
+        loop {
+            s[last].store(s[last].load(Ordering::Relaxed) ^ 1, Ordering::Relaxed);
+            match sweep.next_pending() {
+                Some(i) if i as usize == last && sweep.position() < n => {
+                    positions.push(sweep.position());
+                    p[last].store(s[last].load(Ordering::Relaxed), Ordering::Relaxed);
+                    sweep.served(last as u32);
+                }
+                // The scan reached the port itself, and then the end.
+                Some(i) => {
+                    assert_eq!((i as usize, sweep.position()), (last, n));
+                    p[last].store(s[last].load(Ordering::Relaxed), Ordering::Relaxed);
+                    sweep.served(last as u32);
+                    assert_eq!(sweep.next_pending(), None);
+                    break;
+                }
+                None => panic!("the watched port was pending"),
+            }
+        }
+        let expected: Vec<usize> = (1..n / WATCH_STRIDE)
+            .map(|k| k * WATCH_STRIDE)
+            .filter(|&at| at % HOT_STRIDE != 0)
+            .collect();
+        // At a checkpoint the hot ports give it instead (the same port, the same place).
+        let hot_found: Vec<usize> = (1..n / HOT_STRIDE).map(|k| k * HOT_STRIDE).collect();
+        let mut all: Vec<usize> = expected.iter().chain(&hot_found).copied().collect();
+        all.sort();
+        assert_eq!(positions, all);
+        // Two ports served: no watch, so a port served before the scan turning pending again
+        // is left for the checkpoint's look at the hot ports.
+        let mut hot = HotPorts::default();
+        let mut sweep = Sweep::new(&p, &s, &mut hot);
+        sweep.served(1);
+        sweep.served(2);
+        let back = |i: usize| s[i].store(s[i].load(Ordering::Relaxed) ^ 1, Ordering::Relaxed);
+        back(1);
+        assert_eq!(
+            sweep.next_pending(),
+            Some(1),
+            "the scan finds port 1 itself"
+        );
+        assert_eq!(sweep.position(), 2);
+        p[1].store(s[1].load(Ordering::Relaxed), Ordering::Relaxed);
+        sweep.served(1);
+        back(1);
+        assert_eq!(
+            sweep.next_pending(),
+            Some(1),
+            "at the checkpoint, not sooner"
+        );
+        assert_eq!(sweep.position(), HOT_STRIDE);
     }
 
     #[test]
