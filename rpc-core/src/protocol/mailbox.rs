@@ -231,6 +231,19 @@ pub(crate) fn unlock(locks: &[AtomicU32], index: u32) {
     word.fetch_and(!bit, crate::sync::Ordering::Release);
 }
 
+/// [`unlock`] for a caller that is the only thread to take or release any lock bit of
+/// `locks` (the server thread, of the table it keeps for an attached mailbox): a plain load
+/// and store instead of an RMW. An RMW after a flip waits until the flip's store has left the
+/// store buffer (on x86 every locked instruction does), a cache-line round trip to the client
+/// that polls our word, in which the server looks at nothing; a plain store does not wait. With
+/// another thread setting or clearing bits of the same word, its change could be lost.
+/// `Release`, as [`unlock`]'s, for whoever locks the port next (the same thread here).
+pub(crate) fn unlock_alone(locks: &[AtomicU32], index: u32) {
+    let (word, bit) = lock_bit(locks, index);
+    let bits = word.load(crate::sync::Ordering::Relaxed);
+    word.store(bits & !bit, crate::sync::Ordering::Release);
+}
+
 /// A table of port lock bits, to be shared by every thread serving (or every client thread
 /// using) one mailbox.
 #[cfg(feature = "std")]

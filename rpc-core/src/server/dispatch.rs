@@ -17,8 +17,9 @@
 
 use std::vec::Vec;
 
+use crate::protocol::mailbox::unlock_alone;
 use crate::protocol::server_end::{HotPorts, Step, Taken};
-use crate::protocol::{Resumable, ServerEnd};
+use crate::protocol::{ServerEnd, Wait};
 use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, count, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
@@ -31,6 +32,26 @@ use crate::server::request::Request;
 use crate::server::stats::bump;
 use crate::server::{Attached, Inner, ServerContext};
 use crate::sync::{lock, Arc, Ordering};
+
+/// The wait of a packet handler's reply outside a batch: its flip stored at once, its unlock a
+/// plain store ([`unlock_alone`]), as this thread, the server's worker, is the only one that
+/// takes or releases the lock bits of an attached mailbox's table (`Attached::server`; every
+/// port of it is taken, drained, closed and released in a pass, on this thread). The unlock's
+/// RMW would wait for the flip to leave the store buffer before the worker looks at any port
+/// again (docs/performance.md, "The server's blind time after a reply").
+struct AloneAtOnce;
+
+impl Wait for AloneAtOnce {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<(), crate::protocol::ProtocolError> {
+        Ok(())
+    }
+    fn resumable(&self) -> bool {
+        true
+    }
+    fn unlock(&self, locks: &[crate::sync::AtomicU32], index: u32) {
+        unlock_alone(locks, index);
+    }
+}
 
 /// How often (in passes) the exchanges waiting for a client that has not answered are looked
 /// at for a kernel gone or a client timed out: at least every this many passes (and more often
@@ -482,12 +503,12 @@ impl Inner {
                 // so it needs none of a script's settling (`Attached`'s ordering note).
                 context.stats.served_at(slot, opcode);
                 // The reply: the flip and the unlock through the executor's wait where the
-                // pass defers its flips, else stored at once (the plain resumable wait's),
-                // without asking this thread's context twice whether they wait in a batch.
+                // pass defers its flips, else stored at once (`AloneAtOnce`), without asking
+                // this thread's context twice whether they wait in a batch.
                 if batching {
                     server.answer(&taken, &ExchangeWait);
                 } else {
-                    server.answer(&taken, &Resumable);
+                    server.answer(&taken, &AloneAtOnce);
                 }
                 true
             }
