@@ -241,6 +241,7 @@ pub(crate) fn unlock(locks: &[AtomicU32], index: u32) {
 pub(crate) fn unlock_alone(locks: &[AtomicU32], index: u32) {
     let (word, bit) = lock_bit(locks, index);
     let bits = word.load(crate::sync::Ordering::Relaxed);
+    debug_assert!(bits & bit != 0, "port {index} unlocked but not locked");
     word.store(bits & !bit, crate::sync::Ordering::Release);
 }
 
@@ -367,3 +368,24 @@ unsafe impl Send for RawRegion {}
 // SAFETY: as above: shared access is atomic access.
 #[cfg(all(feature = "std", not(loom)))]
 unsafe impl Sync for RawRegion {}
+
+#[cfg(all(test, not(loom)))]
+mod lock_tests {
+    use super::*;
+    use crate::sync::Ordering;
+
+    #[test]
+    fn unlock_alone_clears_its_own_bit_and_no_other() {
+        let table = LockTable::new(64);
+        let locks = table.words();
+        for index in [0, 5, 31, 32, 63] {
+            assert!(try_lock(locks, index));
+        }
+        assert!(!try_lock(locks, 5), "held");
+        unlock_alone(locks, 5);
+        unlock_alone(locks, 32);
+        let words: std::vec::Vec<u32> = locks.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        assert_eq!(words, [1 | 1 << 31, 1 << 31]);
+        assert!(try_lock(locks, 5), "free again");
+    }
+}
