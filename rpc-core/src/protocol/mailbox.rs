@@ -238,6 +238,7 @@ pub(crate) fn unlock(locks: &[AtomicU32], index: u32) {
 /// that polls our word, in which the server looks at nothing; a plain store does not wait. With
 /// another thread setting or clearing bits of the same word, its change could be lost.
 /// `Release`, as [`unlock`]'s, for whoever locks the port next (the same thread here).
+#[cfg(feature = "std")]
 pub(crate) fn unlock_alone(locks: &[AtomicU32], index: u32) {
     let (word, bit) = lock_bit(locks, index);
     let bits = word.load(crate::sync::Ordering::Relaxed);
@@ -369,7 +370,7 @@ unsafe impl Send for RawRegion {}
 #[cfg(all(feature = "std", not(loom)))]
 unsafe impl Sync for RawRegion {}
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, feature = "std", not(loom)))]
 mod lock_tests {
     use super::*;
     use crate::sync::Ordering;
