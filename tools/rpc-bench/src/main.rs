@@ -1749,6 +1749,32 @@ mod tests {
             .contains("NaN"));
     }
 
+    /// A stand-in for rpc-serve's process in `dir`: it makes its mailbox file (rpc-serve's
+    /// command line starts `--file FILE`), says ready, and never answers.
+    fn silent_server(dir: &std::path::Path, generation: Generation, n: u32) -> Setup {
+        let bytes = Layout::new(generation, n, 1).unwrap().total_size();
+        let script = dir.join(format!("serve-{n}"));
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\ntruncate -s {bytes} \"$2\" && echo \"ready $2 {bytes}\" && \
+                 exec sleep 600\n"
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let binaries = Binaries {
+            rpc_serve: Some(script),
+            peer_v1: None,
+            peer_v2: None,
+        };
+        let file = dir.join(format!("mailbox-{n}"));
+        Setup::new(Server::RpcServe, &binaries, generation, n, 1, Some(&file))
+            .unwrap()
+            .expect("a server process")
+    }
+
     /// The floors answer the measured port of every shape (port 0 and 63 of 64, port N-1 of
     /// the others, v2 at 16384) on a server process's mailbox file, the process stopped
     /// meanwhile: every answer is checked by the client. The process is a stand-in for
@@ -1776,28 +1802,7 @@ mod tests {
             stat.rsplit_once(") ")?.1.chars().next()
         };
         for &(generation, n) in &SHAPES {
-            let bytes = Layout::new(generation, n, 1).unwrap().total_size();
-            // rpc-serve's command line starts `--file FILE`.
-            let script = dir.join(format!("serve-{n}"));
-            std::fs::write(
-                &script,
-                format!(
-                    "#!/bin/sh\ntruncate -s {bytes} \"$2\" && echo \"ready $2 {bytes}\" && \
-                     exec sleep 600\n"
-                ),
-            )
-            .unwrap();
-            std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                .unwrap();
-            let binaries = Binaries {
-                rpc_serve: Some(script),
-                peer_v1: None,
-                peer_v2: None,
-            };
-            let file = dir.join(format!("mailbox-{n}"));
-            let setup = Setup::new(Server::RpcServe, &binaries, generation, n, 1, Some(&file))
-                .unwrap()
-                .expect("a server process");
+            let setup = silent_server(&dir, generation, n);
             for port in measured_ports(n) {
                 let ns = measure::thread_floor_roundtrip(&setup, port, Duration::from_millis(5));
                 assert!(ns.unwrap() > 0.0, "thread floor: N={n} port {port}");
@@ -1820,6 +1825,34 @@ mod tests {
                 );
             }
         }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_row_against_a_server_process_that_died_fails_instead_of_waiting_forever() {
+        let dir = std::env::temp_dir().join(format!("rpc-bench-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let setup = silent_server(&dir, Generation::V1, 64);
+        let pid = setup.pid().expect("a process");
+        // SAFETY: kill has no memory-safety preconditions; the pid is the setup's unreaped child.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        // On a thread of its own, so that a row that waits forever fails the test rather than
+        // hanging it (the thread is then left behind).
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let result = measure::roundtrip(&setup, 63, 1, Duration::from_millis(5));
+            let _ = tx.send((result, setup));
+        });
+        // A liveness bound only: the client looks every 65536 pauses (milliseconds).
+        let (result, setup) = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the row still waits");
+        drop(setup);
+        let error = result.expect_err("no server answered");
+        assert!(
+            error.contains("wait abandoned on port 63: the server process is gone"),
+            "{error}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

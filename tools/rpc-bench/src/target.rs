@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use plugin_host::memory::Signal;
 use rpc_core::plugin::{Doorbell, RegionMailbox, SharedRegion};
 use rpc_core::protocol::{
-    Client, ClientDoorbell, Generation, Layout, LockTable, Mailbox, MailboxMemory,
+    Client, ClientDoorbell, Generation, Layout, LockTable, Mailbox, MailboxMemory, Wait,
 };
 use rpc_core::{AttachOptions, RpcServer, ServerConfig, UserGuard};
 
@@ -259,11 +259,16 @@ impl Setup {
         self.locks.words()
     }
 
-    /// A client that spins, then yields (and rings the doorbell, where there is one).
+    /// A client that spins, then yields (and rings the doorbell, where there is one); of a
+    /// server process, one that gives up once the process is gone ([`WatchProcess`]).
     pub fn client(&self) -> Client<'_> {
+        let wait: &dyn Wait = match &self.host {
+            Host::Process(process) => &process.watch,
+            Host::InProcess { .. } => &SpinThenYield,
+        };
         let client = Client::new(self.view(), self.locks.words())
             .expect("lock table sized for the mailbox")
-            .with_wait(&SpinThenYield);
+            .with_wait(wait);
         match &self.host {
             Host::InProcess {
                 bell: Some(bell), ..
@@ -608,6 +613,43 @@ pub struct Process {
     /// Live [`Serving`] guards: the first continues the process, the last stops it.
     serving: std::sync::Mutex<usize>,
     mapping: Mapping,
+    /// How its clients wait.
+    watch: WatchProcess,
+}
+
+/// How the bench's client waits on a server process: as [`SpinThenYield`], and every
+/// [`WatchProcess::EVERY`] pauses it looks whether the process still lives, so that a server
+/// process that died (a crash, a kill from outside) fails its row with `wait abandoned on port
+/// P: the server process is gone` instead of leaving the bench waiting forever.
+pub(crate) struct WatchProcess {
+    pid: u32,
+}
+
+impl WatchProcess {
+    /// Pauses between two looks: some 10-100 ms of yields, so that the look (a read of
+    /// `/proc/PID/stat`) costs nothing measurable.
+    const EVERY: u32 = 1 << 16;
+}
+
+impl Wait for WatchProcess {
+    fn pause(&self, port: u32, attempt: u32) -> Result<(), rpc_core::ProtocolError> {
+        if attempt > 0 && attempt % Self::EVERY == 0 && !alive(self.pid) {
+            return Err(rpc_core::ProtocolError::Abandoned {
+                port,
+                reason: "the server process is gone",
+            });
+        }
+        <SpinThenYield as Wait>::pause(&SpinThenYield, port, attempt)
+    }
+}
+
+/// Whether process `pid` lives: its `/proc` entry is there and it is not a zombie (stopped
+/// counts as living: the bench stops its servers between their rows).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
+    })
 }
 
 impl Process {
@@ -665,6 +707,7 @@ impl Process {
             let _ = child.kill();
         })?;
         let process = Process {
+            watch: WatchProcess { pid: child.id() },
             child,
             path: PathBuf::from(path),
             serving: std::sync::Mutex::new(0),
