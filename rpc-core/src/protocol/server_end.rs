@@ -519,10 +519,8 @@ impl<'a> Sweep<'a> {
                 Served::One(index) => Some(index as usize),
                 _ => None,
             };
-            let end = match watched {
-                Some(_) => self.checkpoint.min(len).min(self.next + WATCH_STRIDE),
-                None => self.checkpoint.min(len),
-            };
+            let stride_end = self.checkpoint.min(len);
+            let end = watched.map_or(stride_end, |_| stride_end.min(self.next + WATCH_STRIDE));
             if let Some(index) = next_pending_in(self.primary, self.secondary, self.next, end) {
                 self.next = index + 1;
                 return Some(Step::Pending(index as u32));

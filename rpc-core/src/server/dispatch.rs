@@ -19,7 +19,7 @@ use std::vec::Vec;
 
 use crate::protocol::mailbox::unlock_alone;
 use crate::protocol::server_end::{HotPorts, Step, Taken};
-use crate::protocol::{ServerEnd, Wait};
+use crate::protocol::{ProtocolError, ServerEnd, Wait};
 use crate::server::error::ServerError;
 use crate::server::exec::{
     self, carry_out, catch, count, finish, yield_to_others, Batching, ExchangeWait, Fate, Flights,
@@ -31,7 +31,7 @@ use crate::server::registry::{find_slowly, Handler, Registry, ScriptFn};
 use crate::server::request::Request;
 use crate::server::stats::bump;
 use crate::server::{Attached, Inner, ServerContext};
-use crate::sync::{lock, Arc, Ordering};
+use crate::sync::{lock, Arc, AtomicU32, Ordering};
 
 /// The wait of a packet handler's reply outside a batch: its flip stored at once, its unlock a
 /// plain store ([`unlock_alone`]), as this thread, the server's worker, is the only one that
@@ -42,13 +42,13 @@ use crate::sync::{lock, Arc, Ordering};
 struct AloneAtOnce;
 
 impl Wait for AloneAtOnce {
-    fn pause(&self, _port: u32, _attempt: u32) -> Result<(), crate::protocol::ProtocolError> {
+    fn pause(&self, _port: u32, _attempt: u32) -> Result<(), ProtocolError> {
         Ok(())
     }
     fn resumable(&self) -> bool {
         true
     }
-    fn unlock(&self, locks: &[crate::sync::AtomicU32], index: u32) {
+    fn unlock(&self, locks: &[AtomicU32], index: u32) {
         unlock_alone(locks, index);
     }
 }

@@ -1447,6 +1447,7 @@ fn write(report: Report, dir: &std::path::Path, started: Instant) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::target::process_state;
     use rpc_core::protocol::Layout;
 
     fn row(what: &str, server: Server, loaded: bool, values: &[f64]) -> Row {
@@ -1796,11 +1797,6 @@ mod tests {
                 .env(FLOOR_ARGS, args.join("\n"));
             Ok(command)
         };
-        // The scheduler's state of process `pid` ('T': stopped), `None` once it is gone.
-        let state = |pid: u32| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            stat.rsplit_once(") ")?.1.chars().next()
-        };
         for &(generation, n) in &SHAPES {
             let setup = silent_server(&dir, generation, n);
             for port in measured_ports(n) {
@@ -1811,15 +1807,15 @@ mod tests {
                 assert_eq!(floor.server, Server::Floor);
                 let pid = floor.pid().expect("a process");
                 assert_ne!(pid, std::process::id());
-                assert_eq!(state(pid), Some('T'), "stopped until its row");
+                assert_eq!(process_state(pid), Some('T'), "stopped until its row");
                 let cpu = floor.cpu().unwrap();
                 let ns = measure::roundtrip(&floor, port, 1, Duration::from_millis(5));
                 assert!(ns.unwrap() > 0.0, "floor: N={n} port {port}");
                 assert!(floor.cpu().unwrap() > cpu, "the floor's process answered");
-                assert_eq!(state(pid), Some('T'), "stopped after its row");
+                assert_eq!(process_state(pid), Some('T'), "stopped after its row");
                 drop(floor);
                 assert_eq!(
-                    state(pid),
+                    process_state(pid),
                     None,
                     "N={n} port {port}: the floor's process ended"
                 );

@@ -25,7 +25,7 @@ use rpc_core::protocol::{
 };
 use rpc_core::{AttachOptions, RpcServer, ServerConfig, UserGuard};
 
-use crate::{pin_server, pin_server_process, SpinThenYield, PARK_US};
+use crate::{pin_server, pin_server_process, spin_then_yield, SpinThenYield, PARK_US};
 
 /// Which server a row measures.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -639,17 +639,22 @@ impl Wait for WatchProcess {
                 reason: "the server process is gone",
             });
         }
-        <SpinThenYield as Wait>::pause(&SpinThenYield, port, attempt)
+        spin_then_yield(attempt);
+        Ok(())
     }
 }
 
-/// Whether process `pid` lives: its `/proc` entry is there and it is not a zombie (stopped
-/// counts as living: the bench stops its servers between their rows).
+/// Whether process `pid` lives: it is there and not a zombie (stopped counts as living: the
+/// bench stops its servers between their rows).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| !rest.starts_with(['Z', 'X']))
-    })
+    process_state(pid).is_some_and(|state| !matches!(state, 'Z' | 'X'))
+}
+
+/// The scheduler's state of process `pid` (`/proc/PID/stat`: 'R', 'S', 'T' stopped, 'Z' ...),
+/// `None` once it is gone.
+pub(crate) fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.chars().next()
 }
 
 impl Process {
